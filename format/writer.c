@@ -1,0 +1,972 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Format v1 writer (docs/format.md).
+ *
+ * One pass, front to back: the header at create, each stream's locality block
+ * when it fills (so a stream's blocks land in the file in the order the guest
+ * touched them, and blocks of different streams interleave in fill order),
+ * then at finish the sections, the directory and the footer, which is written
+ * last so that a file cut short anywhere is recognisably incomplete.
+ *
+ * An MB's map entry can only be written once its LB has an index, and LBs are
+ * numbered in the order they are written; so members of an open LB are kept
+ * beside it and their entries filled in when it is sealed. Until then the
+ * entry holds the invalid state 3, which marks "put, pending" and is never
+ * written to the file.
+ */
+#define _GNU_SOURCE /* O_DIRECT, qsort_r */
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "endian_util.h"
+#include "io.h"
+#include "export.h"
+#include "layout.h"
+#include "log_internal.h"
+#include "opts.h"
+
+#define HLT_MB_PENDING HLT_MB_STATE_INVALID
+#define TAIL_BUF_SIZE (1u << 20)
+
+struct wmember {
+	uint64_t mb;
+	uint32_t offset;
+	uint32_t length;
+	bool compressed;
+};
+
+struct wstream {
+	uint32_t id;
+	uint32_t seq;	   /* seq of the open LB */
+	uint8_t *buf;	   /* lb_size bytes, I/O aligned */
+	uint32_t used;
+	struct wmember *memb;
+	uint32_t nmemb, memb_cap;
+};
+
+struct wregion {
+	char *name;
+	uint64_t gpa, length, first_mb, mb_count;
+};
+
+struct wlb {
+	uint32_t stream, seq, used, mb_count;
+	uint64_t checksum;
+};
+
+struct wkv {
+	char *key;
+	uint8_t *value;
+	uint32_t len;
+};
+
+struct wkvs {
+	struct wkv *v;
+	uint32_t n, cap;
+};
+
+struct wdirent {
+	uint32_t type;
+	uint64_t offset, length, checksum;
+};
+
+enum { W_OPEN, W_FAILED, W_FINISHED };
+
+struct halite_writer {
+	char *path;
+	struct halite_io *io;
+	int state;
+	unsigned flags;
+
+	uint32_t page_size, mb_pages, mb_size, lb_size, lb_shift;
+	int codec, level;
+	uint8_t uuid[16];
+	uint64_t file_seed;
+
+	struct wregion *regions;
+	uint32_t nregions;
+	uint64_t mb_count;
+	uint64_t *map;
+
+	struct wstream *streams;
+	uint32_t nstreams, streams_cap, last_stream;
+
+	struct wlb *lbs;
+	uint64_t lb_count, lbs_cap;
+
+	uint8_t *scratch; /* compression output, mb_size */
+
+	uint8_t *device_state;
+	uint64_t device_state_len;
+	bool has_device_state;
+	uint32_t vcpu_count;
+	struct halite_root *roots;
+	uint32_t nroots, roots_cap;
+	struct wkvs meta, stats;
+
+	struct halite_logger log;
+	char errmsg[256];
+};
+
+__attribute__((format(printf, 3, 4)))
+static int wfail(struct halite_writer *w, int err, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	va_start(ap, fmt);
+	n = vsnprintf(w->errmsg, sizeof(w->errmsg), fmt, ap);
+	va_end(ap);
+	if (n >= 0 && (size_t)n < sizeof(w->errmsg) - 8)
+		snprintf(w->errmsg + n, sizeof(w->errmsg) - (size_t)n, ": %s", halite_strerror(err));
+	halite_logf(&w->log, HALITE_LOG_ERROR, "%s", w->errmsg);
+	return err < 0 ? err : -err;
+}
+
+/* An I/O failure leaves the file inconsistent: no further writes. */
+#define wfail_io(w, err, ...) ((w)->state = W_FAILED, wfail((w), (err), __VA_ARGS__))
+
+static int grow(void **p, size_t elem, uint64_t *cap, uint64_t need)
+{
+	uint64_t ncap = *cap ? *cap : 16;
+	void *np;
+
+	if (need <= *cap)
+		return 0;
+	while (ncap < need)
+		ncap *= 2;
+	np = realloc(*p, ncap * elem);
+	if (!np)
+		return -ENOMEM;
+	*p = np;
+	*cap = ncap;
+	return 0;
+}
+
+static int grow32(void **p, size_t elem, uint32_t *cap, uint32_t need)
+{
+	uint64_t c = *cap;
+	int ret = grow(p, elem, &c, need);
+
+	if (!ret)
+		*cap = (uint32_t)c;
+	return ret;
+}
+
+static int check_opts(const struct halite_writer_opts *o, uint32_t *page_size, uint32_t *mb_pages,
+		      uint32_t *lb_size, int *codec)
+{
+	*page_size = o->page_size ? o->page_size : HALITE_DEFAULT_PAGE_SIZE;
+	*mb_pages = o->mb_pages ? o->mb_pages : HALITE_DEFAULT_MB_PAGES;
+	*lb_size = o->lb_size ? o->lb_size : HALITE_DEFAULT_LB_SIZE;
+	*codec = o->codec ? o->codec : HALITE_CODEC_LZ4;
+
+	if (!halite_is_pow2(*page_size) || *page_size < 4096 || *page_size > HLT_MAX_PAGE_SIZE)
+		return -EINVAL;
+	if (*mb_pages > HLT_MAX_MB_PAGES)
+		return -EINVAL;
+	if (!halite_is_pow2(*lb_size) || *lb_size < HALITE_MIN_LB_SIZE ||
+	    *lb_size > HALITE_MAX_LB_SIZE)
+		return -EINVAL;
+	if ((uint64_t)*page_size * *mb_pages > *lb_size)
+		return -EINVAL;
+	if (!halite_codec_name(*codec) || *codec == HALITE_CODEC_DEFAULT)
+		return -HALITE_E_NO_CODEC;
+	if (o->level < -128 || o->level > 127)
+		return -EINVAL;
+	if (o->flags & ~HALITE_WRITER_FLAGS_ALL)
+		return -EINVAL;
+	return 0;
+}
+
+static int copy_regions(struct halite_writer *w, const struct halite_region *regions, uint32_t n)
+{
+	uint64_t first = 0;
+
+	if (!n || n > HLT_MAX_REGIONS)
+		return wfail(w, -EINVAL, "%u regions (1 to %u allowed)", n, HLT_MAX_REGIONS);
+	w->regions = calloc(n, sizeof(*w->regions));
+	if (!w->regions)
+		return -ENOMEM;
+	w->nregions = n;
+	for (uint32_t i = 0; i < n; i++) {
+		const struct halite_region *r = &regions[i];
+		size_t len = r->name ? strlen(r->name) : 0;
+
+		if (!len || len > HALITE_MAX_REGION_NAME)
+			return wfail(w, -EINVAL, "region %u: name must be 1 to %u bytes", i,
+				     HALITE_MAX_REGION_NAME);
+		for (uint32_t j = 0; j < i; j++)
+			if (!strcmp(w->regions[j].name, r->name))
+				return wfail(w, -EINVAL, "region name '%s' given twice", r->name);
+		if (!r->length || r->length % w->page_size || r->gpa % w->page_size)
+			return wfail(w, -EINVAL,
+				     "region '%s': gpa and length must be page multiples, length > 0",
+				     r->name);
+		w->regions[i].name = strdup(r->name);
+		if (!w->regions[i].name)
+			return -ENOMEM;
+		w->regions[i].gpa = r->gpa;
+		w->regions[i].length = r->length;
+		w->regions[i].first_mb = first;
+		w->regions[i].mb_count = hlt_region_mbs(r->length, w->mb_size);
+		if (first + w->regions[i].mb_count < first ||
+		    first + w->regions[i].mb_count > (UINT64_MAX / 8) / 2)
+			return wfail(w, -HALITE_E_LIMIT, "regions too large");
+		first += w->regions[i].mb_count;
+	}
+	w->mb_count = first;
+	return 0;
+}
+
+static int write_header(struct halite_writer *w, int level)
+{
+	uint8_t *h = halite_io_alloc(HLT_DATA_OFFSET);
+	struct timespec ts;
+	int ret;
+
+	if (!h)
+		return -ENOMEM;
+	memset(h, 0, HLT_DATA_OFFSET);
+	clock_gettime(CLOCK_REALTIME, &ts);
+	memcpy(h, HLT_HDR_MAGIC, 8);
+	halite_put_le16(h + HLT_HDR_VERSION_MAJOR, HALITE_FORMAT_MAJOR);
+	halite_put_le16(h + HLT_HDR_VERSION_MINOR, HALITE_FORMAT_MINOR);
+	halite_put_le32(h + HLT_HDR_HEADER_SIZE, HLT_HDR_SIZE);
+	halite_put_le32(h + HLT_HDR_PAGE_SIZE, w->page_size);
+	halite_put_le32(h + HLT_HDR_MB_PAGES, w->mb_pages);
+	halite_put_le32(h + HLT_HDR_LB_SIZE, w->lb_size);
+	h[HLT_HDR_CODEC] = (uint8_t)w->codec;
+	h[HLT_HDR_CODEC_LEVEL] = (uint8_t)(int8_t)level;
+	halite_put_le64(h + HLT_HDR_DATA_OFFSET, HLT_DATA_OFFSET);
+	memcpy(h + HLT_HDR_UUID, w->uuid, 16);
+	halite_put_le64(h + HLT_HDR_CREATED, (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec);
+	halite_put_le64(h + HLT_HDR_CHECKSUM, hlt_hash(h, HLT_HDR_CHECKSUM, 0));
+	ret = halite_io_write(w->io, h, HLT_DATA_OFFSET, 0);
+	halite_io_free(h);
+	if (ret)
+		return wfail_io(w, ret, "%s: writing the header", w->path);
+	return 0;
+}
+
+static int open_output(struct halite_writer *w)
+{
+	HALITE_OPTS(halite_io_opts, io_opts);
+	struct stat st;
+	int ret;
+
+	/*
+	 * Unlink a regular file rather than truncate it: a restore (or many
+	 * clones) may still be reading the old snapshot at this path, and keeps
+	 * its inode this way.
+	 */
+	if (stat(w->path, &st) == 0 && S_ISREG(st.st_mode) && unlink(w->path))
+		return wfail(w, -errno, "%s: cannot replace", w->path);
+	io_opts.backend = HALITE_IO_PSYNC;
+	io_opts.flags = (w->flags & HALITE_WRITER_DIRECT) ? HALITE_IO_DIRECT : 0;
+	ret = halite_io_open(&w->io, w->path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644,
+			     &io_opts);
+	if (ret)
+		return wfail(w, ret, "%s: cannot create", w->path);
+	return 0;
+}
+
+HALITE_EXPORT int halite_writer_create(struct halite_writer **wp, const char *path,
+			 const struct halite_region *regions, uint32_t nregions,
+			 const struct halite_writer_opts *opts)
+{
+	struct halite_writer_opts o;
+	struct halite_writer *w;
+	int ret;
+
+	if (!wp || !path || !regions)
+		return -EINVAL;
+	ret = halite_opts_copy(&o, sizeof(o), opts);
+	if (ret)
+		return ret;
+	opts = &o;
+	w = calloc(1, sizeof(*w));
+	if (!w)
+		return -ENOMEM;
+	w->log = (struct halite_logger){ o.log, o.log_ctx, o.log_level };
+	ret = check_opts(opts, &w->page_size, &w->mb_pages, &w->lb_size, &w->codec);
+	if (ret) {
+		wfail(w, ret, "invalid writer options (page %u, MB pages %u, LB %u, codec %d)",
+		      w->page_size, w->mb_pages, w->lb_size, w->codec);
+		goto err;
+	}
+	w->flags = opts->flags;
+	w->level = opts->level;
+	w->vcpu_count = opts->vcpu_count;
+	w->mb_size = w->page_size * w->mb_pages;
+	w->lb_shift = (uint32_t)__builtin_ctz(w->lb_size);
+	w->path = strdup(path);
+	if (!w->path) {
+		ret = -ENOMEM;
+		goto err;
+	}
+	ret = copy_regions(w, regions, nregions);
+	if (ret)
+		goto err;
+	if (getrandom(w->uuid, sizeof(w->uuid), 0) != sizeof(w->uuid)) {
+		ret = wfail(w, -errno, "getrandom");
+		goto err;
+	}
+	w->file_seed = hlt_file_seed(w->uuid);
+	w->map = calloc(w->mb_count, sizeof(*w->map));
+	w->scratch = malloc(w->mb_size);
+	if (!w->map || !w->scratch) {
+		ret = -ENOMEM;
+		goto err;
+	}
+	ret = open_output(w);
+	if (ret)
+		goto err;
+	ret = write_header(w, opts->level);
+	if (ret) {
+		halite_writer_free(w, true);
+		return ret;
+	}
+	*wp = w;
+	return 0;
+err:
+	halite_writer_free(w, false);
+	return ret;
+}
+
+HALITE_EXPORT uint32_t halite_writer_mb_size(const struct halite_writer *w)
+{
+	return w->mb_size;
+}
+
+HALITE_EXPORT uint64_t halite_writer_mb_count(const struct halite_writer *w)
+{
+	return w->mb_count;
+}
+
+static const struct wregion *region_of(const struct wregion *r, uint32_t n, uint64_t mb)
+{
+	uint32_t lo = 0, hi = n;
+
+	while (hi - lo > 1) {
+		uint32_t mid = lo + (hi - lo) / 2;
+
+		if (r[mid].first_mb <= mb)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	return &r[lo];
+}
+
+HALITE_EXPORT uint32_t halite_writer_mb_bytes(const struct halite_writer *w, uint64_t mb)
+{
+	const struct wregion *r;
+	uint64_t off;
+
+	if (mb >= w->mb_count)
+		return 0;
+	r = region_of(w->regions, w->nregions, mb);
+	off = (mb - r->first_mb) * w->mb_size;
+	return (uint32_t)HALITE_MIN((uint64_t)w->mb_size, r->length - off);
+}
+
+static struct wstream *find_stream(struct halite_writer *w, uint32_t id, bool create)
+{
+	struct wstream *s;
+
+	if (w->nstreams && w->streams[w->last_stream].id == id)
+		return &w->streams[w->last_stream];
+	for (uint32_t i = 0; i < w->nstreams; i++) {
+		if (w->streams[i].id == id) {
+			w->last_stream = i;
+			return &w->streams[i];
+		}
+	}
+	if (!create)
+		return NULL;
+	if (grow32((void **)&w->streams, sizeof(*w->streams), &w->streams_cap, w->nstreams + 1))
+		return NULL;
+	s = &w->streams[w->nstreams];
+	*s = (struct wstream){ .id = id };
+	s->buf = halite_io_alloc(w->lb_size);
+	if (!s->buf)
+		return NULL;
+	w->last_stream = w->nstreams++;
+	return s;
+}
+
+static int seal(struct halite_writer *w, struct wstream *s)
+{
+	uint64_t idx = w->lb_count;
+	uint64_t off;
+	struct wlb *lb;
+	int ret;
+
+	if (!s->used)
+		return 0;
+	if (idx >= hlt_mb_max_lbs(w->lb_shift))
+		return wfail_io(w, -HALITE_E_LIMIT, "more than %llu locality blocks of %u bytes",
+				(unsigned long long)hlt_mb_max_lbs(w->lb_shift), w->lb_size);
+	if (grow((void **)&w->lbs, sizeof(*w->lbs), &w->lbs_cap, idx + 1))
+		return wfail_io(w, -ENOMEM, "LB table");
+	memset(s->buf + s->used, 0, w->lb_size - s->used);
+	off = HLT_DATA_OFFSET + idx * w->lb_size;
+	ret = halite_io_write(w->io, s->buf, w->lb_size, off);
+	if (ret)
+		return wfail_io(w, ret, "%s: writing locality block %llu at offset %llu", w->path,
+				(unsigned long long)idx, (unsigned long long)off);
+	lb = &w->lbs[idx];
+	*lb = (struct wlb){
+		.stream = s->id,
+		.seq = s->seq,
+		.used = s->used,
+		.mb_count = s->nmemb,
+		.checksum = hlt_hash(s->buf, w->lb_size, w->file_seed + idx),
+	};
+	for (uint32_t i = 0; i < s->nmemb; i++) {
+		const struct wmember *m = &s->memb[i];
+
+		w->map[m->mb] = hlt_mb_encode_stored(w->lb_shift, idx, m->offset, m->length,
+						     m->compressed);
+	}
+	w->lb_count++;
+	s->seq++;
+	s->used = 0;
+	s->nmemb = 0;
+	return 0;
+}
+
+static int check_put(struct halite_writer *w, uint64_t mb)
+{
+	if (w->state != W_OPEN)
+		return wfail(w, -HALITE_E_STATE, "writer is %s",
+			     w->state == W_FAILED ? "failed" : "finished");
+	if (mb >= w->mb_count)
+		return wfail(w, -ERANGE, "memory block %llu of %llu", (unsigned long long)mb,
+			     (unsigned long long)w->mb_count);
+	if (w->map[mb])
+		return wfail(w, -HALITE_E_STATE, "memory block %llu saved twice",
+			     (unsigned long long)mb);
+	return 0;
+}
+
+HALITE_EXPORT int halite_writer_put_encoded(struct halite_writer *w, uint32_t stream, uint64_t mb,
+			      const void *payload, uint32_t len, bool compressed)
+{
+	struct wstream *s;
+	uint32_t bytes;
+	int ret;
+
+	ret = check_put(w, mb);
+	if (ret)
+		return ret;
+	bytes = halite_writer_mb_bytes(w, mb);
+	if (!len || (compressed ? len >= bytes : len != bytes) ||
+	    (compressed && w->codec == HALITE_CODEC_NONE))
+		return wfail(w, -EINVAL, "memory block %llu: %s length %u for %u bytes",
+			     (unsigned long long)mb, compressed ? "compressed" : "raw", len, bytes);
+	s = find_stream(w, stream, true);
+	if (!s)
+		return wfail(w, -ENOMEM, "stream");
+	if (s->used + len > w->lb_size) {
+		ret = seal(w, s);
+		if (ret)
+			return ret;
+	}
+	if (grow32((void **)&s->memb, sizeof(*s->memb), &s->memb_cap, s->nmemb + 1))
+		return wfail(w, -ENOMEM, "stream members");
+	memcpy(s->buf + s->used, payload, len);
+	s->memb[s->nmemb++] = (struct wmember){ mb, s->used, len, compressed };
+	s->used += len;
+	w->map[mb] = HLT_MB_PENDING;
+	return 0;
+}
+
+HALITE_EXPORT int halite_writer_put(struct halite_writer *w, uint32_t stream, uint64_t mb, const void *data)
+{
+	uint32_t bytes;
+	int ret, clen;
+
+	ret = check_put(w, mb);
+	if (ret)
+		return ret;
+	bytes = halite_writer_mb_bytes(w, mb);
+	if (halite_all_zero(data, bytes)) {
+		w->map[mb] = HALITE_MB_ZERO;
+		return 0;
+	}
+	clen = halite_compress(w->codec, w->level, data, bytes, w->scratch, bytes - 1);
+	if (clen > 0)
+		return halite_writer_put_encoded(w, stream, mb, w->scratch, (uint32_t)clen, true);
+	if (clen != -HALITE_E_LIMIT)
+		return wfail(w, clen, "compressing memory block %llu", (unsigned long long)mb);
+	return halite_writer_put_encoded(w, stream, mb, data, bytes, false);
+}
+
+HALITE_EXPORT int halite_writer_put_zero(struct halite_writer *w, uint64_t mb)
+{
+	int ret = check_put(w, mb);
+
+	if (!ret)
+		w->map[mb] = HALITE_MB_ZERO;
+	return ret;
+}
+
+HALITE_EXPORT int halite_writer_flush_stream(struct halite_writer *w, uint32_t stream)
+{
+	struct wstream *s;
+
+	if (w->state != W_OPEN)
+		return wfail(w, -HALITE_E_STATE, "writer is not open");
+	s = find_stream(w, stream, false);
+	return s ? seal(w, s) : 0;
+}
+
+HALITE_EXPORT int halite_writer_set_device_state(struct halite_writer *w, const void *data, uint64_t len)
+{
+	if (w->state != W_OPEN || w->has_device_state)
+		return wfail(w, -HALITE_E_STATE, "device state already set or writer not open");
+	w->device_state = malloc(len ? len : 1);
+	if (!w->device_state)
+		return -ENOMEM;
+	memcpy(w->device_state, data, len);
+	w->device_state_len = len;
+	w->has_device_state = true;
+	return 0;
+}
+
+HALITE_EXPORT int halite_writer_add_root(struct halite_writer *w, const struct halite_root *root)
+{
+	if (w->state != W_OPEN)
+		return wfail(w, -HALITE_E_STATE, "writer is not open");
+	if (root->mode != HALITE_PAGING_4LEVEL && root->mode != HALITE_PAGING_5LEVEL)
+		return wfail(w, -EINVAL, "paging mode %u", root->mode);
+	if (root->vcpu >= w->vcpu_count && root->vcpu != HALITE_VCPU_UNKNOWN)
+		return wfail(w, -EINVAL, "root for vCPU %u of %u (set vcpu_count)", root->vcpu,
+			     w->vcpu_count);
+	if (grow32((void **)&w->roots, sizeof(*w->roots), &w->roots_cap, w->nroots + 1))
+		return -ENOMEM;
+	w->roots[w->nroots++] = *root;
+	return 0;
+}
+
+static int kv_add(struct halite_writer *w, struct wkvs *kvs, const char *key, const void *value,
+		  uint32_t len)
+{
+	size_t klen = key ? strlen(key) : 0;
+	struct wkv *e;
+
+	if (w->state != W_OPEN)
+		return wfail(w, -HALITE_E_STATE, "writer is not open");
+	if (!klen || klen > 255 || len > HLT_MAX_KV_VALUE || kvs->n >= HLT_MAX_KV)
+		return wfail(w, -EINVAL, "key/value: key 1..255 bytes, value <= 1 MiB, <= %u entries",
+			     HLT_MAX_KV);
+	for (uint32_t i = 0; i < kvs->n; i++)
+		if (!strcmp(kvs->v[i].key, key))
+			return wfail(w, -EEXIST, "key '%s' set twice", key);
+	if (grow32((void **)&kvs->v, sizeof(*kvs->v), &kvs->cap, kvs->n + 1))
+		return -ENOMEM;
+	e = &kvs->v[kvs->n];
+	e->key = strdup(key);
+	e->value = malloc(len ? len : 1);
+	if (!e->key || !e->value) {
+		free(e->key);
+		free(e->value);
+		return -ENOMEM;
+	}
+	memcpy(e->value, value, len);
+	e->len = len;
+	kvs->n++;
+	return 0;
+}
+
+HALITE_EXPORT int halite_writer_set_meta(struct halite_writer *w, const char *key, const void *value,
+			   uint32_t len)
+{
+	return kv_add(w, &w->meta, key, value, len);
+}
+
+HALITE_EXPORT int halite_writer_set_stat(struct halite_writer *w, const char *key, uint64_t value)
+{
+	uint8_t v[8];
+
+	halite_put_le64(v, value);
+	return kv_add(w, &w->stats, key, v, sizeof(v));
+}
+
+/* ---- tail: sections, directory, footer, through one buffer ---- */
+
+struct tail {
+	struct halite_writer *w;
+	uint8_t *buf;
+	size_t len;
+	uint64_t off; /* file offset of buf[0] */
+	XXH3_state_t hash;
+	uint64_t sec_start;
+	struct wdirent dir[HLT_MAX_SECTIONS];
+	uint32_t ndir;
+};
+
+static uint64_t tail_pos(const struct tail *t)
+{
+	return t->off + t->len;
+}
+
+static int tail_flush(struct tail *t)
+{
+	int ret;
+
+	if (!t->len)
+		return 0;
+	ret = halite_io_write(t->w->io, t->buf, t->len, t->off);
+	if (ret)
+		return wfail_io(t->w, ret, "%s: writing sections at offset %llu", t->w->path,
+				(unsigned long long)t->off);
+	t->off += t->len;
+	t->len = 0;
+	return 0;
+}
+
+static int tail_raw(struct tail *t, const void *p, size_t n)
+{
+	const uint8_t *b = p;
+
+	while (n) {
+		size_t chunk = HALITE_MIN(n, TAIL_BUF_SIZE - t->len);
+		int ret;
+
+		memcpy(t->buf + t->len, b, chunk);
+		t->len += chunk;
+		b += chunk;
+		n -= chunk;
+		if (t->len == TAIL_BUF_SIZE) {
+			ret = tail_flush(t);
+			if (ret)
+				return ret;
+		}
+	}
+	return 0;
+}
+
+static int tail_put(struct tail *t, const void *p, size_t n)
+{
+	XXH3_64bits_update(&t->hash, p, n);
+	return tail_raw(t, p, n);
+}
+
+static int tail_zeros(struct tail *t, size_t n, bool hashed)
+{
+	static const uint8_t zeros[8];
+
+	while (n) {
+		size_t c = HALITE_MIN(n, sizeof(zeros));
+		int ret = hashed ? tail_put(t, zeros, c) : tail_raw(t, zeros, c);
+
+		if (ret)
+			return ret;
+		n -= c;
+	}
+	return 0;
+}
+
+static int tail_begin(struct tail *t)
+{
+	int ret = tail_zeros(t, hlt_pad8(tail_pos(t)) - tail_pos(t), false);
+
+	t->sec_start = tail_pos(t);
+	XXH3_64bits_reset_withSeed(&t->hash, t->w->file_seed);
+	return ret;
+}
+
+static void tail_end(struct tail *t, uint32_t type)
+{
+	t->dir[t->ndir++] = (struct wdirent){
+		.type = type,
+		.offset = t->sec_start,
+		.length = tail_pos(t) - t->sec_start,
+		.checksum = XXH3_64bits_digest(&t->hash),
+	};
+}
+
+static int put_regions(struct tail *t)
+{
+	struct halite_writer *w = t->w;
+	uint8_t e[HLT_REG_ENTRY_SIZE] = { 0 };
+	int ret;
+
+	halite_put_le32(e, w->nregions);
+	ret = tail_put(t, e, HLT_REG_HDR_SIZE);
+	for (uint32_t i = 0; !ret && i < w->nregions; i++) {
+		const struct wregion *r = &w->regions[i];
+		size_t nlen = strlen(r->name);
+
+		memset(e, 0, sizeof(e));
+		halite_put_le64(e + HLT_REG_GPA, r->gpa);
+		halite_put_le64(e + HLT_REG_LENGTH, r->length);
+		halite_put_le64(e + HLT_REG_FIRST_MB, r->first_mb);
+		halite_put_le16(e + HLT_REG_NAME_LEN, (uint16_t)nlen);
+		ret = tail_put(t, e, sizeof(e));
+		if (!ret)
+			ret = tail_put(t, r->name, nlen);
+		if (!ret)
+			ret = tail_zeros(t, hlt_pad8(nlen) - nlen, true);
+	}
+	return ret;
+}
+
+static int put_map(struct tail *t)
+{
+	struct halite_writer *w = t->w;
+	uint8_t chunk[4096];
+	int ret = 0;
+
+	for (uint64_t i = 0; !ret && i < w->mb_count; i += sizeof(chunk) / 8) {
+		uint64_t n = HALITE_MIN((uint64_t)sizeof(chunk) / 8, w->mb_count - i);
+
+		for (uint64_t j = 0; j < n; j++)
+			halite_put_le64(chunk + 8 * j, w->map[i + j]);
+		ret = tail_put(t, chunk, n * 8);
+	}
+	return ret;
+}
+
+static int put_lb_table(struct tail *t)
+{
+	struct halite_writer *w = t->w;
+	uint8_t e[HLT_LBT_ENTRY_SIZE];
+	int ret = 0;
+
+	for (uint64_t i = 0; !ret && i < w->lb_count; i++) {
+		halite_put_le32(e + HLT_LBT_STREAM, w->lbs[i].stream);
+		halite_put_le32(e + HLT_LBT_SEQ, w->lbs[i].seq);
+		halite_put_le32(e + HLT_LBT_USED, w->lbs[i].used);
+		halite_put_le32(e + HLT_LBT_MB_COUNT, w->lbs[i].mb_count);
+		halite_put_le64(e + HLT_LBT_CHECKSUM, w->lbs[i].checksum);
+		ret = tail_put(t, e, sizeof(e));
+	}
+	return ret;
+}
+
+static int put_vcpus(struct tail *t)
+{
+	struct halite_writer *w = t->w;
+	uint8_t e[HLT_VCPU_ROOT_SIZE];
+	int ret;
+
+	halite_put_le32(e, w->vcpu_count);
+	halite_put_le32(e + 4, w->nroots);
+	ret = tail_put(t, e, HLT_VCPU_HDR_SIZE);
+	for (uint32_t i = 0; !ret && i < w->nroots; i++) {
+		halite_put_le32(e, w->roots[i].vcpu);
+		halite_put_le32(e + 4, w->roots[i].mode);
+		halite_put_le64(e + 8, w->roots[i].cr3);
+		ret = tail_put(t, e, sizeof(e));
+	}
+	return ret;
+}
+
+static int put_kvs(struct tail *t, const struct wkvs *kvs)
+{
+	uint8_t e[HLT_KV_ENTRY_HDR] = { 0 };
+	int ret;
+
+	halite_put_le32(e, kvs->n);
+	ret = tail_put(t, e, HLT_KV_HDR_SIZE);
+	for (uint32_t i = 0; !ret && i < kvs->n; i++) {
+		size_t klen = strlen(kvs->v[i].key);
+		size_t n = klen + kvs->v[i].len;
+
+		memset(e, 0, sizeof(e));
+		halite_put_le16(e, (uint16_t)klen);
+		halite_put_le32(e + 4, kvs->v[i].len);
+		ret = tail_put(t, e, sizeof(e));
+		if (!ret)
+			ret = tail_put(t, kvs->v[i].key, klen);
+		if (!ret)
+			ret = tail_put(t, kvs->v[i].value, kvs->v[i].len);
+		if (!ret)
+			ret = tail_zeros(t, hlt_pad8(n) - n, true);
+	}
+	return ret;
+}
+
+static int put_section(struct tail *t, uint32_t type, int (*fn)(struct tail *t, const void *arg),
+		       const void *arg)
+{
+	int ret = tail_begin(t);
+
+	if (!ret)
+		ret = fn(t, arg);
+	if (!ret)
+		tail_end(t, type);
+	return ret;
+}
+
+static int fn_regions(struct tail *t, const void *arg) { return put_regions(t); }
+static int fn_map(struct tail *t, const void *arg) { return put_map(t); }
+static int fn_lbt(struct tail *t, const void *arg) { return put_lb_table(t); }
+static int fn_vcpus(struct tail *t, const void *arg) { return put_vcpus(t); }
+static int fn_kvs(struct tail *t, const void *arg) { return put_kvs(t, arg); }
+
+static int fn_device(struct tail *t, const void *arg)
+{
+	return tail_put(t, t->w->device_state, t->w->device_state_len);
+}
+
+static int put_dir_footer(struct tail *t)
+{
+	struct halite_writer *w = t->w;
+	uint8_t e[HLT_DIR_ENTRY_SIZE], f[HLT_FTR_SIZE] = { 0 };
+	uint64_t dir_off;
+	int ret;
+
+	ret = tail_begin(t);
+	dir_off = tail_pos(t);
+	for (uint32_t i = 0; !ret && i < t->ndir; i++) {
+		memset(e, 0, sizeof(e));
+		halite_put_le32(e + HLT_DIR_TYPE, t->dir[i].type);
+		halite_put_le64(e + HLT_DIR_OFFSET, t->dir[i].offset);
+		halite_put_le64(e + HLT_DIR_LENGTH, t->dir[i].length);
+		halite_put_le64(e + HLT_DIR_CHECKSUM, t->dir[i].checksum);
+		ret = tail_put(t, e, sizeof(e));
+	}
+	if (ret)
+		return ret;
+	memcpy(f, HLT_FTR_MAGIC, 8);
+	memcpy(f + HLT_FTR_UUID, w->uuid, 16);
+	halite_put_le64(f + HLT_FTR_LB_COUNT, w->lb_count);
+	halite_put_le64(f + HLT_FTR_DIR_OFFSET, dir_off);
+	halite_put_le32(f + HLT_FTR_SECTION_COUNT, t->ndir);
+	halite_put_le64(f + HLT_FTR_DIR_CHECKSUM, XXH3_64bits_digest(&t->hash));
+	halite_put_le64(f + HLT_FTR_CHECKSUM, hlt_hash(f, HLT_FTR_CHECKSUM, 0));
+	/* The footer goes out in its own write, after everything it vouches for. */
+	ret = tail_flush(t);
+	if (!ret)
+		ret = tail_raw(t, f, sizeof(f));
+	if (!ret)
+		ret = tail_flush(t);
+	return ret;
+}
+
+static int sync_file(struct halite_writer *w)
+{
+	char *dir;
+	int fd, ret;
+
+	if (w->flags & HALITE_WRITER_NO_SYNC)
+		return 0;
+	ret = halite_io_sync(w->io);
+	if (ret)
+		return wfail_io(w, ret, "%s: fdatasync", w->path);
+	/* The new directory entry must be durable too. */
+	dir = strdup(w->path);
+	if (!dir)
+		return -ENOMEM;
+	fd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	free(dir);
+	if (fd >= 0) {
+		fsync(fd);
+		close(fd);
+	}
+	return 0;
+}
+
+HALITE_EXPORT int halite_writer_finish(struct halite_writer *w)
+{
+	struct tail t = { .w = w };
+	int ret = 0, fd;
+
+	if (w->state != W_OPEN)
+		return wfail(w, -HALITE_E_STATE, "writer is not open");
+	for (uint32_t i = 0; !ret && i < w->nstreams; i++)
+		ret = seal(w, &w->streams[i]);
+	if (ret)
+		return ret;
+	/* Sections are not block sized: leave O_DIRECT for the tail. */
+	fd = halite_io_fd(w->io);
+	if ((w->flags & HALITE_WRITER_DIRECT) &&
+	    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_DIRECT))
+		return wfail_io(w, -errno, "%s: clearing O_DIRECT", w->path);
+	t.buf = malloc(TAIL_BUF_SIZE);
+	if (!t.buf)
+		return wfail_io(w, -ENOMEM, "section buffer");
+	t.off = HLT_DATA_OFFSET + w->lb_count * w->lb_size;
+
+	ret = put_section(&t, HALITE_SECTION_REGIONS, fn_regions, NULL);
+	if (!ret)
+		ret = put_section(&t, HALITE_SECTION_MB_MAP, fn_map, NULL);
+	if (!ret)
+		ret = put_section(&t, HALITE_SECTION_LB_TABLE, fn_lbt, NULL);
+	if (!ret && (w->vcpu_count || w->nroots))
+		ret = put_section(&t, HALITE_SECTION_VCPUS, fn_vcpus, NULL);
+	if (!ret && w->has_device_state)
+		ret = put_section(&t, HALITE_SECTION_DEVICE_STATE, fn_device, NULL);
+	if (!ret && w->meta.n)
+		ret = put_section(&t, HALITE_SECTION_METADATA, fn_kvs, &w->meta);
+	if (!ret && w->stats.n)
+		ret = put_section(&t, HALITE_SECTION_SAVE_STATS, fn_kvs, &w->stats);
+	if (!ret)
+		ret = put_dir_footer(&t);
+	free(t.buf);
+	if (!ret)
+		ret = sync_file(w);
+	if (ret)
+		return ret;
+	w->state = W_FINISHED;
+	return 0;
+}
+
+static void kvs_free(struct wkvs *kvs)
+{
+	for (uint32_t i = 0; i < kvs->n; i++) {
+		free(kvs->v[i].key);
+		free(kvs->v[i].value);
+	}
+	free(kvs->v);
+}
+
+HALITE_EXPORT void halite_writer_free(struct halite_writer *w, bool unlink_incomplete)
+{
+	if (!w)
+		return;
+	if (w->io) {
+		halite_io_close(w->io);
+		if (w->state != W_FINISHED && unlink_incomplete)
+			unlink(w->path);
+	}
+	for (uint32_t i = 0; i < w->nstreams; i++) {
+		halite_io_free(w->streams[i].buf);
+		free(w->streams[i].memb);
+	}
+	for (uint32_t i = 0; w->regions && i < w->nregions; i++)
+		free(w->regions[i].name);
+	free(w->streams);
+	free(w->regions);
+	free(w->map);
+	free(w->lbs);
+	free(w->scratch);
+	free(w->device_state);
+	free(w->roots);
+	kvs_free(&w->meta);
+	kvs_free(&w->stats);
+	free(w->path);
+	free(w);
+}
+
+HALITE_EXPORT const char *halite_writer_errmsg(const struct halite_writer *w)
+{
+	return w->errmsg;
+}

@@ -1,0 +1,112 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Private to io*.c: the handle, request slots and the backend operations.
+ *
+ * A request slot lives from submit to reap. A backend moves it through
+ * "in the kernel" (counted in io->active) and hands each kernel completion to
+ * halite_io_req_complete(), which continues short transfers or retires the request
+ * onto the done list. Reap delivers retired requests once their due time
+ * (the read latency) has passed.
+ */
+#ifndef HALITE_IO_INTERNAL_H
+#define HALITE_IO_INTERNAL_H
+
+#include <stdbool.h>
+#include <time.h>
+
+#include <libaio.h>
+#include <liburing.h>
+
+#include "io.h"
+
+struct io_req {
+	struct iocb iocb;	/* libaio only */
+	struct io_req *next;	/* free list or done list */
+	char *buf;
+	size_t len;		/* total */
+	size_t done;		/* transferred so far */
+	uint64_t off;
+	uint64_t tag;
+	uint64_t due_ns;	/* earliest delivery (reads with latency) */
+	int64_t res;
+	bool write;
+};
+
+struct halite_io;
+
+struct io_backend_ops {
+	int id;
+	/* 0, -HALITE_E_UNSUPPORTED if the kernel refuses, or -errno. */
+	int (*init)(struct halite_io *io);
+	/* Start the untransferred part of @req. */
+	int (*submit)(struct halite_io *io, struct io_req *req);
+	/*
+	 * Hand kernel completions to halite_io_req_complete(), waiting for at least
+	 * @min of them, at most @timeout_ns (UINT64_MAX: no limit) when
+	 * min > 0. Returns the number handled, 0 on timeout, or -errno.
+	 */
+	int (*wait)(struct halite_io *io, unsigned min, uint64_t timeout_ns);
+	void (*exit)(struct halite_io *io);
+};
+
+struct halite_io {
+	int fd;
+	bool direct;
+	unsigned qd;
+	uint64_t latency_ns;
+	size_t chunk_max;	/* largest single kernel transfer */
+	const struct io_backend_ops *ops;
+
+	struct io_req *reqs;	/* qd slots */
+	struct io_req *free;
+	struct io_req *done_head, *done_tail;
+	unsigned inflight;	/* submitted, not reaped */
+	unsigned active;	/* in the kernel */
+
+	union {
+		struct io_uring ring;
+		struct {
+			io_context_t ctx;
+			struct io_event *events; /* qd */
+		} aio;
+	};
+};
+
+extern const struct io_backend_ops halite_io_uring_ops;
+extern const struct io_backend_ops halite_io_aio_ops;
+extern const struct io_backend_ops halite_io_psync_ops;
+
+/*
+ * Largest single kernel transfer by default: fits io_uring's 32-bit length
+ * and keeps O_DIRECT alignment.
+ */
+#define IO_CHUNK_MAX ((size_t)1 << 30)
+
+static inline size_t io_req_chunk(const struct halite_io *io, const struct io_req *req)
+{
+	size_t left = req->len - req->done;
+
+	return left < io->chunk_max ? left : io->chunk_max;
+}
+
+/*
+ * Fault injection "short transfer": split every kernel read and write into
+ * pieces of at most @n bytes (0 restores the default), so tests reach the
+ * code that continues short transfers. With O_DIRECT, @n must be a multiple
+ * of HALITE_IO_ALIGN. Not for production use.
+ */
+void halite_io_test_set_chunk(struct halite_io *io, size_t n);
+
+/*
+ * A kernel completion of @res for @req, which is no longer active: continue a
+ * short transfer, or retire the request.
+ */
+void halite_io_req_complete(struct halite_io *io, struct io_req *req, int64_t res);
+
+/* Retire @req with its final result onto the done list. */
+void halite_io_req_finish(struct halite_io *io, struct io_req *req, int64_t res);
+
+/* pread/pwrite all of @len at @off, continuing short transfers: @len or -errno. */
+int64_t halite_io_pio(const struct halite_io *io, bool write, void *buf, size_t len, uint64_t off);
+
+#endif

@@ -1,0 +1,39 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Private: a fixed-size thread pool. Used by the save engine (compression),
+ * the restore engine (installing the rest of a locality block) and the tools
+ * (parallel import/verify).
+ */
+#ifndef HALITE_POOL_H
+#define HALITE_POOL_H
+
+struct halite_pool;
+
+typedef void (*halite_task_fn)(void *arg);
+
+/*
+ * Start @nthreads workers (1..256; 0 = the number of online CPUs). @name (at
+ * most 15 chars) names the threads for ps/top/gdb. Returns 0 or -errno.
+ */
+int halite_pool_create(struct halite_pool **pool, unsigned nthreads, const char *name);
+
+/* Number of worker threads. */
+unsigned halite_pool_size(const struct halite_pool *pool);
+
+/*
+ * Queue fn(arg). Tasks start in submission order; any thread may submit,
+ * including a task. Returns 0, -ENOMEM, or -HALITE_E_STATE after the pool
+ * began shutting down.
+ */
+int halite_pool_submit(struct halite_pool *pool, halite_task_fn fn, void *arg);
+
+/*
+ * Block until every task submitted so far (and tasks they submitted) has
+ * finished. Must not be called from a task.
+ */
+void halite_pool_wait(struct halite_pool *pool);
+
+/* Finish queued tasks, join the workers, free. NULL is fine. */
+void halite_pool_free(struct halite_pool *pool);
+
+#endif

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Install everything Halite needs from Debian's packages. Safe to rerun: it
+# asks apt only for what is missing, and runs apt-get update only then.
+#
+#   scripts/install-deps.sh            build + test + fuzz dependencies
+#   scripts/install-deps.sh --guest    also what the QEMU guest tests need
+set -euo pipefail
+
+pkgs=(
+	# build
+	build-essential cmake ninja-build pkg-config
+	# I/O backends, codecs, checksums, JSON
+	liburing-dev libaio-dev liblz4-dev zlib1g-dev libzstd-dev libxxhash-dev libcjson-dev
+	# tests, fuzzing, benchmarks
+	libcmocka-dev clang libclang-rt-14-dev llvm fio python3
+)
+if [[ "${1:-}" == "--guest" ]]; then
+	pkgs+=(qemu-system-x86 busybox-static linux-image-amd64 cpio)
+elif [[ $# -gt 0 ]]; then
+	echo "usage: $0 [--guest]" >&2
+	exit 2
+fi
+
+missing=()
+for p in "${pkgs[@]}"; do
+	if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+		missing+=("$p")
+	fi
+done
+if [[ ${#missing[@]} -eq 0 ]]; then
+	exit 0
+fi
+
+SUDO=
+if [[ $(id -u) -ne 0 ]]; then
+	SUDO=sudo
+fi
+echo "install-deps: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,64 @@
+/* SPDX-License-Identifier: MIT */
+/* Shared by the tests: seeded randomness, scratch files, test data. */
+#ifndef HALITE_TEST_UTIL_H
+#define HALITE_TEST_UTIL_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* xorshift64*: deterministic for a seed, printed so a failure can be replayed. */
+static inline uint64_t t_rand(uint64_t *s)
+{
+	*s ^= *s >> 12;
+	*s ^= *s << 25;
+	*s ^= *s >> 27;
+	return *s * 0x2545f4914f6cdd1dull;
+}
+
+/* HALITE_TEST_SEED from the environment, else time; printed either way. */
+static inline uint64_t t_seed(const char *test)
+{
+	const char *e = getenv("HALITE_TEST_SEED");
+	uint64_t seed = e ? strtoull(e, NULL, 0) : (uint64_t)time(NULL) * 2654435761u;
+
+	if (!seed)
+		seed = 1;
+	fprintf(stderr, "%s: HALITE_TEST_SEED=%llu\n", test, (unsigned long long)seed);
+	return seed;
+}
+
+/*
+ * Fill @len bytes with data that compresses to about @pct_random percent:
+ * that share of each 256-byte run is random, the rest a repeating pattern.
+ */
+static inline void t_fill(uint8_t *p, size_t len, unsigned pct_random, uint64_t *s)
+{
+	for (size_t i = 0; i < len; i++) {
+		if ((i % 256) < pct_random * 256 / 100)
+			p[i] = (uint8_t)t_rand(s);
+		else
+			p[i] = (uint8_t)(i / 7);
+	}
+}
+
+/* A scratch directory for this test, created under TMPDIR or /tmp. */
+static inline const char *t_tmpdir(void)
+{
+	static char dir[256];
+
+	if (!dir[0]) {
+		const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+
+		snprintf(dir, sizeof(dir), "%s/halite-test-XXXXXX", base);
+		if (!mkdtemp(dir)) {
+			perror("mkdtemp");
+			exit(1);
+		}
+	}
+	return dir;
+}
+
+#endif
