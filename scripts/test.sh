@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The test command. On a fresh machine it installs what it needs, builds, and
+# runs every test:
+#   1. a normal (RelWithDebInfo) build: all CTest tests;
+#   2. an ASan+UBSan build: all CTest tests again;
+#   3. the reader's libFuzzer target for $HALITE_FUZZ_SECONDS (default 60) s.
+#
+#   scripts/test.sh                 everything above
+#   scripts/test.sh --quick         step 1 only
+#   scripts/test.sh -L LABEL        step 1, one area (format, inspect, unit, fuzz, ...)
+#   scripts/test.sh --tsan          the tests under ThreadSanitizer
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+jobs=$(nproc)
+mode=all
+ctest_args=()
+while [[ $# -gt 0 ]]; do
+	case "$1" in
+	--quick) mode=quick ;;
+	--tsan) mode=tsan ;;
+	-L) mode=quick; ctest_args+=(-L "$2"); shift ;;
+	-h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+	*) echo "test.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+	esac
+	shift
+done
+
+run_suite() { # name build-dir cmake-args...
+	local name=$1 dir=$2
+	shift 2
+	echo "=== $name: build ($dir)"
+	"$root/scripts/build.sh" "$dir" "$@"
+	echo "=== $name: ctest"
+	ctest --test-dir "$dir" --output-on-failure -j "$jobs" "${ctest_args[@]}"
+}
+
+case $mode in
+quick)
+	run_suite release "$root/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	;;
+tsan)
+	run_suite tsan "$root/build-tsan" -DCMAKE_BUILD_TYPE=Debug -DHALITE_SANITIZE=thread
+	;;
+all)
+	run_suite release "$root/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	run_suite asan+ubsan "$root/build-asan" -DCMAKE_BUILD_TYPE=Debug \
+		-DHALITE_SANITIZE=address,undefined
+	echo "=== fuzz: reader, ${HALITE_FUZZ_SECONDS:-60} s"
+	"$root/scripts/fuzz.sh" "${HALITE_FUZZ_SECONDS:-60}"
+	;;
+esac
