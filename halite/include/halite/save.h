@@ -1,0 +1,142 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Copy-on-access lazy save (the paper's section 7.1).
+ *
+ * The caller pauses the guest, arms the engine (cost O(regions), not
+ * O(memory)) and resumes the guest at once. From then on the first access to
+ * any memory block, read or write, by any thread, traps through userfaultfd:
+ * the engine gives the block back to the guest with its snapshot-instant
+ * contents kept aside, wakes the thread, and appends the block to the stream
+ * of the vCPU that touched it (threads that are not vCPUs go to the "other"
+ * stream). Compression and I/O happen in worker threads, never before the
+ * wake. A throttled background thread saves the rest: first in guest-virtual
+ * order by walking the guest's page tables (when roots are given), then in
+ * guest-physical order.
+ *
+ * This version saves private anonymous memory of the calling process
+ * (mremap MREMAP_DONTUNMAP + UFFDIO_REGISTER_MODE_MISSING + UFFDIO_COPY).
+ *
+ * Failure (ENOSPC, EIO, cancel): every block not yet given back is given
+ * back, so the guest's memory is exactly what it would have been without the
+ * save; the partial file has no footer (incomplete) and is removed unless
+ * HALITE_SAVE_KEEP_INCOMPLETE.
+ */
+#ifndef HALITE_SAVE_H
+#define HALITE_SAVE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <halite/format.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct halite_save;
+
+struct halite_save_region {
+	const char *name;   /* as in the file: "pc.ram", ... */
+	uint64_t gpa;	    /* guest-physical base */
+	uint64_t length;    /* bytes, a multiple of the memory-block size */
+	void *host;	    /* where the guest's memory is mapped in this process */
+};
+
+#define HALITE_SAVE_KEEP_INCOMPLETE 0x1u /* leave a failed save's partial file */
+#define HALITE_SAVE_NO_SYNC 0x2u	 /* no fdatasync at the end (tests) */
+#define HALITE_SAVE_NO_BACKGROUND 0x4u	 /* only faults save (tests); finish needs every block touched */
+#define HALITE_SAVE_FLAGS_ALL 0x7u
+
+struct halite_save_opts {
+	size_t sz;
+	/* The file (see struct halite_writer_opts). */
+	int codec;
+	int level;
+	uint32_t mb_pages;
+	uint32_t lb_size;
+	unsigned flags;		   /* HALITE_SAVE_* */
+	/* vCPU threads: a fault from vcpu_tids[i] goes to stream vCPU i. */
+	const pid_t *vcpu_tids;
+	uint32_t nvcpus;
+	unsigned workers;	   /* compression threads; 0 = online CPUs */
+	/*
+	 * Background throttle (paper, section 6): the background thread holds
+	 * back while the guest faults (the save is progressing by itself) and
+	 * runs once no fault has come for bg_idle_us; it never falls below
+	 * bg_min_rate bytes per second, so the save finishes.
+	 */
+	uint32_t bg_idle_us;	   /* 0 = 2000 */
+	uint64_t bg_min_rate;	   /* 0 = 64 MiB/s */
+	halite_log_fn log;
+	void *log_ctx;
+	int log_level;
+};
+
+struct halite_save_stats {
+	uint64_t arm_ns;	    /* time halite_save_arm() took */
+	uint64_t duration_ns;	    /* arm to file complete */
+	uint64_t mb_total;
+	uint64_t mb_saved;	    /* memory blocks saved so far (stored, zero or untouched) */
+	uint64_t mb_stored, mb_zero, mb_untouched;
+	uint64_t faults;	    /* first-touch faults served */
+	uint64_t faults_vcpu;	    /* ... from vCPU threads */
+	uint64_t faults_other;	    /* ... from other threads */
+	uint64_t mb_background;	    /* blocks saved by the background thread */
+	uint64_t fault_p50_ns;	    /* fault service time: message read to wake */
+	uint64_t fault_p99_ns;
+	uint64_t raw_bytes;	    /* bytes of stored memory blocks */
+	uint64_t stored_bytes;	    /* after compression */
+	uint64_t file_bytes;
+	bool done;
+	int error;		    /* 0, or why the save failed */
+};
+
+/*
+ * Create the file and the engine; nothing is armed yet. The regions are
+ * copied. -HALITE_E_UNSUPPORTED when the kernel lacks a userfaultfd feature
+ * the engine needs (the log says which).
+ */
+int halite_save_create(struct halite_save **s, const char *path,
+		       const struct halite_save_region *regions, uint32_t nregions,
+		       const struct halite_save_opts *opts);
+
+/*
+ * A page-table root of the guest (CR3 and paging mode) for the background
+ * walk; may be called before arm and while the save runs. Thread-safe.
+ */
+int halite_save_add_root(struct halite_save *s, const struct halite_root *root);
+
+/* Attach the hypervisor's device state, stored verbatim. Before arm. */
+int halite_save_set_device_state(struct halite_save *s, const void *data, uint64_t len);
+
+/*
+ * The snapshot instant: call with the guest paused. Arms copy-on-access on
+ * every region and starts the engine's threads; returns so the caller can
+ * resume the guest at once.
+ */
+int halite_save_arm(struct halite_save *s);
+
+/*
+ * Wait until the save completes (0) or fails (< 0, the guest's memory left as
+ * if no save had happened). @timeout_ms < 0 waits forever; -ETIMEDOUT if
+ * still running after it.
+ */
+int halite_save_wait(struct halite_save *s, int timeout_ms);
+
+/* Stop a running save as a failure (-ECANCELED) and wait for it. */
+int halite_save_cancel(struct halite_save *s);
+
+/* A consistent copy of the statistics, at any time. Thread-safe. */
+void halite_save_stats(struct halite_save *s, struct halite_save_stats *st);
+
+/* Free; a running save is cancelled first. NULL is fine. */
+void halite_save_free(struct halite_save *s);
+
+/* Detail of the failure, "" if none. */
+const char *halite_save_errmsg(const struct halite_save *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* HALITE_SAVE_H */
