@@ -88,13 +88,10 @@ static int rfail(struct halite_reader *r, int err, const char *fmt, ...)
 {
 	char msg[sizeof(r->errmsg)];
 	va_list ap;
-	int n;
 
 	va_start(ap, fmt);
-	n = vsnprintf(msg, sizeof(msg), fmt, ap);
+	halite_vformat_error(msg, sizeof(msg), err, fmt, ap);
 	va_end(ap);
-	if (n >= 0 && (size_t)n < sizeof(msg) - 8)
-		snprintf(msg + n, sizeof(msg) - (size_t)n, ": %s", halite_strerror(err));
 	pthread_mutex_lock(&r->err_lock);
 	memcpy(r->errmsg, msg, sizeof(msg));
 	pthread_mutex_unlock(&r->err_lock);

@@ -124,13 +124,10 @@ __attribute__((format(printf, 3, 4)))
 static int wfail(struct halite_writer *w, int err, const char *fmt, ...)
 {
 	va_list ap;
-	int n;
 
 	va_start(ap, fmt);
-	n = vsnprintf(w->errmsg, sizeof(w->errmsg), fmt, ap);
+	halite_vformat_error(w->errmsg, sizeof(w->errmsg), err, fmt, ap);
 	va_end(ap);
-	if (n >= 0 && (size_t)n < sizeof(w->errmsg) - 8)
-		snprintf(w->errmsg + n, sizeof(w->errmsg) - (size_t)n, ": %s", halite_strerror(err));
 	halite_logf(&w->log, HALITE_LOG_ERROR, "%s", w->errmsg);
 	return err < 0 ? err : -err;
 }

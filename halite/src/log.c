@@ -3,6 +3,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <halite/errors.h>
+
 #include "export.h"
 #include "log_internal.h"
 
@@ -59,4 +61,16 @@ void halite_logf(const struct halite_logger *lg, int level, const char *fmt, ...
 	while (len && buf[len - 1] == '\n')
 		buf[--len] = '\0';
 	lg->fn(lg->ctx, level, buf);
+}
+
+void halite_vformat_error(char *dst, size_t len, int err, const char *fmt, va_list ap)
+{
+	int n;
+
+	if (!len)
+		return;
+	n = vsnprintf(dst, len, fmt, ap);
+	/* Room for the reason, or the message as it fits. */
+	if (n >= 0 && (size_t)n < len - 8)
+		snprintf(dst + n, len - (size_t)n, ": %s", halite_strerror(err));
 }
