@@ -2,35 +2,51 @@
 /*
  * Copy-on-access lazy save engine (include/halite/save.h).
  *
- * Arming (guest paused): each region's pages are moved aside with
- * mremap(MREMAP_DONTUNMAP) to a "shadow" mapping that keeps the
- * snapshot-instant contents, and the now empty guest range is registered
- * with userfaultfd MISSING. Cost: two syscalls per region.
+ * Arming (guest paused), per region, a few syscalls each:
+ * - private anonymous memory: the pages move aside with
+ *   mremap(MREMAP_DONTUNMAP) to a "shadow" mapping that keeps the
+ *   snapshot-instant contents; the now empty guest range is registered with
+ *   userfaultfd MISSING. A block is given back with UFFDIO_COPY from the
+ *   shadow, which nothing ever writes.
+ * - shared memory (memfd/tmpfs), ours or another process's: the range is
+ *   registered MINOR|MISSING and the owner's page-table entries dropped; the
+ *   data stays in the page cache, which the guest writes as soon as a block
+ *   is given back (UFFDIO_CONTINUE). So the claimer copies the block through
+ *   the engine's own read-only mapping ("view") into a staging buffer first.
  *
  * Threads:
  * - fault thread: reads first-touch faults; claims the memory block, gives it
  *   back with one UFFDIO_COPY from the shadow (which wakes the thread), and
  *   only then queues the block, tagged with the faulting thread's stream.
  *   Nothing slower than that one copy happens before the wake.
- * - background thread: claims the blocks no fault has claimed, in physical
- *   order, giving each back to the guest the same way; throttled (paper,
- *   section 6): it runs only when no fault has come for bg_idle_us, or when
- *   it falls behind bg_min_rate.
+ * - background thread: claims the blocks no fault has claimed, first in
+ *   guest-virtual order by walking the guest's page tables from each root
+ *   (ptwalk.c; a block mapped at several addresses is saved once, where the
+ *   walk meets it first), then in physical order for what no page table
+ *   maps; throttled (paper, section 6): it runs only when no fault has come
+ *   for bg_idle_us, or when it falls behind bg_min_rate. Page-table pages
+ *   are read as at the snapshot instant from the anonymous shadow; for
+ *   shared memory they are read through the view as they are now, so a page
+ *   table the guest changed since can only change which stream a block
+ *   lands in, never its saved bytes.
  * - compression pool: encodes queued blocks from the shadow.
  * - writer thread: retires queued blocks strictly in queue order (a reorder
  *   point after the parallel pool), so each stream's locality blocks hold its
  *   blocks in the order the guest touched them, then finishes the file.
  *
- * Claiming: each block has one claim byte, set once by whichever of the two
- * producers gets there first; only the claimer queues it, so every block is
- * saved exactly once. The shadow is never written after arming, so whichever
- * thread reads it sees the snapshot instant. A fault on a block the
- * background claimed but has not yet given back is answered from the shadow
- * too; the later copy then fails with EEXIST, which is a normal race.
+ * Claiming: each block has one claim byte, taken once by whichever of the
+ * two producers gets there first; only the claimer queues it, so every block
+ * is saved exactly once. Anonymous: the shadow is never written, so a fault
+ * on a block the background claimed is answered from the shadow at once (the
+ * background's copy then fails with EEXIST, a normal race). Shared: the
+ * claim goes FREE -> COPYING -> READY, and a fault on a COPYING block waits
+ * for the claimer's memcpy (bounded, no I/O) before giving the block back:
+ * the guest must not write a page before its snapshot bytes are copied.
  *
- * Untouched blocks: a shadow block with no page present (or swapped) was
- * never touched by the guest; it is recorded as such and, for the guest, a
- * copy from the shadow's hole gives zeros, which is what it was.
+ * Untouched blocks: a shadow block with no page present (or swapped), or a
+ * file range that is a hole (SEEK_DATA counts swapped shmem pages as data),
+ * was never touched by the guest; it is recorded as such and reads as zeros,
+ * which is what it was.
  *
  * Shadows are unmapped when the save ends: until then a block's snapshot
  * bytes stay readable (the page-table walk will need that).
@@ -46,7 +62,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
+#include <sys/vfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -57,6 +75,7 @@
 #include "log_internal.h"
 #include "opts.h"
 #include "pool.h"
+#include "ptwalk.h"
 #include "stats.h"
 #include "uffd.h"
 
@@ -68,11 +87,17 @@
 struct sregion {
 	char *name;
 	uint64_t gpa, length;
-	uint8_t *host;	 /* registered with userfaultfd */
-	uint8_t *shadow; /* snapshot-instant contents */
+	uint64_t host;	 /* in the owner's address space; registered with userfaultfd */
+	int kind;	 /* enum halite_mem_kind */
+	int fd;		 /* SHARED: our dup of the file */
+	uint64_t fd_off;
+	uint8_t *shadow; /* ANON: snapshot-instant contents */
+	uint8_t *view;	 /* SHARED: our read-only mapping of the file */
 	uint64_t first_mb, nmb;
 	bool registered;
 };
+
+enum { CLAIM_FREE, CLAIM_COPYING, CLAIM_READY };
 
 enum item_kind { ITEM_DATA, ITEM_ZERO, ITEM_UNTOUCHED };
 
@@ -84,8 +109,10 @@ struct item {
 	bool ready;	  /* encoded; under q_lock */
 	uint32_t len;	  /* encoded length */
 	bool compressed;
+	bool copied;	  /* SHARED: the snapshot bytes are in raw */
 	struct halite_save *s;
-	uint8_t buf[];	  /* mb_size */
+	uint8_t *raw;	  /* SHARED: mb_size bytes copied at claim time */
+	uint8_t buf[];	  /* mb_size encoded, then (SHARED) mb_size raw */
 };
 
 enum { S_CREATED, S_RUNNING, S_DONE, S_FAILED };
@@ -102,6 +129,8 @@ struct halite_save {
 	_Atomic uint8_t *claim;
 
 	int uffd;
+	bool has_shared;
+	uint8_t *zeros;	   /* a zero page, to fill holes of shared memory */
 	int stop_fd;	   /* eventfd: wakes the fault thread */
 	int pagemap_fd;
 	pthread_t fault_thr, bg_thr, writer_thr;
@@ -141,13 +170,10 @@ static int sfail(struct halite_save *s, int err, const char *fmt, ...)
 {
 	char msg[sizeof(s->errmsg)];
 	va_list ap;
-	int n;
 
 	va_start(ap, fmt);
-	n = vsnprintf(msg, sizeof(msg), fmt, ap);
+	halite_vformat_error(msg, sizeof(msg), err, fmt, ap);
 	va_end(ap);
-	if (n >= 0 && (size_t)n < sizeof(msg) - 8)
-		snprintf(msg + n, sizeof(msg) - (size_t)n, ": %s", halite_strerror(err));
 	pthread_mutex_lock(&s->st_lock);
 	if (!s->errmsg[0])
 		memcpy(s->errmsg, msg, sizeof(msg));
@@ -193,7 +219,7 @@ static const struct sregion *region_of_addr(const struct halite_save *s, uint64_
 	for (uint32_t i = 0; i < s->nregions; i++) {
 		const struct sregion *r = &s->regions[i];
 
-		if (addr >= (uintptr_t)r->host && addr - (uintptr_t)r->host < r->length)
+		if (addr >= r->host && addr - r->host < r->length)
 			return r;
 	}
 	return NULL;
@@ -207,12 +233,22 @@ static uint32_t stream_of_tid(const struct halite_save *s, uint32_t tid)
 	return HALITE_STREAM(HALITE_STREAM_OTHER, 0);
 }
 
-/* Was any page of the shadow block ever populated (present or swapped)? */
-static int shadow_touched(struct halite_save *s, const uint8_t *p, uint32_t len)
+/* Was any page of the block ever populated (present or swapped)? 1, 0 or -errno. */
+static int block_touched(struct halite_save *s, const struct sregion *r, uint64_t mb)
 {
+	uint64_t off = (mb - r->first_mb) * s->mb_size;
 	uint64_t e[HLT_PAGES_MAX];
-	uint32_t n = len / 4096;
+	uint32_t n = s->mb_size / 4096;
+	const uint8_t *p = r->shadow + off;
 	ssize_t got;
+
+	if (r->kind == HALITE_MEM_SHARED) {
+		off_t d = lseek(r->fd, (off_t)(r->fd_off + off), SEEK_DATA);
+
+		if (d < 0)
+			return errno == ENXIO ? 0 : -errno;
+		return (uint64_t)d < r->fd_off + off + s->mb_size;
+	}
 
 	got = pread(s->pagemap_fd, e, n * sizeof(e[0]), (off_t)((uintptr_t)p / 4096 * 8));
 	if (got != (ssize_t)(n * sizeof(e[0])))
@@ -227,13 +263,11 @@ static int shadow_touched(struct halite_save *s, const uint8_t *p, uint32_t len)
  * Give memory block @mb back to the guest from the shadow. A block another
  * thread already gave back (EEXIST) only needs its waiters woken.
  */
-static int give_back(struct halite_save *s, const struct sregion *r, uint64_t mb, bool wake)
+static int copy_in(struct halite_save *s, uint64_t dst, const void *src, uint32_t len, bool wake)
 {
-	uint64_t off = (mb - r->first_mb) * s->mb_size;
-	uint32_t len = s->mb_size;
 	struct uffdio_copy c = {
-		.dst = (uintptr_t)r->host + off,
-		.src = (uintptr_t)r->shadow + off,
+		.dst = dst,
+		.src = (uintptr_t)src,
 		.len = len,
 		.mode = wake ? 0 : UFFDIO_COPY_MODE_DONTWAKE,
 	};
@@ -242,7 +276,7 @@ static int give_back(struct halite_save *s, const struct sregion *r, uint64_t mb
 		if (!ioctl(s->uffd, UFFDIO_COPY, &c))
 			return 0;
 		if (errno == EEXIST) {
-			struct uffdio_range rg = { c.dst, len };
+			struct uffdio_range rg = { c.dst, c.len };
 
 			return wake && ioctl(s->uffd, UFFDIO_WAKE, &rg) ? -errno : 0;
 		}
@@ -258,18 +292,98 @@ static int give_back(struct halite_save *s, const struct sregion *r, uint64_t mb
 	}
 }
 
+/*
+ * Shared memory: map each page of the block from the page cache
+ * (UFFDIO_CONTINUE); a page that is a hole in the file has nothing to map
+ * (EFAULT) and gets zeros instead, which is what it held.
+ */
+static int continue_in(struct halite_save *s, uint64_t dst, uint32_t len, bool wake)
+{
+	for (uint32_t o = 0; o < len; o += 4096) {
+		struct uffdio_continue c = {
+			.range = { dst + o, 4096 },
+			.mode = wake ? 0 : UFFDIO_CONTINUE_MODE_DONTWAKE,
+		};
+		int ret = 0;
+
+		while (ioctl(s->uffd, UFFDIO_CONTINUE, &c)) {
+			if (errno == EAGAIN)
+				continue;
+			if (errno == EEXIST) {
+				if (wake && ioctl(s->uffd, UFFDIO_WAKE, &c.range))
+					ret = -errno;
+			} else if (errno == EFAULT) {
+				ret = copy_in(s, dst + o, s->zeros, 4096, wake);
+			} else {
+				ret = -errno;
+			}
+			break;
+		}
+		if (ret)
+			return ret;
+	}
+	return 0;
+}
+
+static int give_back(struct halite_save *s, const struct sregion *r, uint64_t mb, bool wake)
+{
+	uint64_t off = (mb - r->first_mb) * s->mb_size;
+
+	if (r->kind == HALITE_MEM_SHARED)
+		return continue_in(s, r->host + off, s->mb_size, wake);
+	return copy_in(s, r->host + off, r->shadow + off, s->mb_size, wake);
+}
+
+/*
+ * Take the claim on @mb: true if this thread saves it. Shared memory: the
+ * claimer copies the block to @it->raw before marking it READY; a thread that
+ * lost waits for READY before the block may be given back.
+ */
+static bool claim_block(struct halite_save *s, uint64_t mb)
+{
+	uint8_t expect = CLAIM_FREE;
+
+	return atomic_compare_exchange_strong(&s->claim[mb], &expect,
+					      s->has_shared ? CLAIM_COPYING : CLAIM_READY);
+}
+
+static void wait_ready(struct halite_save *s, uint64_t mb)
+{
+	/* The claimer is inside a memcpy of one block: no I/O, no lock. */
+	while (atomic_load(&s->claim[mb]) == CLAIM_COPYING)
+		sched_yield();
+}
+
+static struct item *item_new(struct halite_save *s, uint64_t mb, uint32_t stream, bool touched)
+{
+	struct item *it = malloc(sizeof(*it) + (size_t)s->mb_size * (s->has_shared ? 2 : 1));
+
+	if (!it)
+		return NULL;
+	*it = (struct item){ .mb = mb, .stream = stream, .s = s,
+			     .kind = touched ? ITEM_DATA : ITEM_UNTOUCHED, .ready = !touched };
+	if (s->has_shared)
+		it->raw = it->buf + s->mb_size;
+	return it;
+}
+
+/* Shared: copy the snapshot bytes of a claimed block, then mark it READY. */
+static void copy_claimed(struct halite_save *s, const struct sregion *r, struct item *it)
+{
+	if (r->kind == HALITE_MEM_SHARED && it->kind == ITEM_DATA) {
+		memcpy(it->raw, r->view + (it->mb - r->first_mb) * s->mb_size, s->mb_size);
+		it->copied = true;
+	}
+	atomic_store(&s->claim[it->mb], CLAIM_READY);
+}
+
 static void compress_task(void *arg);
 
 /* After the wake: allocation is fine from here on. */
-static int enqueue(struct halite_save *s, uint64_t mb, uint32_t stream, bool touched)
+static int enqueue(struct halite_save *s, struct item *it)
 {
-	struct item *it = malloc(sizeof(*it) + s->mb_size);
+	bool touched = it->kind == ITEM_DATA;
 
-	if (!it)
-		return -ENOMEM;
-	*it = (struct item){ .mb = mb, .stream = stream, .s = s,
-			     .kind = touched ? ITEM_DATA : ITEM_UNTOUCHED,
-			     .ready = !touched };
 	pthread_mutex_lock(&s->q_lock);
 	if (s->q_tail)
 		s->q_tail->next = it;
@@ -289,7 +403,7 @@ static void compress_task(void *arg)
 	struct item *it = arg;
 	struct halite_save *s = it->s;
 	const struct sregion *r = region_of_mb(s, it->mb);
-	const uint8_t *src = r->shadow + (it->mb - r->first_mb) * s->mb_size;
+	const uint8_t *src = it->copied ? it->raw : r->shadow + (it->mb - r->first_mb) * s->mb_size;
 	int n;
 
 	if (halite_all_zero(src, s->mb_size)) {
@@ -320,41 +434,57 @@ static int serve_fault(struct halite_save *s, const struct uffd_msg *m)
 	uint64_t t0 = halite_now_ns();
 	uint64_t addr = m->arg.pagefault.address;
 	const struct sregion *r = region_of_addr(s, addr);
+	struct item *it = NULL;
 	uint32_t stream;
 	uint64_t mb;
-	bool won;
-	int ret, touched = 0;
+	int ret, touched;
 
 	if (!r)
 		return sfail(s, -EFAULT, "fault at 0x%llx outside every region",
 			     (unsigned long long)addr);
-	mb = r->first_mb + (addr - (uintptr_t)r->host) / s->mb_size;
-	won = !atomic_exchange(&s->claim[mb], 1);
-	/*
-	 * Before the copy: reading the shadow's hole maps the zero page there,
-	 * after which the block would look touched. One pagemap read.
-	 */
-	if (won) {
-		touched = shadow_touched(s, r->shadow + (mb - r->first_mb) * s->mb_size,
-					 s->mb_size);
-		if (touched < 0)
-			return sfail(s, touched, "pagemap of memory block %llu",
-				     (unsigned long long)mb);
+	mb = r->first_mb + (addr - r->host) / s->mb_size;
+	stream = stream_of_tid(s, m->arg.pagefault.feat.ptid);
+	if (claim_block(s, mb)) {
+		/*
+		 * Before the give-back: that maps the zero page into an anonymous
+		 * shadow's hole, and lets the guest write shared pages.
+		 */
+		touched = block_touched(s, r, mb);
+		/*
+		 * Shared memory needs the staging copy before the wake; this
+		 * allocation is the price (a slab would avoid it).
+		 */
+		it = touched < 0 ? NULL : item_new(s, mb, stream, touched > 0);
+		if (!it) {
+			/* Never leave a claim COPYING: a fault would wait on it forever. */
+			atomic_store(&s->claim[mb], CLAIM_READY);
+			return sfail(s, touched < 0 ? touched : -ENOMEM,
+				     "memory block %llu: staging", (unsigned long long)mb);
+		}
+		copy_claimed(s, r, it);
+	} else {
+		wait_ready(s, mb);
 	}
 	ret = give_back(s, r, mb, true);
-	if (ret)
+	if (ret) {
+		free(it);
 		return sfail(s, ret, "giving memory block %llu back to the guest",
 			     (unsigned long long)mb);
+	}
 	atomic_store(&s->last_fault_ns, halite_now_ns());
 	halite_hist_add(&s->fault_hist, halite_now_ns() - t0);
 	atomic_fetch_add(&s->n_faults, 1);
-	if (!won)
+	if (!it)
 		return 0;
-	stream = stream_of_tid(s, m->arg.pagefault.feat.ptid);
+	if (atomic_load(&s->stopping)) {
+		/* The save is over (failed or cancelled): only serve the guest. */
+		free(it);
+		return 0;
+	}
 	atomic_fetch_add(HALITE_STREAM_KIND(stream) == HALITE_STREAM_VCPU ? &s->n_faults_vcpu
 									  : &s->n_faults_other,
 			 1);
-	return enqueue(s, mb, stream, touched > 0);
+	return enqueue(s, it);
 }
 
 static void *fault_main(void *arg)
@@ -422,40 +552,177 @@ static void bg_throttle(struct halite_save *s, uint64_t start_ns, uint64_t saved
 	}
 }
 
+/*
+ * Claim and save @mb into @stream unless someone has. Anonymous memory is
+ * given back now, so the shadow can go at the end; an untouched block stays a
+ * hole until the guest wants it. Shared memory is already where it belongs: a
+ * later fault only needs UFFDIO_CONTINUE. 0 or -errno.
+ */
+static int bg_save_block(struct halite_save *s, const struct sregion *r, uint64_t mb,
+			 uint32_t stream)
+{
+	struct item *it;
+	int ret, touched;
+
+	if (!claim_block(s, mb))
+		return 0;
+	touched = block_touched(s, r, mb);
+	ret = touched < 0 ? touched : 0;
+	it = ret ? NULL : item_new(s, mb, stream, touched > 0);
+	if (!ret && !it)
+		ret = -ENOMEM;
+	if (it)
+		copy_claimed(s, r, it);
+	else
+		atomic_store(&s->claim[mb], CLAIM_READY);
+	if (!ret && touched > 0 && r->kind == HALITE_MEM_ANON)
+		ret = give_back(s, r, mb, false);
+	if (!ret)
+		ret = enqueue(s, it);
+	else
+		free(it);
+	if (ret)
+		return sfail(s, ret, "background save of memory block %llu", (unsigned long long)mb);
+	atomic_fetch_add(&s->n_bg, 1);
+	return 0;
+}
+
+struct bg {
+	struct halite_save *s;
+	uint64_t start_ns, saved;
+	int err;
+};
+
+static const struct sregion *region_of_gpa(const struct halite_save *s, uint64_t gpa,
+					   uint64_t *off)
+{
+	for (uint32_t i = 0; i < s->nregions; i++) {
+		const struct sregion *r = &s->regions[i];
+
+		if (gpa >= r->gpa && gpa - r->gpa < r->length) {
+			*off = gpa - r->gpa;
+			return r;
+		}
+	}
+	return NULL;
+}
+
+/* halite_ptw_read_fn: a page-table page as the snapshot has it. */
+static int pt_read(void *ctx, uint64_t gpa, void *page)
+{
+	struct bg *b = ctx;
+	struct halite_save *s = b->s;
+	uint64_t off;
+	const struct sregion *r = region_of_gpa(s, gpa, &off);
+	uint64_t mb;
+	int touched;
+
+	if (!r || r->length - off < 4096)
+		return -ERANGE;
+	mb = r->first_mb + off / s->mb_size;
+	/* Reading a hole would populate it: an untouched table is all zero. */
+	touched = block_touched(s, r, mb);
+	if (touched < 0)
+		return touched;
+	if (!touched)
+		memset(page, 0, 4096);
+	else
+		memcpy(page, (r->kind == HALITE_MEM_ANON ? r->shadow : r->view) + off, 4096);
+	return 0;
+}
+
+/* halite_ptw_visit_fn: save the blocks behind a mapped leaf, in VA order. */
+static int pt_visit(void *ctx, uint64_t va, uint64_t gpa, uint64_t len)
+{
+	struct bg *b = ctx;
+	struct halite_save *s = b->s;
+
+	for (uint64_t g = gpa - gpa % s->mb_size; g < gpa + len; g += s->mb_size) {
+		uint64_t off;
+		const struct sregion *r = region_of_gpa(s, g, &off);
+		uint64_t mb;
+
+		if (!r)
+			continue; /* MMIO, or a hostile entry: nothing of ours */
+		mb = r->first_mb + off / s->mb_size;
+		if (atomic_load(&s->claim[mb]))
+			continue;
+		bg_throttle(s, b->start_ns, b->saved);
+		if (atomic_load(&s->stopping))
+			return 1;
+		b->err = bg_save_block(s, r, mb, HALITE_STREAM(HALITE_STREAM_VIRTUAL, 0));
+		if (b->err)
+			return b->err;
+		b->saved += s->mb_size;
+	}
+	return 0;
+}
+
+/* Walk every root known so far, including ones added while walking. */
+static int bg_walk(struct halite_save *s, struct bg *b)
+{
+	struct halite_ptw *w;
+	uint64_t mem = 0;
+	int ret;
+
+	for (uint32_t i = 0; i < s->nregions; i++)
+		mem += s->regions[i].length;
+	ret = halite_ptw_create(&w, mem);
+	if (ret) {
+		halite_logf(&s->log, HALITE_LOG_WARN, "no page-table walk: %s", halite_strerror(ret));
+		return 0;
+	}
+	for (uint32_t i = 0; !atomic_load(&s->stopping); i++) {
+		struct halite_root root;
+
+		pthread_mutex_lock(&s->roots_lock);
+		if (i >= s->nroots) {
+			pthread_mutex_unlock(&s->roots_lock);
+			break;
+		}
+		root = s->roots[i];
+		pthread_mutex_unlock(&s->roots_lock);
+		ret = halite_ptw_walk(w, root.cr3, root.mode, pt_read, pt_visit, b);
+		if (b->err)
+			break;
+		/*
+		 * A walk that fails for another reason (hostile tables the
+		 * walker refuses) only loses ordering: the sweep saves the rest.
+		 */
+		if (ret < 0)
+			halite_logf(&s->log, HALITE_LOG_WARN, "page-table walk from CR3 0x%llx: %s",
+				    (unsigned long long)root.cr3, halite_strerror(ret));
+	}
+	halite_ptw_free(w);
+	return b->err;
+}
+
 static void *bg_main(void *arg)
 {
 	struct halite_save *s = arg;
-	uint64_t start = halite_now_ns(), saved = 0;
+	struct bg b = { .s = s, .start_ns = halite_now_ns() };
 
+	int ret = bg_walk(s, &b);
+
+	if (ret) {
+		set_failed(s, ret);
+		return NULL;
+	}
 	for (uint32_t i = 0; i < s->nregions && !atomic_load(&s->stopping); i++) {
 		const struct sregion *r = &s->regions[i];
 
 		for (uint64_t mb = r->first_mb; mb < r->first_mb + r->nmb; mb++) {
-			int ret, touched;
-
 			if (atomic_load(&s->claim[mb]))
 				continue;
-			bg_throttle(s, start, saved);
+			bg_throttle(s, b.start_ns, b.saved);
 			if (atomic_load(&s->stopping))
 				break;
-			if (atomic_exchange(&s->claim[mb], 1))
-				continue;
-			touched = shadow_touched(s, r->shadow + (mb - r->first_mb) * s->mb_size,
-						 s->mb_size);
-			ret = touched < 0 ? touched : 0;
-			/* An untouched block stays a hole until the guest wants it. */
-			if (touched > 0)
-				ret = give_back(s, r, mb, false);
-			if (!ret)
-				ret = enqueue(s, mb, HALITE_STREAM(HALITE_STREAM_PHYSICAL, 0),
-					      touched > 0);
+			ret = bg_save_block(s, r, mb, HALITE_STREAM(HALITE_STREAM_PHYSICAL, 0));
 			if (ret) {
-				set_failed(s, sfail(s, ret, "background save of memory block %llu",
-						    (unsigned long long)mb));
+				set_failed(s, ret);
 				return NULL;
 			}
-			atomic_fetch_add(&s->n_bg, 1);
-			saved += s->mb_size;
+			b.saved += s->mb_size;
 		}
 	}
 	return NULL;
@@ -569,6 +836,47 @@ static void *writer_main(void *arg)
 
 /* ---- create, arm, wait, teardown ---- */
 
+/* Our read-only window on a shared region's file. */
+static int map_view(struct halite_save *s, struct sregion *r)
+{
+	struct statfs sf;
+	void *v;
+
+	/* Huge pages would need huge memory blocks and huge-page-sized CONTINUE. */
+	if (!fstatfs(r->fd, &sf) && sf.f_type == HUGETLBFS_MAGIC)
+		return sfail(s, -HALITE_E_UNSUPPORTED, "region '%s': hugetlbfs is not supported yet",
+			     r->name);
+	v = mmap(NULL, r->length, PROT_READ, MAP_SHARED, r->fd, (off_t)r->fd_off);
+	if (v == MAP_FAILED)
+		return sfail(s, -errno, "region '%s': mapping its file", r->name);
+	r->view = v;
+	return 0;
+}
+
+/*
+ * Our own userfaultfd, or the one created inside the owner (whose copy the
+ * owner keeps: if this process dies, the owner's faults then block rather
+ * than the ranges losing their registration and reading zeros).
+ */
+static int open_uffd(struct halite_save *s, uint64_t *missing)
+{
+	uint64_t want = UFFD_FEATURE_THREAD_ID;
+	int ret;
+
+	if (s->has_shared)
+		want |= UFFD_FEATURE_MINOR_SHMEM | UFFD_FEATURE_MISSING_SHMEM;
+	if (!s->o.owner_pid) {
+		s->uffd = halite_uffd_open(want, missing);
+		return s->uffd < 0 ? s->uffd : 0;
+	}
+	s->uffd = fcntl(s->o.owner_uffd, F_DUPFD_CLOEXEC, 0);
+	if (s->uffd < 0)
+		return -errno;
+	ret = halite_uffd_api(s->uffd, want, missing);
+	/* The handshake may only be done once, and is ours to do. */
+	return ret == -EINVAL ? -HALITE_E_STATE : ret;
+}
+
 HALITE_EXPORT int halite_save_create(struct halite_save **sp, const char *path,
 				     const struct halite_save_region *regions, uint32_t nregions,
 				     const struct halite_save_opts *opts)
@@ -618,6 +926,8 @@ HALITE_EXPORT int halite_save_create(struct halite_save **sp, const char *path,
 		ret = -ENOMEM;
 		goto err;
 	}
+	for (uint32_t i = 0; i < nregions; i++)
+		s->regions[i].fd = -1; /* so that an early failure closes nothing else */
 	s->nregions = nregions;
 	for (uint32_t i = 0; i < nregions; i++) {
 		wr[i] = (struct halite_region){ regions[i].name, regions[i].gpa, regions[i].length };
@@ -625,10 +935,31 @@ HALITE_EXPORT int halite_save_create(struct halite_save **sp, const char *path,
 		s->regions[i].gpa = regions[i].gpa;
 		s->regions[i].length = regions[i].length;
 		s->regions[i].host = regions[i].host;
+		s->regions[i].kind = regions[i].kind;
+		s->regions[i].fd = -1;
 		if (!s->regions[i].name) {
 			ret = -ENOMEM;
 			goto err;
 		}
+		if (regions[i].kind == HALITE_MEM_SHARED) {
+			s->has_shared = true;
+			s->regions[i].fd_off = regions[i].fd_offset;
+			s->regions[i].fd = fcntl(regions[i].fd, F_DUPFD_CLOEXEC, 0);
+			if (s->regions[i].fd < 0) {
+				ret = sfail(s, -errno, "region '%s': fd %d", regions[i].name,
+					    regions[i].fd);
+				goto err;
+			}
+		} else if (regions[i].kind != HALITE_MEM_ANON || s->o.owner_pid) {
+			ret = sfail(s, -EINVAL, "region '%s': %s", regions[i].name,
+				    s->o.owner_pid ? "memory of another process must be shared "
+						     "(memfd, tmpfs)" : "unknown memory kind");
+			goto err;
+		}
+	}
+	if (s->o.owner_pid && (!s->o.drop_ptes || s->o.owner_uffd < 0)) {
+		ret = sfail(s, -EINVAL, "another process's memory needs owner_uffd and drop_ptes");
+		goto err;
 	}
 	wo.codec = s->o.codec;
 	wo.level = s->o.level;
@@ -649,7 +980,7 @@ HALITE_EXPORT int halite_save_create(struct halite_save **sp, const char *path,
 		struct sregion *r = &s->regions[i];
 
 		/* Blocks are given back whole: regions must hold whole blocks. */
-		if (r->length % s->mb_size || (uintptr_t)r->host % 4096) {
+		if (r->length % s->mb_size || r->host % 4096) {
 			ret = sfail(s, -EINVAL, "region '%s': length %llu not a multiple of the "
 				    "memory-block size %u, or host address not page aligned",
 				    r->name, (unsigned long long)r->length, s->mb_size);
@@ -657,6 +988,11 @@ HALITE_EXPORT int halite_save_create(struct halite_save **sp, const char *path,
 		}
 		r->first_mb = i ? s->regions[i - 1].first_mb + s->regions[i - 1].nmb : 0;
 		r->nmb = r->length / s->mb_size;
+		if (r->kind == HALITE_MEM_SHARED) {
+			ret = map_view(s, r);
+			if (ret)
+				goto err;
+		}
 	}
 	if (s->mb_size / 4096 > HLT_PAGES_MAX) {
 		ret = sfail(s, -EINVAL, "memory blocks of more than %u pages", HLT_PAGES_MAX);
@@ -667,19 +1003,20 @@ HALITE_EXPORT int halite_save_create(struct halite_save **sp, const char *path,
 		ret = -ENOMEM;
 		goto err;
 	}
-	s->uffd = halite_uffd_open(UFFD_FEATURE_THREAD_ID, &missing);
-	if (s->uffd < 0) {
+	ret = open_uffd(s, &missing);
+	if (ret) {
 		char names[128];
 
-		ret = sfail(s, s->uffd, "userfaultfd%s%s",
-			    missing ? " lacks " : "",
+		ret = sfail(s, ret, "userfaultfd%s%s", missing ? " lacks " : "",
 			    missing ? halite_uffd_feature_names(missing, names, sizeof(names)) : "");
 		goto err;
 	}
 	s->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	s->pagemap_fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
-	if (s->stop_fd < 0 || s->pagemap_fd < 0) {
-		ret = sfail(s, -errno, "eventfd or /proc/self/pagemap");
+	s->zeros = mmap(NULL, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (s->stop_fd < 0 || s->pagemap_fd < 0 || s->zeros == MAP_FAILED) {
+		s->zeros = NULL;
+		ret = sfail(s, -errno, "eventfd, /proc/self/pagemap or a zero page");
 		goto err;
 	}
 	ret = halite_pool_create(&s->pool, s->o.workers, "halite-save");
@@ -738,7 +1075,7 @@ static void disarm_regions(struct halite_save *s, uint32_t n)
 		struct sregion *r = &s->regions[i];
 
 		if (r->registered) {
-			struct uffdio_range rg = { (uintptr_t)r->host, r->length };
+			struct uffdio_range rg = { r->host, r->length };
 
 			ioctl(s->uffd, UFFDIO_UNREGISTER, &rg);
 			r->registered = false;
@@ -746,10 +1083,53 @@ static void disarm_regions(struct halite_save *s, uint32_t n)
 		if (r->shadow) {
 			/* Nothing was touched yet: move the pages straight back. */
 			mremap(r->shadow, r->length, r->length, MREMAP_MAYMOVE | MREMAP_FIXED,
-			       r->host);
+			       (void *)(uintptr_t)r->host);
 			r->shadow = NULL;
 		}
 	}
+}
+
+static int arm_region(struct halite_save *s, struct sregion *r)
+{
+	bool shared = r->kind == HALITE_MEM_SHARED;
+	struct uffdio_register reg = {
+		.range = { r->host, r->length },
+		.mode = shared ? UFFDIO_REGISTER_MODE_MINOR | UFFDIO_REGISTER_MODE_MISSING
+			       : UFFDIO_REGISTER_MODE_MISSING,
+	};
+	uint64_t need = 1ull << (shared ? _UFFDIO_CONTINUE : _UFFDIO_COPY);
+	int ret;
+
+	if (!shared) {
+		void *sh = mremap((void *)(uintptr_t)r->host, r->length, r->length,
+				  MREMAP_MAYMOVE | MREMAP_DONTUNMAP);
+
+		if (sh == MAP_FAILED)
+			return sfail(s, -errno, "region '%s': mremap(MREMAP_DONTUNMAP) (private "
+				     "anonymous memory in one mapping is required)", r->name);
+		r->shadow = sh;
+	}
+	if (ioctl(s->uffd, UFFDIO_REGISTER, &reg))
+		return sfail(s, -errno, "region '%s': UFFDIO_REGISTER%s", r->name,
+			     shared ? " MINOR|MISSING (shared memory on tmpfs/memfd?)" : "");
+	r->registered = true;
+	if ((reg.ioctls & need) != need)
+		return sfail(s, -HALITE_E_UNSUPPORTED, "region '%s': no UFFDIO_%s", r->name,
+			     shared ? "CONTINUE" : "COPY");
+	if (!shared)
+		return 0;
+	/*
+	 * Registered first, then the owner's page-table entries go: from here
+	 * every access, read or write, faults. The data stays in the file.
+	 */
+	if (s->o.owner_pid)
+		ret = s->o.drop_ptes(s->o.drop_ctx, r->host, r->length);
+	else
+		ret = madvise((void *)(uintptr_t)r->host, r->length, MADV_DONTNEED) ? -errno : 0;
+	if (ret)
+		return sfail(s, ret, "region '%s': dropping the owner's page-table entries",
+			     r->name);
+	return 0;
 }
 
 HALITE_EXPORT int halite_save_arm(struct halite_save *s)
@@ -760,33 +1140,8 @@ HALITE_EXPORT int halite_save_arm(struct halite_save *s)
 	if (s->state != S_CREATED)
 		return -HALITE_E_STATE;
 	s->arm_start_ns = halite_now_ns();
-	for (i = 0; i < s->nregions; i++) {
-		struct sregion *r = &s->regions[i];
-		struct uffdio_register reg = {
-			.range = { (uintptr_t)r->host, r->length },
-			.mode = UFFDIO_REGISTER_MODE_MISSING,
-		};
-		void *sh = mremap(r->host, r->length, r->length,
-				  MREMAP_MAYMOVE | MREMAP_DONTUNMAP);
-
-		if (sh == MAP_FAILED) {
-			ret = sfail(s, -errno, "region '%s': mremap(MREMAP_DONTUNMAP) (private "
-				    "anonymous memory in one mapping is required)", r->name);
-			break;
-		}
-		r->shadow = sh;
-		if (ioctl(s->uffd, UFFDIO_REGISTER, &reg)) {
-			ret = sfail(s, -errno, "region '%s': UFFDIO_REGISTER", r->name);
-			i++;
-			break;
-		}
-		r->registered = true;
-		if (!(reg.ioctls & (1ull << _UFFDIO_COPY))) {
-			ret = sfail(s, -HALITE_E_UNSUPPORTED, "region '%s': no UFFDIO_COPY", r->name);
-			i++;
-			break;
-		}
-	}
+	for (i = 0; i < s->nregions && !ret; i++)
+		ret = arm_region(s, &s->regions[i]);
 	if (ret) {
 		disarm_regions(s, i);
 		return ret;
@@ -837,7 +1192,6 @@ static int teardown(struct halite_save *s)
 		pthread_join(s->bg_thr, NULL);
 	s->bg_started = false;
 	pthread_join(s->writer_thr, NULL);
-	halite_pool_wait(s->pool);
 	/*
 	 * Every block that has snapshot bytes in the shadow and is not yet the
 	 * guest's goes back now, claimed or not: after a failure this is what
@@ -847,9 +1201,9 @@ static int teardown(struct halite_save *s)
 	for (uint32_t i = 0; i < s->nregions; i++) {
 		struct sregion *r = &s->regions[i];
 
+		/* Shared memory never left the page cache: nothing to give back. */
 		for (uint64_t mb = r->first_mb; mb < r->first_mb + r->nmb && r->shadow; mb++) {
-			int t = shadow_touched(s, r->shadow + (mb - r->first_mb) * s->mb_size,
-					       s->mb_size);
+			int t = block_touched(s, r, mb);
 			int e = t > 0 ? give_back(s, r, mb, true) : t;
 
 			if (e && !ret)
@@ -859,14 +1213,19 @@ static int teardown(struct halite_save *s)
 	}
 	for (uint32_t i = 0; i < s->nregions; i++) {
 		struct sregion *r = &s->regions[i];
-		struct uffdio_range rg = { (uintptr_t)r->host, r->length };
+		struct uffdio_range rg = { r->host, r->length };
 
 		if (r->registered && ioctl(s->uffd, UFFDIO_UNREGISTER, &rg) && !ret)
 			ret = sfail(s, -errno, "region '%s': UFFDIO_UNREGISTER", r->name);
+		if (r->registered && ioctl(s->uffd, UFFDIO_WAKE, &rg))
+			halite_logf(&s->log, HALITE_LOG_WARN, "region '%s': UFFDIO_WAKE: %s", r->name,
+				    strerror(errno));
 		r->registered = false;
 	}
 	eventfd_write(s->stop_fd, 2);
 	pthread_join(s->fault_thr, NULL);
+	/* Only now has the last task been queued: tasks read the shadows. */
+	halite_pool_wait(s->pool);
 	for (uint32_t i = 0; i < s->nregions; i++) {
 		if (s->regions[i].shadow)
 			munmap(s->regions[i].shadow, s->regions[i].length);
@@ -962,8 +1321,17 @@ HALITE_EXPORT void halite_save_free(struct halite_save *s)
 	if (s->w)
 		halite_writer_free(s->w, s->state != S_DONE &&
 					 !(s->o.flags & HALITE_SAVE_KEEP_INCOMPLETE));
-	for (uint32_t i = 0; s->regions && i < s->nregions; i++)
-		free(s->regions[i].name);
+	for (uint32_t i = 0; s->regions && i < s->nregions; i++) {
+		struct sregion *r = &s->regions[i];
+
+		if (r->view)
+			munmap(r->view, r->length);
+		if (r->fd >= 0)
+			close(r->fd);
+		free(r->name);
+	}
+	if (s->zeros)
+		munmap(s->zeros, 4096);
 	if (s->uffd >= 0)
 		close(s->uffd);
 	if (s->stop_fd >= 0)

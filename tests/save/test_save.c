@@ -10,7 +10,10 @@
  *   add up to the memory size;
  * - failure: a write error mid-save (file size limit: EFBIG) leaves the
  *   guest's memory exactly as without the save, the guest running, and no
- *   file behind.
+ *   file behind;
+ * each for private anonymous memory, shared memory (memfd) of this process,
+ * and shared memory of a child process that owns the guest (the engine works
+ * from outside through a userfaultfd created in the child, as with QEMU).
  *
  * Each vCPU owns a slice of memory and sweeps it page by page, writing a
  * per-page counter word; everything else in a page keeps its initial
@@ -18,6 +21,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -27,12 +31,16 @@
 #include <stdint.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
 #include <halite/halite.h>
 
+#include "test_reader_util.h"
 #include "test_util.h"
 #include "uffd.h"
 
@@ -42,13 +50,25 @@
 
 static uint64_t g_seed;
 
+enum mode { ANON, SHARED, EXTERNAL };
+static const char *const mode_name[] = { "anonymous", "shared", "external" };
+
+/* In MAP_SHARED memory, so that a child guest and the test see the same. */
 struct guest {
+	enum mode mode;
+	int memfd;
+	pid_t child;
+	int sock;		/* EXTERNAL: to the child */
+	_Atomic int drop_req;	/* EXTERNAL: the engine asks the child to MADV_DONTNEED */
+	_Atomic int drop_ret;
+	uint64_t drop_addr, drop_len;
 	uint8_t *mem;
 	size_t len;
 	size_t slice;		/* bytes per vCPU */
 	size_t ws;		/* of which each vCPU sweeps the first ws bytes */
 	pthread_t thr[NVCPU];
-	pid_t tid[NVCPU];
+	_Atomic pid_t tid[NVCPU];
+	pid_t tids[NVCPU];
 	_Atomic int pause_req;
 	_Atomic int parked;
 	_Atomic int stop;
@@ -72,7 +92,7 @@ static void *vcpu_main(void *arg)
 	int i = a->i;
 	uint8_t *base = g->mem + (size_t)i * g->slice;
 
-	g->tid[i] = gettid();
+	atomic_store(&g->tid[i], gettid());
 	while (!atomic_load(&g->stop)) {
 		size_t off;
 
@@ -111,22 +131,129 @@ static void guest_resume(struct guest *g)
 	atomic_store(&g->pause_req, 0);
 }
 
-/*
- * Memory: @len bytes in NVCPU slices; each vCPU's working set (the first @ws
- * bytes of its slice) is a quarter random, the rest text-like; the rest of
- * the slice is never touched at all (unpopulated).
- */
-static void guest_init(struct guest *g, size_t len, size_t ws, uint64_t *seed)
+static void *shared_alloc(size_t len)
+{
+	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+
+	assert_true(p != MAP_FAILED);
+	return p;
+}
+
+static void start_vcpus(struct guest *g)
 {
 	static struct vcpu_arg args[NVCPU];
 
-	memset(g, 0, sizeof(*g));
+	for (int i = 0; i < NVCPU; i++) {
+		args[i] = (struct vcpu_arg){ g, i };
+		if (pthread_create(&g->thr[i], NULL, vcpu_main, &args[i]))
+			abort();
+	}
+}
+
+static void send_fd(int sock, int fd)
+{
+	char c = 0;
+	struct iovec iov = { &c, 1 };
+	union {
+		char buf[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} u;
+	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+			    .msg_controllen = sizeof(u.buf) };
+	struct cmsghdr *c0 = CMSG_FIRSTHDR(&m);
+
+	c0->cmsg_level = SOL_SOCKET;
+	c0->cmsg_type = SCM_RIGHTS;
+	c0->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(c0), &fd, sizeof(int));
+	if (sendmsg(sock, &m, 0) != 1)
+		abort();
+}
+
+static int recv_fd(int sock)
+{
+	char c;
+	struct iovec iov = { &c, 1 };
+	union {
+		char buf[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} u;
+	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+			    .msg_controllen = sizeof(u.buf) };
+	int fd;
+
+	if (recvmsg(sock, &m, 0) != 1 || !CMSG_FIRSTHDR(&m))
+		return -1;
+	memcpy(&fd, CMSG_DATA(CMSG_FIRSTHDR(&m)), sizeof(int));
+	return fd;
+}
+
+/*
+ * The child owns the guest: vCPU threads, and a userfaultfd created here and
+ * handed to the test. It keeps its own copy open, as QEMU would. It serves
+ * page-table drops until told to stop.
+ */
+static void child_main(struct guest *g)
+{
+	int uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
+
+	if (uffd < 0)
+		_exit(3);
+	send_fd(g->sock, uffd);
+	start_vcpus(g);
+	while (!atomic_load(&g->stop)) {
+		if (atomic_load(&g->drop_req) == 1) {
+			int r = madvise((void *)(uintptr_t)g->drop_addr, g->drop_len, MADV_DONTNEED);
+
+			atomic_store(&g->drop_ret, r ? -errno : 0);
+			atomic_store(&g->drop_req, 2);
+		}
+		usleep(100);
+	}
+	for (int i = 0; i < NVCPU; i++)
+		pthread_join(g->thr[i], NULL);
+	_exit(0);
+}
+
+/* halite_drop_ptes_fn for the child guest. */
+static int child_drop_ptes(void *ctx, uint64_t addr, uint64_t len)
+{
+	struct guest *g = ctx;
+
+	g->drop_addr = addr;
+	g->drop_len = len;
+	atomic_store(&g->drop_req, 1);
+	while (atomic_load(&g->drop_req) != 2)
+		usleep(50);
+	atomic_store(&g->drop_req, 0);
+	return atomic_load(&g->drop_ret);
+}
+
+/*
+ * Memory: @len bytes in NVCPU slices; each vCPU's working set (the first @ws
+ * bytes of its slice) is a quarter random, the rest text-like; the rest of
+ * the slice is never touched at all (unpopulated, or a hole in the memfd).
+ * Returns with the guest parked; EXTERNAL sets *uffd to the child's.
+ */
+static struct guest *guest_init(enum mode mode, size_t len, size_t ws, uint64_t *seed, int *uffd)
+{
+	struct guest *g = shared_alloc(sizeof(*g));
+
+	g->mode = mode;
 	g->len = len;
 	g->slice = len / NVCPU;
 	g->ws = ws;
+	g->memfd = -1;
 	assert_int_equal(g->slice % MB_SIZE, 0);
 	assert_int_equal(g->ws % MB_SIZE, 0);
-	g->mem = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (mode == ANON) {
+		g->mem = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	} else {
+		g->memfd = memfd_create("guest", MFD_CLOEXEC);
+		assert_true(g->memfd >= 0);
+		assert_int_equal(ftruncate(g->memfd, (off_t)len), 0);
+		g->mem = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, g->memfd, 0);
+	}
 	assert_true(g->mem != MAP_FAILED);
 	/*
 	 * With transparent huge pages the first write to a 2 MiB extent
@@ -137,34 +264,66 @@ static void guest_init(struct guest *g, size_t len, size_t ws, uint64_t *seed)
 	assert_int_equal(madvise(g->mem, len, MADV_NOHUGEPAGE), 0);
 	for (int i = 0; i < NVCPU; i++) {
 		uint8_t *b = g->mem + (size_t)i * g->slice;
+
 		t_fill(b, ws / 4, 100, seed);
 		t_fill(b + ws / 4, ws - ws / 4, 20, seed);
-		g->order[i] = calloc(len / MB_SIZE, sizeof(uint64_t));
+		g->order[i] = shared_alloc(len / MB_SIZE * sizeof(uint64_t));
 	}
-	g->seen = calloc(len / MB_SIZE, 1);
+	g->seen = shared_alloc(len / MB_SIZE);
 	atomic_store(&g->pause_req, 1); /* start parked */
-	for (int i = 0; i < NVCPU; i++) {
-		args[i] = (struct vcpu_arg){ g, i };
-		assert_int_equal(pthread_create(&g->thr[i], NULL, vcpu_main, &args[i]), 0);
+	if (mode == EXTERNAL) {
+		int sv[2];
+
+		assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+		pid_t pid;
+
+		g->sock = sv[1];
+		/* Not g->child = fork(): g is shared, and the child would write 0. */
+		pid = fork();
+		assert_true(pid >= 0);
+		if (!pid) {
+			close(sv[0]);
+			child_main(g);
+		}
+		g->child = pid;
+		close(sv[1]);
+		*uffd = recv_fd(sv[0]);
+		close(sv[0]);
+		assert_true(*uffd >= 0);
+	} else {
+		start_vcpus(g);
 	}
 	while (atomic_load(&g->parked) != NVCPU)
 		usleep(50);
+	for (int i = 0; i < NVCPU; i++)
+		g->tids[i] = atomic_load(&g->tid[i]);
+	return g;
 }
 
 static void guest_stop(struct guest *g)
 {
 	atomic_store(&g->stop, 1);
 	guest_resume(g);
-	for (int i = 0; i < NVCPU; i++)
-		pthread_join(g->thr[i], NULL);
+	if (g->mode == EXTERNAL) {
+		int st;
+
+		assert_int_equal(waitpid(g->child, &st, 0), g->child);
+		assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	} else {
+		for (int i = 0; i < NVCPU; i++)
+			pthread_join(g->thr[i], NULL);
+	}
 }
 
 static void guest_free(struct guest *g)
 {
 	munmap(g->mem, g->len);
+	if (g->memfd >= 0)
+		close(g->memfd);
 	for (int i = 0; i < NVCPU; i++)
-		free(g->order[i]);
-	free(g->seen);
+		munmap(g->order[i], g->len / MB_SIZE * sizeof(uint64_t));
+	munmap(g->seen, g->len / MB_SIZE);
+	munmap(g, sizeof(*g));
 }
 
 /*
@@ -230,25 +389,12 @@ static void check_content(const char *path, const uint8_t *snap, size_t len, siz
 	halite_reader_free(r);
 }
 
-/* Each vCPU stream, walked in LB order, as a list of MBs. */
 static size_t stream_mbs(struct halite_reader *r, uint32_t stream, uint64_t *out)
 {
-	const struct halite_file_info *fi = halite_reader_info(r);
-	size_t n = 0;
+	long n = t_stream_mbs(r, stream, out);
 
-	for (uint64_t lb = 0; lb < fi->lb_count; lb++) {
-		struct halite_lb_info li;
-		const uint64_t *mbs;
-		uint32_t cnt;
-
-		assert_int_equal(halite_reader_lb_info(r, lb, &li), 0);
-		if (li.stream != stream)
-			continue;
-		assert_int_equal(halite_reader_lb_members(r, lb, &mbs, &cnt), 0);
-		for (uint32_t j = 0; j < cnt; j++)
-			out[n++] = mbs[j];
-	}
-	return n;
+	assert_true(n >= 0);
+	return (size_t)n;
 }
 
 static int cmp_u64(const void *a, const void *b)
@@ -289,14 +435,15 @@ static void check_vcpu_stream(struct halite_reader *r, int vcpu, const struct gu
 	free(got);
 }
 
-static void run_save(int codec, bool background, bool want_fail)
+static void run_save(enum mode mode, int codec, bool background, bool want_fail)
 {
 	size_t len = 3 * 2 * 1024 * 1024; /* 6 MiB, 2 MiB a vCPU */
 	/* Without the background thread every block must be touched to finish. */
 	size_t ws = background ? len / NVCPU / 8 * 7 : len / NVCPU;
 
-	struct guest g;
+	struct guest *g;
 	uint64_t seed = g_seed;
+	int uffd = -1;
 	uint8_t *snap, *expect;
 	char *path = tmp_path("save.hlt");
 	struct halite_save_region reg;
@@ -306,31 +453,37 @@ static void run_save(int codec, bool background, bool want_fail)
 	uint64_t passes_at_snap[NVCPU];
 	int ret;
 
-	guest_init(&g, len, ws, &seed);
+	g = guest_init(mode, len, ws, &seed, &uffd);
 	/* Let them run a bit, then the snapshot instant. */
-	guest_resume(&g);
+	guest_resume(g);
 	usleep(20000);
-	guest_pause(&g);
+	guest_pause(g);
 	snap = calloc(1, len);
-	snapshot_copy(snap, g.mem, len);
+	snapshot_copy(snap, g->mem, len);
 	for (int i = 0; i < NVCPU; i++)
-		passes_at_snap[i] = atomic_load(&g.passes[i]);
+		passes_at_snap[i] = atomic_load(&g->passes[i]);
 
-	reg = (struct halite_save_region){ "pc.ram", 0, len, g.mem };
+	reg = (struct halite_save_region){
+		.name = "pc.ram", .gpa = 0, .length = len, .host = (uintptr_t)g->mem,
+		.kind = mode == ANON ? HALITE_MEM_ANON : HALITE_MEM_SHARED, .fd = g->memfd,
+	};
+	if (mode == EXTERNAL) {
+		o.owner_pid = g->child;
+		o.owner_uffd = uffd;
+		o.drop_ptes = child_drop_ptes;
+		o.drop_ctx = g;
+	}
 	o.codec = codec;
-	o.vcpu_tids = g.tid;
+	o.vcpu_tids = g->tids;
 	o.nvcpus = NVCPU;
 	o.flags = HALITE_SAVE_NO_SYNC | (background ? 0 : HALITE_SAVE_NO_BACKGROUND);
 	o.workers = 2;
+	o.log = halite_log_stderr;
+	o.log_level = HALITE_LOG_WARN;
 	assert_int_equal(halite_save_create(&s, path, &reg, 1, &o), 0);
-	if (want_fail) {
-		/* The file may not grow past 256 KiB: a write fails with EFBIG. */
-		struct rlimit rl = { 256 << 10, RLIM_INFINITY };
-
-		signal(SIGXFSZ, SIG_IGN);
-		assert_int_equal(setrlimit(RLIMIT_FSIZE, &rl), 0);
-	}
-	atomic_store(&g.recording, 1);
+	if (uffd >= 0)
+		close(uffd); /* the engine keeps a dup; the child keeps its own */
+	atomic_store(&g->recording, 1);
 	ret = halite_save_arm(s);
 #if defined(__SANITIZE_THREAD__)
 	/*
@@ -338,32 +491,40 @@ static void run_save(int codec, bool background, bool want_fail)
 	 * refuses to mremap(MREMAP_DONTUNMAP) (EINVAL); seen with gcc 12's
 	 * libtsan. Not the engine's doing: skip rather than fail.
 	 */
-	if (ret == -EINVAL) {
-		fprintf(stderr, "skipped: mremap(MREMAP_DONTUNMAP) refused under TSan\n");
-		guest_stop(&g);
+	if (ret == -EINVAL && mode == ANON) {
+		fprintf(stderr, "anonymous memory skipped: mremap(MREMAP_DONTUNMAP) refused "
+			"under TSan\n");
+		guest_stop(g);
 		halite_save_free(s);
-		guest_free(&g);
+		guest_free(g);
 		free(snap);
 		free(path);
-		skip();
+		return;
 	}
 #endif
 	assert_int_equal(ret, 0);
-	guest_resume(&g);
+	if (want_fail) {
+		/* The file may not grow past 256 KiB: a write fails with EFBIG. */
+		struct rlimit rl = { 256 << 10, RLIM_INFINITY };
+
+		signal(SIGXFSZ, SIG_IGN);
+		assert_int_equal(setrlimit(RLIMIT_FSIZE, &rl), 0);
+	}
+	guest_resume(g);
 
 	ret = halite_save_wait(s, 60000);
 	halite_save_stats(s, &st);
 	/* The guest keeps running after the save, failed or not. */
 	for (int i = 0; i < NVCPU; i++) {
-		uint64_t p0 = atomic_load(&g.passes[i]);
+		uint64_t p0 = atomic_load(&g->passes[i]);
 		int ms = 0;
 
 		/* A vCPU left blocked in a fault would never move again. */
-		while (atomic_load(&g.passes[i]) == p0 && ms++ < 2000)
+		while (atomic_load(&g->passes[i]) == p0 && ms++ < 2000)
 			usleep(1000);
-		assert_true(atomic_load(&g.passes[i]) > p0);
+		assert_true(atomic_load(&g->passes[i]) > p0);
 	}
-	guest_stop(&g);
+	guest_stop(g);
 	if (want_fail) {
 		struct rlimit rl = { RLIM_INFINITY, RLIM_INFINITY };
 
@@ -394,11 +555,11 @@ static void run_save(int codec, bool background, bool want_fail)
 		 * one more may be in progress, so each page's counter moved by
 		 * that number, give or take one.
 		 */
-		int64_t swept = (int64_t)(atomic_load(&g.passes[i]) - passes_at_snap[i]);
+		int64_t swept = (int64_t)(atomic_load(&g->passes[i]) - passes_at_snap[i]);
 
-		for (size_t off = 0; off < g.ws; off += PAGE) {
-			uint8_t *e = expect + (size_t)i * g.slice + off;
-			const uint8_t *m = g.mem + (size_t)i * g.slice + off;
+		for (size_t off = 0; off < g->ws; off += PAGE) {
+			uint8_t *e = expect + (size_t)i * g->slice + off;
+			const uint8_t *m = g->mem + (size_t)i * g->slice + off;
 			uint64_t before, now;
 
 			memcpy(&before, e, 8);
@@ -408,7 +569,7 @@ static void run_save(int codec, bool background, bool want_fail)
 			memcpy(e, &now, 8);
 		}
 	}
-	assert_memory_equal(g.mem, expect, len);
+	assert_memory_equal(g->mem, expect, len);
 
 	if (want_fail) {
 		assert_int_equal(access(path, F_OK), -1); /* no partial file left */
@@ -418,7 +579,7 @@ static void run_save(int codec, bool background, bool want_fail)
 		check_content(path, snap, len, len - NVCPU * ws, &st);
 		assert_int_equal(halite_reader_open(&r, path, NULL), 0);
 		for (int i = 0; i < NVCPU; i++)
-			check_vcpu_stream(r, i, &g, !background);
+			check_vcpu_stream(r, i, g, !background);
 		{
 			uint64_t *phys = calloc(len / MB_SIZE, sizeof(uint64_t));
 			size_t n = stream_mbs(r, HALITE_STREAM(HALITE_STREAM_PHYSICAL, 0), phys);
@@ -435,32 +596,35 @@ static void run_save(int codec, bool background, bool want_fail)
 		halite_reader_free(r);
 		unlink(path);
 	}
-	fprintf(stderr, "codec %s, background %d: %llu faults (%llu vCPU), %llu background, "
+	fprintf(stderr, "%s, codec %s, background %d: %llu faults (%llu vCPU), %llu background, "
 		"p50 %llu ns p99 %llu ns, arm %llu ns\n",
-		halite_codec_name(codec ? codec : HALITE_CODEC_LZ4), background,
+		mode_name[mode], halite_codec_name(codec ? codec : HALITE_CODEC_LZ4), background,
 		(unsigned long long)st.faults, (unsigned long long)st.faults_vcpu,
 		(unsigned long long)st.mb_background, (unsigned long long)st.fault_p50_ns,
 		(unsigned long long)st.fault_p99_ns, (unsigned long long)st.arm_ns);
 	free(expect);
 	free(snap);
 	free(path);
-	guest_free(&g);
+	guest_free(g);
 }
 
 static void test_vcpu_locality_exact(void **state)
 {
-	run_save(HALITE_CODEC_LZ4, false, false);
+	for (enum mode m = ANON; m <= EXTERNAL; m++)
+		run_save(m, HALITE_CODEC_LZ4, false, false);
 }
 
 static void test_every_codec_with_background(void **state)
 {
-	for (int c = HALITE_CODEC_NONE; c < HALITE_CODEC_MAX; c++)
-		run_save(c, true, false);
+	for (enum mode m = ANON; m <= EXTERNAL; m++)
+		for (int c = HALITE_CODEC_NONE; c < HALITE_CODEC_MAX; c++)
+			run_save(m, c, true, false);
 }
 
 static void test_write_error_restores_guest(void **state)
 {
-	run_save(HALITE_CODEC_NONE, true, true);
+	for (enum mode m = ANON; m <= EXTERNAL; m++)
+		run_save(m, HALITE_CODEC_NONE, true, true);
 }
 
 int main(void)

@@ -13,8 +13,18 @@
  * order by walking the guest's page tables (when roots are given), then in
  * guest-physical order.
  *
- * This version saves private anonymous memory of the calling process
- * (mremap MREMAP_DONTUNMAP + UFFDIO_REGISTER_MODE_MISSING + UFFDIO_COPY).
+ * Memory kinds:
+ * - private anonymous memory of this process: pages move to a shadow with
+ *   mremap(MREMAP_DONTUNMAP), the range is registered MISSING, and a block is
+ *   given back with UFFDIO_COPY from the shadow;
+ * - shared memory (memfd, tmpfs, hugetlbfs file) of this process or of
+ *   another one (the owner): the range is registered MINOR|MISSING and the
+ *   owner's page-table entries are dropped (MADV_DONTNEED) while the data
+ *   stays in the page cache; the engine copies a block through its own
+ *   mapping of the file, then gives it back with UFFDIO_CONTINUE (holes:
+ *   UFFDIO_COPY of zeros). For another process the caller supplies a
+ *   userfaultfd created inside it and a way to drop its page-table entries
+ *   (QEMU: ptrace injection; see docs/).
  *
  * Failure (ENOSPC, EIO, cancel): every block not yet given back is given
  * back, so the guest's memory is exactly what it would have been without the
@@ -36,12 +46,27 @@ extern "C" {
 
 struct halite_save;
 
+enum halite_mem_kind {
+	HALITE_MEM_ANON = 0,   /* private anonymous memory of this process */
+	HALITE_MEM_SHARED = 1, /* a shared mapping of @fd (memfd, tmpfs, hugetlbfs) */
+};
+
 struct halite_save_region {
 	const char *name;   /* as in the file: "pc.ram", ... */
 	uint64_t gpa;	    /* guest-physical base */
 	uint64_t length;    /* bytes, a multiple of the memory-block size */
-	void *host;	    /* where the guest's memory is mapped in this process */
+	uint64_t host;	    /* where the memory is mapped in the owner's address space */
+	int kind;	    /* enum halite_mem_kind */
+	int fd;		    /* SHARED: the file; the engine maps it itself. Not taken over */
+	uint64_t fd_offset; /* SHARED: offset of the region in @fd */
 };
+
+/*
+ * Drop the owner's page-table entries for [addr, addr+len) of its address
+ * space (MADV_DONTNEED on a shared mapping: the data stays in the file), so
+ * that every later access faults. 0 or -errno.
+ */
+typedef int (*halite_drop_ptes_fn)(void *ctx, uint64_t addr, uint64_t len);
 
 #define HALITE_SAVE_KEEP_INCOMPLETE 0x1u /* leave a failed save's partial file */
 #define HALITE_SAVE_NO_SYNC 0x2u	 /* no fdatasync at the end (tests) */
@@ -60,6 +85,16 @@ struct halite_save_opts {
 	const pid_t *vcpu_tids;
 	uint32_t nvcpus;
 	unsigned workers;	   /* compression threads; 0 = online CPUs */
+	/*
+	 * Another process owns the memory (owner_pid != 0): every region must
+	 * be SHARED, @owner_uffd is a userfaultfd created inside the owner
+	 * (the engine does the UFFDIO_API handshake on it and keeps a dup), and
+	 * @drop_ptes drops the owner's page-table entries.
+	 */
+	pid_t owner_pid;
+	int owner_uffd;
+	halite_drop_ptes_fn drop_ptes;
+	void *drop_ctx;
 	/*
 	 * Background throttle (paper, section 6): the background thread holds
 	 * back while the guest faults (the save is progressing by itself) and
