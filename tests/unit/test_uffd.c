@@ -11,6 +11,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -59,7 +60,7 @@ static void test_open_missing_feature(void **state)
 
 struct toucher {
 	volatile uint8_t *p;
-	pid_t tid;
+	_Atomic pid_t tid; /* published before the fault, read by the handler */
 	uint8_t seen;
 };
 
@@ -67,8 +68,7 @@ static void *touch(void *arg)
 {
 	struct toucher *t = arg;
 
-	t->tid = gettid();
-	__atomic_thread_fence(__ATOMIC_SEQ_CST);
+	atomic_store(&t->tid, gettid());
 	t->seen = t->p[100]; /* faults; resolved by the test thread */
 	return NULL;
 }
@@ -110,7 +110,7 @@ static void test_move_resolves_fault(void **state)
 	assert_int_equal(read(fd, &msg, sizeof(msg)), sizeof(msg));
 	assert_int_equal(msg.event, UFFD_EVENT_PAGEFAULT);
 	assert_int_equal(msg.arg.pagefault.address & ~(uint64_t)(PAGE - 1), (uintptr_t)dst);
-	assert_int_equal(msg.arg.pagefault.feat.ptid, t.tid);
+	assert_int_equal(msg.arg.pagefault.feat.ptid, atomic_load(&t.tid));
 	{
 		struct uffdio_move mv = { .dst = (uintptr_t)dst, .src = (uintptr_t)src, .len = PAGE };
 
