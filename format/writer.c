@@ -31,7 +31,8 @@
 #include <xxhash.h>
 
 #include "endian_util.h"
-#include "io.h"
+#include "io_internal.h"
+#include "writer_test.h"
 #include "export.h"
 #include "layout.h"
 #include "log_internal.h"
@@ -966,4 +967,9 @@ HALITE_EXPORT void halite_writer_free(struct halite_writer *w, bool unlink_incom
 HALITE_EXPORT const char *halite_writer_errmsg(const struct halite_writer *w)
 {
 	return w->errmsg;
+}
+
+void halite_writer_test_fail_writes(struct halite_writer *w, uint64_t after, int err)
+{
+	halite_io_test_fail_writes(w->io, after, err);
 }

@@ -78,6 +78,8 @@
 #include "ptwalk.h"
 #include "stats.h"
 #include "uffd.h"
+#include "save_test.h"
+#include "writer_test.h"
 
 #define FAULT_BATCH 64
 #define HLT_PAGES_MAX 64 /* pages per memory block this engine handles */
@@ -158,6 +160,7 @@ struct halite_save {
 	/* statistics */
 	uint64_t arm_start_ns, arm_ns, done_ns;
 	_Atomic uint64_t n_faults, n_faults_vcpu, n_faults_other, n_bg, n_saved;
+	_Atomic uint64_t *n_faults_by_vcpu; /* blocks each vCPU's first touch saved */
 	_Atomic uint64_t n_stored, n_zero, n_untouched, raw_bytes, stored_bytes;
 	struct halite_hist fault_hist;
 
@@ -280,6 +283,12 @@ static int copy_in(struct halite_save *s, uint64_t dst, const void *src, uint32_
 
 			return wake && ioctl(s->uffd, UFFDIO_WAKE, &rg) ? -errno : 0;
 		}
+		/*
+		 * ENOENT: the range is no longer registered (teardown raced a
+		 * fault message already read); unregistering woke the thread.
+		 */
+		if (errno == ENOENT)
+			return 0;
 		if (errno != EAGAIN)
 			return -errno;
 		/* EAGAIN: the mm changed under the copy, or a partial copy; retry the rest. */
@@ -314,6 +323,8 @@ static int continue_in(struct halite_save *s, uint64_t dst, uint32_t len, bool w
 					ret = -errno;
 			} else if (errno == EFAULT) {
 				ret = copy_in(s, dst + o, s->zeros, 4096, wake);
+			} else if (errno == ENOENT) {
+				ret = 0; /* unregistered meanwhile, as in copy_in() */
 			} else {
 				ret = -errno;
 			}
@@ -481,9 +492,12 @@ static int serve_fault(struct halite_save *s, const struct uffd_msg *m)
 		free(it);
 		return 0;
 	}
-	atomic_fetch_add(HALITE_STREAM_KIND(stream) == HALITE_STREAM_VCPU ? &s->n_faults_vcpu
-									  : &s->n_faults_other,
-			 1);
+	if (HALITE_STREAM_KIND(stream) == HALITE_STREAM_VCPU) {
+		atomic_fetch_add(&s->n_faults_vcpu, 1);
+		atomic_fetch_add(&s->n_faults_by_vcpu[HALITE_STREAM_INDEX(stream)], 1);
+	} else {
+		atomic_fetch_add(&s->n_faults_other, 1);
+	}
 	return enqueue(s, it);
 }
 
@@ -775,6 +789,12 @@ static int finish_file(struct halite_save *s)
 		ret = halite_writer_set_stat(s->w, "faults_vcpu", st.faults_vcpu);
 	if (!ret)
 		ret = halite_writer_set_stat(s->w, "faults_other", st.faults_other);
+	for (uint32_t i = 0; i < s->o.nvcpus && !ret; i++) {
+		char key[32];
+
+		snprintf(key, sizeof(key), "faults_vcpu%u", i);
+		ret = halite_writer_set_stat(s->w, key, atomic_load(&s->n_faults_by_vcpu[i]));
+	}
 	if (!ret)
 		ret = halite_writer_set_stat(s->w, "mb_background", st.mb_background);
 	if (!ret)
@@ -999,7 +1019,8 @@ HALITE_EXPORT int halite_save_create(struct halite_save **sp, const char *path,
 		goto err;
 	}
 	s->claim = calloc(s->mb_total, 1);
-	if (!s->claim) {
+	s->n_faults_by_vcpu = calloc(s->o.nvcpus ? s->o.nvcpus : 1, sizeof(*s->n_faults_by_vcpu));
+	if (!s->claim || !s->n_faults_by_vcpu) {
 		ret = -ENOMEM;
 		goto err;
 	}
@@ -1341,6 +1362,7 @@ HALITE_EXPORT void halite_save_free(struct halite_save *s)
 	free((void *)s->o.vcpu_tids);
 	free(s->regions);
 	free((void *)s->claim);
+	free((void *)s->n_faults_by_vcpu);
 	free(s->roots);
 	free(s->path);
 	pthread_mutex_destroy(&s->q_lock);
@@ -1354,4 +1376,9 @@ HALITE_EXPORT void halite_save_free(struct halite_save *s)
 HALITE_EXPORT const char *halite_save_errmsg(const struct halite_save *s)
 {
 	return s->errmsg;
+}
+
+void halite_save_test_fail_writes(struct halite_save *s, uint64_t after, int err)
+{
+	halite_writer_test_fail_writes(s->w, after, err);
 }

@@ -275,8 +275,22 @@ int halite_io_write(struct halite_io *io, const void *buf, size_t len, uint64_t 
 
 	if (!io_range_ok(len, off))
 		return -EINVAL;
+	if (io->wr_err) {
+		uint64_t left = atomic_load(&io->wr_budget);
+
+		do {
+			if (left < len)
+				return -io->wr_err;
+		} while (!atomic_compare_exchange_weak(&io->wr_budget, &left, left - len));
+	}
 	r = halite_io_pio(io, true, (void *)buf, len, off);
 	return r < 0 ? (int)r : 0;
+}
+
+void halite_io_test_fail_writes(struct halite_io *io, uint64_t after, int err)
+{
+	atomic_store(&io->wr_budget, after);
+	io->wr_err = err < 0 ? -err : err;
 }
 
 int halite_io_sync(struct halite_io *io)

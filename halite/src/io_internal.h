@@ -11,6 +11,7 @@
 #ifndef HALITE_IO_INTERNAL_H
 #define HALITE_IO_INTERNAL_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <time.h>
 
@@ -55,6 +56,9 @@ struct halite_io {
 	unsigned qd;
 	uint64_t latency_ns;
 	size_t chunk_max;	/* largest single kernel transfer */
+	/* fault injection "write failure" (halite_io_test_fail_writes) */
+	_Atomic uint64_t wr_budget; /* bytes that may still be written; UINT64_MAX = no limit */
+	int wr_err;
 	const struct io_backend_ops *ops;
 
 	struct io_req *reqs;	/* qd slots */
@@ -96,6 +100,14 @@ static inline size_t io_req_chunk(const struct halite_io *io, const struct io_re
  * of HALITE_IO_ALIGN. Not for production use.
  */
 void halite_io_test_set_chunk(struct halite_io *io, size_t n);
+
+/*
+ * Fault injection "write failure": once @after bytes have been written
+ * through halite_io_write(), every later call fails with -@err (ENOSPC,
+ * EIO, ...) and writes nothing, as a full or failing disk would. Not for
+ * production use.
+ */
+void halite_io_test_fail_writes(struct halite_io *io, uint64_t after, int err);
 
 /*
  * A kernel completion of @res for @req, which is no longer active: continue a

@@ -8,9 +8,9 @@
  *   the blocks that vCPU touched first, in its order; with it on, each vCPU
  *   stream is in that vCPU's order, the physical stream ascends, and counts
  *   add up to the memory size;
- * - failure: a write error mid-save (file size limit: EFBIG) leaves the
- *   guest's memory exactly as without the save, the guest running, and no
- *   file behind;
+ * - failure: a write error mid-save (the file size limit's EFBIG from the
+ *   kernel; ENOSPC and EIO injected) and a cancel leave the guest's memory
+ *   exactly as without the save, the guest running, and no file behind;
  * each for private anonymous memory, shared memory (memfd) of this process,
  * and shared memory of a child process that owns the guest (the engine works
  * from outside through a userfaultfd created in the child, as with QEMU).
@@ -42,6 +42,7 @@
 
 #include "test_reader_util.h"
 #include "test_util.h"
+#include "save_test.h"
 #include "uffd.h"
 
 #define PAGE 4096u
@@ -397,6 +398,32 @@ static size_t stream_mbs(struct halite_reader *r, uint32_t stream, uint64_t *out
 	return (size_t)n;
 }
 
+/* save-stats: faults_vcpuN is the number of blocks vCPU N's first touch saved. */
+static void check_fault_stats(const char *path, const struct guest *g, bool exact)
+{
+	struct halite_reader *r;
+	uint64_t sum = 0, total = ~0ull;
+
+	assert_int_equal(halite_reader_open(&r, path, NULL), 0);
+	for (uint32_t i = 0; i < halite_reader_stat_count(r); i++) {
+		const char *key;
+		uint64_t v;
+		unsigned n;
+
+		assert_int_equal(halite_reader_stat(r, i, &key, &v), 0);
+		if (sscanf(key, "faults_vcpu%u", &n) == 1) {
+			assert_true(n < NVCPU);
+			if (exact) /* no background: each vCPU saved all it touched */
+				assert_int_equal(v, g->norder[n]);
+			sum += v;
+		} else if (!strcmp(key, "faults_vcpu")) {
+			total = v;
+		}
+	}
+	assert_int_equal(sum, total);
+	halite_reader_free(r);
+}
+
 static int cmp_u64(const void *a, const void *b)
 {
 	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -435,7 +462,7 @@ static void check_vcpu_stream(struct halite_reader *r, int vcpu, const struct gu
 	free(got);
 }
 
-static void run_save(enum mode mode, int codec, bool background, bool want_fail)
+static void run_save(enum mode mode, int codec, bool background, int fail)
 {
 	size_t len = 3 * 2 * 1024 * 1024; /* 6 MiB, 2 MiB a vCPU */
 	/* Without the background thread every block must be touched to finish. */
@@ -478,11 +505,18 @@ static void run_save(enum mode mode, int codec, bool background, bool want_fail)
 	o.nvcpus = NVCPU;
 	o.flags = HALITE_SAVE_NO_SYNC | (background ? 0 : HALITE_SAVE_NO_BACKGROUND);
 	o.workers = 2;
+	if (fail == ECANCELED) {
+		/* Faults only: still running when cancelled. */
+		o.bg_idle_us = 60u * 1000 * 1000;
+		o.bg_min_rate = 1;
+	}
 	o.log = halite_log_stderr;
 	o.log_level = HALITE_LOG_WARN;
 	assert_int_equal(halite_save_create(&s, path, &reg, 1, &o), 0);
 	if (uffd >= 0)
 		close(uffd); /* the engine keeps a dup; the child keeps its own */
+	if (fail == ENOSPC || fail == EIO)
+		halite_save_test_fail_writes(s, 200 << 10, fail);
 	atomic_store(&g->recording, 1);
 	ret = halite_save_arm(s);
 #if defined(__SANITIZE_THREAD__)
@@ -503,7 +537,7 @@ static void run_save(enum mode mode, int codec, bool background, bool want_fail)
 	}
 #endif
 	assert_int_equal(ret, 0);
-	if (want_fail) {
+	if (fail == EFBIG) {
 		/* The file may not grow past 256 KiB: a write fails with EFBIG. */
 		struct rlimit rl = { 256 << 10, RLIM_INFINITY };
 
@@ -512,7 +546,12 @@ static void run_save(enum mode mode, int codec, bool background, bool want_fail)
 	}
 	guest_resume(g);
 
-	ret = halite_save_wait(s, 60000);
+	if (fail == ECANCELED) {
+		usleep(50000);
+		ret = halite_save_cancel(s);
+	} else {
+		ret = halite_save_wait(s, 60000);
+	}
 	halite_save_stats(s, &st);
 	/* The guest keeps running after the save, failed or not. */
 	for (int i = 0; i < NVCPU; i++) {
@@ -525,13 +564,15 @@ static void run_save(enum mode mode, int codec, bool background, bool want_fail)
 		assert_true(atomic_load(&g->passes[i]) > p0);
 	}
 	guest_stop(g);
-	if (want_fail) {
+	if (fail) {
 		struct rlimit rl = { RLIM_INFINITY, RLIM_INFINITY };
 
 		setrlimit(RLIMIT_FSIZE, &rl);
-		assert_int_equal(ret, -EFBIG);
-		assert_int_equal(st.error, -EFBIG);
-		assert_non_null(strstr(halite_save_errmsg(s), "locality block"));
+		assert_int_equal(ret, -fail);
+		assert_int_equal(st.error, -fail);
+		assert_false(st.done);
+		assert_non_null(strstr(halite_save_errmsg(s),
+				       fail == ECANCELED ? "cancelled" : "locality block"));
 	} else {
 		assert_int_equal(ret, 0);
 		assert_true(st.done);
@@ -571,12 +612,13 @@ static void run_save(enum mode mode, int codec, bool background, bool want_fail)
 	}
 	assert_memory_equal(g->mem, expect, len);
 
-	if (want_fail) {
+	if (fail) {
 		assert_int_equal(access(path, F_OK), -1); /* no partial file left */
 	} else {
 		struct halite_reader *r;
 
 		check_content(path, snap, len, len - NVCPU * ws, &st);
+		check_fault_stats(path, g, !background);
 		assert_int_equal(halite_reader_open(&r, path, NULL), 0);
 		for (int i = 0; i < NVCPU; i++)
 			check_vcpu_stream(r, i, g, !background);
@@ -611,20 +653,29 @@ static void run_save(enum mode mode, int codec, bool background, bool want_fail)
 static void test_vcpu_locality_exact(void **state)
 {
 	for (enum mode m = ANON; m <= EXTERNAL; m++)
-		run_save(m, HALITE_CODEC_LZ4, false, false);
+		run_save(m, HALITE_CODEC_LZ4, false, 0);
 }
 
 static void test_every_codec_with_background(void **state)
 {
 	for (enum mode m = ANON; m <= EXTERNAL; m++)
 		for (int c = HALITE_CODEC_NONE; c < HALITE_CODEC_MAX; c++)
-			run_save(m, c, true, false);
+			run_save(m, c, true, 0);
 }
 
 static void test_write_error_restores_guest(void **state)
 {
+	static const int errs[] = { EFBIG, ENOSPC, EIO };
+
 	for (enum mode m = ANON; m <= EXTERNAL; m++)
-		run_save(m, HALITE_CODEC_NONE, true, true);
+		for (size_t e = 0; e < sizeof(errs) / sizeof(errs[0]); e++)
+			run_save(m, HALITE_CODEC_NONE, true, errs[e]);
+}
+
+static void test_cancel_restores_guest(void **state)
+{
+	for (enum mode m = ANON; m <= EXTERNAL; m++)
+		run_save(m, HALITE_CODEC_LZ4, true, ECANCELED);
 }
 
 int main(void)
@@ -633,6 +684,7 @@ int main(void)
 		cmocka_unit_test(test_vcpu_locality_exact),
 		cmocka_unit_test(test_every_codec_with_background),
 		cmocka_unit_test(test_write_error_restores_guest),
+		cmocka_unit_test(test_cancel_restores_guest),
 	};
 	int ret;
 

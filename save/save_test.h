@@ -1,0 +1,13 @@
+/* SPDX-License-Identifier: MIT */
+/* Private: fault injection points of the save engine, for tests. */
+#ifndef HALITE_SAVE_TEST_H
+#define HALITE_SAVE_TEST_H
+
+#include <stdint.h>
+
+#include <halite/save.h>
+
+/* "write failure": see halite_writer_test_fail_writes(). Before arm. */
+void halite_save_test_fail_writes(struct halite_save *s, uint64_t after, int err);
+
+#endif
