@@ -83,6 +83,7 @@
 
 #define FAULT_BATCH 64
 #define HLT_PAGES_MAX 64 /* pages per memory block this engine handles */
+#define ITEMS_PREALLOC 512u /* queued blocks ahead of the writer before malloc */
 #define PAGEMAP_PRESENT (1ull << 63)
 #define PAGEMAP_SWAPPED (1ull << 62)
 
@@ -144,6 +145,8 @@ struct halite_save {
 	pthread_mutex_t q_lock;
 	pthread_cond_t q_cond;
 	struct item *q_head, *q_tail;
+	struct item *free_items; /* under q_lock */
+	uint32_t nfree;
 
 	/* state, result, and waiting for them */
 	pthread_mutex_t st_lock;
@@ -365,10 +368,29 @@ static void wait_ready(struct halite_save *s, uint64_t mb)
 		sched_yield();
 }
 
+static size_t item_size(const struct halite_save *s)
+{
+	return sizeof(struct item) + (size_t)s->mb_size * (s->has_shared ? 2 : 1);
+}
+
+/*
+ * Items come from a free list filled at create, so the fault path does not
+ * allocate before the wake; malloc only when the writer has fallen more than
+ * ITEMS_PREALLOC blocks behind.
+ */
 static struct item *item_new(struct halite_save *s, uint64_t mb, uint32_t stream, bool touched)
 {
-	struct item *it = malloc(sizeof(*it) + (size_t)s->mb_size * (s->has_shared ? 2 : 1));
+	struct item *it;
 
+	pthread_mutex_lock(&s->q_lock);
+	it = s->free_items;
+	if (it) {
+		s->free_items = it->next;
+		s->nfree--;
+	}
+	pthread_mutex_unlock(&s->q_lock);
+	if (!it)
+		it = malloc(item_size(s));
 	if (!it)
 		return NULL;
 	*it = (struct item){ .mb = mb, .stream = stream, .s = s,
@@ -376,6 +398,21 @@ static struct item *item_new(struct halite_save *s, uint64_t mb, uint32_t stream
 	if (s->has_shared)
 		it->raw = it->buf + s->mb_size;
 	return it;
+}
+
+static void item_free(struct halite_save *s, struct item *it)
+{
+	if (!it)
+		return;
+	pthread_mutex_lock(&s->q_lock);
+	if (s->nfree < ITEMS_PREALLOC) {
+		it->next = s->free_items;
+		s->free_items = it;
+		s->nfree++;
+		it = NULL;
+	}
+	pthread_mutex_unlock(&s->q_lock);
+	free(it);
 }
 
 /* Shared: copy the snapshot bytes of a claimed block, then mark it READY. */
@@ -478,7 +515,7 @@ static int serve_fault(struct halite_save *s, const struct uffd_msg *m)
 	}
 	ret = give_back(s, r, mb, true);
 	if (ret) {
-		free(it);
+		item_free(s, it);
 		return sfail(s, ret, "giving memory block %llu back to the guest",
 			     (unsigned long long)mb);
 	}
@@ -489,7 +526,7 @@ static int serve_fault(struct halite_save *s, const struct uffd_msg *m)
 		return 0;
 	if (atomic_load(&s->stopping)) {
 		/* The save is over (failed or cancelled): only serve the guest. */
-		free(it);
+		item_free(s, it);
 		return 0;
 	}
 	if (HALITE_STREAM_KIND(stream) == HALITE_STREAM_VCPU) {
@@ -594,7 +631,7 @@ static int bg_save_block(struct halite_save *s, const struct sregion *r, uint64_
 	if (!ret)
 		ret = enqueue(s, it);
 	else
-		free(it);
+		item_free(s, it);
 	if (ret)
 		return sfail(s, ret, "background save of memory block %llu", (unsigned long long)mb);
 	atomic_fetch_add(&s->n_bg, 1);
@@ -831,7 +868,7 @@ static void *writer_main(void *arg)
 			s->q_tail = NULL;
 		pthread_mutex_unlock(&s->q_lock);
 		ret = retire(s, it);
-		free(it);
+		item_free(s, it);
 		if (ret) {
 			set_failed(s, ret);
 			return NULL;
@@ -904,6 +941,7 @@ HALITE_EXPORT int halite_save_create(struct halite_save **sp, const char *path,
 	HALITE_OPTS(halite_writer_opts, wo);
 	struct halite_region *wr = NULL;
 	struct halite_save *s;
+	struct item *it;
 	uint64_t missing = 0;
 	int ret;
 
@@ -1039,6 +1077,16 @@ HALITE_EXPORT int halite_save_create(struct halite_save **sp, const char *path,
 		s->zeros = NULL;
 		ret = sfail(s, -errno, "eventfd, /proc/self/pagemap or a zero page");
 		goto err;
+	}
+	for (uint32_t i = 0; i < ITEMS_PREALLOC; i++) {
+		it = malloc(item_size(s));
+		if (!it) {
+			ret = -ENOMEM;
+			goto err;
+		}
+		it->next = s->free_items;
+		s->free_items = it;
+		s->nfree++;
 	}
 	ret = halite_pool_create(&s->pool, s->o.workers, "halite-save");
 	if (ret)
@@ -1337,6 +1385,10 @@ HALITE_EXPORT void halite_save_free(struct halite_save *s)
 	halite_pool_free(s->pool);
 	while ((it = s->q_head)) {
 		s->q_head = it->next;
+		free(it);
+	}
+	while ((it = s->free_items)) {
+		s->free_items = it->next;
 		free(it);
 	}
 	if (s->w)

@@ -504,6 +504,9 @@ static void run_save(enum mode mode, int codec, bool background, int fail)
 	o.vcpu_tids = g->tids;
 	o.nvcpus = NVCPU;
 	o.flags = HALITE_SAVE_NO_SYNC | (background ? 0 : HALITE_SAVE_NO_BACKGROUND);
+	/* One failure keeps its partial file, to see the reader refuse it. */
+	if (fail == EIO)
+		o.flags |= HALITE_SAVE_KEEP_INCOMPLETE;
 	o.workers = 2;
 	if (fail == ECANCELED) {
 		/* Faults only: still running when cancelled. */
@@ -612,7 +615,17 @@ static void run_save(enum mode mode, int codec, bool background, int fail)
 	}
 	assert_memory_equal(g->mem, expect, len);
 
-	if (fail) {
+	if (fail == EIO) {
+		struct halite_reader *r = NULL;
+		char errbuf[256] = "";
+		HALITE_OPTS(halite_reader_opts, ro);
+
+		ro.errbuf = errbuf;
+		ro.errbuf_len = sizeof(errbuf);
+		assert_int_equal(halite_reader_open(&r, path, &ro), -HALITE_E_INCOMPLETE);
+		assert_non_null(strstr(errbuf, "did not finish"));
+		unlink(path);
+	} else if (fail) {
 		assert_int_equal(access(path, F_OK), -1); /* no partial file left */
 	} else {
 		struct halite_reader *r;
