@@ -427,21 +427,13 @@ static int parse_regions(struct halite_reader *r, const uint8_t *p, uint64_t len
 
 HALITE_EXPORT uint32_t halite_reader_mb_bytes(const struct halite_reader *r, uint64_t mb)
 {
-	uint32_t lo = 0, hi = r->info.region_count;
 	const struct halite_region_info *ri;
 	uint64_t off;
 
 	if (mb >= r->info.mb_count)
 		return 0;
-	while (hi - lo > 1) {
-		uint32_t mid = lo + (hi - lo) / 2;
-
-		if (r->regions[mid].first_mb <= mb)
-			lo = mid;
-		else
-			hi = mid;
-	}
-	ri = &r->regions[lo];
+	ri = &r->regions[halite_find_first_mb(r->regions, r->info.region_count, sizeof(*ri),
+					      offsetof(struct halite_region_info, first_mb), mb)];
 	off = (mb - ri->first_mb) * r->info.mb_size;
 	return (uint32_t)HALITE_MIN((uint64_t)r->info.mb_size, ri->length - off);
 }

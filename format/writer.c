@@ -356,17 +356,7 @@ HALITE_EXPORT uint64_t halite_writer_mb_count(const struct halite_writer *w)
 
 static const struct wregion *region_of(const struct wregion *r, uint32_t n, uint64_t mb)
 {
-	uint32_t lo = 0, hi = n;
-
-	while (hi - lo > 1) {
-		uint32_t mid = lo + (hi - lo) / 2;
-
-		if (r[mid].first_mb <= mb)
-			lo = mid;
-		else
-			hi = mid;
-	}
-	return &r[lo];
+	return &r[halite_find_first_mb(r, n, sizeof(*r), offsetof(struct wregion, first_mb), mb)];
 }
 
 HALITE_EXPORT uint32_t halite_writer_mb_bytes(const struct halite_writer *w, uint64_t mb)

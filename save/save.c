@@ -207,17 +207,8 @@ static void set_failed(struct halite_save *s, int err)
 
 static const struct sregion *region_of_mb(const struct halite_save *s, uint64_t mb)
 {
-	uint32_t lo = 0, hi = s->nregions;
-
-	while (hi - lo > 1) {
-		uint32_t mid = lo + (hi - lo) / 2;
-
-		if (s->regions[mid].first_mb <= mb)
-			lo = mid;
-		else
-			hi = mid;
-	}
-	return &s->regions[lo];
+	return &s->regions[halite_find_first_mb(s->regions, s->nregions, sizeof(s->regions[0]),
+						offsetof(struct sregion, first_mb), mb)];
 }
 
 static const struct sregion *region_of_addr(const struct halite_save *s, uint64_t addr)

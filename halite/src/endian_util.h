@@ -6,6 +6,7 @@
 #ifndef HALITE_ENDIAN_UTIL_H
 #define HALITE_ENDIAN_UTIL_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -60,6 +61,29 @@ static inline int halite_all_zero(const void *p, size_t len)
 {
 	const uint8_t *b = p;
 	return len == 0 || (b[0] == 0 && memcmp(b, b + 1, len - 1) == 0);
+}
+
+/*
+ * Regions are kept sorted by their first memory block: the index of the last
+ * of the @n elements (each @stride bytes, at least one) whose uint64_t at byte
+ * @field is <= @key, i.e. the region holding block @key.
+ */
+static inline uint32_t halite_find_first_mb(const void *base, uint32_t n, size_t stride,
+					    size_t field, uint64_t key)
+{
+	uint32_t lo = 0, hi = n;
+
+	while (hi - lo > 1) {
+		uint32_t mid = lo + (hi - lo) / 2;
+		uint64_t v;
+
+		memcpy(&v, (const char *)base + (size_t)mid * stride + field, sizeof(v));
+		if (v <= key)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	return lo;
 }
 
 #define HALITE_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))

@@ -286,17 +286,8 @@ static int mark_touched(const struct source *s, uint32_t mb_size, uint8_t *touch
 
 static const struct source *source_of(const struct options *o, uint64_t mb)
 {
-	uint32_t lo = 0, hi = o->nsrc;
-
-	while (hi - lo > 1) {
-		uint32_t mid = lo + (hi - lo) / 2;
-
-		if (o->src[mid].first_mb <= mb)
-			lo = mid;
-		else
-			hi = mid;
-	}
-	return &o->src[lo];
+	return &o->src[halite_find_first_mb(o->src, o->nsrc, sizeof(o->src[0]),
+					    offsetof(struct source, first_mb), mb)];
 }
 
 static int read_full(int fd, void *buf, size_t len, uint64_t off)
