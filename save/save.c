@@ -82,7 +82,7 @@
 #include "writer_test.h"
 
 #define FAULT_BATCH 64
-#define HLT_PAGES_MAX 64 /* pages per memory block this engine handles */
+#define SAVE_PAGES_MAX 64 /* pages per memory block this engine handles */
 #define ITEMS_PREALLOC 512u /* queued blocks ahead of the writer before malloc */
 #define PAGEMAP_PRESENT (1ull << 63)
 #define PAGEMAP_SWAPPED (1ull << 62)
@@ -234,7 +234,7 @@ static uint32_t stream_of_tid(const struct halite_save *s, uint32_t tid)
 static int block_touched(struct halite_save *s, const struct sregion *r, uint64_t mb)
 {
 	uint64_t off = (mb - r->first_mb) * s->mb_size;
-	uint64_t e[HLT_PAGES_MAX];
+	uint64_t e[SAVE_PAGES_MAX];
 	uint32_t n = s->mb_size / 4096;
 	const uint8_t *p = r->shadow + off;
 	ssize_t got;
@@ -490,8 +490,8 @@ static int serve_fault(struct halite_save *s, const struct uffd_msg *m)
 		 */
 		touched = block_touched(s, r, mb);
 		/*
-		 * Shared memory needs the staging copy before the wake; this
-		 * allocation is the price (a slab would avoid it).
+		 * Shared memory needs the staging copy before the wake; the item
+		 * comes from the free list (item_new), not from malloc.
 		 */
 		it = touched < 0 ? NULL : item_new(s, mb, stream, touched > 0);
 		if (!it) {
@@ -1043,8 +1043,8 @@ HALITE_EXPORT int halite_save_create(struct halite_save **sp, const char *path,
 				goto err;
 		}
 	}
-	if (s->mb_size / 4096 > HLT_PAGES_MAX) {
-		ret = sfail(s, -EINVAL, "memory blocks of more than %u pages", HLT_PAGES_MAX);
+	if (s->mb_size / 4096 > SAVE_PAGES_MAX) {
+		ret = sfail(s, -EINVAL, "memory blocks of more than %u pages", SAVE_PAGES_MAX);
 		goto err;
 	}
 	s->claim = calloc(s->mb_total, 1);
