@@ -38,6 +38,8 @@
 
 #include <halite/halite.h>
 
+#include "io.h"
+
 #include "cow.h"
 #include "stats.h"
 #include "synth.h"
@@ -55,6 +57,7 @@ struct params {
 	bool json;
 	bool quick;
 	uint64_t seed;
+	int io_backend; /* the engine's LB writes: HALITE_IO_BACKEND_* */
 };
 
 struct result {
@@ -75,12 +78,14 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: halite-bench-save [--mem-mib N] [--vcpus N] [--duration S] [--dir DIR]\n"
-		"                         [--map-mib N] [--seed N] [--quick] [--json|--no-json]\n"
+		"                         [--map-mib N] [--seed N] [--io BACKEND] [--quick]\n"
+		"                         [--json|--no-json]\n"
 		"  --mem-mib N    guest memory (default 1024)\n"
 		"  --vcpus N      vCPU threads (default 4)\n"
 		"  --map-mib N    per-vCPU mapped = working set (default mem/4/vcpus)\n"
 		"  --duration S   unsaved baseline run, seconds (default 2)\n"
 		"  --dir DIR      where the snapshot files go (default /var/tmp); removed after\n"
+		"  --io BACKEND   the engine's writes: io_uring (default), libaio or psync\n"
 		"  --quick        128 MiB, 2 vCPUs\n"
 		"  --json         JSON on stdout (default); --no-json: summary only\n");
 }
@@ -252,6 +257,7 @@ static int run_peer(const struct params *p, enum peer peer, struct result *res)
 		o.nvcpus = p->vcpus;
 		o.log = halite_log_stderr;
 		o.log_level = HALITE_LOG_WARN;
+		o.io_backend = p->io_backend;
 		ret = halite_save_create(&s, path, &reg, 1, &o);
 		if (ret) {
 			fprintf(stderr, "halite_save_create: %s\n", halite_strerror(ret));
@@ -378,11 +384,13 @@ static void print_json(const struct params *p, const struct result *res, size_t 
 	printf(" \"params\": {\"mem_mib\": %llu, \"vcpus\": %u, \"stride\": %u, "
 	       "\"map_bytes_per_vcpu\": %llu, \"ws_bytes_per_vcpu\": %llu, \"compress_pct\": %u, "
 	       "\"write_pct\": %u, \"pattern\": \"seq\", \"backing\": \"anon\", "
-	       "\"duration_s\": %.3f, \"dir\": \"%s\", \"seed\": %llu, \"quick\": %s},\n",
+	       "\"duration_s\": %.3f, \"dir\": \"%s\", \"seed\": %llu, \"quick\": %s, "
+	       "\"io\": \"%s\"},\n",
 	       (unsigned long long)p->mem_mib, p->vcpus, p->stride,
 	       (unsigned long long)p->map_bytes, (unsigned long long)p->map_bytes,
 	       p->compress_pct, p->write_pct, p->duration_s, p->dir,
-	       (unsigned long long)p->seed, p->quick ? "true" : "false");
+	       (unsigned long long)p->seed, p->quick ? "true" : "false",
+	       p->io_backend ? halite_io_backend_name(p->io_backend) : "default");
 	/* The top-level baseline is the first peer's guest; each result has its own. */
 	printf(" \"baseline\": {\"accesses_per_s\": %.0f},\n", n ? res[0].baseline_rate : 0.0);
 	printf(" \"results\": [");
@@ -438,6 +446,7 @@ int main(int argc, char **argv)
 		{ "dir", required_argument, NULL, 'D' },
 		{ "seed", required_argument, NULL, 's' },
 		{ "quick", no_argument, NULL, 'q' },
+		{ "io", required_argument, NULL, 'i' },
 		{ "json", no_argument, NULL, 'j' },
 		{ "no-json", no_argument, NULL, 'J' },
 		{ "help", no_argument, NULL, 'h' },
@@ -462,6 +471,14 @@ int main(int argc, char **argv)
 		case 'D': p.dir = optarg; break;
 		case 's': p.seed = strtoull(optarg, NULL, 0); break;
 		case 'q': p.quick = true; break;
+		case 'i':
+			p.io_backend = halite_io_backend_parse(optarg);
+			if (p.io_backend < 0) {
+				fprintf(stderr, "halite-bench-save: --io: unknown backend '%s' "
+					"(io_uring, libaio, psync)\n", optarg);
+				return 2;
+			}
+			break;
 		case 'j': p.json = true; break;
 		case 'J': p.json = false; break;
 		case 'h': usage(stdout); return 0;

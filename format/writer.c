@@ -13,6 +13,17 @@
  * beside it and their entries filled in when it is sealed. Until then the
  * entry holds the invalid state 3, which marks "put, pending" and is never
  * written to the file.
+ *
+ * Locality-block writes are asynchronous (io_uring, libaio, or pwrite done at
+ * submit; halite/src/io.h). Sealing an LB checksums it, submits the write of
+ * the stream's buffer, and hands the stream a fresh buffer; the written one
+ * comes back to a free list when its write completes. LBs get their index and
+ * file offset when sealed, so writes are submitted in ascending file order:
+ * the file still grows front to back. Sealing waits for a completion only
+ * when queue_depth writes are in flight, and collects whatever else has
+ * completed without waiting, so a failed write is seen early. Everything is
+ * collected before the sections and the footer are written: the footer is
+ * still written only once every LB it vouches for has been written.
  */
 #define _GNU_SOURCE /* O_DIRECT, qsort_r */
 #include <errno.h>
@@ -40,6 +51,16 @@
 
 #define HLT_MB_PENDING HLT_MB_STATE_INVALID
 #define TAIL_BUF_SIZE (1u << 20)
+/*
+ * LB writes in flight by default: 8 x 64 KiB keeps a disk busy while the
+ * caller fills the next blocks, for 8 extra buffers.
+ */
+#define WRITER_QD_DEFAULT 8u
+/* Completions collected per halite_io_reap() call. */
+#define REAP_BATCH 16u
+
+_Static_assert(HALITE_WRITER_MAX_QUEUE_DEPTH == HALITE_IO_QD_MAX,
+	       "the writer's queue depth goes straight to halite_io_open()");
 
 struct wmember {
 	uint64_t mb;
@@ -51,7 +72,7 @@ struct wmember {
 struct wstream {
 	uint32_t id;
 	uint32_t seq;	   /* seq of the open LB */
-	uint8_t *buf;	   /* lb_size bytes, I/O aligned */
+	uint8_t *buf;	   /* lb_size bytes, I/O aligned; owned by the stream */
 	uint32_t used;
 	struct wmember *memb;
 	uint32_t nmemb, memb_cap;
@@ -65,6 +86,12 @@ struct wregion {
 struct wlb {
 	uint32_t stream, seq, used, mb_count;
 	uint64_t checksum;
+};
+
+/* An LB write in flight; its slot index is the request's tag. */
+struct wflight {
+	uint64_t lb;	   /* LB index: names it and its offset if the write fails */
+	uint8_t *buf;	   /* owned by the kernel until the completion is reaped */
 };
 
 struct wkv {
@@ -106,6 +133,14 @@ struct halite_writer {
 
 	struct wlb *lbs;
 	uint64_t lb_count, lbs_cap;
+
+	/* Asynchronous LB writes: qd slots, and the LB buffers no one holds. */
+	unsigned qd;
+	struct wflight *flight;	/* qd; .buf == NULL when the slot is free */
+	uint32_t *slot_free;	/* qd; a stack of free slot indices */
+	uint32_t nslot_free;
+	uint8_t **lb_free;	/* qd; a stack of idle lb_size buffers (lb_buf_get) */
+	uint32_t nlb_free;
 
 	uint8_t *scratch; /* compression output, mb_size */
 
@@ -186,6 +221,10 @@ static int check_opts(const struct halite_writer_opts *o, uint32_t *page_size, u
 		return -EINVAL;
 	if (o->flags & ~HALITE_WRITER_FLAGS_ALL)
 		return -EINVAL;
+	if (o->io_backend < HALITE_IO_BACKEND_DEFAULT || o->io_backend > HALITE_IO_BACKEND_PSYNC)
+		return -EINVAL;
+	if (o->queue_depth > HALITE_WRITER_MAX_QUEUE_DEPTH)
+		return -EINVAL;
 	return 0;
 }
 
@@ -259,7 +298,7 @@ static int write_header(struct halite_writer *w, int level)
 	return 0;
 }
 
-static int open_output(struct halite_writer *w)
+static int open_output(struct halite_writer *w, int backend)
 {
 	HALITE_OPTS(halite_io_opts, io_opts);
 	struct stat st;
@@ -272,7 +311,8 @@ static int open_output(struct halite_writer *w)
 	 */
 	if (stat(w->path, &st) == 0 && S_ISREG(st.st_mode) && unlink(w->path))
 		return wfail(w, -errno, "%s: cannot replace", w->path);
-	io_opts.backend = HALITE_IO_PSYNC;
+	io_opts.backend = backend;
+	io_opts.queue_depth = w->qd;
 	io_opts.flags = (w->flags & HALITE_WRITER_DIRECT) ? HALITE_IO_DIRECT : 0;
 	ret = halite_io_open(&w->io, w->path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644,
 			     &io_opts);
@@ -301,8 +341,9 @@ HALITE_EXPORT int halite_writer_create(struct halite_writer **wp, const char *pa
 	w->log = (struct halite_logger){ o.log, o.log_ctx, o.log_level };
 	ret = check_opts(opts, &w->page_size, &w->mb_pages, &w->lb_size, &w->codec);
 	if (ret) {
-		wfail(w, ret, "invalid writer options (page %u, MB pages %u, LB %u, codec %d)",
-		      w->page_size, w->mb_pages, w->lb_size, w->codec);
+		wfail(w, ret, "invalid writer options (page %u, MB pages %u, LB %u, codec %d, "
+		      "I/O backend %d, queue depth %u)", w->page_size, w->mb_pages, w->lb_size,
+		      w->codec, o.io_backend, o.queue_depth);
 		goto err;
 	}
 	w->flags = opts->flags;
@@ -325,11 +366,19 @@ HALITE_EXPORT int halite_writer_create(struct halite_writer **wp, const char *pa
 	w->file_seed = hlt_file_seed(w->uuid);
 	w->map = calloc(w->mb_count, sizeof(*w->map));
 	w->scratch = malloc(w->mb_size);
-	if (!w->map || !w->scratch) {
+	w->qd = o.queue_depth ? o.queue_depth : WRITER_QD_DEFAULT;
+	w->flight = calloc(w->qd, sizeof(*w->flight));
+	w->slot_free = malloc(w->qd * sizeof(*w->slot_free));
+	w->lb_free = malloc(w->qd * sizeof(*w->lb_free));
+	if (!w->map || !w->scratch || !w->flight || !w->slot_free || !w->lb_free) {
 		ret = -ENOMEM;
 		goto err;
 	}
-	ret = open_output(w);
+	/* Pop order 0, 1, 2...: with in-order completions, slot 0 is reused. */
+	for (unsigned i = 0; i < w->qd; i++)
+		w->slot_free[i] = w->qd - 1 - i;
+	w->nslot_free = w->qd;
+	ret = open_output(w, o.io_backend);
 	if (ret)
 		goto err;
 	ret = write_header(w, opts->level);
@@ -396,10 +445,97 @@ static struct wstream *find_stream(struct halite_writer *w, uint32_t id, bool cr
 	return s;
 }
 
+static uint64_t lb_offset(const struct halite_writer *w, uint64_t idx)
+{
+	return HLT_DATA_OFFSET + idx * w->lb_size;
+}
+
+/* The same failure, and words, whether the write failed at submit or at completion. */
+static int lb_write_failed(struct halite_writer *w, int err, uint64_t idx)
+{
+	return wfail_io(w, err, "%s: writing locality block %llu at offset %llu", w->path,
+			(unsigned long long)idx, (unsigned long long)lb_offset(w, idx));
+}
+
+/*
+ * Collect completed LB writes, waiting until at least @min have completed
+ * (min <= in flight): their buffers go back to the free list. Returns 0 or,
+ * when a write failed, its error, and the writer is failed.
+ *
+ * Writes complete in any order: after a failure the rest are waited for, and
+ * the one reported is the first failed LB in file order, the one a
+ * synchronous writer would have stopped at. Only the first failure of a
+ * writer is reported (logged, errmsg); later calls just return the error.
+ */
+static int lb_reap(struct halite_writer *w, unsigned min)
+{
+	struct halite_io_done done[REAP_BATCH];
+	uint64_t bad_lb = UINT64_MAX;
+	int bad_err = 0;
+
+	while (halite_io_inflight(w->io)) {
+		int n = halite_io_reap(w->io, done, REAP_BATCH, HALITE_MIN(min, REAP_BATCH));
+
+		if (n < 0) {
+			/* Cannot wait: the writes may still be running (close waits). */
+			if (bad_err)
+				break;
+			if (w->state == W_FAILED)
+				return n;
+			return wfail_io(w, n, "%s: waiting for locality-block writes", w->path);
+		}
+		for (int i = 0; i < n; i++) {
+			struct wflight *f = &w->flight[done[i].tag];
+			int64_t res = done[i].res;
+
+			/* The I/O layer continues short transfers: short is a failure. */
+			if (res != (int64_t)w->lb_size && f->lb < bad_lb) {
+				bad_lb = f->lb;
+				bad_err = res < 0 ? (int)res : -EIO;
+			}
+			w->lb_free[w->nlb_free++] = f->buf;
+			f->buf = NULL;
+			w->slot_free[w->nslot_free++] = (uint32_t)done[i].tag;
+		}
+		min -= HALITE_MIN(min, (unsigned)n);
+		if (bad_err)
+			min = halite_io_inflight(w->io);
+		if (!min && (unsigned)n < REAP_BATCH)
+			break;
+	}
+	if (!bad_err)
+		return 0;
+	if (w->state == W_FAILED)
+		return bad_err;
+	return lb_write_failed(w, bad_err, bad_lb);
+}
+
+/* Wait for every LB write in flight. */
+static int lb_drain(struct halite_writer *w)
+{
+	return lb_reap(w, halite_io_inflight(w->io));
+}
+
+/*
+ * An idle LB buffer for a stream whose buffer is about to be submitted: from
+ * the free list, else a new one. Each stream always holds one buffer (its
+ * own, allocated with it), and a new one is made only when none is idle and
+ * fewer than qd writes are in flight, so there are never more than qd
+ * buffers in flight or idle: qd + nstreams in all, and the free list (qd
+ * entries) cannot overflow.
+ */
+static uint8_t *lb_buf_get(struct halite_writer *w)
+{
+	if (w->nlb_free)
+		return w->lb_free[--w->nlb_free];
+	return halite_io_alloc(w->lb_size);
+}
+
 static int seal(struct halite_writer *w, struct wstream *s)
 {
 	uint64_t idx = w->lb_count;
-	uint64_t off;
+	uint32_t slot;
+	uint8_t *next;
 	struct wlb *lb;
 	int ret;
 
@@ -410,12 +546,14 @@ static int seal(struct halite_writer *w, struct wstream *s)
 				(unsigned long long)hlt_mb_max_lbs(w->lb_shift), w->lb_size);
 	if (grow((void **)&w->lbs, sizeof(*w->lbs), &w->lbs_cap, idx + 1))
 		return wfail_io(w, -ENOMEM, "LB table");
-	memset(s->buf + s->used, 0, w->lb_size - s->used);
-	off = HLT_DATA_OFFSET + idx * w->lb_size;
-	ret = halite_io_write(w->io, s->buf, w->lb_size, off);
+	/* Wait for a slot only when all are taken; collect what is done either way. */
+	ret = lb_reap(w, halite_io_inflight(w->io) >= w->qd ? 1 : 0);
 	if (ret)
-		return wfail_io(w, ret, "%s: writing locality block %llu at offset %llu", w->path,
-				(unsigned long long)idx, (unsigned long long)off);
+		return ret;
+	next = lb_buf_get(w);
+	if (!next)
+		return wfail_io(w, -ENOMEM, "locality block buffer");
+	memset(s->buf + s->used, 0, w->lb_size - s->used);
 	lb = &w->lbs[idx];
 	*lb = (struct wlb){
 		.stream = s->id,
@@ -424,6 +562,16 @@ static int seal(struct halite_writer *w, struct wstream *s)
 		.mb_count = s->nmemb,
 		.checksum = hlt_hash(s->buf, w->lb_size, w->file_seed + idx),
 	};
+	slot = w->slot_free[--w->nslot_free];
+	ret = halite_io_submit_write(w->io, s->buf, w->lb_size, lb_offset(w, idx), slot);
+	if (ret) {
+		w->slot_free[w->nslot_free++] = slot;
+		w->lb_free[w->nlb_free++] = next;
+		return lb_write_failed(w, ret, idx);
+	}
+	/* The buffer is the kernel's until its completion is reaped. */
+	w->flight[slot] = (struct wflight){ .lb = idx, .buf = s->buf };
+	s->buf = next;
 	for (uint32_t i = 0; i < s->nmemb; i++) {
 		const struct wmember *m = &s->memb[i];
 
@@ -516,11 +664,13 @@ HALITE_EXPORT int halite_writer_put_zero(struct halite_writer *w, uint64_t mb)
 HALITE_EXPORT int halite_writer_flush_stream(struct halite_writer *w, uint32_t stream)
 {
 	struct wstream *s;
+	int ret;
 
 	if (w->state != W_OPEN)
 		return wfail(w, -HALITE_E_STATE, "writer is not open");
 	s = find_stream(w, stream, false);
-	return s ? seal(w, s) : 0;
+	ret = s ? seal(w, s) : 0;
+	return ret ? ret : lb_drain(w);
 }
 
 HALITE_EXPORT int halite_writer_set_device_state(struct halite_writer *w, const void *data, uint64_t len)
@@ -881,6 +1031,9 @@ HALITE_EXPORT int halite_writer_finish(struct halite_writer *w)
 		return wfail(w, -HALITE_E_STATE, "writer is not open");
 	for (uint32_t i = 0; !ret && i < w->nstreams; i++)
 		ret = seal(w, &w->streams[i]);
+	/* The tail goes after the LBs, and the footer after all it vouches for. */
+	if (!ret)
+		ret = lb_drain(w);
 	if (ret)
 		return ret;
 	/* Sections are not block sized: leave O_DIRECT for the tail. */
@@ -931,14 +1084,26 @@ HALITE_EXPORT void halite_writer_free(struct halite_writer *w, bool unlink_incom
 	if (!w)
 		return;
 	if (w->io) {
+		/*
+		 * The kernel reads the buffers of writes in flight: wait for
+		 * them (close waits too, should reaping fail) before freeing.
+		 */
+		lb_drain(w);
 		halite_io_close(w->io);
 		if (w->state != W_FINISHED && unlink_incomplete)
 			unlink(w->path);
 	}
+	for (uint32_t i = 0; w->flight && i < w->qd; i++)
+		halite_io_free(w->flight[i].buf);
+	for (uint32_t i = 0; i < w->nlb_free; i++)
+		halite_io_free(w->lb_free[i]);
 	for (uint32_t i = 0; i < w->nstreams; i++) {
 		halite_io_free(w->streams[i].buf);
 		free(w->streams[i].memb);
 	}
+	free(w->flight);
+	free(w->slot_free);
+	free(w->lb_free);
 	for (uint32_t i = 0; w->regions && i < w->nregions; i++)
 		free(w->regions[i].name);
 	free(w->streams);
@@ -962,4 +1127,9 @@ HALITE_EXPORT const char *halite_writer_errmsg(const struct halite_writer *w)
 void halite_writer_test_fail_writes(struct halite_writer *w, uint64_t after, int err)
 {
 	halite_io_test_fail_writes(w->io, after, err);
+}
+
+int halite_writer_test_io_backend(const struct halite_writer *w)
+{
+	return halite_io_backend(w->io);
 }

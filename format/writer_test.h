@@ -8,9 +8,15 @@
 #include <halite/format.h>
 
 /*
- * "write failure": after @after more bytes reach the file, every write fails
- * with -@err (ENOSPC, EIO, ...), as a full or failing disk would.
+ * "write failure": once @after more bytes have been written or submitted, a
+ * write that does not fit in what is left writes nothing and fails with
+ * -@err (ENOSPC, EIO, ...), as a full or failing disk would; a locality-block
+ * write completes with the error, which the writer reports from the call that
+ * collects it (halite_io_test_fail_writes()).
  */
 void halite_writer_test_fail_writes(struct halite_writer *w, uint64_t after, int err);
+
+/* The I/O backend the writer ended up with (HALITE_IO_BACKEND_*, never DEFAULT). */
+int halite_writer_test_io_backend(const struct halite_writer *w);
 
 #endif

@@ -11,8 +11,16 @@
  * - shared memory (memfd/tmpfs), ours or another process's: the range is
  *   registered MINOR|MISSING and the owner's page-table entries dropped; the
  *   data stays in the page cache, which the guest writes as soon as a block
- *   is given back (UFFDIO_CONTINUE). So the claimer copies the block through
- *   the engine's own read-only mapping ("view") into a staging buffer first.
+ *   is given back (UFFDIO_CONTINUE). So the claimer first copies the block
+ *   through the engine's own read-only mapping of the file ("view") into the
+ *   region's shadow, a sparse anonymous mapping that then holds the
+ *   snapshot-instant bytes of every claimed block, as for anonymous memory.
+ * - hugetlbfs: as shared memory, but the kernel maps and faults whole huge
+ *   pages, so a fault claims, copies and gives back every block of its huge
+ *   page at once (serve_huge_fault()). Blocks are read with pread(), which
+ *   reads a hole as zeros without allocating a huge page (a read through a
+ *   mapping would); hugetlbfs cannot tell holes (SEEK_DATA says "all data"),
+ *   so never-touched memory there is saved as zero blocks.
  *
  * Threads:
  * - fault thread: reads first-touch faults; claims the memory block, gives it
@@ -25,10 +33,8 @@
  *   walk meets it first), then in physical order for what no page table
  *   maps; throttled (paper, section 6): it runs only when no fault has come
  *   for bg_idle_us, or when it falls behind bg_min_rate. Page-table pages
- *   are read as at the snapshot instant from the anonymous shadow; for
- *   shared memory they are read through the view as they are now, so a page
- *   table the guest changed since can only change which stream a block
- *   lands in, never its saved bytes.
+ *   are read as at the snapshot instant: from the shadow, or for shared
+ *   memory from the view while no one has claimed the block (pt_read()).
  * - compression pool: encodes queued blocks from the shadow.
  * - writer thread: retires queued blocks strictly in queue order (a reorder
  *   point after the parallel pool), so each stream's locality blocks hold its
@@ -42,14 +48,21 @@
  * claim goes FREE -> COPYING -> READY, and a fault on a COPYING block waits
  * for the claimer's memcpy (bounded, no I/O) before giving the block back:
  * the guest must not write a page before its snapshot bytes are copied.
+ * Once the writer has stored a block it marks it SAVED.
  *
  * Untouched blocks: a shadow block with no page present (or swapped), or a
  * file range that is a hole (SEEK_DATA counts swapped shmem pages as data),
  * was never touched by the guest; it is recorded as such and reads as zeros,
  * which is what it was.
  *
- * Shadows are unmapped when the save ends: until then a block's snapshot
- * bytes stay readable (the page-table walk will need that).
+ * Shadow memory: a block's snapshot bytes stay in the shadow until the
+ * block is SAVED and the page-table walk, which may still read it as a page
+ * table, is over; then they are dropped (release_block()), so after the walk
+ * the shadow holds only blocks in flight and blocks never claimed.
+ *
+ * Internal checks (SAVE_CHECK) guard the invariants a bug would break; a
+ * failed check fails the save like an I/O error, with HALITE_E_INTERNAL,
+ * and the guest's memory is given back exactly as for any other failure.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -94,13 +107,18 @@ struct sregion {
 	int kind;	 /* enum halite_mem_kind */
 	int fd;		 /* SHARED: our dup of the file */
 	uint64_t fd_off;
-	uint8_t *shadow; /* ANON: snapshot-instant contents */
-	uint8_t *view;	 /* SHARED: our read-only mapping of the file */
+	/*
+	 * Snapshot-instant contents. ANON: the guest's pages moved here at arm.
+	 * SHARED: sparse; each claimed block copied here from the view.
+	 */
+	uint8_t *shadow;
+	uint8_t *view;	 /* SHARED but hugetlbfs: our read-only mapping of the file */
+	uint64_t hpage;	 /* hugetlbfs: its page size; else 0 */
 	uint64_t first_mb, nmb;
 	bool registered;
 };
 
-enum { CLAIM_FREE, CLAIM_COPYING, CLAIM_READY };
+enum { CLAIM_FREE, CLAIM_COPYING, CLAIM_READY, CLAIM_SAVED };
 
 enum item_kind { ITEM_DATA, ITEM_ZERO, ITEM_UNTOUCHED };
 
@@ -112,10 +130,8 @@ struct item {
 	bool ready;	  /* encoded; under q_lock */
 	uint32_t len;	  /* encoded length */
 	bool compressed;
-	bool copied;	  /* SHARED: the snapshot bytes are in raw */
 	struct halite_save *s;
-	uint8_t *raw;	  /* SHARED: mb_size bytes copied at claim time */
-	uint8_t buf[];	  /* mb_size encoded, then (SHARED) mb_size raw */
+	uint8_t buf[];	  /* mb_size: encoded */
 };
 
 enum { S_CREATED, S_RUNNING, S_DONE, S_FAILED };
@@ -133,7 +149,10 @@ struct halite_save {
 
 	int uffd;
 	bool has_shared;
-	uint8_t *zeros;	   /* a zero page, to fill holes of shared memory */
+	bool has_huge;	   /* a region is on hugetlbfs */
+	uint8_t *zeros;	   /* zeros_len of zeros, to fill holes of shared memory */
+	uint64_t zeros_len; /* the largest page size of any region */
+	bool *huge_claimed; /* serve_huge_fault(): blocks of one huge page it claimed */
 	int stop_fd;	   /* eventfd: wakes the fault thread */
 	int pagemap_fd;
 	pthread_t fault_thr, bg_thr, writer_thr;
@@ -154,7 +173,10 @@ struct halite_save {
 	int state;
 	int error;
 	_Atomic bool stopping;	/* background and fault threads: wind down */
+	_Atomic bool walk_done;	/* no page-table page will be read any more */
 	_Atomic uint64_t last_fault_ns;
+	_Atomic bool in_fault;	/* the fault thread is serving one */
+	_Atomic uint64_t test_check_after; /* halite_save_test_fail_check() */
 
 	struct halite_root *roots;
 	uint32_t nroots, roots_cap;
@@ -239,6 +261,8 @@ static int block_touched(struct halite_save *s, const struct sregion *r, uint64_
 	const uint8_t *p = r->shadow + off;
 	ssize_t got;
 
+	if (r->hpage)
+		return 1; /* hugetlbfs has no holes to find (see the top) */
 	if (r->kind == HALITE_MEM_SHARED) {
 		off_t d = lseek(r->fd, (off_t)(r->fd_off + off), SEEK_DATA);
 
@@ -260,7 +284,7 @@ static int block_touched(struct halite_save *s, const struct sregion *r, uint64_
  * Give memory block @mb back to the guest from the shadow. A block another
  * thread already gave back (EEXIST) only needs its waiters woken.
  */
-static int copy_in(struct halite_save *s, uint64_t dst, const void *src, uint32_t len, bool wake)
+static int copy_in(struct halite_save *s, uint64_t dst, const void *src, uint64_t len, bool wake)
 {
 	struct uffdio_copy c = {
 		.dst = dst,
@@ -296,15 +320,16 @@ static int copy_in(struct halite_save *s, uint64_t dst, const void *src, uint32_
 }
 
 /*
- * Shared memory: map each page of the block from the page cache
+ * Shared memory: map each page of [dst, dst+len) from the page cache
  * (UFFDIO_CONTINUE); a page that is a hole in the file has nothing to map
  * (EFAULT) and gets zeros instead, which is what it held.
  */
-static int continue_in(struct halite_save *s, uint64_t dst, uint32_t len, bool wake)
+static int continue_in(struct halite_save *s, uint64_t dst, uint64_t len, uint64_t page,
+		       bool wake)
 {
-	for (uint32_t o = 0; o < len; o += 4096) {
+	for (uint64_t o = 0; o < len; o += page) {
 		struct uffdio_continue c = {
-			.range = { dst + o, 4096 },
+			.range = { dst + o, page },
 			.mode = wake ? 0 : UFFDIO_CONTINUE_MODE_DONTWAKE,
 		};
 		int ret = 0;
@@ -316,7 +341,7 @@ static int continue_in(struct halite_save *s, uint64_t dst, uint32_t len, bool w
 				if (wake && ioctl(s->uffd, UFFDIO_WAKE, &c.range))
 					ret = -errno;
 			} else if (errno == EFAULT) {
-				ret = copy_in(s, dst + o, s->zeros, 4096, wake);
+				ret = copy_in(s, dst + o, s->zeros, (uint32_t)page, wake);
 			} else if (errno == ENOENT) {
 				ret = 0; /* unregistered meanwhile, as in copy_in() */
 			} else {
@@ -334,15 +359,18 @@ static int give_back(struct halite_save *s, const struct sregion *r, uint64_t mb
 {
 	uint64_t off = (mb - r->first_mb) * s->mb_size;
 
+	if (r->hpage) /* the whole huge page */
+		return continue_in(s, r->host + off / r->hpage * r->hpage, r->hpage, r->hpage,
+				   wake);
 	if (r->kind == HALITE_MEM_SHARED)
-		return continue_in(s, r->host + off, s->mb_size, wake);
+		return continue_in(s, r->host + off, s->mb_size, 4096, wake);
 	return copy_in(s, r->host + off, r->shadow + off, s->mb_size, wake);
 }
 
 /*
  * Take the claim on @mb: true if this thread saves it. Shared memory: the
- * claimer copies the block to @it->raw before marking it READY; a thread that
- * lost waits for READY before the block may be given back.
+ * claimer copies the block to the shadow before marking it READY; a thread
+ * that lost waits for READY before the block may be given back.
  */
 static bool claim_block(struct halite_save *s, uint64_t mb)
 {
@@ -361,13 +389,12 @@ static void wait_ready(struct halite_save *s, uint64_t mb)
 
 static size_t item_size(const struct halite_save *s)
 {
-	return sizeof(struct item) + (size_t)s->mb_size * (s->has_shared ? 2 : 1);
+	return sizeof(struct item) + s->mb_size;
 }
 
 /*
- * Items come from a free list filled at create, so the fault path does not
- * allocate before the wake; malloc only when the writer has fallen more than
- * ITEMS_PREALLOC blocks behind.
+ * Items come from a free list filled at create; malloc only when the writer
+ * has fallen more than ITEMS_PREALLOC blocks behind.
  */
 static struct item *item_new(struct halite_save *s, uint64_t mb, uint32_t stream, bool touched)
 {
@@ -386,8 +413,6 @@ static struct item *item_new(struct halite_save *s, uint64_t mb, uint32_t stream
 		return NULL;
 	*it = (struct item){ .mb = mb, .stream = stream, .s = s,
 			     .kind = touched ? ITEM_DATA : ITEM_UNTOUCHED, .ready = !touched };
-	if (s->has_shared)
-		it->raw = it->buf + s->mb_size;
 	return it;
 }
 
@@ -406,14 +431,63 @@ static void item_free(struct halite_save *s, struct item *it)
 	free(it);
 }
 
-/* Shared: copy the snapshot bytes of a claimed block, then mark it READY. */
-static void copy_claimed(struct halite_save *s, const struct sregion *r, struct item *it)
+/* hugetlbfs: @len bytes at region offset @off, into @dst. 0 or -errno. */
+static int read_huge(const struct sregion *r, uint64_t off, void *dst, uint64_t len)
 {
-	if (r->kind == HALITE_MEM_SHARED && it->kind == ITEM_DATA) {
-		memcpy(it->raw, r->view + (it->mb - r->first_mb) * s->mb_size, s->mb_size);
-		it->copied = true;
+	for (uint64_t done = 0; done < len;) {
+		ssize_t n = pread(r->fd, (uint8_t *)dst + done, len - done,
+				  (off_t)(r->fd_off + off + done));
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return n < 0 ? -errno : -EIO;
+		done += (uint64_t)n;
 	}
-	atomic_store(&s->claim[it->mb], CLAIM_READY);
+	return 0;
+}
+
+/*
+ * Shared: copy the snapshot bytes of the @n claimed blocks from @mb to the
+ * shadow (a hole stays a hole there: zeros), then mark them READY, even
+ * when the copy fails (a fault waiting on COPYING would wait forever).
+ */
+static int copy_claimed(struct halite_save *s, const struct sregion *r, uint64_t mb,
+			uint64_t n, int touched)
+{
+	uint64_t off = (mb - r->first_mb) * s->mb_size;
+	int ret = 0;
+
+	if (r->hpage)
+		ret = read_huge(r, off, r->shadow + off, n * s->mb_size);
+	else if (r->kind == HALITE_MEM_SHARED && touched > 0)
+		memcpy(r->shadow + off, r->view + off, n * s->mb_size);
+	for (uint64_t i = 0; i < n; i++)
+		atomic_store(&s->claim[mb + i], CLAIM_READY);
+	return ret;
+}
+
+/* A SAVED block's snapshot bytes, once the walk cannot read them any more. */
+static void release_block(struct halite_save *s, uint64_t mb)
+{
+	const struct sregion *r = region_of_mb(s, mb);
+
+	madvise(r->shadow + (mb - r->first_mb) * s->mb_size, s->mb_size, MADV_DONTNEED);
+}
+
+/*
+ * An internal invariant: false fails the save with HALITE_E_INTERNAL (and the
+ * guest gets its memory back as after any failure). Tests make a check fail
+ * on purpose with halite_save_test_fail_check().
+ */
+#define SAVE_CHECK(s, cond, ...) \
+	((cond) && !check_injected(s) ? 0 : sfail(s, -HALITE_E_INTERNAL, __VA_ARGS__))
+
+static bool check_injected(struct halite_save *s)
+{
+	uint64_t n = atomic_load_explicit(&s->test_check_after, memory_order_relaxed);
+
+	return n && atomic_fetch_sub(&s->test_check_after, 1) == 1;
 }
 
 static void compress_task(void *arg);
@@ -442,7 +516,7 @@ static void compress_task(void *arg)
 	struct item *it = arg;
 	struct halite_save *s = it->s;
 	const struct sregion *r = region_of_mb(s, it->mb);
-	const uint8_t *src = it->copied ? it->raw : r->shadow + (it->mb - r->first_mb) * s->mb_size;
+	const uint8_t *src = r->shadow + (it->mb - r->first_mb) * s->mb_size;
 	int n;
 
 	if (halite_all_zero(src, s->mb_size)) {
@@ -468,58 +542,13 @@ static void compress_task(void *arg)
 
 /* ---- fault thread ---- */
 
-static int serve_fault(struct halite_save *s, const struct uffd_msg *m)
+/* After the wake: queue block @mb that a fault in @stream claimed. */
+static int queue_faulted(struct halite_save *s, uint64_t mb, uint32_t stream, bool touched)
 {
-	uint64_t t0 = halite_now_ns();
-	uint64_t addr = m->arg.pagefault.address;
-	const struct sregion *r = region_of_addr(s, addr);
-	struct item *it = NULL;
-	uint32_t stream;
-	uint64_t mb;
-	int ret, touched;
+	struct item *it = item_new(s, mb, stream, touched);
 
-	if (!r)
-		return sfail(s, -EFAULT, "fault at 0x%llx outside every region",
-			     (unsigned long long)addr);
-	mb = r->first_mb + (addr - r->host) / s->mb_size;
-	stream = stream_of_tid(s, m->arg.pagefault.feat.ptid);
-	if (claim_block(s, mb)) {
-		/*
-		 * Before the give-back: that maps the zero page into an anonymous
-		 * shadow's hole, and lets the guest write shared pages.
-		 */
-		touched = block_touched(s, r, mb);
-		/*
-		 * Shared memory needs the staging copy before the wake; the item
-		 * comes from the free list (item_new), not from malloc.
-		 */
-		it = touched < 0 ? NULL : item_new(s, mb, stream, touched > 0);
-		if (!it) {
-			/* Never leave a claim COPYING: a fault would wait on it forever. */
-			atomic_store(&s->claim[mb], CLAIM_READY);
-			return sfail(s, touched < 0 ? touched : -ENOMEM,
-				     "memory block %llu: staging", (unsigned long long)mb);
-		}
-		copy_claimed(s, r, it);
-	} else {
-		wait_ready(s, mb);
-	}
-	ret = give_back(s, r, mb, true);
-	if (ret) {
-		item_free(s, it);
-		return sfail(s, ret, "giving memory block %llu back to the guest",
-			     (unsigned long long)mb);
-	}
-	atomic_store(&s->last_fault_ns, halite_now_ns());
-	halite_hist_add(&s->fault_hist, halite_now_ns() - t0);
-	atomic_fetch_add(&s->n_faults, 1);
 	if (!it)
-		return 0;
-	if (atomic_load(&s->stopping)) {
-		/* The save is over (failed or cancelled): only serve the guest. */
-		item_free(s, it);
-		return 0;
-	}
+		return sfail(s, -ENOMEM, "memory block %llu: queueing", (unsigned long long)mb);
 	if (HALITE_STREAM_KIND(stream) == HALITE_STREAM_VCPU) {
 		atomic_fetch_add(&s->n_faults_vcpu, 1);
 		atomic_fetch_add(&s->n_faults_by_vcpu[HALITE_STREAM_INDEX(stream)], 1);
@@ -527,6 +556,108 @@ static int serve_fault(struct halite_save *s, const struct uffd_msg *m)
 		atomic_fetch_add(&s->n_faults_other, 1);
 	}
 	return enqueue(s, it);
+}
+
+static void fault_served(struct halite_save *s, uint64_t t0)
+{
+	atomic_store(&s->last_fault_ns, halite_now_ns());
+	halite_hist_add(&s->fault_hist, halite_now_ns() - t0);
+	atomic_fetch_add(&s->n_faults, 1);
+}
+
+/*
+ * hugetlbfs: the kernel gives back whole huge pages, so every block of the
+ * faulting one is claimed (those no one has yet), copied and given back at
+ * once; the faulting block is queued first, then the others in address
+ * order. The copy is one pread() per run of blocks claimed here.
+ */
+static int serve_huge_fault(struct halite_save *s, const struct sregion *r, uint64_t addr,
+			    uint32_t stream, uint64_t t0)
+{
+	uint64_t n = r->hpage / s->mb_size;
+	uint64_t first = r->first_mb + (addr - r->host) / r->hpage * n;
+	uint64_t mb = r->first_mb + (addr - r->host) / s->mb_size;
+	bool *mine = s->huge_claimed;
+	int ret = 0, e;
+
+	for (uint64_t i = 0; i < n; i++)
+		mine[i] = claim_block(s, first + i);
+	for (uint64_t i = 0; i < n;) {
+		uint64_t j = i;
+
+		while (j < n && mine[j] == mine[i])
+			j++;
+		if (mine[i]) {
+			e = copy_claimed(s, r, first + i, j - i, 1);
+			if (e && !ret)
+				ret = sfail(s, e, "memory blocks %llu-%llu: reading them",
+					    (unsigned long long)(first + i),
+					    (unsigned long long)(first + j - 1));
+		} else {
+			for (uint64_t k = i; k < j; k++)
+				wait_ready(s, first + k);
+		}
+		i = j;
+	}
+	/* Even after a failed copy: the page cache still holds the guest's data. */
+	e = give_back(s, r, mb, true);
+	if (e)
+		return sfail(s, e, "giving huge page at 0x%llx back to the guest",
+			     (unsigned long long)(addr - addr % r->hpage));
+	fault_served(s, t0);
+	if (ret || atomic_load(&s->stopping))
+		return ret;
+	if (mine[mb - first])
+		ret = queue_faulted(s, mb, stream, true);
+	for (uint64_t i = 0; i < n && !ret; i++)
+		if (mine[i] && first + i != mb)
+			ret = queue_faulted(s, first + i, stream, true);
+	return ret;
+}
+
+static int serve_fault(struct halite_save *s, const struct uffd_msg *m)
+{
+	uint64_t t0 = halite_now_ns();
+	uint64_t addr = m->arg.pagefault.address;
+	const struct sregion *r = region_of_addr(s, addr);
+	uint32_t stream;
+	uint64_t mb;
+	int ret, touched = 0;
+	bool claimed;
+
+	if (!r)
+		return sfail(s, -EFAULT, "fault at 0x%llx outside every region",
+			     (unsigned long long)addr);
+	mb = r->first_mb + (addr - r->host) / s->mb_size;
+	stream = stream_of_tid(s, m->arg.pagefault.feat.ptid);
+	if (r->hpage)
+		return serve_huge_fault(s, r, addr, stream, t0);
+	claimed = claim_block(s, mb);
+	if (claimed) {
+		/*
+		 * Before the give-back: that maps the zero page into an anonymous
+		 * shadow's hole, and lets the guest write shared pages.
+		 */
+		touched = block_touched(s, r, mb);
+		ret = copy_claimed(s, r, mb, 1, touched);
+		if (touched < 0)
+			return sfail(s, touched, "memory block %llu: is it populated?",
+				     (unsigned long long)mb);
+		if (ret)
+			return sfail(s, ret, "memory block %llu: copying it", (unsigned long long)mb);
+	} else {
+		wait_ready(s, mb);
+	}
+	ret = give_back(s, r, mb, true);
+	if (ret)
+		return sfail(s, ret, "giving memory block %llu back to the guest",
+			     (unsigned long long)mb);
+	fault_served(s, t0);
+	/* The save is over (failed or cancelled): only serve the guest. */
+	if (!claimed || atomic_load(&s->stopping))
+		return 0;
+	/* After the wake: the snapshot bytes are safe in the shadow. */
+	return queue_faulted(s, mb, stream, touched > 0);
 }
 
 static void *fault_main(void *arg)
@@ -567,7 +698,10 @@ static void *fault_main(void *arg)
 
 			if (msgs[i].event != UFFD_EVENT_PAGEFAULT)
 				continue;
+			/* The background holds back while a fault is being served. */
+			atomic_store(&s->in_fault, true);
 			ret = serve_fault(s, &msgs[i]);
+			atomic_store(&s->in_fault, false);
 			if (ret)
 				set_failed(s, ret);
 		}
@@ -583,7 +717,8 @@ static void bg_throttle(struct halite_save *s, uint64_t start_ns, uint64_t saved
 
 	while (!atomic_load(&s->stopping)) {
 		uint64_t now = halite_now_ns();
-		uint64_t since_fault = now - atomic_load(&s->last_fault_ns);
+		uint64_t since_fault = atomic_load(&s->in_fault) ? 0
+				       : now - atomic_load(&s->last_fault_ns);
 		/* The rate floor: bytes this thread should have saved by now. */
 		uint64_t owed = (now - start_ns) / 1000 * (s->o.bg_min_rate / 1000) / 1000;
 		struct timespec ts = { 0, 200000 };
@@ -609,20 +744,16 @@ static int bg_save_block(struct halite_save *s, const struct sregion *r, uint64_
 	if (!claim_block(s, mb))
 		return 0;
 	touched = block_touched(s, r, mb);
-	ret = touched < 0 ? touched : 0;
+	ret = copy_claimed(s, r, mb, 1, touched);
+	if (touched < 0)
+		ret = touched;
+	if (!ret && touched > 0 && r->kind == HALITE_MEM_ANON)
+		ret = give_back(s, r, mb, false);
 	it = ret ? NULL : item_new(s, mb, stream, touched > 0);
 	if (!ret && !it)
 		ret = -ENOMEM;
-	if (it)
-		copy_claimed(s, r, it);
-	else
-		atomic_store(&s->claim[mb], CLAIM_READY);
-	if (!ret && touched > 0 && r->kind == HALITE_MEM_ANON)
-		ret = give_back(s, r, mb, false);
 	if (!ret)
 		ret = enqueue(s, it);
-	else
-		item_free(s, it);
 	if (ret)
 		return sfail(s, ret, "background save of memory block %llu", (unsigned long long)mb);
 	atomic_fetch_add(&s->n_bg, 1);
@@ -662,14 +793,45 @@ static int pt_read(void *ctx, uint64_t gpa, void *page)
 	if (!r || r->length - off < 4096)
 		return -ERANGE;
 	mb = r->first_mb + off / s->mb_size;
-	/* Reading a hole would populate it: an untouched table is all zero. */
+	if (r->kind == HALITE_MEM_SHARED && atomic_load(&s->claim[mb]) == CLAIM_FREE) {
+		/*
+		 * Unclaimed, the page cache still holds the snapshot: the guest
+		 * cannot write a block before someone claims it. Read optimistically
+		 * and keep the bytes if the block is still unclaimed afterwards
+		 * (as a seqlock reader does); else the claimer's copy is in the
+		 * shadow. Reading a hole through the view would populate it.
+		 */
+		touched = block_touched(s, r, mb);
+		if (touched < 0)
+			return touched;
+		if (r->hpage) {
+			int ret = read_huge(r, off, page, 4096);
+
+			if (ret)
+				return ret;
+		} else if (touched) {
+			memcpy(page, r->view + off, 4096);
+		} else {
+			memset(page, 0, 4096);
+		}
+		atomic_thread_fence(memory_order_acquire);
+		if (atomic_load(&s->claim[mb]) == CLAIM_FREE)
+			return 0;
+	}
+	if (r->kind == HALITE_MEM_SHARED) {
+		/* A hole claimed stays a hole in the shadow: zeros, as in the snapshot. */
+		wait_ready(s, mb);
+		memcpy(page, r->shadow + off, 4096);
+		return 0;
+	}
+	/* Anonymous: reading a hole of the shadow would populate it. */
 	touched = block_touched(s, r, mb);
 	if (touched < 0)
 		return touched;
-	if (!touched)
-		memset(page, 0, 4096);
+	if (touched)
+		memcpy(page, r->shadow + off, 4096);
 	else
-		memcpy(page, (r->kind == HALITE_MEM_ANON ? r->shadow : r->view) + off, 4096);
+		memset(page, 0, 4096);
 	return 0;
 }
 
@@ -750,6 +912,11 @@ static void *bg_main(void *arg)
 		set_failed(s, ret);
 		return NULL;
 	}
+	/* The blocks the writer stored during the walk: their shadow can go. */
+	atomic_store(&s->walk_done, true);
+	for (uint64_t mb = 0; mb < s->mb_total; mb++)
+		if (atomic_load(&s->claim[mb]) == CLAIM_SAVED)
+			release_block(s, mb);
 	for (uint32_t i = 0; i < s->nregions && !atomic_load(&s->stopping); i++) {
 		const struct sregion *r = &s->regions[i];
 
@@ -774,8 +941,15 @@ static void *bg_main(void *arg)
 
 static int retire(struct halite_save *s, struct item *it)
 {
-	int ret = 0;
+	int ret;
 
+	/* Claimed once, queued once: a block retires from READY, exactly once. */
+	ret = SAVE_CHECK(s, it->mb < s->mb_total && atomic_load(&s->claim[it->mb]) == CLAIM_READY,
+			 "memory block %llu retired in claim state %d",
+			 (unsigned long long)it->mb,
+			 it->mb < s->mb_total ? atomic_load(&s->claim[it->mb]) : -1);
+	if (ret)
+		return ret;
 	switch (it->kind) {
 	case ITEM_UNTOUCHED:
 		atomic_fetch_add(&s->n_untouched, 1);
@@ -796,6 +970,10 @@ static int retire(struct halite_save *s, struct item *it)
 		return sfail(s, ret, "saving memory block %llu: %s", (unsigned long long)it->mb,
 			     halite_writer_errmsg(s->w));
 	atomic_fetch_add(&s->n_saved, 1);
+	/* Pairs with bg_main()'s walk_done then SAVED scan: one of us releases. */
+	atomic_store(&s->claim[it->mb], CLAIM_SAVED);
+	if (it->kind == ITEM_DATA && atomic_load(&s->walk_done))
+		release_block(s, it->mb);
 	return 0;
 }
 
@@ -884,20 +1062,36 @@ static void *writer_main(void *arg)
 
 /* ---- create, arm, wait, teardown ---- */
 
-/* Our read-only window on a shared region's file. */
+/* Our read-only window on a shared region's file, and its shadow. */
 static int map_view(struct halite_save *s, struct sregion *r)
 {
 	struct statfs sf;
-	void *v;
+	void *v, *sh;
 
-	/* Huge pages would need huge memory blocks and huge-page-sized CONTINUE. */
-	if (!fstatfs(r->fd, &sf) && sf.f_type == HUGETLBFS_MAGIC)
-		return sfail(s, -HALITE_E_UNSUPPORTED, "region '%s': hugetlbfs is not supported yet",
-			     r->name);
-	v = mmap(NULL, r->length, PROT_READ, MAP_SHARED, r->fd, (off_t)r->fd_off);
-	if (v == MAP_FAILED)
-		return sfail(s, -errno, "region '%s': mapping its file", r->name);
-	r->view = v;
+	if (fstatfs(r->fd, &sf))
+		return sfail(s, -errno, "region '%s': fstatfs", r->name);
+	if (sf.f_type == HUGETLBFS_MAGIC) {
+		/* No view: reading a hole through it would allocate a huge page. */
+		r->hpage = (uint64_t)sf.f_bsize;
+		s->has_huge = true;
+		if (r->hpage % s->mb_size || r->host % r->hpage || r->length % r->hpage ||
+		    r->fd_off % r->hpage)
+			return sfail(s, -EINVAL, "region '%s': on hugetlbfs, host address, length "
+				     "and file offset must be multiples of its page size %llu",
+				     r->name, (unsigned long long)r->hpage);
+	} else {
+		v = mmap(NULL, r->length, PROT_READ, MAP_SHARED, r->fd, (off_t)r->fd_off);
+		if (v == MAP_FAILED)
+			return sfail(s, -errno, "region '%s': mapping its file", r->name);
+		r->view = v;
+	}
+	s->zeros_len = HALITE_MAX(s->zeros_len, HALITE_MAX(r->hpage, 4096));
+	sh = mmap(NULL, r->length, PROT_READ | PROT_WRITE,
+		  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (sh == MAP_FAILED)
+		return sfail(s, -errno, "region '%s': a shadow of %llu bytes", r->name,
+			     (unsigned long long)r->length);
+	r->shadow = sh;
 	return 0;
 }
 
@@ -913,6 +1107,10 @@ static int open_uffd(struct halite_save *s, uint64_t *missing)
 
 	if (s->has_shared)
 		want |= UFFD_FEATURE_MINOR_SHMEM | UFFD_FEATURE_MISSING_SHMEM;
+	/* hugetlbfs faults report the huge page's address unless asked not to. */
+	if (s->has_huge)
+		want |= UFFD_FEATURE_MINOR_HUGETLBFS | UFFD_FEATURE_MISSING_HUGETLBFS |
+			UFFD_FEATURE_EXACT_ADDRESS;
 	if (!s->o.owner_pid) {
 		s->uffd = halite_uffd_open(want, missing);
 		return s->uffd < 0 ? s->uffd : 0;
@@ -1019,6 +1217,8 @@ HALITE_EXPORT int halite_save_create(struct halite_save **sp, const char *path,
 	wo.log = s->o.log;
 	wo.log_ctx = s->o.log_ctx;
 	wo.log_level = s->o.log_level;
+	wo.io_backend = s->o.io_backend;
+	wo.queue_depth = s->o.queue_depth;
 	ret = halite_writer_create(&s->w, path, wr, nregions, &wo);
 	if (ret)
 		goto err;
@@ -1063,8 +1263,12 @@ HALITE_EXPORT int halite_save_create(struct halite_save **sp, const char *path,
 	}
 	s->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	s->pagemap_fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
-	s->zeros = mmap(NULL, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (s->stop_fd < 0 || s->pagemap_fd < 0 || s->zeros == MAP_FAILED) {
+	/* Reads as zeros, and costs no memory: it is never written. */
+	s->zeros_len = HALITE_MAX(s->zeros_len, 4096);
+	s->zeros = mmap(NULL, s->zeros_len, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+			-1, 0);
+	s->huge_claimed = calloc(s->zeros_len / s->mb_size, sizeof(bool));
+	if (s->stop_fd < 0 || s->pagemap_fd < 0 || s->zeros == MAP_FAILED || !s->huge_claimed) {
 		s->zeros = NULL;
 		ret = sfail(s, -errno, "eventfd, /proc/self/pagemap or a zero page");
 		goto err;
@@ -1140,7 +1344,7 @@ static void disarm_regions(struct halite_save *s, uint32_t n)
 			ioctl(s->uffd, UFFDIO_UNREGISTER, &rg);
 			r->registered = false;
 		}
-		if (r->shadow) {
+		if (r->shadow && r->kind == HALITE_MEM_ANON) {
 			/* Nothing was touched yet: move the pages straight back. */
 			mremap(r->shadow, r->length, r->length, MREMAP_MAYMOVE | MREMAP_FIXED,
 			       (void *)(uintptr_t)r->host);
@@ -1161,8 +1365,14 @@ static int arm_region(struct halite_save *s, struct sregion *r)
 	int ret;
 
 	if (!shared) {
+		/*
+		 * glibc's mremap() passes a fifth argument whether or not there is
+		 * one, and with MREMAP_DONTUNMAP this kernel refuses an unaligned
+		 * new_address even without MREMAP_FIXED: leaving it out fails with
+		 * EINVAL depending on what a register happens to hold.
+		 */
 		void *sh = mremap((void *)(uintptr_t)r->host, r->length, r->length,
-				  MREMAP_MAYMOVE | MREMAP_DONTUNMAP);
+				  MREMAP_MAYMOVE | MREMAP_DONTUNMAP, NULL);
 
 		if (sh == MAP_FAILED)
 			return sfail(s, -errno, "region '%s': mremap(MREMAP_DONTUNMAP) (private "
@@ -1262,7 +1472,8 @@ static int teardown(struct halite_save *s)
 		struct sregion *r = &s->regions[i];
 
 		/* Shared memory never left the page cache: nothing to give back. */
-		for (uint64_t mb = r->first_mb; mb < r->first_mb + r->nmb && r->shadow; mb++) {
+		for (uint64_t mb = r->first_mb; r->kind == HALITE_MEM_ANON &&
+						mb < r->first_mb + r->nmb && r->shadow; mb++) {
 			int t = block_touched(s, r, mb);
 			int e = t > 0 ? give_back(s, r, mb, true) : t;
 
@@ -1390,12 +1601,15 @@ HALITE_EXPORT void halite_save_free(struct halite_save *s)
 
 		if (r->view)
 			munmap(r->view, r->length);
+		if (r->shadow)
+			munmap(r->shadow, r->length);
 		if (r->fd >= 0)
 			close(r->fd);
 		free(r->name);
 	}
 	if (s->zeros)
-		munmap(s->zeros, 4096);
+		munmap(s->zeros, s->zeros_len);
+	free(s->huge_claimed);
 	if (s->uffd >= 0)
 		close(s->uffd);
 	if (s->stop_fd >= 0)
@@ -1424,4 +1638,9 @@ HALITE_EXPORT const char *halite_save_errmsg(const struct halite_save *s)
 void halite_save_test_fail_writes(struct halite_save *s, uint64_t after, int err)
 {
 	halite_writer_test_fail_writes(s->w, after, err);
+}
+
+void halite_save_test_fail_check(struct halite_save *s, uint64_t after)
+{
+	atomic_store(&s->test_check_after, after + 1);
 }

@@ -10,4 +10,11 @@
 /* "write failure": see halite_writer_test_fail_writes(). Before arm. */
 void halite_save_test_fail_writes(struct halite_save *s, uint64_t after, int err);
 
+/*
+ * "a bug caught": internal check number @after + 1 (counting from the
+ * first, as the engine makes them) fails, as if an invariant were broken.
+ * Before arm.
+ */
+void halite_save_test_fail_check(struct halite_save *s, uint64_t after);
+
 #endif

@@ -27,6 +27,8 @@ static const char *const halite_errstr[HALITE_E_MAX - HALITE_E_BASE] = {
 	[HALITE_E_STATE - HALITE_E_BASE] = "call not valid in the current state",
 	[HALITE_E_UNSUPPORTED - HALITE_E_BASE] =
 		"not supported by the kernel, file system or this build",
+	[HALITE_E_INTERNAL - HALITE_E_BASE] =
+		"internal consistency check failed (a bug in Halite)",
 };
 
 /*

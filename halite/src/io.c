@@ -37,8 +37,7 @@
 #include "stats.h"
 
 #define IO_QD_DEFAULT 32u
-/* Far more than any engine keeps in flight; bounds the slot array. */
-#define IO_QD_MAX 4096u
+/* HALITE_IO_QD_MAX: far more than any engine keeps in flight; bounds the slot array. */
 
 const char *halite_io_backend_name(int backend)
 {
@@ -75,7 +74,7 @@ static int io_opts_get(struct halite_io_opts *o, const struct halite_io_opts *us
 		return -EINVAL;
 	if (o->backend < HALITE_IO_DEFAULT || o->backend > HALITE_IO_PSYNC)
 		return -EINVAL;
-	if (o->queue_depth > IO_QD_MAX)
+	if (o->queue_depth > HALITE_IO_QD_MAX)
 		return -EINVAL;
 	return 0;
 }
@@ -269,20 +268,34 @@ int halite_io_read(struct halite_io *io, void *buf, size_t len, uint64_t off)
 	return r < 0 ? (int)r : 0;
 }
 
+/*
+ * Fault injection "write failure": take @len bytes from the budget, or return
+ * the injected error (the budget is left as it is) when it does not cover them.
+ */
+static int io_wr_budget_take(struct halite_io *io, size_t len)
+{
+	uint64_t left;
+
+	if (!io->wr_err)
+		return 0;
+	left = atomic_load(&io->wr_budget);
+	do {
+		if (left < len)
+			return -io->wr_err;
+	} while (!atomic_compare_exchange_weak(&io->wr_budget, &left, left - len));
+	return 0;
+}
+
 int halite_io_write(struct halite_io *io, const void *buf, size_t len, uint64_t off)
 {
 	int64_t r;
+	int err;
 
 	if (!io_range_ok(len, off))
 		return -EINVAL;
-	if (io->wr_err) {
-		uint64_t left = atomic_load(&io->wr_budget);
-
-		do {
-			if (left < len)
-				return -io->wr_err;
-		} while (!atomic_compare_exchange_weak(&io->wr_budget, &left, left - len));
-	}
+	err = io_wr_budget_take(io, len);
+	if (err)
+		return err;
 	r = halite_io_pio(io, true, (void *)buf, len, off);
 	return r < 0 ? (int)r : 0;
 }
@@ -363,6 +376,18 @@ static int io_queue_req(struct halite_io *io, bool write, void *buf, size_t len,
 	if (len == 0) {
 		halite_io_req_finish(io, req, 0);
 		return 0;
+	}
+	/*
+	 * An injected write failure completes the request with the error, the
+	 * way a full or failing disk answers an asynchronous write: submit
+	 * succeeds and the caller learns of it at reap. Same for every backend.
+	 */
+	if (write) {
+		err = io_wr_budget_take(io, len);
+		if (err) {
+			halite_io_req_finish(io, req, err);
+			return 0;
+		}
 	}
 	err = io->ops->submit(io, req);
 	if (err) {

@@ -16,12 +16,25 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <halite/format.h>
+
+/*
+ * The public HALITE_IO_BACKEND_* numbers (format.h: the writer's io_backend
+ * option) are these, so an option value passes straight through.
+ */
 enum halite_io_backend {
-	HALITE_IO_DEFAULT = 0, /* io_uring if the kernel allows it, else libaio, else psync */
-	HALITE_IO_URING = 1,
-	HALITE_IO_AIO = 2,
-	HALITE_IO_PSYNC = 3,
+	/* io_uring if the kernel allows it, else libaio, else psync */
+	HALITE_IO_DEFAULT = HALITE_IO_BACKEND_DEFAULT,
+	HALITE_IO_URING = HALITE_IO_BACKEND_URING,
+	HALITE_IO_AIO = HALITE_IO_BACKEND_AIO,
+	HALITE_IO_PSYNC = HALITE_IO_BACKEND_PSYNC,
 };
+_Static_assert(HALITE_IO_DEFAULT == 0 && HALITE_IO_URING == 1 && HALITE_IO_AIO == 2 &&
+		       HALITE_IO_PSYNC == 3,
+	       "enum halite_io_backend is part of the public ABI (format.h)");
+
+/* queue_depth at most (halite_io_open() answers -EINVAL beyond). */
+#define HALITE_IO_QD_MAX 4096u
 
 /* Alignment (bytes) of buffers, offsets and lengths for O_DIRECT. */
 #define HALITE_IO_ALIGN 4096u

@@ -103,9 +103,11 @@ void halite_io_test_set_chunk(struct halite_io *io, size_t n);
 
 /*
  * Fault injection "write failure": once @after bytes have been written
- * through halite_io_write(), every later call fails with -@err (ENOSPC,
- * EIO, ...) and writes nothing, as a full or failing disk would. Not for
- * production use.
+ * through halite_io_write() or submitted with halite_io_submit_write(), a
+ * write that does not fit in what is left writes nothing and fails with
+ * -@err (ENOSPC, EIO, ...), as a full or failing disk would: halite_io_write()
+ * returns it; an asynchronous write is accepted and completes with res =
+ * -@err, whatever the backend. Not for production use.
  */
 void halite_io_test_fail_writes(struct halite_io *io, uint64_t after, int err);
 

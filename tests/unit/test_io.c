@@ -310,6 +310,60 @@ static void test_truncated(void **state)
 	unlink(path);
 }
 
+/*
+ * Fault injection "write failure" on both paths: a write the budget does not
+ * cover writes nothing; synchronously it returns the error, asynchronously it
+ * is accepted and completes with it; writes that fit still go through.
+ */
+static void test_fail_writes(void **state)
+{
+	int backend = *(int *)*state;
+	unsigned char buf[8192], back[4096];
+	struct halite_io_done d[4];
+	int64_t res[3] = { 0 };
+	struct halite_io *io;
+	struct stat st;
+	char path[4200];
+	int n = 0;
+
+	temp_path(path, sizeof(path), test_dir);
+	io = open_io(backend, path, 4, 0, 0);
+	if (!io) {
+		unlink(path);
+		skip();
+	}
+	memset(buf, 0x5a, sizeof(buf));
+	halite_io_test_fail_writes(io, 3 * 4096, ENOSPC);
+	assert_int_equal(halite_io_submit_write(io, buf, 4096, 0, 0), 0);
+	assert_int_equal(halite_io_submit_write(io, buf, 4096, 4096, 1), 0);
+	/* 4096 left: two pages do not fit. */
+	assert_int_equal(halite_io_submit_write(io, buf, 8192, 8192, 2), 0);
+	while (n < 3) {
+		int r = halite_io_reap(io, d, 4, 1);
+
+		assert_true(r > 0);
+		for (int i = 0; i < r; i++)
+			res[d[i].tag] = d[i].res;
+		n += r;
+	}
+	assert_int_equal(res[0], 4096);
+	assert_int_equal(res[1], 4096);
+	assert_int_equal(res[2], -ENOSPC);
+	assert_int_equal(halite_io_write(io, buf, 4096, 8192), 0);
+	assert_int_equal(halite_io_write(io, buf, 1, 12288), -ENOSPC);
+	halite_io_test_fail_writes(io, 0, EIO);
+	assert_int_equal(halite_io_submit_write(io, buf, 4096, 12288, 0), 0);
+	assert_int_equal(halite_io_reap(io, d, 4, 1), 1);
+	assert_int_equal(d[0].res, -EIO);
+	/* Only what fitted reached the file. */
+	assert_int_equal(fstat(halite_io_fd(io), &st), 0);
+	assert_int_equal(st.st_size, 3 * 4096);
+	assert_int_equal(halite_io_read(io, back, 4096, 8192), 0);
+	assert_memory_equal(back, buf, 4096);
+	halite_io_close(io);
+	unlink(path);
+}
+
 static void test_queue_full(void **state)
 {
 	int backend = *(int *)*state;
@@ -665,6 +719,7 @@ int main(void)
 		PER_BACKEND(test_async_short),
 		PER_BACKEND(test_truncated),
 		PER_BACKEND(test_queue_full),
+		PER_BACKEND(test_fail_writes),
 		PER_BACKEND(test_latency),
 		PER_BACKEND(test_direct_sync),
 		PER_BACKEND(test_direct_async),

@@ -31,6 +31,7 @@ enum halite_error {
 	HALITE_E_NOT_FOUND,		/* no such region, section or key */
 	HALITE_E_STATE,			/* call not valid in the handle's current state */
 	HALITE_E_UNSUPPORTED,		/* the kernel or build lacks a needed feature */
+	HALITE_E_INTERNAL,		/* an internal consistency check failed (a bug) */
 	HALITE_E_MAX,
 };
 

@@ -125,6 +125,19 @@ struct halite_writer;
 #define HALITE_WRITER_NO_SYNC 0x2u	   /* skip fdatasync at finish (tests, scratch files) */
 #define HALITE_WRITER_FLAGS_ALL 0x3u
 
+/*
+ * I/O backends for the writer's locality-block writes (io_backend). The
+ * default tries io_uring, then libaio, then pwrite, taking the first the
+ * kernel allows (io_uring may be disabled by sysctl or seccomp); an explicit
+ * backend the kernel refuses fails halite_writer_create() with
+ * -HALITE_E_UNSUPPORTED.
+ */
+#define HALITE_IO_BACKEND_DEFAULT 0
+#define HALITE_IO_BACKEND_URING 1
+#define HALITE_IO_BACKEND_AIO 2
+#define HALITE_IO_BACKEND_PSYNC 3 /* pwrite: each write done when submitted */
+#define HALITE_WRITER_MAX_QUEUE_DEPTH 4096u /* queue_depth at most */
+
 struct halite_writer_opts {
 	size_t sz;
 	uint32_t page_size;    /* 0 = 4096; power of two, 4 KiB .. 4 MiB */
@@ -137,12 +150,21 @@ struct halite_writer_opts {
 	halite_log_fn log;     /* NULL = silent */
 	void *log_ctx;
 	int log_level;	       /* enum halite_log_level; messages above are dropped */
+	int io_backend;	       /* HALITE_IO_BACKEND_*; 0 = the default above */
+	unsigned queue_depth;  /* LB writes in flight at most; 0 = 8, <= MAX_QUEUE_DEPTH */
 };
 
 /*
  * Create @path (truncating it) and write the header. The regions are copied.
  * Until halite_writer_finish() succeeds the file has no footer and every
  * reader refuses it as incomplete.
+ *
+ * Locality blocks are written asynchronously, in file order, through
+ * @opts->io_backend, at most @opts->queue_depth at a time; the writer keeps
+ * up to queue_depth + (number of streams) buffers of lb_size bytes. A write
+ * that fails is reported by whichever later call collects it (a put, flush
+ * or finish) with the write's own error code (-ENOSPC, -EIO, ...), and the
+ * writer is failed from then on.
  */
 int halite_writer_create(struct halite_writer **w, const char *path,
 			 const struct halite_region *regions, uint32_t nregions,
@@ -158,8 +180,8 @@ uint32_t halite_writer_mb_bytes(const struct halite_writer *w, uint64_t mb);
  * Save memory block @mb (halite_writer_mb_bytes() bytes at @data) into
  * @stream: an all-zero block is recorded as zero and takes no space;
  * otherwise it is compressed (raw if that does not make it smaller) and
- * appended to the stream's current locality block, which is written out when
- * the next block does not fit. Each block may be saved once:
+ * appended to the stream's current locality block, whose write is submitted
+ * when the next block does not fit. Each block may be saved once:
  * -HALITE_E_STATE otherwise. Not thread-safe: one writer thread.
  */
 int halite_writer_put(struct halite_writer *w, uint32_t stream, uint64_t mb, const void *data);
@@ -176,7 +198,10 @@ int halite_writer_put_encoded(struct halite_writer *w, uint32_t stream, uint64_t
 /* Record memory block @mb as zero without data. */
 int halite_writer_put_zero(struct halite_writer *w, uint64_t mb);
 
-/* Write @stream's partly filled locality block now (its slack is zeroed). */
+/*
+ * Write @stream's partly filled locality block now (its slack is zeroed) and
+ * wait for every locality-block write in flight to complete.
+ */
 int halite_writer_flush_stream(struct halite_writer *w, uint32_t stream);
 
 /* Optional sections; each may be given once, before finish. Copied. */
@@ -188,15 +213,17 @@ int halite_writer_set_meta(struct halite_writer *w, const char *key, const void 
 int halite_writer_set_stat(struct halite_writer *w, const char *key, uint64_t value);
 
 /*
- * Write every partly filled locality block, the sections, the directory and
- * the footer, then fdatasync. Memory blocks never put are recorded as never
- * touched. After this only halite_writer_free() is valid.
+ * Write every partly filled locality block, wait for all locality-block
+ * writes, then write the sections, the directory and the footer, then
+ * fdatasync. Memory blocks never put are recorded as never touched. After
+ * this only halite_writer_free() is valid.
  */
 int halite_writer_finish(struct halite_writer *w);
 
 /*
- * Free. Without a successful finish the file is left incomplete (no footer)
- * and, when @unlink_incomplete, removed.
+ * Free, after waiting for the locality-block writes in flight. Without a
+ * successful finish the file is left incomplete (no footer) and, when
+ * @unlink_incomplete, removed.
  */
 void halite_writer_free(struct halite_writer *w, bool unlink_incomplete);
 

@@ -7,6 +7,7 @@
 #include <halite/errors.h>
 #include <halite/format.h>
 #include <halite/log.h>
+#include <halite/memory.h>
 #include <halite/save.h>
 
 #define HALITE_VERSION_MAJOR 0

@@ -26,9 +26,15 @@
  *   userfaultfd created inside it and a way to drop its page-table entries
  *   (QEMU: ptrace injection; see docs/).
  *
- * Failure (ENOSPC, EIO, cancel): every block not yet given back is given
- * back, so the guest's memory is exactly what it would have been without the
- * save; the partial file has no footer (incomplete) and is removed unless
+ * hugetlbfs: the kernel faults and maps whole huge pages, so a fault saves
+ * every block of its huge page at once; region host address, length and
+ * file offset must be multiples of the huge page size. hugetlbfs cannot
+ * tell holes, so never-touched memory there is saved as zero blocks.
+ *
+ * Failure (ENOSPC, EIO, cancel, an internal check that fails with
+ * HALITE_E_INTERNAL): every block not yet given back is given back, so the
+ * guest's memory is exactly what it would have been without the save; the
+ * partial file has no footer (incomplete) and is removed unless
  * HALITE_SAVE_KEEP_INCOMPLETE.
  */
 #ifndef HALITE_SAVE_H
@@ -39,17 +45,13 @@
 #include <sys/types.h>
 
 #include <halite/format.h>
+#include <halite/memory.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 struct halite_save;
-
-enum halite_mem_kind {
-	HALITE_MEM_ANON = 0,   /* private anonymous memory of this process */
-	HALITE_MEM_SHARED = 1, /* a shared mapping of @fd (memfd, tmpfs, hugetlbfs) */
-};
 
 struct halite_save_region {
 	const char *name;   /* as in the file: "pc.ram", ... */
@@ -106,6 +108,9 @@ struct halite_save_opts {
 	halite_log_fn log;
 	void *log_ctx;
 	int log_level;
+	/* Locality-block writes (see struct halite_writer_opts). */
+	int io_backend;		   /* HALITE_IO_BACKEND_*; 0 = io_uring, else libaio, else pwrite */
+	unsigned queue_depth;	   /* writes in flight at most; 0 = 8 */
 };
 
 struct halite_save_stats {
