@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: MIT
 /*
  * Filling guest memory at creation: which data pages are zeroed, and the
- * contents of the others. Deterministic in (seed, pfn) alone, so the thread
- * pool may fill in any order and a guest built twice with the same options
- * has the same memory.
+ * contents of the others (with SYNTH_F_ATTACH only which: nothing is
+ * written). Deterministic in (seed, pfn) alone, so the thread pool may fill
+ * in any order and a guest built twice with the same options has the same
+ * memory.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -72,7 +73,7 @@ static void fill_range(void *arg)
 	}
 }
 
-int synth_fill(struct synth_guest *g)
+int synth_fill(struct synth_guest *g, bool write)
 {
 	uint64_t n = g->nframes, data = 0, zero, left, want, s;
 	struct halite_pool *pool = NULL;
@@ -101,6 +102,8 @@ int synth_fill(struct synth_guest *g)
 	}
 	g->info.data_frames = data;
 	g->info.zero_frames = zero;
+	if (!write)
+		return 0;
 
 	for (unsigned i = 0; i < PG_SIZE; i++)
 		tmpl[i] = (uint8_t)(i / 7);

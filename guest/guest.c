@@ -41,7 +41,7 @@ const char *synth_pattern_name(unsigned pattern)
 }
 
 #define ALL_FLAGS (SYNTH_F_CHILD | SYNTH_F_SHARED_AS | SYNTH_F_NP_JUNK | SYNTH_F_AD_BITS | \
-		   SYNTH_F_TRACE_LOOP | SYNTH_F_LOG_WALK)
+		   SYNTH_F_TRACE_LOOP | SYNTH_F_LOG_WALK | SYNTH_F_ATTACH)
 
 #define BAD(...)                                                                  \
 	do {                                                                      \
@@ -447,10 +447,29 @@ int synth_local_create(struct synth_guest **gp, const struct synth_opts *o)
 	ret = map_memory(g);
 	if (ret)
 		goto fail;
-	ret = synth_build_tables(g);
+	if (o->flags & SYNTH_F_ATTACH) {
+		/*
+		 * The same builder, the same allocation order, into scratch
+		 * memory that is thrown away: every layout fact (CR3s, units,
+		 * kinds) is what the guest made with these options has, and
+		 * guest memory stays untouched for whoever fills it.
+		 */
+		size_t len = (size_t)(g->nframes << PG_SHIFT);
+		void *scratch = mmap(NULL, len, PROT_READ | PROT_WRITE,
+				     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+
+		if (scratch == MAP_FAILED) {
+			ret = -errno;
+			goto fail;
+		}
+		ret = synth_build_tables(g, scratch);
+		munmap(scratch, len);
+	} else {
+		ret = synth_build_tables(g, g->mem);
+	}
 	if (ret)
 		goto fail;
-	ret = synth_fill(g);
+	ret = synth_fill(g, !(o->flags & SYNTH_F_ATTACH));
 	if (ret)
 		goto fail;
 	if (o->trace_out) {

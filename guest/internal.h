@@ -105,12 +105,14 @@ struct synth_guest {
 };
 
 /* pagetable.c */
-int synth_build_tables(struct synth_guest *g);
+/* Build the tables into @mem (guest memory, or a scratch copy with SYNTH_F_ATTACH). */
+int synth_build_tables(struct synth_guest *g, uint8_t *mem);
 /* Translate @va for @vc; 0 and *gpa, or -EFAULT. Logs walk frames. */
 int synth_mmu_translate(struct synth_vcpu *vc, uint64_t va, bool write, uint64_t *gpa);
 
 /* fill.c */
-int synth_fill(struct synth_guest *g);
+/* Choose the zeroed data frames (kinds) and, if @write, fill memory. */
+int synth_fill(struct synth_guest *g, bool write);
 
 /* trace.c */
 int synth_trace_open_out(struct synth_guest *g);

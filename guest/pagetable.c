@@ -40,17 +40,18 @@ static int alloc_small(struct alloc *a, uint64_t *pfn)
 
 struct builder {
 	struct synth_guest *g;
+	uint8_t *mem;		/* where the tables are written: guest memory, or scratch */
 	struct alloc a;
 	uint64_t junk;		/* rng for junk in non-present entries */
 	uint64_t next_1g, next_2m;
 	uint64_t mid, leaf;	/* flags of present entries */
 };
 
-static inline uint64_t *entry(struct synth_guest *g, uint64_t table, uint64_t va, int lvl)
+static inline uint64_t *entry(struct builder *b, uint64_t table, uint64_t va, int lvl)
 {
 	unsigned idx = (unsigned)(va >> (PG_SHIFT + 9 * (lvl - 1))) & 511;
 
-	return (uint64_t *)(g->mem + table + idx * 8);
+	return (uint64_t *)(b->mem + table + idx * 8);
 }
 
 static int new_table(struct builder *b, uint64_t *pfn)
@@ -63,7 +64,7 @@ static int new_table(struct builder *b, uint64_t *pfn)
 		return ret;
 	g->kinds[*pfn] = SYNTH_FRAME_PT;
 	g->info.pt_frames++;
-	t = (uint64_t *)(g->mem + (*pfn << PG_SHIFT));
+	t = (uint64_t *)(b->mem + (*pfn << PG_SHIFT));
 	/* Written even when zero: a page-table page is a touched page. */
 	if (g->o.flags & SYNTH_F_NP_JUNK) {
 		for (unsigned i = 0; i < 512; i++)
@@ -84,7 +85,7 @@ static int walk_create(struct builder *b, uint64_t root, uint64_t va, int leaf, 
 	uint64_t table = root;
 
 	for (int lvl = (int)g->o.paging_levels; lvl > leaf; lvl--) {
-		uint64_t *e = entry(g, table, va, lvl);
+		uint64_t *e = entry(b, table, va, lvl);
 		uint64_t pfn;
 		int ret;
 
@@ -96,7 +97,7 @@ static int walk_create(struct builder *b, uint64_t root, uint64_t va, int leaf, 
 		}
 		table = *e & PTE_ADDR;
 	}
-	*out = entry(g, table, va, leaf);
+	*out = entry(b, table, va, leaf);
 	return 0;
 }
 
@@ -160,13 +161,13 @@ static int map_vcpu(struct builder *b, struct synth_vcpu *vc, uint64_t root)
 	return u == vc->map_units ? 0 : -EINVAL;
 }
 
-int synth_build_tables(struct synth_guest *g)
+int synth_build_tables(struct synth_guest *g, uint8_t *mem)
 {
 	const struct synth_opts *o = &g->o;
 	uint64_t n1g = (uint64_t)o->huge_1g * g->nvcpus, n2m = (uint64_t)o->huge_2m * g->nvcpus;
 	uint64_t huge = n1g * HUGE1G_FRAMES + n2m * HUGE2M_FRAMES;
 	uint64_t untouched = g->nframes * o->untouched_pct / 100, pfn, root = 0;
-	struct builder b = { .g = g };
+	struct builder b = { .g = g, .mem = mem };
 	int ret;
 
 	if (huge >= g->nframes) {

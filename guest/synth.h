@@ -109,6 +109,17 @@ enum synth_log_mode {
 #define SYNTH_F_TRACE_LOOP	(1u << 4)
 /* The log also gets the page-table frames each walk reads (SYNTH_LOG_PT). */
 #define SYNTH_F_LOG_WALK	(1u << 5)
+/*
+ * Attach to memory someone else fills: guest memory is mapped but never
+ * written (every page a hole, unpopulated), while everything about the
+ * layout is computed exactly as for the same options without the flag: the
+ * CR3s, the units (synth_vcpu_pages), the frame kinds and every synth_info
+ * count. So a guest created with the options of one that was snapshotted,
+ * plus this flag, is the empty target of a restore of that snapshot: its
+ * vCPUs, once started, walk the page tables the restore brings in. Started
+ * before the memory holds them, translations fail (counted as faults).
+ */
+#define SYNTH_F_ATTACH		(1u << 6)
 
 /* Log entries: a page frame number with these flags. */
 #define SYNTH_LOG_PT		(1ull << 63)	/* a page-table frame read by a walk */

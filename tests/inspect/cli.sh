@@ -5,10 +5,10 @@
 expect 0 "$HI" --version
 grep -q "^halite-inspect [0-9]*\.[0-9]*\.[0-9]* (file format 1\.0)$" "$T/out" || fail "version: $(cat "$T/out")"
 expect 0 "$HI" help
-for c in info verify blocks map extract import; do
+for c in info verify blocks map extract import restore; do
 	grep -q "^  $c " "$T/out" || fail "help does not list $c"
 done
-for c in info verify blocks map extract import help; do
+for c in info verify blocks map extract import restore help; do
 	expect 0 "$HI" help $c
 	grep -q "^Usage: halite-inspect $c" "$T/out" || fail "help $c"
 	expect 0 "$HI" $c --help

@@ -40,12 +40,14 @@ int cmd_blocks(int argc, char **argv);
 int cmd_map(int argc, char **argv);
 int cmd_extract(int argc, char **argv);
 int cmd_import(int argc, char **argv);
+int cmd_restore(int argc, char **argv);
 void help_info(FILE *f);
 void help_verify(FILE *f);
 void help_blocks(FILE *f);
 void help_map(FILE *f);
 void help_extract(FILE *f);
 void help_import(FILE *f);
+void help_restore(FILE *f);
 
 /* ---- diagnostics and common parsing (util.c) ---- */
 

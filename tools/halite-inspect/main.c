@@ -25,6 +25,8 @@ static const struct command commands[] = {
 	{ "map", "list the memory blocks and where they are stored", cmd_map, help_map },
 	{ "extract", "write a region's memory as a raw image", cmd_extract, help_extract },
 	{ "import", "make a snapshot file from raw memory images", cmd_import, help_import },
+	{ "restore", "what a lazy restore read and why, from its trace", cmd_restore,
+	  help_restore },
 	{ "help", "describe a command", cmd_help, help_help },
 };
 

@@ -8,6 +8,7 @@
 #include <halite/format.h>
 #include <halite/log.h>
 #include <halite/memory.h>
+#include <halite/restore.h>
 #include <halite/save.h>
 
 #define HALITE_VERSION_MAJOR 0

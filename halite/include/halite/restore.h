@@ -1,0 +1,225 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Userfaultfd lazy restore (the paper's section 7.2).
+ *
+ * The caller maps empty guest memory, opens the file (header, sections and
+ * index only: open-to-ready does not depend on the memory size), starts the
+ * engine and resumes the guest at once. From then on:
+ * - a fault on a memory block not yet restored reads the whole locality block
+ *   (LB) holding it with one read, verifies its checksum, decompresses the
+ *   faulting memory block first, installs it (UFFDIO_COPY) and wakes the
+ *   thread; a thread pool installs the LB's other blocks. A fault on a block
+ *   whose LB is already in memory (being installed, or prefetched) is answered
+ *   from it; concurrent faults on one LB wait for one read. Zero and
+ *   never-touched blocks are never read: a fault on one is answered with
+ *   UFFDIO_ZEROPAGE, and those never faulted stay holes, which read as zeros
+ *   once the range is unregistered.
+ * - a background prefetcher reads the remaining LBs in file order (the order
+ *   the save wrote them, i.e. the guest's access order) with several reads in
+ *   flight, throttled: it holds back while demand faults are busy and runs
+ *   when they are quiet, never below a minimum rate, so the restore finishes.
+ * - when every block is in, the ranges are unregistered and the restore is
+ *   done.
+ *
+ * Failure: an LB that fails its checksum or cannot be read is read again
+ * (read_retries times) and never installed; if it still fails the restore
+ * fails with a message naming it, its file offset and the reason
+ * ("locality block 17 at offset 1183744: checksum mismatch after 3 reads").
+ * From then on nothing more is installed, except that an LB verified before
+ * the failure is installed whole: every LB is either all in memory or not at
+ * all. Threads faulting on memory not yet restored stay blocked (they never
+ * see an unverified byte); the caller must then stop the guest.
+ * halite_restore_free() of a failed restore of this process's memory makes
+ * the regions inaccessible (PROT_NONE, whole regions) before dropping the
+ * userfaultfd, so a blocked thread gets SIGSEGV, never zeros. For another
+ * process's memory, that process holds the userfaultfd: after a failure, and
+ * if the restoring process dies, the owner's faulting threads block until the
+ * owner exits.
+ *
+ * Memory: each region must be mapped and never touched, private anonymous or
+ * a shared mapping of memfd/tmpfs (not hugetlbfs), host-page aligned.
+ * halite_restore_start() refuses memory of this process with a page already
+ * populated (mincore(): written, read, or in the page cache of shared
+ * memory), since such a page would never fault and keep its bytes; for
+ * another process's memory that is the caller's to guarantee.
+ *
+ * The file is only read: many restores of one file may run at once (clones).
+ * A trace of what was read when (docs/restore-trace.md) can be written at
+ * the end.
+ */
+#ifndef HALITE_RESTORE_H
+#define HALITE_RESTORE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <halite/format.h>
+#include <halite/memory.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct halite_restore;
+
+struct halite_restore_region {
+	const char *name; /* the file's region of that name; every one given exactly once */
+	uint64_t host;	  /* target in the owner's address space: mapped, never touched,
+			     host-page aligned */
+	uint64_t length;  /* must equal the file region's length */
+	int kind;	  /* enum halite_mem_kind: ANON (private) or SHARED (memfd, tmpfs) */
+};
+
+#define HALITE_RESTORE_NO_PREFETCH 0x1u	 /* demand faults only (tests, measurements) */
+#define HALITE_RESTORE_DIRECT 0x2u	 /* read LBs with O_DIRECT (cold-cache measurements) */
+/*
+ * Measure the paper's "VM access %": the other blocks of an LB read for a
+ * demand fault are decoded and staged, not installed; the guest's first
+ * access to one is answered from the stage and counted. Staged blocks the
+ * guest never touched are installed at the end. Costs one minor fault per
+ * staged block the guest touches.
+ */
+#define HALITE_RESTORE_TRACK_ACCESS 0x4u
+#define HALITE_RESTORE_FLAGS_ALL 0x7u
+
+struct halite_restore_opts {
+	size_t sz;
+	unsigned flags;		   /* HALITE_RESTORE_* */
+	int io_backend;		   /* HALITE_IO_BACKEND_* (format.h), for prefetch reads; 0 =
+				      default; one the kernel refuses fails open */
+	unsigned queue_depth;	   /* prefetch reads in flight at most; 0 = 8, at most 4096 */
+	uint32_t read_latency_us;  /* added to every LB read: slow disks, remote storage */
+	unsigned workers;	   /* install threads; 0 = online CPUs, at most 256 */
+	unsigned demand_readers;   /* threads reading LBs for faults; 0 = 4, at most 256 */
+	unsigned read_retries;	   /* extra attempts at an LB that fails; 0 = 2 */
+	/* vCPU threads, for per-vCPU fault counts; optional */
+	const pid_t *vcpu_tids;
+	uint32_t nvcpus;
+	/*
+	 * Another process owns the memory (owner_pid != 0): @owner_uffd is a
+	 * userfaultfd created inside the owner; the engine does the UFFDIO_API
+	 * handshake on it and keeps a dup.
+	 */
+	pid_t owner_pid;
+	int owner_uffd;
+	/*
+	 * Prefetch throttle (paper, section 6): prefetch reads start only once
+	 * no demand fault has come for prefetch_idle_us, and never fall below
+	 * prefetch_min_rate bytes per second.
+	 */
+	uint32_t prefetch_idle_us; /* 0 = 2000 */
+	uint64_t prefetch_min_rate; /* 0 = 64 MiB/s */
+	/*
+	 * If set, a restore trace (docs/restore-trace.md) is written here when
+	 * the restore ends, done or failed, before halite_restore_wait()
+	 * returns; written to a temporary file in the same directory and
+	 * renamed, so a reader never sees half of one. Failing to write it
+	 * only logs a warning. Copied.
+	 */
+	const char *trace_path;
+	halite_log_fn log;
+	void *log_ctx;
+	int log_level;
+};
+
+struct halite_restore_stats {
+	uint64_t ready_ns;	  /* open to ready (registered, threads starting) */
+	uint64_t duration_ns;	  /* ready to done or failed (or to now) */
+	uint64_t mb_total;
+	/*
+	 * Every memory block is counted in exactly one of these once done
+	 * (mb_fault + mb_pool + mb_prefetch + mb_zero == mb_total), by
+	 * whoever installed it:
+	 */
+	uint64_t mb_fault;	  /* stored blocks installed for a fault on them (the one that
+				     caused a read, those that waited for it, those answered
+				     from an LB in memory or from the stage) */
+	uint64_t mb_pool;	  /* other blocks of demand-read LBs, installed by the pool
+				     (TRACK_ACCESS: staged blocks installed at the end) */
+	uint64_t mb_prefetch;	  /* other blocks of prefetched LBs, installed by the pool */
+	uint64_t mb_zero;	  /* zero or never-touched: zero page on fault, else left a hole;
+				     all of them from the start (never read) */
+	uint64_t faults;	  /* missing-page faults handled (not those after a failure) */
+	uint64_t faults_cached;	  /* ... on stored blocks whose LB was in memory: answered
+				     from it or from the stage, or raced with an install */
+	uint64_t faults_zero;	  /* ... on zero or never-touched blocks */
+	uint64_t faults_vcpu;	  /* ... from the vCPU threads given */
+	uint64_t lb_total;
+	uint64_t lb_demand;	  /* LBs read for a fault (each LB is read once: demand +
+				     prefetch == lb_total when done) */
+	uint64_t lb_prefetch;	  /* LBs read by the prefetcher */
+	uint64_t lb_retries;	  /* re-reads after a checksum or read failure */
+	uint64_t bytes_read;	  /* every LB read that returned its bytes, retries included */
+	/*
+	 * TRACK_ACCESS: blocks staged (the blocks of each demand-read LB but
+	 * the one whose fault read it), and of those, how many the guest
+	 * touched before the end (including faults that waited for the read).
+	 */
+	uint64_t mb_staged, mb_staged_accessed;
+	double vm_access_pct;	  /* 100 * accessed / staged; < 0 when not measured (no
+				     TRACK_ACCESS, or nothing staged) */
+	uint64_t fault_p50_ns;	  /* fault service, message read to wake, over the faults the
+				     engine woke itself (not those raced with an install) */
+	uint64_t fault_p99_ns;
+	bool done;
+	int error;		  /* the failure (< 0), else 0 */
+};
+
+/*
+ * Open @path and check it against @regions (every file region named exactly
+ * once, same length): header, sections and index are read and verified,
+ * nothing is registered yet, no locality block is read; the cost beyond that
+ * is one byte per memory block and a few words per locality block. The
+ * regions and options (vCPU ids, trace path) are copied. Returns 0, the
+ * reader's code for a bad file (halite_reader_open()), -EINVAL for bad
+ * arguments, or -errno; *r is written only on success.
+ */
+int halite_restore_open(struct halite_restore **r, const char *path,
+			const struct halite_restore_region *regions, uint32_t nregions,
+			const struct halite_restore_opts *opts);
+
+/* The file's device state (before or after start), or -HALITE_E_NOT_FOUND. */
+int halite_restore_device_state(struct halite_restore *r, const void **data, uint64_t *len);
+
+/* The file being restored, for its metadata. Owned by the engine. */
+struct halite_reader *halite_restore_reader(struct halite_restore *r);
+
+/*
+ * Register the regions (userfaultfd MISSING) and start the fault thread, the
+ * pools and the prefetcher; returns so the caller can resume the guest at
+ * once. Once only. -HALITE_E_UNSUPPORTED when the kernel lacks a needed
+ * feature, -EEXIST when memory of this process is already populated,
+ * -HALITE_E_STATE when called twice (or, from outside, when owner_uffd had
+ * its handshake already). After a failed start only free (and wait, which
+ * returns the error) are valid.
+ */
+int halite_restore_start(struct halite_restore *r);
+
+/*
+ * Wait until every block is in and the ranges are unregistered (0), or the
+ * restore fails (its error, < 0). @timeout_ms < 0 waits forever; -ETIMEDOUT
+ * if still running after it; -HALITE_E_STATE before start. Thread-safe.
+ */
+int halite_restore_wait(struct halite_restore *r, int timeout_ms);
+
+/*
+ * A copy of the statistics, at any time; while running, counters read a
+ * moment apart (the sums hold once done). Thread-safe.
+ */
+void halite_restore_stats(struct halite_restore *r, struct halite_restore_stats *st);
+
+/*
+ * Stop and free. A restore still running is cancelled (-ECANCELED) and
+ * treated as failed: see the failure notes above. NULL is fine. Not while
+ * another thread is in a call on @r.
+ */
+void halite_restore_free(struct halite_restore *r);
+
+/* Detail of the failure (the first one), "" if none. Valid until free. */
+const char *halite_restore_errmsg(const struct halite_restore *r);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* HALITE_RESTORE_H */

@@ -1,0 +1,1853 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Userfaultfd lazy restore engine (include/halite/restore.h).
+ *
+ * Open reads the file's header, sections and index (halite_reader_open) and
+ * allocates one state byte per memory block (MB) and one small record per
+ * locality block (LB); nothing is read from the LBs and nothing registered,
+ * so open-to-ready costs the same for 1 GiB as for 1 TiB beyond those arrays
+ * (calloc'ed, so their pages appear only as they are used).
+ *
+ * MB states (one atomic byte each):
+ *   NONE      not installed, nobody working on it
+ *   CLAIMED   one thread won the CAS from NONE (or STAGED) and is installing it
+ *   INSTALLED in guest memory (UFFDIO_COPY done), or zero-paged
+ *   STAGED    TRACK_ACCESS: decoded into the LB's stage, not installed
+ * A block moves NONE -> CLAIMED -> INSTALLED (or NONE -> STAGED -> CLAIMED ->
+ * INSTALLED) exactly once, so exactly one thread installs it and counts it in
+ * exactly one of mb_fault / mb_pool / mb_prefetch: the invariant
+ * mb_fault + mb_pool + mb_prefetch + mb_zero == mb_total at done is the claim
+ * protocol, not bookkeeping. Zero and never-touched blocks are counted in
+ * mb_zero from the start: they are never read, and those never faulted stay
+ * holes, which read as zeros once the ranges are unregistered.
+ *
+ * LB states (under r->lk; the byte is atomic so the prefetcher can skip
+ * without the lock):
+ *   IDLE      not read
+ *   READING   one read in flight (a demand reader's or the prefetcher's);
+ *             faults on its blocks queue as waiters on the LB
+ *   CACHED    verified bytes in memory; @refs counts the threads holding the
+ *             buffer (the install task, the lander, the fault thread while it
+ *             decodes a cached block). The install task claims every block
+ *             still NONE, so when the last reference goes, every block is
+ *             installed (or staged): the buffer is freed and the LB is
+ *             DONE. When all LBs are DONE the restore finishes.
+ *   DONE      all its blocks installed or staged
+ *   FAILED    every read failed; the restore has failed
+ *
+ * Threads:
+ * - fault thread: reads userfaultfd messages in batches and never does I/O.
+ *   Zero or never-touched block: UFFDIO_ZEROPAGE (a write fault gets
+ *   UFFDIO_COPY of zeros instead, which saves the copy-on-write fault that
+ *   would follow). Stored block: installed or being installed -> wake (see
+ *   the wake rules below); staged -> installed from the stage; LB cached ->
+ *   decoded from the buffer and installed; LB being read -> the fault waits
+ *   for that one read; LB idle -> handed to the demand readers.
+ * - demand readers (opts.demand_readers): read a whole LB with one read
+ *   (halite_reader_read_lb, which verifies the checksum), install the blocks
+ *   faults wait for, faulting block first, then pass the rest to the pool.
+ * - install pool (opts.workers): one task per LB decodes and installs (or,
+ *   for TRACK_ACCESS demand LBs, stages) every block no fault took.
+ * - prefetcher: reads the LBs nobody has read, in file order (the order the
+ *   save filled them: the guest's access order), queue_depth reads in flight
+ *   on its own halite_io handle, throttled (paper, section 6): it holds back
+ *   while faults come (one within prefetch_idle_us), except to keep up
+ *   prefetch_min_rate, and while too many LBs wait for the pool. Prefetched
+ *   LBs go to the same pool as demand-read ones: decoding is the CPU-heavy
+ *   part and parallelizes across workers, while the prefetcher's one job is
+ *   keeping reads in flight; one install path serves both.
+ *
+ * Wake rules. Every UFFDIO_COPY and UFFDIO_ZEROPAGE here wakes (never
+ * DONTWAKE). The kernel's wake after a copy is a full barrier plus a look at
+ * the wait queues, taking their lock only when some thread waits, and a
+ * faulting thread re-checks the page table after queueing itself; so a thread
+ * that faulted on a block before its copy completed is woken by that copy,
+ * and one that faulted after finds the page. That lets the fault thread leave
+ * a fault on a CLAIMED block alone: whoever claimed it will wake it. With
+ * DONTWAKE the fault thread would have to mark such blocks and the installer
+ * to check the mark after each copy; the saving (no wait-queue walk while
+ * other vCPUs wait on other blocks) is a few hundred nanoseconds per block.
+ * A fault on an INSTALLED block raced its install (or the guest discarded
+ * the page since, MADV_DONTNEED): it gets UFFDIO_ZEROPAGE on that page, which
+ * fails with EEXIST in the race (then UFFDIO_WAKE) and gives a discarded page
+ * the zeros a discard means, instead of waking the thread into the same fault
+ * forever. EEXIST inside a copy skips that page and the rest is copied; EAGAIN
+ * retries the remainder; ENOENT means the range is no longer registered,
+ * whose unregistering woke every waiter.
+ *
+ * Failure: an LB whose read or checksum fails is read again up to
+ * read_retries times (its page-cache copy dropped first, so a retry reaches
+ * the device); then the restore fails. From then on no LB is published: one
+ * that verified before is still installed whole (its install task runs to
+ * its end, whatever fails meanwhile), one that lands after is dropped, so
+ * each LB is either all in memory or not at all. Faults on memory not in
+ * stay blocked (the fault thread no longer installs anything, it only wakes
+ * faults on blocks already in), so no thread ever runs on a byte that was
+ * not verified. halite_restore_free() of a failed in-process restore makes the
+ * regions PROT_NONE before closing the userfaultfd: closing wakes the
+ * blocked threads, which then take SIGSEGV instead of reading zeros.
+ *
+ * Locks: r->lk (LB states, waiters, the demand queue) and r->st_lock (state,
+ * error message) are never held together. Nothing slow happens under lk
+ * except writing the trace at the end.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <halite/restore.h>
+
+#include "endian_util.h"
+#include "export.h"
+#include "io.h"
+#include "log_internal.h"
+#include "opts.h"
+#include "pool.h"
+#include "stats.h"
+#include "uffd.h"
+
+#define FAULT_BATCH 64
+#define QUEUE_DEPTH_DEFAULT 8u
+#define DEMAND_READERS_DEFAULT 4u
+#define READ_RETRIES_DEFAULT 2u
+#define IDLE_US_DEFAULT 2000u
+#define MIN_RATE_DEFAULT (64ull << 20)
+#define THREADS_MAX 256u
+#ifndef HALITE_IO_QD_MAX
+#define HALITE_IO_QD_MAX 4096u
+#endif
+/* The prefetcher naps this long when held back with nothing in flight (save.c's bg nap). */
+#define PREFETCH_NAP_NS 200000L
+/*
+ * Prefetched LBs waiting for the pool, at most this many per read in flight:
+ * bounds the memory held when reads outrun decoding.
+ */
+#define PREFETCH_BACKLOG_PER_QD 4u
+#define MINCORE_CHUNK_PAGES 65536u
+
+enum { MB_NONE, MB_CLAIMED, MB_INSTALLED, MB_STAGED };
+enum { LB_IDLE, LB_READING, LB_CACHED, LB_DONE, LB_FAILED };
+enum { HOW_NONE, HOW_DEMAND, HOW_PREFETCH };
+/* Who installed a block: which counter it goes to. */
+enum { BY_FAULT, BY_POOL, BY_PREFETCH };
+enum { S_CREATED, S_RUNNING, S_DONE, S_FAILED };
+
+struct rregion {
+	char *name;
+	uint64_t host, length;
+	int kind;
+	uint64_t first_mb, nmb; /* as in the file: regions are kept in file order */
+	bool registered;
+};
+
+/* A fault waiting for its LB's read. */
+struct waiter {
+	struct waiter *next;
+	uint64_t mb;
+	uint64_t t0; /* message read */
+};
+
+struct rlb {
+	_Atomic uint8_t state;	 /* written under lk */
+	uint8_t how;		 /* HOW_*: set when the read lands; under lk */
+	uint32_t refs;		 /* holders of buf; under lk */
+	uint8_t *buf;		 /* CACHED: verified bytes; under lk */
+	struct waiter *waiters;	 /* READING: newest first; under lk */
+	uint64_t t_ns;		 /* when the read landed, since ready; under lk */
+	uint64_t fault_mb;	 /* DEMAND: the block whose fault read it; under lk */
+	uint8_t *stage;		 /* TRACK_ACCESS demand LBs: decoded blocks, by member index */
+	uint32_t staged;	 /* TRACK_ACCESS demand LBs: members - 1; under lk */
+	_Atomic uint32_t accessed; /* ... of which the guest touched before the end */
+};
+
+struct itask {
+	struct halite_restore *r;
+	uint64_t lb;
+	uint8_t *buf;
+};
+
+struct halite_restore {
+	struct halite_restore_opts o;
+	char *path;
+	struct halite_reader *rd;
+	const struct halite_file_info *fi;
+	struct rregion *regions; /* file order */
+	uint32_t nregions;
+	uint32_t *by_host;	 /* region indices sorted by host address */
+	uint32_t mb_size, lb_size;
+	uint64_t mb_total, lb_total, mb_zero;
+	uint64_t page;		 /* host page size */
+	bool external, has_shared, track;
+	_Atomic uint8_t *mb;	 /* MB_* per memory block */
+	struct rlb *lbs;
+
+	int uffd, stop_fd, fd;	 /* fd: for dropping cached LB pages before a retry */
+	struct halite_io *pf_io; /* the prefetcher's, NULL with NO_PREFETCH */
+	struct halite_pool *pool;
+	pthread_t fault_thr, pf_thr, *rd_thr;
+	unsigned readers_started;
+	bool fault_started, pf_started, started;
+	uint8_t *fault_tmp;	 /* the fault thread's decode buffer */
+	uint8_t *zeros;		 /* mb_size zero bytes */
+
+	pthread_mutex_t lk;	 /* LB states, waiters, the demand queue */
+	pthread_cond_t q_cond;
+	uint64_t *q;		 /* demand queue: a ring of LB indices */
+	size_t q_cap, q_head, q_len;
+	_Atomic uint64_t lb_done, lbs_cached;
+
+	pthread_mutex_t st_lock; /* state, error, errmsg */
+	pthread_cond_t st_cond;
+	int state, error;
+	bool ending;
+	_Atomic bool failed, stopping;
+	_Atomic bool ended;	 /* finish() is unregistering: the restore is done */
+	_Atomic uint64_t last_fault_ns;
+	uint64_t open_ns, ready_at, ready_ns, done_ns;
+
+	_Atomic uint64_t n_mb[3]; /* BY_* */
+	_Atomic uint64_t n_faults, n_faults_cached, n_faults_zero, n_faults_vcpu;
+	_Atomic uint64_t n_lb_demand, n_lb_prefetch, n_lb_retries, n_bytes_read;
+	_Atomic uint64_t n_staged, n_staged_accessed;
+	struct halite_hist hist;
+
+	struct halite_logger log;
+	char errmsg[256];
+};
+
+#define ULL(x) ((unsigned long long)(x))
+
+static void set_errmsg(struct halite_restore *r, const char *msg)
+{
+	pthread_mutex_lock(&r->st_lock);
+	if (!r->errmsg[0])
+		snprintf(r->errmsg, sizeof(r->errmsg), "%s", msg);
+	pthread_mutex_unlock(&r->st_lock);
+	halite_logf(&r->log, HALITE_LOG_ERROR, "%s", msg);
+}
+
+/* save.c's sfail: the first message wins; returns -|err|. */
+__attribute__((format(printf, 3, 4)))
+static int rfail(struct halite_restore *r, int err, const char *fmt, ...)
+{
+	char msg[sizeof(r->errmsg)];
+	va_list ap;
+
+	va_start(ap, fmt);
+	halite_vformat_error(msg, sizeof(msg), err, fmt, ap);
+	va_end(ap);
+	set_errmsg(r, msg);
+	return err < 0 ? err : -err;
+}
+
+static void end_restore(struct halite_restore *r, int err);
+
+/* The first error wins; nothing is installed from here on. */
+static void set_failed(struct halite_restore *r, int err)
+{
+	atomic_store(&r->failed, true);
+	end_restore(r, err);
+}
+
+static uint64_t since_ready(const struct halite_restore *r)
+{
+	uint64_t now = halite_now_ns();
+
+	return now > r->ready_at ? now - r->ready_at : 0;
+}
+
+static const struct rregion *region_of_mb(const struct halite_restore *r, uint64_t mb)
+{
+	return &r->regions[halite_find_first_mb(r->regions, r->nregions, sizeof(r->regions[0]),
+						offsetof(struct rregion, first_mb), mb)];
+}
+
+static const struct rregion *region_of_addr(const struct halite_restore *r, uint64_t addr)
+{
+	uint32_t lo = 0, hi = r->nregions;
+	const struct rregion *g;
+
+	while (hi - lo > 1) {
+		uint32_t mid = lo + (hi - lo) / 2;
+
+		if (r->regions[r->by_host[mid]].host <= addr)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	g = &r->regions[r->by_host[lo]];
+	return addr >= g->host && addr - g->host < g->length ? g : NULL;
+}
+
+static uint64_t mb_host(const struct halite_restore *r, uint64_t mb)
+{
+	const struct rregion *g = region_of_mb(r, mb);
+
+	return g->host + (mb - g->first_mb) * r->mb_size;
+}
+
+static bool is_vcpu(const struct halite_restore *r, uint32_t tid)
+{
+	for (uint32_t i = 0; i < r->o.nvcpus; i++)
+		if ((uint32_t)r->o.vcpu_tids[i] == tid)
+			return true;
+	return false;
+}
+
+static bool claim(struct halite_restore *r, uint64_t mb, uint8_t from)
+{
+	return atomic_compare_exchange_strong(&r->mb[mb], &from, MB_CLAIMED);
+}
+
+/* ---- userfaultfd ---- */
+
+static int uffd_wake(struct halite_restore *r, uint64_t start, uint64_t len)
+{
+	struct uffdio_range rg = { start, len };
+
+	if (!ioctl(r->uffd, UFFDIO_WAKE, &rg) || errno == ENOENT)
+		return 0;
+	return -errno;
+}
+
+/*
+ * Fill [dst, dst + len) with a copy of @src, or with zeros (@src NULL), and
+ * wake its faults. EEXIST (a page already there: a raced install, or memory
+ * populated behind our back) skips that one page and goes on, so that a
+ * block is never left half missing; the kernel then has not woken the
+ * range, so it is woken here. EAGAIN (the mm changed under the copy, or a
+ * partial copy) retries the rest; ENOENT (the range is no longer registered,
+ * which woke its waiters) ends it. 0 or -errno.
+ */
+static int uffd_fill(struct halite_restore *r, uint64_t dst, const uint8_t *src, uint64_t len)
+{
+	uint64_t done = 0;
+	bool skipped = false;
+
+	while (done < len) {
+		int64_t n;
+		int ret;
+
+		if (src) {
+			struct uffdio_copy c = { .dst = dst + done, .src = (uintptr_t)(src + done),
+						 .len = len - done, .mode = 0 };
+
+			ret = ioctl(r->uffd, UFFDIO_COPY, &c);
+			n = c.copy;
+		} else {
+			struct uffdio_zeropage z = { .range = { dst + done, len - done }, .mode = 0 };
+
+			ret = ioctl(r->uffd, UFFDIO_ZEROPAGE, &z);
+			n = z.zeropage;
+		}
+		if (!ret)
+			break;
+		ret = errno;
+		if (n > 0)
+			done += (uint64_t)n;
+		if (ret == EAGAIN) {
+			if (n <= 0)
+				sched_yield();
+		} else if (ret == EEXIST) {
+			done += r->page;
+			skipped = true;
+		} else if (ret == ENOENT) {
+			return 0;
+		} else {
+			return -ret;
+		}
+	}
+	return skipped ? uffd_wake(r, dst, len) : 0;
+}
+
+/* A fault on an installed block: see the wake rules at the top. */
+static int wake_installed(struct halite_restore *r, uint64_t addr)
+{
+	return uffd_fill(r, addr, NULL, r->page);
+}
+
+/* Decode verified block @mb from @lb_buf into @tmp and install it. 0 or -errno. */
+static int install_from_lb(struct halite_restore *r, uint64_t mb, const uint8_t *lb_buf,
+			   uint8_t *tmp)
+{
+	int ret = halite_reader_decode_mb(r->rd, mb, lb_buf, tmp);
+
+	if (ret)
+		return rfail(r, ret, "memory block %llu does not decode", ULL(mb));
+	ret = uffd_fill(r, mb_host(r, mb), tmp, halite_reader_mb_bytes(r->rd, mb));
+	if (ret)
+		return rfail(r, ret, "memory block %llu: UFFDIO_COPY", ULL(mb));
+	return 0;
+}
+
+static void installed(struct halite_restore *r, uint64_t mb, int by)
+{
+	atomic_store(&r->mb[mb], MB_INSTALLED);
+	atomic_fetch_add(&r->n_mb[by], 1);
+}
+
+static void fault_served(struct halite_restore *r, uint64_t t0)
+{
+	halite_hist_add(&r->hist, halite_now_ns() - t0);
+}
+
+/* TRACK_ACCESS: a block read with a demand fault, other than the faulting one, was touched. */
+static void count_accessed(struct halite_restore *r, struct rlb *b)
+{
+	atomic_fetch_add(&b->accessed, 1);
+	atomic_fetch_add(&r->n_staged_accessed, 1);
+}
+
+/* Index of @mb among its LB's members (sorted by offset in the LB). */
+static uint32_t member_index(const struct halite_restore *r, uint64_t lb, uint64_t mb)
+{
+	const uint64_t *mbs;
+	struct halite_mb_loc want, loc;
+	uint32_t n, lo = 0, hi;
+
+	halite_reader_lb_members(r->rd, lb, &mbs, &n);
+	halite_reader_mb_lookup(r->rd, mb, &want);
+	hi = n;
+	while (lo < hi) {
+		uint32_t mid = lo + (hi - lo) / 2;
+
+		halite_reader_mb_lookup(r->rd, mbs[mid], &loc);
+		if (loc.offset < want.offset)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+/* Install a block claimed from STAGED, from its LB's stage. */
+static int install_staged(struct halite_restore *r, uint64_t lb, uint64_t mb)
+{
+	const uint8_t *src = r->lbs[lb].stage + (size_t)member_index(r, lb, mb) * r->mb_size;
+	int ret = uffd_fill(r, mb_host(r, mb), src, halite_reader_mb_bytes(r->rd, mb));
+
+	if (ret)
+		return rfail(r, ret, "memory block %llu: UFFDIO_COPY from the stage", ULL(mb));
+	return 0;
+}
+
+/* ---- LB lifetime ---- */
+
+static void finish(struct halite_restore *r);
+
+static void finish_task(void *arg)
+{
+	finish(arg);
+}
+
+/* Drop a reference to a cached LB; the last one frees its bytes. */
+static void lb_release(struct halite_restore *r, uint64_t lb)
+{
+	struct rlb *b = &r->lbs[lb];
+	uint8_t *buf = NULL;
+
+	pthread_mutex_lock(&r->lk);
+	if (--b->refs == 0) {
+		buf = b->buf;
+		b->buf = NULL;
+		atomic_store(&b->state, LB_DONE);
+	}
+	pthread_mutex_unlock(&r->lk);
+	if (!buf)
+		return;
+	halite_reader_free_lb(buf);
+	atomic_fetch_sub(&r->lbs_cached, 1);
+	/* After a failure some blocks may be left: done then means nothing. */
+	if (atomic_fetch_add(&r->lb_done, 1) + 1 == r->lb_total && !atomic_load(&r->failed)) {
+		if (halite_pool_submit(r->pool, finish_task, r))
+			finish(r);
+	}
+}
+
+/*
+ * The install task: every block of the LB no fault took is installed (or,
+ * for a TRACK_ACCESS demand LB, decoded into the stage), then the task's
+ * reference goes.
+ */
+static void install_lb(struct itask *t)
+{
+	struct halite_restore *r = t->r;
+	struct rlb *b = &r->lbs[t->lb];
+	const uint64_t *mbs;
+	uint8_t *tmp = NULL;
+	uint32_t n;
+	int by, ret = 0;
+	bool stage;
+
+	pthread_mutex_lock(&r->lk);
+	by = b->how == HOW_DEMAND ? BY_POOL : BY_PREFETCH;
+	stage = r->track && b->how == HOW_DEMAND;
+	pthread_mutex_unlock(&r->lk);
+	halite_reader_lb_members(r->rd, t->lb, &mbs, &n);
+	if (stage) {
+		/* Published to the fault thread by the STAGED stores below. */
+		b->stage = malloc((size_t)n * r->mb_size);
+		if (!b->stage)
+			ret = rfail(r, -ENOMEM, "locality block %llu: stage", ULL(t->lb));
+	} else {
+		tmp = halite_io_alloc(r->mb_size);
+		if (!tmp)
+			ret = rfail(r, -ENOMEM, "locality block %llu: decode buffer", ULL(t->lb));
+	}
+	/*
+	 * Not stopped by another LB's failure: every block of a verified,
+	 * published LB goes in, so that after a failure each LB is either
+	 * whole in memory or not at all (bar TRACK_ACCESS stages).
+	 */
+	for (uint32_t i = 0; i < n && !ret; i++) {
+		uint64_t mb = mbs[i];
+
+		if (stage) {
+			uint8_t *slot = b->stage + (size_t)i * r->mb_size;
+			uint8_t none = MB_NONE;
+
+			/*
+			 * Decoded before the CAS, so a STAGED block's bytes are
+			 * complete when the fault thread sees it; a fault that
+			 * took the block meanwhile only wastes the decode.
+			 */
+			if (atomic_load(&r->mb[mb]) != MB_NONE)
+				continue;
+			ret = halite_reader_decode_mb(r->rd, mb, t->buf, slot);
+			if (ret)
+				ret = rfail(r, ret, "memory block %llu does not decode", ULL(mb));
+			else
+				atomic_compare_exchange_strong(&r->mb[mb], &none, MB_STAGED);
+			continue;
+		}
+		if (!claim(r, mb, MB_NONE))
+			continue;
+		ret = install_from_lb(r, mb, t->buf, tmp);
+		if (!ret)
+			installed(r, mb, by);
+	}
+	if (ret)
+		set_failed(r, ret);
+	halite_io_free(tmp);
+	lb_release(r, t->lb);
+}
+
+static void install_task(void *arg)
+{
+	install_lb(arg);
+	free(arg);
+}
+
+/*
+ * A verified LB: publish it, install the blocks faults wait for (in the
+ * order they came, so the one that caused a demand read goes first), and
+ * hand the rest to the pool. Takes @buf.
+ */
+static void lb_landed(struct halite_restore *r, uint64_t lb, uint8_t *buf, int how, uint8_t *tmp)
+{
+	struct rlb *b = &r->lbs[lb];
+	struct waiter *w, *fifo = NULL;
+	struct itask *t;
+	const uint64_t *mbs;
+	uint64_t fault_mb;
+	uint32_t n;
+	int ret = 0;
+
+	/* After a failure nothing more is published; what was is installed whole. */
+	if (atomic_load(&r->failed)) {
+		halite_reader_free_lb(buf);
+		return;
+	}
+	halite_reader_lb_members(r->rd, lb, &mbs, &n);
+	atomic_fetch_add(&r->lbs_cached, 1);
+	pthread_mutex_lock(&r->lk);
+	atomic_store(&b->state, LB_CACHED);
+	b->buf = buf;
+	b->refs = 1;
+	b->how = (uint8_t)how;
+	b->t_ns = since_ready(r);
+	if (r->track && how == HOW_DEMAND)
+		b->staged = n - 1;
+	fault_mb = b->fault_mb;
+	while ((w = b->waiters)) {
+		b->waiters = w->next;
+		w->next = fifo;
+		fifo = w;
+	}
+	pthread_mutex_unlock(&r->lk);
+	atomic_fetch_add(how == HOW_DEMAND ? &r->n_lb_demand : &r->n_lb_prefetch, 1);
+	if (r->track && how == HOW_DEMAND)
+		atomic_fetch_add(&r->n_staged, n - 1);
+	while ((w = fifo)) {
+		fifo = w->next;
+		if (!ret) {
+			if (claim(r, w->mb, MB_NONE)) {
+				ret = install_from_lb(r, w->mb, buf, tmp);
+				if (!ret) {
+					installed(r, w->mb, BY_FAULT);
+					fault_served(r, w->t0);
+					if (r->track && how == HOW_DEMAND && w->mb != fault_mb)
+						count_accessed(r, b);
+				}
+			} else {
+				/* Two threads faulted on one block: installed just above. */
+				ret = uffd_wake(r, mb_host(r, w->mb), r->mb_size);
+				if (ret)
+					ret = rfail(r, ret, "memory block %llu: UFFDIO_WAKE",
+						    ULL(w->mb));
+				fault_served(r, w->t0);
+			}
+		}
+		free(w);
+	}
+	if (ret)
+		set_failed(r, ret);
+	/* No task, or no room in the pool: this thread installs the LB itself. */
+	t = malloc(sizeof(*t));
+	if (!t) {
+		install_lb(&(struct itask){ r, lb, buf });
+		return;
+	}
+	*t = (struct itask){ r, lb, buf };
+	if (halite_pool_submit(r->pool, install_task, t))
+		install_task(t);
+}
+
+/* Every read of @lb failed: the restore fails; its waiters stay blocked. */
+static void lb_failed(struct halite_restore *r, uint64_t lb, int err, unsigned reads)
+{
+	struct halite_lb_info li;
+	char msg[sizeof(r->errmsg)];
+
+	pthread_mutex_lock(&r->lk);
+	atomic_store(&r->lbs[lb].state, LB_FAILED);
+	pthread_mutex_unlock(&r->lk);
+	halite_reader_lb_info(r->rd, lb, &li);
+	snprintf(msg, sizeof(msg), "locality block %llu at offset %llu: %s after %u read%s",
+		 ULL(lb), ULL(li.offset),
+		 err == -HALITE_E_LB_CHECKSUM ? "checksum mismatch" : halite_strerror(err), reads,
+		 reads == 1 ? "" : "s");
+	set_errmsg(r, msg);
+	set_failed(r, err);
+}
+
+/*
+ * Before reading an LB again: drop its page-cache copy (clean pages only),
+ * so the retry reaches the device rather than the same cached bytes.
+ */
+static void lb_retrying(struct halite_restore *r, uint64_t lb, int err, unsigned reads)
+{
+	struct halite_lb_info li;
+
+	halite_reader_lb_info(r->rd, lb, &li);
+	atomic_fetch_add(&r->n_lb_retries, 1);
+	halite_logf(&r->log, HALITE_LOG_WARN,
+		    "locality block %llu at offset %llu: %s; reading it again (%u of %u)",
+		    ULL(lb), ULL(li.offset), halite_strerror(err), reads + 1,
+		    r->o.read_retries + 1);
+	posix_fadvise(r->fd, (off_t)li.offset, r->lb_size, POSIX_FADV_DONTNEED);
+}
+
+/* ---- demand readers ---- */
+
+/* Under lk. */
+static int queue_push(struct halite_restore *r, uint64_t lb)
+{
+	if (r->q_len == r->q_cap) {
+		size_t cap = r->q_cap ? 2 * r->q_cap : 64;
+		uint64_t *q = malloc(cap * sizeof(*q));
+
+		if (!q)
+			return -ENOMEM;
+		for (size_t i = 0; i < r->q_len; i++)
+			q[i] = r->q[(r->q_head + i) % r->q_cap];
+		free(r->q);
+		r->q = q;
+		r->q_cap = cap;
+		r->q_head = 0;
+	}
+	r->q[(r->q_head + r->q_len++) % r->q_cap] = lb;
+	pthread_cond_signal(&r->q_cond);
+	return 0;
+}
+
+static void *reader_main(void *arg)
+{
+	struct halite_restore *r = arg;
+	uint8_t *tmp = halite_io_alloc(r->mb_size);
+
+	pthread_setname_np(pthread_self(), "halite-rread");
+	for (;;) {
+		uint8_t *buf;
+		uint64_t lb;
+		unsigned reads;
+		int ret;
+
+		pthread_mutex_lock(&r->lk);
+		while (!atomic_load(&r->stopping) && !r->q_len)
+			pthread_cond_wait(&r->q_cond, &r->lk);
+		if (atomic_load(&r->stopping)) {
+			pthread_mutex_unlock(&r->lk);
+			break;
+		}
+		lb = r->q[r->q_head];
+		r->q_head = (r->q_head + 1) % r->q_cap;
+		r->q_len--;
+		pthread_mutex_unlock(&r->lk);
+		if (atomic_load(&r->failed))
+			continue;
+		buf = tmp ? halite_reader_alloc_lb(r->rd) : NULL;
+		if (!buf) {
+			set_failed(r, rfail(r, -ENOMEM, "locality block %llu: read buffer", ULL(lb)));
+			continue;
+		}
+		for (reads = 1;; reads++) {
+			ret = halite_reader_read_lb(r->rd, lb, buf);
+			if (!ret || ret == -HALITE_E_LB_CHECKSUM)
+				atomic_fetch_add(&r->n_bytes_read, r->lb_size);
+			if (!ret || reads > r->o.read_retries || atomic_load(&r->failed))
+				break;
+			lb_retrying(r, lb, ret, reads);
+		}
+		if (ret) {
+			halite_reader_free_lb(buf);
+			lb_failed(r, lb, ret, reads);
+			continue;
+		}
+		lb_landed(r, lb, buf, HOW_DEMAND, tmp);
+	}
+	halite_io_free(tmp);
+	return NULL;
+}
+
+/* ---- fault thread ---- */
+
+static void serve_zero(struct halite_restore *r, uint64_t mb, uint64_t addr, bool write,
+		       uint64_t t0)
+{
+	int ret;
+
+	atomic_fetch_add(&r->n_faults_zero, 1);
+	/* Only this thread installs zero blocks: the claim cannot be contended. */
+	if (claim(r, mb, MB_NONE)) {
+		/* A write would copy-on-write the zero page at once: give it its own. */
+		ret = uffd_fill(r, mb_host(r, mb), write ? r->zeros : NULL,
+				halite_reader_mb_bytes(r->rd, mb));
+		if (ret) {
+			set_failed(r, rfail(r, ret, "memory block %llu: UFFDIO_ZEROPAGE", ULL(mb)));
+			return;
+		}
+		atomic_store(&r->mb[mb], MB_INSTALLED);
+	} else {
+		ret = wake_installed(r, addr);
+		if (ret) {
+			set_failed(r, rfail(r, ret, "memory block %llu: waking a fault", ULL(mb)));
+			return;
+		}
+	}
+	fault_served(r, t0);
+}
+
+static void serve_stored(struct halite_restore *r, uint64_t mb, uint64_t lb, uint64_t addr,
+			 uint64_t t0)
+{
+	struct rlb *b = &r->lbs[lb];
+
+	for (;;) {
+		uint8_t s = atomic_load(&r->mb[mb]);
+		struct waiter *w;
+		uint8_t *buf;
+		uint64_t fault_mb;
+		int ret, how;
+
+		if (s == MB_CLAIMED) {
+			/* Whoever claimed it is copying it in, and that copy wakes us. */
+			atomic_fetch_add(&r->n_faults_cached, 1);
+			return;
+		}
+		if (s == MB_INSTALLED) {
+			atomic_fetch_add(&r->n_faults_cached, 1);
+			ret = wake_installed(r, addr);
+			if (ret)
+				set_failed(r, rfail(r, ret, "memory block %llu: waking a fault",
+						    ULL(mb)));
+			else
+				fault_served(r, t0);
+			return;
+		}
+		if (s == MB_STAGED) {
+			if (!claim(r, mb, MB_STAGED))
+				continue;
+			ret = install_staged(r, lb, mb);
+			if (ret) {
+				set_failed(r, ret);
+				return;
+			}
+			installed(r, mb, BY_FAULT);
+			atomic_fetch_add(&r->n_faults_cached, 1);
+			count_accessed(r, b);
+			fault_served(r, t0);
+			return;
+		}
+		pthread_mutex_lock(&r->lk);
+		switch (atomic_load(&b->state)) {
+		case LB_IDLE:
+		case LB_READING:
+			w = malloc(sizeof(*w));
+			if (!w) {
+				pthread_mutex_unlock(&r->lk);
+				set_failed(r, rfail(r, -ENOMEM, "memory block %llu: waiter",
+						    ULL(mb)));
+				return;
+			}
+			*w = (struct waiter){ b->waiters, mb, t0 };
+			b->waiters = w;
+			ret = 0;
+			if (atomic_load(&b->state) == LB_IDLE) {
+				atomic_store(&b->state, LB_READING);
+				b->fault_mb = mb;
+				ret = queue_push(r, lb);
+			}
+			pthread_mutex_unlock(&r->lk);
+			if (ret)
+				set_failed(r, rfail(r, ret, "locality block %llu: demand queue",
+						    ULL(lb)));
+			return;
+		case LB_CACHED:
+			b->refs++;
+			buf = b->buf;
+			how = b->how;
+			fault_mb = b->fault_mb;
+			pthread_mutex_unlock(&r->lk);
+			if (!claim(r, mb, MB_NONE)) {
+				lb_release(r, lb);
+				continue; /* the pool took it meanwhile */
+			}
+			ret = install_from_lb(r, mb, buf, r->fault_tmp);
+			if (!ret) {
+				installed(r, mb, BY_FAULT);
+				atomic_fetch_add(&r->n_faults_cached, 1);
+				if (r->track && how == HOW_DEMAND && mb != fault_mb)
+					count_accessed(r, b);
+				fault_served(r, t0);
+			}
+			lb_release(r, lb);
+			if (ret)
+				set_failed(r, ret);
+			return;
+		case LB_FAILED:
+			pthread_mutex_unlock(&r->lk);
+			return; /* the restore has failed: the thread stays blocked */
+		default:
+			/* DONE: every block was claimed since the load above. */
+			s = atomic_load(&r->mb[mb]);
+			pthread_mutex_unlock(&r->lk);
+			if (s != MB_NONE)
+				continue;
+			if (!atomic_load(&r->failed))
+				set_failed(r, rfail(r, -HALITE_E_INTERNAL,
+						    "memory block %llu: not installed, its locality "
+						    "block %llu done", ULL(mb), ULL(lb)));
+			return;
+		}
+	}
+}
+
+static void serve_fault(struct halite_restore *r, const struct uffd_msg *m, uint64_t t0)
+{
+	uint64_t addr = m->arg.pagefault.address & ~(r->page - 1);
+	const struct rregion *g = region_of_addr(r, addr);
+	struct halite_mb_loc loc;
+	uint64_t mb;
+
+	if (!g) {
+		set_failed(r, rfail(r, -EFAULT, "fault at 0x%llx outside every region", ULL(addr)));
+		return;
+	}
+	mb = g->first_mb + (addr - g->host) / r->mb_size;
+	/*
+	 * Read before the ranges were unregistered at the end, whose
+	 * unregistering woke the thread: nothing to serve or count.
+	 */
+	if (atomic_load(&r->ended) && !atomic_load(&r->failed))
+		return;
+	if (atomic_load(&r->failed)) {
+		/* Install nothing more; only a raced fault on good bytes is woken. */
+		if (atomic_load(&r->mb[mb]) == MB_INSTALLED)
+			uffd_wake(r, addr, r->page);
+		return;
+	}
+	atomic_store(&r->last_fault_ns, t0);
+	atomic_fetch_add(&r->n_faults, 1);
+	if (is_vcpu(r, m->arg.pagefault.feat.ptid))
+		atomic_fetch_add(&r->n_faults_vcpu, 1);
+	halite_reader_mb_lookup(r->rd, mb, &loc);
+	if (loc.state != HALITE_MB_STORED)
+		serve_zero(r, mb, addr, m->arg.pagefault.flags & UFFD_PAGEFAULT_FLAG_WRITE, t0);
+	else
+		serve_stored(r, mb, loc.lb, addr, t0);
+}
+
+static void *fault_main(void *arg)
+{
+	struct halite_restore *r = arg;
+	struct uffd_msg msgs[FAULT_BATCH];
+
+	pthread_setname_np(pthread_self(), "halite-rfault");
+	/*
+	 * Serve until told to exit, also after done (messages read before the
+	 * ranges were unregistered) and after a failure (a fault that raced an
+	 * install is still woken).
+	 */
+	for (;;) {
+		struct pollfd p[2] = { { r->uffd, POLLIN, 0 }, { r->stop_fd, POLLIN, 0 } };
+		uint64_t t0;
+		ssize_t n;
+
+		if (poll(p, 2, -1) < 0 && errno != EINTR)
+			break;
+		if (p[1].revents) {
+			eventfd_t v;
+
+			eventfd_read(r->stop_fd, &v);
+			break;
+		}
+		if (!(p[0].revents & POLLIN))
+			continue;
+		n = read(r->uffd, msgs, sizeof(msgs));
+		if (n < 0) {
+			if (errno == EAGAIN || errno == EINTR)
+				continue;
+			set_failed(r, rfail(r, -errno, "reading the userfaultfd"));
+			break;
+		}
+		t0 = halite_now_ns();
+		for (ssize_t i = 0; i < n / (ssize_t)sizeof(msgs[0]); i++)
+			if (msgs[i].event == UFFD_EVENT_PAGEFAULT)
+				serve_fault(r, &msgs[i], t0);
+	}
+	return NULL;
+}
+
+/* ---- prefetcher ---- */
+
+struct pf_slot {
+	uint64_t lb;
+	uint8_t *buf;
+	unsigned reads;
+};
+
+/*
+ * Hold back? While faults come (one within prefetch_idle_us), unless behind
+ * prefetch_min_rate since the prefetcher started; and while the pool has
+ * enough prefetched LBs waiting.
+ */
+static bool pf_hold(struct halite_restore *r, uint64_t start, uint64_t issued)
+{
+	uint64_t now = halite_now_ns();
+	double owed;
+
+	if (atomic_load(&r->lbs_cached) >= (uint64_t)PREFETCH_BACKLOG_PER_QD * r->o.queue_depth)
+		return true;
+	if (now - atomic_load(&r->last_fault_ns) >= (uint64_t)r->o.prefetch_idle_us * 1000)
+		return false;
+	owed = (double)(now - start) * (double)r->o.prefetch_min_rate / 1e9;
+	return (double)issued >= owed;
+}
+
+/* The next LB in file order nobody has read, now READING; UINT64_MAX at the end. */
+static uint64_t pf_next(struct halite_restore *r, uint64_t *cursor)
+{
+	while (*cursor < r->lb_total) {
+		struct rlb *b = &r->lbs[(*cursor)++];
+		bool mine = false;
+
+		if (atomic_load(&b->state) != LB_IDLE)
+			continue;
+		pthread_mutex_lock(&r->lk);
+		if (atomic_load(&b->state) == LB_IDLE) {
+			atomic_store(&b->state, LB_READING);
+			mine = true;
+		}
+		pthread_mutex_unlock(&r->lk);
+		if (mine)
+			return (uint64_t)(b - r->lbs);
+	}
+	return UINT64_MAX;
+}
+
+static int pf_submit(struct halite_restore *r, struct pf_slot *s, unsigned tag)
+{
+	struct halite_lb_info li;
+	int ret;
+
+	halite_reader_lb_info(r->rd, s->lb, &li);
+	ret = halite_io_submit_read(r->pf_io, s->buf, r->lb_size, li.offset, tag);
+	if (ret)
+		return rfail(r, ret, "locality block %llu at offset %llu: submitting a read",
+			     ULL(s->lb), ULL(li.offset));
+	return 0;
+}
+
+/* A read came back: land it, read it again, or fail. True when the slot is free again. */
+static bool pf_complete(struct halite_restore *r, struct pf_slot *s, unsigned tag, int64_t res,
+			uint8_t *tmp)
+{
+	int ret;
+
+	if (res == (int64_t)r->lb_size) {
+		atomic_fetch_add(&r->n_bytes_read, r->lb_size);
+		ret = halite_reader_verify_lb(r->rd, s->lb, s->buf);
+	} else {
+		ret = res < 0 ? (int)res : -HALITE_E_TRUNCATED;
+	}
+	if (!ret) {
+		lb_landed(r, s->lb, s->buf, HOW_PREFETCH, tmp);
+		s->buf = NULL;
+		return true;
+	}
+	if (s->reads <= r->o.read_retries && !atomic_load(&r->failed)) {
+		lb_retrying(r, s->lb, ret, s->reads);
+		s->reads++;
+		ret = pf_submit(r, s, tag);
+		if (!ret)
+			return false;
+	}
+	halite_reader_free_lb(s->buf);
+	s->buf = NULL;
+	lb_failed(r, s->lb, ret, s->reads);
+	return true;
+}
+
+static void *prefetch_main(void *arg)
+{
+	struct halite_restore *r = arg;
+	unsigned qd = r->o.queue_depth, nfree = qd;
+	struct pf_slot *slots = calloc(qd, sizeof(*slots));
+	unsigned *freel = calloc(qd, sizeof(*freel));
+	struct halite_io_done *done = calloc(qd, sizeof(*done));
+	uint8_t *tmp = halite_io_alloc(r->mb_size);
+	uint64_t cursor = 0, issued = 0, start = halite_now_ns();
+
+	pthread_setname_np(pthread_self(), "halite-prefetch");
+	if (!slots || !freel || !done || !tmp) {
+		set_failed(r, rfail(r, -ENOMEM, "prefetcher buffers"));
+		goto out;
+	}
+	for (unsigned i = 0; i < qd; i++)
+		freel[i] = qd - 1 - i;
+	while (!atomic_load(&r->stopping) && !atomic_load(&r->failed)) {
+		unsigned inflight = halite_io_inflight(r->pf_io);
+		bool more = cursor < r->lb_total;
+		bool hold = !more || !nfree || pf_hold(r, start, issued);
+		struct pf_slot *s;
+		uint64_t lb;
+		unsigned tag;
+		int n;
+
+		if (!more && !inflight)
+			break;
+		if (inflight) {
+			/*
+			 * Collect what has landed (its waiters are waiting);
+			 * block for it only when there is nothing to submit.
+			 */
+			n = halite_io_reap(r->pf_io, done, qd, hold ? 1 : 0);
+			if (n < 0) {
+				set_failed(r, rfail(r, n, "prefetch reads"));
+				break;
+			}
+			for (int i = 0; i < n; i++) {
+				tag = (unsigned)done[i].tag;
+				if (pf_complete(r, &slots[tag], tag, done[i].res, tmp))
+					freel[nfree++] = tag;
+			}
+			if (hold)
+				continue;
+		} else if (hold) {
+			struct timespec ts = { 0, PREFETCH_NAP_NS };
+
+			nanosleep(&ts, NULL);
+			continue;
+		}
+		lb = pf_next(r, &cursor);
+		if (lb == UINT64_MAX)
+			continue;
+		tag = freel[--nfree];
+		s = &slots[tag];
+		*s = (struct pf_slot){ lb, halite_reader_alloc_lb(r->rd), 1 };
+		if (!s->buf) {
+			set_failed(r, rfail(r, -ENOMEM, "locality block %llu: read buffer", ULL(lb)));
+			break;
+		}
+		n = pf_submit(r, s, tag);
+		if (n) {
+			halite_reader_free_lb(s->buf);
+			s->buf = NULL;
+			set_failed(r, n);
+			break;
+		}
+		issued += r->lb_size;
+	}
+	/* Stopped (failed, or freed): the kernel may still write into the buffers. */
+	while (halite_io_inflight(r->pf_io))
+		if (halite_io_reap(r->pf_io, done, qd, 1) < 0)
+			break;
+out:
+	/* A buffer a read may still target is left to leak, never freed under it. */
+	for (unsigned i = 0; slots && i < qd && !halite_io_inflight(r->pf_io); i++)
+		halite_reader_free_lb(slots[i].buf);
+	free(slots);
+	free(freel);
+	free(done);
+	halite_io_free(tmp);
+	return NULL;
+}
+
+/* ---- the end ---- */
+
+static void fill_stats(struct halite_restore *r, struct halite_restore_stats *st)
+{
+	uint64_t staged, acc, done_ns, ready_at;
+
+	pthread_mutex_lock(&r->st_lock);
+	*st = (struct halite_restore_stats){
+		.ready_ns = r->ready_ns,
+		.done = r->state == S_DONE,
+		.error = r->state == S_FAILED ? r->error : 0,
+	};
+	done_ns = r->done_ns;
+	ready_at = r->ready_at;
+	pthread_mutex_unlock(&r->st_lock);
+	if (ready_at)
+		st->duration_ns = (done_ns ? done_ns : halite_now_ns()) - ready_at;
+	st->mb_total = r->mb_total;
+	st->mb_fault = atomic_load(&r->n_mb[BY_FAULT]);
+	st->mb_pool = atomic_load(&r->n_mb[BY_POOL]);
+	st->mb_prefetch = atomic_load(&r->n_mb[BY_PREFETCH]);
+	st->mb_zero = r->mb_zero;
+	st->faults = atomic_load(&r->n_faults);
+	st->faults_cached = atomic_load(&r->n_faults_cached);
+	st->faults_zero = atomic_load(&r->n_faults_zero);
+	st->faults_vcpu = atomic_load(&r->n_faults_vcpu);
+	st->lb_total = r->lb_total;
+	st->lb_demand = atomic_load(&r->n_lb_demand);
+	st->lb_prefetch = atomic_load(&r->n_lb_prefetch);
+	st->lb_retries = atomic_load(&r->n_lb_retries);
+	st->bytes_read = atomic_load(&r->n_bytes_read);
+	staged = atomic_load(&r->n_staged);
+	acc = atomic_load(&r->n_staged_accessed);
+	if (r->track) {
+		st->mb_staged = staged;
+		st->mb_staged_accessed = acc;
+	}
+	st->vm_access_pct = r->track && staged ? 100.0 * (double)acc / (double)staged : -1.0;
+	/* Approximate while faults are still being added; exact once done. */
+	st->fault_p50_ns = halite_hist_quantile(&r->hist, 0.5);
+	st->fault_p99_ns = halite_hist_quantile(&r->hist, 0.99);
+}
+
+/* docs/restore-trace.md. Written to a temporary file, then renamed over @trace_path. */
+static int write_trace(struct halite_restore *r, const struct halite_restore_stats *st)
+{
+	const char *path = r->o.trace_path;
+	size_t len = strlen(path) + 16;
+	char *tmp = malloc(len);
+	FILE *f = NULL;
+	int fd = -1, ret = 0;
+
+	if (!tmp)
+		return -ENOMEM;
+	snprintf(tmp, len, "%s.XXXXXX", path);
+	fd = mkostemp(tmp, O_CLOEXEC);
+	if (fd < 0 || fchmod(fd, 0644) || !(f = fdopen(fd, "w"))) {
+		ret = -errno;
+		goto out;
+	}
+	fd = -1;
+	fprintf(f, "halite-restore-trace 1\nfile-uuid ");
+	for (int i = 0; i < 16; i++)
+		fprintf(f, "%02x", r->fi->uuid[i]);
+	fprintf(f, "\n");
+#define STAT(name) fprintf(f, "stat " #name " %llu\n", ULL(st->name))
+	STAT(ready_ns);
+	STAT(duration_ns);
+	STAT(mb_total);
+	STAT(mb_fault);
+	STAT(mb_pool);
+	STAT(mb_prefetch);
+	STAT(mb_zero);
+	STAT(faults);
+	STAT(faults_cached);
+	STAT(faults_zero);
+	STAT(faults_vcpu);
+	STAT(lb_total);
+	STAT(lb_demand);
+	STAT(lb_prefetch);
+	STAT(lb_retries);
+	STAT(bytes_read);
+	STAT(mb_staged);
+	STAT(mb_staged_accessed);
+	fprintf(f, "stat vm_access_pct %.2f\n", st->vm_access_pct);
+	STAT(fault_p50_ns);
+	STAT(fault_p99_ns);
+	fprintf(f, "stat done %d\nstat error %d\n", st->done ? 1 : 0, st->error);
+#undef STAT
+	pthread_mutex_lock(&r->lk);
+	for (uint64_t lb = 0; lb < r->lb_total; lb++) {
+		const struct rlb *b = &r->lbs[lb];
+		char fmb[24] = "-";
+
+		if (b->how == HOW_NONE)
+			continue;
+		if (b->how == HOW_DEMAND)
+			snprintf(fmb, sizeof(fmb), "%llu", ULL(b->fault_mb));
+		fprintf(f, "lb %llu %s %llu %s %u %u\n", ULL(lb),
+			b->how == HOW_DEMAND ? "demand" : "prefetch", ULL(b->t_ns), fmb,
+			r->track ? b->staged : 0, r->track ? atomic_load(&b->accessed) : 0);
+	}
+	pthread_mutex_unlock(&r->lk);
+	if (fflush(f) || fsync(fileno(f)))
+		ret = -errno;
+	if (fclose(f) && !ret)
+		ret = -errno;
+	if (!ret && rename(tmp, path))
+		ret = -errno;
+out:
+	if (fd >= 0)
+		close(fd);
+	if (ret && (fd >= 0 || f))
+		unlink(tmp);
+	free(tmp);
+	return ret;
+}
+
+/*
+ * Done (@err 0) or failed: the trace is written before the state changes, so
+ * that a caller woken by halite_restore_wait() finds it complete.
+ */
+static void end_restore(struct halite_restore *r, int err)
+{
+	struct halite_restore_stats st;
+	int ret;
+
+	pthread_mutex_lock(&r->st_lock);
+	if (r->ending || r->state != S_RUNNING) {
+		pthread_mutex_unlock(&r->st_lock);
+		return;
+	}
+	r->ending = true;
+	r->done_ns = halite_now_ns();
+	pthread_mutex_unlock(&r->st_lock);
+	if (r->o.trace_path) {
+		fill_stats(r, &st);
+		st.done = !err;
+		st.error = err;
+		ret = write_trace(r, &st);
+		if (ret)
+			halite_logf(&r->log, HALITE_LOG_WARN, "restore trace %s: %s",
+				    r->o.trace_path, halite_strerror(ret));
+	}
+	pthread_mutex_lock(&r->st_lock);
+	r->state = err ? S_FAILED : S_DONE;
+	r->error = err;
+	pthread_cond_broadcast(&r->st_cond);
+	pthread_mutex_unlock(&r->st_lock);
+	atomic_store(&r->stopping, true);
+	pthread_mutex_lock(&r->lk);
+	pthread_cond_broadcast(&r->q_cond);
+	pthread_mutex_unlock(&r->lk);
+	if (!err)
+		halite_logf(&r->log, HALITE_LOG_INFO, "restore of %s done in %.1f ms", r->path,
+			    (double)(r->done_ns - r->ready_at) / 1e6);
+}
+
+/* Every stored block is in: install what is staged, unregister, done. */
+static void finish(struct halite_restore *r)
+{
+	int ret = 0;
+
+	for (uint64_t lb = 0; r->track && lb < r->lb_total && !ret; lb++) {
+		struct rlb *b = &r->lbs[lb];
+		const uint64_t *mbs;
+		uint32_t n;
+
+		if (!b->stage)
+			continue;
+		halite_reader_lb_members(r->rd, lb, &mbs, &n);
+		for (uint32_t i = 0; i < n && !ret; i++) {
+			if (!claim(r, mbs[i], MB_STAGED))
+				continue;
+			ret = install_staged(r, lb, mbs[i]);
+			if (!ret)
+				installed(r, mbs[i], BY_POOL);
+		}
+	}
+	if (ret) {
+		set_failed(r, ret);
+		return;
+	}
+	if (atomic_load(&r->failed))
+		return;
+	atomic_store(&r->ended, true);
+	/* Unregistering wakes every waiter; holes then read as zeros. */
+	for (uint32_t i = 0; i < r->nregions; i++) {
+		struct rregion *g = &r->regions[i];
+		struct uffdio_range rg = { g->host, g->length };
+
+		if (!g->registered)
+			continue;
+		if (ioctl(r->uffd, UFFDIO_UNREGISTER, &rg))
+			halite_logf(&r->log, HALITE_LOG_WARN, "region '%s': UFFDIO_UNREGISTER: %s",
+				    g->name, strerror(errno));
+		else
+			g->registered = false;
+		uffd_wake(r, g->host, g->length);
+	}
+	end_restore(r, 0);
+}
+
+/* ---- open, start, wait, free ---- */
+
+static int cmp_host(const void *a, const void *b, void *ctx)
+{
+	const struct rregion *rg = ctx;
+	uint64_t x = rg[*(const uint32_t *)a].host, y = rg[*(const uint32_t *)b].host;
+
+	return x < y ? -1 : x > y;
+}
+
+static int match_regions(struct halite_restore *r, const struct halite_restore_region *regions,
+			 uint32_t nregions)
+{
+	if (nregions != r->fi->region_count)
+		return rfail(r, -EINVAL, "%u regions given, the file has %u", nregions,
+			     r->fi->region_count);
+	for (uint32_t i = 0; i < nregions; i++) {
+		const struct halite_restore_region *in = &regions[i];
+		const struct halite_region_info *ri;
+		struct rregion *g;
+		int idx = in->name ? halite_reader_find_region(r->rd, in->name) : -EINVAL;
+
+		if (idx < 0)
+			return rfail(r, idx == -EINVAL ? -EINVAL : -HALITE_E_NOT_FOUND,
+				     "region %u '%s': not in the file", i, in->name ? in->name : "");
+		ri = halite_reader_region(r->rd, (uint32_t)idx);
+		g = &r->regions[idx];
+		if (g->name)
+			return rfail(r, -EINVAL, "region '%s' given twice", in->name);
+		g->name = strdup(in->name);
+		if (!g->name)
+			return -ENOMEM;
+		g->host = in->host;
+		g->length = in->length;
+		g->kind = in->kind;
+		g->first_mb = ri->first_mb;
+		g->nmb = ri->mb_count;
+		if (in->length != ri->length)
+			return rfail(r, -EINVAL, "region '%s': %llu bytes, the file has %llu",
+				     in->name, ULL(in->length), ULL(ri->length));
+		if (in->host % r->page || !in->host || in->host + in->length < in->host)
+			return rfail(r, -EINVAL, "region '%s': host address 0x%llx not page aligned",
+				     in->name, ULL(in->host));
+		if (in->kind != HALITE_MEM_ANON && in->kind != HALITE_MEM_SHARED)
+			return rfail(r, -EINVAL, "region '%s': unknown memory kind %d", in->name,
+				     in->kind);
+		if (in->kind == HALITE_MEM_SHARED)
+			r->has_shared = true;
+	}
+	for (uint32_t i = 0; i < nregions; i++)
+		r->by_host[i] = i;
+	qsort_r(r->by_host, nregions, sizeof(r->by_host[0]), cmp_host, r->regions);
+	for (uint32_t i = 1; i < nregions; i++) {
+		const struct rregion *a = &r->regions[r->by_host[i - 1]];
+		const struct rregion *b = &r->regions[r->by_host[i]];
+
+		if (a->host + a->length > b->host)
+			return rfail(r, -EINVAL, "regions '%s' and '%s' overlap", a->name, b->name);
+	}
+	return 0;
+}
+
+HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *path,
+				      const struct halite_restore_region *regions,
+				      uint32_t nregions, const struct halite_restore_opts *opts)
+{
+	HALITE_OPTS(halite_reader_opts, ro);
+	HALITE_OPTS(halite_io_opts, io);
+	struct halite_restore *r;
+	pthread_condattr_t ca;
+	char rerr[256] = "";
+	bool want_trace;
+	int ret;
+
+	if (!rp || !path || !regions || !nregions)
+		return -EINVAL;
+	r = calloc(1, sizeof(*r));
+	if (!r)
+		return -ENOMEM;
+	r->open_ns = halite_now_ns();
+	r->uffd = r->stop_fd = r->fd = -1;
+	pthread_mutex_init(&r->lk, NULL);
+	pthread_cond_init(&r->q_cond, NULL);
+	pthread_mutex_init(&r->st_lock, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&r->st_cond, &ca);
+	pthread_condattr_destroy(&ca);
+	halite_hist_init(&r->hist);
+	ret = halite_opts_copy(&r->o, sizeof(r->o), opts);
+	if (ret || (r->o.flags & ~HALITE_RESTORE_FLAGS_ALL) || (r->o.nvcpus && !r->o.vcpu_tids) ||
+	    r->o.io_backend < HALITE_IO_DEFAULT || r->o.io_backend > HALITE_IO_PSYNC ||
+	    r->o.queue_depth > HALITE_IO_QD_MAX || r->o.workers > THREADS_MAX ||
+	    r->o.demand_readers > THREADS_MAX || (r->o.owner_pid && r->o.owner_uffd < 0)) {
+		/* Nothing the caller owns was copied yet. */
+		r->o.vcpu_tids = NULL;
+		r->o.trace_path = NULL;
+		ret = -EINVAL;
+		goto err;
+	}
+	r->log = (struct halite_logger){ r->o.log, r->o.log_ctx, r->o.log_level };
+	if (!r->o.queue_depth)
+		r->o.queue_depth = QUEUE_DEPTH_DEFAULT;
+	if (!r->o.demand_readers)
+		r->o.demand_readers = DEMAND_READERS_DEFAULT;
+	if (!r->o.read_retries)
+		r->o.read_retries = READ_RETRIES_DEFAULT;
+	if (!r->o.prefetch_idle_us)
+		r->o.prefetch_idle_us = IDLE_US_DEFAULT;
+	if (!r->o.prefetch_min_rate)
+		r->o.prefetch_min_rate = MIN_RATE_DEFAULT;
+	r->external = r->o.owner_pid != 0;
+	r->track = r->o.flags & HALITE_RESTORE_TRACK_ACCESS;
+	if (r->o.nvcpus) {
+		pid_t *t = malloc(r->o.nvcpus * sizeof(*t));
+
+		if (t)
+			memcpy(t, r->o.vcpu_tids, r->o.nvcpus * sizeof(*t));
+		r->o.vcpu_tids = t;
+	}
+	want_trace = r->o.trace_path != NULL;
+	if (want_trace)
+		r->o.trace_path = strdup(r->o.trace_path);
+	r->path = strdup(path);
+	if ((r->o.nvcpus && !r->o.vcpu_tids) || (want_trace && !r->o.trace_path) || !r->path) {
+		ret = -ENOMEM;
+		goto err;
+	}
+
+	ro.flags = (r->o.flags & HALITE_RESTORE_DIRECT) ? HALITE_READER_DIRECT : 0;
+	ro.read_latency_us = r->o.read_latency_us;
+	ro.errbuf = rerr;
+	ro.errbuf_len = sizeof(rerr);
+	/* No log: LB read failures are reported (and retried) here, once each. */
+	ret = halite_reader_open(&r->rd, path, &ro);
+	if (ret) {
+		/* The reader's message names the reason already. */
+		if (rerr[0])
+			set_errmsg(r, rerr);
+		else
+			rfail(r, ret, "%s", path);
+		goto err;
+	}
+	r->fi = halite_reader_info(r->rd);
+	r->mb_size = r->fi->mb_size;
+	r->lb_size = r->fi->lb_size;
+	r->mb_total = r->fi->mb_count;
+	r->lb_total = r->fi->lb_count;
+	r->mb_zero = r->fi->mb_zero + r->fi->mb_untouched;
+	r->page = (uint64_t)sysconf(_SC_PAGESIZE);
+	if (r->fi->page_size % r->page) {
+		ret = rfail(r, -HALITE_E_UNSUPPORTED, "%s: pages of %u bytes, the host's are %llu",
+			    path, r->fi->page_size, ULL(r->page));
+		goto err;
+	}
+	r->regions = calloc(r->fi->region_count, sizeof(*r->regions));
+	r->by_host = calloc(r->fi->region_count, sizeof(*r->by_host));
+	if (!r->regions || !r->by_host) {
+		ret = -ENOMEM;
+		goto err;
+	}
+	r->nregions = r->fi->region_count;
+	ret = match_regions(r, regions, nregions);
+	if (ret)
+		goto err;
+	r->mb = calloc(r->mb_total ? r->mb_total : 1, 1);
+	r->lbs = calloc(r->lb_total ? r->lb_total : 1, sizeof(*r->lbs));
+	r->fault_tmp = halite_io_alloc(r->mb_size);
+	r->zeros = halite_io_alloc(r->mb_size);
+	r->rd_thr = calloc(r->o.demand_readers, sizeof(*r->rd_thr));
+	if (!r->mb || !r->lbs || !r->fault_tmp || !r->zeros || !r->rd_thr) {
+		ret = -ENOMEM;
+		goto err;
+	}
+	memset(r->zeros, 0, r->mb_size);
+	r->fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (r->fd < 0) {
+		ret = rfail(r, -errno, "%s: cannot open", path);
+		goto err;
+	}
+	if (!(r->o.flags & HALITE_RESTORE_NO_PREFETCH)) {
+		io.backend = r->o.io_backend;
+		io.queue_depth = r->o.queue_depth;
+		io.flags = (r->o.flags & HALITE_RESTORE_DIRECT) ? HALITE_IO_DIRECT : 0;
+		io.read_latency_us = r->o.read_latency_us;
+		ret = halite_io_open(&r->pf_io, path, O_RDONLY | O_CLOEXEC, 0, &io);
+		if (ret) {
+			ret = rfail(r, ret, "%s: opening for prefetch reads (%s%s)", path,
+				    r->o.io_backend ? halite_io_backend_name(r->o.io_backend)
+						    : "default backend",
+				    io.flags ? ", O_DIRECT" : "");
+			goto err;
+		}
+	}
+	halite_logf(&r->log, HALITE_LOG_DEBUG,
+		    "%s: %llu memory blocks (%llu stored) in %llu locality blocks, %u regions",
+		    path, ULL(r->mb_total), ULL(r->fi->mb_stored), ULL(r->lb_total), r->nregions);
+	*rp = r;
+	return 0;
+err:
+	halite_restore_free(r);
+	return ret;
+}
+
+HALITE_EXPORT int halite_restore_device_state(struct halite_restore *r, const void **data,
+					      uint64_t *len)
+{
+	return halite_reader_device_state(r->rd, data, len);
+}
+
+HALITE_EXPORT struct halite_reader *halite_restore_reader(struct halite_restore *r)
+{
+	return r->rd;
+}
+
+/*
+ * Memory already populated would never fault, and would keep whatever it
+ * holds instead of the snapshot: refused. mincore() sees pages mapped in this
+ * process (the zero page of a read included) and, for shared memory, pages in
+ * the page cache; an anonymous page swapped out is not seen.
+ */
+static int check_unpopulated(struct halite_restore *r, const struct rregion *g)
+{
+	size_t vlen = MINCORE_CHUNK_PAGES;
+	unsigned char *vec = malloc(vlen);
+	int ret = 0;
+
+	if (!vec)
+		return -ENOMEM;
+	for (uint64_t off = 0; off < g->length && !ret; off += vlen * r->page) {
+		uint64_t len = HALITE_MIN(g->length - off, (uint64_t)vlen * r->page);
+
+		if (mincore((void *)(uintptr_t)(g->host + off), len, vec)) {
+			ret = rfail(r, -errno, "region '%s': mincore at 0x%llx (is it mapped?)",
+				    g->name, ULL(g->host + off));
+			break;
+		}
+		for (uint64_t i = 0; i < len / r->page; i++) {
+			if (vec[i] & 1) {
+				ret = rfail(r, -EEXIST, "region '%s': the page at offset %llu is "
+					    "already populated; a restore needs mapped memory that "
+					    "was never touched", g->name, ULL(off + i * r->page));
+				break;
+			}
+		}
+	}
+	free(vec);
+	return ret;
+}
+
+static int open_uffd(struct halite_restore *r)
+{
+	uint64_t want = UFFD_FEATURE_THREAD_ID, missing = 0;
+	char names[128];
+	int ret;
+
+	if (r->has_shared)
+		want |= UFFD_FEATURE_MISSING_SHMEM;
+	if (!r->external) {
+		r->uffd = halite_uffd_open(want, &missing);
+		ret = r->uffd < 0 ? r->uffd : 0;
+	} else {
+		/*
+		 * Our dup of the owner's: the owner keeps its copy, so if this
+		 * process dies the owner's faults block rather than the ranges
+		 * losing their registration and reading zeros.
+		 */
+		r->uffd = fcntl(r->o.owner_uffd, F_DUPFD_CLOEXEC, 0);
+		if (r->uffd < 0)
+			return rfail(r, -errno, "owner_uffd %d", r->o.owner_uffd);
+		ret = halite_uffd_api(r->uffd, want, &missing);
+		/* The handshake may only be done once, and is ours to do. */
+		if (ret == -EINVAL)
+			ret = -HALITE_E_STATE;
+	}
+	if (ret)
+		return rfail(r, ret, "userfaultfd%s%s", missing ? " lacks " : "",
+			     missing ? halite_uffd_feature_names(missing, names, sizeof(names)) : "");
+	return 0;
+}
+
+static int register_region(struct halite_restore *r, struct rregion *g)
+{
+	struct uffdio_register reg = {
+		.range = { g->host, g->length },
+		.mode = UFFDIO_REGISTER_MODE_MISSING,
+	};
+	uint64_t need = 1ull << _UFFDIO_COPY | 1ull << _UFFDIO_ZEROPAGE | 1ull << _UFFDIO_WAKE;
+
+	if (ioctl(r->uffd, UFFDIO_REGISTER, &reg))
+		return rfail(r, -errno, "region '%s': UFFDIO_REGISTER MISSING (private anonymous "
+			     "or shared memfd/tmpfs memory?)", g->name);
+	g->registered = true;
+	if ((reg.ioctls & need) != need)
+		return rfail(r, -HALITE_E_UNSUPPORTED, "region '%s': no UFFDIO_COPY and "
+			     "UFFDIO_ZEROPAGE on this memory", g->name);
+	return 0;
+}
+
+static void unregister_all(struct halite_restore *r)
+{
+	for (uint32_t i = 0; i < r->nregions; i++) {
+		struct rregion *g = &r->regions[i];
+		struct uffdio_range rg = { g->host, g->length };
+
+		if (g->registered && !ioctl(r->uffd, UFFDIO_UNREGISTER, &rg))
+			g->registered = false;
+	}
+}
+
+/* Library threads take no signals meant for the application. */
+static int start_thread(pthread_t *t, void *(*fn)(void *), void *arg)
+{
+	sigset_t all, old;
+	int ret;
+
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	ret = pthread_create(t, NULL, fn, arg);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	return -ret;
+}
+
+/* Stop and join every thread; the pool finishes its tasks first. */
+static void stop_threads(struct halite_restore *r)
+{
+	atomic_store(&r->stopping, true);
+	pthread_mutex_lock(&r->lk);
+	pthread_cond_broadcast(&r->q_cond);
+	pthread_mutex_unlock(&r->lk);
+	if (r->pf_started)
+		pthread_join(r->pf_thr, NULL);
+	r->pf_started = false;
+	for (unsigned i = 0; i < r->readers_started; i++)
+		pthread_join(r->rd_thr[i], NULL);
+	r->readers_started = 0;
+	/* The readers and the prefetcher submit tasks; the tasks may submit finish. */
+	halite_pool_free(r->pool);
+	r->pool = NULL;
+	if (r->fault_started) {
+		eventfd_write(r->stop_fd, 1);
+		pthread_join(r->fault_thr, NULL);
+	}
+	r->fault_started = false;
+}
+
+HALITE_EXPORT int halite_restore_start(struct halite_restore *r)
+{
+	int ret;
+
+	pthread_mutex_lock(&r->st_lock);
+	ret = r->state != S_CREATED || r->started ? -HALITE_E_STATE : 0;
+	r->started = true;
+	pthread_mutex_unlock(&r->st_lock);
+	if (ret)
+		return ret;
+	ret = open_uffd(r);
+	for (uint32_t i = 0; i < r->nregions && !ret && !r->external; i++)
+		ret = check_unpopulated(r, &r->regions[i]);
+	if (r->external && !ret)
+		halite_logf(&r->log, HALITE_LOG_DEBUG, "process %d: its regions must be unpopulated "
+			    "(not checked)", (int)r->o.owner_pid);
+	for (uint32_t i = 0; i < r->nregions && !ret; i++)
+		ret = register_region(r, &r->regions[i]);
+	if (!ret) {
+		r->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+		if (r->stop_fd < 0)
+			ret = rfail(r, -errno, "eventfd");
+	}
+	if (!ret) {
+		ret = halite_pool_create(&r->pool, r->o.workers, "halite-rinst");
+		if (ret)
+			ret = rfail(r, ret, "install pool of %u threads", r->o.workers);
+	}
+	if (ret)
+		goto fail;
+	/*
+	 * Ready: registered, threads about to start. Published before they
+	 * start, since a small file can be done before this function returns.
+	 */
+	pthread_mutex_lock(&r->st_lock);
+	r->state = S_RUNNING;
+	r->ready_at = halite_now_ns();
+	r->ready_ns = r->ready_at - r->open_ns;
+	pthread_mutex_unlock(&r->st_lock);
+	atomic_store(&r->last_fault_ns, r->ready_at);
+	ret = start_thread(&r->fault_thr, fault_main, r);
+	r->fault_started = !ret;
+	for (unsigned i = 0; i < r->o.demand_readers && !ret; i++) {
+		ret = start_thread(&r->rd_thr[i], reader_main, r);
+		if (!ret)
+			r->readers_started++;
+	}
+	if (!ret && r->pf_io) {
+		ret = start_thread(&r->pf_thr, prefetch_main, r);
+		r->pf_started = !ret;
+	}
+	if (ret) {
+		/* Nothing can have faulted yet: the caller resumes the guest after this. */
+		ret = rfail(r, ret, "starting threads");
+		set_failed(r, ret);
+		stop_threads(r);
+		goto fail;
+	}
+	halite_logf(&r->log, HALITE_LOG_INFO,
+		    "restoring %s: %llu memory blocks, %llu locality blocks, ready in %.2f ms",
+		    r->path, ULL(r->mb_total), ULL(r->lb_total), (double)r->ready_ns / 1e6);
+	/* A file of zero and never-touched blocks only: nothing to read. */
+	if (!r->lb_total && halite_pool_submit(r->pool, finish_task, r))
+		finish(r);
+	return 0;
+fail:
+	unregister_all(r);
+	pthread_mutex_lock(&r->st_lock);
+	r->state = S_FAILED;
+	r->error = ret;
+	pthread_mutex_unlock(&r->st_lock);
+	return ret;
+}
+
+HALITE_EXPORT int halite_restore_wait(struct halite_restore *r, int timeout_ms)
+{
+	struct timespec dl;
+	int ret = 0, state, err;
+
+	clock_gettime(CLOCK_MONOTONIC, &dl);
+	if (timeout_ms >= 0) {
+		dl.tv_sec += timeout_ms / 1000;
+		dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
+		if (dl.tv_nsec >= 1000000000) {
+			dl.tv_sec++;
+			dl.tv_nsec -= 1000000000;
+		}
+	}
+	pthread_mutex_lock(&r->st_lock);
+	if (!r->started) {
+		pthread_mutex_unlock(&r->st_lock);
+		return -HALITE_E_STATE;
+	}
+	while (r->state == S_RUNNING && ret != ETIMEDOUT)
+		ret = timeout_ms < 0 ? pthread_cond_wait(&r->st_cond, &r->st_lock)
+				     : pthread_cond_timedwait(&r->st_cond, &r->st_lock, &dl);
+	state = r->state;
+	err = r->error;
+	pthread_mutex_unlock(&r->st_lock);
+	if (state == S_RUNNING)
+		return -ETIMEDOUT;
+	return state == S_FAILED ? err : 0;
+}
+
+HALITE_EXPORT void halite_restore_stats(struct halite_restore *r, struct halite_restore_stats *st)
+{
+	fill_stats(r, st);
+}
+
+HALITE_EXPORT void halite_restore_free(struct halite_restore *r)
+{
+	bool failed;
+
+	if (!r)
+		return;
+	if (r->started) {
+		pthread_mutex_lock(&r->st_lock);
+		failed = r->state == S_RUNNING && !r->ending;
+		pthread_mutex_unlock(&r->st_lock);
+		if (failed)
+			set_failed(r, rfail(r, -ECANCELED, "restore freed while running"));
+		stop_threads(r);
+		pthread_mutex_lock(&r->st_lock);
+		failed = r->state != S_DONE;
+		pthread_mutex_unlock(&r->st_lock);
+		/*
+		 * Closing the userfaultfd wakes every blocked thread and drops
+		 * the registration: unrestored memory would then read as zeros.
+		 * PROT_NONE first turns that into SIGSEGV. Another process's
+		 * memory stays registered with the owner's descriptor instead.
+		 */
+		for (uint32_t i = 0; failed && !r->external && i < r->nregions; i++) {
+			struct rregion *g = &r->regions[i];
+
+			if (g->registered &&
+			    mprotect((void *)(uintptr_t)g->host, g->length, PROT_NONE))
+				halite_logf(&r->log, HALITE_LOG_ERROR, "region '%s': mprotect("
+					    "PROT_NONE) after a failed restore: %s", g->name,
+					    strerror(errno));
+		}
+	}
+	halite_pool_free(r->pool);
+	for (uint64_t lb = 0; r->lbs && lb < r->lb_total; lb++) {
+		struct rlb *b = &r->lbs[lb];
+		struct waiter *w;
+
+		while ((w = b->waiters)) {
+			b->waiters = w->next;
+			free(w);
+		}
+		halite_reader_free_lb(b->buf);
+		free(b->stage);
+	}
+	halite_io_close(r->pf_io);
+	if (r->uffd >= 0)
+		close(r->uffd);
+	if (r->stop_fd >= 0)
+		close(r->stop_fd);
+	if (r->fd >= 0)
+		close(r->fd);
+	halite_reader_free(r->rd);
+	for (uint32_t i = 0; r->regions && i < r->nregions; i++)
+		free(r->regions[i].name);
+	free(r->regions);
+	free(r->by_host);
+	free((void *)r->mb);
+	free(r->lbs);
+	free(r->q);
+	free(r->rd_thr);
+	halite_io_free(r->fault_tmp);
+	halite_io_free(r->zeros);
+	free((void *)r->o.vcpu_tids);
+	free((void *)r->o.trace_path);
+	free(r->path);
+	pthread_mutex_destroy(&r->lk);
+	pthread_cond_destroy(&r->q_cond);
+	pthread_mutex_destroy(&r->st_lock);
+	pthread_cond_destroy(&r->st_cond);
+	free(r);
+}
+
+HALITE_EXPORT const char *halite_restore_errmsg(const struct halite_restore *r)
+{
+	return r->errmsg;
+}
