@@ -119,6 +119,9 @@ int synth_normalize_opts(struct synth_opts *o, const struct synth_opts *in)
 		BAD("log_entries %llu: at most 2^32", (unsigned long long)o->log_entries);
 	if (o->tlb_entries > MAX_TLB)
 		BAD("tlb_entries %u: at most %u", o->tlb_entries, MAX_TLB);
+	if (o->mem_host && ((o->flags & (SYNTH_F_ATTACH | SYNTH_F_CHILD)) != SYNTH_F_ATTACH ||
+			    o->backing != SYNTH_MEM_ANON || (uintptr_t)o->mem_host % PG_SIZE))
+		BAD("mem_host: page aligned, only with SYNTH_F_ATTACH, in this process, backing anon");
 
 	huge = o->huge_2m * (2ull << 20) + o->huge_1g * (1ull << 30);
 	if (!o->ws_bytes)
@@ -296,6 +299,7 @@ static void *vcpu_main(void *arg)
 		if (done || __atomic_load_n(&g->state, __ATOMIC_RELAXED) != ST_RUN) {
 			if (vcpu_park(vc, done) == ST_STOP)
 				break;
+			i = vc->accesses; /* synth_vcpu_seek() may have moved it */
 			continue;
 		}
 		if (!vcpu_step(vc, i)) {
@@ -316,6 +320,10 @@ static int map_memory(struct synth_guest *g)
 	void *p;
 	int ret;
 
+	if (g->o.mem_host) {
+		g->mem = g->o.mem_host;
+		return 0;
+	}
 	if (g->o.backing == SYNTH_MEM_SHARED) {
 		g->memfd = memfd_create("halite-synth", MFD_CLOEXEC);
 		if (g->memfd < 0)
@@ -365,6 +373,12 @@ static void deadline_in(struct timespec *ts, unsigned ms)
 	}
 }
 
+/* A vCPU's random state at step 0. */
+static uint64_t vcpu_seed(const struct synth_opts *o, unsigned v)
+{
+	return synth_seed(o->seed, 0x76637075ull << 8 | v); /* "vcpu" */
+}
+
 static int alloc_vcpus(struct synth_guest *g)
 {
 	const struct synth_opts *o = &g->o;
@@ -379,7 +393,7 @@ static int alloc_vcpus(struct synth_guest *g)
 		vc->vspan = span;
 		vc->map_units = o->map_bytes / PG_SIZE;
 		vc->ws_units = o->ws_bytes / PG_SIZE;
-		vc->rng = synth_seed(o->seed, 0x76637075ull << 8 | v); /* "vcpu" */
+		vc->rng = vcpu_seed(o, v);
 		vc->unit_va = malloc((vc->map_units + 1) * sizeof(uint64_t));
 		vc->unit_gpa = malloc((vc->map_units + 1) * sizeof(uint64_t));
 		if (!vc->unit_va || !vc->unit_gpa)
@@ -522,7 +536,7 @@ static void local_free(struct synth_guest *g)
 		free(vc->tlb);
 		free(vc->rec);
 	}
-	if (g->mem)
+	if (g->mem && !g->o.mem_host)
 		munmap(g->mem, (size_t)(g->nframes << PG_SHIFT));
 	if (g->memfd >= 0)
 		close(g->memfd);
@@ -709,6 +723,33 @@ int synth_start(struct synth_guest *g)
 	if (g->rem)
 		return synth_remote_call(g, OP_START, 0, 0, 0, NULL, 0, NULL);
 	return local_run(g, true);
+}
+
+int synth_vcpu_seek(struct synth_guest *g, unsigned vcpu, uint64_t accesses)
+{
+	struct synth_vcpu *vc;
+	uint64_t draws;
+	int ret = 0;
+
+	if (g->rem)
+		return -ENOTSUP;
+	if (vcpu >= g->nvcpus)
+		return -EINVAL;
+	vc = &g->vcpu[vcpu];
+	/* The random draws of one step (vcpu_step): write choice, and unit and offset. */
+	draws = g->o.pattern == SYNTH_PAT_SEQ ? 1 : g->o.pattern == SYNTH_PAT_RANDOM ? 3 : 0;
+	pthread_mutex_lock(&g->mu);
+	if (g->state != ST_CREATED) {
+		ret = -EBUSY;
+	} else {
+		/* The thread is parked: it rereads its position under g->mu when it wakes. */
+		vc->rng = vcpu_seed(&g->o, vcpu);
+		for (uint64_t n = accesses * draws; n; n--)
+			synth_rand(&vc->rng);
+		__atomic_store_n(&vc->accesses, accesses, __ATOMIC_RELAXED);
+	}
+	pthread_mutex_unlock(&g->mu);
+	return ret;
 }
 
 int synth_resume(struct synth_guest *g)

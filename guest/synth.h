@@ -173,6 +173,15 @@ struct synth_opts {
 	const char *trace_out;	/* record every access to this file (any pattern) */
 	halite_log_fn log_fn;	/* error details; NULL: silent */
 	void *log_ctx;
+	/*
+	 * Guest memory mapped by the caller (mem_bytes, page aligned, private:
+	 * anonymous, or MAP_PRIVATE of an image file), used instead of mapping
+	 * some: only with SYNTH_F_ATTACH in this process and backing ANON. The
+	 * guest never unmaps it; the caller does, after synth_free(). Lets a
+	 * restore method choose how memory comes in (a userfaultfd range, a
+	 * file's pages through the kernel's paging, an eager copy).
+	 */
+	void *mem_host;
 };
 
 #define SYNTH_OPTS(name, ...) struct synth_opts name = { .sz = sizeof(struct synth_opts), __VA_ARGS__ }
@@ -207,6 +216,14 @@ void synth_free(struct synth_guest *g);
  * idempotent. After stop, start/pause/resume return -ESRCH.
  */
 int synth_start(struct synth_guest *g);
+/*
+ * Before synth_start(): let @vcpu begin at step @accesses of its pattern
+ * instead of 0, exactly where a guest with the same options was after that
+ * many accesses (its random state advanced to match), as a restored vCPU
+ * resumes where the snapshot left it. max_accesses still counts from 0.
+ * 0, -EINVAL (no such vCPU), -EBUSY once started, -ENOTSUP in child mode.
+ */
+int synth_vcpu_seek(struct synth_guest *g, unsigned vcpu, uint64_t accesses);
 int synth_pause(struct synth_guest *g);
 int synth_pause_timed(struct synth_guest *g, unsigned timeout_ms);
 int synth_resume(struct synth_guest *g);
