@@ -1416,7 +1416,6 @@ HALITE_EXPORT int halite_save_arm(struct halite_save *s)
 		disarm_regions(s, i);
 		return ret;
 	}
-	s->arm_ns = halite_now_ns() - s->arm_start_ns;
 	atomic_store(&s->last_fault_ns, halite_now_ns());
 	s->state = S_RUNNING;
 	ret = pthread_create(&s->fault_thr, NULL, fault_main, s);
@@ -1441,6 +1440,13 @@ HALITE_EXPORT int halite_save_arm(struct halite_save *s)
 		}
 		s->bg_started = true;
 	}
+	/*
+	 * All of it, thread starts included: the guest stands still until this
+	 * returns. Under st_lock: the threads may already read stats.
+	 */
+	pthread_mutex_lock(&s->st_lock);
+	s->arm_ns = halite_now_ns() - s->arm_start_ns;
+	pthread_mutex_unlock(&s->st_lock);
 	return 0;
 }
 

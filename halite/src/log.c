@@ -65,12 +65,18 @@ void halite_logf(const struct halite_logger *lg, int level, const char *fmt, ...
 
 void halite_vformat_error(char *dst, size_t len, int err, const char *fmt, va_list ap)
 {
+	const char *why = halite_strerror(err);
+	size_t wl = strlen(why);
 	int n;
 
 	if (!len)
 		return;
 	n = vsnprintf(dst, len, fmt, ap);
-	/* Room for the reason, or the message as it fits. */
-	if (n >= 0 && (size_t)n < len - 8)
-		snprintf(dst + n, len - (size_t)n, ": %s", halite_strerror(err));
+	/*
+	 * Room for the reason, or the message as it fits. Not twice: a message
+	 * that quotes an inner layer's ("...: No space left on device") has it.
+	 */
+	if (n >= 0 && (size_t)n < len - 8 &&
+	    !((size_t)n >= wl + 2 && !strcmp(dst + n - wl, why) && dst[n - wl - 2] == ':'))
+		snprintf(dst + n, len - (size_t)n, ": %s", why);
 }

@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: MIT
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,6 +106,33 @@ static void test_stderr_callback(void **state)
 	assert_string_equal(buf, "halite: error: disk on fire\nhalite: debug: detail\n");
 }
 
+static void format_error(char *dst, size_t len, int err, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	halite_vformat_error(dst, len, err, fmt, ap);
+	va_end(ap);
+}
+
+/* The reason is appended once: not again after a message that quotes it. */
+static void test_error_reason_once(void **state)
+{
+	char inner[128], buf[256];
+
+	(void)state;
+	format_error(inner, sizeof(inner), -ENOSPC, "writing block %d", 7);
+	assert_string_equal(inner, "writing block 7: No space left on device");
+	format_error(buf, sizeof(buf), -ENOSPC, "saving: %s", inner);
+	assert_string_equal(buf, "saving: writing block 7: No space left on device");
+	/* Another reason at the end is not this one. */
+	format_error(buf, sizeof(buf), -EIO, "saving: %s", "disk: No space left on device");
+	assert_string_equal(buf, "saving: disk: No space left on device: Input/output error");
+	/* Only a whole ": reason" counts. */
+	format_error(buf, sizeof(buf), -EIO, "xInput/output error");
+	assert_string_equal(buf, "xInput/output error: Input/output error");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -112,6 +140,7 @@ int main(void)
 		cmocka_unit_test(test_silent),
 		cmocka_unit_test(test_truncated_long_message),
 		cmocka_unit_test(test_stderr_callback),
+		cmocka_unit_test(test_error_reason_once),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

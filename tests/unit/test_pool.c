@@ -206,27 +206,39 @@ static void test_fifo(void **state)
 /* Workers are named "<name>-<index>", shortened to Linux's 15 characters. */
 struct name_arg {
 	pthread_mutex_t lock;
+	pthread_cond_t two;	/* broadcast when the second task starts */
 	char names[4][16];
 	unsigned n;
 };
 
+/*
+ * Records its worker's name, then holds that worker until a second task has
+ * started: with two workers and four tasks, the second can only start on
+ * the other worker, so both take part whatever the scheduler does. (A
+ * deadline keeps a broken pool from hanging the test; the asserts catch it.)
+ */
 static void name_task(void *p)
 {
 	struct name_arg *a = p;
+	struct timespec dl;
 	char buf[16];
 
 	pthread_getname_np(pthread_self(), buf, sizeof(buf));
+	clock_gettime(CLOCK_REALTIME, &dl);
+	dl.tv_sec += 10;
 	pthread_mutex_lock(&a->lock);
 	if (a->n < 4)
 		memcpy(a->names[a->n++], buf, sizeof(buf));
+	pthread_cond_broadcast(&a->two);
+	while (a->n < 2 && pthread_cond_timedwait(&a->two, &a->lock, &dl) == 0)
+		;
 	pthread_mutex_unlock(&a->lock);
-	usleep(50000); /* keep this worker busy so the others take the rest */
 }
 
 static void test_names(void **state)
 {
 	struct halite_pool *pool;
-	struct name_arg a = { .lock = PTHREAD_MUTEX_INITIALIZER };
+	struct name_arg a = { .lock = PTHREAD_MUTEX_INITIALIZER, .two = PTHREAD_COND_INITIALIZER };
 	unsigned i, j;
 
 	assert_int_equal(halite_pool_create(&pool, 2, "a-very-long-pool-name"), 0);
