@@ -531,7 +531,7 @@ static int parse_map(struct halite_reader *r, const uint8_t *p, uint64_t len)
 	for (uint64_t m = 0; m < n; m++) {
 		uint64_t e = halite_get_le64(p + 8 * m);
 		struct halite_mb_loc loc;
-		uint32_t bytes = halite_reader_mb_bytes(r, m);
+		uint32_t bytes;
 		int ret = hlt_mb_decode(e, r->lb_shift, &loc);
 
 		if (ret)
@@ -546,6 +546,7 @@ static int parse_map(struct halite_reader *r, const uint8_t *p, uint64_t len)
 			fi->mb_zero++;
 			continue;
 		}
+		bytes = halite_reader_mb_bytes(r, m); /* a region lookup: stored blocks only */
 		if (loc.lb >= nlb || loc.offset + (uint64_t)loc.length > r->lbs[loc.lb].used ||
 		    (loc.compressed ? loc.length >= bytes : loc.length != bytes) ||
 		    (loc.compressed && fi->codec == HALITE_CODEC_NONE))
