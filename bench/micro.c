@@ -114,6 +114,7 @@ struct params {
 	unsigned nlat;
 	uint32_t track_lat;
 	bool track;
+	bool no_readahead;		/* the engine's stream readahead off (ablation) */
 	unsigned selected;		/* bit per defs[] entry */
 	const char *dir;
 	bool keep, json, quick;
@@ -724,7 +725,8 @@ static int run_method(struct bench *b, struct run *r, bool check)
 		.cold = r->cold, .fuse_dir = b->fuse_dir,
 		.hlt_path = d->org ? b->rl.hlt_path[d->layout] : NULL,
 		/* VM access runs: the paper's measure costs a minor fault per staged block touched. */
-		.halite_flags = r->track ? HALITE_RESTORE_TRACK_ACCESS : 0,
+		.halite_flags = (r->track ? HALITE_RESTORE_TRACK_ACCESS : 0) |
+				(b->p.no_readahead ? HALITE_RESTORE_NO_READAHEAD : 0),
 		.vcpu_tids = tids, .nvcpus = b->p.vcpus,
 	};
 	struct method *m = NULL;
@@ -1023,6 +1025,7 @@ static void print_json(const struct bench *b)
 		printf("{\"cache\": \"warm\", \"read_latency_us\": %u}", p->track_lat);
 	else
 		printf("null");
+	printf(", \"engine_readahead\": %s", p->no_readahead ? "false" : "true");
 	printf(", \"baseline_runs\": %u, \"dir\": ", p->baseline_runs);
 	json_str(b->work);
 	printf(",\n  \"notes\": [\"random, physical and locality: codec none, zero blocks stored "
@@ -1220,6 +1223,7 @@ static void usage(FILE *f)
 "                     conditions are every cache x every latency\n"
 "  --track-latency US the VM access %% runs' latency, warm cache (1000)\n"
 "  --no-track         no VM access %% runs\n"
+"  --no-readahead     the engine without stream readahead (an ablation)\n"
 "  --only LIST        only these rows: random,physical,locality,halite,eager,\n"
 "                     4k-on-demand,mmap-private,working-set (all)\n"
 "  --baseline-runs N  unrestored runs, median taken (3)\n"
@@ -1321,7 +1325,7 @@ static int parse_only(struct params *p, const char *s)
 static int parse_args(struct params *p, int argc, char **argv)
 {
 	enum { O_MEM = 256, O_VCPUS, O_COMPRESS, O_WRITE, O_ZERO, O_UNTOUCHED, O_PASSES, O_CACHE,
-	       O_LAT, O_TRACK_LAT, O_NO_TRACK, O_ONLY, O_BASE, O_CODEC, O_DIR, O_KEEP, O_SEED,
+	       O_LAT, O_TRACK_LAT, O_NO_TRACK, O_NO_RA, O_ONLY, O_BASE, O_CODEC, O_DIR, O_KEEP, O_SEED,
 	       O_TIMEOUT, O_JSON, O_QUICK };
 	static const struct option lo[] = {
 		{ "mem-mib", required_argument, NULL, O_MEM },
@@ -1335,6 +1339,7 @@ static int parse_args(struct params *p, int argc, char **argv)
 		{ "latency", required_argument, NULL, O_LAT },
 		{ "track-latency", required_argument, NULL, O_TRACK_LAT },
 		{ "no-track", no_argument, NULL, O_NO_TRACK },
+		{ "no-readahead", no_argument, NULL, O_NO_RA },
 		{ "only", required_argument, NULL, O_ONLY },
 		{ "baseline-runs", required_argument, NULL, O_BASE },
 		{ "codec", required_argument, NULL, O_CODEC },
@@ -1407,6 +1412,7 @@ static int parse_args(struct params *p, int argc, char **argv)
 			p->track_lat = (uint32_t)v;
 			break;
 		case O_NO_TRACK: p->track = false; break;
+		case O_NO_RA: p->no_readahead = true; break;
 		case O_ONLY:
 			if (parse_only(p, optarg))
 				return bad_arg("--only", optarg,

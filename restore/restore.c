@@ -46,6 +46,14 @@
  * - demand readers (opts.demand_readers): read a whole LB with one read
  *   (halite_reader_read_lb, which verifies the checksum), install the blocks
  *   faults wait for, faulting block first, then pass the rest to the pool.
+ *   Stream readahead: a demand read of an LB also queues the next
+ *   opts.readahead LBs of its stream (ra_next), which half of the readers
+ *   at most read when no demand read is queued. A stream holds what the
+ *   guest touched next during the save (a vCPU's accesses, the page-table
+ *   walk), so after a demand read the guest is likely to want those next;
+ *   they count as prefetched. The prefetcher below works from the front of
+ *   the file and holds back while faults come, so without this a vCPU
+ *   whose stream is far into the file reads every LB on demand.
  * - install pool (opts.workers): one task per LB decodes and installs (or,
  *   for TRACK_ACCESS demand LBs, stages) every block no fault took.
  * - prefetcher: reads the LBs nobody has read, in file order (the order the
@@ -121,7 +129,7 @@
 
 #define FAULT_BATCH 64
 #define QUEUE_DEPTH_DEFAULT 8u
-#define DEMAND_READERS_DEFAULT 4u
+#define DEMAND_READERS_DEFAULT 16u
 #define READ_RETRIES_DEFAULT 2u
 #define IDLE_US_DEFAULT 2000u
 #define MIN_RATE_DEFAULT (64ull << 20)
@@ -137,6 +145,10 @@
  */
 #define PREFETCH_BACKLOG_PER_QD 4u
 #define MINCORE_CHUNK_PAGES 65536u
+/* Stream readahead: LBs after a demand-read one (0 = this), queue length. */
+#define READAHEAD_DEFAULT 8u
+#define READAHEAD_MAX 64u
+#define RA_QUEUE 256u
 
 enum { MB_NONE, MB_CLAIMED, MB_INSTALLED, MB_STAGED };
 enum { LB_IDLE, LB_READING, LB_CACHED, LB_DONE, LB_FAILED };
@@ -203,10 +215,19 @@ struct halite_restore {
 	uint8_t *fault_tmp;	 /* the fault thread's decode buffer */
 	uint8_t *zeros;		 /* mb_size zero bytes */
 
-	pthread_mutex_t lk;	 /* LB states, waiters, the demand queue */
+	pthread_mutex_t lk;	 /* LB states, waiters, the demand and readahead queues */
 	pthread_cond_t q_cond;
 	uint64_t *q;		 /* demand queue: a ring of LB indices */
 	size_t q_cap, q_head, q_len;
+	/*
+	 * Stream readahead: ra_next[lb] is the next LB of lb's stream (file
+	 * order; UINT64_MAX at its end); raq a ring of LBs to read ahead,
+	 * oldest dropped when full; ra_busy readers reading one now.
+	 */
+	uint64_t *ra_next;
+	uint64_t raq[RA_QUEUE];
+	size_t raq_head, raq_len;
+	unsigned ra_busy, ra_readers;
 	_Atomic uint64_t lb_done, lbs_cached;
 
 	pthread_mutex_t st_lock; /* state, error, errmsg */
@@ -684,6 +705,63 @@ static int queue_push(struct halite_restore *r, uint64_t lb)
 	return 0;
 }
 
+/*
+ * Under lk, after a demand read of @lb was queued: the next LBs of its
+ * stream, those nobody has read, to be read ahead. They are claimed only
+ * when a reader takes them (ra_take), so dropping the oldest of a full
+ * queue loses nothing but the hint.
+ */
+static void ra_push(struct halite_restore *r, uint64_t lb)
+{
+	for (unsigned i = 0; i < r->o.readahead && r->ra_next; i++) {
+		lb = r->ra_next[lb];
+		if (lb == UINT64_MAX)
+			return;
+		if (atomic_load(&r->lbs[lb].state) != LB_IDLE)
+			continue;
+		if (r->raq_len == RA_QUEUE) {
+			r->raq_head = (r->raq_head + 1) % RA_QUEUE;
+			r->raq_len--;
+		}
+		r->raq[(r->raq_head + r->raq_len++) % RA_QUEUE] = lb;
+	}
+	if (r->raq_len)
+		pthread_cond_signal(&r->q_cond);
+}
+
+/* A reader is through with its readahead read: another may take one. */
+static void ra_done(struct halite_restore *r, bool ahead)
+{
+	if (!ahead)
+		return;
+	pthread_mutex_lock(&r->lk);
+	r->ra_busy--;
+	if (r->raq_len)
+		pthread_cond_signal(&r->q_cond);
+	pthread_mutex_unlock(&r->lk);
+}
+
+/*
+ * Under lk: an LB to read ahead, now READING, or UINT64_MAX. Readahead
+ * takes at most ra_readers readers at a time, so the others stay free for
+ * demand reads, which a queued fault is waiting for.
+ */
+static uint64_t ra_take(struct halite_restore *r)
+{
+	while (r->raq_len && r->ra_busy < r->ra_readers) {
+		uint64_t lb = r->raq[r->raq_head];
+
+		r->raq_head = (r->raq_head + 1) % RA_QUEUE;
+		r->raq_len--;
+		if (atomic_load(&r->lbs[lb].state) == LB_IDLE) {
+			atomic_store(&r->lbs[lb].state, LB_READING);
+			r->ra_busy++;
+			return lb;
+		}
+	}
+	return UINT64_MAX;
+}
+
 static void *reader_main(void *arg)
 {
 	struct halite_restore *r = arg;
@@ -691,26 +769,38 @@ static void *reader_main(void *arg)
 
 	pthread_setname_np(pthread_self(), "halite-rread");
 	for (;;) {
+		uint64_t lb = UINT64_MAX;
+		bool ahead = false;
 		uint8_t *buf;
-		uint64_t lb;
 		unsigned reads;
 		int ret;
 
 		pthread_mutex_lock(&r->lk);
-		while (!atomic_load(&r->stopping) && !r->q_len)
+		/* Demand first: a fault waits for it. */
+		while (!atomic_load(&r->stopping) && !r->q_len &&
+		       (lb = ra_take(r)) == UINT64_MAX)
 			pthread_cond_wait(&r->q_cond, &r->lk);
 		if (atomic_load(&r->stopping)) {
+			if (lb != UINT64_MAX)
+				r->ra_busy--; /* left READING: nothing is read any more */
 			pthread_mutex_unlock(&r->lk);
 			break;
 		}
-		lb = r->q[r->q_head];
-		r->q_head = (r->q_head + 1) % r->q_cap;
-		r->q_len--;
+		if (lb != UINT64_MAX) {
+			ahead = true;
+		} else {
+			lb = r->q[r->q_head];
+			r->q_head = (r->q_head + 1) % r->q_cap;
+			r->q_len--;
+		}
 		pthread_mutex_unlock(&r->lk);
-		if (atomic_load(&r->failed))
+		if (atomic_load(&r->failed)) {
+			ra_done(r, ahead);
 			continue;
+		}
 		buf = tmp ? halite_reader_alloc_lb(r->rd) : NULL;
 		if (!buf) {
+			ra_done(r, ahead);
 			set_failed(r, rfail(r, -ENOMEM, "locality block %llu: read buffer", ULL(lb)));
 			continue;
 		}
@@ -722,12 +812,14 @@ static void *reader_main(void *arg)
 				break;
 			lb_retrying(r, lb, ret, reads);
 		}
+		ra_done(r, ahead);
 		if (ret) {
 			halite_reader_free_lb(buf);
 			lb_failed(r, lb, ret, reads);
 			continue;
 		}
-		lb_landed(r, lb, buf, HOW_DEMAND, tmp);
+		/* Read ahead, it is prefetched: its blocks are the pool's, nobody asked. */
+		lb_landed(r, lb, buf, ahead ? HOW_PREFETCH : HOW_DEMAND, tmp);
 	}
 	halite_io_free(tmp);
 	return NULL;
@@ -820,6 +912,8 @@ static void serve_stored(struct halite_restore *r, uint64_t mb, uint64_t lb, uin
 				atomic_store(&b->state, LB_READING);
 				b->fault_mb = mb;
 				ret = queue_push(r, lb);
+				if (!ret)
+					ra_push(r, lb);
 			}
 			pthread_mutex_unlock(&r->lk);
 			if (ret)
@@ -1382,6 +1476,50 @@ static int match_regions(struct halite_restore *r, const struct halite_restore_r
 	return 0;
 }
 
+/*
+ * ra_next: each LB's successor in its stream. The writer fills a stream's
+ * LBs in order, so in file order each stream's LBs come by rising seq; a
+ * file has a few streams (one per vCPU, virtual, physical, other).
+ */
+struct ra_stream {
+	uint32_t id;
+	uint64_t last; /* its latest LB so far */
+};
+
+static int ra_build(struct halite_restore *r)
+{
+	struct ra_stream st[64];
+	unsigned nst = 0;
+
+	if (!r->o.readahead || !r->lb_total)
+		return 0;
+	r->ra_next = malloc(r->lb_total * sizeof(*r->ra_next));
+	if (!r->ra_next)
+		return -ENOMEM;
+	for (uint64_t lb = 0; lb < r->lb_total; lb++) {
+		struct halite_lb_info li;
+		unsigned i;
+
+		r->ra_next[lb] = UINT64_MAX;
+		halite_reader_lb_info(r->rd, lb, &li);
+		for (i = 0; i < nst && st[i].id != li.stream; i++)
+			;
+		if (i == nst) {
+			if (nst == HALITE_ARRAY_SIZE(st)) {
+				/* More streams than that: no readahead (a hint, not a need). */
+				free(r->ra_next);
+				r->ra_next = NULL;
+				return 0;
+			}
+			st[nst++] = (struct ra_stream){ li.stream, UINT64_MAX };
+		}
+		if (st[i].last != UINT64_MAX)
+			r->ra_next[st[i].last] = lb;
+		st[i].last = lb;
+	}
+	return 0;
+}
+
 HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *path,
 				      const struct halite_restore_region *regions,
 				      uint32_t nregions, const struct halite_restore_opts *opts)
@@ -1413,7 +1551,8 @@ HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *pa
 	if (ret || (r->o.flags & ~HALITE_RESTORE_FLAGS_ALL) || (r->o.nvcpus && !r->o.vcpu_tids) ||
 	    r->o.io_backend < HALITE_IO_DEFAULT || r->o.io_backend > HALITE_IO_PSYNC ||
 	    r->o.queue_depth > HALITE_IO_QD_MAX || r->o.workers > THREADS_MAX ||
-	    r->o.demand_readers > THREADS_MAX || (r->o.owner_pid && r->o.owner_uffd < 0)) {
+	    r->o.demand_readers > THREADS_MAX || r->o.readahead > READAHEAD_MAX ||
+	    (r->o.owner_pid && r->o.owner_uffd < 0)) {
 		/* Nothing the caller owns was copied yet. */
 		r->o.vcpu_tids = NULL;
 		r->o.trace_path = NULL;
@@ -1425,6 +1564,11 @@ HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *pa
 		r->o.queue_depth = QUEUE_DEPTH_DEFAULT;
 	if (!r->o.demand_readers)
 		r->o.demand_readers = DEMAND_READERS_DEFAULT;
+	if (!r->o.readahead)
+		r->o.readahead = READAHEAD_DEFAULT;
+	if (r->o.flags & HALITE_RESTORE_NO_READAHEAD)
+		r->o.readahead = 0;
+	r->ra_readers = r->o.demand_readers / 2 ? r->o.demand_readers / 2 : 1;
 	if (!r->o.read_retries)
 		r->o.read_retries = READ_RETRIES_DEFAULT;
 	if (!r->o.prefetch_idle_us)
@@ -1495,6 +1639,9 @@ HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *pa
 		goto err;
 	}
 	memset(r->zeros, 0, r->mb_size);
+	ret = ra_build(r);
+	if (ret)
+		goto err;
 	r->fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (r->fd < 0) {
 		ret = rfail(r, -errno, "%s: cannot open", path);
@@ -1834,6 +1981,7 @@ HALITE_EXPORT void halite_restore_free(struct halite_restore *r)
 	free((void *)r->mb);
 	free(r->lbs);
 	free(r->q);
+	free(r->ra_next);
 	free(r->rd_thr);
 	halite_io_free(r->fault_tmp);
 	halite_io_free(r->zeros);

@@ -286,7 +286,7 @@ static void run_demand(const char *file, const char *trace)
 	struct halite_restore_stats st;
 	struct run run;
 
-	run_open(&run, file, trace, HALITE_RESTORE_NO_PREFETCH);
+	run_open(&run, file, trace, HALITE_RESTORE_NO_PREFETCH | HALITE_RESTORE_NO_READAHEAD);
 	touch(run.mem, 1, 0);	/* LB 0 */
 	settle(run.r, 1, 1, false);
 	touch(run.mem, 2, 1);	/* LB 3 */
@@ -328,7 +328,8 @@ static void run_track(const char *file, const char *trace)
 	struct halite_restore_stats st;
 	struct run run;
 
-	run_open(&run, file, trace, HALITE_RESTORE_NO_PREFETCH | HALITE_RESTORE_TRACK_ACCESS);
+	run_open(&run, file, trace,
+		 HALITE_RESTORE_NO_PREFETCH | HALITE_RESTORE_NO_READAHEAD | HALITE_RESTORE_TRACK_ACCESS);
 	for (uint32_t i = 0; i < NLB; i++) {
 		touch(run.mem, layout[i].mb[0], 0);
 		if (i + 1 == NLB)

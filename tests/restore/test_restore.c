@@ -1557,7 +1557,8 @@ static void run_counts(int kind, bool track)
 	tv = toucher_start();
 	to = toucher_start();
 	vtid = atomic_load(&tv->tid);
-	o.flags = HALITE_RESTORE_NO_PREFETCH | (track ? HALITE_RESTORE_TRACK_ACCESS : 0);
+	o.flags = HALITE_RESTORE_NO_PREFETCH | HALITE_RESTORE_NO_READAHEAD |
+		  (track ? HALITE_RESTORE_TRACK_ACCESS : 0);
 	o.vcpu_tids = &vtid;
 	o.nvcpus = 1;
 	o.log = r_log_fn;
@@ -1761,7 +1762,7 @@ static void __attribute__((noreturn)) fail_child(const struct fail_plan *fp, str
 	for (uint32_t i = 0; i < mem.nreg; i++)
 		reg[i] = (struct halite_restore_region){ fp->img->reg[i].name, mem.host[i], mem.len[i],
 							 fp->kind };
-	o.flags = HALITE_RESTORE_NO_PREFETCH;
+	o.flags = HALITE_RESTORE_NO_PREFETCH | HALITE_RESTORE_NO_READAHEAD;
 	o.read_retries = fp->retries;
 	o.log = r_log_fn;
 	o.log_ctx = &log;
@@ -2031,7 +2032,7 @@ static void test_corrupt_lb_external(void **state)
 	for (uint32_t i = 0; i < img.nreg; i++)
 		reg[i] = (struct halite_restore_region){ img.reg[i].name, g->host[i],
 							 img.reg[i].length, HALITE_MEM_ANON };
-	o.flags = HALITE_RESTORE_NO_PREFETCH;
+	o.flags = HALITE_RESTORE_NO_PREFETCH | HALITE_RESTORE_NO_READAHEAD;
 	o.owner_pid = g->owner;
 	o.owner_uffd = uffd;
 	o.log = r_log_fn;
@@ -2120,7 +2121,7 @@ static void test_restorer_killed(void **state)
 			for (uint32_t i = 0; i < img.nreg; i++)
 				reg[i] = (struct halite_restore_region){ img.reg[i].name, g->host[i],
 									 img.reg[i].length, kind };
-			o.flags = HALITE_RESTORE_NO_PREFETCH;
+			o.flags = HALITE_RESTORE_NO_PREFETCH | HALITE_RESTORE_NO_READAHEAD;
 			o.owner_pid = g->owner;
 			o.owner_uffd = uffd;
 			res->ret = halite_restore_open(&r, path, reg, img.nreg, &o);

@@ -425,7 +425,7 @@ static void test_demand_exact(void **state)
 	halite_reader_free(rd);
 	toucher_start(&t);
 	tid = atomic_load(&t.tid);
-	o.flags = HALITE_RESTORE_NO_PREFETCH;
+	o.flags = HALITE_RESTORE_NO_PREFETCH | HALITE_RESTORE_NO_READAHEAD;
 	o.vcpu_tids = &tid;
 	o.nvcpus = 1;
 	o.trace_path = trace;
@@ -467,6 +467,131 @@ static void test_demand_exact(void **state)
 	unlink(trace);
 	free(first);
 	free(t.pages);
+	img_free(&im);
+}
+
+/* How many of @lb's stored blocks are resident (both pages). */
+static uint32_t lb_resident(struct halite_reader *rd, const struct img *im,
+			    uint8_t *const mem[NREG], uint64_t lb, uint32_t *n)
+{
+	const uint64_t *mbs;
+	uint32_t in = 0;
+
+	assert_int_equal(halite_reader_lb_members(rd, lb, &mbs, n), 0);
+	for (uint32_t i = 0; i < *n; i++) {
+		unsigned char vec[MB_SIZE / PAGE];
+
+		assert_int_equal(mincore(mb_addr(im, mem, mbs[i]), MB_SIZE, vec), 0);
+		in += (vec[0] & vec[1] & 1);
+	}
+	return in;
+}
+
+/* Wait until the engine has installed @want blocks other than zero ones. */
+static void wait_installed(struct halite_restore *r, uint64_t want, struct halite_restore_stats *st)
+{
+	for (int i = 0; i < WAIT_MS; i++) {
+		halite_restore_stats(r, st);
+		if (st->mb_fault + st->mb_pool + st->mb_prefetch >= want)
+			return;
+		usleep(1000);
+	}
+	fail_msg("only %llu of %llu blocks installed",
+		 (unsigned long long)(st->mb_fault + st->mb_pool + st->mb_prefetch),
+		 (unsigned long long)want);
+}
+
+/*
+ * Stream readahead, without the background prefetcher: a fault on a block
+ * of a stream's LB k reads k on demand and its stream's next two LBs ahead
+ * (prefetched: installed by the pool, no fault); the LB after them stays
+ * unread until a fault asks for it. Counts and residency checked after each
+ * touch, and every installed byte against the source.
+ */
+static void test_readahead(void **state)
+{
+	struct img im;
+	uint8_t *mem[NREG];
+	struct halite_restore_region reg[NREG];
+	HALITE_OPTS(halite_restore_opts, o);
+	struct halite_restore *r;
+	struct halite_restore_stats st;
+	struct halite_reader *rd;
+	uint64_t chain[6], want = 0;
+	uint32_t n[6], nch = 0, stream;
+	struct halite_lb_info li;
+
+	img_make(&im, "readahead.hlt");
+	for (int i = 0; i < NREG; i++)
+		mem[i] = mem_map(im.len[i], false);
+	regions(&im, mem, false, reg);
+	/* vCPU 1's stream, its first six LBs in order (file order is seq order). */
+	assert_int_equal(halite_reader_open(&rd, im.path, NULL), 0);
+	stream = HALITE_STREAM(HALITE_STREAM_VCPU, 1);
+	for (uint64_t lb = 0; lb < im.lb_total && nch < 6; lb++) {
+		assert_int_equal(halite_reader_lb_info(rd, lb, &li), 0);
+		if (li.stream == stream) {
+			assert_int_equal(li.seq, nch);
+			chain[nch++] = lb;
+		}
+	}
+	assert_int_equal(nch, 6);
+	o.flags = HALITE_RESTORE_NO_PREFETCH;
+	o.readahead = 2;
+	o.log = halite_log_stderr;
+	o.log_level = HALITE_LOG_WARN;
+	assert_int_equal(halite_restore_open(&r, im.path, reg, NREG, &o), 0);
+	assert_int_equal(halite_restore_start(r), 0);
+
+	for (int round = 0; round < 2; round++) {
+		uint64_t k = (uint64_t)round * 3; /* LBs 0 and 3 of the chain */
+		const uint64_t *mbs;
+		uint32_t cnt;
+
+		assert_int_equal(halite_reader_lb_members(rd, chain[k], &mbs, &cnt), 0);
+		(void)*(volatile uint8_t *)mb_addr(&im, mem, mbs[0]);
+		want += n[k] = cnt;
+		for (int j = 1; j <= 2; j++) {
+			assert_int_equal(halite_reader_lb_members(rd, chain[k + j], &mbs, &cnt), 0);
+			want += n[k + j] = cnt;
+		}
+		wait_installed(r, want, &st);
+		assert_int_equal(st.faults, round + 1);
+		assert_int_equal(st.lb_demand, round + 1);
+		assert_int_equal(st.lb_prefetch, 2 * (round + 1));
+		assert_int_equal(st.mb_fault, round + 1);
+		assert_int_equal(st.mb_pool + st.mb_fault, n[0] + (round ? n[3] : 0));
+		assert_int_equal(st.mb_prefetch, n[1] + n[2] + (round ? n[4] + n[5] : 0));
+		for (int j = 0; j < 3; j++) {
+			uint32_t all, in = lb_resident(rd, &im, mem, chain[k + j], &all);
+
+			assert_int_equal(in, all);
+		}
+		if (!round) {
+			uint32_t all, in = lb_resident(rd, &im, mem, chain[3], &all);
+
+			assert_int_equal(in, 0);
+		}
+	}
+	/* Every installed byte is the source's (the rest reads as nothing yet). */
+	for (int j = 0; j < 6; j++) {
+		const uint64_t *mbs;
+		uint32_t cnt;
+
+		assert_int_equal(halite_reader_lb_members(rd, chain[j], &mbs, &cnt), 0);
+		for (uint32_t i = 0; i < cnt; i++) {
+			uint64_t mb = mbs[i], per0 = im.len[0] / MB_SIZE;
+			const uint8_t *src = mb < per0 ? im.src[0] + mb * MB_SIZE
+						       : im.src[1] + (mb - per0) * MB_SIZE;
+
+			assert_memory_equal(mb_addr(&im, mem, mb), src, MB_SIZE);
+		}
+	}
+	log_stats("readahead", &st);
+	halite_restore_free(r);
+	halite_reader_free(rd);
+	for (int i = 0; i < NREG; i++)
+		munmap(mem[i], im.len[i]);
 	img_free(&im);
 }
 
@@ -513,7 +638,7 @@ static void test_corrupt_lb(void **state)
 	t.npages = 1;
 	assert_int_equal(sigaction(SIGSEGV, &sa, &old), 0);
 	toucher_start(&t);
-	o.flags = HALITE_RESTORE_NO_PREFETCH;
+	o.flags = HALITE_RESTORE_NO_PREFETCH | HALITE_RESTORE_NO_READAHEAD;
 	assert_int_equal(halite_restore_open(&r, im.path, reg, NREG, &o), 0);
 	assert_int_equal(halite_restore_start(r), 0);
 	atomic_store(&t.go, 1);
@@ -571,6 +696,7 @@ int main(void)
 		cmocka_unit_test(test_prefetch_anon),
 		cmocka_unit_test(test_prefetch_shared),
 		cmocka_unit_test(test_demand_exact),
+		cmocka_unit_test(test_readahead),
 		cmocka_unit_test(test_corrupt_lb),
 	};
 	int ret;

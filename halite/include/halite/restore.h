@@ -14,6 +14,8 @@
  *   never-touched blocks are never read: a fault on one is answered with
  *   UFFDIO_ZEROPAGE, and those never faulted stay holes, which read as zeros
  *   once the range is unregistered.
+ * - a demand read also reads ahead the next LBs of the same stream (what the
+ *   guest touched after that LB during the save), counted as prefetched;
  * - a background prefetcher reads the remaining LBs in file order (the order
  *   the save wrote them, i.e. the guest's access order) with several reads in
  *   flight, throttled: it holds back while demand faults are busy and runs
@@ -71,7 +73,8 @@ struct halite_restore_region {
 	int kind;	  /* enum halite_mem_kind: ANON (private) or SHARED (memfd, tmpfs) */
 };
 
-#define HALITE_RESTORE_NO_PREFETCH 0x1u	 /* demand faults only (tests, measurements) */
+/* No background prefetcher (tests, measurements); with NO_READAHEAD, demand reads only. */
+#define HALITE_RESTORE_NO_PREFETCH 0x1u
 #define HALITE_RESTORE_DIRECT 0x2u	 /* read LBs with O_DIRECT (cold-cache measurements) */
 /*
  * Measure the paper's "VM access %": the other blocks of an LB read for a
@@ -81,7 +84,9 @@ struct halite_restore_region {
  * staged block the guest touches.
  */
 #define HALITE_RESTORE_TRACK_ACCESS 0x4u
-#define HALITE_RESTORE_FLAGS_ALL 0x7u
+/* No stream readahead (opts.readahead). */
+#define HALITE_RESTORE_NO_READAHEAD 0x8u
+#define HALITE_RESTORE_FLAGS_ALL 0xfu
 
 struct halite_restore_opts {
 	size_t sz;
@@ -91,7 +96,8 @@ struct halite_restore_opts {
 	unsigned queue_depth;	   /* prefetch reads in flight at most; 0 = 8, at most 4096 */
 	uint32_t read_latency_us;  /* added to every LB read: slow disks, remote storage */
 	unsigned workers;	   /* install threads; 0 = online CPUs, at most 256 */
-	unsigned demand_readers;   /* threads reading LBs for faults; 0 = 4, at most 256 */
+	unsigned demand_readers;   /* threads reading LBs for faults (and readahead);
+				      0 = 16, at most 256 */
 	unsigned read_retries;	   /* extra attempts at an LB that fails; 0 = 2 */
 	/* vCPU threads, for per-vCPU fault counts; optional */
 	const pid_t *vcpu_tids;
@@ -121,6 +127,13 @@ struct halite_restore_opts {
 	halite_log_fn log;
 	void *log_ctx;
 	int log_level;
+	/*
+	 * Stream readahead: a demand read of an LB also reads the next
+	 * @readahead LBs of its stream (what the guest touched next during the
+	 * save), on at most half the demand readers, counted as prefetched.
+	 * 0 = 8, at most 64.
+	 */
+	unsigned readahead;
 };
 
 struct halite_restore_stats {
