@@ -70,6 +70,7 @@
 
 #include <halite/halite.h>
 
+#include "fault.h"
 #include "peers.h"
 #include "relayout.h"
 #include "stats.h"
@@ -1645,14 +1646,22 @@ static int micro(int argc, char **argv)
 	return bench_end(&b, failed ? 1 : 0);
 }
 
+#define USAGE                                                                              \
+	"usage: " PROG " COMMAND [options]   (" PROG " COMMAND --help)\n"                       \
+	"  micro   the paper's microbenchmark: organisations and peers, restore overhead\n"     \
+	"  fault   the cost of one fault answered from storage against this machine's limit\n"
+
 int main(int argc, char **argv)
 {
 	if (argc >= 2 && !strcmp(argv[1], "micro"))
 		return micro(argc - 1, argv + 1);
+	if (argc >= 2 && !strcmp(argv[1], "fault"))
+		return cmd_fault(argc - 1, argv + 1);
 	if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
-		printf("usage: " PROG " micro [options]   (" PROG " micro --help)\n");
+		printf(USAGE);
 		return 0;
 	}
-	fprintf(stderr, "usage: " PROG " micro [options]   (" PROG " micro --help)\n");
+	fprintf(stderr, argc >= 2 ? PROG ": unknown command '%s'\n" USAGE : "%s" USAGE,
+		argc >= 2 ? argv[1] : "");
 	return 2;
 }

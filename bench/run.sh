@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Issue 5's benchmarks, one after the other, each one's JSON saved in DIR, then
+# the paper's figures and a summary drawn from them (bench/plot.py):
+#
+#   micro.json          halite-bench micro --json: Figure 2, Table 1
+#   compress-P.json     halite-bench micro --json --only locality,halite
+#                       --compress P for P = 10 30 50 70 90, cold cache,
+#                       1 ms per read, no VM access runs: Figure 4
+#   fio.json            bench/fio.sh: this machine's random-read limits
+#   fault.json          halite-bench fault --json, if this build has it
+#   runs.tsv            file, exit code, seconds, command, for each of them
+#   *.log               each command's stderr (progress)
+#   fig2-overhead.svg, table1.md, fig4-compress.svg, summary.md
+#
+#   bench/run.sh [--quick] [--out DIR] [--build DIR]
+#
+# Builds first (scripts/build.sh, which installs what is missing), into
+# --build DIR or $BUILD (default: build/). --out: default bench-results/.
+# --quick: the benches' reduced runs (128 MiB guest), about 2 minutes on a
+# 2-core machine; the full run takes about 40 minutes.
+# Exit 0 when every command succeeded, 77 when userfaultfd is unavailable,
+# 1 otherwise (the JSON of a run that failed a check is still saved and drawn).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+quick=0
+out=$root/bench-results
+build=${BUILD:-$root/build}
+while [[ $# -gt 0 ]]; do
+	case "$1" in
+	--out|--build)
+		[[ $# -ge 2 ]] || { echo "run.sh: $1 needs a value (see --help)" >&2; exit 2; } ;;&
+	--quick) quick=1 ;;
+	--out) out=$2; shift ;;
+	--build) build=$2; shift ;;
+	-h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+	*) echo "run.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+	esac
+	shift
+done
+
+start=$(date +%s)
+say() {
+	local t=$(($(date +%s) - start))
+	printf '== [%2d:%02d] %s\n' $((t / 60)) $((t % 60)) "$*" >&2
+}
+
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+build=$(mkdir -p "$build" && cd "$build" && pwd)
+# Commands are run from the top of the repository and recorded with paths
+# relative to it where they are inside it, so summary.md shows them as typed.
+cd "$root"
+rel() { local p=$1; [[ $p == "$root"/* ]] && p=${p#"$root"/}; printf '%s' "$p"; }
+bench=$(rel "$build")/bench/halite-bench
+dir=$(rel "$out")
+
+say "build ($(rel "$build"))"
+"$root/scripts/build.sh" "$build" >/dev/null
+
+# This run's files only: a fault.json left from an earlier run must not be
+# taken for this one's.
+rm -f "$out"/micro.json "$out"/compress-*.json "$out"/fio.json "$out"/fault.json \
+	"$out"/*.log "$out"/runs.tsv "$out"/fig2-overhead.svg "$out"/fig4-compress.svg \
+	"$out"/table1.md "$out"/summary.md
+printf '# file\texit\tseconds\tcommand\n' >"$out/runs.tsv"
+
+failed=0
+skipped=0
+# run FILE COMMAND...: stdout to DIR/FILE, stderr to the terminal and DIR/FILE.log.
+run() {
+	local file=$1 rc=0 t0 t1
+	shift
+	say "$* > $dir/$file"
+	t0=$(date +%s%N)
+	"$@" >"$out/$file" 2> >(tee "$out/${file%.json}.log" >&2) || rc=$?
+	t1=$(( ($(date +%s%N) - t0) / 100000000 ))
+	printf '%s\t%d\t%d.%d\t%s\n' "$file" "$rc" $((t1 / 10)) $((t1 % 10)) "$*" \
+		>>"$out/runs.tsv"
+	case $rc in
+	0) ;;
+	77) skipped=1; say "$file: skipped (exit 77)" ;;
+	*) failed=1; say "$file: exit $rc (kept; plot.py says what it can)" ;;
+	esac
+	return 0
+}
+
+q=()
+[[ $quick == 1 ]] && q=(--quick)
+
+# (a) The microbenchmark: Figure 2 and Table 1.
+run micro.json "$bench" micro --json "${q[@]}"
+
+# (b) Figure 4: uncompressed locality blocks against halite across
+# compressibility, at one storage condition.
+if [[ $skipped == 0 ]]; then
+	for p in 10 30 50 70 90; do
+		run "compress-$p.json" "$bench" micro --json "${q[@]}" --only locality,halite \
+			--compress "$p" --cache cold --latency 1000 --no-track
+	done
+fi
+
+# (c) This machine's random-read limits, on the storage the benches use
+# (halite-bench micro's --dir default), not in DIR, which may be a tmpfs.
+run fio.json bench/fio.sh /var/tmp "${q[@]}"
+
+# (d) The cost of one fault from storage against those limits, if built.
+if "$bench" fault --help >/dev/null 2>&1; then
+	fq=()
+	"$bench" fault --help 2>&1 | grep -q -- '--quick' && fq=("${q[@]}")
+	run fault.json "$bench" fault --json "${fq[@]}"
+else
+	say "halite-bench fault: not in this build, skipped"
+	rm -f "$out/fault.json"
+fi
+
+say "plot"
+python3 bench/plot.py "$out" >/dev/null
+say "done in $(($(date +%s) - start)) s: $dir/summary.md"
+ls -1 "$out"/*.svg "$out"/*.md >&2 2>/dev/null || true
+if [[ $skipped == 1 ]]; then
+	exit 77
+fi
+exit $failed
