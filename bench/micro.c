@@ -522,11 +522,19 @@ static int run_source(struct bench *b)
 		set_err(b, "synth_pause: %s", strerror(-ret));
 		goto out;
 	}
-	for (unsigned v = 0; v < b->p.vcpus; v++) {
+	for (unsigned v = 0, ndone = 0; v < b->p.vcpus; v++) {
 		struct synth_vcpu_stats st;
 
 		synth_vcpu_stats(g, v, &st);
 		b->pos[v] = st.accesses;
+		ndone += st.done != 0;
+		if (ndone == b->p.vcpus) {
+			/* Nothing left to restore into: every timing would be empty. */
+			set_err(b, "every vCPU finished its run before the snapshot: the run is too "
+				"short to snapshot in its middle; raise --passes");
+			ret = -EINVAL;
+			goto out;
+		}
 		for (int k = 0; k < 8; k++)
 			devstate[8 * v + k] = (uint8_t)(st.accesses >> (8 * k));
 		if (st.done || st.accesses + b->ws_units > b->max_accesses)
