@@ -83,14 +83,13 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
-#include <sys/sysinfo.h>
 #include <sys/sysmacros.h>
-#include <sys/utsname.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <halite/halite.h>
 
+#include "bench_util.h"
 #include "fault.h"
 #include "stats.h"
 #include "uffd.h"
@@ -203,21 +202,6 @@ static int fail(struct fb *b, const char *fmt, ...)
 	return -1;
 }
 
-static bool parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out)
-{
-	char *end;
-	unsigned long long v;
-
-	if (!*s || *s == '-' || *s == '+')
-		return false;
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (errno || *end || v < min || v > max)
-		return false;
-	*out = v;
-	return true;
-}
-
 static uint64_t splitmix(uint64_t *s)
 {
 	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
@@ -259,31 +243,6 @@ static double quantile_us(uint64_t *v, size_t n, double q)
 static double ns_us(uint64_t ns)
 {
 	return (double)ns / 1e3;
-}
-
-static void json_str(const char *s)
-{
-	putchar('"');
-	for (; s && *s; s++) {
-		unsigned char ch = (unsigned char)*s;
-
-		if (ch == '"' || ch == '\\')
-			printf("\\%c", ch);
-		else if (ch < 0x20)
-			printf("\\u%04x", ch);
-		else
-			putchar(ch);
-	}
-	putchar('"');
-}
-
-/* A number, or null when it is not one (never NaN in JSON). */
-static void json_num(double v, int prec)
-{
-	if (isfinite(v))
-		printf("%.*f", prec, v);
-	else
-		printf("null");
 }
 
 /* --- the file --- */
@@ -1018,66 +977,6 @@ static double limit_rt(const struct cond *c)
 	return c->read_p50 + c->dec_p50 + c->rt_p50;
 }
 
-static void read_line(const char *path, const char *prefix, char *out, size_t len)
-{
-	char line[512];
-	FILE *f = fopen(path, "re");
-
-	out[0] = '\0';
-	if (!f)
-		return;
-	while (fgets(line, sizeof(line), f)) {
-		char *p;
-
-		if (prefix && strncmp(line, prefix, strlen(prefix)))
-			continue;
-		p = prefix ? strchr(line, ':') : line;
-		if (!p)
-			continue;
-		p += prefix ? 1 : 0;
-		while (*p == ' ' || *p == '\t')
-			p++;
-		p[strcspn(p, "\n")] = '\0';
-		while (*p && p[strlen(p) - 1] == ' ')
-			p[strlen(p) - 1] = '\0';
-		snprintf(out, len, "%s", p);
-		break;
-	}
-	fclose(f);
-}
-
-/* The block device under @dir (as micro.c): name, model, rotational; "" when none. */
-static void storage_of(const char *dir, char *dev, size_t dlen, char *model, size_t mlen, int *rot)
-{
-	char path[PATH_MAX], real[PATH_MAX], buf[64];
-	struct stat st;
-	char *name;
-
-	dev[0] = model[0] = '\0';
-	*rot = -1;
-	if (stat(dir, &st) || !major(st.st_dev))
-		return;
-	snprintf(path, sizeof(path), "/sys/dev/block/%u:%u", major(st.st_dev), minor(st.st_dev));
-	if (!realpath(path, real))
-		return;
-	if (snprintf(path, sizeof(path), "%s/partition", real) >= (int)sizeof(path))
-		return;
-	if (!access(path, F_OK))
-		*strrchr(real, '/') = '\0';
-	name = strrchr(real, '/');
-	name = name ? name + 1 : real;
-	if (strlen(name) >= dlen)
-		return;
-	memcpy(dev, name, strlen(name) + 1);
-	if (snprintf(path, sizeof(path), "%s/device/model", real) < (int)sizeof(path))
-		read_line(path, NULL, model, mlen);
-	if (snprintf(path, sizeof(path), "%s/queue/rotational", real) >= (int)sizeof(path))
-		return;
-	read_line(path, NULL, buf, sizeof(buf));
-	if (buf[0])
-		*rot = atoi(buf);
-}
-
 static const char *const notes[] = {
 	"engine: HALITE_RESTORE_NO_PREFETCH, one thread touching one page per LB, one at a "
 	"time: every fault reads its LB; the install pool decodes and installs the rest of "
@@ -1100,27 +999,10 @@ static const char *const notes[] = {
 static void print_json(const struct fb *b)
 {
 	const struct halite_file_info *fi = b->fi;
-	struct utsname u;
-	struct sysinfo si;
-	char cpu[256], dev[64], model[128];
-	int rot;
 
-	uname(&u);
-	sysinfo(&si);
-	read_line("/proc/cpuinfo", "model name", cpu, sizeof(cpu));
-	storage_of(b->p.dir, dev, sizeof(dev), model, sizeof(model), &rot);
-	printf("{\"machine\": {\"cpu\": ");
-	json_str(cpu);
-	printf(", \"cores\": %ld, \"memory_bytes\": %llu, \"kernel\": ",
-	       sysconf(_SC_NPROCESSORS_ONLN), (unsigned long long)si.totalram * si.mem_unit);
-	json_str(u.release);
-	printf(", \"storage\": {\"dir\": ");
-	json_str(b->p.dir);
-	printf(", \"device\": ");
-	dev[0] ? json_str(dev) : (void)printf("null");
-	printf(", \"model\": ");
-	model[0] ? json_str(model) : (void)printf("null");
-	printf(", \"rotational\": %s}},\n", rot < 0 ? "null" : rot ? "true" : "false");
+	printf("{\"machine\": ");
+	bench_machine_json(b->p.dir);
+	printf(",\n");
 	printf(" \"params\": {\"mem_bytes\": %" PRIu64 ", \"file_bytes\": %" PRIu64
 	       ", \"stored_bytes\": %" PRIu64 ", \"stored_pct\": %.1f, \"codec\": \"%s\", "
 	       "\"mb_bytes\": %u, \"lb_bytes\": %u, \"lb_count\": %" PRIu64 ", \"touches\": %" PRIu64
@@ -1136,11 +1018,11 @@ static void print_json(const struct fb *b)
 	       b->n < DEC_LBS ? b->n : DEC_LBS, COPY_SAMPLES, RT_SAMPLES, HANDOFF_SAMPLES, GAP_US,
 	       b->p.settle ? "true" : "false", b->p.readers, b->p.workers,
 	       b->p.seed);
-	b->p.keep ? json_str(b->path) : (void)printf("null");
+	b->p.keep ? bench_json_str(b->path) : (void)printf("null");
 	printf("},\n \"notes\": [");
 	for (size_t i = 0; i < sizeof(notes) / sizeof(notes[0]); i++) {
 		printf("%s\n   ", i ? "," : "");
-		json_str(notes[i]);
+		bench_json_str(notes[i]);
 	}
 	printf("],\n \"conditions\": [");
 	for (size_t i = 0; i < b->nconds; i++) {
@@ -1151,44 +1033,44 @@ static void print_json(const struct fb *b)
 		       ", \"engine_faults_cached\": %" PRIu64 ", \"engine_lb_demand\": %" PRIu64
 		       ", \"engine_fault_p50_us\": ", i ? "," : "", c->cold ? "cold" : "warm",
 		       c->lat, c->faults, c->faults_cached, c->lb_demand);
-		json_num(c->eng_p50, 2);
+		bench_json_num(c->eng_p50, 2);
 		printf(", \"engine_fault_p99_us\": ");
-		json_num(c->eng_p99, 2);
+		bench_json_num(c->eng_p99, 2);
 		printf(", \"touch_p50_us\": ");
-		json_num(c->touch_p50, 2);
+		bench_json_num(c->touch_p50, 2);
 		printf(", \"touch_p99_us\": ");
-		json_num(c->touch_p99, 2);
+		bench_json_num(c->touch_p99, 2);
 		printf(",\n   \"lb_read_p50_us\": ");
-		json_num(c->read_p50, 2);
+		bench_json_num(c->read_p50, 2);
 		printf(", \"lb_read_p99_us\": ");
-		json_num(c->read_p99, 2);
+		bench_json_num(c->read_p99, 2);
 		printf(", \"decompress_p50_us\": ");
-		json_num(c->dec_p50, 2);
+		bench_json_num(c->dec_p50, 2);
 		printf(", \"install_p50_us\": ");
-		json_num(c->install_p50, 2);
+		bench_json_num(c->install_p50, 2);
 		printf(", \"uffd_copy_p50_us\": ");
-		json_num(c->copy_p50, 2);
+		bench_json_num(c->copy_p50, 2);
 		printf(", \"fault_roundtrip_p50_us\": ");
-		json_num(c->rt_p50, 2);
+		bench_json_num(c->rt_p50, 2);
 		printf(", \"decompress_samples\": %zu", c->n_dec);
 		printf(",\n   \"verify_p50_us\": ");
-		json_num(c->verify_p50, 2);
+		bench_json_num(c->verify_p50, 2);
 		printf(", \"handoff_p50_us\": ");
-		json_num(c->handoff_p50, 2);
+		bench_json_num(c->handoff_p50, 2);
 		printf(", \"limit_us\": ");
-		json_num(lim, 2);
+		bench_json_num(lim, 2);
 		printf(", \"ratio\": ");
-		json_num(c->eng_p50 / lim, 3);
+		bench_json_num(c->eng_p50 / lim, 3);
 		printf(", \"within_1_5x\": %s, \"engine_extra_us\": ",
 		       c->eng_p50 <= 1.5 * lim ? "true" : "false");
-		json_num(c->eng_p50 - lim, 2);
+		bench_json_num(c->eng_p50 - lim, 2);
 		printf(",\n   \"limit_roundtrip_us\": ");
-		json_num(limrt, 2);
+		bench_json_num(limrt, 2);
 		printf(", \"touch_ratio\": ");
-		json_num(c->touch_p50 / limrt, 3);
+		bench_json_num(c->touch_p50 / limrt, 3);
 		printf(", \"touch_within_1_5x\": %s, \"ratio_vs_limit_roundtrip\": ",
 		       c->touch_p50 <= 1.5 * limrt ? "true" : "false");
-		json_num(c->eng_p50 / limrt, 3);
+		bench_json_num(c->eng_p50 / limrt, 3);
 		printf("}");
 	}
 	printf("]}\n");
@@ -1329,7 +1211,7 @@ static int parse_latencies(struct fparams *p, const char *s)
 	for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
 		uint64_t v;
 
-		if (p->nlat == MAX_LAT || !parse_u64(t, 0, 1000000, &v)) {
+		if (p->nlat == MAX_LAT || !bench_parse_u64(t, 0, 1000000, &v)) {
 			ret = -1;
 			break;
 		}
@@ -1364,13 +1246,13 @@ static int parse_args(struct fparams *p, int argc, char **argv)
 	while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (o) {
 		case O_MEM:
-			if (!parse_u64(optarg, 16, 65536, &p->mem_mib))
+			if (!bench_parse_u64(optarg, 16, 65536, &p->mem_mib))
 				return bad_arg("--mem-mib", optarg, "16..65536");
 			break;
 		case O_TOUCHES:
 			if (!strcmp(optarg, "all"))
 				p->touches = 0;
-			else if (!parse_u64(optarg, 1, UINT32_MAX, &p->touches))
+			else if (!bench_parse_u64(optarg, 1, UINT32_MAX, &p->touches))
 				return bad_arg("--touches", optarg, "a count >= 1, or all");
 			break;
 		case O_CACHE:
@@ -1388,7 +1270,7 @@ static int parse_args(struct fparams *p, int argc, char **argv)
 			p->keep = true;
 			break;
 		case O_SEED:
-			if (!parse_u64(optarg, 0, UINT64_MAX, &p->seed))
+			if (!bench_parse_u64(optarg, 0, UINT64_MAX, &p->seed))
 				return bad_arg("--seed", optarg, "a number");
 			break;
 		case O_JSON:
@@ -1398,11 +1280,11 @@ static int parse_args(struct fparams *p, int argc, char **argv)
 			p->settle = true;
 			break;
 		case O_READERS:
-			if (!parse_u64(optarg, 0, 256, &p->readers))
+			if (!bench_parse_u64(optarg, 0, 256, &p->readers))
 				return bad_arg("--readers", optarg, "0..256");
 			break;
 		case O_WORKERS:
-			if (!parse_u64(optarg, 0, 256, &p->workers))
+			if (!bench_parse_u64(optarg, 0, 256, &p->workers))
 				return bad_arg("--workers", optarg, "0..256");
 			break;
 		case 'h':

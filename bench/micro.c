@@ -62,14 +62,13 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
-#include <sys/sysinfo.h>
 #include <sys/sysmacros.h>
-#include <sys/utsname.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <halite/halite.h>
 
+#include "bench_util.h"
 #include "fault.h"
 #include "peers.h"
 #include "relayout.h"
@@ -203,46 +202,6 @@ static void set_err(struct bench *b, const char *fmt, ...)
 	vsnprintf(b->err, sizeof(b->err), fmt, ap);
 	va_end(ap);
 	fprintf(stderr, PROG ": %s\n", b->err);
-}
-
-static bool parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out)
-{
-	char *end;
-	unsigned long long v;
-
-	if (!*s || *s == '-' || *s == '+')
-		return false;
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (errno || *end || v < min || v > max)
-		return false;
-	*out = v;
-	return true;
-}
-
-static void json_str(const char *s)
-{
-	putchar('"');
-	for (; s && *s; s++) {
-		unsigned char ch = (unsigned char)*s;
-
-		if (ch == '"' || ch == '\\')
-			printf("\\%c", ch);
-		else if (ch < 0x20)
-			printf("\\u%04x", ch);
-		else
-			putchar(ch);
-	}
-	putchar('"');
-}
-
-/* A number, or null when it is not one (never NaN in JSON). */
-static void json_num(double v, int prec)
-{
-	if (isfinite(v))
-		printf("%.*f", prec, v);
-	else
-		printf("null");
 }
 
 static double median(double *v, unsigned n)
@@ -850,67 +809,6 @@ static double vm_access(const struct bench *b, const struct mdef *d)
 	return NAN;
 }
 
-static void read_line(const char *path, const char *prefix, char *out, size_t len)
-{
-	char line[512];
-	FILE *f = fopen(path, "re");
-
-	out[0] = '\0';
-	if (!f)
-		return;
-	while (fgets(line, sizeof(line), f)) {
-		char *p;
-
-		if (prefix && strncmp(line, prefix, strlen(prefix)))
-			continue;
-		p = prefix ? strchr(line, ':') : line;
-		if (!p)
-			continue;
-		p += prefix ? 1 : 0;
-		while (*p == ' ' || *p == '\t')
-			p++;
-		p[strcspn(p, "\n")] = '\0';
-		while (*p && p[strlen(p) - 1] == ' ')
-			p[strlen(p) - 1] = '\0';
-		snprintf(out, len, "%s", p);
-		break;
-	}
-	fclose(f);
-}
-
-/* The block device under @dir: name, model, rotational; "" when not a block device. */
-static void storage_of(const char *dir, char *dev, size_t dlen, char *model, size_t mlen, int *rot)
-{
-	char path[PATH_MAX], real[PATH_MAX], buf[64];
-	struct stat st;
-	char *name;
-
-	dev[0] = model[0] = '\0';
-	*rot = -1;
-	if (stat(dir, &st) || !major(st.st_dev))
-		return;
-	snprintf(path, sizeof(path), "/sys/dev/block/%u:%u", major(st.st_dev), minor(st.st_dev));
-	if (!realpath(path, real))
-		return;
-	/* A partition's directory sits inside its disk's: use the disk. */
-	if (snprintf(path, sizeof(path), "%s/partition", real) >= (int)sizeof(path))
-		return;
-	if (!access(path, F_OK))
-		*strrchr(real, '/') = '\0';
-	name = strrchr(real, '/');
-	name = name ? name + 1 : real;
-	if (strlen(name) >= dlen)
-		return;
-	memcpy(dev, name, strlen(name) + 1);
-	if (snprintf(path, sizeof(path), "%s/device/model", real) < (int)sizeof(path))
-		read_line(path, NULL, model, mlen);
-	if (snprintf(path, sizeof(path), "%s/queue/rotational", real) >= (int)sizeof(path))
-		return;
-	read_line(path, NULL, buf, sizeof(buf));
-	if (buf[0])
-		*rot = atoi(buf);
-}
-
 static const char *content_name(enum content c)
 {
 	return c == CONTENT_EXACT ? "exact" : c == CONTENT_MISMATCH ? "mismatch" : NULL;
@@ -924,24 +822,24 @@ static void print_run_json(const struct bench *b, const struct run *r, bool with
 		vm = NAN;
 	printf("{\"name\": \"%s\", \"kind\": \"%s\", \"ok\": %s, \"restore_overhead_s\": ",
 	       r->d->name, r->d->org ? "organisation" : "peer", r->ok ? "true" : "false");
-	json_num(overhead(b, r), 4);
+	bench_json_num(overhead(b, r), 4);
 	printf(", \"first_access_s\": ");
-	json_num(r->first_s >= 0 ? r->first_s : NAN, 6);
+	bench_json_num(r->first_s >= 0 ? r->first_s : NAN, 6);
 	printf(", \"storage_reads\": %" PRIu64 ", \"demand_reads\": %" PRIu64
 	       ", \"bytes_read\": %" PRIu64 ", \"demand_faults\": %" PRIu64
 	       ", \"vm_access_pct\": ", r->mr.storage_reads, r->mr.demand_reads,
 	       r->mr.bytes_read, r->mr.demand_faults);
-	json_num(vm, 1);
+	bench_json_num(vm, 1);
 	printf(", \"read_latency_us\": %u, \"cache\": \"%s\", \"run_s\": ", r->lat,
 	       r->cold ? "cold" : "warm");
-	json_num(r->run_s, 4);
+	bench_json_num(r->run_s, 4);
 	printf(", \"start_s\": ");
-	json_num(r->mr.start_s, 4);
+	bench_json_num(r->mr.start_s, 4);
 	printf(", \"done_s\": ");
-	json_num(r->mr.done_s >= 0 ? r->mr.done_s : NAN, 4);
+	bench_json_num(r->mr.done_s >= 0 ? r->mr.done_s : NAN, 4);
 	printf(", \"failed_translations\": %" PRIu64 ", \"content\": ", r->xlate_faults);
 	if (content_name(r->content)) {
-		json_str(content_name(r->content));
+		bench_json_str(content_name(r->content));
 		printf(", \"pages_checked\": %" PRIu64 ", \"pages_wrong\": %" PRIu64,
 		       r->pages_checked, r->pages_wrong);
 	} else {
@@ -965,7 +863,7 @@ static void print_run_json(const struct bench *b, const struct run *r, bool with
 	}
 	printf(", \"error\": ");
 	if (r->err[0])
-		json_str(r->err);
+		bench_json_str(r->err);
 	else
 		printf("null");
 	printf("}");
@@ -974,33 +872,10 @@ static void print_run_json(const struct bench *b, const struct run *r, bool with
 static void print_json(const struct bench *b)
 {
 	const struct params *p = &b->p;
-	struct utsname u;
-	struct sysinfo si;
-	char cpu[256], dev[64], model[128];
-	int rot;
 
-	uname(&u);
-	sysinfo(&si);
-	read_line("/proc/cpuinfo", "model name", cpu, sizeof(cpu));
-	storage_of(p->dir, dev, sizeof(dev), model, sizeof(model), &rot);
-	printf("{\"machine\": {\"cpu\": ");
-	json_str(cpu);
-	printf(", \"cores\": %ld, \"memory_bytes\": %llu, \"kernel\": ",
-	       sysconf(_SC_NPROCESSORS_ONLN), (unsigned long long)si.totalram * si.mem_unit);
-	json_str(u.release);
-	printf(", \"storage\": {\"dir\": ");
-	json_str(p->dir);
-	printf(", \"device\": ");
-	if (dev[0])
-		json_str(dev);
-	else
-		printf("null");
-	printf(", \"model\": ");
-	if (model[0])
-		json_str(model);
-	else
-		printf("null");
-	printf(", \"rotational\": %s}},\n", rot < 0 ? "null" : rot ? "true" : "false");
+	printf("{\"machine\": ");
+	bench_machine_json(p->dir);
+	printf(",\n");
 
 	printf(" \"params\": {\"quick\": %s, \"mem_bytes\": %" PRIu64 ", \"vcpus\": %u, "
 	       "\"stride\": 16, \"ws_bytes_per_vcpu\": %" PRIu64 ", \"map_bytes_per_vcpu\": %" PRIu64
@@ -1036,7 +911,7 @@ static void print_json(const struct bench *b)
 		printf("null");
 	printf(", \"engine_readahead\": %s", p->no_readahead ? "false" : "true");
 	printf(", \"baseline_runs\": %u, \"dir\": ", p->baseline_runs);
-	json_str(b->work);
+	bench_json_str(b->work);
 	printf(",\n  \"notes\": [\"random, physical and locality: codec none, zero blocks stored "
 	       "as data (no zero elision), never-touched blocks have no bytes in any file\", "
 	       "\"locality: the saved streams in saved order; zero blocks, which the save placed "
@@ -1071,7 +946,7 @@ static void print_json(const struct bench *b)
 	       b->save.faults_vcpu, b->rl.mb_vcpu, b->rl.mb_virtual, b->rl.mb_physical,
 	       b->save.raw_bytes, b->save.stored_bytes);
 	if (content_name(b->save_content))
-		json_str(content_name(b->save_content));
+		bench_json_str(content_name(b->save_content));
 	else
 		printf("null");
 	printf("},\n \"files\": {");
@@ -1083,7 +958,7 @@ static void print_json(const struct bench *b)
 	       b->rl.ws_pages, b->rl.seconds);
 
 	printf(" \"baseline_s\": ");
-	json_num(b->baseline_s, 4);
+	bench_json_num(b->baseline_s, 4);
 	printf(", \"baseline_runs_s\": [");
 	for (unsigned i = 0; i < b->nbaseline; i++)
 		printf("%s%.4f", i ? ", " : "", b->baseline[i]);
@@ -1099,7 +974,7 @@ static void print_json(const struct bench *b)
 	}
 	printf("\n ],\n \"error\": ");
 	if (b->err[0])
-		json_str(b->err);
+		bench_json_str(b->err);
 	else
 		printf("null");
 	printf("}\n");
@@ -1298,7 +1173,7 @@ static int parse_latencies(struct params *p, const char *s)
 	for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
 		uint64_t v;
 
-		if (p->nlat == MAX_LAT || !parse_u64(t, 0, 1000000, &v)) {
+		if (p->nlat == MAX_LAT || !bench_parse_u64(t, 0, 1000000, &v)) {
 			ret = -1;
 			break;
 		}
@@ -1369,38 +1244,38 @@ static int parse_args(struct params *p, int argc, char **argv)
 	while ((opt = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
 		switch (opt) {
 		case O_MEM:
-			if (!parse_u64(optarg, 16, 65536, &v) || v % 2)
+			if (!bench_parse_u64(optarg, 16, 65536, &v) || v % 2)
 				return bad_arg("--mem-mib", optarg, "MiB, even, 16 .. 65536");
 			p->mem_mib = v;
 			mem_set = true;
 			break;
 		case O_VCPUS:
-			if (!parse_u64(optarg, 1, SYNTH_MAX_VCPUS, &v))
+			if (!bench_parse_u64(optarg, 1, SYNTH_MAX_VCPUS, &v))
 				return bad_arg("--vcpus", optarg, "1 .. 16");
 			p->vcpus = (unsigned)v;
 			break;
 		case O_COMPRESS:
-			if (!parse_u64(optarg, 10, 90, &v))
+			if (!bench_parse_u64(optarg, 10, 90, &v))
 				return bad_arg("--compress", optarg, "percent, 10 .. 90");
 			p->compress_pct = (unsigned)v;
 			break;
 		case O_WRITE:
-			if (!parse_u64(optarg, 0, 100, &v))
+			if (!bench_parse_u64(optarg, 0, 100, &v))
 				return bad_arg("--write-pct", optarg, "percent, 0 .. 100");
 			p->write_pct = (unsigned)v;
 			break;
 		case O_ZERO:
-			if (!parse_u64(optarg, 0, 90, &v))
+			if (!bench_parse_u64(optarg, 0, 90, &v))
 				return bad_arg("--zero-pct", optarg, "percent, 0 .. 90");
 			p->zero_pct = (unsigned)v;
 			break;
 		case O_UNTOUCHED:
-			if (!parse_u64(optarg, 0, 50, &v))
+			if (!bench_parse_u64(optarg, 0, 50, &v))
 				return bad_arg("--untouched-pct", optarg, "percent, 0 .. 50");
 			p->untouched_pct = (unsigned)v;
 			break;
 		case O_PASSES:
-			if (!parse_u64(optarg, 2, 1000000, &v))
+			if (!bench_parse_u64(optarg, 2, 1000000, &v))
 				return bad_arg("--passes", optarg, "2 .. 1000000");
 			p->passes = v;
 			break;
@@ -1416,7 +1291,7 @@ static int parse_args(struct params *p, int argc, char **argv)
 			lat_set = true;
 			break;
 		case O_TRACK_LAT:
-			if (!parse_u64(optarg, 0, 1000000, &v))
+			if (!bench_parse_u64(optarg, 0, 1000000, &v))
 				return bad_arg("--track-latency", optarg, "microseconds");
 			p->track_lat = (uint32_t)v;
 			break;
@@ -1428,7 +1303,7 @@ static int parse_args(struct params *p, int argc, char **argv)
 					       "names from --help, comma-separated");
 			break;
 		case O_BASE:
-			if (!parse_u64(optarg, 1, 16, &v))
+			if (!bench_parse_u64(optarg, 1, 16, &v))
 				return bad_arg("--baseline-runs", optarg, "1 .. 16");
 			p->baseline_runs = (unsigned)v;
 			break;
@@ -1440,12 +1315,12 @@ static int parse_args(struct params *p, int argc, char **argv)
 		case O_DIR: p->dir = optarg; break;
 		case O_KEEP: p->keep = true; break;
 		case O_SEED:
-			if (!parse_u64(optarg, 1, UINT64_MAX, &v))
+			if (!bench_parse_u64(optarg, 1, UINT64_MAX, &v))
 				return bad_arg("--seed", optarg, "a positive integer");
 			p->seed = v;
 			break;
 		case O_TIMEOUT:
-			if (!parse_u64(optarg, 1, 86400, &v))
+			if (!bench_parse_u64(optarg, 1, 86400, &v))
 				return bad_arg("--timeout", optarg, "seconds, 1 .. 86400");
 			p->timeout_s = (unsigned)v;
 			break;

@@ -1,0 +1,149 @@
+// SPDX-License-Identifier: MIT
+#define _GNU_SOURCE
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/sysinfo.h>
+#include <sys/sysmacros.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include "bench_util.h"
+
+bool bench_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out)
+{
+	char *end;
+	unsigned long long v;
+
+	if (!*s || *s == '-' || *s == '+')
+		return false;
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (errno || *end || v < min || v > max)
+		return false;
+	*out = v;
+	return true;
+}
+
+void bench_json_str(const char *s)
+{
+	putchar('"');
+	for (; s && *s; s++) {
+		unsigned char ch = (unsigned char)*s;
+
+		if (ch == '"' || ch == '\\')
+			printf("\\%c", ch);
+		else if (ch < 0x20)
+			printf("\\u%04x", ch);
+		else
+			putchar(ch);
+	}
+	putchar('"');
+}
+
+void bench_json_num(double v, int prec)
+{
+	if (isfinite(v))
+		printf("%.*f", prec, v);
+	else
+		printf("null");
+}
+
+/* The first line of @path (with @prefix: the value after "prefix...:"), trimmed; "" if none. */
+static void read_line(const char *path, const char *prefix, char *out, size_t len)
+{
+	char line[512];
+	FILE *f = fopen(path, "re");
+
+	out[0] = '\0';
+	if (!f)
+		return;
+	while (fgets(line, sizeof(line), f)) {
+		char *p;
+
+		if (prefix && strncmp(line, prefix, strlen(prefix)))
+			continue;
+		p = prefix ? strchr(line, ':') : line;
+		if (!p)
+			continue;
+		p += prefix ? 1 : 0;
+		while (*p == ' ' || *p == '\t')
+			p++;
+		p[strcspn(p, "\n")] = '\0';
+		while (*p && p[strlen(p) - 1] == ' ')
+			p[strlen(p) - 1] = '\0';
+		snprintf(out, len, "%s", p);
+		break;
+	}
+	fclose(f);
+}
+
+/* The block device under @dir: name, model, rotational; "" when not a block device. */
+static void storage_of(const char *dir, char *dev, size_t dlen, char *model, size_t mlen, int *rot)
+{
+	char path[PATH_MAX], real[PATH_MAX], buf[64];
+	struct stat st;
+	char *name;
+
+	dev[0] = model[0] = '\0';
+	*rot = -1;
+	if (stat(dir, &st) || !major(st.st_dev))
+		return;
+	snprintf(path, sizeof(path), "/sys/dev/block/%u:%u", major(st.st_dev), minor(st.st_dev));
+	if (!realpath(path, real))
+		return;
+	/* A partition's directory sits inside its disk's: use the disk. */
+	if (snprintf(path, sizeof(path), "%s/partition", real) >= (int)sizeof(path))
+		return;
+	if (!access(path, F_OK))
+		*strrchr(real, '/') = '\0';
+	name = strrchr(real, '/');
+	name = name ? name + 1 : real;
+	if (strlen(name) >= dlen)
+		return;
+	memcpy(dev, name, strlen(name) + 1);
+	if (snprintf(path, sizeof(path), "%s/device/model", real) < (int)sizeof(path))
+		read_line(path, NULL, model, mlen);
+	if (snprintf(path, sizeof(path), "%s/queue/rotational", real) >= (int)sizeof(path))
+		return;
+	read_line(path, NULL, buf, sizeof(buf));
+	if (buf[0])
+		*rot = atoi(buf);
+}
+
+static void str_or_null(const char *s)
+{
+	if (s[0])
+		bench_json_str(s);
+	else
+		printf("null");
+}
+
+void bench_machine_json(const char *dir)
+{
+	char cpu[256], dev[64], model[128];
+	struct utsname u;
+	struct sysinfo si;
+	int rot;
+
+	uname(&u);
+	sysinfo(&si);
+	read_line("/proc/cpuinfo", "model name", cpu, sizeof(cpu));
+	storage_of(dir, dev, sizeof(dev), model, sizeof(model), &rot);
+	printf("{\"cpu\": ");
+	bench_json_str(cpu);
+	printf(", \"cores\": %ld, \"memory_bytes\": %llu, \"kernel\": ",
+	       sysconf(_SC_NPROCESSORS_ONLN), (unsigned long long)si.totalram * si.mem_unit);
+	bench_json_str(u.release);
+	printf(", \"storage\": {\"dir\": ");
+	bench_json_str(dir);
+	printf(", \"device\": ");
+	str_or_null(dev);
+	printf(", \"model\": ");
+	str_or_null(model);
+	printf(", \"rotational\": %s}}", rot < 0 ? "null" : rot ? "true" : "false");
+}
