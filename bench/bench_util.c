@@ -13,6 +13,25 @@
 #include <unistd.h>
 
 #include "bench_util.h"
+#include "uffd.h"
+
+int bench_preflight(const char *prog, const char *dir)
+{
+	struct halite_uffd_caps caps;
+	struct stat sb;
+	int ret;
+
+	if (stat(dir, &sb) || !S_ISDIR(sb.st_mode) || access(dir, W_OK)) {
+		fprintf(stderr, "%s: --dir %s: not a writable directory\n", prog, dir);
+		return 2;
+	}
+	ret = halite_uffd_probe(&caps);
+	if (ret) {
+		fprintf(stderr, "%s: userfaultfd unavailable: %s: skipped\n", prog, strerror(-ret));
+		return 77;
+	}
+	return 0;
+}
 
 bool bench_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out)
 {
@@ -27,6 +46,58 @@ bool bench_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out)
 		return false;
 	*out = v;
 	return true;
+}
+
+int bench_bad_arg(const char *prog, const char *opt, const char *val, const char *want)
+{
+	fprintf(stderr, "%s: %s %s: want %s\n", prog, opt, val, want);
+	return 2;
+}
+
+int bench_parse_caches(const char *s, bool cache[2], bool *cold_first)
+{
+	char *copy = strdup(s), *save = NULL;
+	bool first = true;
+	int ret = 0;
+
+	if (!copy)
+		return -1;
+	cache[0] = cache[1] = false;
+	for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+		int k = !strcmp(t, "warm") ? 0 : !strcmp(t, "cold") ? 1 : -1;
+
+		if (k < 0) {
+			ret = -1;
+			break;
+		}
+		if (first)
+			*cold_first = k == 1;
+		first = false;
+		cache[k] = true;
+	}
+	free(copy);
+	return ret || (!cache[0] && !cache[1]) ? -1 : 0;
+}
+
+int bench_parse_latencies(const char *s, uint32_t *lat, unsigned max, unsigned *n)
+{
+	char *copy = strdup(s), *save = NULL;
+	int ret = 0;
+
+	if (!copy)
+		return -1;
+	*n = 0;
+	for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+		uint64_t v;
+
+		if (*n == max || !bench_parse_u64(t, 0, 1000000, &v)) {
+			ret = -1;
+			break;
+		}
+		lat[(*n)++] = (uint32_t)v;
+	}
+	free(copy);
+	return ret || !*n ? -1 : 0;
 }
 
 void bench_json_str(const char *s)

@@ -9,8 +9,27 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+/*
+ * Before a bench starts: @dir must be a writable directory (else a message,
+ * 2, a usage error) and userfaultfd usable (else a message, 77, skipped).
+ * 0 to go on.
+ */
+int bench_preflight(const char *prog, const char *dir);
+
 /* A decimal in [min, max], nothing else (no sign, no suffix). */
 bool bench_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out);
+
+/* "PROG: OPT VAL: want WANT" on stderr; returns 2, the usage-error exit code. */
+int bench_bad_arg(const char *prog, const char *opt, const char *val, const char *want);
+
+/*
+ * --cache LIST: "warm", "cold" or both, comma-separated; cache[0] warm,
+ * cache[1] cold, *cold_first when cold came first. 0, or -1 when malformed.
+ */
+int bench_parse_caches(const char *s, bool cache[2], bool *cold_first);
+
+/* --latency LIST: up to @max comma-separated microseconds (0..1000000). 0 or -1. */
+int bench_parse_latencies(const char *s, uint32_t *lat, unsigned max, unsigned *n);
 
 /* A JSON string; NULL prints "". */
 void bench_json_str(const char *s);

@@ -53,6 +53,7 @@
 
 #include <halite/halite.h>
 
+#include "bench_util.h"
 #include "endian_util.h"
 #include "stats.h"
 #include "synth.h"
@@ -151,37 +152,6 @@ static const char *dur(char *buf, size_t len, uint64_t ns)
 	else
 		snprintf(buf, len, "%.2f s", (double)ns / 1e9);
 	return buf;
-}
-
-static bool parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out)
-{
-	char *end;
-	unsigned long long v;
-
-	if (!*s || *s == '-' || *s == '+')
-		return false;
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (errno || *end || v < min || v > max)
-		return false;
-	*out = v;
-	return true;
-}
-
-static void json_str(const char *s)
-{
-	putchar('"');
-	for (; *s; s++) {
-		unsigned char ch = (unsigned char)*s;
-
-		if (ch == '"' || ch == '\\')
-			printf("\\%c", ch);
-		else if (ch < 0x20)
-			printf("\\u%04x", ch);
-		else
-			putchar(ch);
-	}
-	putchar('"');
 }
 
 /*
@@ -491,7 +461,7 @@ static void __attribute__((noreturn)) restore_died(struct cycle *c, struct halit
 		snprintf(msg, sizeof(msg), "%s: %s (%s)", what, halite_strerror(ret),
 			 r ? halite_restore_errmsg(r) : "");
 		printf("{\"ok\": false, \"error\": ");
-		json_str(msg);
+		bench_json_str(msg);
 		printf("}\n");
 	}
 	fflush(stdout);
@@ -744,7 +714,7 @@ static void print_json(const struct cycle *c)
 
 	printf("{\"ok\": %s, \"error\": ", cycle_ok(c) ? "true" : "false");
 	if (c->err[0])
-		json_str(c->err);
+		bench_json_str(c->err);
 	else
 		printf("null");
 	printf(",\n \"guest\": {\"mem_bytes\": %" PRIu64 ", \"vcpus\": %u, \"stride\": 16, "
@@ -753,7 +723,7 @@ static void print_json(const struct cycle *c)
 	       "\"restore_write_pct\": 0, \"warmup_ms\": %u, \"seed\": %" PRIu64 "},\n",
 	       p->size_mib * MIB, p->vcpus, c->ws_bytes, SAVE_WRITE_PCT, WARMUP_MS, p->seed);
 	printf(" \"file\": {\"path\": ");
-	json_str(c->path);
+	bench_json_str(c->path);
 	printf(", \"kept\": %s, \"codec\": \"%s\"},\n", p->keep && c->saved ? "true" : "false",
 	       halite_codec_name(p->codec));
 	if (!c->saved) {
@@ -983,20 +953,18 @@ int main(int argc, char **argv)
 		.p = { .size_mib = 256, .vcpus = 2, .codec = HALITE_CODEC_LZ4, .dir = "/var/tmp",
 		       .seed = 1, .timeout_s = 300 },
 	};
-	struct halite_uffd_caps caps;
-	struct stat sb;
 	uint64_t v;
 	int opt, ret;
 
 	while ((opt = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
 		switch (opt) {
 		case 'm':
-			if (!parse_u64(optarg, 4, 65536, &v) || v % 2)
+			if (!bench_parse_u64(optarg, 4, 65536, &v) || v % 2)
 				return bad_arg("--size", optarg, "MiB of guest memory, even, 4 .. 65536");
 			c.p.size_mib = v;
 			break;
 		case 'v':
-			if (!parse_u64(optarg, 1, SYNTH_MAX_VCPUS, &v))
+			if (!bench_parse_u64(optarg, 1, SYNTH_MAX_VCPUS, &v))
 				return bad_arg("--vcpus", optarg, "1 .. 16 vCPUs");
 			c.p.vcpus = (unsigned)v;
 			break;
@@ -1008,12 +976,12 @@ int main(int argc, char **argv)
 		case 'd': c.p.dir = optarg; break;
 		case 'k': c.p.keep = true; break;
 		case 's':
-			if (!parse_u64(optarg, 1, UINT64_MAX, &v))
+			if (!bench_parse_u64(optarg, 1, UINT64_MAX, &v))
 				return bad_arg("--seed", optarg, "a positive integer");
 			c.p.seed = v;
 			break;
 		case 't':
-			if (!parse_u64(optarg, 1, 86400, &v))
+			if (!bench_parse_u64(optarg, 1, 86400, &v))
 				return bad_arg("--timeout", optarg, "seconds, 1 .. 86400");
 			c.p.timeout_s = (unsigned)v;
 			break;
@@ -1026,16 +994,9 @@ int main(int argc, char **argv)
 		fprintf(stderr, PROG ": unexpected argument '%s' (see --help)\n", argv[optind]);
 		return 2;
 	}
-	if (stat(c.p.dir, &sb) || !S_ISDIR(sb.st_mode) || access(c.p.dir, W_OK)) {
-		fprintf(stderr, PROG ": --dir %s: not a writable directory\n", c.p.dir);
-		return 2;
-	}
-
-	ret = halite_uffd_probe(&caps);
-	if (ret) {
-		fprintf(stderr, PROG ": userfaultfd unavailable: %s: skipped\n", strerror(-ret));
-		return 77;
-	}
+	ret = bench_preflight(PROG, c.p.dir);
+	if (ret)
+		return ret;
 	if (asprintf(&c.path, "%s/" PROG "-%d.hlt", c.p.dir, (int)getpid()) < 0) {
 		fprintf(stderr, PROG ": out of memory\n");
 		return 1;

@@ -1168,58 +1168,6 @@ static void usage(FILE *f)
 "never asserted.\n", MAX_LAT);
 }
 
-static int bad_arg(const char *opt, const char *val, const char *want)
-{
-	fprintf(stderr, PROG ": %s %s: want %s\n", opt, val, want);
-	return 2;
-}
-
-static int parse_caches(struct fparams *p, const char *s)
-{
-	char *copy = strdup(s), *save = NULL;
-	bool first = true;
-	int ret = 0;
-
-	if (!copy)
-		return -1;
-	p->cache[0] = p->cache[1] = false;
-	for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-		int k = !strcmp(t, "warm") ? 0 : !strcmp(t, "cold") ? 1 : -1;
-
-		if (k < 0) {
-			ret = -1;
-			break;
-		}
-		if (first)
-			p->cold_first = k == 1;
-		first = false;
-		p->cache[k] = true;
-	}
-	free(copy);
-	return ret || (!p->cache[0] && !p->cache[1]) ? -1 : 0;
-}
-
-static int parse_latencies(struct fparams *p, const char *s)
-{
-	char *copy = strdup(s), *save = NULL;
-	int ret = 0;
-
-	if (!copy)
-		return -1;
-	p->nlat = 0;
-	for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-		uint64_t v;
-
-		if (p->nlat == MAX_LAT || !bench_parse_u64(t, 0, 1000000, &v)) {
-			ret = -1;
-			break;
-		}
-		p->lat[p->nlat++] = (uint32_t)v;
-	}
-	free(copy);
-	return ret || !p->nlat ? -1 : 0;
-}
-
 /* 0 to run, 1 after --help, 2 on a usage error. */
 static int parse_args(struct fparams *p, int argc, char **argv)
 {
@@ -1246,21 +1194,21 @@ static int parse_args(struct fparams *p, int argc, char **argv)
 		switch (o) {
 		case O_MEM:
 			if (!bench_parse_u64(optarg, 16, 65536, &p->mem_mib))
-				return bad_arg("--mem-mib", optarg, "16..65536");
+				return bench_bad_arg(PROG, "--mem-mib", optarg, "16..65536");
 			break;
 		case O_TOUCHES:
 			if (!strcmp(optarg, "all"))
 				p->touches = 0;
 			else if (!bench_parse_u64(optarg, 1, UINT32_MAX, &p->touches))
-				return bad_arg("--touches", optarg, "a count >= 1, or all");
+				return bench_bad_arg(PROG, "--touches", optarg, "a count >= 1, or all");
 			break;
 		case O_CACHE:
-			if (parse_caches(p, optarg))
-				return bad_arg("--cache", optarg, "a list of warm and cold");
+			if (bench_parse_caches(optarg, p->cache, &p->cold_first))
+				return bench_bad_arg(PROG, "--cache", optarg, "a list of warm and cold");
 			break;
 		case O_LAT:
-			if (parse_latencies(p, optarg))
-				return bad_arg("--latency", optarg, "up to 4 of 0..1000000");
+			if (bench_parse_latencies(optarg, p->lat, MAX_LAT, &p->nlat))
+				return bench_bad_arg(PROG, "--latency", optarg, "up to 4 of 0..1000000");
 			break;
 		case O_DIR:
 			p->dir = optarg;
@@ -1270,7 +1218,7 @@ static int parse_args(struct fparams *p, int argc, char **argv)
 			break;
 		case O_SEED:
 			if (!bench_parse_u64(optarg, 0, UINT64_MAX, &p->seed))
-				return bad_arg("--seed", optarg, "a number");
+				return bench_bad_arg(PROG, "--seed", optarg, "a number");
 			break;
 		case O_JSON:
 			p->json = true;
@@ -1280,11 +1228,11 @@ static int parse_args(struct fparams *p, int argc, char **argv)
 			break;
 		case O_READERS:
 			if (!bench_parse_u64(optarg, 0, 256, &p->readers))
-				return bad_arg("--readers", optarg, "0..256");
+				return bench_bad_arg(PROG, "--readers", optarg, "0..256");
 			break;
 		case O_WORKERS:
 			if (!bench_parse_u64(optarg, 0, 256, &p->workers))
-				return bad_arg("--workers", optarg, "0..256");
+				return bench_bad_arg(PROG, "--workers", optarg, "0..256");
 			break;
 		case 'h':
 			usage(stdout);
@@ -1327,23 +1275,15 @@ int cmd_fault(int argc, char **argv)
 	};
 	struct fparams *p = &b.p;
 	HALITE_OPTS(halite_reader_opts, ro);
-	struct halite_uffd_caps caps;
 	char rerr[256] = "";
-	struct stat sb;
 	int ret;
 
 	ret = parse_args(p, argc, argv);
 	if (ret)
 		return ret == 1 ? 0 : ret;
-	if (stat(p->dir, &sb) || !S_ISDIR(sb.st_mode) || access(p->dir, W_OK)) {
-		fprintf(stderr, PROG ": --dir %s: not a writable directory\n", p->dir);
-		return 2;
-	}
-	ret = halite_uffd_probe(&caps);
-	if (ret) {
-		fprintf(stderr, PROG ": userfaultfd unavailable: %s: skipped\n", strerror(-ret));
-		return 77;
-	}
+	ret = bench_preflight(PROG, p->dir);
+	if (ret)
+		return ret;
 	/* Precise short sleeps, for us and for the engine's threads, which inherit it. */
 	prctl(PR_SET_TIMERSLACK, 1ul);
 	b.t_start = now_s();

@@ -1130,58 +1130,6 @@ static void usage(FILE *f)
 "77 userfaultfd unavailable.\n");
 }
 
-static int bad_arg(const char *opt, const char *val, const char *want)
-{
-	fprintf(stderr, PROG ": %s %s: want %s\n", opt, val, want);
-	return 2;
-}
-
-static int parse_caches(struct params *p, const char *s)
-{
-	char *copy = strdup(s), *save = NULL;
-	bool first = true;
-	int ret = 0;
-
-	if (!copy)
-		return -1;
-	p->cache[0] = p->cache[1] = false;
-	for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-		int k = !strcmp(t, "warm") ? 0 : !strcmp(t, "cold") ? 1 : -1;
-
-		if (k < 0) {
-			ret = -1;
-			break;
-		}
-		if (first)
-			p->cache_cold_first = k == 1;
-		first = false;
-		p->cache[k] = true;
-	}
-	free(copy);
-	return ret || (!p->cache[0] && !p->cache[1]) ? -1 : 0;
-}
-
-static int parse_latencies(struct params *p, const char *s)
-{
-	char *copy = strdup(s), *save = NULL;
-	int ret = 0;
-
-	if (!copy)
-		return -1;
-	p->nlat = 0;
-	for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-		uint64_t v;
-
-		if (p->nlat == MAX_LAT || !bench_parse_u64(t, 0, 1000000, &v)) {
-			ret = -1;
-			break;
-		}
-		p->lat[p->nlat++] = (uint32_t)v;
-	}
-	free(copy);
-	return ret || !p->nlat ? -1 : 0;
-}
-
 static int parse_only(struct params *p, const char *s)
 {
 	char *copy = strdup(s), *save = NULL;
@@ -1244,83 +1192,83 @@ static int parse_args(struct params *p, int argc, char **argv)
 		switch (opt) {
 		case O_MEM:
 			if (!bench_parse_u64(optarg, 16, 65536, &v) || v % 2)
-				return bad_arg("--mem-mib", optarg, "MiB, even, 16 .. 65536");
+				return bench_bad_arg(PROG, "--mem-mib", optarg, "MiB, even, 16 .. 65536");
 			p->mem_mib = v;
 			mem_set = true;
 			break;
 		case O_VCPUS:
 			if (!bench_parse_u64(optarg, 1, SYNTH_MAX_VCPUS, &v))
-				return bad_arg("--vcpus", optarg, "1 .. 16");
+				return bench_bad_arg(PROG, "--vcpus", optarg, "1 .. 16");
 			p->vcpus = (unsigned)v;
 			break;
 		case O_COMPRESS:
 			if (!bench_parse_u64(optarg, 10, 90, &v))
-				return bad_arg("--compress", optarg, "percent, 10 .. 90");
+				return bench_bad_arg(PROG, "--compress", optarg, "percent, 10 .. 90");
 			p->compress_pct = (unsigned)v;
 			break;
 		case O_WRITE:
 			if (!bench_parse_u64(optarg, 0, 100, &v))
-				return bad_arg("--write-pct", optarg, "percent, 0 .. 100");
+				return bench_bad_arg(PROG, "--write-pct", optarg, "percent, 0 .. 100");
 			p->write_pct = (unsigned)v;
 			break;
 		case O_ZERO:
 			if (!bench_parse_u64(optarg, 0, 90, &v))
-				return bad_arg("--zero-pct", optarg, "percent, 0 .. 90");
+				return bench_bad_arg(PROG, "--zero-pct", optarg, "percent, 0 .. 90");
 			p->zero_pct = (unsigned)v;
 			break;
 		case O_UNTOUCHED:
 			if (!bench_parse_u64(optarg, 0, 50, &v))
-				return bad_arg("--untouched-pct", optarg, "percent, 0 .. 50");
+				return bench_bad_arg(PROG, "--untouched-pct", optarg, "percent, 0 .. 50");
 			p->untouched_pct = (unsigned)v;
 			break;
 		case O_PASSES:
 			if (!bench_parse_u64(optarg, 2, 1000000, &v))
-				return bad_arg("--passes", optarg, "2 .. 1000000");
+				return bench_bad_arg(PROG, "--passes", optarg, "2 .. 1000000");
 			p->passes = v;
 			break;
 		case O_CACHE:
-			if (parse_caches(p, optarg))
-				return bad_arg("--cache", optarg, "warm, cold or warm,cold");
+			if (bench_parse_caches(optarg, p->cache, &p->cache_cold_first))
+				return bench_bad_arg(PROG, "--cache", optarg, "warm, cold or warm,cold");
 			cache_set = true;
 			break;
 		case O_LAT:
-			if (parse_latencies(p, optarg))
-				return bad_arg("--latency", optarg,
+			if (bench_parse_latencies(optarg, p->lat, MAX_LAT, &p->nlat))
+				return bench_bad_arg(PROG, "--latency", optarg,
 					       "up to 8 microsecond values, 0 .. 1000000");
 			lat_set = true;
 			break;
 		case O_TRACK_LAT:
 			if (!bench_parse_u64(optarg, 0, 1000000, &v))
-				return bad_arg("--track-latency", optarg, "microseconds");
+				return bench_bad_arg(PROG, "--track-latency", optarg, "microseconds");
 			p->track_lat = (uint32_t)v;
 			break;
 		case O_NO_TRACK: p->track = false; break;
 		case O_NO_RA: p->no_readahead = true; break;
 		case O_ONLY:
 			if (parse_only(p, optarg))
-				return bad_arg("--only", optarg,
+				return bench_bad_arg(PROG, "--only", optarg,
 					       "names from --help, comma-separated");
 			break;
 		case O_BASE:
 			if (!bench_parse_u64(optarg, 1, 16, &v))
-				return bad_arg("--baseline-runs", optarg, "1 .. 16");
+				return bench_bad_arg(PROG, "--baseline-runs", optarg, "1 .. 16");
 			p->baseline_runs = (unsigned)v;
 			break;
 		case O_CODEC:
 			p->codec = halite_codec_parse(optarg);
 			if (p->codec < 0)
-				return bad_arg("--codec", optarg, "lz4, zlib, zstd or none");
+				return bench_bad_arg(PROG, "--codec", optarg, "lz4, zlib, zstd or none");
 			break;
 		case O_DIR: p->dir = optarg; break;
 		case O_KEEP: p->keep = true; break;
 		case O_SEED:
 			if (!bench_parse_u64(optarg, 1, UINT64_MAX, &v))
-				return bad_arg("--seed", optarg, "a positive integer");
+				return bench_bad_arg(PROG, "--seed", optarg, "a positive integer");
 			p->seed = v;
 			break;
 		case O_TIMEOUT:
 			if (!bench_parse_u64(optarg, 1, 86400, &v))
-				return bad_arg("--timeout", optarg, "seconds, 1 .. 86400");
+				return bench_bad_arg(PROG, "--timeout", optarg, "seconds, 1 .. 86400");
 			p->timeout_s = (unsigned)v;
 			break;
 		case O_JSON: p->json = true; break;
@@ -1438,8 +1386,6 @@ static int micro(int argc, char **argv)
 		       .dir = "/var/tmp", .seed = 1, .timeout_s = 600 },
 	};
 	struct params *p = &b.p;
-	struct halite_uffd_caps caps;
-	struct stat sb;
 	size_t nconds;
 	char err[512];
 	bool failed = false;
@@ -1448,15 +1394,9 @@ static int micro(int argc, char **argv)
 	ret = parse_args(p, argc, argv);
 	if (ret)
 		return ret == 1 ? 0 : ret;
-	if (stat(p->dir, &sb) || !S_ISDIR(sb.st_mode) || access(p->dir, W_OK)) {
-		fprintf(stderr, PROG ": --dir %s: not a writable directory\n", p->dir);
-		return 2;
-	}
-	ret = halite_uffd_probe(&caps);
-	if (ret) {
-		fprintf(stderr, PROG ": userfaultfd unavailable: %s: skipped\n", strerror(-ret));
-		return 77;
-	}
+	ret = bench_preflight(PROG, p->dir);
+	if (ret)
+		return ret;
 	/* Precise short sleeps for the first-access watch. */
 	prctl(PR_SET_TIMERSLACK, 1ul);
 	b.t_start = now_s();
