@@ -715,18 +715,18 @@ static int queue_push(struct halite_restore *r, uint64_t lb)
 }
 
 /*
- * Under lk, after a demand read of @lb was queued: the next LBs of its
- * stream, those nobody has read, to be read ahead. They are claimed only
- * when a reader takes them (ra_take), so dropping the oldest of a full
- * queue loses nothing but the hint.
+ * Under lk, after a demand read of @lb: the next LBs of its stream, those
+ * nobody has read, to be read ahead. They are claimed only when a reader
+ * takes them (ra_take), so dropping the oldest of a full queue loses
+ * nothing but the hint. Returns how many readers may start on them now: the
+ * caller signals q_cond that often once it has unlocked.
  */
-static void ra_push(struct halite_restore *r, uint64_t lb)
+static size_t ra_push(struct halite_restore *r, uint64_t lb)
 {
 	for (unsigned i = 0; i < r->o.readahead && r->ra_next; i++) {
-		/* (No signal: the caller's for the demand read wakes a reader, which takes these.) */
 		lb = r->ra_next[lb];
 		if (lb == UINT64_MAX)
-			return;
+			break;
 		if (atomic_load(&r->lbs[lb].state) != LB_IDLE)
 			continue;
 		if (r->raq_len == RA_QUEUE) {
@@ -735,15 +735,16 @@ static void ra_push(struct halite_restore *r, uint64_t lb)
 		}
 		r->raq[(r->raq_head + r->raq_len++) % RA_QUEUE] = lb;
 	}
+	return HALITE_MIN(r->raq_len, (size_t)(r->ra_readers - r->ra_busy));
 }
 
 /* A reader is through with its readahead read: another may take one. */
 static void ra_done(struct halite_restore *r, bool ahead)
 {
-	if (!ahead)
-		return;
 	bool more;
 
+	if (!ahead)
+		return;
 	pthread_mutex_lock(&r->lk);
 	r->ra_busy--;
 	more = r->raq_len > 0;
@@ -894,8 +895,7 @@ static bool read_cached(struct halite_restore *r, uint64_t lb)
 	}
 	atomic_fetch_add(&r->n_bytes_read, r->lb_size);
 	pthread_mutex_lock(&r->lk);
-	ra_push(r, lb);
-	wake = HALITE_MIN(r->raq_len, (size_t)(r->ra_readers - r->ra_busy));
+	wake = ra_push(r, lb);
 	pthread_mutex_unlock(&r->lk);
 	while (wake--)
 		pthread_cond_signal(&r->q_cond);
@@ -970,11 +970,8 @@ static void serve_stored(struct halite_restore *r, uint64_t mb, uint64_t lb, uin
 					pthread_mutex_lock(&r->lk);
 				}
 				ret = queue_push(r, lb);
-				if (!ret) {
-					ra_push(r, lb);
-					wake = 1 + HALITE_MIN(r->raq_len,
-							      (size_t)(r->ra_readers - r->ra_busy));
-				}
+				if (!ret)
+					wake = 1 + ra_push(r, lb);
 			}
 			pthread_mutex_unlock(&r->lk);
 			/* A reader for the demand read, and one per readahead read it may start. */
