@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -31,6 +32,63 @@ int bench_preflight(const char *prog, const char *dir)
 		return 77;
 	}
 	return 0;
+}
+
+ssize_t bench_pread_full(int fd, void *buf, size_t len, uint64_t off)
+{
+	size_t got = 0;
+
+	while (got < len) {
+		ssize_t n = pread(fd, (char *)buf + got, len - got, (off_t)(off + got));
+
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		if (n == 0)
+			break;
+		got += (size_t)n;
+	}
+	return (ssize_t)got;
+}
+
+int bench_drop_cache(const char *path)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC), ret = 0;
+
+	if (fd < 0)
+		return -errno;
+	if (fdatasync(fd) && errno != EINVAL)
+		ret = -errno;
+	if (!ret)
+		ret = -posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+	close(fd);
+	return ret;
+}
+
+int bench_warm_file(const char *path)
+{
+	const size_t chunk = 1 << 20;
+	char *buf = malloc(chunk);
+	int fd, ret = 0;
+	ssize_t n;
+
+	if (!buf)
+		return -ENOMEM;
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		ret = -errno;
+		goto out;
+	}
+	while ((n = read(fd, buf, chunk)) > 0)
+		;
+	if (n < 0)
+		ret = -errno;
+	close(fd);
+out:
+	free(buf);
+	return ret;
 }
 
 bool bench_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out)

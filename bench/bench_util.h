@@ -8,6 +8,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 /*
  * Before a bench starts: @dir must be a writable directory (else a message,
@@ -15,6 +16,19 @@
  * 0 to go on.
  */
 int bench_preflight(const char *prog, const char *dir);
+
+/* pread until @len or end of file: bytes read (short only at the end), or -errno. */
+ssize_t bench_pread_full(int fd, void *buf, size_t len, uint64_t off);
+
+/*
+ * Cold: @path's pages out of the page cache. Written back first (fdatasync),
+ * since POSIX_FADV_DONTNEED leaves dirty pages; a file just made may be
+ * dirty. 0 or -errno.
+ */
+int bench_drop_cache(const char *path);
+
+/* Warm: every page of @path read into the page cache. 0 or -errno. */
+int bench_warm_file(const char *path);
 
 /* A decimal in [min, max], nothing else (no sign, no suffix). */
 bool bench_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out);

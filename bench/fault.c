@@ -305,42 +305,6 @@ static int write_file(struct fb *b)
 	return ret ? -1 : 0;
 }
 
-/* Cold: the file's pages out of the page cache (written back first, so DONTNEED drops them). */
-static int drop_cache(struct fb *b)
-{
-	int fd = open(b->path, O_RDONLY | O_CLOEXEC), ret = 0;
-
-	if (fd < 0)
-		return fail(b, "%s: %s", b->path, strerror(errno));
-	if (fdatasync(fd) || (errno = posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED)))
-		ret = fail(b, "%s: dropping its page cache: %s", b->path, strerror(errno));
-	close(fd);
-	return ret;
-}
-
-/* Warm: every page of the file in the page cache. */
-static int warm_cache(struct fb *b)
-{
-	const size_t chunk = 1 << 20;
-	char *buf = malloc(chunk);
-	int fd = open(b->path, O_RDONLY | O_CLOEXEC), ret = 0;
-	ssize_t n;
-
-	if (fd < 0 || !buf) {
-		ret = fail(b, "%s: %s", b->path, fd < 0 ? strerror(errno) : "out of memory");
-		goto out;
-	}
-	while ((n = read(fd, buf, chunk)) > 0)
-		;
-	if (n < 0)
-		ret = fail(b, "%s: reading it: %s", b->path, strerror(errno));
-out:
-	if (fd >= 0)
-		close(fd);
-	free(buf);
-	return ret;
-}
-
 /* The touch set: LBs spread evenly over the file, random order, a random stored block of each. */
 static int choose(struct fb *b)
 {
@@ -441,22 +405,6 @@ static int settle(struct fb *b, struct halite_restore *r, uint64_t expect)
 	}
 }
 
-static int pread_full(int fd, void *buf, size_t len, uint64_t off)
-{
-	size_t done = 0;
-
-	while (done < len) {
-		ssize_t n = pread(fd, (char *)buf + done, len - done, (off_t)(off + done));
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return n < 0 ? -errno : -HALITE_E_TRUNCATED;
-		done += (size_t)n;
-	}
-	return 0;
-}
-
 /* (a): reads [from, to) of rsel, timed, then checked (untimed). */
 static int lb_reads(struct fb *b, const struct cond *c, int fd, void *buf, uint64_t from,
 		    uint64_t to)
@@ -465,7 +413,8 @@ static int lb_reads(struct fb *b, const struct cond *c, int fd, void *buf, uint6
 
 	for (uint64_t i = from; i < to; i++) {
 		uint64_t lb = b->rsel[i], t0 = halite_now_ns();
-		int ret = pread_full(fd, buf, lbsz, b->fi->data_offset + lb * lbsz);
+		ssize_t n = bench_pread_full(fd, buf, lbsz, b->fi->data_offset + lb * lbsz);
+		int ret = n < 0 ? (int)n : n < lbsz ? -HALITE_E_TRUNCATED : 0;
 
 		if (c->lat)
 			sleep_until(t0 + (uint64_t)c->lat * 1000u);
@@ -500,7 +449,10 @@ static int run_engine(struct fb *b, struct cond *c)
 		   -1, 0);
 	if (mem == MAP_FAILED)
 		return fail(b, "mmap %" PRIu64 " bytes: %s", len, strerror(errno));
-	ret = c->cold ? drop_cache(b) : warm_cache(b);
+	ret = c->cold ? bench_drop_cache(b->path) : bench_warm_file(b->path);
+	if (ret)
+		return fail(b, "%s: %s its page cache: %s", b->path,
+			    c->cold ? "dropping" : "filling", strerror(-ret));
 	if (ret)
 		goto out;
 	fd = open(b->path, O_RDONLY | O_CLOEXEC | (c->cold ? O_DIRECT : 0));

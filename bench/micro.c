@@ -663,19 +663,6 @@ static enum content check_memory(struct bench *b, const uint8_t *mem, bool touch
 	return r->pages_wrong ? CONTENT_MISMATCH : CONTENT_EXACT;
 }
 
-/* Read a file through so its pages are in the page cache (warm runs). */
-static void warm_file(const char *path)
-{
-	static char buf[1 << 20];
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-
-	if (fd < 0)
-		return;
-	while (read(fd, buf, sizeof(buf)) > 0)
-		;
-	close(fd);
-}
-
 static void __attribute__((noreturn)) die_stuck(struct bench *b, struct run *r, const char *what);
 
 /*
@@ -706,11 +693,11 @@ static int run_method(struct bench *b, struct run *r, bool check)
 	r->first_s = -1;
 	if (!r->cold) {
 		if (d->org)
-			warm_file(cfg.hlt_path);
+			bench_warm_file(cfg.hlt_path);
 		else
-			warm_file(cfg.raw_path);
+			bench_warm_file(cfg.raw_path);
 		if (d->method == METHOD_WS)
-			warm_file(cfg.ws_path);
+			bench_warm_file(cfg.ws_path);
 	}
 	ret = method_prepare(&m, &cfg, &mem);
 	if (ret) {

@@ -61,6 +61,7 @@
 #include <halite/log.h>
 #include <halite/restore.h>
 
+#include "bench_util.h"
 #include "delayfs.h"
 #include "peers.h"
 #include "stats.h"
@@ -113,49 +114,6 @@ static void lat_wait(uint64_t t_issue_ns, uint32_t us)
 		return;
 	while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
 		;
-}
-
-/* pread until @len or EOF; bytes read or -errno. */
-static ssize_t pread_full(int fd, void *buf, size_t len, uint64_t off)
-{
-	size_t got = 0;
-
-	while (got < len) {
-		ssize_t n = pread(fd, (char *)buf + got, len - got, (off_t)(off + got));
-
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		if (n == 0)
-			break;
-		got += (size_t)n;
-	}
-	return (ssize_t)got;
-}
-
-/*
- * Drop @path's page cache. Dirty pages are not dropped by DONTNEED, so write
- * them first (a file just made by the bench may still be dirty).
- */
-static int drop_cache(const char *path)
-{
-	int fd = open(path, O_RDONLY | O_CLOEXEC), ret = 0;
-
-	if (fd < 0) {
-		ret = -errno;
-		fprintf(stderr, "peers: open %s: %s\n", path, strerror(errno));
-		return ret;
-	}
-	if (fdatasync(fd) && errno != EINVAL)
-		ret = -errno;
-	if (!ret)
-		ret = -posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-	if (ret)
-		fprintf(stderr, "peers: dropping the page cache of %s: %s\n", path, strerror(-ret));
-	close(fd);
-	return ret;
 }
 
 static int open_data(const char *path, bool direct, int *fd)
@@ -247,7 +205,7 @@ static int serve_fault(struct method *m, uint64_t addr)
 		return ioctl(m->uffd, UFFDIO_WAKE, &w) ? -errno : 0;
 	}
 	t = halite_now_ns();
-	n = pread_full(m->raw_fd, m->page, PAGE, idx * PAGE);
+	n = bench_pread_full(m->raw_fd, m->page, PAGE, idx * PAGE);
 	m->reads++;
 	m->fault_reads++;
 	if (n < 0)
@@ -391,7 +349,7 @@ static int ws_load(struct method *m)
 		uint8_t *p;
 
 		t = halite_now_ns();
-		n = pread_full(fd, data, WS_READ, off);
+		n = bench_pread_full(fd, data, WS_READ, off);
 		if (n < 0) {
 			ret = (int)n;
 			fprintf(stderr, "peers: reading %s at %" PRIu64 ": %s\n", m->cfg.ws_path,
@@ -468,7 +426,7 @@ static int eager_load(struct method *m)
 		while (off < end) {
 			size_t len = end - off < EAGER_READ ? (size_t)(end - off) : EAGER_READ;
 			uint64_t t = halite_now_ns();
-			ssize_t n = pread_full(fd, m->mem + off, len, off);
+			ssize_t n = bench_pread_full(fd, m->mem + off, len, off);
 
 			if (n < 0) {
 				fprintf(stderr, "peers: reading %s at %" PRIu64 ": %s\n",
@@ -595,12 +553,15 @@ int method_prepare(struct method **mp, const struct method_cfg *cfg, void **mem)
 	}
 
 	if (cfg->cold) {
-		if (cfg->kind == METHOD_HALITE)
-			ret = drop_cache(m->cfg.hlt_path);
-		else
-			ret = drop_cache(m->cfg.raw_path);
-		if (!ret && cfg->kind == METHOD_WS)
-			ret = drop_cache(m->cfg.ws_path);
+		const char *files[2] = { cfg->kind == METHOD_HALITE ? m->cfg.hlt_path : m->cfg.raw_path,
+					 cfg->kind == METHOD_WS ? m->cfg.ws_path : NULL };
+
+		for (int i = 0; i < 2 && files[i] && !ret; i++) {
+			ret = bench_drop_cache(files[i]);
+			if (ret)
+				fprintf(stderr, "peers: dropping the page cache of %s: %s\n",
+					files[i], strerror(-ret));
+		}
 		if (ret)
 			goto fail;
 	}
