@@ -77,6 +77,7 @@
 #include <sys/eventfd.h>
 #include <linux/magic.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/vfs.h>
 #include <time.h>
 #include <unistd.h>
@@ -187,6 +188,7 @@ struct halite_save {
 	_Atomic uint64_t n_faults, n_faults_vcpu, n_faults_other, n_bg, n_saved;
 	_Atomic uint64_t *n_faults_by_vcpu; /* blocks each vCPU's first touch saved */
 	_Atomic uint64_t n_stored, n_zero, n_untouched, raw_bytes, stored_bytes;
+	_Atomic uint64_t file_bytes; /* once finished */
 	struct halite_hist fault_hist;
 
 	struct halite_logger log;
@@ -1013,6 +1015,12 @@ static int finish_file(struct halite_save *s)
 		ret = halite_writer_finish(s->w);
 	if (ret)
 		return sfail(s, ret, "finishing %s: %s", s->path, halite_writer_errmsg(s->w));
+	{
+		struct stat sb;
+
+		if (!stat(s->path, &sb))
+			atomic_store(&s->file_bytes, (uint64_t)sb.st_size);
+	}
 	return 0;
 }
 
@@ -1332,6 +1340,14 @@ HALITE_EXPORT int halite_save_set_device_state(struct halite_save *s, const void
 	return halite_writer_set_device_state(s->w, data, len);
 }
 
+HALITE_EXPORT int halite_save_set_meta(struct halite_save *s, const char *key, const void *value,
+				       uint32_t len)
+{
+	if (s->state != S_CREATED)
+		return -HALITE_E_STATE;
+	return halite_writer_set_meta(s->w, key, value, len);
+}
+
 /* Undo arming of regions [0, n): their pages go back where they were. */
 static void disarm_regions(struct halite_save *s, uint32_t n)
 {
@@ -1574,6 +1590,7 @@ HALITE_EXPORT void halite_save_stats(struct halite_save *s, struct halite_save_s
 	st->mb_background = atomic_load(&s->n_bg);
 	st->raw_bytes = atomic_load(&s->raw_bytes);
 	st->stored_bytes = atomic_load(&s->stored_bytes);
+	st->file_bytes = atomic_load(&s->file_bytes);
 	/* Quantiles of a histogram other threads add to are approximate until done. */
 	st->fault_p50_ns = halite_hist_quantile(&s->fault_hist, 0.5);
 	st->fault_p99_ns = halite_hist_quantile(&s->fault_hist, 0.99);

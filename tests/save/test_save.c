@@ -33,6 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -550,9 +551,13 @@ static void run_save(enum mode mode, int codec, bool background, int fail)
 		halite_save_test_fail_writes(s, 200 << 10, fail);
 	if (fail == HALITE_E_INTERNAL)
 		halite_save_test_fail_check(s, 100);
+	assert_int_equal(halite_save_set_meta(s, "test.mode", mode_name[mode],
+					      (uint32_t)strlen(mode_name[mode])), 0);
 	atomic_store(&g->recording, 1);
 	ret = halite_save_arm(s);
 	assert_int_equal(ret, 0);
+	/* Metadata belongs to the file's start: not once armed. */
+	assert_int_equal(halite_save_set_meta(s, "late", "x", 1), -HALITE_E_STATE);
 	if (fail == EFBIG) {
 		/* The file may not grow past 256 KiB: a write fails with EFBIG. */
 		struct rlimit rl = { 256 << 10, RLIM_INFINITY };
@@ -654,7 +659,27 @@ static void run_save(enum mode mode, int codec, bool background, int fail)
 		else
 			check_content(path, snap, len, len - NVCPU * ws, 0, &st);
 		check_fault_stats(path, g, !background);
+		{
+			struct stat sb;
+
+			assert_int_equal(stat(path, &sb), 0);
+			assert_int_equal(st.file_bytes, (uint64_t)sb.st_size);
+		}
 		assert_int_equal(halite_reader_open(&r, path, NULL), 0);
+		{
+			const char *key;
+			const void *val;
+			uint32_t vlen, k;
+
+			for (k = 0; k < halite_reader_meta_count(r); k++) {
+				assert_int_equal(halite_reader_meta(r, k, &key, &val, &vlen), 0);
+				if (strcmp(key, "test.mode") == 0)
+					break;
+			}
+			assert_true(k < halite_reader_meta_count(r));
+			assert_int_equal(vlen, strlen(mode_name[mode]));
+			assert_memory_equal(val, mode_name[mode], vlen);
+		}
 		for (int i = 0; i < NVCPU && mode != HUGETLB; i++)
 			check_vcpu_stream(r, i, g, !background);
 		for (int i = 0; i < NVCPU && mode == HUGETLB; i++)

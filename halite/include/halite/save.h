@@ -127,7 +127,7 @@ struct halite_save_stats {
 	uint64_t fault_p99_ns;
 	uint64_t raw_bytes;	    /* bytes of stored memory blocks */
 	uint64_t stored_bytes;	    /* after compression */
-	uint64_t file_bytes;
+	uint64_t file_bytes;	    /* size of the complete file, once done (0 before) */
 	bool done;
 	int error;		    /* 0, or why the save failed */
 };
@@ -149,6 +149,13 @@ int halite_save_add_root(struct halite_save *s, const struct halite_root *root);
 
 /* Attach the hypervisor's device state, stored verbatim. Before arm. */
 int halite_save_set_device_state(struct halite_save *s, const void *data, uint64_t len);
+
+/*
+ * A metadata entry of the file (halite_writer_set_meta(): key 1..255 bytes,
+ * value up to 1 MiB, each key once), e.g. which hypervisor and machine the
+ * memory belongs to. Before arm; copied.
+ */
+int halite_save_set_meta(struct halite_save *s, const char *key, const void *value, uint32_t len);
 
 /*
  * The snapshot instant: call with the guest paused. Arms copy-on-access on
