@@ -4,6 +4,8 @@
 #   1. a normal (RelWithDebInfo) build: all CTest tests;
 #   2. an ASan+UBSan build: all CTest tests again;
 #   3. the reader's libFuzzer target for $HALITE_FUZZ_SECONDS (default 60) s.
+# First it builds the QEMU test guest (scripts/make-guest.sh, with QEMU and
+# the guest's packages): the qemu tests then must run, never skip.
 #
 #   scripts/test.sh                 everything above
 #   scripts/test.sh --quick         step 1 only
@@ -33,6 +35,9 @@ run_suite() { # name build-dir cmake-args...
 	echo "=== $name: ctest"
 	ctest --test-dir "$dir" --output-on-failure -j "$jobs" "${ctest_args[@]}"
 }
+
+"$root/scripts/make-guest.sh" >/dev/null
+export HALITE_REQUIRE_QEMU=1
 
 case $mode in
 quick)

@@ -1,0 +1,264 @@
+"""The QEMU test guest from Python: boot it, watch its console, talk HTTP and
+QMP, run halite-qemu on it. Shared by tests/qemu, bench/qemu.py and
+scripts/demo-qemu.py; the guest itself is built by scripts/make-guest.sh
+(guest-image/README.md).
+
+Every wait has a deadline and every failure raises GuestError with what was
+seen (the console's last lines), so a broken guest fails a test instead of
+hanging it.
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class GuestError(Exception):
+    pass
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class QMP:
+    """A minimal QMP client for the tests (halite-qemu has its own, in C)."""
+
+    def __init__(self, path, timeout=10):
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self.s.settimeout(timeout)
+                self.s.connect(path)
+                break
+            except OSError:
+                self.s.close()
+                if time.monotonic() > deadline:
+                    raise GuestError(f"QMP socket {path} did not come up in {timeout} s")
+                time.sleep(0.05)
+        self.f = self.s.makefile("rwb")
+        greeting = self._read()
+        self.version = greeting["QMP"]["version"]["qemu"]
+        self.cmd("qmp_capabilities")
+
+    def _read(self):
+        line = self.f.readline()
+        if not line:
+            raise EOFError("QMP connection closed")
+        return json.loads(line)
+
+    def cmd(self, name, **args):
+        msg = {"execute": name}
+        if args:
+            msg["arguments"] = args
+        self.f.write(json.dumps(msg).encode() + b"\n")
+        self.f.flush()
+        while True:
+            r = self._read()
+            if "return" in r:
+                return r["return"]
+            if "error" in r:
+                raise GuestError(f"QMP {name}: {r['error'].get('desc', r['error'])}")
+
+    def close(self):
+        # QEMU serves one client per QMP socket: the next one waits until this is closed
+        # (the file object holds the descriptor too).
+        for o in (self.f, self.s):
+            try:
+                o.close()
+            except OSError:
+                pass
+
+
+class Guest:
+    """One QEMU running the test guest. The command line is the same for a
+    boot and for a restore (halite-qemu restore adds what it needs)."""
+
+    def __init__(self, workdir, name="guest", image=None, mem_mib=512, smp=2,
+                 verifier_mib=64, append="", nic_model="virtio-net-pci"):
+        self.image = image or os.path.join(ROOT, "build", "guest-image")
+        self.workdir = workdir
+        self.name = name
+        self.mem_mib = mem_mib
+        self.smp = smp
+        self.port = free_port()
+        self.console = os.path.join(workdir, f"{name}-console.log")
+        self.qmp_path = os.path.join(workdir, f"{name}-qmp.sock")
+        self.proc = None
+        self.pid = None
+        kernel = os.path.join(self.image, "vmlinux")
+        if not os.path.exists(kernel):
+            kernel = os.path.join(self.image, "vmlinuz")
+        with open(os.path.join(self.image, "append")) as f:
+            base = f.read().strip()
+        base = re.sub(r"verifier\.mib=\d+", "", base).strip()
+        self.append = f"{base} verifier.mib={verifier_mib} {append}".strip()
+        nic = f"user,model={nic_model}," if nic_model else "user,"
+        self.args = [
+            "-machine", "q35", "-accel", "tcg,thread=multi", "-smp", str(smp),
+            "-m", f"{mem_mib}M",
+            "-object", f"memory-backend-memfd,id=mem0,size={mem_mib}M,share=on",
+            "-machine", "memory-backend=mem0",
+            "-display", "none", "-no-reboot", "-monitor", "none",
+            "-serial", f"file:{self.console}",
+            "-kernel", kernel, "-initrd", os.path.join(self.image, "initrd.img"),
+            "-append", self.append,
+            "-nic", f"{nic}hostfwd=tcp:127.0.0.1:{self.port}-:80",
+            "-qmp", f"unix:{self.qmp_path},server=on,wait=off",
+        ]
+
+    # --- process ---
+    def boot(self):
+        self.proc = subprocess.Popen(["qemu-system-x86_64"] + self.args,
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=open(os.path.join(self.workdir, f"{self.name}-qemu.err"), "w"))
+        self.pid = self.proc.pid
+        return self
+
+    def adopt(self, pid):
+        """A QEMU started by someone else (halite-qemu restore)."""
+        self.pid = pid
+
+    def alive(self):
+        if self.proc is not None:
+            return self.proc.poll() is None
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        # a zombie is dead
+        try:
+            with open(f"/proc/{self.pid}/stat") as f:
+                return f.read().split(")")[-1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    def kill(self):
+        if self.pid and self.alive():
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self.proc is not None:
+            self.proc.wait()
+        else:
+            deadline = time.monotonic() + 5
+            while self.alive() and time.monotonic() < deadline:
+                time.sleep(0.02)
+
+    def qmp(self, timeout=10):
+        return QMP(self.qmp_path, timeout)
+
+    # --- console ---
+    def console_text(self):
+        try:
+            with open(self.console, "rb") as f:
+                return f.read().decode(errors="replace").replace("\r", "")
+        except FileNotFoundError:
+            return ""
+
+    def console_tail(self, n=20):
+        return "\n".join("  | " + l for l in self.console_text().splitlines()[-n:])
+
+    def fail(self, msg):
+        raise GuestError(f"{msg}\n  last lines of {self.name}'s console:\n{self.console_tail()}")
+
+    def check_console(self):
+        text = self.console_text()
+        for bad in ("verifier: MISMATCH", "FAILED (", "Kernel panic", "init: verifier exited"):
+            if bad in text:
+                self.fail(f"the guest's console says '{bad}'")
+        return text
+
+    def verifier_lines(self):
+        return [l for l in self.console_text().splitlines() if l.startswith("verifier: pass ")]
+
+    def wait_console(self, pattern, timeout, after=0):
+        """Wait until @pattern (regex) appears in the console past offset @after."""
+        deadline = time.monotonic() + timeout
+        rx = re.compile(pattern, re.M)
+        while True:
+            text = self.check_console()
+            m = rx.search(text, after)
+            if m:
+                return m
+            if not self.alive():
+                self.fail(f"QEMU exited while waiting for /{pattern}/")
+            if time.monotonic() > deadline:
+                self.fail(f"no /{pattern}/ on the console within {timeout} s")
+            time.sleep(0.02)
+
+    def wait_ready(self, timeout=90):
+        """Verifier passing (two ok lines) and HTTP answering."""
+        self.wait_console(r"^verifier: pass \d+ ok.*\n(?:.*\n)*?verifier: pass \d+ ok", timeout)
+        self.http("/hello.txt", timeout=timeout)
+        return self
+
+    # --- HTTP ---
+    def http(self, path, timeout=30, per_try=5):
+        deadline = time.monotonic() + timeout
+        err = None
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}",
+                                            timeout=min(per_try, max(0.1, deadline - time.monotonic()))) as r:
+                    return r.read().decode(errors="replace")
+            except Exception as e:  # refused while slirp settles, or a timeout
+                err = e
+                time.sleep(0.05)
+        self.fail(f"HTTP GET {path}: no answer within {timeout} s ({err})")
+
+    def status(self):
+        body = self.http("/status")
+        kv = {}
+        for line in body.splitlines()[1:]:
+            k, _, v = line.partition(" ")
+            kv[k] = v
+        return kv
+
+    def digest(self):
+        """Ask the verifier to re-read its whole region now: (digest, uptime, expected)."""
+        body = self.http("/cgi-bin/digest").strip()
+        m = re.match(r"seq \d+ pass \d+ digest ([0-9a-f]+) uptime ([0-9.]+) (expected|differs)$", body)
+        if not m:
+            self.fail(f"/cgi-bin/digest: unexpected answer {body!r}")
+        return m.group(1), float(m.group(2)), m.group(3) == "expected"
+
+    def rewrites(self, on):
+        body = self.http("/cgi-bin/rewrites?" + ("on" if on else "off"))
+        return body
+
+
+def halite_qemu():
+    """The halite-qemu binary of the build tree (HALITE_QEMU_BIN overrides)."""
+    path = os.environ.get("HALITE_QEMU_BIN") or os.path.join(ROOT, "build", "tools",
+                                                             "halite-qemu", "halite-qemu")
+    if not os.path.exists(path):
+        raise GuestError(f"{path} not built (scripts/build.sh)")
+    return path
+
+
+def qemu_available():
+    return shutil.which("qemu-system-x86_64") is not None
+
+
+def image_ready(image=None):
+    image = image or os.path.join(ROOT, "build", "guest-image")
+    return all(os.path.exists(os.path.join(image, f)) for f in ("initrd.img", "append"))
+
+
+def make_workdir(prefix="halite-qemu-test."):
+    return tempfile.mkdtemp(prefix=prefix)

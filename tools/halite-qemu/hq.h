@@ -1,0 +1,126 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * halite-qemu, private: what the save and restore commands share about a
+ * running QEMU (its process, vCPUs and guest RAM) and the command-line
+ * plumbing.
+ */
+#ifndef HALITE_QEMU_HQ_H
+#define HALITE_QEMU_HQ_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <sys/types.h>
+
+#include <halite/halite.h>
+
+#include "qmp.h"
+
+#define PROG "halite-qemu"
+
+/* Exit status: 0 ok, 1 the operation failed, 2 usage, 77 kernel/QEMU lacks a feature. */
+enum { EXIT_OK = 0, EXIT_FAIL = 1, EXIT_USAGE = 2, EXIT_UNSUPPORTED = 77 };
+
+/* Timeouts of QMP calls; device state and HMP are fast, migration can take a while. */
+#define HQ_QMP_TIMEOUT_MS 10000
+#define HQ_MAX_VCPUS 1024
+#define HQ_MAX_REGIONS 64
+
+/* One piece of guest RAM as a halite region: a contiguous run of a RAM block. */
+struct hq_region {
+	char name[96];	     /* "mem0", or "mem0@0x80000000" for a later piece */
+	char block[64];	     /* the RAM block (QEMU's idstr: the memory backend's id) */
+	uint64_t gpa;	     /* guest-physical base of the piece */
+	uint64_t offset;     /* offset in the RAM block */
+	uint64_t length;
+	uint64_t host;	     /* address in QEMU */
+	uint64_t page_size;  /* the block's page size (4 KiB, or huge) */
+	int fd;		     /* the backing file, opened through /proc/PID/map_files */
+	uint64_t fd_offset;
+	bool hugetlb;
+};
+
+struct hq_vm {
+	struct hq_qmp *qmp;
+	pid_t pid;
+	int major, minor, micro;
+	char machine[64]; /* "pc-q35-7.2" */
+	uint32_t nvcpus;
+	pid_t vcpu_tids[HQ_MAX_VCPUS];
+	uint32_t nregions;
+	struct hq_region regions[HQ_MAX_REGIONS];
+	char err[1024];
+};
+
+/* --- vm.c --- */
+
+/*
+ * Connect to QEMU's QMP socket and learn the process, version, machine type
+ * and vCPU threads. @need lists QMP commands that must exist (NULL-ended).
+ * Returns 0, -HALITE_E_UNSUPPORTED when QEMU is too old or lacks a command,
+ * or -errno; vm->err says what.
+ */
+int hq_vm_attach(struct hq_vm *vm, const char *qmp_path, int timeout_ms,
+		 const char *const *need);
+/* Refresh vm->vcpu_tids (query-cpus-fast). */
+int hq_vm_vcpus(struct hq_vm *vm);
+/*
+ * Find the guest's RAM: every memory backend's RAM block, split by where
+ * the guest sees it (info mtree -f), each piece checked to be a shared
+ * mapping in QEMU and its file opened. -EINVAL when RAM is private (not a
+ * shared backend), with the fix in vm->err.
+ */
+int hq_vm_ram(struct hq_vm *vm);
+/* Close what hq_vm_ram() and hq_vm_attach() opened. */
+void hq_vm_release(struct hq_vm *vm);
+/* "running", "paused", "inmigrate", ... into buf. */
+int hq_vm_status(struct hq_vm *vm, char *buf, size_t len);
+/*
+ * The vCPUs' page-table roots now (info registers -a): those in 64-bit
+ * long mode with paging. Returns how many were written to roots (at most
+ * max), or < 0.
+ */
+int hq_vm_roots(struct hq_vm *vm, struct halite_root *roots, uint32_t max);
+/*
+ * The device state as a device-only incoming migration stream: header,
+ * CONFIGURATION (machine type), every non-RAM device section, EOF and a
+ * minimal VMDESCRIPTION. Taken with xen-save-devices-state, which works
+ * without Xen; call with the guest paused. *buf is malloc'd.
+ */
+int hq_vm_device_state(struct hq_vm *vm, uint8_t **buf, uint64_t *len);
+/*
+ * Check a stored device stream before loading it: the header and the
+ * machine type it names. Writes the machine type to @machine.
+ */
+int hq_device_stream_check(const uint8_t *buf, uint64_t len, char *machine, size_t mlen,
+			   char *err, size_t errlen);
+
+/*
+ * A userfaultfd created inside QEMU (ptrace), brought here; returns it (or
+ * < 0). With @remote, QEMU keeps its copy and *remote gets its number;
+ * without, QEMU's copy is closed at once.
+ */
+int hq_vm_uffd(struct hq_vm *vm, int *remote);
+/* Close QEMU's copy of a descriptor injected earlier. */
+int hq_vm_close_remote(struct hq_vm *vm, int remote);
+/* halite_drop_ptes_fn for QEMU: madvise(MADV_DONTNEED) injected into it. */
+int hq_drop_ptes(void *vm, uint64_t addr, uint64_t len);
+
+void hq_vmsetf(struct hq_vm *vm, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* --- util --- */
+uint64_t hq_now_ns(void);
+void hq_errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void hq_progressf(bool quiet, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+char *hq_bytes(uint64_t b, char *buf, size_t len); /* "512 MiB", "1.4 GiB" */
+int hq_parse_size(const char *s, uint64_t *out);
+void hq_json_str(const char *s);
+void hq_log(void *ctx, int level, const char *msg);
+
+/* --- commands --- */
+int hq_cmd_save(int argc, char **argv);
+int hq_cmd_restore(int argc, char **argv);
+void hq_help_save(FILE *f);
+void hq_help_restore(FILE *f);
+
+#endif

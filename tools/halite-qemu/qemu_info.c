@@ -1,0 +1,246 @@
+// SPDX-License-Identifier: MIT
+/* Parsers of QEMU's HMP output (see qemu_info.h). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qemu_info.h"
+
+#define MAX_ITEMS 4096
+
+/* A growing array of @size-byte items; *n counts them. */
+static void *grow(void *v, size_t *cap, size_t n, size_t size)
+{
+	void *p;
+
+	if (n < *cap)
+		return v;
+	*cap = *cap ? 2 * *cap : 16;
+	p = realloc(v, *cap * size);
+	if (!p)
+		free(v);
+	return p;
+}
+
+static uint64_t psize(const char *num, const char *unit)
+{
+	uint64_t v = strtoull(num, NULL, 10);
+
+	if (!strcmp(unit, "KiB"))
+		return v << 10;
+	if (!strcmp(unit, "MiB"))
+		return v << 20;
+	if (!strcmp(unit, "GiB"))
+		return v << 30;
+	return strcmp(unit, "B") ? 0 : v;
+}
+
+int hq_parse_ramblocks(const char *text, struct hq_ramblock **out, char *err, size_t errlen)
+{
+	struct hq_ramblock *v = NULL;
+	const char *line = text;
+	size_t n = 0, cap = 0;
+	int header = 0;
+
+	while (line && *line) {
+		const char *end = strchr(line, '\n');
+		size_t l = end ? (size_t)(end - line) : strlen(line);
+		char buf[512], name[64], num[32], unit[8];
+		unsigned long long off, used, total;
+
+		if (l < sizeof(buf)) {
+			memcpy(buf, line, l);
+			buf[l] = '\0';
+			if (strstr(buf, "Block Name") && strstr(buf, "PSize")) {
+				header = 1;
+			} else if (header && sscanf(buf, " %63s %31[0-9] %7s %llx %llx %llx", name, num,
+						    unit, &off, &used, &total) == 6) {
+				if (n == MAX_ITEMS || !(v = grow(v, &cap, n, sizeof(*v)))) {
+					snprintf(err, errlen, "info ramblock: too many blocks");
+					return -EINVAL;
+				}
+				snprintf(v[n].name, sizeof(v[n].name), "%s", name);
+				v[n].page_size = psize(num, unit);
+				v[n].offset = off;
+				v[n].used = used;
+				v[n].total = total;
+				if (!v[n].page_size || used > total) {
+					snprintf(err, errlen, "info ramblock: bad line '%s'", buf);
+					free(v);
+					return -EINVAL;
+				}
+				n++;
+			} else if (header && buf[strspn(buf, " \t\r")]) {
+				snprintf(err, errlen, "info ramblock: line not understood: '%s'", buf);
+				free(v);
+				return -EINVAL;
+			}
+		}
+		line = end ? end + 1 : NULL;
+	}
+	if (!header) {
+		snprintf(err, errlen, "info ramblock: no table header");
+		free(v);
+		return -EINVAL;
+	}
+	*out = v;
+	return (int)n;
+}
+
+static int reg(const char *s, const char *name, uint64_t *val)
+{
+	const char *p = strstr(s, name);
+	char *end;
+
+	if (!p)
+		return -1;
+	*val = strtoull(p + strlen(name), &end, 16);
+	return end == p + strlen(name) ? -1 : 0;
+}
+
+int hq_parse_registers(const char *text, struct hq_cpu_regs **out, char *err, size_t errlen)
+{
+	struct hq_cpu_regs *v = NULL;
+	const char *p = text;
+	size_t n = 0, cap = 0;
+
+	while ((p = strstr(p, "CPU#"))) {
+		const char *next = strstr(p + 4, "CPU#");
+		size_t l = next ? (size_t)(next - p) : strlen(p);
+		char *sec = strndup(p, l);
+		struct hq_cpu_regs r = { .cpu = atoi(p + 4) };
+		int bad;
+
+		if (!sec) {
+			free(v);
+			return -ENOMEM;
+		}
+		/* " CR3=" not "CR3=" alone: no other register name ends in CR3. */
+		bad = reg(sec, "CR0=", &r.cr0) || reg(sec, "CR3=", &r.cr3) ||
+		      reg(sec, "CR4=", &r.cr4) || reg(sec, "EFER=", &r.efer);
+		free(sec);
+		if (bad) {
+			snprintf(err, errlen, "info registers: CPU#%d without CR0, CR3, CR4 or EFER",
+				 r.cpu);
+			free(v);
+			return -EINVAL;
+		}
+		if (n == MAX_ITEMS || !(v = grow(v, &cap, n, sizeof(*v)))) {
+			snprintf(err, errlen, "info registers: too many CPUs");
+			return -EINVAL;
+		}
+		v[n++] = r;
+		p += 4;
+	}
+	if (!n) {
+		snprintf(err, errlen, "info registers: no CPU#N section");
+		return -EINVAL;
+	}
+	*out = v;
+	return (int)n;
+}
+
+/* The next line of *p into buf (cut at len-1); 0 at the end. */
+static int next_line(const char **p, char *buf, size_t len)
+{
+	const char *end;
+	size_t l;
+
+	if (!*p || !**p)
+		return 0;
+	end = strchr(*p, '\n');
+	l = end ? (size_t)(end - *p) : strlen(*p);
+	if (l >= len)
+		l = len - 1;
+	memcpy(buf, *p, l);
+	buf[l] = '\0';
+	*p = end ? end + 1 : NULL;
+	return 1;
+}
+
+/*
+ * A flat view starts with "FlatView #N", lists the address spaces using it
+ * (' AS "memory", root: system'), then its ranges:
+ * "  0000000000100000-000000007fffffff (prio 0, ram): mem0 @0000000000100000"
+ * (no "@" means offset 0; a trailing " KVM" or the like may follow).
+ */
+int hq_parse_mtree(const char *text, const char *ramname, struct hq_gpa_range **out, char *err,
+		   size_t errlen)
+{
+	struct hq_gpa_range *v = NULL;
+	const char *p = text;
+	size_t n = 0, cap = 0;
+	int in_view = 0, views = 0;
+	char buf[512];
+
+	while (next_line(&p, buf, sizeof(buf))) {
+		unsigned long long s, e, off = 0;
+		char kind[16], name[128];
+		const char *at;
+		int prio;
+
+		if (!strncmp(buf, "FlatView #", 10)) {
+			if (in_view)
+				break; /* the "memory" view is done */
+			views++;
+			continue;
+		}
+		if (strstr(buf, " AS \"memory\"") == buf) {
+			in_view = 1;
+			continue;
+		}
+		if (!in_view ||
+		    sscanf(buf, " %llx-%llx (prio %d, %15[^)]): %127s", &s, &e, &prio, kind,
+			   name) != 5)
+			continue;
+		if (strcmp(kind, "ram") || strcmp(name, ramname))
+			continue;
+		at = strstr(buf, "): ");
+		at = at ? strstr(at, " @") : NULL;
+		if (at && sscanf(at, " @%llx", &off) != 1) {
+			snprintf(err, errlen, "info mtree: offset not understood in '%s'", buf);
+			free(v);
+			return -EINVAL;
+		}
+		if (e < s) {
+			snprintf(err, errlen, "info mtree: bad range in '%s'", buf);
+			free(v);
+			return -EINVAL;
+		}
+		if (n && v[n - 1].gpa + v[n - 1].len == s && v[n - 1].offset + v[n - 1].len == off) {
+			v[n - 1].len += e - s + 1;
+			continue;
+		}
+		if (n == MAX_ITEMS || !(v = grow(v, &cap, n, sizeof(*v)))) {
+			snprintf(err, errlen, "info mtree: too many ranges");
+			return -EINVAL;
+		}
+		v[n].gpa = s;
+		v[n].len = e - s + 1;
+		v[n].offset = off;
+		n++;
+	}
+	if (!views || !in_view) {
+		snprintf(err, errlen, "info mtree -f: no flat view of address space \"memory\"");
+		free(v);
+		return -EINVAL;
+	}
+	*out = v;
+	return (int)n;
+}
+
+int hq_parse_gpa2hva(const char *text, uint64_t *hva, char *err, size_t errlen)
+{
+	const char *p = strstr(text, " is 0x");
+	unsigned long long v;
+
+	if (!strstr(text, "Host virtual address") || !p || sscanf(p, " is 0x%llx", &v) != 1) {
+		snprintf(err, errlen, "gpa2hva: '%.*s'", (int)strcspn(text, "\n"), text);
+		return -EINVAL;
+	}
+	*hva = v;
+	return 0;
+}

@@ -1,0 +1,42 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Parsers of QEMU's HMP text (checked on QEMU 7.2): pure functions on text,
+ * unit-tested on captured outputs (tests/qemu/samples/). Each returns a count
+ * (>= 0) with a malloc'd array, or -EINVAL with a message for text it does
+ * not understand.
+ */
+#ifndef HALITE_QEMU_INFO_H
+#define HALITE_QEMU_INFO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* "info ramblock": Block Name, PSize, Offset (ram_addr), Used, Total. */
+struct hq_ramblock {
+	char name[64];
+	uint64_t page_size, offset, used, total;
+};
+int hq_parse_ramblocks(const char *text, struct hq_ramblock **out, char *err, size_t errlen);
+
+/* "info registers -a": per "CPU#N", the control registers paging depends on. */
+struct hq_cpu_regs {
+	int cpu;
+	uint64_t cr0, cr3, cr4, efer;
+};
+int hq_parse_registers(const char *text, struct hq_cpu_regs **out, char *err, size_t errlen);
+
+/*
+ * "info mtree -f": in the flat view of address space "memory", the ranges
+ * backed by RAM region @ramname (ram, "@offset" into it), in GPA order;
+ * adjacent ones with contiguous GPA and offset are merged.
+ */
+struct hq_gpa_range {
+	uint64_t gpa, len, offset;
+};
+int hq_parse_mtree(const char *text, const char *ramname, struct hq_gpa_range **out, char *err,
+		   size_t errlen);
+
+/* "gpa2hva ADDR": "Host virtual address for 0x0 (mem0) is 0x7f..." -> 0 and *hva. */
+int hq_parse_gpa2hva(const char *text, uint64_t *hva, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,762 @@
+// SPDX-License-Identifier: MIT
+/*
+ * halite-qemu restore: start QEMU from a halite-qemu snapshot; the guest
+ * runs at once and its memory comes in lazily.
+ *
+ * 1. The file is opened and checked (regions, device state, vCPUs) before
+ *    anything starts.
+ * 2. QEMU starts with the user's command line plus -S, -incoming defer and
+ *    a QMP socket of ours. Its guest RAM (a shared backend, as at save) is
+ *    emptied (fallocate PUNCH_HOLE: nothing QEMU wrote while starting may
+ *    survive) and registered for missing-page faults through a userfaultfd
+ *    created inside QEMU, whose copy QEMU keeps: if this process dies,
+ *    QEMU's faults block rather than reading zeros.
+ * 3. The restore engine starts (fault thread, demand readers, install
+ *    pool, prefetcher), then the file's device state is fed to QEMU as a
+ *    device-only incoming migration (header, CONFIGURATION, device
+ *    sections, EOF: no RAM section). Loading it already touches RAM; those
+ *    faults are served like any other.
+ * 4. cont: the guest runs, milliseconds after QEMU was ready; the time is
+ *    reported. Faults and the throttled prefetcher bring in the rest.
+ * 5. All memory in: the engine unregisters, QEMU's copy of the descriptor
+ *    is closed, the report is printed; then either wait for QEMU to exit
+ *    (default, like running QEMU itself) or leave it running (--detach).
+ *
+ * If the restore fails (a locality block that fails its checksum), the
+ * guest is blocked on memory that will never come: QEMU is killed.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "hq.h"
+
+#define QEMU_DEFAULT "qemu-system-x86_64"
+#define QMP_START_TIMEOUT_MS 60000
+#define INCOMING_TIMEOUT_MS 120000
+
+struct restore_params {
+	const char *path;
+	char **qemu_argv; /* the user's, from after "--" */
+	int qemu_argc;
+	bool detach, paused, track, no_prefetch, json, quiet, verbose;
+	uint32_t read_latency_us;
+	const char *trace;
+	const char *qemu_log;
+};
+
+struct restore_run {
+	struct restore_params p;
+	struct hq_vm vm;
+	struct halite_restore *rs;
+	pid_t qemu;
+	int uffd, remote_uffd;
+	char dir[64];
+	uint8_t *dev;
+	uint64_t devlen;
+	uint32_t file_vcpus;
+	char file_machine[64];
+	uint32_t file_nregions;
+	struct halite_region_info file_regions[HQ_MAX_REGIONS];
+	uint64_t mem_bytes;
+	/* Times from the command's start. */
+	uint64_t t0, t_qmp, t_ready, t_loaded, t_resume, t_done;
+	struct halite_restore_stats st;
+	char err[1280];
+};
+
+void hq_help_restore(FILE *f)
+{
+	fprintf(f,
+		"Usage: " PROG " restore [OPTIONS] FILE -- [QEMU-BINARY] QEMU-ARGS...\n\n"
+		"Start QEMU from FILE (saved by '" PROG " save'); the guest runs at once and\n"
+		"its memory comes in lazily: each first access reads the locality block holding\n"
+		"it, and a throttled prefetcher brings in the rest while the guest is quiet.\n"
+		"QEMU-ARGS must describe the same machine as at save (same -machine, -smp, -m\n"
+		"and memory backend, which must be shared: memory-backend-memfd share=on, or\n"
+		"memory-backend-file share=on on tmpfs). " PROG " adds -S, -incoming defer and a\n"
+		"QMP socket. QEMU-BINARY defaults to " QEMU_DEFAULT " ($HALITE_QEMU).\n\n"
+		"Options:\n"
+		"  --detach           exit once all memory is in; QEMU keeps running in its own\n"
+		"                     session, its output to --qemu-log (default: wait for QEMU\n"
+		"                     to exit, and exit with it)\n"
+		"  --qemu-log FILE    QEMU's stdout and stderr go to FILE (appended); with\n"
+		"                     --detach the default is /dev/null\n"
+		"  --paused           leave the guest paused (QMP cont starts it); memory still\n"
+		"                     comes in\n"
+		"  --track-access     measure the VM access %% of demand-read locality blocks\n"
+		"                     (blocks are staged; costs a minor fault per staged block used)\n"
+		"  --no-prefetch      no background prefetch (memory comes only by faults)\n"
+		"  --read-latency US  add US microseconds to every read (slow-storage experiments)\n"
+		"  --trace FILE       write a restore trace (see 'halite-inspect restore')\n"
+		"  --json             print the report as one JSON object\n"
+		"  -q, --quiet        no progress on stderr\n"
+		"  -v, --verbose      the engine's log on stderr\n\n"
+		"SIGINT or SIGTERM during the restore stops QEMU: the guest cannot run without\n"
+		"its memory. If " PROG " is killed outright, the guest blocks (it never\n"
+		"reads memory that was not restored).\n"
+		"Exit status: QEMU's (0 with --detach) once restored; 1 failed, 2 usage,\n"
+		"77 the kernel or QEMU lacks a needed feature.\n");
+}
+
+static int parse_args(int argc, char **argv, struct restore_params *p)
+{
+	static const struct option lo[] = {
+		{ "detach", no_argument, NULL, 'd' },
+		{ "paused", no_argument, NULL, 'P' },
+		{ "track-access", no_argument, NULL, 't' },
+		{ "no-prefetch", no_argument, NULL, 'n' },
+		{ "read-latency", required_argument, NULL, 'L' },
+		{ "trace", required_argument, NULL, 'T' },
+		{ "qemu-log", required_argument, NULL, 'O' },
+		{ "json", no_argument, NULL, 'j' },
+		{ "quiet", no_argument, NULL, 'q' },
+		{ "verbose", no_argument, NULL, 'v' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 }
+	};
+	int c, dd;
+	uint64_t v;
+
+	*p = (struct restore_params){ 0 };
+	/* Our options end at "--"; QEMU's follow. */
+	for (dd = 1; dd < argc && strcmp(argv[dd], "--"); dd++)
+		;
+	optind = 1;
+	while ((c = getopt_long(dd, argv, "qvh", lo, NULL)) != -1) {
+		switch (c) {
+		case 'd':
+			p->detach = true;
+			break;
+		case 'P':
+			p->paused = true;
+			break;
+		case 't':
+			p->track = true;
+			break;
+		case 'n':
+			p->no_prefetch = true;
+			break;
+		case 'L':
+			if (hq_parse_size(optarg, &v) || v > 1000000) {
+				hq_errorf("restore: --read-latency '%s': 0..1000000 us", optarg);
+				return -1;
+			}
+			p->read_latency_us = (uint32_t)v;
+			break;
+		case 'T':
+			p->trace = optarg;
+			break;
+		case 'O':
+			p->qemu_log = optarg;
+			break;
+		case 'j':
+			p->json = true;
+			break;
+		case 'q':
+			p->quiet = true;
+			break;
+		case 'v':
+			p->verbose = true;
+			break;
+		case 'h':
+			hq_help_restore(stdout);
+			exit(EXIT_OK);
+		default:
+			return -1;
+		}
+	}
+	if (optind != dd - 1) {
+		hq_errorf("restore: %s; see '" PROG " restore --help'",
+			  optind >= dd ? "FILE missing" : "one FILE only, then -- and QEMU's arguments");
+		return -1;
+	}
+	p->path = argv[optind];
+	if (dd >= argc - 1) {
+		hq_errorf("restore: QEMU's command line missing after '--'");
+		return -1;
+	}
+	p->qemu_argv = argv + dd + 1;
+	p->qemu_argc = argc - dd - 1;
+	for (int i = 0; i < p->qemu_argc; i++) {
+		const char *a = p->qemu_argv[i];
+
+		if (a[0] == '-' && a[1] == '-')
+			a++;
+		if (!strcmp(a, "-incoming") || !strcmp(a, "-loadvm")) {
+			hq_errorf("restore: QEMU's %s is " PROG "'s to give", p->qemu_argv[i]);
+			return -1;
+		}
+		if (!strcmp(a, "-S"))
+			p->paused = true;
+	}
+	return 0;
+}
+
+static int fail(struct restore_run *r, int ret, const char *what, const char *detail)
+{
+	if (!r->err[0])
+		snprintf(r->err, sizeof(r->err), "%s%s%s", what, detail && *detail ? ": " : "",
+			 detail ? detail : "");
+	return ret;
+}
+
+/* What the file holds, checked before QEMU starts. */
+static int check_file(struct restore_run *r)
+{
+	HALITE_OPTS(halite_reader_opts, o);
+	struct halite_reader *rd = NULL;
+	const struct halite_root *roots;
+	uint32_t nroots;
+	const void *dev;
+	char err[512] = "";
+	int ret;
+
+	o.errbuf = err;
+	o.errbuf_len = sizeof(err);
+	ret = halite_reader_open(&rd, r->p.path, &o);
+	if (ret)
+		return fail(r, ret, r->p.path, err[0] ? err : halite_strerror(ret));
+	ret = halite_reader_device_state(rd, &dev, &r->devlen);
+	if (ret) {
+		fail(r, ret, r->p.path, "no device state: not saved by " PROG);
+		goto out;
+	}
+	ret = hq_device_stream_check(dev, r->devlen, r->file_machine, sizeof(r->file_machine),
+				     err, sizeof(err));
+	if (ret) {
+		fail(r, ret, r->p.path, err);
+		goto out;
+	}
+	r->dev = malloc(r->devlen);
+	if (!r->dev) {
+		ret = fail(r, -ENOMEM, "out of memory", NULL);
+		goto out;
+	}
+	memcpy(r->dev, dev, r->devlen);
+	if (halite_reader_vcpus(rd, &r->file_vcpus, &roots, &nroots))
+		r->file_vcpus = 0;
+	r->mem_bytes = halite_reader_info(rd)->memory_bytes;
+	r->file_nregions = halite_reader_info(rd)->region_count;
+	if (r->file_nregions > HQ_MAX_REGIONS) {
+		ret = fail(r, -HALITE_E_LIMIT, r->p.path, "more regions than halite-qemu handles");
+		goto out;
+	}
+	for (uint32_t i = 0; i < r->file_nregions; i++)
+		r->file_regions[i] = *halite_reader_region(rd, i);
+out:
+	halite_reader_free(rd);
+	return ret;
+}
+
+/* In the child, before exec: @fd from @path (a failure leaves @fd as it was). */
+static void redirect(int fd, const char *path, int flags)
+{
+	int f = open(path, flags, 0644);
+
+	if (f >= 0 && f != fd) {
+		dup2(f, fd);
+		close(f);
+	}
+}
+
+static int spawn_qemu(struct restore_run *r)
+{
+	const char *bin = getenv("HALITE_QEMU");
+	int argc = 0, first = r->p.qemu_argv[0][0] == '-' ? 0 : 1, pfd[2], e = 0;
+	char qmp[160], **argv;
+	ssize_t n;
+
+	argv = calloc((size_t)r->p.qemu_argc + 8, sizeof(*argv));
+	if (!argv)
+		return fail(r, -ENOMEM, "out of memory", NULL);
+	argv[argc++] = first ? r->p.qemu_argv[0] : (char *)(bin && *bin ? bin : QEMU_DEFAULT);
+	for (int i = first; i < r->p.qemu_argc; i++)
+		argv[argc++] = r->p.qemu_argv[i];
+	snprintf(qmp, sizeof(qmp), "unix:%s/qmp.sock,server=on,wait=off", r->dir);
+	argv[argc++] = "-S";
+	argv[argc++] = "-incoming";
+	argv[argc++] = "defer";
+	argv[argc++] = "-qmp";
+	argv[argc++] = qmp;
+	argv[argc] = NULL;
+	if (pipe2(pfd, O_CLOEXEC)) {
+		free(argv);
+		return fail(r, -errno, "pipe", strerror(errno));
+	}
+	r->qemu = fork();
+	if (r->qemu < 0) {
+		free(argv);
+		return fail(r, -errno, "fork", strerror(errno));
+	}
+	if (r->qemu == 0) {
+		/*
+		 * Detached, QEMU outlives us: it takes no signals from our
+		 * terminal and holds none of our output (a caller reading our
+		 * stdout to its end would wait for QEMU too).
+		 */
+		if (r->p.detach) {
+			setsid();
+			redirect(STDIN_FILENO, "/dev/null", O_RDONLY);
+		}
+		if (r->p.qemu_log || r->p.detach) {
+			const char *log = r->p.qemu_log ? r->p.qemu_log : "/dev/null";
+
+			redirect(STDOUT_FILENO, log, O_WRONLY | O_CREAT | O_APPEND);
+			dup2(STDOUT_FILENO, STDERR_FILENO);
+		}
+		execvp(argv[0], argv);
+		e = errno;
+		if (write(pfd[1], &e, sizeof(e)) < 0)
+			_exit(127);
+		_exit(127);
+	}
+	close(pfd[1]);
+	n = read(pfd[0], &e, sizeof(e));
+	close(pfd[0]);
+	if (n == sizeof(e)) {
+		waitpid(r->qemu, NULL, 0);
+		r->qemu = 0;
+		snprintf(r->err, sizeof(r->err), "cannot run %s: %s", argv[0], strerror(e));
+		free(argv);
+		return -e;
+	}
+	free(argv);
+	return 0;
+}
+
+/* Connect to our QMP socket while watching that QEMU has not died starting. */
+static int attach_qemu(struct restore_run *r)
+{
+	static const char *const need[] = { "query-cpus-fast", "human-monitor-command",
+					    "migrate-incoming", "query-migrate", "cont", NULL };
+	uint64_t end = hq_now_ns() + QMP_START_TIMEOUT_MS * 1000000ull;
+	char sock[128];
+	int ret, st;
+
+	snprintf(sock, sizeof(sock), "%s/qmp.sock", r->dir);
+	for (;;) {
+		ret = hq_vm_attach(&r->vm, sock, 200, need);
+		if (ret != -ETIMEDOUT && ret != -ENOENT && ret != -ECONNREFUSED)
+			break;
+		hq_vm_release(&r->vm);
+		if (waitpid(r->qemu, &st, WNOHANG) == r->qemu) {
+			r->qemu = 0;
+			snprintf(r->err, sizeof(r->err), "QEMU exited (%s %d) before its QMP "
+				 "socket came up: see its messages %s%s",
+				 WIFEXITED(st) ? "status" : "signal",
+				 WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st),
+				 r->p.qemu_log ? "in " : r->p.detach ? "(rerun with --qemu-log FILE)"
+				 : "above", r->p.qemu_log ? r->p.qemu_log : "");
+			return -ECHILD;
+		}
+		if (hq_now_ns() > end)
+			return fail(r, -ETIMEDOUT, "QEMU's QMP socket did not come up", sock);
+	}
+	if (ret)
+		return fail(r, ret, r->vm.err, NULL);
+	if (r->vm.pid != r->qemu)
+		return fail(r, -EPROTO, "QMP socket answered by another process", sock);
+	return 0;
+}
+
+/* Every region of the file has one in this QEMU, of the same length, and no more. */
+static int match_regions(struct restore_run *r)
+{
+	char a[32], b[32];
+
+	for (uint32_t i = 0; i < r->file_nregions; i++) {
+		const struct halite_region_info *f = &r->file_regions[i];
+		uint32_t k;
+
+		for (k = 0; k < r->vm.nregions; k++)
+			if (!strcmp(r->vm.regions[k].name, f->name))
+				break;
+		if (k == r->vm.nregions) {
+			snprintf(r->err, sizeof(r->err), "the file's guest RAM '%s' (%s) has no "
+				 "counterpart in this QEMU: give the same -m and memory backends as "
+				 "at save", f->name, hq_bytes(f->length, a, sizeof(a)));
+			return -EINVAL;
+		}
+		if (r->vm.regions[k].length != f->length) {
+			snprintf(r->err, sizeof(r->err), "the file's guest RAM '%s' is %s, this "
+				 "QEMU's is %s: give the same -m and memory backends as at save",
+				 f->name, hq_bytes(f->length, a, sizeof(a)),
+				 hq_bytes(r->vm.regions[k].length, b, sizeof(b)));
+			return -EINVAL;
+		}
+	}
+	if (r->vm.nregions != r->file_nregions) {
+		snprintf(r->err, sizeof(r->err), "this QEMU has %u pieces of guest RAM, the file "
+			 "%u: give the same -m and memory backends as at save", r->vm.nregions,
+			 r->file_nregions);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* Match the file's regions with this QEMU's RAM and empty it. */
+static int prepare_ram(struct restore_run *r, struct halite_restore_region *reg)
+{
+	char st[32];
+	int ret;
+
+	ret = hq_vm_status(&r->vm, st, sizeof(st));
+	if (ret)
+		return fail(r, ret, r->vm.err, NULL);
+	if (strcmp(st, "inmigrate"))
+		return fail(r, -HALITE_E_STATE, "QEMU is not waiting for an incoming state", st);
+	if (strcmp(r->vm.machine, r->file_machine)) {
+		snprintf(r->err, sizeof(r->err), "the file was saved on machine type %s, this "
+			 "QEMU runs %s: give the same -machine as at save", r->file_machine,
+			 r->vm.machine);
+		return -EINVAL;
+	}
+	if (r->file_vcpus && r->file_vcpus != r->vm.nvcpus) {
+		snprintf(r->err, sizeof(r->err), "the file has %u vCPUs, this QEMU %u: give the "
+			 "same -smp as at save", r->file_vcpus, r->vm.nvcpus);
+		return -EINVAL;
+	}
+	ret = hq_vm_ram(&r->vm);
+	if (ret)
+		return fail(r, ret, r->vm.err, NULL);
+	ret = match_regions(r);
+	if (ret)
+		return ret;
+	for (uint32_t i = 0; i < r->vm.nregions; i++) {
+		struct hq_region *g = &r->vm.regions[i];
+
+		if (g->hugetlb) {
+			snprintf(r->err, sizeof(r->err), "guest RAM %s is on hugetlbfs, which lazy "
+				 "restore does not support: use memory-backend-memfd or a file on "
+				 "tmpfs", g->block);
+			return -HALITE_E_UNSUPPORTED;
+		}
+		/*
+		 * Nothing QEMU may have written while starting survives: a page
+		 * present now would never fault and keep its bytes.
+		 */
+		if (fallocate(g->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+			      (off_t)g->fd_offset, (off_t)g->length)) {
+			snprintf(r->err, sizeof(r->err), "emptying guest RAM %s: fallocate: %s",
+				 g->name, strerror(errno));
+			return -errno;
+		}
+		reg[i] = (struct halite_restore_region){
+			.name = g->name, .host = g->host, .length = g->length,
+			.kind = HALITE_MEM_SHARED,
+		};
+	}
+	return 0;
+}
+
+static int start_restore(struct restore_run *r, const struct halite_restore_region *reg)
+{
+	HALITE_OPTS(halite_restore_opts, o);
+	int ret;
+
+	r->uffd = hq_vm_uffd(&r->vm, &r->remote_uffd);
+	if (r->uffd < 0)
+		return fail(r, r->uffd, r->vm.err, NULL);
+	o.flags = (r->p.track ? HALITE_RESTORE_TRACK_ACCESS : 0) |
+		  (r->p.no_prefetch ? HALITE_RESTORE_NO_PREFETCH : 0);
+	o.read_latency_us = r->p.read_latency_us;
+	o.vcpu_tids = r->vm.vcpu_tids;
+	o.nvcpus = r->vm.nvcpus;
+	o.owner_pid = r->vm.pid;
+	o.owner_uffd = r->uffd;
+	o.trace_path = r->p.trace;
+	o.log = hq_log;
+	o.log_level = r->p.verbose ? HALITE_LOG_DEBUG : HALITE_LOG_WARN;
+	ret = halite_restore_open(&r->rs, r->p.path, reg, r->vm.nregions, &o);
+	if (ret == -EINVAL)
+		return fail(r, ret, "the file's memory regions do not match this QEMU's "
+			    "(same -m and memory backend ids as at save?)", NULL);
+	if (ret)
+		return fail(r, ret, r->p.path, halite_strerror(ret));
+	ret = halite_restore_start(r->rs);
+	if (ret)
+		return fail(r, ret, "starting the restore", halite_restore_errmsg(r->rs)[0] ?
+			    halite_restore_errmsg(r->rs) : halite_strerror(ret));
+	r->t_ready = hq_now_ns();
+	return 0;
+}
+
+static int write_all(int fd, const uint8_t *p, uint64_t len)
+{
+	while (len) {
+		ssize_t n = write(fd, p, len);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return n < 0 ? -errno : -EIO;
+		p += n;
+		len -= (uint64_t)n;
+	}
+	return 0;
+}
+
+/* Feed the device state through a unix socket QEMU listens on, wait for the load. */
+static int load_devices(struct restore_run *r)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	uint64_t end;
+	char uri[160];
+	cJSON *args, *ret_obj = NULL;
+	int fd = -1, ret;
+
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/in.sock", r->dir);
+	snprintf(uri, sizeof(uri), "unix:%s", sa.sun_path);
+	args = cJSON_CreateObject();
+	cJSON_AddStringToObject(args, "uri", uri);
+	ret = hq_qmp_call(r->vm.qmp, "migrate-incoming", args, NULL, HQ_QMP_TIMEOUT_MS);
+	if (ret)
+		return fail(r, ret, "migrate-incoming", hq_qmp_errmsg(r->vm.qmp));
+	/* QEMU listens once migrate-incoming has returned. */
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa))) {
+		ret = -errno;
+		if (fd >= 0)
+			close(fd);
+		return fail(r, ret, "connecting to QEMU's incoming socket", strerror(-ret));
+	}
+	ret = write_all(fd, r->dev, r->devlen);
+	close(fd);
+	if (ret)
+		return fail(r, ret, "sending the device state", strerror(-ret));
+	end = hq_now_ns() + INCOMING_TIMEOUT_MS * 1000000ull;
+	for (;;) {
+		const char *st, *desc;
+
+		ret = hq_qmp_call(r->vm.qmp, "query-migrate", NULL, &ret_obj, HQ_QMP_TIMEOUT_MS);
+		if (ret)
+			return fail(r, ret, "query-migrate", hq_qmp_errmsg(r->vm.qmp));
+		st = cJSON_GetStringValue(cJSON_GetObjectItem(ret_obj, "status"));
+		if (st && !strcmp(st, "completed")) {
+			cJSON_Delete(ret_obj);
+			break;
+		}
+		if (st && !strcmp(st, "failed")) {
+			desc = cJSON_GetStringValue(cJSON_GetObjectItem(ret_obj, "error-desc"));
+			fail(r, -EIO, "QEMU could not load the device state",
+			     desc ? desc : "(no reason given; see QEMU's messages)");
+			cJSON_Delete(ret_obj);
+			return -EIO;
+		}
+		cJSON_Delete(ret_obj);
+		ret_obj = NULL;
+		if (hq_now_ns() > end)
+			return fail(r, -ETIMEDOUT, "QEMU did not finish loading the device state",
+				    NULL);
+		usleep(500);
+	}
+	r->t_loaded = hq_now_ns();
+	return 0;
+}
+
+static void progress(struct restore_run *r, bool final)
+{
+	struct halite_restore_stats st;
+	char a[32], b[32];
+	uint64_t in;
+
+	if (r->p.quiet)
+		return;
+	halite_restore_stats(r->rs, &st);
+	in = st.mb_fault + st.mb_pool + st.mb_prefetch + st.mb_zero;
+	hq_progressf(r->p.quiet, "restore: %3" PRIu64 "%%  %s of %s  %" PRIu64 " faults  %"
+		     PRIu64 "/%" PRIu64 " LBs  %.1f s%s", st.mb_total ? 100 * in / st.mb_total : 0,
+		     hq_bytes(st.mb_total ? r->mem_bytes / st.mb_total * in : 0, a, sizeof(a)),
+		     hq_bytes(r->mem_bytes, b, sizeof(b)), st.faults, st.lb_demand + st.lb_prefetch,
+		     st.lb_total, (double)(hq_now_ns() - r->t_ready) / 1e9, final ? "\n" : "");
+}
+
+static volatile sig_atomic_t stop_signal;
+
+static void on_signal(int sig)
+{
+	stop_signal = sig;
+}
+
+static int run(struct restore_run *r)
+{
+	struct halite_restore_region reg[HQ_MAX_REGIONS];
+	uint64_t last_prog;
+	char tmpl[] = "/tmp/halite-qemu.XXXXXX";
+	int ret;
+
+	ret = check_file(r);
+	if (ret)
+		return ret;
+	if (!mkdtemp(tmpl))
+		return fail(r, -errno, "mkdtemp", strerror(errno));
+	snprintf(r->dir, sizeof(r->dir), "%s", tmpl);
+	ret = spawn_qemu(r);
+	if (!ret)
+		ret = attach_qemu(r);
+	if (!ret)
+		r->t_qmp = hq_now_ns();
+	if (!ret)
+		ret = prepare_ram(r, reg);
+	if (!ret)
+		ret = start_restore(r, reg);
+	if (!ret)
+		ret = load_devices(r);
+	if (ret)
+		return ret;
+	if (!r->p.paused) {
+		ret = hq_qmp_call(r->vm.qmp, "cont", NULL, NULL, HQ_QMP_TIMEOUT_MS);
+		if (ret)
+			return fail(r, ret, "cont", hq_qmp_errmsg(r->vm.qmp));
+	}
+	r->t_resume = hq_now_ns();
+	last_prog = r->t_resume;
+	for (;;) {
+		if (stop_signal)
+			return fail(r, -ECANCELED, "restore stopped", strsignal(stop_signal));
+		ret = halite_restore_wait(r->rs, 250);
+		if (ret != -ETIMEDOUT)
+			break;
+		if (hq_now_ns() - last_prog >= 1000000000ull) {
+			last_prog = hq_now_ns();
+			progress(r, false);
+		}
+	}
+	r->t_done = hq_now_ns();
+	halite_restore_stats(r->rs, &r->st);
+	progress(r, true);
+	if (ret)
+		return fail(r, ret, halite_restore_errmsg(r->rs)[0] ? halite_restore_errmsg(r->rs) :
+			    halite_strerror(ret), NULL);
+	/* Every range is unregistered: QEMU's copy of the descriptor has no more use. */
+	if (hq_vm_close_remote(&r->vm, r->remote_uffd) == 0)
+		r->remote_uffd = -1;
+	return 0;
+}
+
+static double ms(uint64_t a, uint64_t b)
+{
+	return a && b >= a ? (double)(b - a) / 1e6 : -1;
+}
+
+static void report(const struct restore_run *r, int ret)
+{
+	const struct halite_restore_stats *st = &r->st;
+	char a[32];
+
+	if (r->p.json) {
+		printf("{\"ok\": %s, \"file\": ", ret ? "false" : "true");
+		hq_json_str(r->p.path);
+		printf(", \"error\": ");
+		hq_json_str(ret ? r->err : "");
+		printf(", \"qemu\": {\"pid\": %d, \"version\": \"%d.%d.%d\", \"machine\": ",
+		       (int)r->vm.pid, r->vm.major, r->vm.minor, r->vm.micro);
+		hq_json_str(r->vm.machine);
+		printf(", \"vcpus\": %u}, \"qmp_ready_ms\": %.3f, \"engine_ready_ms\": %.3f, "
+		       "\"devices_loaded_ms\": %.3f, \"resumed_ms\": %.3f, \"ready_to_resume_ms\": "
+		       "%.3f, \"done_s\": %.3f, \"memory_bytes\": %" PRIu64 ", \"faults\": %" PRIu64
+		       ", \"faults_vcpu\": %" PRIu64 ", \"faults_zero\": %" PRIu64
+		       ", \"faults_cached\": %" PRIu64 ", \"fault_p50_us\": %.1f, \"fault_p99_us\": "
+		       "%.1f, \"lb_total\": %" PRIu64 ", \"lb_demand\": %" PRIu64 ", \"lb_prefetch\": %"
+		       PRIu64 ", \"lb_retries\": %" PRIu64 ", \"bytes_read\": %" PRIu64
+		       ", \"mb_total\": %" PRIu64 ", \"mb_fault\": %" PRIu64 ", \"mb_pool\": %" PRIu64
+		       ", \"mb_prefetch\": %" PRIu64 ", \"mb_zero\": %" PRIu64
+		       ", \"vm_access_pct\": %.2f, \"paused\": %s, \"detached\": %s}\n",
+		       r->vm.nvcpus, ms(r->t0, r->t_qmp), ms(r->t0, r->t_ready),
+		       ms(r->t0, r->t_loaded), ms(r->t0, r->t_resume), ms(r->t_qmp, r->t_resume),
+		       ms(r->t_resume, r->t_done) / 1e3, r->mem_bytes, st->faults, st->faults_vcpu,
+		       st->faults_zero, st->faults_cached, (double)st->fault_p50_ns / 1e3,
+		       (double)st->fault_p99_ns / 1e3, st->lb_total, st->lb_demand,
+		       st->lb_prefetch, st->lb_retries, st->bytes_read, st->mb_total, st->mb_fault,
+		       st->mb_pool, st->mb_prefetch, st->mb_zero, st->vm_access_pct,
+		       r->p.paused ? "true" : "false", r->p.detach ? "true" : "false");
+		fflush(stdout);
+		return;
+	}
+	if (ret)
+		return;
+	printf("restored %s into QEMU %d.%d.%d pid %d, %s, %u vCPUs\n", r->p.path, r->vm.major,
+	       r->vm.minor, r->vm.micro, (int)r->vm.pid, r->vm.machine, r->vm.nvcpus);
+	printf("  QEMU ready     %.0f ms after start (QMP up)\n", ms(r->t0, r->t_qmp));
+	printf("  guest %s  %.1f ms after QEMU was ready (devices loaded in %.1f ms)\n",
+	       r->p.paused ? "loaded " : "resumed", ms(r->t_qmp, r->t_resume),
+	       ms(r->t_ready, r->t_loaded));
+	printf("  all memory in  %.2f s after resume: %s, %" PRIu64 " LBs (%" PRIu64 " demand, %"
+	       PRIu64 " prefetch), %s read\n", ms(r->t_resume, r->t_done) / 1e3,
+	       hq_bytes(r->mem_bytes, a, sizeof(a)), st->lb_total, st->lb_demand, st->lb_prefetch,
+	       hq_bytes(st->bytes_read, (char[32]){ 0 }, 32));
+	printf("  faults         %" PRIu64 " (vCPUs %" PRIu64 ", zero %" PRIu64 ", from an LB in "
+	       "memory %" PRIu64 "), service p50 %.0f us, p99 %.0f us\n", st->faults,
+	       st->faults_vcpu, st->faults_zero, st->faults_cached,
+	       (double)st->fault_p50_ns / 1e3, (double)st->fault_p99_ns / 1e3);
+	if (st->vm_access_pct >= 0)
+		printf("  VM access      %.1f%% of the other blocks of demand-read LBs were used\n",
+		       st->vm_access_pct);
+	fflush(stdout);
+}
+
+int hq_cmd_restore(int argc, char **argv)
+{
+	struct restore_run *r = calloc(1, sizeof(*r));
+	struct sigaction sa = { .sa_handler = on_signal };
+	int ret, st, code;
+
+	if (!r) {
+		hq_errorf("out of memory");
+		return EXIT_FAIL;
+	}
+	if (parse_args(argc, argv, &r->p)) {
+		free(r);
+		return EXIT_USAGE;
+	}
+	r->t0 = hq_now_ns();
+	r->uffd = r->remote_uffd = -1;
+	for (unsigned i = 0; i < HQ_MAX_REGIONS; i++)
+		r->vm.regions[i].fd = -1;
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	ret = run(r);
+	if (ret)
+		hq_errorf("restore: %s", r->err);
+	report(r, ret);
+	if (ret && r->qemu > 0) {
+		/* Blocked on memory that will not come, or never started: it goes. */
+		kill(r->qemu, SIGKILL);
+		waitpid(r->qemu, NULL, 0);
+		r->qemu = 0;
+	}
+	halite_restore_free(r->rs);
+	if (r->uffd >= 0)
+		close(r->uffd);
+	hq_vm_release(&r->vm);
+	if (r->dir[0]) {
+		char p[96];
+
+		snprintf(p, sizeof(p), "%s/qmp.sock", r->dir);
+		unlink(p);
+		snprintf(p, sizeof(p), "%s/in.sock", r->dir);
+		unlink(p);
+		rmdir(r->dir);
+	}
+	free(r->dev);
+	code = ret == -HALITE_E_UNSUPPORTED ? EXIT_UNSUPPORTED : ret ? EXIT_FAIL : EXIT_OK;
+	if (!ret && !r->p.detach && r->qemu > 0) {
+		/* Like running QEMU: its exit is ours. */
+		while (waitpid(r->qemu, &st, 0) < 0 && errno == EINTR)
+			if (stop_signal)
+				kill(r->qemu, SIGTERM), stop_signal = 0;
+		code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+	}
+	free(r);
+	return code;
+}

@@ -1,0 +1,495 @@
+// SPDX-License-Identifier: MIT
+/*
+ * halite-qemu save: a lazy, copy-on-access snapshot of a running QEMU.
+ *
+ * 1. Before the pause: connect to QMP, find the vCPU threads and the guest
+ *    RAM (shared backends, opened through /proc/PID/map_files), create a
+ *    userfaultfd inside QEMU (ptrace) and bring it here (pidfd_getfd),
+ *    create the file.
+ * 2. Pause (QMP stop): read the vCPUs' page-table roots (info registers -a),
+ *    take the device state (xen-save-devices-state, a device-only stream),
+ *    arm the engine (register MINOR on QEMU's RAM, then drop QEMU's
+ *    page-table entries with an injected madvise), resume (cont). The pause
+ *    is what the guest notices; it is timed.
+ * 3. The guest runs; every first access to a block traps and is saved by
+ *    the engine, attributed to the vCPU whose thread faulted. Roots keep
+ *    being sampled for the background walk. Progress on stderr.
+ * 4. Done: QEMU's copy of the userfaultfd is closed (the engine has
+ *    unregistered its ranges), the report is printed.
+ *
+ * A guest that was paused before the save stays paused. Any failure after
+ * the pause resumes the guest (if it was running) with its memory as it
+ * would have been without the save (save.h).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "hq.h"
+
+struct save_params {
+	const char *qmp;
+	const char *path;
+	int codec;
+	int level;
+	uint32_t lb_size;
+	unsigned workers;
+	uint64_t bg_min_rate;
+	unsigned root_ms;
+	unsigned flags;
+	bool json, quiet, verbose;
+};
+
+struct save_run {
+	struct save_params p;
+	struct hq_vm vm;
+	struct halite_save *s;
+	int uffd;
+	bool was_running, paused;
+	uint64_t t_attach_ns, t_stop_ns, t_cont_ns, t_done_ns;
+	uint64_t roots_sampled, root_samples;
+	uint64_t devstate_bytes, mem_bytes;
+	struct halite_save_stats st;
+	char status[32];
+	char err[1280];
+};
+
+void hq_help_save(FILE *f)
+{
+	fprintf(f,
+		"Usage: " PROG " save --qmp SOCKET [OPTIONS] FILE\n\n"
+		"Save a running QEMU guest lazily to FILE. The guest is paused only to arm\n"
+		"copy-on-access (milliseconds) and keeps running while its memory is saved:\n"
+		"each block is saved at its first access after the pause (attributed to the\n"
+		"vCPU that touched it) or by a throttled background pass in guest-virtual\n"
+		"order. Guest RAM must be a shared backend (memory-backend-memfd share=on,\n"
+		"or memory-backend-file share=on on tmpfs or hugetlbfs). Needs ptrace rights\n"
+		"over QEMU (root).\n\n"
+		"Options:\n"
+		"  --qmp SOCKET       QEMU's QMP unix socket (-qmp unix:SOCKET,server=on,wait=off)\n"
+		"  --codec NAME       none, lz4 (default), zlib, zstd\n"
+		"  --level N          compression level (0: the codec's default)\n"
+		"  --lb-size SIZE     locality block size (default 64K)\n"
+		"  --workers N        compression threads (default: online CPUs)\n"
+		"  --bg-rate SIZE     background save never slower than SIZE per second (64M)\n"
+		"  --root-interval MS sample the vCPUs' page-table roots every MS ms (100)\n"
+		"  --keep-incomplete  keep the partial file of a failed save\n"
+		"  --json             print the report as one JSON object\n"
+		"  -q, --quiet        no progress on stderr\n"
+		"  -v, --verbose      the engine's log on stderr\n\n"
+		"Exit status: 0 saved, 1 failed (the guest keeps running, unchanged), 2 usage,\n"
+		"77 the kernel or QEMU lacks a needed feature.\n");
+}
+
+static int parse_args(int argc, char **argv, struct save_params *p)
+{
+	static const struct option lo[] = {
+		{ "qmp", required_argument, NULL, 'Q' },
+		{ "codec", required_argument, NULL, 'c' },
+		{ "level", required_argument, NULL, 'l' },
+		{ "lb-size", required_argument, NULL, 'b' },
+		{ "workers", required_argument, NULL, 'w' },
+		{ "bg-rate", required_argument, NULL, 'r' },
+		{ "root-interval", required_argument, NULL, 'i' },
+		{ "keep-incomplete", no_argument, NULL, 'k' },
+		{ "json", no_argument, NULL, 'j' },
+		{ "quiet", no_argument, NULL, 'q' },
+		{ "verbose", no_argument, NULL, 'v' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 }
+	};
+	uint64_t v;
+	int c;
+
+	*p = (struct save_params){ .codec = HALITE_CODEC_LZ4, .root_ms = 100 };
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "qvh", lo, NULL)) != -1) {
+		switch (c) {
+		case 'Q':
+			p->qmp = optarg;
+			break;
+		case 'c':
+			p->codec = halite_codec_parse(optarg);
+			if (p->codec < 0) {
+				hq_errorf("save: --codec '%s': none, lz4, zlib or zstd", optarg);
+				return -1;
+			}
+			break;
+		case 'l':
+			if (hq_parse_size(optarg, &v) || v > 22) {
+				hq_errorf("save: --level '%s': 0..22", optarg);
+				return -1;
+			}
+			p->level = (int)v;
+			break;
+		case 'b':
+			if (hq_parse_size(optarg, &v) || v < 4096 || v > (64u << 20)) {
+				hq_errorf("save: --lb-size '%s': 4K..64M", optarg);
+				return -1;
+			}
+			p->lb_size = (uint32_t)v;
+			break;
+		case 'w':
+			if (hq_parse_size(optarg, &v) || v < 1 || v > 256) {
+				hq_errorf("save: --workers '%s': 1..256", optarg);
+				return -1;
+			}
+			p->workers = (unsigned)v;
+			break;
+		case 'r':
+			if (hq_parse_size(optarg, &v) || v < (1u << 20)) {
+				hq_errorf("save: --bg-rate '%s': at least 1M (bytes per second)", optarg);
+				return -1;
+			}
+			p->bg_min_rate = v;
+			break;
+		case 'i':
+			if (hq_parse_size(optarg, &v) || v < 1 || v > 60000) {
+				hq_errorf("save: --root-interval '%s': 1..60000 ms", optarg);
+				return -1;
+			}
+			p->root_ms = (unsigned)v;
+			break;
+		case 'k':
+			p->flags |= HALITE_SAVE_KEEP_INCOMPLETE;
+			break;
+		case 'j':
+			p->json = true;
+			break;
+		case 'q':
+			p->quiet = true;
+			break;
+		case 'v':
+			p->verbose = true;
+			break;
+		case 'h':
+			hq_help_save(stdout);
+			exit(EXIT_OK);
+		default:
+			return -1;
+		}
+	}
+	if (optind != argc - 1) {
+		hq_errorf("save: %s; see '" PROG " save --help'",
+			  optind >= argc ? "FILE missing" : "one FILE only");
+		return -1;
+	}
+	p->path = argv[optind];
+	if (!p->qmp) {
+		hq_errorf("save: --qmp SOCKET is required; see '" PROG " save --help'");
+		return -1;
+	}
+	return 0;
+}
+
+static int fail(struct save_run *r, int ret, const char *what, const char *detail)
+{
+	if (!r->err[0])
+		snprintf(r->err, sizeof(r->err), "%s%s%s", what, detail && *detail ? ": " : "",
+			 detail ? detail : "");
+	return ret;
+}
+
+/* Sample the roots now; new ones go to the engine (it drops repeats). */
+static int sample_roots(struct save_run *r)
+{
+	struct halite_root roots[HQ_MAX_VCPUS];
+	int n = hq_vm_roots(&r->vm, roots, HQ_MAX_VCPUS);
+
+	if (n < 0)
+		return n;
+	r->root_samples++;
+	for (int i = 0; i < n; i++) {
+		int ret = halite_save_add_root(r->s, &roots[i]);
+
+		if (ret)
+			return ret;
+		r->roots_sampled++;
+	}
+	return 0;
+}
+
+static int resume(struct save_run *r)
+{
+	int ret;
+
+	if (!r->paused)
+		return 0;
+	ret = hq_qmp_call(r->vm.qmp, "cont", NULL, NULL, HQ_QMP_TIMEOUT_MS);
+	r->t_cont_ns = hq_now_ns();
+	if (ret)
+		return fail(r, ret, "resuming the guest (cont)", hq_qmp_errmsg(r->vm.qmp));
+	r->paused = false;
+	return 0;
+}
+
+static int set_meta(struct save_run *r)
+{
+	char v[64];
+	int ret;
+
+	snprintf(v, sizeof(v), "%d.%d.%d", r->vm.major, r->vm.minor, r->vm.micro);
+	ret = halite_save_set_meta(r->s, "qemu.version", v, (uint32_t)strlen(v));
+	if (!ret)
+		ret = halite_save_set_meta(r->s, "qemu.machine", r->vm.machine,
+					   (uint32_t)strlen(r->vm.machine));
+	if (!ret)
+		ret = halite_save_set_meta(r->s, "creator", PROG, sizeof(PROG) - 1);
+	return ret;
+}
+
+/* Everything up to and including the resume after arm. */
+static int start(struct save_run *r)
+{
+	static const char *const need[] = { "query-cpus-fast", "human-monitor-command",
+					    "xen-save-devices-state", "stop", "cont", NULL };
+	struct halite_save_region reg[HQ_MAX_REGIONS];
+	HALITE_OPTS(halite_save_opts, o);
+	uint8_t *dev = NULL;
+	uint64_t devlen = 0;
+	int ret;
+
+	ret = hq_vm_attach(&r->vm, r->p.qmp, 5000, need);
+	if (!ret)
+		ret = hq_vm_ram(&r->vm);
+	if (!ret)
+		ret = hq_vm_status(&r->vm, r->status, sizeof(r->status));
+	if (ret)
+		return fail(r, ret, r->vm.err, NULL);
+	r->t_attach_ns = hq_now_ns();
+	if (strcmp(r->status, "running") && strcmp(r->status, "paused"))
+		return fail(r, -HALITE_E_STATE, "QEMU is not running a guest", r->status);
+	r->was_running = strcmp(r->status, "running") == 0;
+	for (uint32_t i = 0; i < r->vm.nregions; i++) {
+		const struct hq_region *g = &r->vm.regions[i];
+
+		reg[i] = (struct halite_save_region){
+			.name = g->name, .gpa = g->gpa, .length = g->length, .host = g->host,
+			.kind = HALITE_MEM_SHARED, .fd = g->fd, .fd_offset = g->fd_offset,
+		};
+	}
+	for (uint32_t i = 0; i < r->vm.nregions; i++)
+		r->mem_bytes += r->vm.regions[i].length;
+	/*
+	 * QEMU keeps no copy of the descriptor: if this process dies, the
+	 * ranges lose their registration and QEMU's accesses find the
+	 * unchanged data in the file again (the engine never writes it), so
+	 * the guest runs on as if there had been no save.
+	 */
+	r->uffd = hq_vm_uffd(&r->vm, NULL);
+	if (r->uffd < 0)
+		return fail(r, r->uffd, r->vm.err, NULL);
+	o.codec = r->p.codec;
+	o.level = r->p.level;
+	o.lb_size = r->p.lb_size;
+	o.flags = r->p.flags;
+	o.vcpu_tids = r->vm.vcpu_tids;
+	o.nvcpus = r->vm.nvcpus;
+	o.workers = r->p.workers;
+	o.owner_pid = r->vm.pid;
+	o.owner_uffd = r->uffd;
+	o.drop_ptes = hq_drop_ptes;
+	o.drop_ctx = &r->vm;
+	o.bg_min_rate = r->p.bg_min_rate;
+	o.log = hq_log;
+	o.log_level = r->p.verbose ? HALITE_LOG_DEBUG : HALITE_LOG_WARN;
+	ret = halite_save_create(&r->s, r->p.path, reg, r->vm.nregions, &o);
+	if (ret)
+		return fail(r, ret, "creating the save", halite_strerror(ret));
+	ret = set_meta(r);
+	if (ret)
+		return fail(r, ret, "file metadata", halite_strerror(ret));
+
+	/* The snapshot instant: from stop to cont. */
+	r->t_stop_ns = hq_now_ns();
+	if (r->was_running) {
+		ret = hq_qmp_call(r->vm.qmp, "stop", NULL, NULL, HQ_QMP_TIMEOUT_MS);
+		if (ret)
+			return fail(r, ret, "pausing the guest (stop)", hq_qmp_errmsg(r->vm.qmp));
+		r->paused = true;
+	}
+	ret = sample_roots(r);
+	if (ret) {
+		fail(r, ret, "page-table roots", ret < 0 && r->vm.err[0] ? r->vm.err :
+		     halite_strerror(ret));
+		goto undo;
+	}
+	ret = hq_vm_device_state(&r->vm, &dev, &devlen);
+	if (ret) {
+		fail(r, ret, "device state", r->vm.err);
+		goto undo;
+	}
+	r->devstate_bytes = devlen;
+	ret = halite_save_set_device_state(r->s, dev, devlen);
+	free(dev);
+	if (ret) {
+		fail(r, ret, "device state", halite_strerror(ret));
+		goto undo;
+	}
+	ret = halite_save_arm(r->s);
+	if (ret) {
+		fail(r, ret, "arming copy-on-access", halite_save_errmsg(r->s)[0] ?
+		     halite_save_errmsg(r->s) : halite_strerror(ret));
+		goto undo;
+	}
+	return resume(r);
+undo:
+	resume(r);
+	return ret;
+}
+
+static void progress(struct save_run *r, bool final)
+{
+	struct halite_save_stats st;
+	char a[32], b[32];
+
+	if (r->p.quiet)
+		return;
+	halite_save_stats(r->s, &st);
+	hq_progressf(r->p.quiet, "save: %3" PRIu64 "%%  %s of %s  %" PRIu64 " faults (%" PRIu64
+		     " vCPU)  %.1f s%s", st.mb_total ? 100 * st.mb_saved / st.mb_total : 0,
+		     hq_bytes(st.mb_total ? r->mem_bytes / st.mb_total * st.mb_saved : 0, a,
+			      sizeof(a)), hq_bytes(r->mem_bytes, b, sizeof(b)), st.faults,
+		     st.faults_vcpu, (double)(hq_now_ns() - r->t_cont_ns) / 1e9,
+		     final ? "\n" : "");
+}
+
+static volatile sig_atomic_t stop_signal;
+
+static void on_signal(int sig)
+{
+	stop_signal = sig;
+}
+
+static int run(struct save_run *r)
+{
+	uint64_t last_root, last_prog;
+	struct sigaction sa = { .sa_handler = on_signal };
+	sigset_t stopset, old;
+	int ret;
+
+	/* Ctrl-C cancels cleanly (the guest keeps every byte); not in mid-pause. */
+	sigemptyset(&stopset);
+	sigaddset(&stopset, SIGINT);
+	sigaddset(&stopset, SIGTERM);
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	sigprocmask(SIG_BLOCK, &stopset, &old);
+	ret = start(r);
+	sigprocmask(SIG_SETMASK, &old, NULL);
+	if (ret)
+		return ret;
+	last_root = last_prog = hq_now_ns();
+	for (;;) {
+		unsigned slice = r->p.root_ms < 250 ? r->p.root_ms : 250;
+		uint64_t now;
+
+		if (stop_signal) {
+			halite_save_cancel(r->s);
+			halite_save_stats(r->s, &r->st);
+			return fail(r, -ECANCELED, "save cancelled", strsignal(stop_signal));
+		}
+		ret = halite_save_wait(r->s, (int)slice);
+		if (ret != -ETIMEDOUT)
+			break;
+		now = hq_now_ns();
+		if (now - last_root >= (uint64_t)r->p.root_ms * 1000000) {
+			last_root = now;
+			/* A failed sample costs the walk some roots, not the save. */
+			if (sample_roots(r) && r->p.verbose)
+				hq_errorf("save: sampling roots: %s", r->vm.err);
+		}
+		if (now - last_prog >= 1000000000ull) {
+			last_prog = now;
+			progress(r, false);
+		}
+	}
+	r->t_done_ns = hq_now_ns();
+	halite_save_stats(r->s, &r->st);
+	progress(r, true);
+	if (ret)
+		return fail(r, ret, "save", halite_save_errmsg(r->s)[0] ?
+			    halite_save_errmsg(r->s) : halite_strerror(ret));
+	return 0;
+}
+
+static void report(const struct save_run *r, int ret)
+{
+	const struct halite_save_stats *st = &r->st;
+	double pause_ms = (double)(r->t_cont_ns - r->t_stop_ns) / 1e6;
+	double ratio = st->mb_total ? (double)st->file_bytes / ((double)st->mb_total * 8192) : 0;
+	char a[32], b[32];
+
+	if (r->p.json) {
+		printf("{\"ok\": %s, \"file\": ", ret ? "false" : "true");
+		hq_json_str(r->p.path);
+		printf(", \"error\": ");
+		hq_json_str(ret ? r->err : "");
+		printf(", \"qemu\": {\"pid\": %d, \"version\": \"%d.%d.%d\", \"machine\": ",
+		       (int)r->vm.pid, r->vm.major, r->vm.minor, r->vm.micro);
+		hq_json_str(r->vm.machine);
+		printf(", \"vcpus\": %u}, \"pause_ms\": %.3f, \"arm_ms\": %.3f, "
+		       "\"save_s\": %.3f, \"memory_bytes\": %" PRIu64 ", \"file_bytes\": %" PRIu64
+		       ", \"ratio\": %.4f, \"device_state_bytes\": %" PRIu64 ", \"faults\": %" PRIu64
+		       ", \"faults_vcpu\": %" PRIu64 ", \"faults_other\": %" PRIu64
+		       ", \"fault_p50_us\": %.1f, \"fault_p99_us\": %.1f, \"mb_total\": %" PRIu64
+		       ", \"mb_stored\": %" PRIu64 ", \"mb_zero\": %" PRIu64 ", \"mb_untouched\": %"
+		       PRIu64 ", \"mb_background\": %" PRIu64 ", \"root_samples\": %" PRIu64 "}\n",
+		       r->vm.nvcpus, pause_ms, (double)st->arm_ns / 1e6,
+		       (double)st->duration_ns / 1e9, st->mb_total * 8192, st->file_bytes, ratio,
+		       r->devstate_bytes, st->faults, st->faults_vcpu, st->faults_other,
+		       (double)st->fault_p50_ns / 1e3, (double)st->fault_p99_ns / 1e3,
+		       st->mb_total, st->mb_stored, st->mb_zero, st->mb_untouched,
+		       st->mb_background, r->root_samples);
+		return;
+	}
+	if (ret)
+		return;
+	printf("saved %s: QEMU %d.%d.%d pid %d, %s, %u vCPUs\n", r->p.path, r->vm.major,
+	       r->vm.minor, r->vm.micro, (int)r->vm.pid, r->vm.machine, r->vm.nvcpus);
+	printf("  pause          %.1f ms (arm %.1f ms)%s\n", pause_ms, (double)st->arm_ns / 1e6,
+	       r->was_running ? "" : ", guest was paused and stays paused");
+	printf("  save           %.2f s while the guest ran\n", (double)st->duration_ns / 1e9);
+	printf("  file           %s for %s of memory (%.1f%%), device state %" PRIu64 " bytes\n",
+	       hq_bytes(st->file_bytes, a, sizeof(a)), hq_bytes(st->mb_total * 8192, b, sizeof(b)),
+	       100 * ratio, r->devstate_bytes);
+	printf("  blocks         %" PRIu64 " stored, %" PRIu64 " zero, %" PRIu64
+	       " never touched; %" PRIu64 " by the background pass\n", st->mb_stored, st->mb_zero,
+	       st->mb_untouched, st->mb_background);
+	printf("  faults         %" PRIu64 " (vCPUs %" PRIu64 ", other threads %" PRIu64
+	       "), service p50 %.0f us, p99 %.0f us\n", st->faults, st->faults_vcpu,
+	       st->faults_other, (double)st->fault_p50_ns / 1e3, (double)st->fault_p99_ns / 1e3);
+}
+
+int hq_cmd_save(int argc, char **argv)
+{
+	struct save_run *r = calloc(1, sizeof(*r));
+	int ret;
+
+	if (!r) {
+		hq_errorf("out of memory");
+		return EXIT_FAIL;
+	}
+	if (parse_args(argc, argv, &r->p)) {
+		free(r);
+		return EXIT_USAGE;
+	}
+	r->uffd = -1;
+	ret = run(r);
+	if (ret)
+		hq_errorf("save: %s", r->err);
+	report(r, ret);
+	halite_save_free(r->s);
+	if (r->uffd >= 0)
+		close(r->uffd);
+	hq_vm_release(&r->vm);
+	free(r);
+	if (!ret)
+		return EXIT_OK;
+	return ret == -HALITE_E_UNSUPPORTED ? EXIT_UNSUPPORTED : EXIT_FAIL;
+}

@@ -1,0 +1,142 @@
+// SPDX-License-Identifier: MIT
+/* halite-qemu: small helpers of the command line (messages, sizes, JSON). */
+#define _GNU_SOURCE
+#include <ctype.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "hq.h"
+
+uint64_t hq_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void hq_errorf(const char *fmt, ...)
+{
+	va_list ap;
+
+	fprintf(stderr, PROG ": ");
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+}
+
+/*
+ * One progress line: on a terminal rewritten in place, otherwise a line
+ * each time (callers call at most once a second).
+ */
+void hq_progressf(bool quiet, const char *fmt, ...)
+{
+	static bool tty = false, known = false;
+	va_list ap;
+	size_t n;
+	char line[256];
+
+	if (quiet)
+		return;
+	if (!known) {
+		tty = isatty(STDERR_FILENO);
+		known = true;
+	}
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	n = strlen(line);
+	if (n && line[n - 1] == '\n') {
+		/* The final line: on a terminal it replaces the running one. */
+		fprintf(stderr, tty ? "\r%s\033[K" : "%s", line);
+		return;
+	}
+	fprintf(stderr, tty ? "\r%s\033[K" : "%s\n", line);
+}
+
+char *hq_bytes(uint64_t b, char *buf, size_t len)
+{
+	static const char *const unit[] = { "bytes", "KiB", "MiB", "GiB", "TiB" };
+	double v = (double)b;
+	unsigned u = 0;
+
+	while (v >= 1024 && u < 4) {
+		v /= 1024;
+		u++;
+	}
+	if (u == 0)
+		snprintf(buf, len, "%llu bytes", (unsigned long long)b);
+	else
+		snprintf(buf, len, v < 10 ? "%.2f %s" : v < 100 ? "%.1f %s" : "%.0f %s", v,
+			 unit[u]);
+	return buf;
+}
+
+/* "123", "64K", "16M", "2G" (powers of 1024). */
+int hq_parse_size(const char *s, uint64_t *out)
+{
+	unsigned long long v;
+	char *end;
+	unsigned shift = 0;
+
+	if (!s || !isdigit((unsigned char)*s))
+		return -EINVAL;
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (errno)
+		return -EINVAL;
+	switch (toupper((unsigned char)*end)) {
+	case 'K':
+		shift = 10;
+		break;
+	case 'M':
+		shift = 20;
+		break;
+	case 'G':
+		shift = 30;
+		break;
+	case '\0':
+		break;
+	default:
+		return -EINVAL;
+	}
+	if (shift)
+		end++;
+	if (*end == 'i' || *end == 'B')
+		end += *end == 'i' && end[1] == 'B' ? 2 : 1;
+	if (*end || v > (UINT64_MAX >> shift))
+		return -EINVAL;
+	*out = (uint64_t)v << shift;
+	return 0;
+}
+
+void hq_json_str(const char *s)
+{
+	putchar('"');
+	for (; *s; s++) {
+		unsigned char c = (unsigned char)*s;
+
+		if (c == '"' || c == '\\')
+			printf("\\%c", c);
+		else if (c < 0x20)
+			printf("\\u%04x", c);
+		else
+			putchar(c);
+	}
+	putchar('"');
+}
+
+/* The engines' log: warnings and errors always, the rest with --verbose. */
+void hq_log(void *ctx, int level, const char *msg)
+{
+	static const char *const names[] = { "error", "warning", "info", "debug" };
+
+	(void)ctx;
+	fprintf(stderr, PROG ": engine %s: %s\n", level >= 0 && level <= 3 ? names[level] : "?",
+		msg);
+}

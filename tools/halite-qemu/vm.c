@@ -1,0 +1,656 @@
+// SPDX-License-Identifier: MIT
+/*
+ * What halite-qemu learns about a running QEMU and does to it from outside:
+ * its RAM (shared backends only: the engines reach the memory through the
+ * backing file, and QEMU's own accesses through a userfaultfd created inside
+ * it), its vCPU threads and page-table roots, and its device state as a
+ * device-only migration stream. Facts relied on are in
+ * shared/design/qemu-integration.md (checked on QEMU 7.2).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "hq.h"
+#include "inject.h"
+#include "qemu_info.h"
+
+/* QEMU stream (migration/savevm.c): magic, version, section types. */
+#define QEVM_MAGIC 0x5145564du
+#define QEVM_VERSION 3u
+#define QEVM_EOF 0x00
+#define QEVM_VMDESCRIPTION 0x06
+#define QEVM_CONFIGURATION 0x07
+/*
+ * What QEMU expects after EOF (migration/savevm.c): a description of the
+ * devices, for stream-dumping tools; the loader reads and drops it, and
+ * complains when it is missing.
+ */
+static const char vmdesc[] = "{\"page_size\": 4096, \"devices\": []}";
+
+void hq_vmsetf(struct hq_vm *vm, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(vm->err, sizeof(vm->err), fmt, ap);
+	va_end(ap);
+}
+
+/* The oldest QEMU the facts were checked on; older ones are refused, not guessed at. */
+#define QEMU_MIN_MAJOR 7
+#define QEMU_MIN_MINOR 2
+
+int hq_vm_attach(struct hq_vm *vm, const char *qmp_path, int timeout_ms,
+		 const char *const *need)
+{
+	char err[512];
+	cJSON *ret = NULL, *args;
+	const char *type;
+	size_t n;
+	int r;
+
+	memset(vm, 0, sizeof(*vm));
+	for (unsigned i = 0; i < HQ_MAX_REGIONS; i++)
+		vm->regions[i].fd = -1;
+	r = hq_qmp_connect(&vm->qmp, qmp_path, timeout_ms, err, sizeof(err));
+	if (r) {
+		hq_vmsetf(vm, "%s", err);
+		return r;
+	}
+	vm->pid = hq_qmp_peer_pid(vm->qmp);
+	hq_qmp_version(vm->qmp, &vm->major, &vm->minor, &vm->micro);
+	if (vm->major < QEMU_MIN_MAJOR ||
+	    (vm->major == QEMU_MIN_MAJOR && vm->minor < QEMU_MIN_MINOR)) {
+		hq_vmsetf(vm, "QEMU %d.%d.%d (pid %d) is too old: halite-qemu needs %d.%d or newer",
+			  vm->major, vm->minor, vm->micro, (int)vm->pid, QEMU_MIN_MAJOR,
+			  QEMU_MIN_MINOR);
+		return -HALITE_E_UNSUPPORTED;
+	}
+	for (; need && *need; need++)
+		if (!hq_qmp_has_command(vm->qmp, *need)) {
+			hq_vmsetf(vm, "QEMU %d.%d.%d has no QMP command '%s'", vm->major,
+				  vm->minor, vm->micro, *need);
+			return -HALITE_E_UNSUPPORTED;
+		}
+	/* The machine type as migration names it: QOM type "pc-q35-7.2-machine". */
+	args = cJSON_CreateObject();
+	cJSON_AddStringToObject(args, "path", "/machine");
+	cJSON_AddStringToObject(args, "property", "type");
+	r = hq_qmp_call(vm->qmp, "qom-get", args, &ret, HQ_QMP_TIMEOUT_MS);
+	if (r) {
+		hq_vmsetf(vm, "%s", hq_qmp_errmsg(vm->qmp));
+		return r;
+	}
+	type = cJSON_GetStringValue(ret);
+	n = type ? strlen(type) : 0;
+	if (n > 8 && strcmp(type + n - 8, "-machine") == 0)
+		n -= 8;
+	if (!n || n >= sizeof(vm->machine)) {
+		hq_vmsetf(vm, "qom-get /machine type: unexpected answer");
+		cJSON_Delete(ret);
+		return -EPROTO;
+	}
+	memcpy(vm->machine, type, n);
+	vm->machine[n] = '\0';
+	cJSON_Delete(ret);
+	return hq_vm_vcpus(vm);
+}
+
+int hq_vm_vcpus(struct hq_vm *vm)
+{
+	cJSON *ret = NULL, *cpu;
+	int r;
+
+	r = hq_qmp_call(vm->qmp, "query-cpus-fast", NULL, &ret, HQ_QMP_TIMEOUT_MS);
+	if (r) {
+		hq_vmsetf(vm, "%s", hq_qmp_errmsg(vm->qmp));
+		return r;
+	}
+	vm->nvcpus = 0;
+	cJSON_ArrayForEach(cpu, ret) {
+		cJSON *idx = cJSON_GetObjectItem(cpu, "cpu-index");
+		cJSON *tid = cJSON_GetObjectItem(cpu, "thread-id");
+
+		if (!cJSON_IsNumber(idx) || !cJSON_IsNumber(tid) || idx->valuedouble < 0 ||
+		    idx->valuedouble >= HQ_MAX_VCPUS) {
+			hq_vmsetf(vm, "query-cpus-fast: a CPU without cpu-index/thread-id");
+			cJSON_Delete(ret);
+			return -EPROTO;
+		}
+		if ((uint32_t)idx->valuedouble >= vm->nvcpus)
+			vm->nvcpus = (uint32_t)idx->valuedouble + 1;
+		vm->vcpu_tids[(uint32_t)idx->valuedouble] = (pid_t)tid->valuedouble;
+	}
+	cJSON_Delete(ret);
+	if (!vm->nvcpus) {
+		hq_vmsetf(vm, "query-cpus-fast: no vCPUs");
+		return -EPROTO;
+	}
+	return 0;
+}
+
+int hq_vm_status(struct hq_vm *vm, char *buf, size_t len)
+{
+	cJSON *ret = NULL;
+	const char *st;
+	int r;
+
+	r = hq_qmp_call(vm->qmp, "query-status", NULL, &ret, HQ_QMP_TIMEOUT_MS);
+	if (r) {
+		hq_vmsetf(vm, "%s", hq_qmp_errmsg(vm->qmp));
+		return r;
+	}
+	st = cJSON_GetStringValue(cJSON_GetObjectItem(ret, "status"));
+	snprintf(buf, len, "%s", st ? st : "?");
+	cJSON_Delete(ret);
+	return 0;
+}
+
+/* --- RAM --- */
+
+struct vma {
+	uint64_t start, end, pgoff;
+	bool shared;
+	char path[256];
+};
+
+/* The mapping of QEMU's holding @addr, from /proc/PID/maps. */
+static int find_vma(pid_t pid, uint64_t addr, struct vma *v)
+{
+	char path[64], line[512];
+	FILE *f;
+	int ret = -ENOENT;
+
+	snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
+	f = fopen(path, "re");
+	if (!f)
+		return -errno;
+	while (fgets(line, sizeof(line), f)) {
+		char perms[8] = "", file[256] = "";
+		unsigned long long s, e, off;
+		int n = 0;
+
+		if (sscanf(line, "%llx-%llx %7s %llx %*s %*s%n", &s, &e, perms, &off, &n) < 4)
+			continue;
+		if (addr < s || addr >= e)
+			continue;
+		sscanf(line + n, " %255[^\n]", file);
+		v->start = s;
+		v->end = e;
+		v->pgoff = off;
+		v->shared = perms[3] == 's';
+		snprintf(v->path, sizeof(v->path), "%s", file);
+		ret = 0;
+		break;
+	}
+	fclose(f);
+	return ret;
+}
+
+static int add_region(struct hq_vm *vm, const struct hq_ramblock *b, uint64_t base,
+		      uint64_t gpa, uint64_t offset, uint64_t length)
+{
+	struct hq_region *g;
+
+	if (vm->nregions == HQ_MAX_REGIONS) {
+		hq_vmsetf(vm, "more than %d pieces of guest RAM", HQ_MAX_REGIONS);
+		return -E2BIG;
+	}
+	g = &vm->regions[vm->nregions++];
+	if (offset)
+		snprintf(g->name, sizeof(g->name), "%s@0x%" PRIx64, b->name, offset);
+	else
+		snprintf(g->name, sizeof(g->name), "%s", b->name);
+	snprintf(g->block, sizeof(g->block), "%s", b->name);
+	g->gpa = gpa;
+	g->offset = offset;
+	g->length = length;
+	g->host = base + offset;
+	g->page_size = b->page_size;
+	g->fd = -1;
+	return 0;
+}
+
+/*
+ * Split one RAM block into regions by where the guest sees it. Ranges of
+ * the flat view with the same gpa - offset belong to one region, which
+ * spans from the end of the previous region to its last range's end (the
+ * gaps, such as the VGA window at 640 KiB, are RAM the guest does not see
+ * there: saved with it, at the GPA it would have). The last region runs to
+ * the block's end. QEMU's host address of the block comes from gpa2hva of
+ * its first piece.
+ */
+static int split_block(struct hq_vm *vm, const struct hq_ramblock *b, const char *mtree)
+{
+	struct hq_gpa_range *rg = NULL;
+	char err[256], cmd[64], *text = NULL;
+	uint64_t start = 0, base = 0;
+	int n, ret = 0;
+
+	n = hq_parse_mtree(mtree, b->name, &rg, err, sizeof(err));
+	if (n < 0) {
+		hq_vmsetf(vm, "%s", err);
+		return n;
+	}
+	if (n == 0) {
+		hq_vmsetf(vm, "RAM block %s is not in the guest's address space", b->name);
+		free(rg);
+		return -EPROTO;
+	}
+	/* Where QEMU maps the block: the host address of its first piece, less its offset. */
+	snprintf(cmd, sizeof(cmd), "gpa2hva 0x%" PRIx64, rg[0].gpa);
+	ret = hq_qmp_hmp(vm->qmp, cmd, &text, HQ_QMP_TIMEOUT_MS);
+	if (ret) {
+		hq_vmsetf(vm, "%s", hq_qmp_errmsg(vm->qmp));
+		free(rg);
+		return ret;
+	}
+	ret = hq_parse_gpa2hva(text, &base, err, sizeof(err));
+	free(text);
+	if (ret) {
+		hq_vmsetf(vm, "%s", err);
+		free(rg);
+		return ret;
+	}
+	base -= rg[0].offset;
+	/* Flat-view order is by GPA; offsets rise with it for QEMU's RAM layouts. */
+	for (int i = 0; i < n && !ret; i++) {
+		uint64_t delta = rg[i].gpa - rg[i].offset, end;
+		int j = i;
+
+		while (j + 1 < n && rg[j + 1].gpa - rg[j + 1].offset == delta &&
+		       rg[j + 1].offset >= rg[j].offset + rg[j].len)
+			j++;
+		if (rg[i].offset < start) {
+			hq_vmsetf(vm, "RAM block %s: guest-physical layout not understood "
+				  "(offset 0x%" PRIx64 " seen twice)", b->name, rg[i].offset);
+			ret = -EPROTO;
+			break;
+		}
+		end = j + 1 < n ? rg[j].offset + rg[j].len : b->used;
+		ret = add_region(vm, b, base, start + delta, start, end - start);
+		start = end;
+		i = j;
+	}
+	free(rg);
+	return ret;
+}
+
+static int open_region(struct hq_vm *vm, struct hq_region *g)
+{
+	char path[128];
+	struct vma v;
+	int ret;
+
+	ret = find_vma(vm->pid, g->host, &v);
+	if (ret) {
+		hq_vmsetf(vm, "RAM %s at 0x%" PRIx64 ": no such mapping in QEMU (pid %d)", g->name,
+			  g->host, (int)vm->pid);
+		return ret;
+	}
+	if (!v.shared) {
+		hq_vmsetf(vm, "guest RAM '%s' is private memory of QEMU, which another process "
+			  "cannot save or restore lazily: give QEMU a shared backend, e.g. "
+			  "-object memory-backend-memfd,id=mem0,size=SIZE,share=on "
+			  "-machine memory-backend=mem0", g->block);
+		return -EINVAL;
+	}
+	if (g->host + g->length > v.end) {
+		/* One mmap per RAM block; split VMAs of it map the same file in order. */
+		struct vma last;
+
+		if (find_vma(vm->pid, g->host + g->length - 1, &last) ||
+		    last.pgoff + (g->host + g->length - last.start) !=
+		    v.pgoff + (g->host + g->length - v.start)) {
+			hq_vmsetf(vm, "RAM %s: not one contiguous file mapping in QEMU", g->name);
+			return -EPROTO;
+		}
+	}
+	snprintf(path, sizeof(path), "/proc/%d/map_files/%" PRIx64 "-%" PRIx64, (int)vm->pid,
+		 v.start, v.end);
+	g->fd = open(path, O_RDWR | O_CLOEXEC);
+	if (g->fd < 0) {
+		ret = -errno;
+		hq_vmsetf(vm, "RAM %s: open %s: %s%s", g->name, path, strerror(errno),
+			  errno == EPERM || errno == EACCES ? " (needs CAP_SYS_ADMIN: run as root)" :
+			  "");
+		return ret;
+	}
+	g->fd_offset = v.pgoff + (g->host - v.start);
+	g->hugetlb = g->page_size > 4096;
+	return 0;
+}
+
+int hq_vm_ram(struct hq_vm *vm)
+{
+	struct hq_ramblock *b = NULL;
+	char *text = NULL, *mtree = NULL, err[256];
+	cJSON *devs = NULL, *d;
+	int n, ret;
+
+	ret = hq_qmp_hmp(vm->qmp, "info ramblock", &text, HQ_QMP_TIMEOUT_MS);
+	if (!ret)
+		ret = hq_qmp_hmp(vm->qmp, "info mtree -f", &mtree, HQ_QMP_TIMEOUT_MS);
+	if (!ret)
+		ret = hq_qmp_call(vm->qmp, "query-memdev", NULL, &devs, HQ_QMP_TIMEOUT_MS);
+	if (ret) {
+		hq_vmsetf(vm, "%s", hq_qmp_errmsg(vm->qmp));
+		goto out;
+	}
+	n = hq_parse_ramblocks(text, &b, err, sizeof(err));
+	if (n < 0) {
+		hq_vmsetf(vm, "info ramblock: %s", err);
+		ret = n;
+		goto out;
+	}
+	vm->nregions = 0;
+	/*
+	 * Guest RAM is the memory backends' blocks (idstr = backend id); the
+	 * small ROM blocks (pc.bios, ACPI tables) are rebuilt by QEMU from the
+	 * same command line and are not saved. Without a backend, RAM is the
+	 * private "pc.ram".
+	 */
+	cJSON_ArrayForEach(d, devs) {
+		const char *id = cJSON_GetStringValue(cJSON_GetObjectItem(d, "id"));
+		int i;
+
+		for (i = 0; id && i < n; i++)
+			if (strcmp(b[i].name, id) == 0)
+				break;
+		if (!id || i == n)
+			continue; /* a backend QEMU created but no RAM block uses */
+		if (!cJSON_IsTrue(cJSON_GetObjectItem(d, "share"))) {
+			hq_vmsetf(vm, "guest RAM '%s' is private memory of QEMU (a backend with "
+				  "share=off, or no backend), which another process cannot save or "
+				  "restore lazily: give QEMU a shared backend, e.g. -object "
+				  "memory-backend-memfd,id=mem0,size=SIZE,share=on "
+				  "-machine memory-backend=mem0", id);
+			ret = -EINVAL;
+			goto out;
+		}
+		ret = split_block(vm, &b[i], mtree);
+		if (ret)
+			goto out;
+	}
+	if (!vm->nregions) {
+		hq_vmsetf(vm, "guest RAM is private memory of QEMU (no memory backend; "
+			  "RAM block pc.ram): start QEMU with -object memory-backend-memfd,id=mem0,"
+			  "size=SIZE,share=on -machine memory-backend=mem0");
+		ret = -EINVAL;
+		goto out;
+	}
+	for (uint32_t i = 0; i < vm->nregions && !ret; i++)
+		ret = open_region(vm, &vm->regions[i]);
+out:
+	free(b);
+	free(text);
+	free(mtree);
+	cJSON_Delete(devs);
+	return ret;
+}
+
+void hq_vm_release(struct hq_vm *vm)
+{
+	for (uint32_t i = 0; i < vm->nregions; i++)
+		if (vm->regions[i].fd >= 0) {
+			close(vm->regions[i].fd);
+			vm->regions[i].fd = -1;
+		}
+	hq_qmp_close(vm->qmp);
+	vm->qmp = NULL;
+}
+
+/* --- CPU state --- */
+
+#define CR0_PG (1ull << 31)
+#define CR4_LA57 (1ull << 12)
+#define EFER_LMA (1ull << 10)
+
+int hq_vm_roots(struct hq_vm *vm, struct halite_root *roots, uint32_t max)
+{
+	struct hq_cpu_regs *regs = NULL;
+	char *text = NULL, err[256];
+	uint32_t k = 0;
+	int n, ret;
+
+	ret = hq_qmp_hmp(vm->qmp, "info registers -a", &text, HQ_QMP_TIMEOUT_MS);
+	if (ret) {
+		hq_vmsetf(vm, "%s", hq_qmp_errmsg(vm->qmp));
+		return ret;
+	}
+	n = hq_parse_registers(text, &regs, err, sizeof(err));
+	free(text);
+	if (n < 0) {
+		hq_vmsetf(vm, "info registers -a: %s", err);
+		return n;
+	}
+	/* Only 64-bit paging has the tables the walker knows (4- or 5-level). */
+	for (int i = 0; i < n && k < max; i++) {
+		if (!(regs[i].cr0 & CR0_PG) || !(regs[i].efer & EFER_LMA))
+			continue;
+		roots[k].vcpu = regs[i].cpu >= 0 && (uint32_t)regs[i].cpu < vm->nvcpus ?
+				(uint32_t)regs[i].cpu : HALITE_VCPU_UNKNOWN;
+		roots[k].mode = regs[i].cr4 & CR4_LA57 ? HALITE_PAGING_5LEVEL :
+			       HALITE_PAGING_4LEVEL;
+		roots[k].cr3 = regs[i].cr3;
+		k++;
+	}
+	free(regs);
+	return (int)k;
+}
+
+/* --- device state --- */
+
+static uint32_t be32(const uint8_t *p)
+{
+	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static void put_be32(uint8_t *p, uint32_t v)
+{
+	p[0] = v >> 24;
+	p[1] = v >> 16;
+	p[2] = v >> 8;
+	p[3] = v;
+}
+
+static int read_whole(const char *path, uint8_t **buf, uint64_t *len)
+{
+	struct stat st;
+	uint8_t *p;
+	size_t got = 0;
+	int fd, ret = 0;
+
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	if (fstat(fd, &st)) {
+		ret = -errno;
+		goto out;
+	}
+	if (st.st_size <= 0 || st.st_size > (256 << 20)) {
+		ret = -EFBIG;
+		goto out;
+	}
+	p = malloc((size_t)st.st_size);
+	if (!p) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	while (got < (size_t)st.st_size) {
+		ssize_t r = read(fd, p + got, (size_t)st.st_size - got);
+
+		if (r <= 0) {
+			ret = r < 0 ? -errno : -EIO;
+			free(p);
+			goto out;
+		}
+		got += (size_t)r;
+	}
+	*buf = p;
+	*len = got;
+out:
+	close(fd);
+	return ret;
+}
+
+int hq_vm_device_state(struct hq_vm *vm, uint8_t **bufp, uint64_t *lenp)
+{
+	char dir[] = "/tmp/halite-qemu.XXXXXX", path[64];
+	uint8_t *raw = NULL, *out;
+	uint64_t len = 0, n;
+	size_t mlen = strlen(vm->machine);
+	struct stat st;
+	cJSON *args;
+	int ret;
+
+	if (!mkdtemp(dir)) {
+		ret = -errno;
+		hq_vmsetf(vm, "mkdtemp %s: %s", dir, strerror(errno));
+		return ret;
+	}
+	/* QEMU may run as another user: the directory is its to write. */
+	snprintf(path, sizeof(path), "/proc/%d", (int)vm->pid);
+	if (!stat(path, &st) && st.st_uid != geteuid() && chown(dir, st.st_uid, st.st_gid)) {
+		/* Then QEMU's write fails, and says so. */
+	}
+	snprintf(path, sizeof(path), "%s/devices", dir);
+	args = cJSON_CreateObject();
+	cJSON_AddStringToObject(args, "filename", path);
+	/* Also "live": false is what savevm does; the guest is paused. */
+	ret = hq_qmp_call(vm->qmp, "xen-save-devices-state", args, NULL, HQ_QMP_TIMEOUT_MS);
+	if (ret) {
+		hq_vmsetf(vm, "%s", hq_qmp_errmsg(vm->qmp));
+		goto out;
+	}
+	ret = read_whole(path, &raw, &len);
+	if (ret) {
+		hq_vmsetf(vm, "device state %s: %s", path, strerror(-ret));
+		goto out;
+	}
+	/* QEVM v3 header, FULL sections, EOF; no CONFIGURATION section. */
+	if (len < 9 || be32(raw) != QEVM_MAGIC || be32(raw + 4) != QEVM_VERSION ||
+	    raw[len - 1] != QEVM_EOF || raw[8] == QEVM_CONFIGURATION) {
+		hq_vmsetf(vm, "device state from xen-save-devices-state: not the stream "
+			  "expected (QEVM v3, device sections, EOF; %" PRIu64 " bytes)", len);
+		ret = -EPROTO;
+		goto out;
+	}
+	/*
+	 * What a migration stream carries around the device sections:
+	 * CONFIGURATION (the machine type) first, VMDESCRIPTION after EOF.
+	 */
+	out = malloc(len + 5 + mlen + 5 + sizeof(vmdesc) - 1);
+	if (!out) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	memcpy(out, raw, 8);
+	out[8] = QEVM_CONFIGURATION;
+	put_be32(out + 9, (uint32_t)mlen);
+	memcpy(out + 13, vm->machine, mlen);
+	memcpy(out + 13 + mlen, raw + 8, len - 8);
+	n = 13 + mlen + len - 8;
+	out[n] = QEVM_VMDESCRIPTION;
+	put_be32(out + n + 1, sizeof(vmdesc) - 1);
+	memcpy(out + n + 5, vmdesc, sizeof(vmdesc) - 1);
+	*bufp = out;
+	*lenp = n + 5 + sizeof(vmdesc) - 1;
+out:
+	free(raw);
+	unlink(path);
+	rmdir(dir);
+	return ret;
+}
+
+int hq_device_stream_check(const uint8_t *buf, uint64_t len, char *machine, size_t mlen,
+			   char *err, size_t errlen)
+{
+	uint32_t n;
+
+	if (len < 14 || be32(buf) != QEVM_MAGIC || buf[8] != QEVM_CONFIGURATION) {
+		snprintf(err, errlen, "the file's device state is not a QEMU device stream "
+			 "(not saved by halite-qemu?)");
+		return -HALITE_E_CORRUPT;
+	}
+	if (be32(buf + 4) != QEVM_VERSION) {
+		snprintf(err, errlen, "the file's device state is QEMU stream version %u, "
+			 "not %u", be32(buf + 4), QEVM_VERSION);
+		return -HALITE_E_UNSUPPORTED;
+	}
+	n = be32(buf + 9);
+	if (n == 0 || n >= mlen || 13 + (uint64_t)n >= len) {
+		snprintf(err, errlen, "the file's device state is cut short or malformed");
+		return -HALITE_E_CORRUPT;
+	}
+	memcpy(machine, buf + 13, n);
+	machine[n] = '\0';
+	return 0;
+}
+
+/* --- things done inside QEMU --- */
+
+int hq_vm_uffd(struct hq_vm *vm, int *remote)
+{
+	long args[6] = { O_CLOEXEC | O_NONBLOCK }, res = 0;
+	char err[512];
+	int ret, fd;
+
+	ret = hq_inject_one(vm->pid, SYS_userfaultfd, args, &res, err, sizeof(err));
+	if (ret) {
+		hq_vmsetf(vm, "creating a userfaultfd inside QEMU: %s", err);
+		return ret;
+	}
+	if (res < 0) {
+		hq_vmsetf(vm, "userfaultfd() inside QEMU (pid %d): %s%s", (int)vm->pid,
+			  strerror((int)-res), res == -EPERM ?
+			  " (QEMU's -sandbox, or vm.unprivileged_userfaultfd=0 for its user?)" : "");
+		return (int)res;
+	}
+	fd = hq_fd_from_process(vm->pid, (int)res, err, sizeof(err));
+	if (fd < 0)
+		hq_vmsetf(vm, "%s", err);
+	if (fd < 0 || !remote)
+		hq_vm_close_remote(vm, (int)res);
+	else
+		*remote = (int)res;
+	return fd;
+}
+
+int hq_vm_close_remote(struct hq_vm *vm, int remote)
+{
+	long args[6] = { remote }, res = 0;
+	char err[512];
+	int ret;
+
+	ret = hq_inject_one(vm->pid, SYS_close, args, &res, err, sizeof(err));
+	if (ret) {
+		hq_vmsetf(vm, "closing descriptor %d inside QEMU: %s", remote, err);
+		return ret;
+	}
+	return (int)res;
+}
+
+int hq_drop_ptes(void *ctx, uint64_t addr, uint64_t len)
+{
+	struct hq_vm *vm = ctx;
+	long args[6] = { (long)addr, (long)len, MADV_DONTNEED }, res = 0;
+	char err[512];
+	int ret;
+
+	ret = hq_inject_one(vm->pid, SYS_madvise, args, &res, err, sizeof(err));
+	if (ret) {
+		hq_vmsetf(vm, "madvise inside QEMU: %s", err);
+		return ret;
+	}
+	return (int)res;
+}
