@@ -354,7 +354,35 @@ def case_errors(work):
     del info
 
 
+def case_cli(work):
+    """Wrong arguments and files that are not halite-qemu snapshots: exit code and message."""
+    hq = hg.halite_qemu()
+
+    def expect(args, rc, text):
+        p, _ = run([hq, *args])
+        last = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+        check(p.returncode == rc and text in p.stderr, f"{' '.join(args)[:60]!r}: exit {rc}, {last}")
+
+    expect(["save", "x.hlt"], 2, "--qmp SOCKET is required")
+    expect(["save", "--qmp", "/nonexistent.sock", os.path.join(work, "x.hlt")], 1,
+           "No such file or directory")
+    expect(["save", "--qmp", "s", "--codec", "brotli", "x.hlt"], 2, "--codec 'brotli'")
+    expect(["restore", "x.hlt"], 2, "QEMU's command line missing")
+    expect(["restore", "x.hlt", "--", "-incoming", "defer"], 2, "-incoming is halite-qemu's")
+    expect(["restore", "x.hlt", "--", "-daemonize"], 2, "--detach")
+    expect(["restore", "/etc/passwd", "--", "-m", "1G"], 1, "not a Halite snapshot")
+    # A good Halite file that holds no QEMU device state.
+    img = os.path.join(work, "img.raw")
+    with open(img, "wb") as f:
+        f.write(b"\x01" * 65536)
+    plain = os.path.join(work, "plain.hlt")
+    run([INSPECT, "import", img, "--region", "mem0", "-o", plain], check_rc=0)
+    expect(["restore", plain, "--", "-m", "1G"], 1, "not saved by halite-qemu")
+    expect(["bogus"], 2, "unknown command")
+
+
 CASES = {
+    "cli": case_cli,
     "save-restore": case_save_restore,
     "exact": case_exact,
     "kill": case_kill,

@@ -196,6 +196,11 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 			hq_errorf("restore: QEMU's %s is " PROG "'s to give", p->qemu_argv[i]);
 			return -1;
 		}
+		if (!strcmp(a, "-daemonize")) {
+			hq_errorf("restore: not with QEMU's -daemonize: use " PROG " restore "
+				  "--detach, which leaves QEMU running once memory is in");
+			return -1;
+		}
 		if (!strcmp(a, "-S"))
 			p->paused = true;
 	}
@@ -225,7 +230,7 @@ static int check_file(struct restore_run *r)
 	o.errbuf_len = sizeof(err);
 	ret = halite_reader_open(&rd, r->p.path, &o);
 	if (ret)
-		return fail(r, ret, r->p.path, err[0] ? err : halite_strerror(ret));
+		return err[0] ? fail(r, ret, err, NULL) : fail(r, ret, r->p.path, halite_strerror(ret));
 	ret = halite_reader_device_state(rd, &dev, &r->devlen);
 	if (ret) {
 		fail(r, ret, r->p.path, "no device state: not saved by " PROG);

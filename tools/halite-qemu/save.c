@@ -254,7 +254,7 @@ static int start(struct save_run *r)
 	uint64_t devlen = 0;
 	int ret;
 
-	ret = hq_vm_attach(&r->vm, r->p.qmp, 5000, need);
+	ret = hq_vm_attach(&r->vm, r->p.qmp, 0, need);
 	if (!ret)
 		ret = hq_vm_ram(&r->vm);
 	if (!ret)
