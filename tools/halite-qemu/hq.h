@@ -9,6 +9,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <signal.h>
 #include <stdio.h>
 #include <sys/types.h>
 
@@ -109,6 +110,20 @@ int hq_drop_ptes(void *vm, uint64_t addr, uint64_t len);
 void hq_vmsetf(struct hq_vm *vm, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* --- util --- */
+
+/* What both commands print and how (--json, -q, -v). */
+struct hq_out {
+	bool json, quiet, verbose;
+};
+/* getopt_long codes 'j', 'q', 'v' into @o: true when @c was one of them. */
+bool hq_out_opt(int c, struct hq_out *o);
+/* Record the first failure as "what: detail" in @err; returns @ret. */
+int hq_fail(char *err, size_t len, int ret, const char *what, const char *detail);
+/* The report's common head: {"ok", "file", "error", "qemu": {...}, then the caller's fields. */
+void hq_json_head(bool ok, const char *file, const char *err, const struct hq_vm *vm);
+/* SIGINT and SIGTERM set hq_stop_signal instead of killing us. */
+extern volatile sig_atomic_t hq_stop_signal;
+void hq_catch_stop_signals(void);
 uint64_t hq_now_ns(void);
 void hq_errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void hq_progressf(bool quiet, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -48,7 +48,8 @@ struct restore_params {
 	const char *path;
 	char **qemu_argv; /* the user's, from after "--" */
 	int qemu_argc;
-	bool detach, paused, track, no_prefetch, json, quiet, verbose;
+	bool detach, paused, track, no_prefetch;
+	struct hq_out out;
 	uint32_t read_latency_us;
 	const char *trace;
 	const char *qemu_log;
@@ -159,20 +160,12 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 		case 'O':
 			p->qemu_log = optarg;
 			break;
-		case 'j':
-			p->json = true;
-			break;
-		case 'q':
-			p->quiet = true;
-			break;
-		case 'v':
-			p->verbose = true;
-			break;
 		case 'h':
 			hq_help_restore(stdout);
 			exit(EXIT_OK);
 		default:
-			return -1;
+			if (!hq_out_opt(c, &p->out))
+				return -1;
 		}
 	}
 	if (optind != dd - 1) {
@@ -209,10 +202,7 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 
 static int fail(struct restore_run *r, int ret, const char *what, const char *detail)
 {
-	if (!r->err[0])
-		snprintf(r->err, sizeof(r->err), "%s%s%s", what, detail && *detail ? ": " : "",
-			 detail ? detail : "");
-	return ret;
+	return hq_fail(r->err, sizeof(r->err), ret, what, detail);
 }
 
 /* What the file holds, checked before QEMU starts. */
@@ -481,7 +471,7 @@ static int start_restore(struct restore_run *r, const struct halite_restore_regi
 	o.owner_uffd = r->uffd;
 	o.trace_path = r->p.trace;
 	o.log = hq_log;
-	o.log_level = r->p.verbose ? HALITE_LOG_DEBUG : HALITE_LOG_WARN;
+	o.log_level = r->p.out.verbose ? HALITE_LOG_DEBUG : HALITE_LOG_WARN;
 	ret = halite_restore_open(&r->rs, r->p.path, reg, r->vm.nregions, &o);
 	if (ret == -EINVAL)
 		return fail(r, ret, "the file's memory regions do not match this QEMU's "
@@ -575,22 +565,15 @@ static void progress(struct restore_run *r, bool final)
 	char a[32], b[32];
 	uint64_t in;
 
-	if (r->p.quiet)
+	if (r->p.out.quiet)
 		return;
 	halite_restore_stats(r->rs, &st);
 	in = st.mb_fault + st.mb_pool + st.mb_prefetch + st.mb_zero;
-	hq_progressf(r->p.quiet, "restore: %3" PRIu64 "%%  %s of %s  %" PRIu64 " faults  %"
+	hq_progressf(r->p.out.quiet, "restore: %3" PRIu64 "%%  %s of %s  %" PRIu64 " faults  %"
 		     PRIu64 "/%" PRIu64 " LBs  %.1f s%s", st.mb_total ? 100 * in / st.mb_total : 0,
 		     hq_bytes(st.mb_total ? r->mem_bytes / st.mb_total * in : 0, a, sizeof(a)),
 		     hq_bytes(r->mem_bytes, b, sizeof(b)), st.faults, st.lb_demand + st.lb_prefetch,
 		     st.lb_total, (double)(hq_now_ns() - r->t_ready) / 1e9, final ? "\n" : "");
-}
-
-static volatile sig_atomic_t stop_signal;
-
-static void on_signal(int sig)
-{
-	stop_signal = sig;
 }
 
 static int run(struct restore_run *r)
@@ -627,8 +610,8 @@ static int run(struct restore_run *r)
 	r->t_resume = hq_now_ns();
 	last_prog = r->t_resume;
 	for (;;) {
-		if (stop_signal)
-			return fail(r, -ECANCELED, "restore stopped", strsignal(stop_signal));
+		if (hq_stop_signal)
+			return fail(r, -ECANCELED, "restore stopped", strsignal(hq_stop_signal));
 		ret = halite_restore_wait(r->rs, 250);
 		if (ret != -ETIMEDOUT)
 			break;
@@ -659,15 +642,9 @@ static void report(const struct restore_run *r, int ret)
 	const struct halite_restore_stats *st = &r->st;
 	char a[32];
 
-	if (r->p.json) {
-		printf("{\"ok\": %s, \"file\": ", ret ? "false" : "true");
-		hq_json_str(r->p.path);
-		printf(", \"error\": ");
-		hq_json_str(ret ? r->err : "");
-		printf(", \"qemu\": {\"pid\": %d, \"version\": \"%d.%d.%d\", \"machine\": ",
-		       (int)r->vm.pid, r->vm.major, r->vm.minor, r->vm.micro);
-		hq_json_str(r->vm.machine);
-		printf(", \"vcpus\": %u}, \"qmp_ready_ms\": %.3f, \"engine_ready_ms\": %.3f, "
+	if (r->p.out.json) {
+		hq_json_head(!ret, r->p.path, r->err, &r->vm);
+		printf(", \"qmp_ready_ms\": %.3f, \"engine_ready_ms\": %.3f, "
 		       "\"devices_loaded_ms\": %.3f, \"resumed_ms\": %.3f, \"ready_to_resume_ms\": "
 		       "%.3f, \"done_s\": %.3f, \"memory_bytes\": %" PRIu64 ", \"faults\": %" PRIu64
 		       ", \"faults_vcpu\": %" PRIu64 ", \"faults_zero\": %" PRIu64
@@ -677,7 +654,7 @@ static void report(const struct restore_run *r, int ret)
 		       ", \"mb_total\": %" PRIu64 ", \"mb_fault\": %" PRIu64 ", \"mb_pool\": %" PRIu64
 		       ", \"mb_prefetch\": %" PRIu64 ", \"mb_zero\": %" PRIu64
 		       ", \"vm_access_pct\": %.2f, \"paused\": %s, \"detached\": %s}\n",
-		       r->vm.nvcpus, ms(r->t0, r->t_qmp), ms(r->t0, r->t_ready),
+		       ms(r->t0, r->t_qmp), ms(r->t0, r->t_ready),
 		       ms(r->t0, r->t_loaded), ms(r->t0, r->t_resume), ms(r->t_qmp, r->t_resume),
 		       ms(r->t_resume, r->t_done) / 1e3, r->mem_bytes, st->faults, st->faults_vcpu,
 		       st->faults_zero, st->faults_cached, (double)st->fault_p50_ns / 1e3,
@@ -713,7 +690,6 @@ static void report(const struct restore_run *r, int ret)
 int hq_cmd_restore(int argc, char **argv)
 {
 	struct restore_run *r = calloc(1, sizeof(*r));
-	struct sigaction sa = { .sa_handler = on_signal };
 	int ret, st, code;
 
 	if (!r) {
@@ -728,8 +704,7 @@ int hq_cmd_restore(int argc, char **argv)
 	r->uffd = r->remote_uffd = -1;
 	for (unsigned i = 0; i < HQ_MAX_REGIONS; i++)
 		r->vm.regions[i].fd = -1;
-	sigaction(SIGINT, &sa, NULL);
-	sigaction(SIGTERM, &sa, NULL);
+	hq_catch_stop_signals();
 	ret = run(r);
 	if (ret)
 		hq_errorf("restore: %s", r->err);
@@ -758,8 +733,8 @@ int hq_cmd_restore(int argc, char **argv)
 	if (!ret && !r->p.detach && r->qemu > 0) {
 		/* Like running QEMU: its exit is ours. */
 		while (waitpid(r->qemu, &st, 0) < 0 && errno == EINTR)
-			if (stop_signal)
-				kill(r->qemu, SIGTERM), stop_signal = 0;
+			if (hq_stop_signal)
+				kill(r->qemu, SIGTERM), hq_stop_signal = 0;
 		code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 	}
 	free(r);

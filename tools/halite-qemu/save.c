@@ -42,7 +42,7 @@ struct save_params {
 	uint64_t bg_min_rate;
 	unsigned root_ms;
 	unsigned flags;
-	bool json, quiet, verbose;
+	struct hq_out out;
 };
 
 struct save_run {
@@ -158,20 +158,12 @@ static int parse_args(int argc, char **argv, struct save_params *p)
 		case 'k':
 			p->flags |= HALITE_SAVE_KEEP_INCOMPLETE;
 			break;
-		case 'j':
-			p->json = true;
-			break;
-		case 'q':
-			p->quiet = true;
-			break;
-		case 'v':
-			p->verbose = true;
-			break;
 		case 'h':
 			hq_help_save(stdout);
 			exit(EXIT_OK);
 		default:
-			return -1;
+			if (!hq_out_opt(c, &p->out))
+				return -1;
 		}
 	}
 	if (optind != argc - 1) {
@@ -189,10 +181,7 @@ static int parse_args(int argc, char **argv, struct save_params *p)
 
 static int fail(struct save_run *r, int ret, const char *what, const char *detail)
 {
-	if (!r->err[0])
-		snprintf(r->err, sizeof(r->err), "%s%s%s", what, detail && *detail ? ": " : "",
-			 detail ? detail : "");
-	return ret;
+	return hq_fail(r->err, sizeof(r->err), ret, what, detail);
 }
 
 /* Sample the roots now; new ones go to the engine (it drops repeats). */
@@ -297,7 +286,7 @@ static int start(struct save_run *r)
 	o.drop_ctx = &r->vm;
 	o.bg_min_rate = r->p.bg_min_rate;
 	o.log = hq_log;
-	o.log_level = r->p.verbose ? HALITE_LOG_DEBUG : HALITE_LOG_WARN;
+	o.log_level = r->p.out.verbose ? HALITE_LOG_DEBUG : HALITE_LOG_WARN;
 	ret = halite_save_create(&r->s, r->p.path, reg, r->vm.nregions, &o);
 	if (ret)
 		return fail(r, ret, "creating the save", halite_strerror(ret));
@@ -348,10 +337,10 @@ static void progress(struct save_run *r, bool final)
 	struct halite_save_stats st;
 	char a[32], b[32];
 
-	if (r->p.quiet)
+	if (r->p.out.quiet)
 		return;
 	halite_save_stats(r->s, &st);
-	hq_progressf(r->p.quiet, "save: %3" PRIu64 "%%  %s of %s  %" PRIu64 " faults (%" PRIu64
+	hq_progressf(r->p.out.quiet, "save: %3" PRIu64 "%%  %s of %s  %" PRIu64 " faults (%" PRIu64
 		     " vCPU)  %.1f s%s", st.mb_total ? 100 * st.mb_saved / st.mb_total : 0,
 		     hq_bytes(st.mb_total ? r->mem_bytes / st.mb_total * st.mb_saved : 0, a,
 			      sizeof(a)), hq_bytes(r->mem_bytes, b, sizeof(b)), st.faults,
@@ -359,17 +348,9 @@ static void progress(struct save_run *r, bool final)
 		     final ? "\n" : "");
 }
 
-static volatile sig_atomic_t stop_signal;
-
-static void on_signal(int sig)
-{
-	stop_signal = sig;
-}
-
 static int run(struct save_run *r)
 {
 	uint64_t last_root, last_prog;
-	struct sigaction sa = { .sa_handler = on_signal };
 	sigset_t stopset, old;
 	int ret;
 
@@ -377,8 +358,7 @@ static int run(struct save_run *r)
 	sigemptyset(&stopset);
 	sigaddset(&stopset, SIGINT);
 	sigaddset(&stopset, SIGTERM);
-	sigaction(SIGINT, &sa, NULL);
-	sigaction(SIGTERM, &sa, NULL);
+	hq_catch_stop_signals();
 	sigprocmask(SIG_BLOCK, &stopset, &old);
 	ret = start(r);
 	sigprocmask(SIG_SETMASK, &old, NULL);
@@ -389,10 +369,10 @@ static int run(struct save_run *r)
 		unsigned slice = r->p.root_ms < 250 ? r->p.root_ms : 250;
 		uint64_t now;
 
-		if (stop_signal) {
+		if (hq_stop_signal) {
 			halite_save_cancel(r->s);
 			halite_save_stats(r->s, &r->st);
-			return fail(r, -ECANCELED, "save cancelled", strsignal(stop_signal));
+			return fail(r, -ECANCELED, "save cancelled", strsignal(hq_stop_signal));
 		}
 		ret = halite_save_wait(r->s, (int)slice);
 		if (ret != -ETIMEDOUT)
@@ -401,7 +381,7 @@ static int run(struct save_run *r)
 		if (now - last_root >= (uint64_t)r->p.root_ms * 1000000) {
 			last_root = now;
 			/* A failed sample costs the walk some roots, not the save. */
-			if (sample_roots(r) && r->p.verbose)
+			if (sample_roots(r) && r->p.out.verbose)
 				hq_errorf("save: sampling roots: %s", r->vm.err);
 		}
 		if (now - last_prog >= 1000000000ull) {
@@ -425,22 +405,16 @@ static void report(const struct save_run *r, int ret)
 	double ratio = st->mb_total ? (double)st->file_bytes / ((double)st->mb_total * 8192) : 0;
 	char a[32], b[32];
 
-	if (r->p.json) {
-		printf("{\"ok\": %s, \"file\": ", ret ? "false" : "true");
-		hq_json_str(r->p.path);
-		printf(", \"error\": ");
-		hq_json_str(ret ? r->err : "");
-		printf(", \"qemu\": {\"pid\": %d, \"version\": \"%d.%d.%d\", \"machine\": ",
-		       (int)r->vm.pid, r->vm.major, r->vm.minor, r->vm.micro);
-		hq_json_str(r->vm.machine);
-		printf(", \"vcpus\": %u}, \"pause_ms\": %.3f, \"arm_ms\": %.3f, "
+	if (r->p.out.json) {
+		hq_json_head(!ret, r->p.path, r->err, &r->vm);
+		printf(", \"pause_ms\": %.3f, \"arm_ms\": %.3f, "
 		       "\"save_s\": %.3f, \"memory_bytes\": %" PRIu64 ", \"file_bytes\": %" PRIu64
 		       ", \"ratio\": %.4f, \"device_state_bytes\": %" PRIu64 ", \"faults\": %" PRIu64
 		       ", \"faults_vcpu\": %" PRIu64 ", \"faults_other\": %" PRIu64
 		       ", \"fault_p50_us\": %.1f, \"fault_p99_us\": %.1f, \"mb_total\": %" PRIu64
 		       ", \"mb_stored\": %" PRIu64 ", \"mb_zero\": %" PRIu64 ", \"mb_untouched\": %"
 		       PRIu64 ", \"mb_background\": %" PRIu64 ", \"root_samples\": %" PRIu64 "}\n",
-		       r->vm.nvcpus, pause_ms, (double)st->arm_ns / 1e6,
+		       pause_ms, (double)st->arm_ns / 1e6,
 		       (double)st->duration_ns / 1e9, st->mb_total * 8192, st->file_bytes, ratio,
 		       r->devstate_bytes, st->faults, st->faults_vcpu, st->faults_other,
 		       (double)st->fault_p50_ns / 1e3, (double)st->fault_p99_ns / 1e3,

@@ -140,3 +140,55 @@ void hq_log(void *ctx, int level, const char *msg)
 	fprintf(stderr, PROG ": engine %s: %s\n", level >= 0 && level <= 3 ? names[level] : "?",
 		msg);
 }
+
+bool hq_out_opt(int c, struct hq_out *o)
+{
+	switch (c) {
+	case 'j':
+		o->json = true;
+		return true;
+	case 'q':
+		o->quiet = true;
+		return true;
+	case 'v':
+		o->verbose = true;
+		return true;
+	default:
+		return false;
+	}
+}
+
+int hq_fail(char *err, size_t len, int ret, const char *what, const char *detail)
+{
+	if (!err[0])
+		snprintf(err, len, "%s%s%s", what, detail && *detail ? ": " : "",
+			 detail ? detail : "");
+	return ret;
+}
+
+void hq_json_head(bool ok, const char *file, const char *err, const struct hq_vm *vm)
+{
+	printf("{\"ok\": %s, \"file\": ", ok ? "true" : "false");
+	hq_json_str(file);
+	printf(", \"error\": ");
+	hq_json_str(ok ? "" : err);
+	printf(", \"qemu\": {\"pid\": %d, \"version\": \"%d.%d.%d\", \"machine\": ",
+	       (int)vm->pid, vm->major, vm->minor, vm->micro);
+	hq_json_str(vm->machine);
+	printf(", \"vcpus\": %u}", vm->nvcpus);
+}
+
+volatile sig_atomic_t hq_stop_signal;
+
+static void on_stop_signal(int sig)
+{
+	hq_stop_signal = sig;
+}
+
+void hq_catch_stop_signals(void)
+{
+	struct sigaction sa = { .sa_handler = on_stop_signal };
+
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+}
