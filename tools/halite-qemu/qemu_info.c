@@ -196,7 +196,8 @@ int hq_parse_mtree(const char *text, const char *ramname, struct hq_gpa_range **
 		    sscanf(buf, " %llx-%llx (prio %d, %15[^)]): %127s", &s, &e, &prio, kind,
 			   name) != 5)
 			continue;
-		if (strcmp(kind, "ram") || strcmp(name, ramname))
+		/* PAM and the like map parts of RAM read-only: "rom", same block. */
+		if ((strcmp(kind, "ram") && strcmp(kind, "rom")) || strcmp(name, ramname))
 			continue;
 		at = strstr(buf, "): ");
 		at = at ? strstr(at, " @") : NULL;
@@ -230,6 +231,31 @@ int hq_parse_mtree(const char *text, const char *ramname, struct hq_gpa_range **
 	}
 	*out = v;
 	return (int)n;
+}
+
+int hq_split_block(const struct hq_gpa_range *rg, int n, uint64_t used, struct hq_piece *out,
+		   int max)
+{
+	uint64_t start = 0;
+	int k = 0;
+
+	for (int i = 0; i < n; i++) {
+		uint64_t delta = rg[i].gpa - rg[i].offset, end;
+		int j = i;
+
+		while (j + 1 < n && rg[j + 1].gpa - rg[j + 1].offset == delta &&
+		       rg[j + 1].offset >= rg[j].offset + rg[j].len)
+			j++;
+		if (rg[i].offset < start || rg[j].offset + rg[j].len > used)
+			return -EPROTO;
+		if (k == max)
+			return -E2BIG;
+		end = j + 1 < n ? rg[j].offset + rg[j].len : used;
+		out[k++] = (struct hq_piece){ start + delta, start, end - start };
+		start = end;
+		i = j;
+	}
+	return k;
 }
 
 int hq_parse_gpa2hva(const char *text, uint64_t *hva, char *err, size_t errlen)

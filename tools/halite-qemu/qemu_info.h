@@ -36,6 +36,21 @@ struct hq_gpa_range {
 int hq_parse_mtree(const char *text, const char *ramname, struct hq_gpa_range **out, char *err,
 		   size_t errlen);
 
+/*
+ * A RAM block of @used bytes as guest-physical pieces, from its flat-view
+ * ranges @rg (hq_parse_mtree()): ranges with the same gpa - offset form one
+ * piece, which runs from the end of the previous piece (gaps such as the VGA
+ * window at 640 KiB are RAM the guest does not see there, kept with it at
+ * the GPA it would have) to its last range's end; the last piece runs to the
+ * block's end. So the pieces cover [0, used) in order. Returns the count
+ * (at most @max), -EPROTO when offsets go back, -E2BIG past @max.
+ */
+struct hq_piece {
+	uint64_t gpa, offset, length;
+};
+int hq_split_block(const struct hq_gpa_range *rg, int n, uint64_t used, struct hq_piece *out,
+		   int max);
+
 /* "gpa2hva ADDR": "Host virtual address for 0x0 (mem0) is 0x7f..." -> 0 and *hva. */
 int hq_parse_gpa2hva(const char *text, uint64_t *hva, char *err, size_t errlen);
 

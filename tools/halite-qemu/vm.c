@@ -220,21 +220,14 @@ static int add_region(struct hq_vm *vm, const struct hq_ramblock *b, uint64_t ba
 	return 0;
 }
 
-/*
- * Split one RAM block into regions by where the guest sees it. Ranges of
- * the flat view with the same gpa - offset belong to one region, which
- * spans from the end of the previous region to its last range's end (the
- * gaps, such as the VGA window at 640 KiB, are RAM the guest does not see
- * there: saved with it, at the GPA it would have). The last region runs to
- * the block's end. QEMU's host address of the block comes from gpa2hva of
- * its first piece.
- */
+/* One RAM block as regions, split by where the guest sees it (hq_split_block()). */
 static int split_block(struct hq_vm *vm, const struct hq_ramblock *b, const char *mtree)
 {
+	struct hq_piece pieces[HQ_MAX_REGIONS];
 	struct hq_gpa_range *rg = NULL;
 	char err[256], cmd[64], *text = NULL;
-	uint64_t start = 0, base = 0;
-	int n, ret = 0;
+	uint64_t base = 0;
+	int n, k, ret = 0;
 
 	n = hq_parse_mtree(mtree, b->name, &rg, err, sizeof(err));
 	if (n < 0) {
@@ -246,41 +239,27 @@ static int split_block(struct hq_vm *vm, const struct hq_ramblock *b, const char
 		free(rg);
 		return -EPROTO;
 	}
+	k = hq_split_block(rg, n, b->used, pieces, HQ_MAX_REGIONS);
+	if (k < 0) {
+		hq_vmsetf(vm, "RAM block %s: guest-physical layout not understood (info mtree -f)",
+			  b->name);
+		free(rg);
+		return k;
+	}
 	/* Where QEMU maps the block: the host address of its first piece, less its offset. */
 	snprintf(cmd, sizeof(cmd), "gpa2hva 0x%" PRIx64, rg[0].gpa);
 	ret = hq_qmp_hmp(vm->qmp, cmd, &text, HQ_QMP_TIMEOUT_MS);
 	if (ret) {
 		hq_vmsetf(vm, "%s", hq_qmp_errmsg(vm->qmp));
-		free(rg);
-		return ret;
+	} else {
+		ret = hq_parse_gpa2hva(text, &base, err, sizeof(err));
+		if (ret)
+			hq_vmsetf(vm, "%s", err);
+		base -= rg[0].offset;
 	}
-	ret = hq_parse_gpa2hva(text, &base, err, sizeof(err));
+	for (int i = 0; i < k && !ret; i++)
+		ret = add_region(vm, b, base, pieces[i].gpa, pieces[i].offset, pieces[i].length);
 	free(text);
-	if (ret) {
-		hq_vmsetf(vm, "%s", err);
-		free(rg);
-		return ret;
-	}
-	base -= rg[0].offset;
-	/* Flat-view order is by GPA; offsets rise with it for QEMU's RAM layouts. */
-	for (int i = 0; i < n && !ret; i++) {
-		uint64_t delta = rg[i].gpa - rg[i].offset, end;
-		int j = i;
-
-		while (j + 1 < n && rg[j + 1].gpa - rg[j + 1].offset == delta &&
-		       rg[j + 1].offset >= rg[j].offset + rg[j].len)
-			j++;
-		if (rg[i].offset < start) {
-			hq_vmsetf(vm, "RAM block %s: guest-physical layout not understood "
-				  "(offset 0x%" PRIx64 " seen twice)", b->name, rg[i].offset);
-			ret = -EPROTO;
-			break;
-		}
-		end = j + 1 < n ? rg[j].offset + rg[j].len : b->used;
-		ret = add_region(vm, b, base, start + delta, start, end - start);
-		start = end;
-		i = j;
-	}
 	free(rg);
 	return ret;
 }
