@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """End-to-end tests of halite-qemu on the real test guest (issue 6).
 
-  test_qemu.py CASE      CASE: save-restore, exact, kill, errors
+  test_qemu.py CASE      CASE: cli, save-restore, exact, kill, errors, 4g
 
 Each case boots its own guest (scripts/make-guest.sh built it: Debian's
 kernel, busybox initramfs, the memory verifier, httpd; 2 vCPUs, TCG,
@@ -18,6 +18,9 @@ outside:
 - kill: halite-qemu killed (SIGKILL) during a restore: QEMU lives, its vCPU
   threads sit blocked in userfaultfd, the guest answers nothing and its
   console reports no bad data.
+- 4g: 4 GiB of RAM, split by q35 below and above 4 GiB: two regions, the
+  digest after the restore equals the snapshot's.
+- cli: wrong arguments and files that are not halite-qemu snapshots.
 - errors: private guest RAM is refused with a clear error and the guest runs
   on; a restore into a QEMU with other memory is refused and that QEMU is
   gone; a locality block with a flipped byte fails the restore naming it and
@@ -354,6 +357,27 @@ def case_errors(work):
     del info
 
 
+def case_4g(work):
+    """4 GiB of RAM: q35 maps 2 GiB below 4 GiB and 2 GiB above, two regions of one block."""
+    src = hg.Guest(work, "source", mem_mib=4096).boot().wait_ready()
+    src.rewrites(False)
+    d0, _, _ = src.digest()
+    path = os.path.join(work, "guest.hlt")
+    save(src, path)
+    src.kill()
+    regions = {r["name"]: r for r in inspect_info(path)["regions"]}
+    check(set(regions) == {"mem0", "mem0@0x80000000"} and
+          regions["mem0"]["gpa"] == 0 and regions["mem0"]["length"] == 2 << 30 and
+          regions["mem0@0x80000000"]["gpa"] == 4 << 30 and
+          regions["mem0@0x80000000"]["length"] == 2 << 30,
+          "regions mem0 (GPA 0, 2 GiB) and mem0@0x80000000 (GPA 4 GiB, 2 GiB)")
+    dst = hg.Guest(work, "restored", mem_mib=4096)
+    restore(path, dst)
+    d1, _, ok = dst.digest()
+    check(ok and d1 == d0, f"memory digest after the restore equals the snapshot's ({d1})")
+    dst.kill()
+
+
 def case_cli(work):
     """Wrong arguments and files that are not halite-qemu snapshots: exit code and message."""
     hq = hg.halite_qemu()
@@ -383,6 +407,7 @@ def case_cli(work):
 
 CASES = {
     "cli": case_cli,
+    "4g": case_4g,
     "save-restore": case_save_restore,
     "exact": case_exact,
     "kill": case_kill,
