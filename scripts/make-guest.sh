@@ -277,10 +277,14 @@ done
 
 # HTTP and QMP checks; prints "key value" lines for the summary.
 checks=$work/checks
-python3 - "$port" "$qmp" "$qpid" >"$checks" <<'EOF' || fail "$(tail -n1 "$checks" 2>/dev/null)"
+python3 - "$port" "$qmp" "$qpid" "$root/scripts" >"$checks" <<'EOF' || fail "$(tail -n1 "$checks" 2>/dev/null)"
 import json, os, socket, sys, time, urllib.request
 
-port, qmp_path, qpid = sys.argv[1], sys.argv[2], sys.argv[3]
+port, qmp_path, qpid, scripts = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+sys.path.insert(0, scripts)
+from halite_guest import QMP, GuestError
+# A QMP error (GuestError) is a failure like the others: its message on the last line.
+sys.excepthook = lambda t, e, tb: (print(f"{t.__name__}: {e}"), sys.exit(1))
 
 def fail(msg):
     print(msg)
@@ -312,38 +316,6 @@ if status != 200 or " digest " not in body or not body.strip().endswith("expecte
     fail(f"HTTP /cgi-bin/digest: unexpected answer {status}: {body.strip()!r}")
 print(f"http_digest {body.strip()}")
 
-class QMP:
-    def __init__(self, path):
-        self.s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.s.settimeout(10)
-        self.s.connect(path)
-        self.f = self.s.makefile("rwb")
-        greeting = self.read()
-        if "QMP" not in greeting:
-            fail(f"QMP: no greeting: {greeting}")
-        self.version = greeting["QMP"]["version"]["qemu"]
-        self.cmd("qmp_capabilities")
-
-    def read(self):
-        line = self.f.readline()
-        if not line:
-            raise EOFError("QMP connection closed")
-        return json.loads(line)
-
-    def cmd(self, name, **args):
-        msg = {"execute": name}
-        if args:
-            msg["arguments"] = args
-        self.f.write(json.dumps(msg).encode() + b"\n")
-        self.f.flush()
-        while True:
-            r = self.read()
-            if "return" in r:
-                return r["return"]
-            if "error" in r:
-                fail(f"QMP {name}: {r['error'].get('desc', r['error'])}")
-            # anything else is an asynchronous event: skip it
-
 try:
     q = QMP(qmp_path)
 except Exception as e:
@@ -369,13 +341,10 @@ ram = [b for b in q.cmd("query-memdev") if b.get("id") == "mem0"]
 if not ram or not ram[0].get("share"):
     fail("QMP query-memdev: mem0 is missing or not shared")
 print(f"memdev mem0 {ram[0]['size'] >> 20} MiB, share={ram[0]['share']}")
-q.f.write(b'{"execute": "quit"}\n')
-q.f.flush()
 try:
-    while "return" not in q.read():
-        pass
-except EOFError:
-    pass
+    q.cmd("quit")
+except (EOFError, OSError):
+    pass  # QEMU may close the socket before its reply
 EOF
 
 # QMP quit was sent: QEMU must end by itself, with status 0.
