@@ -1,0 +1,706 @@
+#!/usr/bin/env python3
+"""Issue 6's QEMU benchmark: halite-qemu's lazy restore of a real guest against
+QEMU's own eager restore of the same guest, in the same run.
+
+    bench/qemu.py [--runs N] [--quick] [--warm] [--dir DIR] ...   (--help)
+
+One run of this script:
+1. boots the test guest (scripts/make-guest.sh built it: Debian's kernel, the
+   memory verifier, busybox httpd; TCG) with a verifier region big enough for
+   memory to matter, waits until it is ready, and freezes the verifier's
+   rewrites so both snapshots hold the same memory (--rewrites leaves them on);
+2. saves it with `halite-qemu save` (lazy, the guest keeps running);
+3. saves it QEMU's way from the same running guest: QMP migrate to
+   `exec:cat > FILE` (QEMU's 32 MiB/s migration throttle lifted, see
+   --qemu-bandwidth), until query-migrate says completed; the source goes;
+4. for each run and each method (the order alternates between runs), with
+   both files' page cache dropped first (--warm keeps it), starts the restore
+   and measures from just before starting the process:
+     first_http_s  the first answer to GET /hello.txt (polled with short
+                   per-try timeouts: --http-try)
+     workload_s    the answer to GET /cgi-bin/digest, asked right after: the
+                   verifier re-reads its whole region, so all of it must be in;
+                   the answer must say "expected" (else the run failed)
+     running_s     when QMP query-status first said "running"
+     all_in_s      all guest memory in (eager: = running_s; halite: its
+                   resume plus done_s)
+   methods: "halite" = `halite-qemu restore --detach FILE -- qemu ARGS`;
+            "qemu-eager" = `qemu ARGS -incoming "exec:cat FILE"` (no -S: QEMU
+            starts the guest once the stream is loaded).
+   Each restored QEMU is killed after its measurement.
+5. prints one JSON object on stdout (machine, params, save, runs, summary:
+   medians per method and speedup = qemu-eager's median / halite's); progress
+   on stderr. Nothing asserts timings.
+
+Exit status: 0 every run answered with the expected digest, 1 a run or a save
+failed (a wrong digest included), 2 usage, 77 missing prerequisites (QEMU, the
+guest image, root, or halite-qemu not built; HALITE_REQUIRE_QEMU=1 makes
+those 1).
+
+Every QEMU this script starts is killed on the way out, error and Ctrl-C
+included (its temporary directory names them all).
+"""
+import argparse
+import http.client
+import json
+import os
+import platform
+import re
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+
+sys.dont_write_bytecode = True  # no __pycache__ left in the source tree
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "scripts"))
+import halite_guest as hg  # noqa: E402
+
+METHODS = ["halite", "qemu-eager"]
+# What bench/qemu.py keeps of halite-qemu restore's report, per run.
+HALITE_KEYS = ["qmp_ready_ms", "engine_ready_ms", "devices_loaded_ms", "resumed_ms",
+               "ready_to_resume_ms", "done_s", "faults", "faults_vcpu", "faults_zero",
+               "faults_cached", "fault_p50_us", "fault_p99_us", "lb_total", "lb_demand",
+               "lb_prefetch", "bytes_read", "mb_total", "mb_fault", "mb_pool", "mb_prefetch",
+               "mb_zero", "vm_access_pct"]
+DIGEST_RX = re.compile(r"seq \d+ pass \d+ digest ([0-9a-f]+) uptime ([0-9.]+) (expected|differs)$")
+
+
+class BenchError(Exception):
+    pass
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def now():
+    return time.monotonic()
+
+
+def rnd(x, n=3):
+    return None if x is None else round(x, n)
+
+
+def median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+# --- processes: everything started here is killed on the way out ------------
+
+class Reaper:
+    """Every process started here, and the directories that name all of them
+    (the QEMUs' command lines hold the work directory's console and socket
+    paths, the cats of the migrations the snapshot directory)."""
+
+    def __init__(self, workdir, *more):
+        self.workdir = workdir
+        self.markers = [d.encode() for d in (workdir,) + more]
+        self.procs = []
+        self.pids = set()
+
+    def popen(self, *a, **kw):
+        p = subprocess.Popen(*a, **kw)
+        self.procs.append(p)
+        return p
+
+    def ours(self):
+        """Live processes whose command line names one of our directories: QEMUs
+        that halite-qemu restore started detached, the migrations' cats."""
+        me = os.getpid()
+        found = []
+        for d in os.listdir("/proc"):
+            if not d.isdigit() or int(d) == me:
+                continue
+            try:
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    cmd = f.read()
+            except OSError:
+                continue
+            if any(m in cmd for m in self.markers):
+                found.append(int(d))
+        return found
+
+    def kill_all(self):
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    p.kill()
+                except ProcessLookupError:
+                    pass
+        for pid in set(self.pids) | set(self.ours()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        deadline = now() + 10
+        while self.ours() and now() < deadline:
+            time.sleep(0.05)
+
+
+def wait_gone(pid, timeout=10):
+    deadline = now() + timeout
+    while now() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(")")[-1].split()[0] == "Z":
+                    return True
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def kill_pid(pid):
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    wait_gone(pid)
+
+
+def children(pid):
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                if int(f.read().split(")")[-1].split()[1]) == pid:
+                    out.append(int(d))
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
+# --- files -------------------------------------------------------------------
+
+def drop_cache(path):
+    """Write back and drop @path's page cache, so the next read comes from the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def cached_bytes(path):
+    """Bytes of @path in the page cache (util-linux fincore), or None."""
+    try:
+        p = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", path],
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                           timeout=10)
+        return int(p.stdout.split()[0]) if p.returncode == 0 and p.stdout.strip() else None
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return None
+
+
+def fs_type(path):
+    best, kind = "", None
+    path = os.path.realpath(path)
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                parts = line.split()
+                mnt = parts[1]
+                if (path == mnt or path.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+                    best, kind = mnt, parts[2]
+    except OSError:
+        pass
+    return kind
+
+
+# --- the machine ---------------------------------------------------------------
+
+def machine_info(halite_qemu, qemu_version):
+    cpu = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem = None
+    try:
+        with open("/proc/meminfo") as f:
+            mem = int(f.readline().split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        hv = subprocess.run([halite_qemu, "--version"], stdout=subprocess.PIPE, text=True,
+                            timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        hv = None
+    return {"cpus": os.cpu_count(), "cpu_model": cpu, "memory_bytes": mem,
+            "kernel": platform.release(), "qemu_version": qemu_version,
+            "accel": "tcg", "halite_qemu": hv, "python": platform.python_version()}
+
+
+# --- HTTP and QMP while a restore runs ----------------------------------------
+
+def http_get(port, path, timeout):
+    """(status, body) of GET @path, or raises OSError/TimeoutError/URLError."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+
+
+class StatusWatch(threading.Thread):
+    """Polls the restored QEMU's own QMP socket (the guest's -qmp) until
+    query-status says running; records when, from @t0. A QEMU busy loading
+    may answer late: the answer's time is what is recorded."""
+
+    def __init__(self, guest, t0, deadline, period=0.02):
+        super().__init__(daemon=True)
+        self.guest, self.t0, self.deadline, self.period = guest, t0, deadline, period
+        self.running_s = None
+        self.stop = False
+        self.error = None
+
+    def run(self):
+        q = None
+        try:
+            while not self.stop and now() < self.deadline:
+                if q is None:
+                    if not os.path.exists(self.guest.qmp_path):
+                        time.sleep(self.period)
+                        continue
+                    try:
+                        q = hg.QMP(self.guest.qmp_path, timeout=60)
+                    except (hg.GuestError, OSError, EOFError, ValueError):
+                        q = None
+                        time.sleep(self.period)
+                        continue
+                st = q.cmd("query-status")["status"]
+                if st == "running":
+                    self.running_s = now() - self.t0
+                    return
+                time.sleep(self.period)
+        except (hg.GuestError, OSError, EOFError, ValueError) as e:
+            self.error = str(e)
+        finally:
+            if q is not None:
+                q.close()
+
+
+def first_http(guest, t0, deadline, per_try, watch, alive):
+    """Poll GET /hello.txt until answered. Tries are @per_try long; once QMP says
+    the guest runs, a try that times out lengthens the next (up to 2 s), so a
+    guest slow to answer is still heard. Returns (seconds from t0, tries)."""
+    tries = timeouts = 0
+    last = None
+    while now() < deadline:
+        tries += 1
+        t = per_try if watch.running_s is None else min(2.0, per_try * 1.25 ** timeouts)
+        try:
+            status, body = http_get(guest.port, "/hello.txt", t)
+            if status == 200:
+                return now() - t0, tries
+            last = f"HTTP {status}"
+        except (TimeoutError, OSError, urllib.error.URLError, http.client.HTTPException) as e:
+            reason = getattr(e, "reason", e)
+            last = str(reason)
+            if isinstance(reason, TimeoutError) or "timed out" in last:
+                if watch.running_s is not None:
+                    timeouts += 1
+            else:
+                time.sleep(0.01)  # refused: QEMU is not listening yet
+        why = alive()
+        if why:
+            raise BenchError(f"{why} before the first HTTP answer")
+    raise BenchError(f"no HTTP answer to /hello.txt within the deadline ({last})")
+
+
+def workload(guest, t0, deadline, alive):
+    """GET /cgi-bin/digest (one request: it makes the verifier re-read its whole
+    region). Returns (seconds from t0, digest, expected, body)."""
+    while True:
+        left = deadline - now()
+        if left <= 0:
+            raise BenchError("/cgi-bin/digest: no answer within the deadline")
+        try:
+            status, body = http_get(guest.port, "/cgi-bin/digest", left)
+            t = now() - t0
+            break
+        except (TimeoutError, OSError, urllib.error.URLError, http.client.HTTPException) as e:
+            why = alive()
+            if why:
+                raise BenchError(f"{why} during /cgi-bin/digest ({e})")
+            time.sleep(0.05)
+    body = body.strip()
+    m = DIGEST_RX.match(body)
+    if status != 200 or not m:
+        raise BenchError(f"/cgi-bin/digest: HTTP {status}, {body!r}")
+    return t, m.group(1), m.group(3) == "expected", body
+
+
+# --- saves ---------------------------------------------------------------------
+
+def save_halite(args, src, path):
+    log(f"save (halite-qemu save) -> {path}")
+    t = now()
+    p = subprocess.run([args.halite_qemu, "save", "--qmp", src.qmp_path, "--json", "-q", path],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       timeout=args.timeout)
+    wall = now() - t
+    try:
+        rep = json.loads(p.stdout)
+    except ValueError:
+        rep = None
+    if p.returncode != 0 or not rep or not rep.get("ok"):
+        raise BenchError(f"halite-qemu save: exit {p.returncode}\nstdout: {p.stdout[-2000:]}\n"
+                         f"stderr: {p.stderr[-3000:]}")
+    out = {"wall_s": rnd(wall), "pause_ms": rep.get("pause_ms"), "save_s": rep.get("save_s"),
+           "file_bytes": os.path.getsize(path), "memory_bytes": rep.get("memory_bytes"),
+           "report": rep}
+    log(f"  pause {rep.get('pause_ms')} ms, saved in {rep.get('save_s')} s, "
+        f"{out['file_bytes'] >> 20} MiB")
+    return out
+
+
+def save_qemu(args, src, path):
+    """QEMU's own snapshot: a live migration into a file, the guest running."""
+    log(f"save (QMP migrate exec:cat) -> {path}")
+    q = src.qmp()
+    try:
+        if args.qemu_bandwidth:
+            q.cmd("migrate-set-parameters", **{"max-bandwidth": args.qemu_bandwidth})
+        params = q.cmd("query-migrate-parameters")
+        t = now()
+        q.cmd("migrate", uri=f"exec:cat > {shlex.quote(path)}")
+        deadline = t + args.timeout
+        while True:
+            info = q.cmd("query-migrate")
+            st = info.get("status")
+            if st == "completed":
+                break
+            if st in ("failed", "cancelled"):
+                raise BenchError(f"QEMU migrate to {path}: {st}: {info.get('error-desc')}")
+            if now() > deadline:
+                raise BenchError(f"QEMU migrate to {path}: still {st} after {args.timeout} s")
+            time.sleep(0.01)
+        done = now()
+        # "completed" means QEMU wrote its last byte into the pipe; cat may still
+        # be writing it out.
+        cats = children(src.pid)
+        end = now() + 30
+        while cats and now() < end:
+            cats = [c for c in cats if not wait_gone(c, 0.05)]
+        wall = now() - t
+        status = q.cmd("query-status")["status"]
+    finally:
+        q.close()
+    drop_cache(path)  # fsync too: the file is complete on disk
+    out = {"wall_s": rnd(wall), "completed_s": rnd(done - t),
+           "total_ms": info.get("total-time"), "downtime_ms": info.get("downtime"),
+           "setup_ms": info.get("setup-time"), "file_bytes": os.path.getsize(path),
+           "source_status_after": status, "max_bandwidth": params.get("max-bandwidth"),
+           "downtime_limit_ms": params.get("downtime-limit"), "ram": info.get("ram")}
+    log(f"  total {info.get('total-time')} ms, downtime {info.get('downtime')} ms, "
+        f"{out['file_bytes'] >> 20} MiB")
+    return out
+
+
+# --- restores -----------------------------------------------------------------
+
+def restore_run(args, reaper, method, run, files, src_digest):
+    g = hg.Guest(reaper.workdir, f"{method}-{run}", mem_mib=args.mem_mib, smp=args.smp,
+                 verifier_mib=args.verifier_mib)
+    res = {"method": method, "run": run, "first_http_s": None, "http_tries": None,
+           "running_s": None, "workload_s": None, "all_in_s": None, "digest_ok": False,
+           "digest": None, "digest_same_as_source": None, "console_ok": None,
+           "cached_bytes_before": None, "error": None}
+    for f in files.values():
+        if not args.warm:
+            drop_cache(f)
+    res["cached_bytes_before"] = cached_bytes(files[method])
+    out = open(os.path.join(reaper.workdir, f"{g.name}.out"), "w+")
+    err = open(os.path.join(reaper.workdir, f"{g.name}.err"), "w+")
+    proc = None
+    qemu_pid = None
+    watch = None
+    try:
+        if method == "halite":
+            cmd = [args.halite_qemu, "restore", "--detach", "--json", "-q"]
+            if args.track_access:
+                cmd.append("--track-access")
+            cmd += [files[method], "--", "qemu-system-x86_64"] + g.args
+        else:
+            cmd = ["qemu-system-x86_64"] + g.args + [
+                "-incoming", f"exec:cat {shlex.quote(files[method])}"]
+        t0 = now()
+        proc = reaper.popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+        if method == "qemu-eager":
+            qemu_pid = proc.pid
+        deadline = t0 + args.timeout
+        watch = StatusWatch(g, t0, deadline)
+        watch.start()
+
+        def alive():
+            rc = proc.poll()
+            if method == "qemu-eager" and rc is not None:
+                return f"QEMU exited ({rc})"
+            if method == "halite" and rc not in (None, 0):
+                return f"halite-qemu restore exited {rc}"
+            return None
+
+        res["first_http_s"], res["http_tries"] = first_http(g, t0, deadline, args.http_try,
+                                                            watch, alive)
+        wl, digest, expected, body = workload(g, t0, deadline, alive)
+        res["workload_s"], res["digest"], res["digest_ok"] = wl, digest, expected
+        if src_digest is not None:
+            res["digest_same_as_source"] = digest == src_digest
+        watch.join(max(0.0, min(5.0, deadline - now())))
+        res["running_s"] = watch.running_s
+        if method == "halite":
+            try:
+                proc.wait(timeout=max(1.0, deadline - now()))
+            except subprocess.TimeoutExpired:
+                raise BenchError("halite-qemu restore did not finish bringing memory in")
+            out.seek(0)
+            text = out.read()
+            try:
+                rep = json.loads(text)
+            except ValueError:
+                rep = None
+            if proc.returncode != 0 or not rep or not rep.get("ok"):
+                err.seek(0)
+                raise BenchError(f"halite-qemu restore: exit {proc.returncode}\nstdout: "
+                                 f"{text[-2000:]}\nstderr: {err.read()[-3000:]}")
+            qemu_pid = rep["qemu"]["pid"]
+            reaper.pids.add(qemu_pid)
+            res["halite"] = {k: rep.get(k) for k in HALITE_KEYS}
+            if rep.get("resumed_ms") is not None and rep.get("done_s") is not None:
+                res["all_in_s"] = rep["resumed_ms"] / 1e3 + rep["done_s"]
+        else:
+            res["all_in_s"] = res["running_s"]
+        try:
+            g.check_console()
+            res["console_ok"] = True
+        except hg.GuestError as e:
+            res["console_ok"] = False
+            raise BenchError(str(e))
+        if not expected:
+            raise BenchError(f"the restored guest's digest differs from what its verifier "
+                             f"expects: {body!r}")
+    except (BenchError, hg.GuestError, OSError) as e:
+        res["error"] = str(e)
+        err.seek(0)
+        tail = err.read()[-1500:]
+        log(f"  {method} run {run}: FAILED: {e}" + (f"\n  stderr: {tail}" if tail else "") +
+            f"\n  console:\n{g.console_tail(10)}")
+    finally:
+        if watch is not None:
+            watch.stop = True
+        if proc is not None and proc.poll() is None:
+            proc.kill()  # eager: its QEMU; halite: its QEMU, if still there, goes below
+            proc.wait()
+        if qemu_pid and qemu_pid != proc.pid:
+            kill_pid(qemu_pid)
+        for pid in reaper.ours():  # a halite QEMU whose pid we never learned
+            kill_pid(pid)
+        out.close()
+        err.close()
+    for k in ("first_http_s", "running_s", "workload_s", "all_in_s"):
+        res[k] = rnd(res[k])
+    if res["error"] is None:
+        extra = ""
+        if method == "halite":
+            h = res["halite"]
+            extra = (f", resumed {h['ready_to_resume_ms']:.0f} ms after QEMU was ready, all in "
+                     f"{res['all_in_s']} s, {h['faults']} faults, {h['lb_demand']} demand / "
+                     f"{h['lb_prefetch']} prefetched LBs")
+        log(f"  {method} run {run}: first HTTP {res['first_http_s']} s ({res['http_tries']} "
+            f"tries), running {res['running_s']} s, workload {res['workload_s']} s, digest "
+            f"{'expected' if res['digest_ok'] else 'DIFFERS'}{extra}")
+    return res
+
+
+def summarize(runs):
+    s = {}
+    for m in METHODS:
+        ok = [r for r in runs if r["method"] == m and r["error"] is None]
+        s[m] = {"runs_ok": len(ok),
+                "first_http_s_median": rnd(median([r["first_http_s"] for r in ok])),
+                "workload_s_median": rnd(median([r["workload_s"] for r in ok])),
+                "running_s_median": rnd(median([r["running_s"] for r in ok])),
+                "all_in_s_median": rnd(median([r["all_in_s"] for r in ok]))}
+        for k in ("first_http_s", "workload_s"):
+            xs = [r[k] for r in ok if r[k] is not None]
+            s[m][k + "_min"] = rnd(min(xs)) if xs else None
+            s[m][k + "_max"] = rnd(max(xs)) if xs else None
+
+    def ratio(k):
+        a, b = s["qemu-eager"][k], s["halite"][k]
+        return rnd(a / b, 2) if a is not None and b else None
+
+    s["speedup_first_http"] = ratio("first_http_s_median")
+    s["speedup_workload"] = ratio("workload_s_median")
+    s["speedup_note"] = "qemu-eager's median / halite's: above 1, halite is faster"
+    return s
+
+
+# --- main -------------------------------------------------------------------
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 usage="%(prog)s [OPTIONS]")
+    ap.add_argument("--runs", type=int, default=3, help="restores per method (3)")
+    ap.add_argument("--quick", action="store_true", help="one restore per method (--runs 1)")
+    ap.add_argument("--mem-mib", type=int, default=512, help="guest RAM in MiB (512)")
+    ap.add_argument("--smp", type=int, default=2, help="vCPUs (2)")
+    ap.add_argument("--verifier-mib", type=int, default=256,
+                    help="the verifier's region in MiB: what the workload re-reads (256)")
+    ap.add_argument("--warm", action="store_true",
+                    help="keep the snapshot files in the page cache (default: drop it "
+                    "before every restore)")
+    ap.add_argument("--dir", default="/var/tmp",
+                    help="where the snapshot files go, in a directory made there "
+                    "(/var/tmp; a tmpfs makes every run warm)")
+    ap.add_argument("--http-try", type=float, default=0.2,
+                    help="seconds per GET /hello.txt try while polling (0.2)")
+    ap.add_argument("--rewrites", action="store_true",
+                    help="leave the verifier's rewrites on across the saves (the snapshots "
+                    "then hold different memory; digest_same_as_source is null)")
+    ap.add_argument("--qemu-bandwidth", type=int, default=64 << 30,
+                    help="QEMU's migrate max-bandwidth for its save, bytes/s (64 GiB/s: "
+                    "QEMU's own default, 32 MiB/s, is meant for a network; 0 keeps it)")
+    ap.add_argument("--track-access", action="store_true",
+                    help="restore with halite-qemu --track-access (VM access %%; costs a minor "
+                    "fault per staged block)")
+    ap.add_argument("--timeout", type=float, default=300,
+                    help="seconds allowed for each save and each restore (300)")
+    ap.add_argument("--halite-qemu", metavar="PATH",
+                    default=os.environ.get("HALITE_QEMU_BIN") or os.path.join(
+                        hg.ROOT, "build", "tools", "halite-qemu", "halite-qemu"),
+                    help="the halite-qemu binary ($HALITE_QEMU_BIN, else "
+                    "build/tools/halite-qemu/halite-qemu)")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory and files")
+    a = ap.parse_args()
+    if a.quick:
+        a.runs = 1
+    if a.runs < 1 or a.verifier_mib < 1 or a.verifier_mib >= a.mem_mib or a.http_try <= 0:
+        ap.error("--runs >= 1, 0 < --verifier-mib < --mem-mib, --http-try > 0")
+    return a
+
+
+def prerequisites(args):
+    if not hg.qemu_available():
+        return "qemu-system-x86_64 not installed (scripts/install-deps.sh --guest)"
+    if not hg.image_ready():
+        return "test guest not built (scripts/make-guest.sh)"
+    if os.geteuid() != 0:
+        return "needs root (halite-qemu ptraces QEMU)"
+    if not os.access(args.halite_qemu, os.X_OK):
+        return f"{args.halite_qemu} not built (scripts/build.sh)"
+    return None
+
+
+def main():
+    args = parse_args()
+    why = prerequisites(args)
+    if why:
+        need = os.environ.get("HALITE_REQUIRE_QEMU") == "1"
+        log(("FAIL: " if need else "SKIP: ") + why)
+        return 1 if need else 77
+    workdir = tempfile.mkdtemp(prefix="halite-bench-qemu.")
+    os.makedirs(args.dir, exist_ok=True)
+    filedir = tempfile.mkdtemp(prefix="halite-bench-qemu.", dir=args.dir)
+    reaper = Reaper(workdir, filedir)
+    files = {"halite": os.path.join(filedir, "guest.hlt"),
+             "qemu-eager": os.path.join(filedir, "guest.qemu")}
+
+    def on_term(sig, frame):
+        raise KeyboardInterrupt(f"signal {sig}")
+
+    signal.signal(signal.SIGTERM, on_term)
+    result = {"machine": None, "params": {
+        "runs": args.runs, "mem_mib": args.mem_mib, "smp": args.smp,
+        "verifier_mib": args.verifier_mib, "cache": "warm" if args.warm else "cold",
+        "dir": filedir, "fs": fs_type(filedir), "http_try_s": args.http_try,
+        "rewrites_frozen": not args.rewrites, "qemu_max_bandwidth": args.qemu_bandwidth or None,
+        "track_access": args.track_access, "timeout_s": args.timeout,
+        "order": "alternating: run 1 halite first, run 2 qemu-eager first, ...",
+        "command": " ".join(shlex.quote(a) for a in sys.argv)},
+        "save": {}, "runs": [], "summary": None, "errors": []}
+    code = 0
+    t_start = now()
+    try:
+        log(f"work dir {workdir}, files in {filedir} ({result['params']['fs']})")
+        src = hg.Guest(workdir, "source", mem_mib=args.mem_mib, smp=args.smp,
+                       verifier_mib=args.verifier_mib)
+        reaper.procs.append(src.boot().proc)
+        log(f"boot: {args.mem_mib} MiB, {args.smp} vCPUs, verifier {args.verifier_mib} MiB")
+        t = now()
+        src.wait_ready(timeout=180)
+        log(f"  ready in {now() - t:.1f} s")
+        q = src.qmp()
+        qemu_version = "{major}.{minor}.{micro}".format(**q.version)
+        q.close()
+        result["machine"] = machine_info(args.halite_qemu, qemu_version)
+        src_digest = None
+        if not args.rewrites:
+            src.rewrites(False)
+            src_digest, up, ok = src.digest()
+            if not ok:
+                raise BenchError(f"the source guest's digest differs before the saves")
+            log(f"  rewrites frozen, digest {src_digest}")
+        result["params"]["source_digest"] = src_digest
+        result["save"]["halite"] = save_halite(args, src, files["halite"])
+        result["save"]["qemu"] = save_qemu(args, src, files["qemu-eager"])
+        src.kill()
+        drop_cache(files["halite"])
+        for run in range(1, args.runs + 1):
+            order = METHODS if run % 2 else list(reversed(METHODS))
+            for m in order:
+                log(f"run {run}/{args.runs}: {m} ({'warm' if args.warm else 'cold'})")
+                r = restore_run(args, reaper, m, run, files, src_digest)
+                result["runs"].append(r)
+                if r["error"]:
+                    result["errors"].append(f"{m} run {run}: {r['error']}")
+                    code = 1
+    except KeyboardInterrupt as e:
+        result["errors"].append(f"interrupted ({e})")
+        code = 1
+    except (BenchError, hg.GuestError, subprocess.TimeoutExpired, OSError) as e:
+        log(f"FAILED: {e}")
+        result["errors"].append(str(e))
+        code = 1
+    finally:
+        reaper.kill_all()
+        if not args.keep:
+            for d in (workdir, filedir):
+                subprocess.run(["rm", "-rf", "--", d])
+        else:
+            log(f"kept {workdir} and {filedir}")
+    result["summary"] = summarize(result["runs"])
+    result["elapsed_s"] = rnd(now() - t_start, 1)
+    print(json.dumps(result, indent=2))
+    s = result["summary"]
+    log(f"medians: first HTTP halite {s['halite']['first_http_s_median']} s, qemu-eager "
+        f"{s['qemu-eager']['first_http_s_median']} s (x{s['speedup_first_http']}); workload "
+        f"halite {s['halite']['workload_s_median']} s, qemu-eager "
+        f"{s['qemu-eager']['workload_s_median']} s (x{s['speedup_workload']})")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
