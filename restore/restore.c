@@ -259,11 +259,15 @@ struct halite_restore {
 
 static void set_errmsg(struct halite_restore *r, const char *msg)
 {
+	bool first;
+
 	pthread_mutex_lock(&r->st_lock);
-	if (!r->errmsg[0])
+	first = !r->errmsg[0];
+	if (first)
 		snprintf(r->errmsg, sizeof(r->errmsg), "%s", msg);
 	pthread_mutex_unlock(&r->st_lock);
-	halite_logf(&r->log, HALITE_LOG_ERROR, "%s", msg);
+	/* Once failed, every thread's next install fails too: one error is news. */
+	halite_logf(&r->log, first ? HALITE_LOG_ERROR : HALITE_LOG_DEBUG, "%s", msg);
 }
 
 /* save.c's sfail: the first message wins; returns -|err|. */
@@ -416,7 +420,8 @@ static int install_from_lb(struct halite_restore *r, uint64_t mb, const uint8_t 
 		return rfail(r, ret, "memory block %llu does not decode", ULL(mb));
 	ret = uffd_fill(r, mb_host(r, mb), tmp, halite_reader_mb_bytes(r->rd, mb));
 	if (ret)
-		return rfail(r, ret, "memory block %llu: UFFDIO_COPY", ULL(mb));
+		return rfail(r, ret, "memory block %llu: UFFDIO_COPY%s", ULL(mb),
+			     ret == -ESRCH ? " (the process that owns the memory is gone)" : "");
 	return 0;
 }
 

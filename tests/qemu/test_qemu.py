@@ -330,6 +330,16 @@ def case_errors(work):
     except (hg.GuestError, OSError):
         check(True, "the QEMU of the refused restore is gone")
 
+    # Other devices: QEMU refuses the device state and says why; halite shows it.
+    nonic = hg.Guest(work, "nonic")
+    i = nonic.args.index("-nic")
+    nonic.args[i + 1] = "none"
+    p, _ = run(restore_cmd(path, nonic, "--detach"))
+    check(p.returncode == 1 and "QEMU said" in p.stderr and "Unknown savevm section" in p.stderr,
+          "a restore with other devices fails with QEMU's reason: " +
+          [l for l in p.stderr.splitlines() if "savevm section" in l][0][:90]
+          if "savevm section" in p.stderr else p.stderr[-300:])
+
     # A flipped byte in a locality block's data.
     info = inspect_info(path)
     bad = os.path.join(work, "bad.hlt")

@@ -91,7 +91,8 @@ void hq_help_restore(FILE *f)
 		"                     session, its output to --qemu-log (default: wait for QEMU\n"
 		"                     to exit, and exit with it)\n"
 		"  --qemu-log FILE    QEMU's stdout and stderr go to FILE (appended); with\n"
-		"                     --detach the default is /dev/null\n"
+		"                     --detach the default is a file of ours, shown on failure\n"
+		"                     and gone after\n"
 		"  --paused           leave the guest paused (QMP cont starts it); memory still\n"
 		"                     comes in\n"
 		"  --track-access     measure the VM access %% of demand-read locality blocks\n"
@@ -304,7 +305,14 @@ static int spawn_qemu(struct restore_run *r)
 			redirect(STDIN_FILENO, "/dev/null", O_RDONLY);
 		}
 		if (r->p.qemu_log || r->p.detach) {
-			const char *log = r->p.qemu_log ? r->p.qemu_log : "/dev/null";
+			char own[96];
+			const char *log = r->p.qemu_log;
+
+			/* Ours until we detach: its last lines explain a failure. */
+			if (!log) {
+				snprintf(own, sizeof(own), "%s/qemu.log", r->dir);
+				log = own;
+			}
 
 			redirect(STDOUT_FILENO, log, O_WRONLY | O_CREAT | O_APPEND);
 			dup2(STDOUT_FILENO, STDERR_FILENO);
@@ -350,8 +358,8 @@ static int attach_qemu(struct restore_run *r)
 				 "socket came up: see its messages %s%s",
 				 WIFEXITED(st) ? "status" : "signal",
 				 WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st),
-				 r->p.qemu_log ? "in " : r->p.detach ? "(rerun with --qemu-log FILE)"
-				 : "above", r->p.qemu_log ? r->p.qemu_log : "");
+				 r->p.qemu_log ? "in " : r->p.detach ? "below" : "above",
+				 r->p.qemu_log ? r->p.qemu_log : "");
 			return -ECHILD;
 		}
 		if (hq_now_ns() > end)
@@ -687,6 +695,25 @@ static void report(const struct restore_run *r, int ret)
 	fflush(stdout);
 }
 
+/* The last lines QEMU wrote to our log, on stderr. */
+static void show_qemu_log(const struct restore_run *r)
+{
+	char path[96], buf[4096];
+	ssize_t n;
+	int fd;
+
+	snprintf(path, sizeof(path), "%s/qemu.log", r->dir);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	n = pread(fd, buf, sizeof(buf) - 1, 0);
+	if (n > 0) {
+		buf[n] = '\0';
+		fprintf(stderr, PROG ": QEMU said:\n%s%s", buf, buf[n - 1] == '\n' ? "" : "\n");
+	}
+	close(fd);
+}
+
 int hq_cmd_restore(int argc, char **argv)
 {
 	struct restore_run *r = calloc(1, sizeof(*r));
@@ -706,8 +733,19 @@ int hq_cmd_restore(int argc, char **argv)
 		r->vm.regions[i].fd = -1;
 	hq_catch_stop_signals();
 	ret = run(r);
+	if (ret && r->qemu > 0 && waitpid(r->qemu, &st, WNOHANG) == r->qemu) {
+		size_t n = strlen(r->err);
+
+		r->qemu = 0;
+		snprintf(r->err + n, sizeof(r->err) - n, " (QEMU exited, %s %d%s)",
+			 WIFEXITED(st) ? "status" : "signal",
+			 WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st),
+			 r->p.detach && !r->p.qemu_log ? "; its messages below" : "");
+	}
 	if (ret)
 		hq_errorf("restore: %s", r->err);
+	if (ret && r->p.detach && !r->p.qemu_log && r->dir[0])
+		show_qemu_log(r);
 	report(r, ret);
 	if (ret && r->qemu > 0) {
 		/* Blocked on memory that will not come, or never started: it goes. */
@@ -725,6 +763,8 @@ int hq_cmd_restore(int argc, char **argv)
 		snprintf(p, sizeof(p), "%s/qmp.sock", r->dir);
 		unlink(p);
 		snprintf(p, sizeof(p), "%s/in.sock", r->dir);
+		unlink(p);
+		snprintf(p, sizeof(p), "%s/qemu.log", r->dir);
 		unlink(p);
 		rmdir(r->dir);
 	}
