@@ -11,6 +11,7 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "inspect.h"
 
 void errorf(const char *fmt, ...)
@@ -120,40 +121,7 @@ int parse_u64(const char *s, uint64_t *out)
 
 int parse_size(const char *s, uint64_t *out)
 {
-	unsigned long long v;
-	unsigned shift = 0;
-	char *end;
-
-	if (!s || !isdigit((unsigned char)s[0]))
-		return -EINVAL;
-	errno = 0;
-	v = strtoull(s, &end, 0);
-	if (errno)
-		return -EINVAL;
-	switch (toupper((unsigned char)*end)) {
-	case '\0':
-		break;
-	case 'K':
-		shift = 10;
-		break;
-	case 'M':
-		shift = 20;
-		break;
-	case 'G':
-		shift = 30;
-		break;
-	default:
-		return -EINVAL;
-	}
-	if (shift) {
-		end++;
-		if (strcasecmp(end, "") && strcasecmp(end, "B") && strcasecmp(end, "iB"))
-			return -EINVAL;
-		if (v > (UINT64_MAX >> shift))
-			return -ERANGE;
-	}
-	*out = (uint64_t)v << shift;
-	return 0;
+	return halite_parse_size(s, out);
 }
 
 int parse_int(const char *s, long min, long max, long *out)

@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "hq.h"
 
 uint64_t hq_now_ns(void)
@@ -77,42 +78,9 @@ char *hq_bytes(uint64_t b, char *buf, size_t len)
 	return buf;
 }
 
-/* "123", "64K", "16M", "2G" (powers of 1024). */
 int hq_parse_size(const char *s, uint64_t *out)
 {
-	unsigned long long v;
-	char *end;
-	unsigned shift = 0;
-
-	if (!s || !isdigit((unsigned char)*s))
-		return -EINVAL;
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (errno)
-		return -EINVAL;
-	switch (toupper((unsigned char)*end)) {
-	case 'K':
-		shift = 10;
-		break;
-	case 'M':
-		shift = 20;
-		break;
-	case 'G':
-		shift = 30;
-		break;
-	case '\0':
-		break;
-	default:
-		return -EINVAL;
-	}
-	if (shift)
-		end++;
-	if (*end == 'i' || *end == 'B')
-		end += *end == 'i' && end[1] == 'B' ? 2 : 1;
-	if (*end || v > (UINT64_MAX >> shift))
-		return -EINVAL;
-	*out = (uint64_t)v << shift;
-	return 0;
+	return halite_parse_size(s, out) ? -EINVAL : 0;
 }
 
 void hq_json_str(const char *s)
