@@ -14,20 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "qemu_info.h"
 
 static const char *dir;
-static int failures;
-
-#define CHECK(cond, ...)                                                               \
-	do {                                                                           \
-		if (!(cond)) {                                                         \
-			printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);        \
-			printf(__VA_ARGS__);                                           \
-			printf("\n");                                                  \
-			failures++;                                                    \
-		}                                                                      \
-	} while (0)
 
 static char *sample(const char *name)
 {
@@ -179,6 +169,5 @@ int main(int argc, char **argv)
 	registers();
 	mtree();
 	gpa2hva();
-	printf("%s\n", failures ? "FAIL" : "PASS");
-	return failures ? 1 : 0;
+	return check_result();
 }

@@ -16,20 +16,10 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "check.h"
 #include "qmp.h"
 
 static char sock_path[108];
-static int failures;
-
-#define CHECK(cond, ...)                                                               \
-	do {                                                                           \
-		if (!(cond)) {                                                         \
-			printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);        \
-			printf(__VA_ARGS__);                                           \
-			printf("\n");                                                  \
-			failures++;                                                    \
-		}                                                                      \
-	} while (0)
 
 static void put(int fd, const char *s)
 {
@@ -183,6 +173,5 @@ int main(void)
 	close(lfd);
 	unlink(sock_path);
 	rmdir(dir);
-	printf("%s\n", failures ? "FAIL" : "PASS");
-	return failures ? 1 : 0;
+	return check_result();
 }
