@@ -425,10 +425,11 @@ static int install_from_lb(struct halite_restore *r, uint64_t mb, const uint8_t 
 	return 0;
 }
 
+/* Counted before the state says so: whoever sees MB_INSTALLED sees the count (finish). */
 static void installed(struct halite_restore *r, uint64_t mb, int by)
 {
-	atomic_store(&r->mb[mb], MB_INSTALLED);
 	atomic_fetch_add(&r->n_mb[by], 1);
+	atomic_store(&r->mb[mb], MB_INSTALLED);
 }
 
 static void fault_served(struct halite_restore *r, uint64_t t0)
@@ -1449,8 +1450,17 @@ static void finish(struct halite_restore *r)
 			continue;
 		halite_reader_lb_members(r->rd, lb, &mbs, &n);
 		for (uint32_t i = 0; i < n && !ret; i++) {
-			if (!claim(r, mbs[i], MB_STAGED))
+			if (!claim(r, mbs[i], MB_STAGED)) {
+				/*
+				 * A fault took it and is installing it: done must
+				 * wait for that install to be counted, or the sums
+				 * read right after done would be one short.
+				 */
+				while (atomic_load(&r->mb[mbs[i]]) == MB_CLAIMED &&
+				       !atomic_load(&r->failed))
+					sched_yield();
 				continue;
+			}
 			ret = install_staged(r, lb, mbs[i]);
 			if (!ret)
 				installed(r, mbs[i], BY_POOL);

@@ -153,7 +153,8 @@ def case_save_restore(work):
     check(rrep["ok"], "restore completed")
     check(rrep["faults_vcpu"] > 0, "the guest ran (vCPU faults) while memory came in")
     check(rrep["mb_total"] == rrep["mb_fault"] + rrep["mb_pool"] + rrep["mb_prefetch"] +
-          rrep["mb_zero"], "every block installed exactly once (fault + pool + prefetch + zero)")
+          rrep["mb_zero"], "every block installed exactly once: fault {mb_fault} + pool {mb_pool}"
+          " + prefetch {mb_prefetch} + zero {mb_zero} = total {mb_total}".format(**rrep))
     check(rrep["lb_total"] == rrep["lb_demand"] + rrep["lb_prefetch"], "every LB read once")
     check(rrep["vm_access_pct"] >= 0, f"VM access measured ({rrep['vm_access_pct']:.1f}%)")
     m = dst.wait_console(r"^verifier: pass (\d+) ok, uptime ([0-9.]+)", 60)
