@@ -20,9 +20,10 @@ outside:
   console reports no bad data.
 - 4g: 4 GiB of RAM, split by q35 below and above 4 GiB: two regions, the
   digest after the restore equals the snapshot's.
-- cli: wrong arguments and files that are not halite-qemu snapshots.
-- errors: private guest RAM is refused with a clear error and the guest runs
-  on; a restore into a QEMU with other memory is refused and that QEMU is
+- cli: wrong arguments, files that are not halite-qemu snapshots, a QEMU
+  older than 7.2 (exit 77).
+- errors: private guest RAM, and ptrace refused (another tracer holds QEMU),
+  are refused with a clear error and the guest runs on; a restore into a QEMU with other memory is refused and that QEMU is
   gone; a locality block with a flipped byte fails the restore naming it and
   QEMU is killed, never running on bad data.
 
@@ -316,6 +317,21 @@ def case_errors(work):
 
     src = hg.Guest(work, "source").boot().wait_ready()
     path = os.path.join(work, "guest.hlt")
+    # ptrace refused: another tracer (a debugger, strace) holds QEMU.
+    tracer = subprocess.Popen([sys.executable, "-c", TRACER, str(src.pid)],
+                              stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True)
+    check(tracer.stdout.readline().strip() == "seized", f"QEMU {src.pid} held by a tracer")
+    p, _ = run([hg.halite_qemu(), "save", "--qmp", src.qmp_path, "-q", path])
+    msg = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+    check(p.returncode == 1 and "ptrace(PTRACE_SEIZE)" in msg and "not allowed" in msg and
+          f"already traced by process {tracer.pid}" in msg, f"ptrace refused: {msg}")
+    check(not os.path.exists(path), "no file left behind")
+    tracer.kill()
+    tracer.wait()
+    q = src.qmp()
+    check(q.cmd("query-status")["status"] == "running", "that guest is still running")
+    q.close()
+    src.wait_console(r"^verifier: pass \d+ ok", 30, after=len(src.console_text()))
     save(src, path)
     src.kill()
     # Another memory size.
@@ -368,6 +384,46 @@ def case_errors(work):
     del info
 
 
+# PTRACE_SEIZE the process given, say so, then hold it until killed (the
+# kernel detaches a dead tracer's tracees; SEIZE does not stop the tracee).
+TRACER = """
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+if libc.ptrace(0x4206, int(sys.argv[1]), None, None) != 0:  # PTRACE_SEIZE
+    sys.exit(f"PTRACE_SEIZE: errno {ctypes.get_errno()}")
+print("seized", flush=True)
+sys.stdin.read()
+"""
+
+
+def fake_qmp(path, version):
+    """A QMP server that greets as QEMU @version and answers {"return": {}}
+    to everything, for one client; returns its thread."""
+    import socket
+    import threading
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+
+    def serve():
+        c, _ = srv.accept()
+        major, minor, micro = version
+        c.sendall(json.dumps({"QMP": {"version": {"qemu": {
+            "major": major, "minor": minor, "micro": micro}, "package": ""},
+            "capabilities": []}}).encode() + b"\r\n")
+        f = c.makefile("rb")
+        for line in f:
+            req = json.loads(line)
+            c.sendall(json.dumps({"return": {}, "id": req.get("id")}).encode() + b"\r\n")
+        c.close()
+        srv.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return t
+
+
 def case_4g(work):
     """4 GiB of RAM: q35 maps 2 GiB below 4 GiB and 2 GiB above, two regions of one block."""
     src = hg.Guest(work, "source", mem_mib=4096).boot().wait_ready()
@@ -414,6 +470,12 @@ def case_cli(work):
     run([INSPECT, "import", img, "--region", "mem0", "-o", plain], check_rc=0)
     expect(["restore", plain, "--", "-m", "1G"], 1, "not saved by halite-qemu")
     expect(["bogus"], 2, "unknown command")
+    # A QEMU older than 7.2 (a QMP server that greets as 6.2.0).
+    sock = os.path.join(work, "old-qmp.sock")
+    fake_qmp(sock, (6, 2, 0))
+    expect(["save", "--qmp", sock, os.path.join(work, "old.hlt")], 77,
+           "QEMU 6.2.0 (pid %d) is too old: halite-qemu needs 7.2 or newer" % os.getpid())
+    check(not os.path.exists(os.path.join(work, "old.hlt")), "no file left behind")
 
 
 CASES = {
