@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "bench_util.h"
+#include "cli.h"
 #include "uffd.h"
 
 int bench_preflight(const char *prog, const char *dir)
@@ -160,18 +161,7 @@ int bench_parse_latencies(const char *s, uint32_t *lat, unsigned max, unsigned *
 
 void bench_json_str(const char *s)
 {
-	putchar('"');
-	for (; s && *s; s++) {
-		unsigned char ch = (unsigned char)*s;
-
-		if (ch == '"' || ch == '\\')
-			printf("\\%c", ch);
-		else if (ch < 0x20)
-			printf("\\u%04x", ch);
-		else
-			putchar(ch);
-	}
-	putchar('"');
+	halite_json_str(stdout, s);
 }
 
 void bench_json_num(double v, int prec)

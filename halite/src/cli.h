@@ -4,6 +4,7 @@
 #define HALITE_CLI_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 /*
  * A size: a number (decimal, 0x hex) with an optional K, M or G suffix
@@ -11,5 +12,8 @@
  * one, -ERANGE when it does not fit 64 bits.
  */
 int halite_parse_size(const char *s, uint64_t *out);
+
+/* @s as a JSON string, quotes included, to @f; NULL prints "". */
+void halite_json_str(FILE *f, const char *s);
 
 #endif

@@ -85,18 +85,7 @@ int hq_parse_size(const char *s, uint64_t *out)
 
 void hq_json_str(const char *s)
 {
-	putchar('"');
-	for (; *s; s++) {
-		unsigned char c = (unsigned char)*s;
-
-		if (c == '"' || c == '\\')
-			printf("\\%c", c);
-		else if (c < 0x20)
-			printf("\\u%04x", c);
-		else
-			putchar(c);
-	}
-	putchar('"');
+	halite_json_str(stdout, s);
 }
 
 /* The engines' log: warnings and errors always, the rest with --verbose. */
