@@ -82,7 +82,8 @@ def main():
                   f"{save['qemu']['vcpus']} vCPUs, {mib} MiB)")
             print(f"  pause            {save['pause_ms']:.1f} ms (the guest ran on while saved)")
             print(f"  save time        {save['save_s']:.2f} s, {save['faults']} first-touch faults "
-                  f"({save['faults_vcpu']} from vCPUs)")
+                  f"saved {save['faults_vcpu'] + save['faults_other']} blocks "
+                  f"({save['faults_vcpu']} by vCPUs)")
             print(f"  file             {save['file_bytes'] / 2**20:.1f} MiB, "
                   f"{100 * save['ratio']:.1f}% of memory ({save['mb_stored']} blocks stored, "
                   f"{save['mb_zero'] + save['mb_untouched']} zero or never touched)")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """End-to-end tests of halite-qemu on the real test guest (issue 6).
 
-  test_qemu.py CASE      CASE: cli, save-restore, exact, kill, errors, 4g
+  test_qemu.py CASE      CASE: cli, save-restore, exact, kill, errors, 4g, backends
 
 Each case boots its own guest (scripts/make-guest.sh built it: Debian's
 kernel, busybox initramfs, the memory verifier, httpd; 2 vCPUs, TCG,
@@ -20,6 +20,9 @@ outside:
   console reports no bad data.
 - 4g: 4 GiB of RAM, split by q35 below and above 4 GiB: two regions, the
   digest after the restore equals the snapshot's.
+- backends: guest RAM on a file on tmpfs, saved and restored; on 2 MiB huge
+  pages (memfd hugetlb=on), saved and restored onto a memfd (a restore onto
+  huge pages is refused, exit 77); each time the digest survives.
 - cli: wrong arguments, files that are not halite-qemu snapshots, a QEMU
   older than 7.2 (exit 77).
 - errors: private guest RAM, and ptrace refused (another tracer holds QEMU),
@@ -445,6 +448,90 @@ def case_4g(work):
     dst.kill()
 
 
+def set_backend(guest, backend):
+    """Guest RAM on another memory backend (id mem0, same size)."""
+    i = next(k for k, a in enumerate(guest.args) if a.startswith("memory-backend-memfd,id=mem0"))
+    guest.args[i] = f"{backend},id=mem0,size={guest.mem_mib}M"
+    return guest
+
+
+def hugepages(n):
+    """Make at least @n free 2 MiB huge pages; returns the old nr_hugepages."""
+    path = "/proc/sys/vm/nr_hugepages"
+    with open(path) as f:
+        old = int(f.read())
+    with open("/proc/meminfo") as f:
+        free = int([l for l in f if l.startswith("HugePages_Free:")][0].split()[1])
+    if free < n:
+        with open(path, "w") as f:
+            f.write(str(old + n - free))
+    with open("/proc/meminfo") as f:
+        free = int([l for l in f if l.startswith("HugePages_Free:")][0].split()[1])
+    if free < n:
+        with open(path, "w") as f:
+            f.write(str(old))
+        raise Fail(f"could not reserve {n} huge pages of 2 MiB ({free} free)")
+    return old
+
+
+def save_digest_restore(work, src, dst, what):
+    """Save @src (rewrites frozen), restore into @dst: the digest must survive."""
+    src.boot().wait_ready()
+    src.rewrites(False)
+    d0, _, ok0 = src.digest()
+    check(ok0, f"{what}: source digest {d0}")
+    path = os.path.join(work, f"{src.name}.hlt")
+    rep = save(src, path)
+    check(rep["faults_vcpu"] > 0 and rep["mb_total"] * 8192 == src.mem_mib << 20,
+          f"{what}: saved {rep['mb_total']} blocks, {rep['faults_vcpu']} vCPU first touches")
+    src.kill()
+    restore(path, dst)
+    d1, _, ok1 = dst.digest()
+    check(ok1 and d1 == d0, f"{what}: digest after the restore equals the snapshot's ({d1})")
+    dst.wait_console(r"^verifier: pass \d+ ok", 30, after=len(dst.console_text()))
+    dst.check_console()
+    dst.kill()
+    os.unlink(path)
+
+
+def case_backends(work):
+    """The other shared backends: a file on tmpfs, and 2 MiB huge pages (save only)."""
+    shm = os.path.join("/dev/shm", os.path.basename(work))
+    os.mkdir(shm)
+    old = None
+    try:
+        src = set_backend(hg.Guest(work, "tmpfs-src"), "memory-backend-file,share=on,"
+                          f"mem-path={shm}/src.ram")
+        dst = set_backend(hg.Guest(work, "tmpfs-dst"), "memory-backend-file,share=on,"
+                          f"mem-path={shm}/dst.ram")
+        save_digest_restore(work, src, dst, "tmpfs file backend, saved and restored")
+        # hugetlbfs: the save works on huge pages; a restore onto it is refused,
+        # so the guest comes back on a memfd of small pages.
+        old = hugepages(256 + 8)
+        src = set_backend(hg.Guest(work, "huge-src"),
+                          "memory-backend-memfd,share=on,hugetlb=on,hugetlbsize=2M")
+        dst = hg.Guest(work, "huge-dst")
+        save_digest_restore(work, src, dst, "hugetlbfs memfd saved, restored on a memfd")
+        huge = set_backend(hg.Guest(work, "huge-refused"),
+                           "memory-backend-memfd,share=on,hugetlb=on,hugetlbsize=2M")
+        src = hg.Guest(work, "small").boot().wait_ready()
+        path = os.path.join(work, "small.hlt")
+        save(src, path)
+        src.kill()
+        p, _ = run(restore_cmd(path, huge, "--detach"))
+        msg = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+        check(p.returncode == 77 and "hugetlbfs, which lazy restore does not support" in msg,
+              f"a restore onto hugetlbfs is refused: {msg}")
+    finally:
+        subprocess.run(["pkill", "-9", "-f", work], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        time.sleep(0.2)
+        shutil.rmtree(shm, ignore_errors=True)
+        if old is not None:
+            with open("/proc/sys/vm/nr_hugepages", "w") as f:
+                f.write(str(old))
+
+
 def case_cli(work):
     """Wrong arguments and files that are not halite-qemu snapshots: exit code and message."""
     hq = hg.halite_qemu()
@@ -481,6 +568,7 @@ def case_cli(work):
 CASES = {
     "cli": case_cli,
     "4g": case_4g,
+    "backends": case_backends,
     "save-restore": case_save_restore,
     "exact": case_exact,
     "kill": case_kill,

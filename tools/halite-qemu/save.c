@@ -340,8 +340,8 @@ static void progress(struct save_run *r, bool final)
 	if (r->p.out.quiet)
 		return;
 	halite_save_stats(r->s, &st);
-	hq_progressf(r->p.out.quiet, "save: %3" PRIu64 "%%  %s of %s  %" PRIu64 " faults (%" PRIu64
-		     " vCPU)  %.1f s%s", st.mb_total ? 100 * st.mb_saved / st.mb_total : 0,
+	hq_progressf(r->p.out.quiet, "save: %3" PRIu64 "%%  %s of %s  %" PRIu64 " faults, %" PRIu64
+		     " blocks by vCPUs  %.1f s%s", st.mb_total ? 100 * st.mb_saved / st.mb_total : 0,
 		     hq_bytes(st.mb_total ? r->mem_bytes / st.mb_total * st.mb_saved : 0, a,
 			      sizeof(a)), hq_bytes(r->mem_bytes, b, sizeof(b)), st.faults,
 		     st.faults_vcpu, (double)(hq_now_ns() - r->t_cont_ns) / 1e9,
@@ -435,9 +435,10 @@ static void report(const struct save_run *r, int ret)
 	printf("  blocks         %" PRIu64 " stored, %" PRIu64 " zero, %" PRIu64
 	       " never touched; %" PRIu64 " by the background pass\n", st->mb_stored, st->mb_zero,
 	       st->mb_untouched, st->mb_background);
-	printf("  faults         %" PRIu64 " (vCPUs %" PRIu64 ", other threads %" PRIu64
-	       "), service p50 %.0f us, p99 %.0f us\n", st->faults, st->faults_vcpu,
-	       st->faults_other, (double)st->fault_p50_ns / 1e3, (double)st->fault_p99_ns / 1e3);
+	printf("  faults         %" PRIu64 ", service p50 %.0f us, p99 %.0f us; the blocks they saved:"
+	       " %" PRIu64 " by vCPUs, %" PRIu64 " by other threads\n", st->faults,
+	       (double)st->fault_p50_ns / 1e3, (double)st->fault_p99_ns / 1e3, st->faults_vcpu,
+	       st->faults_other);
 }
 
 int hq_cmd_save(int argc, char **argv)

@@ -120,8 +120,15 @@ struct halite_save_stats {
 	uint64_t mb_saved;	    /* memory blocks saved so far (stored, zero or untouched) */
 	uint64_t mb_stored, mb_zero, mb_untouched;
 	uint64_t faults;	    /* first-touch faults served */
-	uint64_t faults_vcpu;	    /* ... from vCPU threads */
-	uint64_t faults_other;	    /* ... from other threads */
+	/*
+	 * Memory blocks those faults saved, by the thread that touched them:
+	 * into its vCPU's stream, or (any other thread) into "other". On small
+	 * pages one per fault that claimed its block; a fault on a huge page
+	 * saves all the huge page's blocks. With mb_background they add up to
+	 * mb_saved.
+	 */
+	uint64_t faults_vcpu;
+	uint64_t faults_other;
 	uint64_t mb_background;	    /* blocks saved by the background thread */
 	uint64_t fault_p50_ns;	    /* fault service time: message read to wake */
 	uint64_t fault_p99_ns;
