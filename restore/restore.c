@@ -257,7 +257,7 @@ struct halite_restore {
 
 #define ULL(x) ((unsigned long long)(x))
 
-static void set_errmsg(struct halite_restore *r, const char *msg)
+static void set_errmsg_level(struct halite_restore *r, const char *msg, int level)
 {
 	bool first;
 
@@ -267,7 +267,12 @@ static void set_errmsg(struct halite_restore *r, const char *msg)
 		snprintf(r->errmsg, sizeof(r->errmsg), "%s", msg);
 	pthread_mutex_unlock(&r->st_lock);
 	/* Once failed, every thread's next install fails too: one error is news. */
-	halite_logf(&r->log, first ? HALITE_LOG_ERROR : HALITE_LOG_DEBUG, "%s", msg);
+	halite_logf(&r->log, first ? level : HALITE_LOG_DEBUG, "%s", msg);
+}
+
+static void set_errmsg(struct halite_restore *r, const char *msg)
+{
+	set_errmsg_level(r, msg, HALITE_LOG_ERROR);
 }
 
 /* save.c's sfail: the first message wins; returns -|err|. */
@@ -2009,8 +2014,12 @@ HALITE_EXPORT void halite_restore_free(struct halite_restore *r)
 		pthread_mutex_lock(&r->st_lock);
 		failed = r->state == S_RUNNING && !r->ending;
 		pthread_mutex_unlock(&r->st_lock);
-		if (failed)
-			set_failed(r, rfail(r, -ECANCELED, "restore freed while running"));
+		if (failed) {
+			/* The caller's decision, not a fault: no error in the log. */
+			set_errmsg_level(r, "restore cancelled: freed while running",
+					 HALITE_LOG_INFO);
+			set_failed(r, -ECANCELED);
+		}
 		stop_threads(r);
 		pthread_mutex_lock(&r->st_lock);
 		failed = r->state != S_DONE;
