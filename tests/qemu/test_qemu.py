@@ -15,9 +15,11 @@ outside:
   guest runs on unharmed after the save.
 - exact: a restore left paused (nothing but the restore writes guest RAM):
   every byte of QEMU's RAM equals the file's memory once done.
-- kill: halite-qemu killed (SIGKILL) during a restore: QEMU lives, its vCPU
+- kill: halite-qemu save killed (SIGKILL) or cancelled (SIGINT) halfway: the
+  guest runs on with its memory unchanged (the cancelled file is removed);
+  halite-qemu killed (SIGKILL) during a restore: QEMU lives, its vCPU
   threads sit blocked in userfaultfd, the guest answers nothing and its
-  console reports no bad data.
+  console reports no bad data; SIGTERM during a restore stops it and QEMU.
 - 4g: 4 GiB of RAM, split by q35 below and above 4 GiB: two regions, the
   digest after the restore equals the snapshot's.
 - backends: guest RAM on a file on tmpfs, saved and restored; on 2 MiB huge
@@ -36,6 +38,7 @@ HALITE_REQUIRE_QEMU=1 those fail instead).
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -231,13 +234,7 @@ def case_kill(work):
     proc = subprocess.Popen([hg.halite_qemu(), "save", "--qmp", src.qmp_path, "-q", killed],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     # Armed and saving once locality blocks reach the file: kill it then.
-    deadline = time.monotonic() + 60
-    while proc.poll() is None and time.monotonic() < deadline:
-        if os.path.exists(killed) and os.path.getsize(killed) > (2 << 20):
-            break
-        time.sleep(0.002)
-    size = os.path.getsize(killed) if os.path.exists(killed) else 0
-    check(proc.poll() is None, f"halite-qemu save is running, {size >> 20} MiB written")
+    wait_file(proc, killed, 2 << 20)
     proc.kill()
     proc.wait()
     n = len(src.console_text())
@@ -245,34 +242,24 @@ def case_kill(work):
     d1, _, ok = src.digest()
     check(ok and d1 == d0, f"after SIGKILL of halite-qemu save the guest runs on, digest {d1} "
           "unchanged")
+    # SIGINT cancels a save cleanly: every block goes back, the file goes.
+    cancelled = os.path.join(work, "cancelled.hlt")
+    proc = subprocess.Popen([hg.halite_qemu(), "save", "--qmp", src.qmp_path, "-q", cancelled],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wait_file(proc, cancelled, 2 << 20)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    check(proc.returncode == 1 and "save cancelled: Interrupt" in err,
+          f"SIGINT cancels the save: {err.strip().splitlines()[-1] if err.strip() else ''}")
+    check(not os.path.exists(cancelled), "the cancelled save's file is removed")
+    src.wait_console(r"^verifier: pass \d+ ok", 30, after=len(src.console_text()))
+    d2, _, ok = src.digest()
+    check(ok and d2 == d0, f"after the cancel the guest runs on, digest {d2} unchanged")
     src.rewrites(True)
     save(src, path)
     src.kill()
     dst = hg.Guest(work, "victim")
-    # Slow reads and no prefetch: the guest needs memory halite has not brought yet.
-    proc = subprocess.Popen(restore_cmd(path, dst, "--no-prefetch", "--read-latency", "200000"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    q = None
-    while True:
-        if proc.poll() is not None:
-            raise Fail(f"halite-qemu restore ended early: {proc.stderr.read()[-2000:]}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise Fail("the restored guest was not resumed within 120 s")
-        try:
-            if q is None and os.path.exists(dst.qmp_path):
-                q = dst.qmp(timeout=2)
-            if q and q.cmd("query-status")["status"] == "running":
-                break
-        except (hg.GuestError, OSError, EOFError):
-            q = None
-        time.sleep(0.01)
-    pid = q.cmd("query-cpus-fast")
-    tids = [c["thread-id"] for c in pid]
-    with open(f"/proc/{tids[0]}/status") as f:
-        qemu_pid = int([l for l in f if l.startswith("Tgid:")][0].split()[1])
-    dst.adopt(qemu_pid)
+    proc, q, tids, qemu_pid = slow_restore(path, dst)
     time.sleep(0.3)
     proc.kill()
     proc.wait()
@@ -299,6 +286,58 @@ def case_kill(work):
     check(True, "its console shows no mismatch, panic or failure")
     q.close()
     dst.kill()
+
+    # SIGTERM stops a restore and its QEMU: the guest cannot run without its memory.
+    dst = hg.Guest(work, "stopped")
+    proc, q, _, qemu_pid = slow_restore(path, dst)
+    q.close()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    check(proc.returncode == 1 and "restore stopped: Terminated" in err,
+          f"SIGTERM stops the restore: {err.strip().splitlines()[-1] if err.strip() else ''}")
+    time.sleep(0.2)
+    check(not dst.alive(), f"its QEMU {qemu_pid} is gone")
+
+
+def wait_file(proc, path, size):
+    """Until @path (being written by @proc) holds @size bytes: armed and saving."""
+    deadline = time.monotonic() + 60
+    while proc.poll() is None and time.monotonic() < deadline:
+        if os.path.exists(path) and os.path.getsize(path) > size:
+            break
+        time.sleep(0.002)
+    have = os.path.getsize(path) if os.path.exists(path) else 0
+    check(proc.poll() is None and have > size,
+          f"halite-qemu save is running, {have >> 20} MiB written")
+
+
+def slow_restore(path, dst):
+    """A restore with slow reads and no prefetch, so the guest needs memory
+    halite has not brought yet; returns once the guest runs: (process, QMP,
+    vCPU thread ids, QEMU's pid)."""
+    proc = subprocess.Popen(restore_cmd(path, dst, "--no-prefetch", "--read-latency", "200000"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    q = None
+    while True:
+        if proc.poll() is not None:
+            raise Fail(f"halite-qemu restore ended early: {proc.stderr.read()[-2000:]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise Fail("the restored guest was not resumed within 120 s")
+        try:
+            if q is None and os.path.exists(dst.qmp_path):
+                q = dst.qmp(timeout=2)
+            if q and q.cmd("query-status")["status"] == "running":
+                break
+        except (hg.GuestError, OSError, EOFError):
+            q = None
+        time.sleep(0.01)
+    tids = [c["thread-id"] for c in q.cmd("query-cpus-fast")]
+    with open(f"/proc/{tids[0]}/status") as f:
+        qemu_pid = int([l for l in f if l.startswith("Tgid:")][0].split()[1])
+    dst.adopt(qemu_pid)
+    return proc, q, tids, qemu_pid
 
 
 def case_errors(work):
