@@ -3,7 +3,8 @@
 # runs every test:
 #   1. a normal (RelWithDebInfo) build: all CTest tests;
 #   2. an ASan+UBSan build: all CTest tests again;
-#   3. the reader's libFuzzer target for $HALITE_FUZZ_SECONDS (default 60) s.
+#   3. the libFuzzer targets (scripts/fuzz.sh): the reader for
+#      $HALITE_FUZZ_SECONDS (default 60) s, then the trace parser for half that.
 # First it builds the QEMU test guest (scripts/make-guest.sh, with QEMU and
 # the guest's packages): the qemu tests then must run, never skip.
 #
@@ -21,7 +22,7 @@ while [[ $# -gt 0 ]]; do
 	--quick) mode=quick ;;
 	--tsan) mode=tsan ;;
 	-L) mode=quick; ctest_args+=(-L "$2"); shift ;;
-	-h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+	-h|--help) sed -n '2,14p' "$0"; exit 0 ;;
 	*) echo "test.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 	esac
 	shift
@@ -50,7 +51,7 @@ all)
 	run_suite release "$root/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo
 	run_suite asan+ubsan "$root/build-asan" -DCMAKE_BUILD_TYPE=Debug \
 		-DHALITE_SANITIZE=address,undefined
-	echo "=== fuzz: reader, ${HALITE_FUZZ_SECONDS:-60} s"
+	echo "=== fuzz: reader ${HALITE_FUZZ_SECONDS:-60} s, trace parser half that"
 	"$root/scripts/fuzz.sh" "${HALITE_FUZZ_SECONDS:-60}"
 	;;
 esac

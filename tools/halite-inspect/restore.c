@@ -4,13 +4,7 @@
  * from the trace the restore engine writes (docs/restore-trace.md): the
  * restore's statistics, and per stream and per locality block which LBs
  * the guest demanded, which the prefetcher brought in, and which were never
- * needed.
- *
- * The trace is parsed strictly: every rule of the format page is checked and
- * the first violation is named by line ("trace.txt:7: expected 'stat mb_fault
- * <integer>', got '...'"), exit 1. Only what the page allows is let through:
- * stat lines after the known ones, whose names this version does not know,
- * are skipped.
+ * needed. The trace is parsed, strictly, by trace.c.
  *
  * Memory stays flat for any file size: one pass validates the trace and
  * counts per stream; --blocks reads the trace a second time and prints one
@@ -19,12 +13,12 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "inspect.h"
+#include "trace.h"
 
 void help_restore(FILE *f)
 {
@@ -66,540 +60,6 @@ void help_restore(FILE *f)
 		"    apply: fault_mb unless demand, all four when never).\n\n"
 		"Exit status: 0 ok, 1 FILE or TRACE is bad or they do not match, 2 usage\n"
 		"or I/O error.\n");
-}
-
-/* ---- the trace ---- */
-
-/* Longest line accepted: an lb line is at most ~110 bytes; room for later stats. */
-#define LINE_MAX_LEN 4096
-
-enum stat_kind {
-	SK_U64,	 /* unsigned decimal */
-	SK_PCT,	 /* %.2f, maybe negative */
-	SK_BOOL, /* 0 or 1 */
-	SK_ERR,	 /* 0 or a negative int */
-};
-
-/* The stat lines of version 1, in the order the format requires. */
-enum {
-	S_READY_NS,
-	S_DURATION_NS,
-	S_MB_TOTAL,
-	S_MB_FAULT,
-	S_MB_POOL,
-	S_MB_PREFETCH,
-	S_MB_ZERO,
-	S_FAULTS,
-	S_FAULTS_CACHED,
-	S_FAULTS_ZERO,
-	S_FAULTS_VCPU,
-	S_LB_TOTAL,
-	S_LB_DEMAND,
-	S_LB_PREFETCH,
-	S_LB_RETRIES,
-	S_BYTES_READ,
-	S_MB_STAGED,
-	S_MB_STAGED_ACCESSED,
-	S_VM_ACCESS_PCT,
-	S_FAULT_P50_NS,
-	S_FAULT_P99_NS,
-	S_DONE,
-	S_ERROR,
-	NSTATS
-};
-
-static const struct {
-	const char *name;
-	enum stat_kind kind;
-} stat_defs[NSTATS] = {
-	[S_READY_NS] = { "ready_ns", SK_U64 },
-	[S_DURATION_NS] = { "duration_ns", SK_U64 },
-	[S_MB_TOTAL] = { "mb_total", SK_U64 },
-	[S_MB_FAULT] = { "mb_fault", SK_U64 },
-	[S_MB_POOL] = { "mb_pool", SK_U64 },
-	[S_MB_PREFETCH] = { "mb_prefetch", SK_U64 },
-	[S_MB_ZERO] = { "mb_zero", SK_U64 },
-	[S_FAULTS] = { "faults", SK_U64 },
-	[S_FAULTS_CACHED] = { "faults_cached", SK_U64 },
-	[S_FAULTS_ZERO] = { "faults_zero", SK_U64 },
-	[S_FAULTS_VCPU] = { "faults_vcpu", SK_U64 },
-	[S_LB_TOTAL] = { "lb_total", SK_U64 },
-	[S_LB_DEMAND] = { "lb_demand", SK_U64 },
-	[S_LB_PREFETCH] = { "lb_prefetch", SK_U64 },
-	[S_LB_RETRIES] = { "lb_retries", SK_U64 },
-	[S_BYTES_READ] = { "bytes_read", SK_U64 },
-	[S_MB_STAGED] = { "mb_staged", SK_U64 },
-	[S_MB_STAGED_ACCESSED] = { "mb_staged_accessed", SK_U64 },
-	[S_VM_ACCESS_PCT] = { "vm_access_pct", SK_PCT },
-	[S_FAULT_P50_NS] = { "fault_p50_ns", SK_U64 },
-	[S_FAULT_P99_NS] = { "fault_p99_ns", SK_U64 },
-	[S_DONE] = { "done", SK_BOOL },
-	[S_ERROR] = { "error", SK_ERR },
-};
-
-static const char *const kind_syntax[] = {
-	[SK_U64] = "<integer>",
-	[SK_PCT] = "<percent with two decimals>",
-	[SK_BOOL] = "<0 or 1>",
-	[SK_ERR] = "<0 or a negative integer>",
-};
-
-#define LB_SYNTAX "lb <index> <how> <t_ns> <fault_mb> <staged> <accessed>"
-
-enum fate { FATE_NEVER, FATE_DEMAND, FATE_PREFETCH };
-
-static const char *const fate_names[] = { "never", "demand", "prefetch" };
-
-struct lb_line {
-	uint64_t index;
-	enum fate how;
-	uint64_t t_ns;
-	uint64_t fault_mb;	/* demand only */
-	uint64_t staged, accessed;
-};
-
-struct trace {
-	/* input */
-	const char *path;	/* the trace, for messages */
-	const char *file;	/* the snapshot, for messages */
-	struct halite_reader *r;
-	FILE *f;
-	/* parse state */
-	uint64_t line;
-	char buf[LINE_MAX_LEN + 2];
-	size_t len;
-	/* results */
-	uint64_t u[NSTATS];	/* SK_U64 and SK_BOOL values */
-	double pct;		/* vm_access_pct */
-	char pct_text[32];	/* ... as written: JSON gets it exactly, always with decimals */
-	int error;
-	uint64_t n_lb, n_demand, n_prefetch;
-	uint64_t unknown_stats;
-};
-
-/* "TRACE:LINE: what" on stderr; returns EXIT_BAD. */
-static int bad(const struct trace *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int bad(const struct trace *t, const char *fmt, ...)
-{
-	char msg[512];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	errorf("%s:%" PRIu64 ": %s", t->path, t->line, msg);
-	return EXIT_BAD;
-}
-
-/* The current line for a message: quoted, cut short if long (it is printable ASCII). */
-static const char *quoted(const struct trace *t, char *buf, size_t len)
-{
-	if (t->len > 60)
-		snprintf(buf, len, "'%.57s...'", t->buf);
-	else
-		snprintf(buf, len, "'%.60s'", t->buf);
-	return buf;
-}
-
-/*
- * Read the next line into t->buf without its '\n': 0, with *eof set at the
- * end of the file (at a line's start); else the exit code, reported. Rejects what the syntax
- * forbids at the byte level: a missing final newline, anything but printable
- * ASCII (CR and tabs included), empty lines, blanks at either end or doubled.
- */
-static int next_line(struct trace *t, bool *eof)
-{
-	int c;
-
-	*eof = false;
-	t->len = 0;
-	t->line++;
-	for (;;) {
-		c = getc_unlocked(t->f);
-		if (c == '\n')
-			break;
-		if (c == EOF) {
-			if (ferror(t->f)) {
-				errorf("%s: reading: %s", t->path, strerror(errno));
-				return EXIT_USAGE;
-			}
-			if (t->len == 0) {
-				*eof = true;
-				return 0;
-			}
-			t->buf[t->len] = '\0';
-			return bad(t, "the last line does not end with a newline");
-		}
-		if (c == '\r')
-			return bad(t, "carriage return in line (CRLF line ends?); lines end with "
-				      "a single newline");
-		if (c < 0x20 || c > 0x7e)
-			return bad(t, "byte 0x%02x at column %zu: only printable ASCII is allowed",
-				   (unsigned)c, t->len + 1);
-		if (t->len == LINE_MAX_LEN)
-			return bad(t, "line longer than %d bytes", LINE_MAX_LEN);
-		t->buf[t->len++] = (char)c;
-	}
-	t->buf[t->len] = '\0';
-	if (t->len == 0)
-		return bad(t, "empty line");
-	if (t->buf[0] == ' ')
-		return bad(t, "leading space");
-	if (t->buf[t->len - 1] == ' ')
-		return bad(t, "trailing space");
-	if (strstr(t->buf, "  "))
-		return bad(t, "two spaces in a row; fields are separated by exactly one space");
-	return 0;
-}
-
-/* Split t->buf at its (single) spaces. Returns the number of fields, at most @max + 1. */
-static unsigned split(struct trace *t, char **f, unsigned max)
-{
-	unsigned n = 0;
-	char *p = t->buf, *sp;
-
-	for (;;) {
-		if (n == max)
-			return n + 1; /* too many */
-		f[n++] = p;
-		sp = strchr(p, ' ');
-		if (!sp)
-			return n;
-		*sp = '\0';
-		p = sp + 1;
-	}
-}
-
-/* Rejoin what split() cut, so that t->buf is the whole line again for messages. */
-static void unsplit(struct trace *t)
-{
-	for (size_t i = 0; i < t->len; i++)
-		if (t->buf[i] == '\0')
-			t->buf[i] = ' ';
-}
-
-/* Unsigned decimal, no leading zeros, no sign, within uint64. */
-static bool parse_dec(const char *s, uint64_t *out)
-{
-	uint64_t v = 0;
-
-	if (!*s || (s[0] == '0' && s[1]))
-		return false;
-	for (; *s; s++) {
-		if (*s < '0' || *s > '9')
-			return false;
-		if (v > (UINT64_MAX - (uint64_t)(*s - '0')) / 10)
-			return false;
-		v = v * 10 + (uint64_t)(*s - '0');
-	}
-	*out = v;
-	return true;
-}
-
-/* printf "%.2f": optional '-', an integer part without leading zeros, '.', two digits. */
-static bool parse_pct(const char *s, double *out)
-{
-	const char *p = s + (s[0] == '-'), *dot = strchr(p, '.');
-	char ip[32];
-	uint64_t v;
-
-	if (!dot || (size_t)(dot - p) >= sizeof(ip) || strlen(dot) != 3)
-		return false;
-	memcpy(ip, p, (size_t)(dot - p));
-	ip[dot - p] = '\0';
-	if (!parse_dec(ip, &v) || dot[1] < '0' || dot[1] > '9' || dot[2] < '0' || dot[2] > '9')
-		return false;
-	*out = strtod(s, NULL);
-	return true;
-}
-
-/* "0" or a negative int: '-' and a non-zero decimal up to -INT_MIN. */
-static bool parse_err(const char *s, int *out)
-{
-	uint64_t v;
-
-	if (strcmp(s, "0") == 0) {
-		*out = 0;
-		return true;
-	}
-	if (s[0] != '-' || !parse_dec(s + 1, &v) || v == 0 || v > 2147483648u)
-		return false;
-	*out = (int)-(int64_t)v;
-	return true;
-}
-
-static bool stat_name_ok(const char *s)
-{
-	if (!*s)
-		return false;
-	for (; *s; s++)
-		if (!((*s >= 'a' && *s <= 'z') || (*s >= '0' && *s <= '9') || *s == '_'))
-			return false;
-	return true;
-}
-
-static void fmt_uuid(const uint8_t *u, char *buf)
-{
-	for (int i = 0; i < 16; i++)
-		sprintf(buf + 2 * i, "%02x", u[i]);
-}
-
-static bool parse_uuid(const char *s, uint8_t *u)
-{
-	if (strlen(s) != 32)
-		return false;
-	for (int i = 0; i < 32; i++) {
-		char c = s[i];
-		int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-
-		if (d < 0)
-			return false;
-		if (i % 2)
-			u[i / 2] |= (uint8_t)d;
-		else
-			u[i / 2] = (uint8_t)(d << 4);
-	}
-	return true;
-}
-
-static int parse_header(struct trace *t)
-{
-	const struct halite_file_info *fi = halite_reader_info(t->r);
-	char q[80], have[33], want[33];
-	uint8_t uuid[16];
-	uint64_t v;
-	bool eof;
-	int ret;
-
-	ret = next_line(t, &eof);
-	if (ret)
-		return ret;
-	if (eof)
-		return bad(t, "empty file; expected 'halite-restore-trace 1'");
-	if (strncmp(t->buf, "halite-restore-trace ", 21) == 0 && parse_dec(t->buf + 21, &v) &&
-	    v != 1)
-		return bad(t, "trace version %" PRIu64 ": this reader knows version 1 only", v);
-	if (strcmp(t->buf, "halite-restore-trace 1") != 0)
-		return bad(t, "expected 'halite-restore-trace 1', got %s", quoted(t, q, sizeof(q)));
-
-	ret = next_line(t, &eof);
-	if (ret)
-		return ret;
-	if (eof)
-		return bad(t, "unexpected end of file; expected 'file-uuid <uuid>'");
-	if (strncmp(t->buf, "file-uuid ", 10) != 0 || !parse_uuid(t->buf + 10, uuid))
-		return bad(t, "expected 'file-uuid <32 lowercase hex digits>', got %s",
-			   quoted(t, q, sizeof(q)));
-	if (memcmp(uuid, fi->uuid, 16) != 0) {
-		fmt_uuid(uuid, have);
-		fmt_uuid(fi->uuid, want);
-		return bad(t, "file-uuid %s is not the uuid of %s (%s): a trace of another file",
-			   have, t->file, want);
-	}
-	return 0;
-}
-
-static int parse_stats(struct trace *t)
-{
-	const struct halite_file_info *fi = halite_reader_info(t->r);
-	char q[80], *f[4];
-	unsigned n;
-	bool eof;
-	int ret;
-
-	for (int i = 0; i < NSTATS; i++) {
-		const char *name = stat_defs[i].name;
-		enum stat_kind kind = stat_defs[i].kind;
-		bool ok;
-
-		ret = next_line(t, &eof);
-		if (ret)
-			return ret;
-		if (eof)
-			return bad(t, "unexpected end of file; expected 'stat %s %s'", name,
-				   kind_syntax[kind]);
-		n = split(t, f, 3);
-		ok = n == 3 && strcmp(f[0], "stat") == 0 && strcmp(f[1], name) == 0;
-		if (ok) {
-			switch (kind) {
-			case SK_U64:
-				ok = parse_dec(f[2], &t->u[i]);
-				break;
-			case SK_PCT:
-				ok = strlen(f[2]) < sizeof(t->pct_text) && parse_pct(f[2], &t->pct);
-				if (ok)
-					strcpy(t->pct_text, f[2]);
-				break;
-			case SK_BOOL:
-				ok = parse_dec(f[2], &t->u[i]) && t->u[i] <= 1;
-				break;
-			case SK_ERR:
-				ok = parse_err(f[2], &t->error);
-				break;
-			}
-		}
-		unsplit(t);
-		if (!ok)
-			return bad(t, "expected 'stat %s %s', got %s", name, kind_syntax[kind],
-				   quoted(t, q, sizeof(q)));
-		/* The trace must be of this file: the uuid says so, the shape must agree. */
-		if (i == S_MB_TOTAL && t->u[i] != fi->mb_count)
-			return bad(t, "mb_total %" PRIu64 ", but %s has %" PRIu64 " memory blocks",
-				   t->u[i], t->file, fi->mb_count);
-		if (i == S_LB_TOTAL && t->u[i] != fi->lb_count)
-			return bad(t,
-				   "lb_total %" PRIu64 ", but %s has %" PRIu64 " locality blocks",
-				   t->u[i], t->file, fi->lb_count);
-		/* A trace is written when the restore ends: it completed, or failed. */
-		if (i == S_ERROR && t->u[S_DONE] && t->error)
-			return bad(t, "error %d in a restore that completed (done 1)", t->error);
-		if (i == S_ERROR && !t->u[S_DONE] && !t->error)
-			return bad(t, "error 0 in a restore that did not complete (done 0)");
-	}
-	return 0;
-}
-
-/* Validates an lb line against the file and the line before it. */
-static int parse_lb(struct trace *t, uint64_t prev, bool first, struct lb_line *l)
-{
-	const struct halite_file_info *fi = halite_reader_info(t->r);
-	struct halite_lb_info li;
-	struct halite_mb_loc loc;
-	char q[80], *f[8];
-	uint64_t fmb = 0;
-	bool ok;
-	int ret;
-
-	ok = split(t, f, 7) == 7 && strcmp(f[0], "lb") == 0 && parse_dec(f[1], &l->index) &&
-	     parse_dec(f[3], &l->t_ns) && parse_dec(f[5], &l->staged) &&
-	     parse_dec(f[6], &l->accessed);
-	if (ok && strcmp(f[2], "demand") == 0) {
-		l->how = FATE_DEMAND;
-		ok = parse_dec(f[4], &fmb);
-	} else if (ok && strcmp(f[2], "prefetch") == 0) {
-		l->how = FATE_PREFETCH;
-		ok = strcmp(f[4], "-") == 0;
-	} else {
-		ok = false;
-	}
-	unsplit(t);
-	if (!ok) {
-		if (strncmp(t->buf, "stat ", 5) == 0)
-			return bad(t, "stat line after the lb lines, or a stat with a name of "
-				      "version 1 given twice: %s", quoted(t, q, sizeof(q)));
-		return bad(t, "expected '" LB_SYNTAX "', got %s", quoted(t, q, sizeof(q)));
-	}
-	l->fault_mb = fmb;
-
-	if (l->index >= fi->lb_count)
-		return bad(t, "LB index %" PRIu64 " out of range: %s has %" PRIu64
-			      " locality blocks",
-			   l->index, t->file, fi->lb_count);
-	if (!first && l->index == prev)
-		return bad(t, "LB %" PRIu64 " listed twice", l->index);
-	if (!first && l->index < prev)
-		return bad(t, "LB %" PRIu64 " after LB %" PRIu64
-			      ": lb lines must be in ascending order of index",
-			   l->index, prev);
-	ret = halite_reader_lb_info(t->r, l->index, &li);
-	if (ret < 0)
-		return bad(t, "LB %" PRIu64 ": %s", l->index, halite_strerror(ret));
-	if (l->how == FATE_PREFETCH) {
-		if (l->staged || l->accessed)
-			return bad(t, "LB %" PRIu64 ": a prefetched LB has staged 0 and accessed 0",
-				   l->index);
-		return 0;
-	}
-	ret = halite_reader_mb_lookup(t->r, fmb, &loc);
-	if (ret < 0)
-		return bad(t, "LB %" PRIu64 ": fault_mb %" PRIu64 " is not a memory block of %s "
-			      "(it has %" PRIu64 ")",
-			   l->index, fmb, t->file, fi->mb_count);
-	if (loc.state != HALITE_MB_STORED)
-		return bad(t, "LB %" PRIu64 ": fault_mb %" PRIu64 " is a%s block, stored nowhere",
-			   l->index, fmb, loc.state == HALITE_MB_ZERO ? " zero" : "n untouched");
-	if (loc.lb != l->index)
-		return bad(t, "LB %" PRIu64 ": fault_mb %" PRIu64 " is stored in LB %" PRIu64
-			      ", not in this one",
-			   l->index, fmb, loc.lb);
-	if (l->staged > li.mb_count - 1u)
-		return bad(t, "LB %" PRIu64 ": staged %" PRIu64 ", but the LB holds only %u other "
-			      "blocks",
-			   l->index, l->staged, li.mb_count - 1u);
-	if (l->accessed > l->staged)
-		return bad(t, "LB %" PRIu64 ": accessed %" PRIu64 " exceeds staged %" PRIu64,
-			   l->index, l->accessed, l->staged);
-	return 0;
-}
-
-typedef int (*lb_fn)(void *ctx, const struct lb_line *l);
-
-/*
- * Parse the whole trace from the start of t->f; @fn (if set) sees each lb
- * line once it is validated. 0, or the exit code after a message.
- */
-static int trace_parse(struct trace *t, lb_fn fn, void *ctx)
-{
-	bool in_lbs = false, eof;
-	uint64_t prev = 0;
-	char q[80], *f[4];
-	int ret;
-
-	t->line = 0;
-	t->n_lb = t->n_demand = t->n_prefetch = t->unknown_stats = 0;
-	ret = parse_header(t);
-	if (!ret)
-		ret = parse_stats(t);
-	if (ret)
-		return ret;
-	for (;;) {
-		struct lb_line l;
-
-		ret = next_line(t, &eof);
-		if (ret)
-			return ret;
-		if (eof)
-			break;
-
-		/* Stats added to the struct later come after ours: skip their names. */
-		if (!in_lbs && strncmp(t->buf, "stat ", 5) == 0) {
-			unsigned n = split(t, f, 3);
-			const char *dup = NULL;
-
-			for (int i = 0; n == 3 && i < NSTATS; i++)
-				if (strcmp(f[1], stat_defs[i].name) == 0)
-					dup = stat_defs[i].name;
-			if (n == 3 && !dup && stat_name_ok(f[1])) {
-				t->unknown_stats++;
-				continue;
-			}
-			unsplit(t);
-			if (dup)
-				return bad(t, "stat '%s' given twice", dup);
-			return bad(t, "expected 'stat <name> <value>' or '" LB_SYNTAX "', got %s",
-				   quoted(t, q, sizeof(q)));
-		}
-		ret = parse_lb(t, prev, !in_lbs, &l);
-		if (ret)
-			return ret;
-		in_lbs = true;
-		prev = l.index;
-		t->n_lb++;
-		if (l.how == FATE_DEMAND)
-			t->n_demand++;
-		else
-			t->n_prefetch++;
-		if (fn && (ret = fn(ctx, &l)))
-			return ret;
-	}
-	t->line--; /* messages below name the last line */
-	if (t->u[S_DONE] && t->n_lb != t->u[S_LB_TOTAL])
-		return bad(t, "a completed restore lists every LB: %" PRIu64 " lb lines, lb_total %"
-			      PRIu64, t->n_lb, t->u[S_LB_TOTAL]);
-	if (t->u[S_DONE] && t->n_demand != t->u[S_LB_DEMAND])
-		return bad(t, "a completed restore has lb_demand demand lines: %" PRIu64
-			      ", lb_demand %" PRIu64, t->n_demand, t->u[S_LB_DEMAND]);
-	return 0;
 }
 
 /* ---- streams ---- */
@@ -681,7 +141,7 @@ static int count_lb(void *ctx, const struct lb_line *l)
 	struct stream_row *row;
 
 	if (halite_reader_lb_info(t->r, l->index, &li) < 0 || !(row = stream_find(s, li.stream)))
-		return bad(t, "LB %" PRIu64 ": not in the file's LB table", l->index);
+		return trace_bad(t, "LB %" PRIu64 ": not in the file's LB table", l->index);
 	if (l->how == FATE_DEMAND)
 		row->demand++;
 	else
@@ -705,7 +165,7 @@ static bool parse_stream(const char *s, uint32_t *id)
 	    dot - s > 4) {
 		memcpy(num, s + 4, (size_t)(dot - s - 4));
 		num[dot - s - 4] = '\0';
-		if (!parse_dec(num, &kind) || !parse_dec(dot + 1, &index))
+		if (!trace_parse_dec(num, &kind) || !trace_parse_dec(dot + 1, &index))
 			return false;
 	} else {
 		for (unsigned k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++) {
@@ -720,10 +180,10 @@ static bool parse_stream(const char *s, uint32_t *id)
 		if (!p)
 			return false;
 		if (kind == HALITE_STREAM_VCPU) {
-			if (!parse_dec(p, &index))
+			if (!trace_parse_dec(p, &index))
 				return false;
 		} else if (*p == '.') {
-			if (!parse_dec(p + 1, &index))
+			if (!trace_parse_dec(p + 1, &index))
 				return false;
 		} else if (*p) {
 			return false;
@@ -766,15 +226,15 @@ static cJSON *head_json(const struct opts *o, const struct trace *t, const struc
 
 	cJSON_AddStringToObject(root, "file", o->file);
 	cJSON_AddStringToObject(root, "trace", o->trace);
-	fmt_uuid(fi->uuid, buf);
+	trace_fmt_uuid(fi->uuid, buf);
 	cJSON_AddStringToObject(root, "uuid", buf);
 	json_add_u64(root, "lb_count", fi->lb_count);
 	json_add_u64(root, "mb_count", fi->mb_count);
 	st = cJSON_AddObjectToObject(root, "stats");
 	for (int i = 0; i < NSTATS; i++) {
-		const char *name = stat_defs[i].name;
+		const char *name = trace_stats[i].name;
 
-		switch (stat_defs[i].kind) {
+		switch (trace_stats[i].kind) {
 		case SK_U64:
 			json_add_u64(st, name, t->u[i]);
 			break;
@@ -839,7 +299,7 @@ static void text_summary(const struct opts *o, const struct trace *t, const stru
 
 	printf(KV "%s\n", "File:", o->file);
 	printf(KV "%s\n", "Trace:", o->trace);
-	fmt_uuid(fi->uuid, b2);
+	trace_fmt_uuid(fi->uuid, b2);
 	printf(KV "%s\n", "UUID:", b2);
 	if (u[S_DONE])
 		printf(KV "done\n", "Result:");
@@ -919,7 +379,7 @@ static int row(struct rows *w, uint64_t lb, const struct lb_line *l)
 
 	ret = halite_reader_lb_info(w->t->r, lb, &li);
 	if (ret < 0)
-		return bad(w->t, "LB %" PRIu64 ": %s", lb, halite_strerror(ret));
+		return trace_bad(w->t, "LB %" PRIu64 ": %s", lb, halite_strerror(ret));
 	if (w->o->stream_name && li.stream != w->o->stream)
 		return 0;
 	halite_stream_name(li.stream, sn, sizeof(sn));
@@ -930,7 +390,7 @@ static int row(struct rows *w, uint64_t lb, const struct lb_line *l)
 		cJSON_AddStringToObject(e, "stream", sn);
 		json_add_u64(e, "stream_id", li.stream);
 		json_add_u64(e, "seq", li.seq);
-		cJSON_AddStringToObject(e, "fate", fate_names[l ? l->how : FATE_NEVER]);
+		cJSON_AddStringToObject(e, "fate", trace_fate_names[l ? l->how : FATE_NEVER]);
 		if (l) {
 			json_add_u64(e, "t_ns", l->t_ns);
 			if (l->how == FATE_DEMAND)
@@ -958,7 +418,8 @@ static int row(struct rows *w, uint64_t lb, const struct lb_line *l)
 			snprintf(st, sizeof(st), "%" PRIu64, l->staged);
 			snprintf(ac, sizeof(ac), "%" PRIu64, l->accessed);
 		}
-		table_row(w->tb, a, sn, q, fate_names[l ? l->how : FATE_NEVER], tm, fm, st, ac);
+		table_row(w->tb, a, sn, q, trace_fate_names[l ? l->how : FATE_NEVER], tm, fm, st,
+			  ac);
 	}
 	return 0;
 }
