@@ -129,7 +129,6 @@ void hq_errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void hq_progressf(bool quiet, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 char *hq_bytes(uint64_t b, char *buf, size_t len); /* "512 MiB", "1.4 GiB" */
 int hq_parse_size(const char *s, uint64_t *out);
-void hq_json_str(const char *s);
 void hq_log(void *ctx, int level, const char *msg);
 
 /* --- commands --- */

@@ -83,11 +83,6 @@ int hq_parse_size(const char *s, uint64_t *out)
 	return halite_parse_size(s, out) ? -EINVAL : 0;
 }
 
-void hq_json_str(const char *s)
-{
-	halite_json_str(stdout, s);
-}
-
 /* The engines' log: warnings and errors always, the rest with --verbose. */
 void hq_log(void *ctx, int level, const char *msg)
 {
@@ -126,12 +121,12 @@ int hq_fail(char *err, size_t len, int ret, const char *what, const char *detail
 void hq_json_head(bool ok, const char *file, const char *err, const struct hq_vm *vm)
 {
 	printf("{\"ok\": %s, \"file\": ", ok ? "true" : "false");
-	hq_json_str(file);
+	halite_json_str(stdout, file);
 	printf(", \"error\": ");
-	hq_json_str(ok ? "" : err);
+	halite_json_str(stdout, ok ? "" : err);
 	printf(", \"qemu\": {\"pid\": %d, \"version\": \"%d.%d.%d\", \"machine\": ",
 	       (int)vm->pid, vm->major, vm->minor, vm->micro);
-	hq_json_str(vm->machine);
+	halite_json_str(stdout, vm->machine);
 	printf(", \"vcpus\": %u}", vm->nvcpus);
 }
 
