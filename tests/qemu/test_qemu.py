@@ -494,18 +494,21 @@ def set_backend(guest, backend):
     return guest
 
 
+def free_hugepages():
+    with open("/proc/meminfo") as f:
+        return int([l for l in f if l.startswith("HugePages_Free:")][0].split()[1])
+
+
 def hugepages(n):
     """Make at least @n free 2 MiB huge pages; returns the old nr_hugepages."""
     path = "/proc/sys/vm/nr_hugepages"
     with open(path) as f:
         old = int(f.read())
-    with open("/proc/meminfo") as f:
-        free = int([l for l in f if l.startswith("HugePages_Free:")][0].split()[1])
+    free = free_hugepages()
     if free < n:
         with open(path, "w") as f:
             f.write(str(old + n - free))
-    with open("/proc/meminfo") as f:
-        free = int([l for l in f if l.startswith("HugePages_Free:")][0].split()[1])
+    free = free_hugepages()
     if free < n:
         with open(path, "w") as f:
             f.write(str(old))
