@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -298,6 +299,60 @@ static int write_header(struct halite_writer *w, int level)
 	return 0;
 }
 
+__attribute__((format(printf, 4, 5)))
+static int path_err(char *err, size_t len, int ret, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (err && len) {
+		va_start(ap, fmt);
+		vsnprintf(err, len, fmt, ap);
+		va_end(ap);
+	}
+	return ret;
+}
+
+HALITE_EXPORT int halite_writer_check_path(const char *path, char *err, size_t errlen)
+{
+	char *copy, *dir;
+	struct stat st;
+	int fd, ret = 0;
+
+	if (!path || !*path)
+		return path_err(err, errlen, -EINVAL, "no file name given");
+	copy = strdup(path);
+	if (!copy)
+		return -ENOMEM;
+	dir = dirname(copy);
+	if (stat(dir, &st))
+		ret = path_err(err, errlen, -errno, "%s: directory %s: %s", path, dir,
+			       strerror(errno));
+	else if (!S_ISDIR(st.st_mode))
+		ret = path_err(err, errlen, -ENOTDIR, "%s: %s is not a directory", path, dir);
+	else if (access(dir, W_OK | X_OK))
+		ret = path_err(err, errlen, -errno, "%s: cannot create files in %s: %s", path,
+			       dir, strerror(errno));
+	free(copy);
+	if (ret)
+		return ret;
+	if (stat(path, &st))
+		return errno == ENOENT ? 0 : path_err(err, errlen, -errno, "%s: %s", path,
+						      strerror(errno));
+	if (S_ISDIR(st.st_mode))
+		return path_err(err, errlen, -EISDIR, "%s is a directory", path);
+	if (!S_ISREG(st.st_mode))
+		return 0;
+	/* HALITE_LOCK_PROTOCOL (format.h): a restore reading it holds LOCK_SH. */
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+	if (fd < 0)
+		return 0; /* then creating it says why, if anything */
+	if (flock(fd, LOCK_EX | LOCK_NB) && errno == EWOULDBLOCK)
+		ret = path_err(err, errlen, -EBUSY, "%s is being restored from (a running restore "
+			       "reads it): save to another path", path);
+	close(fd);
+	return ret;
+}
+
 static int open_output(struct halite_writer *w, int backend)
 {
 	HALITE_OPTS(halite_io_opts, io_opts);
@@ -309,6 +364,15 @@ static int open_output(struct halite_writer *w, int backend)
 	 * clones) may still be reading the old snapshot at this path, and keeps
 	 * its inode this way.
 	 */
+	char err[sizeof(w->errmsg)];
+
+	ret = halite_writer_check_path(w->path, err, sizeof(err));
+	if (ret) {
+		/* Already one sentence that names the problem. */
+		memcpy(w->errmsg, err, sizeof(err));
+		halite_logf(&w->log, HALITE_LOG_ERROR, "%s", w->errmsg);
+		return ret;
+	}
 	if (stat(w->path, &st) == 0 && S_ISREG(st.st_mode) && unlink(w->path))
 		return wfail(w, -errno, "%s: cannot replace", w->path);
 	io_opts.backend = backend;

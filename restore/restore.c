@@ -115,6 +115,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -1729,6 +1730,12 @@ HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *pa
 		ret = rfail(r, -errno, "%s: cannot open", path);
 		goto err;
 	}
+	/*
+	 * HALITE_LOCK_PROTOCOL (format.h): while this restore reads the file, a
+	 * save refuses to replace it. Advisory: a failure only loses that check.
+	 */
+	if (flock(r->fd, LOCK_SH | LOCK_NB) && errno != EWOULDBLOCK)
+		halite_logf(&r->log, HALITE_LOG_DEBUG, "%s: flock: %s", path, strerror(errno));
 	if (!(r->o.flags & HALITE_RESTORE_NO_PREFETCH)) {
 		io.backend = r->o.io_backend;
 		io.queue_depth = r->o.queue_depth;

@@ -170,6 +170,21 @@ int halite_writer_create(struct halite_writer **w, const char *path,
 			 const struct halite_region *regions, uint32_t nregions,
 			 const struct halite_writer_opts *opts);
 
+/*
+ * Whether a snapshot may be written to @path, checked without creating or
+ * changing anything: its directory exists and this process may write there,
+ * @path is not a directory, and no restore is reading the file now at @path
+ * (a running restore holds a shared flock(2) on its file, and a save never
+ * replaces it: HALITE_LOCK_PROTOCOL below). Returns 0, or -ENOENT, -ENOTDIR,
+ * -EACCES, -EROFS, -EISDIR or -EBUSY with one sentence naming the problem
+ * in @err (may be NULL). halite_writer_create() makes the same check.
+ *
+ * HALITE_LOCK_PROTOCOL: readers that must not see their file replaced take
+ * flock(fd, LOCK_SH) on it; a writer refuses a target on which
+ * flock(LOCK_EX | LOCK_NB) fails.
+ */
+int halite_writer_check_path(const char *path, char *err, size_t errlen);
+
 /* Memory-block size in bytes, and the number of memory blocks in all regions. */
 uint32_t halite_writer_mb_size(const struct halite_writer *w);
 uint64_t halite_writer_mb_count(const struct halite_writer *w);
