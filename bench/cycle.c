@@ -606,7 +606,7 @@ static int run_restore(struct cycle *c)
 	{
 		HALITE_OPTS(halite_restore_opts, o);
 		struct halite_restore_region reg = { SYNTH_REGION_NAME, (uintptr_t)info.host_addr,
-						     info.mem_bytes, HALITE_MEM_ANON };
+						     info.mem_bytes, HALITE_MEM_ANON, -1, 0 };
 
 		o.flags = HALITE_RESTORE_TRACK_ACCESS;
 		o.vcpu_tids = tids;

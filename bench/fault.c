@@ -470,7 +470,7 @@ static int run_engine(struct fb *b, struct cond *c)
 	o.workers = (unsigned)b->p.workers;
 	ret = halite_restore_open(&r, b->path,
 				  &(struct halite_restore_region){ REGION, (uintptr_t)mem, len,
-								   HALITE_MEM_ANON },
+								   HALITE_MEM_ANON, -1, 0 },
 				  1, &o);
 	if (ret) {
 		ret = fail(b, "halite_restore_open: %s", halite_strerror(ret));

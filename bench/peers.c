@@ -625,7 +625,7 @@ static int halite_start(struct method *m)
 {
 	HALITE_OPTS(halite_restore_opts, o);
 	struct halite_restore_region reg = { m->cfg.region, (uintptr_t)m->mem, m->len,
-					     HALITE_MEM_ANON };
+					     HALITE_MEM_ANON, -1, 0 };
 	int ret;
 
 	o.flags = m->cfg.halite_flags | (m->cfg.cold ? HALITE_RESTORE_DIRECT : 0);

@@ -83,9 +83,16 @@
  * the page since, MADV_DONTNEED): it gets UFFDIO_ZEROPAGE on that page, which
  * fails with EEXIST in the race (then UFFDIO_WAKE) and gives a discarded page
  * the zeros a discard means, instead of waking the thread into the same fault
- * forever. EEXIST inside a copy skips that page and the rest is copied; EAGAIN
- * retries the remainder; ENOENT means the range is no longer registered,
- * whose unregistering woke every waiter.
+ * forever.
+ *
+ * Every install and wake goes through halite/src/gmem.h, which also reads
+ * the userfaultfd's events: a private page the guest discards or any page it
+ * unmaps is "gone" from then on (never installed again; a fault on it gets
+ * zeros), a range it moves is followed, a block that crosses mappings is
+ * installed page by page, a page already there is kept (EEXIST), and an
+ * install that finds a page neither mapped nor known gone fails the restore.
+ * Installs for a fault fill the block's gone pages with zeros; the pool's
+ * leave them missing and wake the block, so its faults come again.
  *
  * Failure: an LB whose read or checksum fails is read again up to
  * read_retries times (its page-cache copy dropped first, so a retry reaches
@@ -98,6 +105,15 @@
  * not verified. halite_restore_free() of a failed in-process restore makes the
  * regions PROT_NONE before closing the userfaultfd: closing wakes the
  * blocked threads, which then take SIGSEGV instead of reading zeros.
+ *
+ * Shared memory: while the restore runs, the file of each shared region
+ * refuses hole punches (halite/src/discard.h): a discard of a page not yet
+ * restored would otherwise be undone by its install, and no event tells.
+ *
+ * Taking over (HALITE_RESTORE_ATTACH): the regions are registered again on
+ * the owner's descriptor (allowed: the same context), the blocks found in
+ * memory are marked installed (attach_scan()), their LBs done, and every
+ * region is woken so the faults the dead handler had read come again.
  *
  * Locks: r->lk (LB states, waiters, the demand queue) and r->st_lock (state,
  * error message) are never held together. Nothing slow happens under lk
@@ -124,8 +140,10 @@
 
 #include <halite/restore.h>
 
+#include "discard.h"
 #include "endian_util.h"
 #include "export.h"
+#include "gmem.h"
 #include "io.h"
 #include "log_internal.h"
 #include "opts.h"
@@ -168,7 +186,10 @@ struct rregion {
 	uint64_t host, length;
 	int kind;
 	uint64_t first_mb, nmb; /* as in the file: regions are kept in file order */
+	int fd;			/* SHARED: our dup of the file, else -1 */
+	uint64_t fd_off;
 	bool registered;
+	bool discards_refused;	/* we made the file append-only: undo at the end */
 };
 
 /* A fault waiting for its LB's read. */
@@ -213,13 +234,13 @@ struct halite_restore {
 	struct rlb *lbs;
 
 	int uffd, stop_fd, fd;	 /* fd: for dropping cached LB pages before a retry */
+	struct halite_gmem *gm;	 /* every install and wake, and the uffd's events */
 	struct halite_io *pf_io; /* the prefetcher's, NULL with NO_PREFETCH */
 	struct halite_pool *pool;
 	pthread_t fault_thr, pf_thr, *rd_thr;
 	unsigned readers_started;
 	bool fault_started, pf_started, started;
 	uint8_t *fault_tmp;	 /* the fault thread's decode buffer */
-	uint8_t *zeros;		 /* mb_size zero bytes */
 
 	pthread_mutex_t lk;	 /* LB states, waiters, the demand and readahead queues */
 	pthread_cond_t q_cond;
@@ -247,6 +268,7 @@ struct halite_restore {
 	uint64_t open_ns, ready_at, ready_ns, done_ns;
 
 	_Atomic uint64_t n_mb[3]; /* BY_* */
+	uint64_t n_mb_present;	  /* ATTACH: found in memory at start */
 	_Atomic uint64_t n_faults, n_faults_cached, n_faults_zero, n_faults_vcpu;
 	_Atomic uint64_t n_lb_demand, n_lb_prefetch, n_lb_retries, n_bytes_read;
 	_Atomic uint64_t n_staged, n_staged_accessed;
@@ -312,28 +334,13 @@ static const struct rregion *region_of_mb(const struct halite_restore *r, uint64
 						offsetof(struct rregion, first_mb), mb)];
 }
 
-static const struct rregion *region_of_addr(const struct halite_restore *r, uint64_t addr)
-{
-	uint32_t lo = 0, hi = r->nregions;
-	const struct rregion *g;
-
-	while (hi - lo > 1) {
-		uint32_t mid = lo + (hi - lo) / 2;
-
-		if (r->regions[r->by_host[mid]].host <= addr)
-			lo = mid;
-		else
-			hi = mid;
-	}
-	g = &r->regions[r->by_host[lo]];
-	return addr >= g->host && addr - g->host < g->length ? g : NULL;
-}
-
-static uint64_t mb_host(const struct halite_restore *r, uint64_t mb)
+/* Memory block @mb as gmem sees it: its region's index and the offset in it. */
+static uint32_t mb_region(const struct halite_restore *r, uint64_t mb, uint64_t *off)
 {
 	const struct rregion *g = region_of_mb(r, mb);
 
-	return g->host + (mb - g->first_mb) * r->mb_size;
+	*off = (mb - g->first_mb) * r->mb_size;
+	return (uint32_t)(g - r->regions);
 }
 
 static bool is_vcpu(const struct halite_restore *r, uint32_t tid)
@@ -349,86 +356,71 @@ static bool claim(struct halite_restore *r, uint64_t mb, uint8_t from)
 	return atomic_compare_exchange_strong(&r->mb[mb], &from, MB_CLAIMED);
 }
 
-/* ---- userfaultfd ---- */
+/* ---- installs (halite/src/gmem.h) ---- */
 
-static int uffd_wake(struct halite_restore *r, uint64_t start, uint64_t len)
+/*
+ * Fill memory block @mb with a copy of @src, or with zeros (@src NULL), and
+ * wake its faults. Page by page where it must be (gmem.h): a page already
+ * there is left as it is, a page the guest discarded is left to read zeros
+ * (@flags HALITE_GMEM_ZERO_GONE fills it with them: a fault waits on it).
+ * 0 or -errno.
+ */
+static int mb_fill(struct halite_restore *r, uint64_t mb, const uint8_t *src, unsigned flags)
 {
-	struct uffdio_range rg = { start, len };
+	uint64_t off;
+	uint32_t ri = mb_region(r, mb, &off);
 
-	if (!ioctl(r->uffd, UFFDIO_WAKE, &rg) || errno == ENOENT)
-		return 0;
-	return -errno;
+	return halite_gmem_fill(r->gm, ri, off, halite_reader_mb_bytes(r->rd, mb), src,
+				src ? HALITE_GMEM_COPY : HALITE_GMEM_ZERO, flags);
+}
+
+static int mb_wake(struct halite_restore *r, uint64_t mb)
+{
+	uint64_t off;
+	uint32_t ri = mb_region(r, mb, &off);
+
+	return halite_gmem_wake(r->gm, ri, off, halite_reader_mb_bytes(r->rd, mb));
+}
+
+/* What a failed install says about itself. */
+static int install_failed(struct halite_restore *r, int ret, uint64_t mb, const char *how)
+{
+	uint64_t off;
+	uint32_t ri = mb_region(r, mb, &off);
+
+	if (ret == -ESRCH)
+		return rfail(r, ret, "memory block %llu: %s (the process that owns the memory is "
+			     "gone)", ULL(mb), how);
+	if (ret == -ENOENT)
+		return rfail(r, ret, "memory block %llu: %s: region '%s' at offset %llu is no "
+			     "longer mapped, and no event said the guest unmapped it", ULL(mb), how,
+			     r->regions[ri].name, ULL(off));
+	return rfail(r, ret, "memory block %llu: %s", ULL(mb), how);
 }
 
 /*
- * Fill [dst, dst + len) with a copy of @src, or with zeros (@src NULL), and
- * wake its faults. EEXIST (a page already there: a raced install, or memory
- * populated behind our back) skips that one page and goes on, so that a
- * block is never left half missing; the kernel then has not woken the
- * range, so it is woken here. EAGAIN (the mm changed under the copy, or a
- * partial copy) retries the rest; ENOENT (the range is no longer registered,
- * which woke its waiters) ends it. 0 or -errno.
+ * A fault on page @off of region @ri of an installed block: see the wake
+ * rules at the top.
  */
-static int uffd_fill(struct halite_restore *r, uint64_t dst, const uint8_t *src, uint64_t len)
+static int wake_installed(struct halite_restore *r, uint32_t ri, uint64_t off, bool write)
 {
-	uint64_t done = 0;
-	bool skipped = false;
-
-	while (done < len) {
-		int64_t n;
-		int ret;
-
-		if (src) {
-			struct uffdio_copy c = { .dst = dst + done, .src = (uintptr_t)(src + done),
-						 .len = len - done, .mode = 0 };
-
-			ret = ioctl(r->uffd, UFFDIO_COPY, &c);
-			n = c.copy;
-		} else {
-			struct uffdio_zeropage z = { .range = { dst + done, len - done }, .mode = 0 };
-
-			ret = ioctl(r->uffd, UFFDIO_ZEROPAGE, &z);
-			n = z.zeropage;
-		}
-		if (!ret)
-			break;
-		ret = errno;
-		if (n > 0)
-			done += (uint64_t)n;
-		if (ret == EAGAIN) {
-			if (n <= 0)
-				sched_yield();
-		} else if (ret == EEXIST) {
-			done += r->page;
-			skipped = true;
-		} else if (ret == ENOENT) {
-			return 0;
-		} else {
-			return -ret;
-		}
-	}
-	return skipped ? uffd_wake(r, dst, len) : 0;
+	return halite_gmem_fill(r->gm, ri, off, r->page, NULL, HALITE_GMEM_ZERO,
+				HALITE_GMEM_ZERO_GONE | (write ? HALITE_GMEM_WRITE : 0));
 }
 
-/* A fault on an installed block: see the wake rules at the top. */
-static int wake_installed(struct halite_restore *r, uint64_t addr)
-{
-	return uffd_fill(r, addr, NULL, r->page);
-}
-
-/* Decode verified block @mb from @lb_buf into @tmp and install it. 0 or -errno. */
+/*
+ * Decode verified block @mb from @lb_buf into @tmp and install it (@flags:
+ * mb_fill()). 0 or -errno.
+ */
 static int install_from_lb(struct halite_restore *r, uint64_t mb, const uint8_t *lb_buf,
-			   uint8_t *tmp)
+			   uint8_t *tmp, unsigned flags)
 {
 	int ret = halite_reader_decode_mb(r->rd, mb, lb_buf, tmp);
 
 	if (ret)
 		return rfail(r, ret, "memory block %llu does not decode", ULL(mb));
-	ret = uffd_fill(r, mb_host(r, mb), tmp, halite_reader_mb_bytes(r->rd, mb));
-	if (ret)
-		return rfail(r, ret, "memory block %llu: UFFDIO_COPY%s", ULL(mb),
-			     ret == -ESRCH ? " (the process that owns the memory is gone)" : "");
-	return 0;
+	ret = mb_fill(r, mb, tmp, flags);
+	return ret ? install_failed(r, ret, mb, "UFFDIO_COPY") : 0;
 }
 
 /* Counted before the state says so: whoever sees MB_INSTALLED sees the count (finish). */
@@ -472,20 +464,19 @@ static uint32_t member_index(const struct halite_restore *r, uint64_t lb, uint64
 	return lo;
 }
 
-/* Install a block claimed from STAGED, from its LB's stage. */
-static int install_staged(struct halite_restore *r, uint64_t lb, uint64_t mb)
+/* Install a block claimed from STAGED, from its LB's stage (@flags: mb_fill()). */
+static int install_staged(struct halite_restore *r, uint64_t lb, uint64_t mb, unsigned flags)
 {
 	const uint8_t *src = r->lbs[lb].stage + (size_t)member_index(r, lb, mb) * r->mb_size;
-	int ret = uffd_fill(r, mb_host(r, mb), src, halite_reader_mb_bytes(r->rd, mb));
+	int ret = mb_fill(r, mb, src, flags);
 
-	if (ret)
-		return rfail(r, ret, "memory block %llu: UFFDIO_COPY from the stage", ULL(mb));
-	return 0;
+	return ret ? install_failed(r, ret, mb, "UFFDIO_COPY from the stage") : 0;
 }
 
 /* ---- LB lifetime ---- */
 
 static void finish(struct halite_restore *r);
+static void allow_discards(struct halite_restore *r);
 
 static void finish_task(void *arg)
 {
@@ -574,7 +565,7 @@ static void install_lb(struct itask *t)
 		}
 		if (!claim(r, mb, MB_NONE))
 			continue;
-		ret = install_from_lb(r, mb, t->buf, tmp);
+		ret = install_from_lb(r, mb, t->buf, tmp, 0);
 		if (!ret)
 			installed(r, mb, by);
 	}
@@ -634,7 +625,7 @@ static void lb_landed(struct halite_restore *r, uint64_t lb, uint8_t *buf, int h
 		fifo = w->next;
 		if (!ret) {
 			if (claim(r, w->mb, MB_NONE)) {
-				ret = install_from_lb(r, w->mb, buf, tmp);
+				ret = install_from_lb(r, w->mb, buf, tmp, HALITE_GMEM_ZERO_GONE);
 				if (!ret) {
 					installed(r, w->mb, BY_FAULT);
 					fault_served(r, w->t0);
@@ -643,7 +634,7 @@ static void lb_landed(struct halite_restore *r, uint64_t lb, uint8_t *buf, int h
 				}
 			} else {
 				/* Two threads faulted on one block: installed just above. */
-				ret = uffd_wake(r, mb_host(r, w->mb), r->mb_size);
+				ret = mb_wake(r, w->mb);
 				if (ret)
 					ret = rfail(r, ret, "memory block %llu: UFFDIO_WAKE",
 						    ULL(w->mb));
@@ -851,24 +842,32 @@ static void *reader_main(void *arg)
 
 /* ---- fault thread ---- */
 
-static void serve_zero(struct halite_restore *r, uint64_t mb, uint64_t addr, bool write,
-		       uint64_t t0)
+/* Where a fault is: its page (region index, offset), whether a write, when read. */
+struct fault {
+	uint32_t ri;
+	uint64_t off;
+	bool write;
+	uint64_t t0;
+};
+
+static void serve_zero(struct halite_restore *r, uint64_t mb, const struct fault *f)
 {
+	uint64_t t0 = f->t0;
 	int ret;
 
 	atomic_fetch_add(&r->n_faults_zero, 1);
 	/* Only this thread installs zero blocks: the claim cannot be contended. */
 	if (claim(r, mb, MB_NONE)) {
 		/* A write would copy-on-write the zero page at once: give it its own. */
-		ret = uffd_fill(r, mb_host(r, mb), write ? r->zeros : NULL,
-				halite_reader_mb_bytes(r->rd, mb));
+		ret = mb_fill(r, mb, NULL, HALITE_GMEM_ZERO_GONE |
+			      (f->write ? HALITE_GMEM_WRITE : 0));
 		if (ret) {
-			set_failed(r, rfail(r, ret, "memory block %llu: UFFDIO_ZEROPAGE", ULL(mb)));
+			set_failed(r, install_failed(r, ret, mb, "UFFDIO_ZEROPAGE"));
 			return;
 		}
 		atomic_store(&r->mb[mb], MB_INSTALLED);
 	} else {
-		ret = wake_installed(r, addr);
+		ret = wake_installed(r, f->ri, f->off, f->write);
 		if (ret) {
 			set_failed(r, rfail(r, ret, "memory block %llu: waking a fault", ULL(mb)));
 			return;
@@ -915,10 +914,11 @@ static bool read_cached(struct halite_restore *r, uint64_t lb)
 	return true;
 }
 
-static void serve_stored(struct halite_restore *r, uint64_t mb, uint64_t lb, uint64_t addr,
-			 uint64_t t0)
+static void serve_stored(struct halite_restore *r, uint64_t mb, uint64_t lb,
+			 const struct fault *f)
 {
 	struct rlb *b = &r->lbs[lb];
+	uint64_t t0 = f->t0;
 
 	for (;;) {
 		uint8_t s = atomic_load(&r->mb[mb]);
@@ -935,7 +935,7 @@ static void serve_stored(struct halite_restore *r, uint64_t mb, uint64_t lb, uin
 		}
 		if (s == MB_INSTALLED) {
 			atomic_fetch_add(&r->n_faults_cached, 1);
-			ret = wake_installed(r, addr);
+			ret = wake_installed(r, f->ri, f->off, f->write);
 			if (ret)
 				set_failed(r, rfail(r, ret, "memory block %llu: waking a fault",
 						    ULL(mb)));
@@ -946,7 +946,7 @@ static void serve_stored(struct halite_restore *r, uint64_t mb, uint64_t lb, uin
 		if (s == MB_STAGED) {
 			if (!claim(r, mb, MB_STAGED))
 				continue;
-			ret = install_staged(r, lb, mb);
+			ret = install_staged(r, lb, mb, HALITE_GMEM_ZERO_GONE);
 			if (ret) {
 				set_failed(r, ret);
 				return;
@@ -1003,7 +1003,7 @@ static void serve_stored(struct halite_restore *r, uint64_t mb, uint64_t lb, uin
 				lb_release(r, lb);
 				continue; /* the pool took it meanwhile */
 			}
-			ret = install_from_lb(r, mb, buf, r->fault_tmp);
+			ret = install_from_lb(r, mb, buf, r->fault_tmp, HALITE_GMEM_ZERO_GONE);
 			if (!ret) {
 				installed(r, mb, BY_FAULT);
 				atomic_fetch_add(&r->n_faults_cached, 1);
@@ -1036,15 +1036,20 @@ static void serve_stored(struct halite_restore *r, uint64_t mb, uint64_t lb, uin
 static void serve_fault(struct halite_restore *r, const struct uffd_msg *m, uint64_t t0)
 {
 	uint64_t addr = m->arg.pagefault.address & ~(r->page - 1);
-	const struct rregion *g = region_of_addr(r, addr);
+	struct fault f = { .write = m->arg.pagefault.flags & UFFD_PAGEFAULT_FLAG_WRITE, .t0 = t0 };
 	struct halite_mb_loc loc;
 	uint64_t mb;
+	int ret;
 
-	if (!g) {
-		set_failed(r, rfail(r, -EFAULT, "fault at 0x%llx outside every region", ULL(addr)));
+	if (!halite_gmem_lookup(r->gm, addr, &f.ri, &f.off)) {
+		/* Left behind by a move, or read before it: what the mapping holds. */
+		ret = halite_gmem_serve_stray(r->gm, m);
+		if (ret)
+			set_failed(r, rfail(r, ret, "fault at 0x%llx outside guest memory",
+					    ULL(addr)));
 		return;
 	}
-	mb = g->first_mb + (addr - g->host) / r->mb_size;
+	mb = r->regions[f.ri].first_mb + f.off / r->mb_size;
 	/*
 	 * Read before the ranges were unregistered at the end, whose
 	 * unregistering woke the thread: nothing to serve or count.
@@ -1054,7 +1059,7 @@ static void serve_fault(struct halite_restore *r, const struct uffd_msg *m, uint
 	if (atomic_load(&r->failed)) {
 		/* Install nothing more; only a raced fault on good bytes is woken. */
 		if (atomic_load(&r->mb[mb]) == MB_INSTALLED)
-			uffd_wake(r, addr, r->page);
+			halite_gmem_wake(r->gm, f.ri, f.off, r->page);
 		return;
 	}
 	atomic_store(&r->last_fault_ns, t0);
@@ -1063,9 +1068,9 @@ static void serve_fault(struct halite_restore *r, const struct uffd_msg *m, uint
 		atomic_fetch_add(&r->n_faults_vcpu, 1);
 	halite_reader_mb_lookup(r->rd, mb, &loc);
 	if (loc.state != HALITE_MB_STORED)
-		serve_zero(r, mb, addr, m->arg.pagefault.flags & UFFD_PAGEFAULT_FLAG_WRITE, t0);
+		serve_zero(r, mb, &f);
 	else
-		serve_stored(r, mb, loc.lb, addr, t0);
+		serve_stored(r, mb, loc.lb, &f);
 }
 
 static void *fault_main(void *arg)
@@ -1080,11 +1085,13 @@ static void *fault_main(void *arg)
 	 * install is still woken).
 	 */
 	for (;;) {
-		struct pollfd p[2] = { { r->uffd, POLLIN, 0 }, { r->stop_fd, POLLIN, 0 } };
+		/* Faults other threads read (gmem.h) come through the third descriptor. */
+		struct pollfd p[3] = { { r->uffd, POLLIN, 0 }, { r->stop_fd, POLLIN, 0 },
+				       { halite_gmem_fault_fd(r->gm), POLLIN, 0 } };
 		uint64_t t0;
-		ssize_t n;
+		int n;
 
-		if (poll(p, 2, -1) < 0 && errno != EINTR)
+		if (poll(p, 3, -1) < 0 && errno != EINTR)
 			break;
 		if (p[1].revents) {
 			eventfd_t v;
@@ -1092,19 +1099,16 @@ static void *fault_main(void *arg)
 			eventfd_read(r->stop_fd, &v);
 			break;
 		}
-		if (!(p[0].revents & POLLIN))
+		if (!(p[0].revents & POLLIN) && !(p[2].revents & POLLIN))
 			continue;
-		n = read(r->uffd, msgs, sizeof(msgs));
+		n = halite_gmem_take_faults(r->gm, msgs, FAULT_BATCH);
 		if (n < 0) {
-			if (errno == EAGAIN || errno == EINTR)
-				continue;
-			set_failed(r, rfail(r, -errno, "reading the userfaultfd"));
+			set_failed(r, rfail(r, n, "reading the userfaultfd"));
 			break;
 		}
 		t0 = halite_now_ns();
-		for (ssize_t i = 0; i < n / (ssize_t)sizeof(msgs[0]); i++)
-			if (msgs[i].event == UFFD_EVENT_PAGEFAULT)
-				serve_fault(r, &msgs[i], t0);
+		for (int i = 0; i < n; i++)
+			serve_fault(r, &msgs[i], t0);
 	}
 	return NULL;
 }
@@ -1306,6 +1310,14 @@ static void fill_stats(struct halite_restore *r, struct halite_restore_stats *st
 	st->mb_pool = atomic_load(&r->n_mb[BY_POOL]);
 	st->mb_prefetch = atomic_load(&r->n_mb[BY_PREFETCH]);
 	st->mb_zero = r->mb_zero;
+	st->mb_present = r->n_mb_present;
+	if (r->gm) {
+		struct halite_gmem_stats gs;
+
+		halite_gmem_stats(r->gm, &gs);
+		st->pages_discarded = gs.pages_discarded;
+		st->pages_unmapped = gs.pages_unmapped;
+	}
 	st->faults = atomic_load(&r->n_faults);
 	st->faults_cached = atomic_load(&r->n_faults_cached);
 	st->faults_zero = atomic_load(&r->n_faults_zero);
@@ -1467,7 +1479,7 @@ static void finish(struct halite_restore *r)
 					sched_yield();
 				continue;
 			}
-			ret = install_staged(r, lb, mbs[i]);
+			ret = install_staged(r, lb, mbs[i], 0);
 			if (!ret)
 				installed(r, mbs[i], BY_POOL);
 		}
@@ -1479,20 +1491,17 @@ static void finish(struct halite_restore *r)
 	if (atomic_load(&r->failed))
 		return;
 	atomic_store(&r->ended, true);
-	/* Unregistering wakes every waiter; holes then read as zeros. */
-	for (uint32_t i = 0; i < r->nregions; i++) {
-		struct rregion *g = &r->regions[i];
-		struct uffdio_range rg = { g->host, g->length };
-
-		if (!g->registered)
-			continue;
-		if (ioctl(r->uffd, UFFDIO_UNREGISTER, &rg))
-			halite_logf(&r->log, HALITE_LOG_WARN, "region '%s': UFFDIO_UNREGISTER: %s",
-				    g->name, strerror(errno));
-		else
-			g->registered = false;
-		uffd_wake(r, g->host, g->length);
-	}
+	/*
+	 * Unregistering (where the memory is now, moves included) wakes every
+	 * waiter; holes then read as zeros. Every block is in: the guest may
+	 * discard what it likes again.
+	 */
+	ret = halite_gmem_unregister(r->gm);
+	if (ret)
+		halite_logf(&r->log, HALITE_LOG_WARN, "UFFDIO_UNREGISTER: %s", strerror(-ret));
+	for (uint32_t i = 0; i < r->nregions; i++)
+		r->regions[i].registered = false;
+	allow_discards(r);
 	end_restore(r, 0);
 }
 
@@ -1542,8 +1551,20 @@ static int match_regions(struct halite_restore *r, const struct halite_restore_r
 		if (in->kind != HALITE_MEM_ANON && in->kind != HALITE_MEM_SHARED)
 			return rfail(r, -EINVAL, "region '%s': unknown memory kind %d", in->name,
 				     in->kind);
-		if (in->kind == HALITE_MEM_SHARED)
+		if (in->kind == HALITE_MEM_SHARED) {
+			struct stat st;
+
 			r->has_shared = true;
+			if (fstat(in->fd, &st) || !S_ISREG(st.st_mode) ||
+			    (uint64_t)st.st_size < in->fd_offset + in->length)
+				return rfail(r, -EINVAL, "region '%s': fd %d is not the file of shared "
+					     "memory holding %llu bytes at offset %llu", in->name,
+					     in->fd, ULL(in->length), ULL(in->fd_offset));
+			g->fd = fcntl(in->fd, F_DUPFD_CLOEXEC, 0);
+			if (g->fd < 0)
+				return rfail(r, -errno, "region '%s': fd %d", in->name, in->fd);
+			g->fd_off = in->fd_offset;
+		}
 	}
 	for (uint32_t i = 0; i < nregions; i++)
 		r->by_host[i] = i;
@@ -1709,19 +1730,19 @@ HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *pa
 		goto err;
 	}
 	r->nregions = r->fi->region_count;
+	for (uint32_t i = 0; i < r->nregions; i++)
+		r->regions[i].fd = -1;
 	ret = match_regions(r, regions, nregions);
 	if (ret)
 		goto err;
 	r->mb = calloc(r->mb_total ? r->mb_total : 1, 1);
 	r->lbs = calloc(r->lb_total ? r->lb_total : 1, sizeof(*r->lbs));
 	r->fault_tmp = halite_io_alloc(r->mb_size);
-	r->zeros = halite_io_alloc(r->mb_size);
 	r->rd_thr = calloc(r->o.demand_readers, sizeof(*r->rd_thr));
-	if (!r->mb || !r->lbs || !r->fault_tmp || !r->zeros || !r->rd_thr) {
+	if (!r->mb || !r->lbs || !r->fault_tmp || !r->rd_thr) {
 		ret = -ENOMEM;
 		goto err;
 	}
-	memset(r->zeros, 0, r->mb_size);
 	ret = ra_build(r);
 	if (ret)
 		goto err;
@@ -1773,16 +1794,32 @@ HALITE_EXPORT struct halite_reader *halite_restore_reader(struct halite_restore 
 
 /*
  * Memory already populated would never fault, and would keep whatever it
- * holds instead of the snapshot: refused. mincore() sees pages mapped in this
- * process (the zero page of a read included) and, for shared memory, pages in
- * the page cache; an anonymous page swapped out is not seen.
+ * holds instead of the snapshot: refused. Shared memory: data anywhere in
+ * the file range (the page cache, or swap: SEEK_DATA counts both). This
+ * process's anonymous memory: mincore() sees pages mapped here (the zero
+ * page of a read included); a page swapped out is not seen. Another
+ * process's anonymous memory is the caller's to guarantee.
  */
 static int check_unpopulated(struct halite_restore *r, const struct rregion *g)
 {
 	size_t vlen = MINCORE_CHUNK_PAGES;
-	unsigned char *vec = malloc(vlen);
+	unsigned char *vec;
 	int ret = 0;
 
+	if (g->kind == HALITE_MEM_SHARED) {
+		off_t d = lseek(g->fd, (off_t)g->fd_off, SEEK_DATA);
+
+		if (d < 0 && errno != ENXIO)
+			return rfail(r, -errno, "region '%s': SEEK_DATA in its file", g->name);
+		if (d >= 0 && (uint64_t)d < g->fd_off + g->length)
+			return rfail(r, -EEXIST, "region '%s': its file already holds data at "
+				     "offset %llu of the region; a restore needs an empty range (punch "
+				     "a hole first)", g->name, ULL((uint64_t)d - g->fd_off));
+		return 0;
+	}
+	if (r->external)
+		return 0;
+	vec = malloc(vlen);
 	if (!vec)
 		return -ENOMEM;
 	for (uint64_t off = 0; off < g->length && !ret; off += vlen * r->page) {
@@ -1806,9 +1843,37 @@ static int check_unpopulated(struct halite_restore *r, const struct rregion *g)
 	return ret;
 }
 
+/*
+ * The features a descriptor's UFFDIO_API gave it, from /proc/self/fdinfo
+ * ("API:\t<api>:<features>:<ioctls>"); bit 31 is the kernel's own mark of a
+ * handshake done. 0, or -errno.
+ */
+static int uffd_features(int fd, uint64_t *features)
+{
+	char path[64], line[256];
+	unsigned long long api, feat;
+	FILE *f;
+	int ret = -EPROTO;
+
+	snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", fd);
+	f = fopen(path, "re");
+	if (!f)
+		return -errno;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "API: %llx:%llx", &api, &feat) == 2) {
+			*features = feat;
+			ret = 0;
+			break;
+		}
+	fclose(f);
+	return ret;
+}
+
+#define UFFD_FEATURE_INITIALIZED_ (1ull << 31) /* fs/userfaultfd.c, not in the uapi */
+
 static int open_uffd(struct halite_restore *r)
 {
-	uint64_t want = UFFD_FEATURE_THREAD_ID, missing = 0;
+	uint64_t want = UFFD_FEATURE_THREAD_ID | HALITE_GMEM_EVENTS, missing = 0, have = 0;
 	char names[128];
 	int ret;
 
@@ -1826,10 +1891,17 @@ static int open_uffd(struct halite_restore *r)
 		r->uffd = fcntl(r->o.owner_uffd, F_DUPFD_CLOEXEC, 0);
 		if (r->uffd < 0)
 			return rfail(r, -errno, "owner_uffd %d", r->o.owner_uffd);
-		ret = halite_uffd_api(r->uffd, want, &missing);
-		/* The handshake may only be done once, and is ours to do. */
-		if (ret == -EINVAL)
-			ret = -HALITE_E_STATE;
+		if ((r->o.flags & HALITE_RESTORE_ATTACH) && !uffd_features(r->uffd, &have) &&
+		    (have & UFFD_FEATURE_INITIALIZED_)) {
+			/* The dead handler's handshake stands; it must have asked for ours. */
+			missing = want & ~have;
+			ret = missing ? -HALITE_E_UNSUPPORTED : 0;
+		} else {
+			ret = halite_uffd_api(r->uffd, want, &missing);
+			/* The handshake may only be done once, and is ours to do. */
+			if (ret == -EINVAL)
+				ret = -HALITE_E_STATE;
+		}
 	}
 	if (ret)
 		return rfail(r, ret, "userfaultfd%s%s", missing ? " lacks " : "",
@@ -1845,9 +1917,15 @@ static int register_region(struct halite_restore *r, struct rregion *g)
 	};
 	uint64_t need = 1ull << _UFFDIO_COPY | 1ull << _UFFDIO_ZEROPAGE | 1ull << _UFFDIO_WAKE;
 
-	if (ioctl(r->uffd, UFFDIO_REGISTER, &reg))
+	/* Registering again with the same descriptor (ATTACH) is allowed. */
+	if (ioctl(r->uffd, UFFDIO_REGISTER, &reg)) {
+		if (errno == EBUSY)
+			return rfail(r, -EBUSY, "region '%s' is already registered with another "
+				     "userfaultfd: a save or restore of this memory is running",
+				     g->name);
 		return rfail(r, -errno, "region '%s': UFFDIO_REGISTER MISSING (private anonymous "
 			     "or shared memfd/tmpfs memory?)", g->name);
+	}
 	g->registered = true;
 	if ((reg.ioctls & need) != need)
 		return rfail(r, -HALITE_E_UNSUPPORTED, "region '%s': no UFFDIO_COPY and "
@@ -1864,6 +1942,168 @@ static void unregister_all(struct halite_restore *r)
 		if (g->registered && !ioctl(r->uffd, UFFDIO_UNREGISTER, &rg))
 			g->registered = false;
 	}
+}
+
+/* Shared regions' files refuse hole punches while the restore needs them (discard.h). */
+static void refuse_discards(struct halite_restore *r)
+{
+	for (uint32_t i = 0; i < r->nregions; i++) {
+		struct rregion *g = &r->regions[i];
+		int ret;
+
+		if (g->kind != HALITE_MEM_SHARED)
+			continue;
+		ret = halite_discard_refuse(g->fd, &g->discards_refused);
+		if (ret)
+			halite_logf(&r->log, HALITE_LOG_WARN, "region '%s': its file cannot refuse "
+				    "hole punches (%s): a discard (balloon, virtio-mem) of a page "
+				    "not yet restored would be filled again by the restore", g->name,
+				    strerror(-ret));
+	}
+}
+
+static void allow_discards(struct halite_restore *r)
+{
+	for (uint32_t i = 0; i < r->nregions; i++) {
+		struct rregion *g = &r->regions[i];
+		int ret;
+
+		if (!g->discards_refused)
+			continue;
+		g->discards_refused = false;
+		ret = halite_discard_allow(g->fd);
+		if (ret)
+			halite_logf(&r->log, HALITE_LOG_WARN, "region '%s': its file still refuses "
+				    "hole punches (%s): chattr -a it", g->name, strerror(-ret));
+	}
+}
+
+/*
+ * ATTACH: which pages are in already, one bit per page of @g into @bits.
+ * Shared memory: what its file holds. Private memory: what the owner's page
+ * tables or swap hold (/proc/PID/pagemap).
+ */
+#define PM_PRESENT (1ull << 63)
+#define PM_SWAPPED (1ull << 62)
+
+static int present_pages(struct halite_restore *r, const struct rregion *g, uint64_t *bits)
+{
+	uint64_t npages = g->length / r->page;
+	char path[64];
+	int fd, ret = 0;
+
+	if (g->kind == HALITE_MEM_SHARED) {
+		off_t end = (off_t)(g->fd_off + g->length), d = (off_t)g->fd_off, h;
+
+		while (d < end) {
+			d = lseek(g->fd, d, SEEK_DATA);
+			if (d < 0)
+				return errno == ENXIO ? 0 : -errno;
+			if (d >= end)
+				break;
+			h = lseek(g->fd, d, SEEK_HOLE);
+			if (h < 0)
+				return -errno;
+			for (uint64_t p = ((uint64_t)d - g->fd_off) / r->page;
+			     p < npages && p * r->page + g->fd_off < (uint64_t)h; p++)
+				bits[p / 64] |= 1ull << (p % 64);
+			d = h;
+		}
+		return 0;
+	}
+	snprintf(path, sizeof(path), "/proc/%d/pagemap", r->external ? (int)r->o.owner_pid :
+		 (int)getpid());
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	for (uint64_t p = 0; p < npages && !ret;) {
+		uint64_t e[512];
+		uint64_t n = HALITE_MIN(npages - p, (uint64_t)HALITE_ARRAY_SIZE(e));
+		ssize_t got = pread(fd, e, n * sizeof(e[0]),
+				    (off_t)((g->host / r->page + p) * sizeof(e[0])));
+
+		if (got != (ssize_t)(n * sizeof(e[0]))) {
+			ret = got < 0 ? -errno : -EIO;
+			break;
+		}
+		for (uint64_t i = 0; i < n; i++, p++)
+			if (e[i] & (PM_PRESENT | PM_SWAPPED))
+				bits[p / 64] |= 1ull << (p % 64);
+	}
+	close(fd);
+	return ret;
+}
+
+/*
+ * ATTACH: a stored block all of whose pages are in is installed (mb_present);
+ * an LB all of whose blocks are is done. A block partly in is installed
+ * again later, page by page: the pages there are kept (EEXIST), whatever
+ * the guest wrote to them since.
+ */
+static int attach_scan(struct halite_restore *r)
+{
+	uint32_t ppm = r->mb_size / (uint32_t)r->page;
+
+	for (uint32_t i = 0; i < r->nregions; i++) {
+		const struct rregion *g = &r->regions[i];
+		uint64_t *bits = calloc((g->length / r->page + 63) / 64 + 1, sizeof(*bits));
+		int ret;
+
+		if (!bits)
+			return -ENOMEM;
+		ret = present_pages(r, g, bits);
+		if (ret) {
+			free(bits);
+			return rfail(r, ret, "region '%s': which pages are in already", g->name);
+		}
+		for (uint64_t k = 0; k < g->nmb; k++) {
+			uint64_t mb = g->first_mb + k, p0 = k * ppm;
+			struct halite_mb_loc loc;
+			bool all = true;
+
+			halite_reader_mb_lookup(r->rd, mb, &loc);
+			if (loc.state != HALITE_MB_STORED)
+				continue;
+			for (uint64_t p = p0; p < p0 + ppm && all; p++)
+				all = (bits[p / 64] >> (p % 64)) & 1;
+			if (all) {
+				atomic_store(&r->mb[mb], MB_INSTALLED);
+				r->n_mb_present++;
+			}
+		}
+		free(bits);
+	}
+	for (uint64_t lb = 0; lb < r->lb_total; lb++) {
+		const uint64_t *mbs;
+		uint32_t n, k;
+
+		halite_reader_lb_members(r->rd, lb, &mbs, &n);
+		for (k = 0; k < n && atomic_load(&r->mb[mbs[k]]) == MB_INSTALLED; k++)
+			;
+		if (k == n) {
+			atomic_store(&r->lbs[lb].state, LB_DONE);
+			atomic_fetch_add(&r->lb_done, 1);
+		}
+	}
+	halite_logf(&r->log, HALITE_LOG_INFO, "attach: %llu memory blocks and %llu locality "
+		    "blocks already in", ULL(r->n_mb_present), ULL(atomic_load(&r->lb_done)));
+	return 0;
+}
+
+static int make_gmem(struct halite_restore *r)
+{
+	struct halite_gmem_region *gr = calloc(r->nregions, sizeof(*gr));
+	int ret;
+
+	if (!gr)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < r->nregions; i++)
+		gr[i] = (struct halite_gmem_region){ r->regions[i].host, r->regions[i].length,
+						     (uint32_t)r->page,
+						     r->regions[i].kind == HALITE_MEM_SHARED };
+	ret = halite_gmem_create(&r->gm, r->uffd, gr, r->nregions);
+	free(gr);
+	return ret ? rfail(r, ret, "guest memory map") : 0;
 }
 
 /* Library threads take no signals meant for the application. */
@@ -1892,18 +2132,25 @@ static void stop_threads(struct halite_restore *r)
 	for (unsigned i = 0; i < r->readers_started; i++)
 		pthread_join(r->rd_thr[i], NULL);
 	r->readers_started = 0;
-	/* The readers and the prefetcher submit tasks; the tasks may submit finish. */
-	halite_pool_free(r->pool);
-	r->pool = NULL;
+	/*
+	 * The fault thread before the pool: it submits install tasks too (an
+	 * LB it read from the page cache), and a task submitted to a freed
+	 * pool is a crash. Pool tasks need no fault thread: an install that
+	 * finds an event pending reads it itself (gmem.h).
+	 */
 	if (r->fault_started) {
 		eventfd_write(r->stop_fd, 1);
 		pthread_join(r->fault_thr, NULL);
 	}
 	r->fault_started = false;
+	/* The tasks may submit finish; the pool runs those too before it goes. */
+	halite_pool_free(r->pool);
+	r->pool = NULL;
 }
 
 HALITE_EXPORT int halite_restore_start(struct halite_restore *r)
 {
+	bool attach;
 	int ret;
 
 	pthread_mutex_lock(&r->st_lock);
@@ -1912,14 +2159,18 @@ HALITE_EXPORT int halite_restore_start(struct halite_restore *r)
 	pthread_mutex_unlock(&r->st_lock);
 	if (ret)
 		return ret;
+	attach = r->o.flags & HALITE_RESTORE_ATTACH;
 	ret = open_uffd(r);
-	for (uint32_t i = 0; i < r->nregions && !ret && !r->external; i++)
+	for (uint32_t i = 0; i < r->nregions && !ret && !attach; i++)
 		ret = check_unpopulated(r, &r->regions[i]);
-	if (r->external && !ret)
-		halite_logf(&r->log, HALITE_LOG_DEBUG, "process %d: its regions must be unpopulated "
-			    "(not checked)", (int)r->o.owner_pid);
 	for (uint32_t i = 0; i < r->nregions && !ret; i++)
 		ret = register_region(r, &r->regions[i]);
+	if (!ret)
+		ret = make_gmem(r);
+	if (!ret && attach)
+		ret = attach_scan(r);
+	if (!ret)
+		refuse_discards(r);
 	if (!ret) {
 		r->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 		if (r->stop_fd < 0)
@@ -1963,12 +2214,26 @@ HALITE_EXPORT int halite_restore_start(struct halite_restore *r)
 	halite_logf(&r->log, HALITE_LOG_INFO,
 		    "restoring %s: %llu memory blocks, %llu locality blocks, ready in %.2f ms",
 		    r->path, ULL(r->mb_total), ULL(r->lb_total), (double)r->ready_ns / 1e6);
-	/* A file of zero and never-touched blocks only: nothing to read. */
-	if (!r->lb_total && halite_pool_submit(r->pool, finish_task, r))
+	/*
+	 * Taken over: the faults the dead handler had read are lost; woken,
+	 * their threads fault again, to us, or find their page in.
+	 */
+	for (uint32_t i = 0; i < r->nregions && attach; i++) {
+		ret = halite_gmem_wake(r->gm, i, 0, r->regions[i].length);
+		if (ret)
+			halite_logf(&r->log, HALITE_LOG_WARN, "region '%s': UFFDIO_WAKE: %s",
+				    r->regions[i].name, strerror(-ret));
+	}
+	/* Nothing to read: a file of zero and never-touched blocks, or all in already. */
+	if (atomic_load(&r->lb_done) == r->lb_total &&
+	    halite_pool_submit(r->pool, finish_task, r))
 		finish(r);
 	return 0;
 fail:
-	unregister_all(r);
+	allow_discards(r);
+	/* Taken over: the registration is the owner's, and its threads wait on it. */
+	if (!attach)
+		unregister_all(r);
 	pthread_mutex_lock(&r->st_lock);
 	r->state = S_FAILED;
 	r->error = ret;
@@ -2011,6 +2276,15 @@ HALITE_EXPORT void halite_restore_stats(struct halite_restore *r, struct halite_
 	fill_stats(r, st);
 }
 
+static void protect_none(void *ctx, uint32_t ri, uint64_t host, uint64_t len)
+{
+	struct halite_restore *r = ctx;
+
+	if (mprotect((void *)(uintptr_t)host, len, PROT_NONE))
+		halite_logf(&r->log, HALITE_LOG_ERROR, "region '%s': mprotect(PROT_NONE) after a "
+			    "failed restore: %s", r->regions[ri].name, strerror(errno));
+}
+
 HALITE_EXPORT void halite_restore_free(struct halite_restore *r)
 {
 	bool failed;
@@ -2037,15 +2311,13 @@ HALITE_EXPORT void halite_restore_free(struct halite_restore *r)
 		 * PROT_NONE first turns that into SIGSEGV. Another process's
 		 * memory stays registered with the owner's descriptor instead.
 		 */
-		for (uint32_t i = 0; failed && !r->external && i < r->nregions; i++) {
-			struct rregion *g = &r->regions[i];
-
-			if (g->registered &&
-			    mprotect((void *)(uintptr_t)g->host, g->length, PROT_NONE))
-				halite_logf(&r->log, HALITE_LOG_ERROR, "region '%s': mprotect("
-					    "PROT_NONE) after a failed restore: %s", g->name,
-					    strerror(errno));
-		}
+		for (uint32_t i = 0; failed && !r->external && i < r->nregions; i++)
+			if (r->regions[i].registered) {
+				/* Where the memory is now: moves included. */
+				halite_gmem_ranges(r->gm, protect_none, r);
+				break;
+			}
+		allow_discards(r);
 	}
 	halite_pool_free(r->pool);
 	for (uint64_t lb = 0; r->lbs && lb < r->lb_total; lb++) {
@@ -2060,6 +2332,7 @@ HALITE_EXPORT void halite_restore_free(struct halite_restore *r)
 		free(b->stage);
 	}
 	halite_io_close(r->pf_io);
+	halite_gmem_free(r->gm);
 	if (r->uffd >= 0)
 		close(r->uffd);
 	if (r->stop_fd >= 0)
@@ -2067,8 +2340,11 @@ HALITE_EXPORT void halite_restore_free(struct halite_restore *r)
 	if (r->fd >= 0)
 		close(r->fd);
 	halite_reader_free(r->rd);
-	for (uint32_t i = 0; r->regions && i < r->nregions; i++)
+	for (uint32_t i = 0; r->regions && i < r->nregions; i++) {
 		free(r->regions[i].name);
+		if (r->regions[i].fd >= 0)
+			close(r->regions[i].fd);
+	}
 	free(r->regions);
 	free(r->by_host);
 	free((void *)r->mb);
@@ -2077,7 +2353,6 @@ HALITE_EXPORT void halite_restore_free(struct halite_restore *r)
 	free(r->ra_next);
 	free(r->rd_thr);
 	halite_io_free(r->fault_tmp);
-	halite_io_free(r->zeros);
 	free((void *)r->o.vcpu_tids);
 	free((void *)r->o.trace_path);
 	free(r->path);

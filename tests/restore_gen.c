@@ -132,7 +132,7 @@ void rg_run_open(struct rg_run *run, const struct rg_snap *snap, const char *fil
 	if (run->mem == MAP_FAILED)
 		rg_die("mmap: %s", strerror(errno));
 	reg = (struct halite_restore_region){ "ram", (uintptr_t)run->mem, snap->len,
-					      HALITE_MEM_ANON };
+					      HALITE_MEM_ANON, -1, 0 };
 	run->tid = gettid();
 	o.flags = flags;
 	o.vcpu_tids = &run->tid;

@@ -509,6 +509,33 @@ static void sg_start_owner(struct sg *g, int *uffd)
 	}
 }
 
+/*
+ * Region @i for the engine; a shared one with a descriptor of its file that
+ * is valid here (the owner's, through /proc, when the owner is a child).
+ * regions_close() closes them once the engine has its own.
+ */
+static struct halite_restore_region sg_region(const struct sg *g, uint32_t i)
+{
+	struct halite_restore_region reg = { g->img->reg[i].name, g->host[i],
+					     g->img->reg[i].length, mode_kind(g->mode), -1, 0 };
+
+	if (reg.kind == HALITE_MEM_SHARED) {
+		char path[64];
+
+		snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)g->owner, g->memfd[i]);
+		reg.fd = open(path, O_RDWR | O_CLOEXEC);
+		assert_true(reg.fd >= 0);
+	}
+	return reg;
+}
+
+static void regions_close(struct halite_restore_region *reg, uint32_t n)
+{
+	for (uint32_t i = 0; i < n; i++)
+		if (reg[i].kind == HALITE_MEM_SHARED && reg[i].fd >= 0)
+			close(reg[i].fd);
+}
+
 /* Stop the vCPUs (and the child), unmap. */
 static void sg_destroy(struct sg *g)
 {
@@ -702,8 +729,7 @@ static void restore_sg(const char *path, const struct image *img, enum mode mode
 	snprintf(what, sizeof(what), "writer file, %s, options %u", mode_name[mode], vary % 4);
 	sg_start_owner(g, &uffd);
 	for (uint32_t i = 0; i < img->nreg; i++)
-		reg[i] = (struct halite_restore_region){ img->reg[i].name, g->host[i],
-							 img->reg[i].length, mode_kind(mode) };
+		reg[i] = sg_region(g, i);
 	throttled = vary_opts(&o, vary);
 	if (latency_us)
 		o.read_latency_us = latency_us;
@@ -721,6 +747,7 @@ static void restore_sg(const char *path, const struct image *img, enum mode mode
 		o.trace_path = trace;
 	}
 	assert_int_equal(halite_restore_open(&r, path, reg, img->nreg, &o), 0);
+	regions_close(reg, img->nreg);
 	if (devstate) {
 		const void *data;
 		uint64_t len;
@@ -1023,7 +1050,7 @@ static void restore_synth(const char *path, const uint8_t *snap, const struct sy
 		cr3[v] = vi.cr3;
 	}
 	reg = (struct halite_restore_region){ SYNTH_REGION_NAME, (uintptr_t)info.host_addr,
-					      info.mem_bytes, mode_kind(mode) };
+					      info.mem_bytes, mode_kind(mode), info.memfd, 0 };
 	throttled = vary_opts(&o, vary);
 	o.vcpu_tids = tids;
 	o.nvcpus = SYNTH_NV;
@@ -1125,6 +1152,7 @@ static void test_saved_synth_every_codec(void **state)
 struct mem {
 	uint32_t nreg;
 	uint64_t host[MAXREG], len[MAXREG];
+	int fd[MAXREG]; /* shared: the memfd; else -1 */
 	int kind;
 };
 
@@ -1137,13 +1165,14 @@ static int mem_map_try(struct mem *m, const struct image *img, int kind)
 		void *p;
 
 		m->len[r] = img->reg[r].length;
+		m->fd[r] = -1;
 		if (kind == HALITE_MEM_SHARED) {
 			int fd = memfd_create("guest", MFD_CLOEXEC);
 
 			if (fd < 0 || ftruncate(fd, (off_t)m->len[r]))
 				return -errno;
 			p = mmap(NULL, m->len[r], PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-			close(fd); /* the mapping keeps the file */
+			m->fd[r] = fd; /* the engine is given the file */
 		} else {
 			p = mmap(NULL, m->len[r], PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
 				 -1, 0);
@@ -1163,8 +1192,11 @@ static void mem_map(struct mem *m, const struct image *img, int kind)
 
 static void mem_unmap(struct mem *m)
 {
-	for (uint32_t r = 0; r < m->nreg; r++)
+	for (uint32_t r = 0; r < m->nreg; r++) {
 		munmap((void *)(uintptr_t)m->host[r], m->len[r]);
+		if (m->fd[r] >= 0)
+			close(m->fd[r]);
+	}
 }
 
 static void mem_regions(const struct mem *m, const struct image *img,
@@ -1172,7 +1204,7 @@ static void mem_regions(const struct mem *m, const struct image *img,
 {
 	for (uint32_t r = 0; r < m->nreg; r++)
 		reg[r] = (struct halite_restore_region){ img->reg[r].name, m->host[r], m->len[r],
-							 m->kind };
+							 m->kind, m->fd[r], 0 };
 }
 
 /* The file's view of memory blocks, and what the engine must have done so far. */
@@ -1761,7 +1793,7 @@ static void __attribute__((noreturn)) fail_child(const struct fail_plan *fp, str
 		_exit(3);
 	for (uint32_t i = 0; i < mem.nreg; i++)
 		reg[i] = (struct halite_restore_region){ fp->img->reg[i].name, mem.host[i], mem.len[i],
-							 fp->kind };
+							 fp->kind, mem.fd[i], 0 };
 	o.flags = HALITE_RESTORE_NO_PREFETCH | HALITE_RESTORE_NO_READAHEAD;
 	o.read_retries = fp->retries;
 	o.log = r_log_fn;
@@ -2031,7 +2063,7 @@ static void test_corrupt_lb_external(void **state)
 	sg_start_owner(g, &uffd);
 	for (uint32_t i = 0; i < img.nreg; i++)
 		reg[i] = (struct halite_restore_region){ img.reg[i].name, g->host[i],
-							 img.reg[i].length, HALITE_MEM_ANON };
+							 img.reg[i].length, HALITE_MEM_ANON, -1, 0 };
 	o.flags = HALITE_RESTORE_NO_PREFETCH | HALITE_RESTORE_NO_READAHEAD;
 	o.owner_pid = g->owner;
 	o.owner_uffd = uffd;
@@ -2119,12 +2151,12 @@ static void test_restorer_killed(void **state)
 
 			prctl(PR_SET_PDEATHSIG, SIGKILL);
 			for (uint32_t i = 0; i < img.nreg; i++)
-				reg[i] = (struct halite_restore_region){ img.reg[i].name, g->host[i],
-									 img.reg[i].length, kind };
+				reg[i] = sg_region(g, i);
 			o.flags = HALITE_RESTORE_NO_PREFETCH | HALITE_RESTORE_NO_READAHEAD;
 			o.owner_pid = g->owner;
 			o.owner_uffd = uffd;
 			res->ret = halite_restore_open(&r, path, reg, img.nreg, &o);
+			regions_close(reg, img.nreg);
 			if (!res->ret)
 				res->ret = halite_restore_start(r);
 			atomic_store(&res->started, 1);
@@ -2184,8 +2216,7 @@ static void test_clones(void **state)
 		HALITE_OPTS(halite_restore_opts, o);
 
 		for (uint32_t k = 0; k < img.nreg; k++)
-			reg[k] = (struct halite_restore_region){ img.reg[k].name, g[i]->host[k],
-								 img.reg[k].length, mode_kind(modes[i]) };
+			reg[k] = sg_region(g[i], k);
 		vary_opts(&o, (unsigned)i);
 		o.vcpu_tids = g[i]->tids;
 		o.nvcpus = g[i]->nv;
@@ -2197,6 +2228,7 @@ static void test_clones(void **state)
 			o.owner_uffd = uffd[i];
 		}
 		assert_int_equal(halite_restore_open(&r[i], path, reg, img.nreg, &o), 0);
+		regions_close(reg, img.nreg);
 	}
 	for (int i = 0; i < N; i++) {
 		assert_int_equal(halite_restore_start(r[i]), 0);

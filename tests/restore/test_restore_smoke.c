@@ -119,18 +119,19 @@ static void img_free(struct img *im)
 		free(im->src[i]);
 }
 
-/* Empty guest memory: private anonymous, or a memfd's when @shared. */
-static uint8_t *mem_map(size_t len, bool shared)
+/*
+ * Empty guest memory: private anonymous, or a memfd's when @fd (which gets
+ * the memfd, for the engine; the caller closes it).
+ */
+static uint8_t *mem_map(size_t len, int *fd)
 {
 	void *p;
 
-	if (shared) {
-		int fd = memfd_create("halite-restore-smoke", MFD_CLOEXEC);
-
-		assert_true(fd >= 0);
-		assert_int_equal(ftruncate(fd, (off_t)len), 0);
-		p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-		close(fd);
+	if (fd) {
+		*fd = memfd_create("halite-restore-smoke", MFD_CLOEXEC);
+		assert_true(*fd >= 0);
+		assert_int_equal(ftruncate(*fd, (off_t)len), 0);
+		p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
 	} else {
 		p = mmap(NULL, len, PROT_READ | PROT_WRITE,
 			 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -139,13 +140,14 @@ static uint8_t *mem_map(size_t len, bool shared)
 	return p;
 }
 
-static void regions(const struct img *im, uint8_t *const mem[NREG], bool shared,
+/* @fds: the memfds of shared memory, or NULL for anonymous memory. */
+static void regions(const struct img *im, uint8_t *const mem[NREG], const int *fds,
 		    struct halite_restore_region *reg)
 {
 	for (int i = 0; i < NREG; i++)
 		reg[i] = (struct halite_restore_region){
 			im->name[i], (uintptr_t)mem[i], im->len[i],
-			shared ? HALITE_MEM_SHARED : HALITE_MEM_ANON,
+			fds ? HALITE_MEM_SHARED : HALITE_MEM_ANON, fds ? fds[i] : -1, 0,
 		};
 }
 
@@ -258,17 +260,18 @@ static void run_prefetch(bool shared)
 	struct halite_restore_stats st;
 	struct toucher t[2] = { 0 };
 	pid_t tids[2];
+	int fds[NREG];
 	uint64_t seed = g_seed ^ 0x5bd1e995;
 
 	img_make(&im, shared ? "prefetch-shared.hlt" : "prefetch-anon.hlt");
 	for (int i = 0; i < NREG; i++)
-		mem[i] = mem_map(im.len[i], shared);
+		mem[i] = mem_map(im.len[i], shared ? &fds[i] : NULL);
 	for (int i = 0; i < 2; i++) {
 		all_pages_shuffled(&t[i], &im, mem, &seed);
 		toucher_start(&t[i]);
 		tids[i] = atomic_load(&t[i].tid);
 	}
-	regions(&im, mem, shared, reg);
+	regions(&im, mem, shared ? fds : NULL, reg);
 	o.vcpu_tids = tids;
 	o.nvcpus = 2;
 	o.prefetch_idle_us = 500;
@@ -302,6 +305,8 @@ static void run_prefetch(bool shared)
 	for (int i = 0; i < NREG; i++) {
 		assert_memory_equal(mem[i], im.src[i], im.len[i]);
 		munmap(mem[i], im.len[i]);
+		if (shared)
+			close(fds[i]);
 	}
 	halite_restore_free(r);
 	img_free(&im);
@@ -406,8 +411,8 @@ static void test_demand_exact(void **state)
 	img_make(&im, "demand.hlt");
 	snprintf(trace, sizeof(trace), "%s.trace", im.path);
 	for (int i = 0; i < NREG; i++)
-		mem[i] = mem_map(im.len[i], false);
-	regions(&im, mem, false, reg);
+		mem[i] = mem_map(im.len[i], NULL);
+	regions(&im, mem, NULL, reg);
 	/* One page of each LB, in file order: the first page of its first block. */
 	assert_int_equal(halite_reader_open(&rd, im.path, NULL), 0);
 	first = calloc(im.lb_total, sizeof(*first));
@@ -523,8 +528,8 @@ static void test_readahead(void **state)
 
 	img_make(&im, "readahead.hlt");
 	for (int i = 0; i < NREG; i++)
-		mem[i] = mem_map(im.len[i], false);
-	regions(&im, mem, false, reg);
+		mem[i] = mem_map(im.len[i], NULL);
+	regions(&im, mem, NULL, reg);
 	/* vCPU 1's stream, its first six LBs in order (file order is seq order). */
 	assert_int_equal(halite_reader_open(&rd, im.path, NULL), 0);
 	stream = HALITE_STREAM(HALITE_STREAM_VCPU, 1);
@@ -617,8 +622,8 @@ static void test_corrupt_lb(void **state)
 
 	img_make(&im, "corrupt.hlt");
 	for (int i = 0; i < NREG; i++)
-		mem[i] = mem_map(im.len[i], false);
-	regions(&im, mem, false, reg);
+		mem[i] = mem_map(im.len[i], NULL);
+	regions(&im, mem, NULL, reg);
 	bad = im.lb_total / 2;
 	assert_int_equal(halite_reader_open(&rd, im.path, NULL), 0);
 	assert_int_equal(halite_reader_lb_info(rd, bad, &li), 0);

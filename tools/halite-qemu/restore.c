@@ -456,7 +456,7 @@ static int prepare_ram(struct restore_run *r, struct halite_restore_region *reg)
 		}
 		reg[i] = (struct halite_restore_region){
 			.name = g->name, .host = g->host, .length = g->length,
-			.kind = HALITE_MEM_SHARED,
+			.kind = HALITE_MEM_SHARED, .fd = g->fd, .fd_offset = g->fd_offset,
 		};
 	}
 	return 0;

@@ -40,10 +40,24 @@
  *
  * Memory: each region must be mapped and never touched, private anonymous or
  * a shared mapping of memfd/tmpfs (not hugetlbfs), host-page aligned.
- * halite_restore_start() refuses memory of this process with a page already
- * populated (mincore(): written, read, or in the page cache of shared
- * memory), since such a page would never fault and keep its bytes; for
- * another process's memory that is the caller's to guarantee.
+ * halite_restore_start() refuses memory with a page already populated
+ * (shared memory: data in the file range; this process's anonymous memory:
+ * mincore()), since such a page would never fault and keep its bytes; for
+ * another process's anonymous memory that is the caller's to guarantee.
+ * Memory already registered with another userfaultfd (a save or restore of
+ * it running) is refused with -EBUSY before anything changes.
+ *
+ * What the guest does meanwhile: a private page it discards (MADV_DONTNEED
+ * and the like) reads as zeros from then on, whatever the restore had done
+ * with it; unmapped memory is left alone; a range it moves (mremap) is
+ * restored where it went. Hole punches in a shared region's file are
+ * refused while the restore runs (the file is made append-only, see
+ * docs/failure-model.md), so a balloon or virtio-mem discard cannot make a
+ * page read zeros that the restore then fills again.
+ *
+ * Installs are page by page where a block crosses mappings (a VMA split by
+ * madvise); a page that is neither mapped nor known to be gone fails the
+ * restore (never silently left empty).
  *
  * The file is only read: many restores of one file may run at once (clones).
  * A trace of what was read when (docs/restore-trace.md) can be written at
@@ -71,6 +85,14 @@ struct halite_restore_region {
 			     host-page aligned */
 	uint64_t length;  /* must equal the file region's length */
 	int kind;	  /* enum halite_mem_kind: ANON (private) or SHARED (memfd, tmpfs) */
+	/*
+	 * SHARED: the file mapped at @host (not taken over), and where in it:
+	 * the engine checks it is empty, refuses hole punches (discards) in it
+	 * while restoring, and reads from it which pages are in when it takes
+	 * over a restore (HALITE_RESTORE_ATTACH). Ignored for ANON.
+	 */
+	int fd;
+	uint64_t fd_offset;
 };
 
 /* No background prefetcher (tests, measurements); with NO_READAHEAD, demand reads only. */
@@ -86,7 +108,23 @@ struct halite_restore_region {
 #define HALITE_RESTORE_TRACK_ACCESS 0x4u
 /* No stream readahead (opts.readahead). */
 #define HALITE_RESTORE_NO_READAHEAD 0x8u
-#define HALITE_RESTORE_FLAGS_ALL 0xfu
+/*
+ * Take over a restore whose handler died (owner_uffd from the owner, where
+ * the dead handler's registration lives on): the descriptor's UFFDIO_API
+ * handshake may have been done already (its features are read from
+ * /proc/self/fdinfo and must include what the engine needs), the regions
+ * may be registered already (registering again is harmless), and memory
+ * may be partly in. Pages found in memory (SHARED: in the file; ANON: in
+ * the owner's page tables or swap) are kept, never overwritten; blocks all
+ * of whose pages are in count as mb_present and are not read. At start
+ * every region's waiting threads are woken, so faults the dead handler had
+ * read but not served come again. A page the guest discarded after the
+ * dead handler installed it cannot be told from one never installed, and
+ * for private memory would get its snapshot bytes again: shared memory is
+ * immune, since discards are refused while a restore runs.
+ */
+#define HALITE_RESTORE_ATTACH 0x10u
+#define HALITE_RESTORE_FLAGS_ALL 0x1fu
 
 struct halite_restore_opts {
 	size_t sz;
@@ -177,6 +215,19 @@ struct halite_restore_stats {
 	uint64_t fault_p99_ns;
 	bool done;
 	int error;		  /* the failure (< 0), else 0 */
+	/*
+	 * HALITE_RESTORE_ATTACH: stored blocks found in memory at start, never
+	 * read (mb_fault + mb_pool + mb_prefetch + mb_zero + mb_present ==
+	 * mb_total once done; 0 without ATTACH).
+	 */
+	uint64_t mb_present;
+	/*
+	 * What the guest did to its memory meanwhile (userfaultfd events):
+	 * private pages it discarded, which read as zeros from then on whatever
+	 * the restore had done with them, and pages it unmapped.
+	 */
+	uint64_t pages_discarded;
+	uint64_t pages_unmapped;
 };
 
 /*
