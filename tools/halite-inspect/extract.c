@@ -34,8 +34,9 @@ void help_extract(FILE *f)
 		   "Every locality block is checked before use; on any checksum or decode\n"
 		   "failure nothing is written (exit 1).\n\n"
 		   "  -r, --region NAME  the region (may be omitted if FILE has only one)\n"
-		   "  -o, --output IMAGE the image to write (a regular file; replaced only\n"
-		   "                     once complete; mode 0600: it holds guest memory)\n"
+		   "  -o, --output IMAGE the image to write (a regular file, never FILE;\n"
+		   "                     replaced only once complete; mode 0600: it holds\n"
+		   "                     guest memory)\n"
 		   "  --json             a JSON summary on stdout\n"
 		   "  -h, --help         this text\n");
 }
@@ -221,6 +222,9 @@ int cmd_extract(int argc, char **argv)
 	if (!x.out)
 		return usage_error("extract", "-o IMAGE is required");
 	x.path = argv[optind];
+	ret = refuse_input_as_output("extract", x.out, x.path, "the input");
+	if (ret)
+		return ret;
 
 	ret = open_reader(&x.r, x.path, errbuf, sizeof(errbuf));
 	if (ret)
