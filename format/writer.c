@@ -24,11 +24,23 @@
  * completed without waiting, so a failed write is seen early. Everything is
  * collected before the sections and the footer are written: the footer is
  * still written only once every LB it vouches for has been written.
+ *
+ * Replacing a file. The file is built under a temporary name in the target's
+ * directory (".NAME.XXXXXX", created O_EXCL so nothing already there is ever
+ * opened, mode 0600 since it holds guest RAM) and only finish, after the
+ * footer and an fdatasync, renames it over the target. So the target path
+ * holds the older file, untouched, or the complete new one, whatever fails
+ * and whenever anyone looks; a restore reading the older file keeps its
+ * inode. A writer freed without a successful finish removes its temporary
+ * file, or, when asked to keep it, renames it to "TARGET.incomplete": a
+ * partial file never takes the target's name. Only a process killed before
+ * it frees the writer leaves the temporary file behind.
  */
-#define _GNU_SOURCE /* O_DIRECT, qsort_r */
+#define _GNU_SOURCE /* O_DIRECT, qsort_r, asprintf */
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -114,7 +126,9 @@ struct wdirent {
 enum { W_OPEN, W_FAILED, W_FINISHED };
 
 struct halite_writer {
-	char *path;
+	char *path;		/* the target */
+	char *tmp_path;		/* the file until finish renames it; NULL once it has */
+	char *incomplete_path;	/* where an unfinished file is kept: TARGET.incomplete */
 	struct halite_io *io;
 	int state;
 	unsigned flags;
@@ -312,14 +326,34 @@ static int path_err(char *err, size_t len, int ret, const char *fmt, ...)
 	return ret;
 }
 
+/*
+ * HALITE_LOCK_PROTOCOL (format.h): a restore reading the file at @path holds
+ * LOCK_SH on it. Only a lock seen counts: a file this process cannot open is
+ * left to the create or the rename to complain about.
+ */
+static bool target_busy(const char *path)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+	bool busy;
+
+	if (fd < 0)
+		return false;
+	busy = flock(fd, LOCK_EX | LOCK_NB) && errno == EWOULDBLOCK;
+	close(fd);
+	return busy;
+}
+
 HALITE_EXPORT int halite_writer_check_path(const char *path, char *err, size_t errlen)
 {
 	char *copy, *dir;
 	struct stat st;
-	int fd, ret = 0;
+	int ret = 0;
 
 	if (!path || !*path)
 		return path_err(err, errlen, -EINVAL, "no file name given");
+	/* No name to build the temporary file's from, and open(2) would say EISDIR. */
+	if (path[strlen(path) - 1] == '/')
+		return path_err(err, errlen, -EISDIR, "%s names a directory, not a file", path);
 	copy = strdup(path);
 	if (!copy)
 		return -ENOMEM;
@@ -340,31 +374,85 @@ HALITE_EXPORT int halite_writer_check_path(const char *path, char *err, size_t e
 						      strerror(errno));
 	if (S_ISDIR(st.st_mode))
 		return path_err(err, errlen, -EISDIR, "%s is a directory", path);
+	/*
+	 * The new file is renamed over the target: a device or a FIFO would be
+	 * replaced, not written to (saving to /dev/null as root would delete it).
+	 */
 	if (!S_ISREG(st.st_mode))
-		return 0;
-	/* HALITE_LOCK_PROTOCOL (format.h): a restore reading it holds LOCK_SH. */
-	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-	if (fd < 0)
-		return 0; /* then creating it says why, if anything */
-	if (flock(fd, LOCK_EX | LOCK_NB) && errno == EWOULDBLOCK)
-		ret = path_err(err, errlen, -EBUSY, "%s is being restored from (a running restore "
-			       "reads it): save to another path", path);
-	close(fd);
-	return ret;
+		return path_err(err, errlen, -EINVAL, "%s is not a regular file: a snapshot "
+				"would replace it, save to a file", path);
+	if (target_busy(path))
+		return path_err(err, errlen, -EBUSY, "%s is being restored from (a running "
+				"restore reads it): save to another path", path);
+	return 0;
+}
+
+/* A temporary name's suffix: characters safe in any file name. */
+static const char temp_chars[] =
+	"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+#define TEMP_SUFFIX_LEN 6
+/* 62^6 names: a hundred taken in a row means something else answers EEXIST. */
+#define TEMP_TRIES 100
+
+static uint64_t temp_rand(uint64_t *x)
+{
+	uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+/*
+ * Create the temporary file for @target: ".NAME.XXXXXX" in its directory, so
+ * that the final rename() stays within one file system and one directory.
+ * O_EXCL: a name already taken (another save's temporary file, anything) is
+ * never opened, and the next name is tried. 0600: the file holds guest RAM;
+ * the umask can only take more away. Returns the descriptor, with the name in
+ * *tmpp (the caller frees it), or -errno.
+ */
+static int open_temp(const char *target, uint64_t seed, char **tmpp)
+{
+	const char *slash = strrchr(target, '/');
+	size_t dlen = slash ? (size_t)(slash - target) + 1 : 0;
+	size_t blen = strlen(target + dlen);
+	char *tmp, *suffix;
+	int fd = -EEXIST;
+
+	/* The dot and the suffix must still fit NAME_MAX: the name's end is not needed. */
+	blen = HALITE_MIN(blen, (size_t)NAME_MAX - TEMP_SUFFIX_LEN - 2);
+	tmp = malloc(dlen + blen + TEMP_SUFFIX_LEN + 3);
+	if (!tmp)
+		return -ENOMEM;
+	memcpy(tmp, target, dlen);
+	tmp[dlen] = '.';
+	memcpy(tmp + dlen + 1, target + dlen, blen);
+	tmp[dlen + 1 + blen] = '.';
+	suffix = tmp + dlen + blen + 2;
+	suffix[TEMP_SUFFIX_LEN] = '\0';
+	for (int i = 0; i < TEMP_TRIES && fd == -EEXIST; i++) {
+		uint64_t r = temp_rand(&seed);
+
+		for (int k = 0; k < TEMP_SUFFIX_LEN; k++, r /= sizeof(temp_chars) - 1)
+			suffix[k] = temp_chars[r % (sizeof(temp_chars) - 1)];
+		fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+		if (fd < 0)
+			fd = -errno;
+	}
+	if (fd < 0) {
+		free(tmp);
+		return fd;
+	}
+	*tmpp = tmp;
+	return fd;
 }
 
 static int open_output(struct halite_writer *w, int backend)
 {
 	HALITE_OPTS(halite_io_opts, io_opts);
-	struct stat st;
-	int ret;
-
-	/*
-	 * Unlink a regular file rather than truncate it: a restore (or many
-	 * clones) may still be reading the old snapshot at this path, and keeps
-	 * its inode this way.
-	 */
-	char err[sizeof(w->errmsg)];
+	char err[sizeof(w->errmsg)], *tmp;
+	uint64_t seed;
+	int fd, ret;
 
 	ret = halite_writer_check_path(w->path, err, sizeof(err));
 	if (ret) {
@@ -373,15 +461,31 @@ static int open_output(struct halite_writer *w, int backend)
 		halite_logf(&w->log, HALITE_LOG_ERROR, "%s", w->errmsg);
 		return ret;
 	}
-	if (stat(w->path, &st) == 0 && S_ISREG(st.st_mode) && unlink(w->path))
-		return wfail(w, -errno, "%s: cannot replace", w->path);
+	if (asprintf(&w->incomplete_path, "%s.incomplete", w->path) < 0) {
+		w->incomplete_path = NULL;
+		return -ENOMEM;
+	}
+	if (getrandom(&seed, sizeof(seed), 0) != sizeof(seed))
+		return wfail(w, -errno, "getrandom");
+	fd = open_temp(w->path, seed, &tmp);
+	if (fd < 0)
+		return wfail(w, fd, "%s: cannot create a file beside it", w->path);
+	/*
+	 * O_DIRECT is set on the open descriptor, not at open(2): a file system
+	 * that refuses it fails open(O_CREAT | O_DIRECT) only after creating the
+	 * file, and this way there is only one path that removes it.
+	 */
 	io_opts.backend = backend;
 	io_opts.queue_depth = w->qd;
 	io_opts.flags = (w->flags & HALITE_WRITER_DIRECT) ? HALITE_IO_DIRECT : 0;
-	ret = halite_io_open(&w->io, w->path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644,
-			     &io_opts);
-	if (ret)
+	ret = halite_io_from_fd(&w->io, fd, &io_opts);
+	if (ret) {
+		close(fd);
+		unlink(tmp);
+		free(tmp);
 		return wfail(w, ret, "%s: cannot create", w->path);
+	}
+	w->tmp_path = tmp;
 	return 0;
 }
 
@@ -1063,26 +1167,55 @@ static int put_dir_footer(struct tail *t)
 	return ret;
 }
 
-static int sync_file(struct halite_writer *w)
+/*
+ * The new name must survive a crash too. Past the rename the file is
+ * complete and in place, so a failure here is a warning, not a failed save
+ * (a caller would remove or report a snapshot that is there); EINVAL is a
+ * file system that has nothing to sync for directories.
+ */
+static void sync_dir(struct halite_writer *w)
 {
-	char *dir;
-	int fd, ret;
+	char *copy = strdup(w->path);
+	int fd, err = ENOMEM;
 
-	if (w->flags & HALITE_WRITER_NO_SYNC)
-		return 0;
-	ret = halite_io_sync(w->io);
-	if (ret)
-		return wfail_io(w, ret, "%s: fdatasync", w->path);
-	/* The new directory entry must be durable too. */
-	dir = strdup(w->path);
-	if (!dir)
-		return -ENOMEM;
-	fd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	free(dir);
-	if (fd >= 0) {
-		fsync(fd);
-		close(fd);
+	if (copy) {
+		fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		err = fd < 0 ? errno : fsync(fd) ? errno : 0;
+		if (fd >= 0)
+			close(fd);
+		free(copy);
 	}
+	if (err && err != EINVAL)
+		halite_logf(&w->log, HALITE_LOG_WARN, "%s: syncing its directory: %s (the file "
+			    "is complete; a crash now could lose its new name)", w->path,
+			    strerror(err));
+}
+
+/*
+ * Put the complete file in the target's place. fdatasync comes first: after
+ * a crash the target's name must never point at a file whose blocks did not
+ * reach the disk. Until the rename, every failure leaves the target as it was.
+ */
+static int commit(struct halite_writer *w)
+{
+	int ret;
+
+	if (!(w->flags & HALITE_WRITER_NO_SYNC)) {
+		ret = halite_io_sync(w->io);
+		if (ret)
+			return wfail_io(w, ret, "%s: fdatasync", w->path);
+	}
+	/* A restore may have opened the older file since create checked. */
+	if (target_busy(w->path))
+		return wfail_io(w, -EBUSY, "%s is being restored from (a running restore reads "
+				"it): the new snapshot was not put in its place", w->path);
+	if (rename(w->tmp_path, w->path))
+		return wfail_io(w, -errno, "%s: renaming the new file over it", w->path);
+	free(w->tmp_path);
+	w->tmp_path = NULL;
+	w->state = W_FINISHED;
+	if (!(w->flags & HALITE_WRITER_NO_SYNC))
+		sync_dir(w);
 	return 0;
 }
 
@@ -1126,12 +1259,7 @@ HALITE_EXPORT int halite_writer_finish(struct halite_writer *w)
 	if (!ret)
 		ret = put_dir_footer(&t);
 	free(t.buf);
-	if (!ret)
-		ret = sync_file(w);
-	if (ret)
-		return ret;
-	w->state = W_FINISHED;
-	return 0;
+	return ret ? ret : commit(w);
 }
 
 static void kvs_free(struct wkvs *kvs)
@@ -1141,6 +1269,24 @@ static void kvs_free(struct wkvs *kvs)
 		free(kvs->v[i].value);
 	}
 	free(kvs->v);
+}
+
+/*
+ * An unfinished file: removed, or kept under TARGET.incomplete, never the
+ * target's own name (that would replace an older, good file with one that
+ * every reader refuses). rename() replaces an older TARGET.incomplete.
+ */
+static void drop_temp(struct halite_writer *w, bool unlink_incomplete)
+{
+	if (unlink_incomplete)
+		unlink(w->tmp_path);
+	else if (rename(w->tmp_path, w->incomplete_path))
+		halite_logf(&w->log, HALITE_LOG_WARN, "%s: the incomplete file is left as %s: "
+			    "renaming it to %s: %s", w->path, w->tmp_path, w->incomplete_path,
+			    strerror(errno));
+	else
+		halite_logf(&w->log, HALITE_LOG_INFO, "%s: the incomplete file is kept as %s",
+			    w->path, w->incomplete_path);
 }
 
 HALITE_EXPORT void halite_writer_free(struct halite_writer *w, bool unlink_incomplete)
@@ -1154,9 +1300,9 @@ HALITE_EXPORT void halite_writer_free(struct halite_writer *w, bool unlink_incom
 		 */
 		lb_drain(w);
 		halite_io_close(w->io);
-		if (w->state != W_FINISHED && unlink_incomplete)
-			unlink(w->path);
 	}
+	if (w->tmp_path)
+		drop_temp(w, unlink_incomplete);
 	for (uint32_t i = 0; w->flight && i < w->qd; i++)
 		halite_io_free(w->flight[i].buf);
 	for (uint32_t i = 0; i < w->nlb_free; i++)
@@ -1180,6 +1326,8 @@ HALITE_EXPORT void halite_writer_free(struct halite_writer *w, bool unlink_incom
 	kvs_free(&w->meta);
 	kvs_free(&w->stats);
 	free(w->path);
+	free(w->tmp_path);
+	free(w->incomplete_path);
 	free(w);
 }
 
@@ -1196,4 +1344,9 @@ void halite_writer_test_fail_writes(struct halite_writer *w, uint64_t after, int
 int halite_writer_test_io_backend(const struct halite_writer *w)
 {
 	return halite_io_backend(w->io);
+}
+
+int halite_writer_test_open_temp(const char *target, uint64_t seed, char **tmp)
+{
+	return open_temp(target, seed, tmp);
 }

@@ -19,4 +19,12 @@ void halite_writer_test_fail_writes(struct halite_writer *w, uint64_t after, int
 /* The I/O backend the writer ended up with (HALITE_IO_BACKEND_*, never DEFAULT). */
 int halite_writer_test_io_backend(const struct halite_writer *w);
 
+/*
+ * "temporary name": create the temporary file halite_writer_create() would
+ * for @target, its names drawn from @seed instead of getrandom(), so a test
+ * can put a file under the first name tried beforehand. Returns the
+ * descriptor, with the name in *tmp (free it), or -errno.
+ */
+int halite_writer_test_open_temp(const char *target, uint64_t seed, char **tmp);
+
 #endif

@@ -334,13 +334,17 @@ static void test_roundtrip_all(void **state)
 	}
 }
 
-/* A writer that never finishes leaves a file every reader refuses as incomplete. */
+/*
+ * A writer that never finishes, told to keep its file, leaves it under
+ * PATH.incomplete, never PATH, and every reader refuses it as incomplete.
+ */
 static void test_incomplete(void **state)
 {
 	struct halite_region reg = { .name = "pc.ram", .gpa = 0, .length = 1 << 20 };
 	HALITE_OPTS(halite_writer_opts, o);
 	HALITE_OPTS(halite_reader_opts, ro);
 	char *path = tmp_path("incomplete.hlt");
+	char *kept = tmp_path("incomplete.hlt.incomplete");
 	struct halite_writer *w;
 	struct halite_reader *r = (void *)0x1;
 	uint8_t page[8192];
@@ -355,16 +359,20 @@ static void test_incomplete(void **state)
 		assert_int_equal(halite_writer_put(w, HALITE_STREAM(HALITE_STREAM_VCPU, 0), m, page), 0);
 	}
 	halite_writer_free(w, false); /* dies mid-save: LBs on disk, no footer */
+	assert_int_equal(access(path, F_OK), -1);
 	ro.errbuf = errbuf;
 	ro.errbuf_len = sizeof(errbuf);
-	assert_int_equal(halite_reader_open(&r, path, &ro), -HALITE_E_INCOMPLETE);
+	assert_int_equal(halite_reader_open(&r, kept, &ro), -HALITE_E_INCOMPLETE);
 	assert_ptr_equal(r, (void *)0x1); /* out-parameter untouched on failure */
 	assert_non_null(strstr(errbuf, "did not finish"));
+	assert_int_equal(unlink(kept), 0);
 
 	/* And with unlink requested, the partial file is gone. */
 	assert_int_equal(halite_writer_create(&w, path, &reg, 1, &o), 0);
 	halite_writer_free(w, true);
 	assert_int_equal(access(path, F_OK), -1);
+	assert_int_equal(access(kept, F_OK), -1);
+	free(kept);
 	free(path);
 }
 

@@ -6,8 +6,9 @@
  * with O_DIRECT, give files that decode to the same memory and have the same
  * LB tables and LB bytes (checksums differ: they are seeded with each file's
  * uuid). An injected ENOSPC or EIO on an LB write fails the put or finish that
- * collects it with exactly that code, names the LB, and leaves a file every
- * reader refuses as incomplete, with nothing written after the failure. A
+ * collects it with exactly that code, names the LB, and leaves (kept, as
+ * PATH.incomplete) a file every reader refuses as incomplete, with nothing
+ * written after the failure, and nothing at PATH. A
  * real failure from the kernel (EFBIG past RLIMIT_FSIZE, where later writes
  * can fail before the first one does) is reported the same way, for the
  * first failed LB in file order.
@@ -363,7 +364,7 @@ static void test_backends_same_file(void **state)
  */
 static void fail_case(const struct config *c, int err, uint64_t after_lbs, bool at_finish)
 {
-	char *path = tmp_path("fail.hlt");
+	char *path = tmp_path("fail.hlt"), *kept = tmp_path("fail.hlt.incomplete");
 	struct halite_writer *w = create(path, c);
 	HALITE_OPTS(halite_reader_opts, ro);
 	struct halite_reader *r = NULL;
@@ -372,6 +373,7 @@ static void fail_case(const struct config *c, int err, uint64_t after_lbs, bool 
 	int ret;
 
 	if (!w) {
+		free(kept);
 		free(path);
 		return;
 	}
@@ -398,13 +400,15 @@ static void fail_case(const struct config *c, int err, uint64_t after_lbs, bool 
 	assert_int_equal(halite_writer_finish(w), -HALITE_E_STATE);
 	halite_writer_free(w, false);
 
-	assert_int_equal(stat(path, &st), 0);
+	assert_int_equal(access(path, F_OK), -1);
+	assert_int_equal(stat(kept, &st), 0);
 	assert_int_equal((uint64_t)st.st_size, HLT_DATA_OFFSET + after_lbs * LB_SIZE);
 	ro.errbuf = errbuf;
 	ro.errbuf_len = sizeof(errbuf);
-	assert_int_equal(halite_reader_open(&r, path, &ro), -HALITE_E_INCOMPLETE);
+	assert_int_equal(halite_reader_open(&r, kept, &ro), -HALITE_E_INCOMPLETE);
 	assert_null(r);
-	unlink(path);
+	unlink(kept);
+	free(kept);
 	free(path);
 }
 
@@ -465,12 +469,13 @@ static void test_kernel_efbig(void **state)
 	for (size_t bi = 0; bi < sizeof(backends) / sizeof(backends[0]); bi++) {
 		for (size_t qi = 0; qi < sizeof(depths) / sizeof(depths[0]); qi++) {
 			struct config c = { backends[bi], depths[qi], false };
-			char *path = tmp_path("efbig.hlt");
+			char *path = tmp_path("efbig.hlt"), *kept = tmp_path("efbig.hlt.incomplete");
 			struct halite_writer *w;
 			struct stat st;
 			int ret;
 
 			if (g_refused[c.backend] || !(w = create(path, &c))) {
+				free(kept);
 				free(path);
 				continue;
 			}
@@ -486,9 +491,11 @@ static void test_kernel_efbig(void **state)
 					 backend_names[c.backend], c.qd, halite_writer_errmsg(w),
 					 want);
 			halite_writer_free(w, false);
-			assert_int_equal(stat(path, &st), 0);
+			assert_int_equal(access(path, F_OK), -1);
+			assert_int_equal(stat(kept, &st), 0);
 			assert_int_equal((uint64_t)st.st_size, limit);
-			unlink(path);
+			unlink(kept);
+			free(kept);
 			free(path);
 		}
 	}

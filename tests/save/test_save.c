@@ -637,16 +637,23 @@ static void run_save(enum mode mode, int codec, bool background, int fail)
 
 	if (fail == EIO) {
 		struct halite_reader *r = NULL;
-		char errbuf[256] = "";
+		char errbuf[256] = "", *kept = tmp_path("save.hlt.incomplete");
 		HALITE_OPTS(halite_reader_opts, ro);
 
+		/* Kept beside the target, never under its name. */
+		assert_int_equal(access(path, F_OK), -1);
 		ro.errbuf = errbuf;
 		ro.errbuf_len = sizeof(errbuf);
-		assert_int_equal(halite_reader_open(&r, path, &ro), -HALITE_E_INCOMPLETE);
+		assert_int_equal(halite_reader_open(&r, kept, &ro), -HALITE_E_INCOMPLETE);
 		assert_non_null(strstr(errbuf, "did not finish"));
-		unlink(path);
+		unlink(kept);
+		free(kept);
 	} else if (fail) {
+		char *kept = tmp_path("save.hlt.incomplete");
+
 		assert_int_equal(access(path, F_OK), -1); /* no partial file left */
+		assert_int_equal(access(kept, F_OK), -1);
+		free(kept);
 	} else {
 		struct halite_reader *r;
 

@@ -11,7 +11,7 @@
  * The image is built under a temporary name in the target's directory and
  * renamed into place only when every block has decoded: a damaged snapshot
  * never leaves a plausible-looking partial image behind, nor destroys an
- * older image at the same path.
+ * older image at the same path. Mode 0600, as snapshot files: guest RAM.
  */
 #define _GNU_SOURCE /* mkostemp, SEEK_DATA/SEEK_HOLE */
 #include <errno.h>
@@ -34,7 +34,9 @@ void help_extract(FILE *f)
 		   "Every locality block is checked before use; on any checksum or decode\n"
 		   "failure nothing is written (exit 1).\n\n"
 		   "  -r, --region NAME  the region (may be omitted if FILE has only one)\n"
-		   "  -o, --output IMAGE the image to write (a regular file; replaced)\n"
+		   "  -o, --output IMAGE the image to write (a regular file, never FILE;\n"
+		   "                     replaced only once complete; mode 0600: it holds\n"
+		   "                     guest memory)\n"
 		   "  --json             a JSON summary on stdout\n"
 		   "  -h, --help         this text\n");
 }
@@ -149,12 +151,15 @@ out:
 	return ret;
 }
 
-/* A temporary file next to @out, so that the final rename() stays in one file system. */
+/*
+ * A temporary file next to @out, so that the final rename() stays in one file
+ * system. mkostemp() creates it 0600, which the image keeps: it is guest RAM
+ * (keys, passwords), and the umask can only take more away.
+ */
 static int create_temp(const char *out, char **tmp)
 {
 	struct stat st;
 	size_t n = strlen(out);
-	mode_t mask;
 	int fd;
 
 	if (stat(out, &st) == 0 && !S_ISREG(st.st_mode)) {
@@ -171,17 +176,6 @@ static int create_temp(const char *out, char **tmp)
 	fd = mkostemp(*tmp, O_CLOEXEC);
 	if (fd < 0) {
 		errorf("%s: %s", out, strerror(errno));
-		free(*tmp);
-		*tmp = NULL;
-		return -1;
-	}
-	/* mkstemp makes 0600; give the image the mode a plain create would. */
-	mask = umask(0);
-	umask(mask);
-	if (fchmod(fd, 0666 & ~mask) < 0) {
-		errorf("%s: %s", *tmp, strerror(errno));
-		close(fd);
-		unlink(*tmp);
 		free(*tmp);
 		*tmp = NULL;
 		return -1;
@@ -228,6 +222,9 @@ int cmd_extract(int argc, char **argv)
 	if (!x.out)
 		return usage_error("extract", "-o IMAGE is required");
 	x.path = argv[optind];
+	ret = refuse_input_as_output("extract", x.out, x.path, "the input");
+	if (ret)
+		return ret;
 
 	ret = open_reader(&x.r, x.path, errbuf, sizeof(errbuf));
 	if (ret)

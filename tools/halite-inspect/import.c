@@ -41,7 +41,9 @@ void help_import(FILE *f)
 		"sparse image become untouched memory blocks, all-zero blocks become zero\n"
 		"blocks, and the rest is compressed in parallel.\n\n"
 		"  -r, --region NAME[=IMAGE[@GPA]]  a region (repeat for several)\n"
-		"  -o, --output FILE       the snapshot to write (replaced)\n"
+		"  -o, --output FILE       the snapshot to write (never an IMAGE; replaced\n"
+		"                          only once complete; mode 0600: it holds guest\n"
+		"                          memory)\n"
 		"  --gpa ADDR              guest-physical base of the single region (0)\n"
 		"  --order physical|random memory-block order in the file (physical)\n"
 		"  --seed N                seed of the random order (default: from the clock,\n"
@@ -721,17 +723,14 @@ static int parse_options(int argc, char **argv, struct options *o)
 /* The writer replaces its output: make sure that is not one of our inputs. */
 static int check_not_input(const struct options *o)
 {
-	struct stat so, si;
-
-	if (stat(o->out, &so) < 0)
-		return 0;
 	for (uint32_t i = 0; i < o->nsrc; i++) {
-		if (fstat(o->src[i].fd, &si) == 0 && si.st_dev == so.st_dev &&
-		    si.st_ino == so.st_ino) {
-			errorf("%s: the output is the input image of region %s", o->out,
-			       o->src[i].name);
-			return -1;
-		}
+		char what[HALITE_MAX_REGION_NAME + 32];
+		int ret;
+
+		snprintf(what, sizeof(what), "the image of region %s", o->src[i].name);
+		ret = refuse_input_as_output("import", o->out, o->src[i].path, what);
+		if (ret)
+			return ret;
 	}
 	return 0;
 }
@@ -797,11 +796,11 @@ static int run(struct options *o)
 	char b1[32], b2[32];
 	int ret = EXIT_USAGE;
 
+	if (check_not_input(o))
+		goto out;
 	for (uint32_t i = 0; i < o->nsrc; i++)
 		if (open_source(&o->src[i], page_size) < 0)
 			goto out;
-	if (check_not_input(o) < 0)
-		goto out;
 
 	regions = calloc(o->nsrc, sizeof(*regions));
 	if (!regions)

@@ -55,6 +55,14 @@ void errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Reports a usage error for @cmd and returns EXIT_USAGE. */
 int usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/*
+ * An output that is an input, by name or as a file (same device and inode,
+ * so "./x" for "x", hard links and symlinks count), is refused before
+ * anything is written: one sentence naming both ("the output OUT is the same
+ * file as IN (WHAT)"), and EXIT_USAGE. 0 when they differ.
+ */
+int refuse_input_as_output(const char *cmd, const char *out, const char *in, const char *what);
+
 /* For getopt's ':' and '?': names the option, returns EXIT_USAGE. */
 int bad_option(const char *cmd, int c, char **argv);
 

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -39,6 +40,21 @@ int usage_error(const char *cmd, const char *fmt, ...)
 	fputc('\n', stderr);
 	if (cmd)
 		fprintf(stderr, "Try '" PROG " %s --help'.\n", cmd);
+	return EXIT_USAGE;
+}
+
+int refuse_input_as_output(const char *cmd, const char *out, const char *in, const char *what)
+{
+	struct stat so, si;
+	bool same = strcmp(out, in) == 0;
+
+	/* The same file under another name: "./x", a hard link, a symlink. */
+	if (!same && stat(out, &so) == 0 && stat(in, &si) == 0)
+		same = so.st_dev == si.st_dev && so.st_ino == si.st_ino;
+	if (!same)
+		return 0;
+	errorf("%s: the output %s is the same file as %s (%s): writing it would destroy what "
+	       "is read; give -o another file", cmd, out, in, what);
 	return EXIT_USAGE;
 }
 

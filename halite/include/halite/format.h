@@ -155,9 +155,22 @@ struct halite_writer_opts {
 };
 
 /*
- * Create @path (truncating it) and write the header. The regions are copied.
- * Until halite_writer_finish() succeeds the file has no footer and every
- * reader refuses it as incomplete.
+ * Start a snapshot to be written to @path and write its header. The regions
+ * are copied.
+ *
+ * Nothing appears at @path, nor changes there, until halite_writer_finish()
+ * succeeds: the file is written under a temporary name in @path's directory
+ * (".NAME.XXXXXX", created with O_EXCL; mode 0600, or less if the umask
+ * takes more away: it holds guest memory), and finish renames the complete
+ * file over @path. An older file at @path survives, byte for byte, every failure, and
+ * a reader that has it open keeps reading it after the replace; a reader
+ * opening @path sees either the older file or the complete new one, never a
+ * part. Only a process killed before halite_writer_free() leaves the
+ * temporary file behind.
+ *
+ * @path is checked first as halite_writer_check_path() does; a refused
+ * target fails create with that error, its sentence goes to the log
+ * callback, and nothing is created.
  *
  * Locality blocks are written asynchronously, in file order, through
  * @opts->io_backend, at most @opts->queue_depth at a time; the writer keeps
@@ -173,15 +186,19 @@ int halite_writer_create(struct halite_writer **w, const char *path,
 /*
  * Whether a snapshot may be written to @path, checked without creating or
  * changing anything: its directory exists and this process may write there,
- * @path is not a directory, and no restore is reading the file now at @path
+ * @path is not a directory (nor ends in '/'), whatever is at @path now is a
+ * regular file (a snapshot replaces its target: a device or FIFO would be
+ * replaced, not written to), and no restore is reading the file now at @path
  * (a running restore holds a shared flock(2) on its file, and a save never
  * replaces it: HALITE_LOCK_PROTOCOL below). Returns 0, or -ENOENT, -ENOTDIR,
- * -EACCES, -EROFS, -EISDIR or -EBUSY with one sentence naming the problem
- * in @err (may be NULL). halite_writer_create() makes the same check.
+ * -EACCES, -EROFS, -EISDIR, -EINVAL (not a regular file) or -EBUSY with one
+ * sentence naming the problem in @err (may be NULL).
+ * halite_writer_create() makes the same check.
  *
  * HALITE_LOCK_PROTOCOL: readers that must not see their file replaced take
  * flock(fd, LOCK_SH) on it; a writer refuses a target on which
- * flock(LOCK_EX | LOCK_NB) fails.
+ * flock(LOCK_EX | LOCK_NB) fails, at create and again at finish, just
+ * before the rename.
  */
 int halite_writer_check_path(const char *path, char *err, size_t errlen);
 
@@ -229,16 +246,26 @@ int halite_writer_set_stat(struct halite_writer *w, const char *key, uint64_t va
 
 /*
  * Write every partly filled locality block, wait for all locality-block
- * writes, then write the sections, the directory and the footer, then
- * fdatasync. Memory blocks never put are recorded as never touched. After
- * this only halite_writer_free() is valid.
+ * writes, then write the sections, the directory and the footer, fdatasync
+ * the file, rename it over the target and fsync the directory (neither sync
+ * with HALITE_WRITER_NO_SYNC). Memory blocks never put are recorded as never
+ * touched. Returns 0 once the complete file is at the target (a directory
+ * sync that fails after the rename is only logged as a warning), or the
+ * error: then the target is as it was, and the temporary file is the
+ * business of halite_writer_free(). -EBUSY: a restore started reading the
+ * target since create (HALITE_LOCK_PROTOCOL). After this only
+ * halite_writer_free() is valid.
  */
 int halite_writer_finish(struct halite_writer *w);
 
 /*
  * Free, after waiting for the locality-block writes in flight. Without a
- * successful finish the file is left incomplete (no footer) and, when
- * @unlink_incomplete, removed.
+ * successful finish the target is never touched, and the temporary file is
+ * removed when @unlink_incomplete; otherwise it is kept for a look, renamed
+ * to "PATH.incomplete" (replacing an older one; readers refuse it unless
+ * finish failed only at putting a complete file in place). If that rename
+ * fails, the file stays under its temporary name, and a warning names it.
+ * NULL is fine.
  */
 void halite_writer_free(struct halite_writer *w, bool unlink_incomplete);
 

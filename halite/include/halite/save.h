@@ -31,11 +31,17 @@
  * file offset must be multiples of the huge page size. hugetlbfs cannot
  * tell holes, so never-touched memory there is saved as zero blocks.
  *
+ * The file is written under a temporary name in the target's directory and
+ * renamed over the target only once complete (halite_writer_create()): an
+ * older snapshot at the path stays, byte for byte, until the new one
+ * replaces it whole, and survives every failure.
+ *
  * Failure (ENOSPC, EIO, cancel, an internal check that fails with
  * HALITE_E_INTERNAL): every block not yet given back is given back, so the
  * guest's memory is exactly what it would have been without the save; the
- * partial file has no footer (incomplete) and is removed unless
- * HALITE_SAVE_KEEP_INCOMPLETE.
+ * target path is left as it was (the older file, or nothing); the partial
+ * file, which has no footer (incomplete), is removed, or with
+ * HALITE_SAVE_KEEP_INCOMPLETE kept as "PATH.incomplete".
  */
 #ifndef HALITE_SAVE_H
 #define HALITE_SAVE_H
@@ -70,7 +76,7 @@ struct halite_save_region {
  */
 typedef int (*halite_drop_ptes_fn)(void *ctx, uint64_t addr, uint64_t len);
 
-#define HALITE_SAVE_KEEP_INCOMPLETE 0x1u /* leave a failed save's partial file */
+#define HALITE_SAVE_KEEP_INCOMPLETE 0x1u /* keep a failed save's partial file as PATH.incomplete */
 #define HALITE_SAVE_NO_SYNC 0x2u	 /* no fdatasync at the end (tests) */
 #define HALITE_SAVE_NO_BACKGROUND 0x4u	 /* only faults save (tests); finish needs every block touched */
 #define HALITE_SAVE_FLAGS_ALL 0x7u
