@@ -1205,10 +1205,10 @@ static int commit(struct halite_writer *w)
 		if (ret)
 			return wfail_io(w, ret, "%s: fdatasync", w->path);
 	}
-	/* A restore may have opened the older file since create checked. */
-	if (target_busy(w->path))
-		return wfail_io(w, -EBUSY, "%s is being restored from (a running restore reads "
-				"it): the new snapshot was not put in its place", w->path);
+	/*
+	 * A restore that opened the older file since create checked keeps
+	 * reading it (its inode): the complete new snapshot is not given up.
+	 */
 	if (rename(w->tmp_path, w->path))
 		return wfail_io(w, -errno, "%s: renaming the new file over it", w->path);
 	free(w->tmp_path);

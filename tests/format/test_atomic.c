@@ -7,9 +7,8 @@
  * file is byte for byte what it was and that the directory holds exactly
  * what it held before (plus TARGET.incomplete when the partial file is
  * kept): an injected ENOSPC or EIO on a locality-block write (buffered and
- * O_DIRECT), a failure in finish's own writes, a restore that started
- * reading the target since create (-EBUSY at finish), and a writer freed
- * without finish, with and without unlink. A successful save replaces the
+ * O_DIRECT), a failure in finish's own writes, and a writer freed without
+ * finish, with and without unlink. A successful save replaces the
  * file whole: a reader holding the older file reads it intact afterwards,
  * and a thread opening the path all along only ever finds a complete file.
  * Files are mode 0600 whatever the umask allows; the temporary file is
@@ -412,29 +411,6 @@ static void test_finish_failure(void **state)
 		expect_listing(s.dir, keep ? "snap.hlt snap.hlt.incomplete" : "snap.hlt");
 		if (keep)
 			expect_kept(&s);
-		scene_free(&s);
-	}
-	for (int keep = 0; keep < 2; keep++) {
-		struct scene s;
-		struct halite_writer *w;
-		int ret, fd;
-
-		scene_init(&s, "finbusy");
-		w = create(s.target, 0, &ret);
-		assert_int_equal(ret, 0);
-		assert_int_equal(put_all(w, s.mem), 0);
-		/* HALITE_LOCK_PROTOCOL: a restore of the older file starts now. */
-		fd = open(s.target, O_RDONLY | O_CLOEXEC);
-		assert_true(fd >= 0);
-		assert_int_equal(flock(fd, LOCK_SH | LOCK_NB), 0);
-		assert_int_equal(halite_writer_finish(w), -EBUSY);
-		assert_non_null(strstr(halite_writer_errmsg(w), s.target));
-		assert_non_null(strstr(halite_writer_errmsg(w), "being restored"));
-		expect_old(&s);
-		halite_writer_free(w, !keep);
-		close(fd);
-		expect_old(&s);
-		expect_listing(s.dir, keep ? "snap.hlt snap.hlt.incomplete" : "snap.hlt");
 		scene_free(&s);
 	}
 }

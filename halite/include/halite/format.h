@@ -197,8 +197,9 @@ int halite_writer_create(struct halite_writer **w, const char *path,
  *
  * HALITE_LOCK_PROTOCOL: readers that must not see their file replaced take
  * flock(fd, LOCK_SH) on it; a writer refuses a target on which
- * flock(LOCK_EX | LOCK_NB) fails, at create and again at finish, just
- * before the rename.
+ * flock(LOCK_EX | LOCK_NB) fails, at create. A restore that starts on the
+ * older file later keeps reading it: the rename at finish replaces the name,
+ * not the inode.
  */
 int halite_writer_check_path(const char *path, char *err, size_t errlen);
 
@@ -252,9 +253,8 @@ int halite_writer_set_stat(struct halite_writer *w, const char *key, uint64_t va
  * touched. Returns 0 once the complete file is at the target (a directory
  * sync that fails after the rename is only logged as a warning), or the
  * error: then the target is as it was, and the temporary file is the
- * business of halite_writer_free(). -EBUSY: a restore started reading the
- * target since create (HALITE_LOCK_PROTOCOL). After this only
- * halite_writer_free() is valid.
+ * business of halite_writer_free(). After this only halite_writer_free()
+ * is valid.
  */
 int halite_writer_finish(struct halite_writer *w);
 
