@@ -1992,25 +1992,8 @@ static int present_pages(struct halite_restore *r, const struct rregion *g, uint
 	char path[64];
 	int fd, ret = 0;
 
-	if (g->kind == HALITE_MEM_SHARED) {
-		off_t end = (off_t)(g->fd_off + g->length), d = (off_t)g->fd_off, h;
-
-		while (d < end) {
-			d = lseek(g->fd, d, SEEK_DATA);
-			if (d < 0)
-				return errno == ENXIO ? 0 : -errno;
-			if (d >= end)
-				break;
-			h = lseek(g->fd, d, SEEK_HOLE);
-			if (h < 0)
-				return -errno;
-			for (uint64_t p = ((uint64_t)d - g->fd_off) / r->page;
-			     p < npages && p * r->page + g->fd_off < (uint64_t)h; p++)
-				bits[p / 64] |= 1ull << (p % 64);
-			d = h;
-		}
-		return 0;
-	}
+	if (g->kind == HALITE_MEM_SHARED)
+		return halite_file_data_pages(g->fd, g->fd_off, g->length, r->page, bits);
 	snprintf(path, sizeof(path), "/proc/%d/pagemap", r->external ? (int)r->o.owner_pid :
 		 (int)getpid());
 	fd = open(path, O_RDONLY | O_CLOEXEC);

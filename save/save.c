@@ -60,6 +60,24 @@
  * table, is over; then they are dropped (release_block()), so after the walk
  * the shadow holds only blocks in flight and blocks never claimed.
  *
+ * Giving back, and the guest's own changes: every give-back goes through
+ * halite/src/gmem.h, which reads the userfaultfd's events with the faults. A
+ * private page the guest discards after the snapshot instant is "gone": a
+ * fault on it gets zeros (give-backs for faults fill gone pages with zeros,
+ * the others skip them), while its snapshot bytes, in the shadow, are saved
+ * as usual. The fault thread starts before arming: dropping the owner's
+ * page-table entries raises a REMOVE event that someone must read. The
+ * range of private memory is not registered while its pages move to the
+ * shadow (the registration would follow them, EVENT_REMAP), but is
+ * registered once before that, which is how memory another save or restore
+ * holds is refused (EBUSY) before anything moved.
+ *
+ * Shared memory the VMM gives back: a hole punched in the file of a block
+ * not yet copied would lose it, and no event reports it. guard_discards()
+ * makes the file refuse punches until teardown; where it cannot, it notes
+ * which pages held data at the instant and copy_checked() fails the save on
+ * a block that lost one.
+ *
  * Internal checks (SAVE_CHECK) guard the invariants a bug would break; a
  * failed check fails the save like an I/O error, with HALITE_E_INTERNAL,
  * and the guest's memory is given back exactly as for any other failure.
@@ -84,8 +102,10 @@
 
 #include <halite/save.h>
 
+#include "discard.h"
 #include "endian_util.h"
 #include "export.h"
+#include "gmem.h"
 #include "log_internal.h"
 #include "opts.h"
 #include "pool.h"
@@ -117,6 +137,16 @@ struct sregion {
 	uint64_t hpage;	 /* hugetlbfs: its page size; else 0 */
 	uint64_t first_mb, nmb;
 	bool registered;
+	/*
+	 * SHARED: the file refuses hole punches while the save needs it
+	 * (halite/src/discard.h). When it cannot (@had_data set instead), the
+	 * pages that held data at the snapshot instant, one bit each: a block
+	 * is then copied with pread() and checked against them, so a hole
+	 * punched before it was saved fails the save instead of being saved as
+	 * zeros.
+	 */
+	bool discards_refused;
+	uint64_t *had_data;
 };
 
 enum { CLAIM_FREE, CLAIM_COPYING, CLAIM_READY, CLAIM_SAVED };
@@ -147,12 +177,18 @@ struct halite_save {
 	int codec;
 	uint64_t mb_total;
 	_Atomic uint8_t *claim;
+	/*
+	 * Private memory: blocks given back to the guest, one bit each, so that
+	 * teardown gives back only the others (a fault, then the background,
+	 * gives back every block it claims: after a complete save, none).
+	 */
+	_Atomic uint64_t *given;
 
 	int uffd;
+	struct halite_gmem *gm;	/* every give-back, and the userfaultfd's events */
 	bool has_shared;
 	bool has_huge;	   /* a region is on hugetlbfs */
-	uint8_t *zeros;	   /* zeros_len of zeros, to fill holes of shared memory */
-	uint64_t zeros_len; /* the largest page size of any region */
+	uint64_t max_page; /* the largest page size of any region */
 	bool *huge_claimed; /* serve_huge_fault(): blocks of one huge page it claimed */
 	int stop_fd;	   /* eventfd: wakes the fault thread */
 	int pagemap_fd;
@@ -178,6 +214,7 @@ struct halite_save {
 	_Atomic uint64_t last_fault_ns;
 	_Atomic bool in_fault;	/* the fault thread is serving one */
 	_Atomic uint64_t test_check_after; /* halite_save_test_fail_check() */
+	bool test_no_refusal;		    /* halite_save_test_no_discard_refusal() */
 
 	struct halite_root *roots;
 	uint32_t nroots, roots_cap;
@@ -235,17 +272,6 @@ static const struct sregion *region_of_mb(const struct halite_save *s, uint64_t 
 						offsetof(struct sregion, first_mb), mb)];
 }
 
-static const struct sregion *region_of_addr(const struct halite_save *s, uint64_t addr)
-{
-	for (uint32_t i = 0; i < s->nregions; i++) {
-		const struct sregion *r = &s->regions[i];
-
-		if (addr >= r->host && addr - r->host < r->length)
-			return r;
-	}
-	return NULL;
-}
-
 static uint32_t stream_of_tid(const struct halite_save *s, uint32_t tid)
 {
 	for (uint32_t i = 0; i < s->o.nvcpus; i++)
@@ -265,6 +291,13 @@ static int block_touched(struct halite_save *s, const struct sregion *r, uint64_
 
 	if (r->hpage)
 		return 1; /* hugetlbfs has no holes to find (see the top) */
+	if (r->had_data) {
+		/* What the file held at the snapshot instant: it may have lost it since. */
+		for (uint64_t pg = off / 4096; pg < (off + s->mb_size) / 4096; pg++)
+			if (r->had_data[pg / 64] & (1ull << (pg % 64)))
+				return 1;
+		return 0;
+	}
 	if (r->kind == HALITE_MEM_SHARED) {
 		off_t d = lseek(r->fd, (off_t)(r->fd_off + off), SEEK_DATA);
 
@@ -283,90 +316,35 @@ static int block_touched(struct halite_save *s, const struct sregion *r, uint64_
 }
 
 /*
- * Give memory block @mb back to the guest from the shadow. A block another
- * thread already gave back (EEXIST) only needs its waiters woken.
+ * Give memory block @mb back to the guest (halite/src/gmem.h): private memory
+ * from the shadow (UFFDIO_COPY), shared memory from the page cache
+ * (UFFDIO_CONTINUE; a hole gets the zeros it holds), on hugetlbfs its whole
+ * huge page. A page already there is kept; a page the guest discarded since
+ * is skipped, or gets zeros with HALITE_GMEM_ZERO_GONE (a fault waits on it);
+ * HALITE_GMEM_DONTWAKE leaves its faults asleep. 0 or -errno.
  */
-static int copy_in(struct halite_save *s, uint64_t dst, const void *src, uint64_t len, bool wake)
-{
-	struct uffdio_copy c = {
-		.dst = dst,
-		.src = (uintptr_t)src,
-		.len = len,
-		.mode = wake ? 0 : UFFDIO_COPY_MODE_DONTWAKE,
-	};
-
-	for (;;) {
-		if (!ioctl(s->uffd, UFFDIO_COPY, &c))
-			return 0;
-		if (errno == EEXIST) {
-			struct uffdio_range rg = { c.dst, c.len };
-
-			return wake && ioctl(s->uffd, UFFDIO_WAKE, &rg) ? -errno : 0;
-		}
-		/*
-		 * ENOENT: the range is no longer registered (teardown raced a
-		 * fault message already read); unregistering woke the thread.
-		 */
-		if (errno == ENOENT)
-			return 0;
-		if (errno != EAGAIN)
-			return -errno;
-		/* EAGAIN: the mm changed under the copy, or a partial copy; retry the rest. */
-		if (c.copy > 0) {
-			c.dst += (uint64_t)c.copy;
-			c.src += (uint64_t)c.copy;
-			c.len -= (uint64_t)c.copy;
-		}
-		c.copy = 0;
-	}
-}
-
-/*
- * Shared memory: map each page of [dst, dst+len) from the page cache
- * (UFFDIO_CONTINUE); a page that is a hole in the file has nothing to map
- * (EFAULT) and gets zeros instead, which is what it held.
- */
-static int continue_in(struct halite_save *s, uint64_t dst, uint64_t len, uint64_t page,
-		       bool wake)
-{
-	for (uint64_t o = 0; o < len; o += page) {
-		struct uffdio_continue c = {
-			.range = { dst + o, page },
-			.mode = wake ? 0 : UFFDIO_CONTINUE_MODE_DONTWAKE,
-		};
-		int ret = 0;
-
-		while (ioctl(s->uffd, UFFDIO_CONTINUE, &c)) {
-			if (errno == EAGAIN)
-				continue;
-			if (errno == EEXIST) {
-				if (wake && ioctl(s->uffd, UFFDIO_WAKE, &c.range))
-					ret = -errno;
-			} else if (errno == EFAULT) {
-				ret = copy_in(s, dst + o, s->zeros, (uint32_t)page, wake);
-			} else if (errno == ENOENT) {
-				ret = 0; /* unregistered meanwhile, as in copy_in() */
-			} else {
-				ret = -errno;
-			}
-			break;
-		}
-		if (ret)
-			return ret;
-	}
-	return 0;
-}
-
-static int give_back(struct halite_save *s, const struct sregion *r, uint64_t mb, bool wake)
+static int give_back(struct halite_save *s, const struct sregion *r, uint64_t mb, unsigned flags)
 {
 	uint64_t off = (mb - r->first_mb) * s->mb_size;
+	uint32_t ri = (uint32_t)(r - s->regions);
+	int ret;
 
-	if (r->hpage) /* the whole huge page */
-		return continue_in(s, r->host + off / r->hpage * r->hpage, r->hpage, r->hpage,
-				   wake);
+	if (r->hpage)
+		return halite_gmem_fill(s->gm, ri, off - off % r->hpage, r->hpage, NULL,
+					HALITE_GMEM_CONTINUE, flags);
 	if (r->kind == HALITE_MEM_SHARED)
-		return continue_in(s, r->host + off, s->mb_size, 4096, wake);
-	return copy_in(s, r->host + off, r->shadow + off, s->mb_size, wake);
+		return halite_gmem_fill(s->gm, ri, off, s->mb_size, NULL, HALITE_GMEM_CONTINUE,
+					flags);
+	ret = halite_gmem_fill(s->gm, ri, off, s->mb_size, r->shadow + off, HALITE_GMEM_COPY,
+			       flags);
+	if (!ret)
+		atomic_fetch_or(&s->given[mb / 64], 1ull << (mb % 64));
+	return ret;
+}
+
+static bool given_back(const struct halite_save *s, uint64_t mb)
+{
+	return atomic_load(&s->given[mb / 64]) & (1ull << (mb % 64));
 }
 
 /*
@@ -433,7 +411,11 @@ static void item_free(struct halite_save *s, struct item *it)
 	free(it);
 }
 
-/* hugetlbfs: @len bytes at region offset @off, into @dst. 0 or -errno. */
+/*
+ * @len bytes at region offset @off of the file, into @dst, by pread(): a hole
+ * reads as zeros and stays a hole (hugetlbfs; shared memory whose file may
+ * lose pages, copy_checked()). 0 or -errno.
+ */
 static int read_huge(const struct sregion *r, uint64_t off, void *dst, uint64_t len)
 {
 	for (uint64_t done = 0; done < len;) {
@@ -445,6 +427,42 @@ static int read_huge(const struct sregion *r, uint64_t off, void *dst, uint64_t 
 		if (n <= 0)
 			return n < 0 ? -errno : -EIO;
 		done += (uint64_t)n;
+	}
+	return 0;
+}
+
+/*
+ * Shared memory whose file could not be made to refuse hole punches
+ * (r->had_data): block @mb read with pread(), then every page that held data
+ * at the snapshot instant must still hold data now. If the VMM punched one
+ * away before it was copied (a balloon or virtio-mem discard; no userfaultfd
+ * event tells of a hole punched through the file), the bytes just read may
+ * be zeros that were never the guest's: the save fails, naming where. A
+ * punch after the check is harmless: the bytes are copied by then.
+ */
+static int copy_checked(struct halite_save *s, const struct sregion *r, uint64_t mb)
+{
+	uint64_t off = (mb - r->first_mb) * s->mb_size;
+	int ret = read_huge(r, off, r->shadow + off, s->mb_size);
+
+	if (ret)
+		return ret;
+	for (uint64_t p = off / 4096; p < (off + s->mb_size) / 4096; p++) {
+		off_t at = (off_t)(r->fd_off + p * 4096), d;
+
+		if (!(r->had_data[p / 64] & (1ull << (p % 64))))
+			continue;
+		d = lseek(r->fd, at, SEEK_DATA);
+		if (d < 0 && errno != ENXIO)
+			return -errno;
+		if (d != at)
+			return sfail(s, -ENODATA, "guest memory at guest-physical 0x%llx (region "
+				     "'%s', offset %llu) was discarded after the snapshot instant, "
+				     "before it was saved: its file lost the page (a hole punched: "
+				     "virtio-balloon inflation, free page reporting or virtio-mem "
+				     "unplug?), so the snapshot cannot be completed",
+				     (unsigned long long)(r->gpa + p * 4096), r->name,
+				     (unsigned long long)(p * 4096));
 	}
 	return 0;
 }
@@ -462,6 +480,9 @@ static int copy_claimed(struct halite_save *s, const struct sregion *r, uint64_t
 
 	if (r->hpage)
 		ret = read_huge(r, off, r->shadow + off, n * s->mb_size);
+	else if (r->kind == HALITE_MEM_SHARED && touched > 0 && r->had_data)
+		for (uint64_t i = 0; i < n && !ret; i++)
+			ret = copy_checked(s, r, mb + i);
 	else if (r->kind == HALITE_MEM_SHARED && touched > 0)
 		memcpy(r->shadow + off, r->view + off, n * s->mb_size);
 	for (uint64_t i = 0; i < n; i++)
@@ -573,12 +594,12 @@ static void fault_served(struct halite_save *s, uint64_t t0)
  * once; the faulting block is queued first, then the others in address
  * order. The copy is one pread() per run of blocks claimed here.
  */
-static int serve_huge_fault(struct halite_save *s, const struct sregion *r, uint64_t addr,
+static int serve_huge_fault(struct halite_save *s, const struct sregion *r, uint64_t off,
 			    uint32_t stream, uint64_t t0)
 {
 	uint64_t n = r->hpage / s->mb_size;
-	uint64_t first = r->first_mb + (addr - r->host) / r->hpage * n;
-	uint64_t mb = r->first_mb + (addr - r->host) / s->mb_size;
+	uint64_t first = r->first_mb + off / r->hpage * n;
+	uint64_t mb = r->first_mb + off / s->mb_size;
 	bool *mine = s->huge_claimed;
 	int ret = 0, e;
 
@@ -602,10 +623,10 @@ static int serve_huge_fault(struct halite_save *s, const struct sregion *r, uint
 		i = j;
 	}
 	/* Even after a failed copy: the page cache still holds the guest's data. */
-	e = give_back(s, r, mb, true);
+	e = give_back(s, r, mb, HALITE_GMEM_ZERO_GONE);
 	if (e)
-		return sfail(s, e, "giving huge page at 0x%llx back to the guest",
-			     (unsigned long long)(addr - addr % r->hpage));
+		return sfail(s, e, "giving the huge page at offset %llu of region '%s' back to the "
+			     "guest", (unsigned long long)(off - off % r->hpage), r->name);
 	fault_served(s, t0);
 	if (ret || atomic_load(&s->stopping))
 		return ret;
@@ -620,20 +641,24 @@ static int serve_huge_fault(struct halite_save *s, const struct sregion *r, uint
 static int serve_fault(struct halite_save *s, const struct uffd_msg *m)
 {
 	uint64_t t0 = halite_now_ns();
-	uint64_t addr = m->arg.pagefault.address;
-	const struct sregion *r = region_of_addr(s, addr);
-	uint32_t stream;
+	uint64_t addr = m->arg.pagefault.address, off;
+	const struct sregion *r;
+	uint32_t stream, ri;
 	uint64_t mb;
 	int ret, touched = 0;
 	bool claimed;
 
-	if (!r)
-		return sfail(s, -EFAULT, "fault at 0x%llx outside every region",
-			     (unsigned long long)addr);
-	mb = r->first_mb + (addr - r->host) / s->mb_size;
+	if (!halite_gmem_lookup(s->gm, addr, &ri, &off)) {
+		/* Left behind by a move, or read before it: what the mapping holds. */
+		ret = halite_gmem_serve_stray(s->gm, m);
+		return ret ? sfail(s, ret, "fault at 0x%llx outside guest memory",
+				   (unsigned long long)addr) : 0;
+	}
+	r = &s->regions[ri];
+	mb = r->first_mb + off / s->mb_size;
 	stream = stream_of_tid(s, m->arg.pagefault.feat.ptid);
 	if (r->hpage)
-		return serve_huge_fault(s, r, addr, stream, t0);
+		return serve_huge_fault(s, r, off, stream, t0);
 	claimed = claim_block(s, mb);
 	if (claimed) {
 		/*
@@ -650,7 +675,8 @@ static int serve_fault(struct halite_save *s, const struct uffd_msg *m)
 	} else {
 		wait_ready(s, mb);
 	}
-	ret = give_back(s, r, mb, true);
+	/* A page the guest discarded since the snapshot instant reads zero, not its snapshot. */
+	ret = give_back(s, r, mb, HALITE_GMEM_ZERO_GONE);
 	if (ret)
 		return sfail(s, ret, "giving memory block %llu back to the guest",
 			     (unsigned long long)mb);
@@ -673,10 +699,12 @@ static void *fault_main(void *arg)
 	 * always be woken.
 	 */
 	for (;;) {
-		struct pollfd p[2] = { { s->uffd, POLLIN, 0 }, { s->stop_fd, POLLIN, 0 } };
-		ssize_t n;
+		/* Faults other threads read (gmem.h) come through the third descriptor. */
+		struct pollfd p[3] = { { s->uffd, POLLIN, 0 }, { s->stop_fd, POLLIN, 0 },
+				       { halite_gmem_fault_fd(s->gm), POLLIN, 0 } };
+		int n;
 
-		if (poll(p, 2, -1) < 0 && errno != EINTR)
+		if (poll(p, 3, -1) < 0 && errno != EINTR)
 			break;
 		if (p[1].revents) {
 			uint64_t v;
@@ -686,20 +714,17 @@ static void *fault_main(void *arg)
 			if (v >= 2)
 				break;
 		}
-		if (!(p[0].revents & POLLIN))
+		if (!(p[0].revents & POLLIN) && !(p[2].revents & POLLIN))
 			continue;
-		n = read(s->uffd, msgs, sizeof(msgs));
+		/* Events (the guest's discards, unmaps, moves) are applied as they are read. */
+		n = halite_gmem_take_faults(s->gm, msgs, FAULT_BATCH);
 		if (n < 0) {
-			if (errno == EAGAIN || errno == EINTR)
-				continue;
-			set_failed(s, sfail(s, -errno, "reading userfaultfd"));
+			set_failed(s, sfail(s, n, "reading userfaultfd"));
 			break;
 		}
-		for (ssize_t i = 0; i < n / (ssize_t)sizeof(msgs[0]); i++) {
+		for (int i = 0; i < n; i++) {
 			int ret;
 
-			if (msgs[i].event != UFFD_EVENT_PAGEFAULT)
-				continue;
 			/* The background holds back while a fault is being served. */
 			atomic_store(&s->in_fault, true);
 			ret = serve_fault(s, &msgs[i]);
@@ -750,7 +775,7 @@ static int bg_save_block(struct halite_save *s, const struct sregion *r, uint64_
 	if (touched < 0)
 		ret = touched;
 	if (!ret && touched > 0 && r->kind == HALITE_MEM_ANON)
-		ret = give_back(s, r, mb, false);
+		ret = give_back(s, r, mb, HALITE_GMEM_DONTWAKE);
 	it = ret ? NULL : item_new(s, mb, stream, touched > 0);
 	if (!ret && !it)
 		ret = -ENOMEM;
@@ -1088,12 +1113,27 @@ static int map_view(struct halite_save *s, struct sregion *r)
 				     "and file offset must be multiples of its page size %llu",
 				     r->name, (unsigned long long)r->hpage);
 	} else {
-		v = mmap(NULL, r->length, PROT_READ, MAP_SHARED, r->fd, (off_t)r->fd_off);
+		char path[64];
+		int ro;
+
+		/*
+		 * Through a read-only descriptor of the file: an append-only file
+		 * (a save or restore refusing discards, halite/src/discard.h)
+		 * refuses new shared mappings through a writable one, even
+		 * PROT_READ ones, and then a second save would fail here, not say
+		 * that the memory is being saved.
+		 */
+		snprintf(path, sizeof(path), "/proc/self/fd/%d", r->fd);
+		ro = open(path, O_RDONLY | O_CLOEXEC);
+		v = mmap(NULL, r->length, PROT_READ, MAP_SHARED, ro >= 0 ? ro : r->fd,
+			 (off_t)r->fd_off);
+		if (ro >= 0)
+			close(ro);
 		if (v == MAP_FAILED)
 			return sfail(s, -errno, "region '%s': mapping its file", r->name);
 		r->view = v;
 	}
-	s->zeros_len = HALITE_MAX(s->zeros_len, HALITE_MAX(r->hpage, 4096));
+	s->max_page = HALITE_MAX(s->max_page, HALITE_MAX(r->hpage, 4096));
 	sh = mmap(NULL, r->length, PROT_READ | PROT_WRITE,
 		  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	if (sh == MAP_FAILED)
@@ -1110,7 +1150,7 @@ static int map_view(struct halite_save *s, struct sregion *r)
  */
 static int open_uffd(struct halite_save *s, uint64_t *missing)
 {
-	uint64_t want = UFFD_FEATURE_THREAD_ID;
+	uint64_t want = UFFD_FEATURE_THREAD_ID | HALITE_GMEM_EVENTS;
 	int ret;
 
 	if (s->has_shared)
@@ -1129,6 +1169,25 @@ static int open_uffd(struct halite_save *s, uint64_t *missing)
 	ret = halite_uffd_api(s->uffd, want, missing);
 	/* The handshake may only be done once, and is ours to do. */
 	return ret == -EINVAL ? -HALITE_E_STATE : ret;
+}
+
+static int make_gmem(struct halite_save *s)
+{
+	struct halite_gmem_region *gr = calloc(s->nregions, sizeof(*gr));
+	int ret;
+
+	if (!gr)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < s->nregions; i++) {
+		const struct sregion *r = &s->regions[i];
+
+		gr[i] = (struct halite_gmem_region){ r->host, r->length,
+						     (uint32_t)(r->hpage ? r->hpage : 4096),
+						     r->kind == HALITE_MEM_SHARED };
+	}
+	ret = halite_gmem_create(&s->gm, s->uffd, gr, s->nregions);
+	free(gr);
+	return ret ? sfail(s, ret, "guest memory map (regions overlap?)") : 0;
 }
 
 HALITE_EXPORT int halite_save_create(struct halite_save **sp, const char *path,
@@ -1256,8 +1315,9 @@ HALITE_EXPORT int halite_save_create(struct halite_save **sp, const char *path,
 		goto err;
 	}
 	s->claim = calloc(s->mb_total, 1);
+	s->given = calloc(s->mb_total / 64 + 1, sizeof(*s->given));
 	s->n_faults_by_vcpu = calloc(s->o.nvcpus ? s->o.nvcpus : 1, sizeof(*s->n_faults_by_vcpu));
-	if (!s->claim || !s->n_faults_by_vcpu) {
+	if (!s->claim || !s->given || !s->n_faults_by_vcpu) {
 		ret = -ENOMEM;
 		goto err;
 	}
@@ -1271,16 +1331,15 @@ HALITE_EXPORT int halite_save_create(struct halite_save **sp, const char *path,
 	}
 	s->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	s->pagemap_fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
-	/* Reads as zeros, and costs no memory: it is never written. */
-	s->zeros_len = HALITE_MAX(s->zeros_len, 4096);
-	s->zeros = mmap(NULL, s->zeros_len, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-			-1, 0);
-	s->huge_claimed = calloc(s->zeros_len / s->mb_size, sizeof(bool));
-	if (s->stop_fd < 0 || s->pagemap_fd < 0 || s->zeros == MAP_FAILED || !s->huge_claimed) {
-		s->zeros = NULL;
-		ret = sfail(s, -errno, "eventfd, /proc/self/pagemap or a zero page");
+	s->max_page = HALITE_MAX(s->max_page, 4096);
+	s->huge_claimed = calloc(s->max_page / s->mb_size + 1, sizeof(bool));
+	if (s->stop_fd < 0 || s->pagemap_fd < 0 || !s->huge_claimed) {
+		ret = sfail(s, -errno, "eventfd or /proc/self/pagemap");
 		goto err;
 	}
+	ret = make_gmem(s);
+	if (ret)
+		goto err;
 	for (uint32_t i = 0; i < ITEMS_PREALLOC; i++) {
 		it = malloc(item_size(s));
 		if (!it) {
@@ -1349,8 +1408,57 @@ HALITE_EXPORT int halite_save_set_meta(struct halite_save *s, const char *key, c
 }
 
 /* Undo arming of regions [0, n): their pages go back where they were. */
+/* The regions' files may lose pages again. */
+static void allow_discards(struct halite_save *s)
+{
+	for (uint32_t i = 0; i < s->nregions; i++) {
+		struct sregion *r = &s->regions[i];
+		int ret;
+
+		if (!r->discards_refused)
+			continue;
+		r->discards_refused = false;
+		ret = halite_discard_allow(r->fd);
+		if (ret)
+			halite_logf(&s->log, HALITE_LOG_WARN, "region '%s': its file still refuses "
+				    "hole punches (%s): chattr -a it", r->name, strerror(-ret));
+	}
+}
+
+/*
+ * Shared memory, at the snapshot instant: a hole punched in the file before
+ * a block is saved would lose the block (halite/src/discard.h), so the file
+ * refuses punches until the save ends. Where it cannot, the pages holding
+ * data now are noted, and copy_checked() holds every block to them.
+ * hugetlbfs can do neither (no file flags, no SEEK_DATA): said once.
+ */
+static int guard_discards(struct halite_save *s, struct sregion *r)
+{
+	int ret;
+
+	ret = s->test_no_refusal ? -EPERM : halite_discard_refuse(r->fd, &r->discards_refused);
+	if (!ret)
+		return 0;
+	if (r->hpage) {
+		halite_logf(&s->log, HALITE_LOG_WARN, "region '%s' (hugetlbfs): a hole punched in "
+			    "its file during the save (a balloon or virtio-mem discard) can be "
+			    "neither refused nor seen: its blocks not yet saved would be saved as "
+			    "zeros", r->name);
+		return 0;
+	}
+	halite_logf(&s->log, HALITE_LOG_INFO, "region '%s': its file cannot refuse hole punches "
+		    "(%s): each block is checked against what the file held at the snapshot "
+		    "instant instead", r->name, strerror(-ret));
+	r->had_data = calloc(r->length / 4096 / 64 + 1, sizeof(*r->had_data));
+	if (!r->had_data)
+		return sfail(s, -ENOMEM, "region '%s': a bitmap of its pages", r->name);
+	ret = halite_file_data_pages(r->fd, r->fd_off, r->length, 4096, r->had_data);
+	return ret ? sfail(s, ret, "region '%s': which pages hold data (SEEK_DATA)", r->name) : 0;
+}
+
 static void disarm_regions(struct halite_save *s, uint32_t n)
 {
+	allow_discards(s);
 	for (uint32_t i = 0; i < n; i++) {
 		struct sregion *r = &s->regions[i];
 
@@ -1380,30 +1488,55 @@ static int arm_region(struct halite_save *s, struct sregion *r)
 	uint64_t need = 1ull << (shared ? _UFFDIO_CONTINUE : _UFFDIO_COPY);
 	int ret;
 
+	/*
+	 * Memory another userfaultfd has (a save or a restore of it running)
+	 * is refused here, before anything changes: registering says EBUSY.
+	 */
+	if (ioctl(s->uffd, UFFDIO_REGISTER, &reg)) {
+		if (errno == EBUSY)
+			return sfail(s, -EBUSY, "region '%s' is already registered with another "
+				     "userfaultfd: a save or restore of this memory is running",
+				     r->name);
+		return sfail(s, -errno, "region '%s': UFFDIO_REGISTER%s", r->name,
+			     shared ? " MINOR|MISSING (shared memory on tmpfs/memfd?)" : "");
+	}
+	r->registered = true;
 	if (!shared) {
+		struct uffdio_range rg = { r->host, r->length };
+		void *sh;
+
+		/*
+		 * Not registered while the pages move: with EVENT_REMAP the
+		 * registration would move with them, to the shadow. The guest is
+		 * paused, so the empty range cannot fault in between.
+		 */
+		if (ioctl(s->uffd, UFFDIO_UNREGISTER, &rg))
+			return sfail(s, -errno, "region '%s': UFFDIO_UNREGISTER", r->name);
+		r->registered = false;
 		/*
 		 * glibc's mremap() passes a fifth argument whether or not there is
 		 * one, and with MREMAP_DONTUNMAP this kernel refuses an unaligned
 		 * new_address even without MREMAP_FIXED: leaving it out fails with
 		 * EINVAL depending on what a register happens to hold.
 		 */
-		void *sh = mremap((void *)(uintptr_t)r->host, r->length, r->length,
-				  MREMAP_MAYMOVE | MREMAP_DONTUNMAP, NULL);
-
+		sh = mremap((void *)(uintptr_t)r->host, r->length, r->length,
+			    MREMAP_MAYMOVE | MREMAP_DONTUNMAP, NULL);
 		if (sh == MAP_FAILED)
 			return sfail(s, -errno, "region '%s': mremap(MREMAP_DONTUNMAP) (private "
 				     "anonymous memory in one mapping is required)", r->name);
 		r->shadow = sh;
+		if (ioctl(s->uffd, UFFDIO_REGISTER, &reg))
+			return sfail(s, -errno, "region '%s': UFFDIO_REGISTER", r->name);
+		r->registered = true;
 	}
-	if (ioctl(s->uffd, UFFDIO_REGISTER, &reg))
-		return sfail(s, -errno, "region '%s': UFFDIO_REGISTER%s", r->name,
-			     shared ? " MINOR|MISSING (shared memory on tmpfs/memfd?)" : "");
-	r->registered = true;
 	if ((reg.ioctls & need) != need)
 		return sfail(s, -HALITE_E_UNSUPPORTED, "region '%s': no UFFDIO_%s", r->name,
 			     shared ? "CONTINUE" : "COPY");
 	if (!shared)
 		return 0;
+	ret = guard_discards(s, r);
+	if (ret)
+		return ret;
 	/*
 	 * Registered first, then the owner's page-table entries go: from here
 	 * every access, read or write, faults. The data stays in the file.
@@ -1426,26 +1559,31 @@ HALITE_EXPORT int halite_save_arm(struct halite_save *s)
 	if (s->state != S_CREATED)
 		return -HALITE_E_STATE;
 	s->arm_start_ns = halite_now_ns();
+	/*
+	 * The fault thread first: dropping the owner's page-table entries of a
+	 * registered range raises a REMOVE event, and the madvise waits until
+	 * someone reads it.
+	 */
+	ret = pthread_create(&s->fault_thr, NULL, fault_main, s);
+	if (ret)
+		return sfail(s, -ret, "starting the fault thread");
 	for (i = 0; i < s->nregions && !ret; i++)
 		ret = arm_region(s, &s->regions[i]);
-	if (ret) {
-		disarm_regions(s, i);
-		return ret;
-	}
-	atomic_store(&s->last_fault_ns, halite_now_ns());
-	s->state = S_RUNNING;
-	ret = pthread_create(&s->fault_thr, NULL, fault_main, s);
 	if (!ret) {
-		ret = pthread_create(&s->writer_thr, NULL, writer_main, s);
+		atomic_store(&s->last_fault_ns, halite_now_ns());
+		s->state = S_RUNNING;
+		ret = -pthread_create(&s->writer_thr, NULL, writer_main, s);
 		if (ret) {
-			eventfd_write(s->stop_fd, 2);
-			pthread_join(s->fault_thr, NULL);
+			s->state = S_CREATED;
+			sfail(s, ret, "starting threads");
 		}
 	}
 	if (ret) {
-		disarm_regions(s, s->nregions);
-		s->state = S_CREATED;
-		return sfail(s, -ret, "starting threads");
+		/* Nothing was given to the guest yet: the pages go straight back. */
+		disarm_regions(s, i);
+		eventfd_write(s->stop_fd, 2);
+		pthread_join(s->fault_thr, NULL);
+		return ret;
 	}
 	s->threads_started = true;
 	if (!(s->o.flags & HALITE_SAVE_NO_BACKGROUND)) {
@@ -1472,7 +1610,7 @@ HALITE_EXPORT int halite_save_arm(struct halite_save *s)
  */
 static int teardown(struct halite_save *s)
 {
-	int ret = 0;
+	int ret = 0, e;
 
 	if (!s->threads_started)
 		return 0;
@@ -1496,25 +1634,21 @@ static int teardown(struct halite_save *s)
 		/* Shared memory never left the page cache: nothing to give back. */
 		for (uint64_t mb = r->first_mb; r->kind == HALITE_MEM_ANON &&
 						mb < r->first_mb + r->nmb && r->shadow; mb++) {
-			int t = block_touched(s, r, mb);
-			int e = t > 0 ? give_back(s, r, mb, true) : t;
+			int t = given_back(s, mb) ? 0 : block_touched(s, r, mb);
+			int g = t > 0 ? give_back(s, r, mb, 0) : t;
 
-			if (e && !ret)
-				ret = sfail(s, e, "giving memory block %llu back at teardown",
+			if (g && !ret)
+				ret = sfail(s, g, "giving memory block %llu back at teardown",
 					    (unsigned long long)mb);
 		}
 	}
-	for (uint32_t i = 0; i < s->nregions; i++) {
-		struct sregion *r = &s->regions[i];
-		struct uffdio_range rg = { r->host, r->length };
-
-		if (r->registered && ioctl(s->uffd, UFFDIO_UNREGISTER, &rg) && !ret)
-			ret = sfail(s, -errno, "region '%s': UFFDIO_UNREGISTER", r->name);
-		if (r->registered && ioctl(s->uffd, UFFDIO_WAKE, &rg))
-			halite_logf(&s->log, HALITE_LOG_WARN, "region '%s': UFFDIO_WAKE: %s", r->name,
-				    strerror(errno));
-		r->registered = false;
-	}
+	/* Where the memory is now (moves included); unregistering wakes its waiters. */
+	e = halite_gmem_unregister(s->gm);
+	if (e && !ret)
+		ret = sfail(s, e, "UFFDIO_UNREGISTER");
+	for (uint32_t i = 0; i < s->nregions; i++)
+		s->regions[i].registered = false;
+	allow_discards(s);
 	eventfd_write(s->stop_fd, 2);
 	pthread_join(s->fault_thr, NULL);
 	/* Only now has the last task been queued: tasks read the shadows. */
@@ -1619,9 +1753,12 @@ HALITE_EXPORT void halite_save_free(struct halite_save *s)
 	if (s->w)
 		halite_writer_free(s->w, s->state != S_DONE &&
 					 !(s->o.flags & HALITE_SAVE_KEEP_INCOMPLETE));
+	if (s->regions)
+		allow_discards(s);
 	for (uint32_t i = 0; s->regions && i < s->nregions; i++) {
 		struct sregion *r = &s->regions[i];
 
+		free(r->had_data);
 		if (r->view)
 			munmap(r->view, r->length);
 		if (r->shadow)
@@ -1630,8 +1767,7 @@ HALITE_EXPORT void halite_save_free(struct halite_save *s)
 			close(r->fd);
 		free(r->name);
 	}
-	if (s->zeros)
-		munmap(s->zeros, s->zeros_len);
+	halite_gmem_free(s->gm);
 	free(s->huge_claimed);
 	if (s->uffd >= 0)
 		close(s->uffd);
@@ -1642,6 +1778,7 @@ HALITE_EXPORT void halite_save_free(struct halite_save *s)
 	free((void *)s->o.vcpu_tids);
 	free(s->regions);
 	free((void *)s->claim);
+	free((void *)s->given);
 	free((void *)s->n_faults_by_vcpu);
 	free(s->roots);
 	free(s->path);
@@ -1666,4 +1803,9 @@ void halite_save_test_fail_writes(struct halite_save *s, uint64_t after, int err
 void halite_save_test_fail_check(struct halite_save *s, uint64_t after)
 {
 	atomic_store(&s->test_check_after, after + 1);
+}
+
+void halite_save_test_no_discard_refusal(struct halite_save *s)
+{
+	s->test_no_refusal = true;
 }

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stdint.h>
 #include <linux/fs.h>
 #include <signal.h>
 #include <stdio.h>
@@ -114,4 +115,25 @@ int halite_discard_allow(int fd)
 		ret = -errno;
 	fremovexattr(fd, OWNER_XATTR);
 	return ret;
+}
+
+int halite_file_data_pages(int fd, uint64_t off, uint64_t len, uint64_t page, uint64_t *bits)
+{
+	off_t end = (off_t)(off + len), d = (off_t)off, h;
+
+	while (d < end) {
+		d = lseek(fd, d, SEEK_DATA);
+		if (d < 0)
+			return errno == ENXIO ? 0 : -errno;
+		if (d >= end)
+			break;
+		h = lseek(fd, d, SEEK_HOLE);
+		if (h < 0)
+			return -errno;
+		for (uint64_t p = ((uint64_t)d - off) / page; p < len / page && off + p * page <
+		     (uint64_t)h; p++)
+			bits[p / 64] |= 1ull << (p % 64);
+		d = h;
+	}
+	return 0;
 }

@@ -25,6 +25,7 @@
 #define HALITE_DISCARD_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 /*
  * Make @fd's file refuse discards. 0 when it does now (*@ours: this process
@@ -36,5 +37,14 @@ int halite_discard_refuse(int fd, bool *ours);
 
 /* Undo halite_discard_refuse() (when it said ours). 0 or -errno. */
 int halite_discard_allow(int fd);
+
+/*
+ * Which pages of [@off, @off + @len) of @fd's file hold data (page cache or
+ * swap; SEEK_DATA/SEEK_HOLE): bit i of @bits for the page at @off + i *
+ * @page, set (never cleared). Where discards cannot be refused, what a save
+ * checks a copied block against, and what a restore taking over finds in.
+ * 0 or -errno.
+ */
+int halite_file_data_pages(int fd, uint64_t off, uint64_t len, uint64_t page, uint64_t *bits);
 
 #endif

@@ -26,6 +26,23 @@
  *   userfaultfd created inside it and a way to drop its page-table entries
  *   (QEMU: ptrace injection; see docs/).
  *
+ * Memory a save or restore is already working on (registered with another
+ * userfaultfd) is refused at arm with -EBUSY, before anything changes.
+ *
+ * What the guest does to its memory during the save: a private page it
+ * discards (MADV_DONTNEED, ...) reads as zeros from then on, whatever the
+ * engine had done with it, and the file still gets the page as it was at the
+ * snapshot instant; unmapped memory is saved as it was; a range it moves is
+ * followed. A hole punched in a shared region's file (a VMM giving memory
+ * back: virtio-balloon, free page reporting, virtio-mem) is refused while
+ * the save runs: the file is made append-only (halite/src/discard.h, which
+ * also records who did it so that a later engine can undo it should this
+ * process die). Where the file cannot refuse (no CAP_LINUX_IMMUTABLE, or a
+ * file system without the flag), a block punched before it was saved fails
+ * the save with -ENODATA and a message naming where, never zeros in the
+ * file; on hugetlbfs, which can neither refuse nor tell holes, a warning is
+ * logged at arm.
+ *
  * hugetlbfs: the kernel faults and maps whole huge pages, so a fault saves
  * every block of its huge page at once; region host address, length and
  * file offset must be multiples of the huge page size. hugetlbfs cannot

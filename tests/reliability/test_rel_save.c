@@ -1,0 +1,440 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The save engine under what guests and callers really do (issue 12):
+ *
+ *   busy      a second save of memory a first save is saving: refused with
+ *             -EBUSY at arm before anything changes (anonymous and memfd);
+ *             every byte of the guest's memory stays, the first save
+ *             finishes exactly, and a good older file at the second save's
+ *             path survives (item 1; before, the second arm moved the first
+ *             save's pages away and its undo dropped the first registration:
+ *             the memory read zeros)
+ *   failed    a save that fails (an injected write error) over a good older
+ *             snapshot leaves that file byte for byte (item 1)
+ *   discard   private memory the guest discards during the save: a page of a
+ *             block already given back reads zero at once (before: the fault
+ *             looped forever, copy_in() stopping at EEXIST on the block's
+ *             first page), a whole block too (before: the snapshot's bytes
+ *             came back), and a block not yet saved still goes into the file
+ *             as it was at the snapshot instant (item 3)
+ *   punch     a hole punched in shared memory's file during the save: refused
+ *             (the file is append-only while the save needs it) and the save
+ *             exact; where it cannot be refused, a punched block not yet saved
+ *             fails the save with a message naming where, never zeros in the
+ *             file (item 2)
+ *
+ *   test_rel_save [CASE...]     all cases by default
+ *
+ * Exit 0 pass, 1 fail, 77 no userfaultfd.
+ */
+#define _GNU_SOURCE
+#include <linux/fs.h>
+#include <sys/ioctl.h>
+
+#include <halite/save.h>
+
+#include "rel.h"
+#include "save_test.h"
+
+#define NMB 256u /* 2 MiB of guest memory */
+#define LEN ((size_t)NMB * REL_MB)
+
+static uint64_t g_seed;
+
+/* Guest memory with the snapshot's contents: random, every 8th block zero. */
+struct guest {
+	uint8_t *mem;
+	int fd;		  /* memfd, or -1 */
+	uint8_t *snap;	  /* what it held at the snapshot instant */
+};
+
+static void guest_make(struct guest *g, bool shared)
+{
+	uint64_t s = g_seed;
+
+	g->fd = -1;
+	g->mem = shared ? rel_map_memfd(LEN, &g->fd) : rel_map_anon(LEN);
+	g->snap = malloc(LEN);
+	REQUIRE(g->snap, "malloc");
+	for (uint64_t mb = 0; mb < NMB; mb++) {
+		if (mb % 8 == 3)
+			memset(g->snap + mb * REL_MB, 0, REL_MB);
+		else
+			t_fill(g->snap + mb * REL_MB, REL_MB, 70, &s);
+	}
+	memcpy(g->mem, g->snap, LEN);
+}
+
+static void guest_free(struct guest *g)
+{
+	munmap(g->mem, LEN);
+	if (g->fd >= 0)
+		close(g->fd);
+	free(g->snap);
+}
+
+static struct halite_save *save_start(const struct guest *g, const char *path, unsigned flags,
+				      bool no_refusal, int *ret)
+{
+	HALITE_OPTS(halite_save_opts, o);
+	struct halite_save_region reg = { "ram", 0, LEN, (uintptr_t)g->mem,
+					  g->fd >= 0 ? HALITE_MEM_SHARED : HALITE_MEM_ANON, g->fd,
+					  0 };
+	struct halite_save *s;
+
+	o.flags = HALITE_SAVE_NO_SYNC | flags;
+	*ret = halite_save_create(&s, path, &reg, 1, &o);
+	if (*ret)
+		return NULL;
+	if (no_refusal)
+		halite_save_test_no_discard_refusal(s);
+	*ret = halite_save_arm(s);
+	return s;
+}
+
+/* Every block of @path against @want (LEN bytes): the count of blocks that differ. */
+static uint64_t file_diff(const char *path, const uint8_t *want)
+{
+	struct halite_reader *rd;
+	uint8_t buf[REL_MB];
+	uint64_t bad = 0;
+	int ret = halite_reader_open(&rd, path, NULL);
+
+	if (ret) {
+		printf("  %s: %s\n", path, halite_strerror(ret));
+		return NMB;
+	}
+	for (uint64_t mb = 0; mb < NMB; mb++)
+		if (halite_reader_read_mb(rd, mb, buf) || memcmp(buf, want + mb * REL_MB, REL_MB))
+			bad++;
+	halite_reader_free(rd);
+	return bad;
+}
+
+/* Touch (read) every page from a thread; false if one never returned. */
+static bool touch_all(uint8_t *mem)
+{
+	for (size_t off = 0; off < LEN; off += REL_PAGE) {
+		struct rel_touch t;
+
+		rel_touch_start(&t, mem + off, 0);
+		if (!rel_touch_wait(&t, 10000)) {
+			printf("  a read at offset %zu never returned\n", off);
+			return false;
+		}
+	}
+	return true;
+}
+
+static bool read_word(uint8_t *p, uint64_t *v, unsigned ms)
+{
+	struct rel_touch t;
+
+	rel_touch_start(&t, p, 0);
+	if (!rel_touch_wait(&t, ms))
+		return false;
+	*v = t.got;
+	return true;
+}
+
+static size_t diff_count(const uint8_t *a, const uint8_t *b, size_t len)
+{
+	size_t n = 0;
+
+	for (size_t i = 0; i < len; i++)
+		n += a[i] != b[i];
+	return n;
+}
+
+static size_t nonzero_bytes(const uint8_t *p, size_t len)
+{
+	size_t n = 0;
+
+	for (size_t i = 0; i < len; i++)
+		n += p[i] != 0;
+	return n;
+}
+
+/* A small, complete snapshot at @path (anything the reader accepts), and its bytes. */
+static uint8_t *write_old_file(const char *path, size_t *len)
+{
+	struct guest g;
+	struct halite_save *s;
+	uint8_t *bytes = NULL;
+	int ret, fd;
+	struct stat st;
+
+	guest_make(&g, false);
+	memset(g.mem, 0x5a, REL_MB); /* not the guests' content */
+	s = save_start(&g, path, 0, false, &ret);
+	REQUIRE(!ret, "old file: %s", halite_strerror(ret));
+	REQUIRE(!halite_save_wait(s, 60000), "old file: wait");
+	halite_save_free(s);
+	guest_free(&g);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	REQUIRE(fd >= 0 && !fstat(fd, &st), "old file: %s", strerror(errno));
+	bytes = malloc((size_t)st.st_size);
+	REQUIRE(bytes && read(fd, bytes, (size_t)st.st_size) == st.st_size, "old file: read");
+	close(fd);
+	*len = (size_t)st.st_size;
+	return bytes;
+}
+
+static bool file_is(const char *path, const uint8_t *bytes, size_t len)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	uint8_t *now = malloc(len + 1);
+	ssize_t n = fd >= 0 && now ? read(fd, now, len + 1) : -1;
+	bool same = n == (ssize_t)len && !memcmp(now, bytes, len);
+
+	if (fd >= 0)
+		close(fd);
+	free(now);
+	return same;
+}
+
+/* ---- busy ---- */
+
+static void case_busy(bool shared)
+{
+	const char *what = shared ? "busy, memfd" : "busy, anonymous";
+	char *p1 = rel_path("busy1-%d.hlt", shared), *p2 = rel_path("busy2-%d.hlt", shared);
+	struct halite_save *s1, *s2;
+	struct guest g;
+	uint8_t *old;
+	size_t oldlen;
+	int ret;
+
+	printf("%s: a second save of memory being saved\n", what);
+	old = write_old_file(p2, &oldlen);
+	guest_make(&g, shared);
+	/* Only faults save: the first save runs until this test touches everything. */
+	s1 = save_start(&g, p1, HALITE_SAVE_NO_BACKGROUND, false, &ret);
+	REQUIRE(!ret, "%s: first save: %s", what, halite_strerror(ret));
+	s2 = save_start(&g, p2, 0, false, &ret);
+	CHECK(ret == -EBUSY, "%s: second arm %d (%s), want -EBUSY", what, ret, halite_strerror(ret));
+	CHECK(s2 && strstr(halite_save_errmsg(s2), "already registered"),
+	      "%s: message '%s'", what, s2 ? halite_save_errmsg(s2) : "");
+	halite_save_free(s2);
+	CHECK(file_is(p2, old, oldlen), "%s: the older file at the second save's path changed",
+	      what);
+	/* The guest's memory, every byte, through the first save's faults. */
+	CHECK(touch_all(g.mem), "%s: touching memory", what);
+	CHECK(!memcmp(g.mem, g.snap, LEN), "%s: %zu bytes of guest memory changed", what,
+	      diff_count(g.mem, g.snap, LEN));
+	ret = halite_save_wait(s1, 60000);
+	CHECK(ret == 0, "%s: first save %d: %s", what, ret, halite_save_errmsg(s1));
+	halite_save_free(s1);
+	CHECK(file_diff(p1, g.snap) == 0, "%s: the first save's file differs in %llu blocks", what,
+	      (unsigned long long)file_diff(p1, g.snap));
+	guest_free(&g);
+	free(old);
+	unlink(p1);
+	unlink(p2);
+	free(p1);
+	free(p2);
+}
+
+/* ---- failed ---- */
+
+static void case_failed(void)
+{
+	char *p = rel_path("failed.hlt");
+	HALITE_OPTS(halite_save_opts, o);
+	struct halite_save *s;
+	struct guest g;
+	uint8_t *old;
+	size_t oldlen;
+	struct halite_save_region reg;
+	int ret;
+
+	printf("failed: a save that fails over a good older file\n");
+	old = write_old_file(p, &oldlen);
+	guest_make(&g, false);
+	reg = (struct halite_save_region){ "ram", 0, LEN, (uintptr_t)g.mem, HALITE_MEM_ANON, -1, 0 };
+	o.flags = HALITE_SAVE_NO_SYNC;
+	REQUIRE(!halite_save_create(&s, p, &reg, 1, &o), "create");
+	halite_save_test_fail_writes(s, 3, ENOSPC);
+	REQUIRE(!halite_save_arm(s), "arm");
+	ret = halite_save_wait(s, 60000);
+	CHECK(ret == -ENOSPC, "failed: wait %d, want -ENOSPC", ret);
+	halite_save_free(s);
+	CHECK(file_is(p, old, oldlen), "failed: the older file did not survive the failed save");
+	CHECK(!memcmp(g.mem, g.snap, LEN), "failed: guest memory changed");
+	guest_free(&g);
+	free(old);
+	unlink(p);
+	free(p);
+}
+
+/* ---- discard ---- */
+
+static void case_discard(void)
+{
+	char *p = rel_path("discard.hlt");
+	const size_t a = 10 * REL_MB, b = 20 * REL_MB, c = 30 * REL_MB;
+	struct halite_save_stats st;
+	struct halite_save *s;
+	struct guest g;
+	uint8_t *after;
+	uint64_t v;
+	int ret;
+
+	printf("discard: private memory the guest discards during the save\n");
+	guest_make(&g, false);
+	s = save_start(&g, p, HALITE_SAVE_NO_BACKGROUND, false, &ret);
+	REQUIRE(!ret, "discard: arm: %s", halite_strerror(ret));
+	/* Block a: given back by a fault, then its second page discarded. */
+	CHECK(read_word(g.mem + a, &v, 10000) && !memcmp(&v, g.snap + a, 8), "discard: a before");
+	REQUIRE(!madvise(g.mem + a + REL_PAGE, REL_PAGE, MADV_DONTNEED), "madvise");
+	CHECK(read_word(g.mem + a + REL_PAGE, &v, 5000),
+	      "discard: a read of a discarded page of a given-back block never returned");
+	CHECK(v == 0, "discard: block a's discarded page reads %llx", (unsigned long long)v);
+	/* Block b: given back, then wholly discarded. */
+	CHECK(read_word(g.mem + b, &v, 10000) && !memcmp(&v, g.snap + b, 8), "discard: b before");
+	REQUIRE(!madvise(g.mem + b, REL_MB, MADV_DONTNEED), "madvise");
+	CHECK(read_word(g.mem + b + REL_PAGE, &v, 5000) && v == 0,
+	      "discard: block b after its discard: %llx", (unsigned long long)v);
+	/* Block c: not saved yet when discarded. */
+	REQUIRE(!madvise(g.mem + c, REL_MB, MADV_DONTNEED), "madvise");
+	CHECK(read_word(g.mem + c, &v, 5000) && v == 0, "discard: block c after its discard");
+	/* The rest by faults; then the file must be the snapshot instant, all of it. */
+	CHECK(touch_all(g.mem), "discard: touching memory");
+	ret = halite_save_wait(s, 60000);
+	CHECK(ret == 0, "discard: save %d: %s", ret, halite_save_errmsg(s));
+	halite_save_stats(s, &st);
+	halite_save_free(s);
+	CHECK(file_diff(p, g.snap) == 0, "discard: the file differs in %llu blocks",
+	      (unsigned long long)file_diff(p, g.snap));
+	after = malloc(LEN);
+	REQUIRE(after, "malloc");
+	memcpy(after, g.snap, LEN);
+	memset(after + a + REL_PAGE, 0, REL_PAGE);
+	memset(after + b, 0, REL_MB);
+	memset(after + c, 0, REL_MB);
+	CHECK(!memcmp(g.mem, after, LEN), "discard: guest memory after the save");
+	CHECK(nonzero_bytes(g.mem + b, REL_MB) == 0 && nonzero_bytes(g.mem + c, REL_MB) == 0,
+	      "discard: discarded blocks hold bytes");
+	free(after);
+	guest_free(&g);
+	unlink(p);
+	free(p);
+}
+
+/* ---- punch ---- */
+
+static int file_flags(int fd)
+{
+	int fl = 0;
+
+	ioctl(fd, FS_IOC_GETFLAGS, &fl);
+	return fl;
+}
+
+static void case_punch_refused(void)
+{
+	char *p = rel_path("punch.hlt");
+	const size_t a = 40 * REL_MB, b = 50 * REL_MB;
+	struct halite_save *s;
+	struct guest g;
+	int ret, r1, e1, r2, e2;
+
+	printf("punch: holes punched in shared memory's file during the save are refused\n");
+	guest_make(&g, true);
+	s = save_start(&g, p, HALITE_SAVE_NO_BACKGROUND, false, &ret);
+	REQUIRE(!ret, "punch: arm: %s", halite_strerror(ret));
+	/* As QEMU's ram_block_discard_range(): punch, then madvise. */
+	r1 = fallocate(g.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)a, REL_MB);
+	e1 = errno;
+	r2 = madvise(g.mem + b, REL_MB, MADV_REMOVE);
+	e2 = errno;
+	CHECK(r1 == -1 && e1 == EPERM, "punch: fallocate(PUNCH_HOLE) during the save: %d %s", r1,
+	      strerror(e1));
+	CHECK(r2 == -1 && e2 == EPERM, "punch: madvise(MADV_REMOVE) during the save: %d %s", r2,
+	      strerror(e2));
+	CHECK(touch_all(g.mem), "punch: touching memory");
+	ret = halite_save_wait(s, 60000);
+	CHECK(ret == 0, "punch: save %d: %s", ret, halite_save_errmsg(s));
+	halite_save_free(s);
+	CHECK(file_diff(p, g.snap) == 0, "punch: the file differs in %llu blocks",
+	      (unsigned long long)file_diff(p, g.snap));
+	CHECK(!memcmp(g.mem, g.snap, LEN), "punch: guest memory changed");
+	/* Once the save is over, the VMM may discard again. */
+	CHECK(!(file_flags(g.fd) & FS_APPEND_FL), "punch: the file is still append-only");
+	CHECK(!fallocate(g.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)a, REL_MB),
+	      "punch: after the save: %s", strerror(errno));
+	guest_free(&g);
+	unlink(p);
+	free(p);
+}
+
+static void case_punch_detected(void)
+{
+	char *p = rel_path("punch2.hlt");
+	const size_t a = 40 * REL_MB, done = 60 * REL_MB;
+	struct halite_save *s;
+	struct guest g;
+	uint64_t v;
+	int ret;
+	char want[64];
+
+	printf("punch: where the file cannot refuse it, a punched block not yet saved fails the "
+	       "save\n");
+	guest_make(&g, true);
+	s = save_start(&g, p, HALITE_SAVE_NO_BACKGROUND, true, &ret);
+	REQUIRE(!ret, "punch2: arm: %s", halite_strerror(ret));
+	/* Saved first, punched after: no harm, its bytes are in the save. */
+	CHECK(read_word(g.mem + done, &v, 10000), "punch2: block done");
+	REQUIRE(!fallocate(g.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)done,
+			   REL_MB), "fallocate: %s", strerror(errno));
+	/* Punched before it was saved, as a balloon would: then the guest touches it. */
+	REQUIRE(!fallocate(g.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)a, REL_MB),
+		"fallocate: %s", strerror(errno));
+	REQUIRE(!madvise(g.mem + a, REL_MB, MADV_DONTNEED), "madvise");
+	read_word(g.mem + a, &v, 10000);
+	ret = halite_save_wait(s, 60000);
+	CHECK(ret == -ENODATA, "punch2: save %d (%s), want -ENODATA", ret, halite_strerror(ret));
+	snprintf(want, sizeof(want), "0x%llx", (unsigned long long)a);
+	CHECK(strstr(halite_save_errmsg(s), "discarded") && strstr(halite_save_errmsg(s), want),
+	      "punch2: message '%s' (want it to name %s)", halite_save_errmsg(s), want);
+	halite_save_free(s);
+	CHECK(access(p, F_OK) && errno == ENOENT, "punch2: a file was left at the target");
+	/* The guest keeps what it did: its discard, and nothing else changed. */
+	CHECK(touch_all(g.mem), "punch2: touching memory after the failed save");
+	CHECK(nonzero_bytes(g.mem + a, REL_MB) == 0, "punch2: the punched block reads data");
+	CHECK(!memcmp(g.mem, g.snap, a) && !memcmp(g.mem + a + REL_MB, g.snap + a + REL_MB,
+						  done - a - REL_MB) &&
+	      !memcmp(g.mem + done + REL_MB, g.snap + done + REL_MB, LEN - done - REL_MB),
+	      "punch2: guest memory outside the punched blocks changed");
+	guest_free(&g);
+	free(p);
+}
+
+static bool wanted(int argc, char **argv, const char *name)
+{
+	if (argc < 2)
+		return true;
+	for (int i = 1; i < argc; i++)
+		if (!strcmp(argv[i], name))
+			return true;
+	return false;
+}
+
+int main(int argc, char **argv)
+{
+	rel_begin("test_rel_save");
+	g_seed = t_seed("test_rel_save");
+	if (wanted(argc, argv, "busy")) {
+		case_busy(false);
+		case_busy(true);
+	}
+	if (wanted(argc, argv, "failed"))
+		case_failed();
+	if (wanted(argc, argv, "discard"))
+		case_discard();
+	if (wanted(argc, argv, "punch")) {
+		case_punch_refused();
+		case_punch_detected();
+	}
+	return rel_result();
+}
