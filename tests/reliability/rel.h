@@ -182,6 +182,24 @@ static inline bool rel_touch_wait(struct rel_touch *t, unsigned ms)
 	return true;
 }
 
+/*
+ * Read the word at @p from a thread (it may fault) and wait up to @ms: true
+ * and *v when it returned. A thread that never returns keeps its record,
+ * leaked, rather than write into a stack frame long gone.
+ */
+static inline bool rel_read_word(void *p, uint64_t *v, unsigned ms)
+{
+	struct rel_touch *t = malloc(sizeof(*t));
+
+	REQUIRE(t, "malloc");
+	rel_touch_start(t, p, 0);
+	if (!rel_touch_wait(t, ms))
+		return false;
+	*v = t->got;
+	free(t);
+	return true;
+}
+
 /* Send / receive one descriptor over a unix socket. */
 static inline int rel_send_fd(int sock, int fd)
 {

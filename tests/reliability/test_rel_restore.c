@@ -177,16 +177,6 @@ static void case_enoent(void)
 /* ---- discard ---- */
 
 /* A page's first word, read from a thread (it may fault): true when it returned. */
-static bool read_word(uint8_t *p, uint64_t *v)
-{
-	struct rel_touch t;
-
-	rel_touch_start(&t, p, 0);
-	if (!rel_touch_wait(&t, 10000))
-		return false;
-	*v = t.got;
-	return true;
-}
 
 static uint64_t img_word(size_t off)
 {
@@ -214,28 +204,28 @@ static void case_discard_demand(void)
 
 	/* Block a: its second page discarded before the block was ever read. */
 	REQUIRE(!madvise(mem + a + REL_PAGE, REL_PAGE, MADV_DONTNEED), "madvise");
-	CHECK(read_word(mem + a, &v) && v == img_word(a), "discard: block a, first page");
-	CHECK(read_word(mem + a + REL_PAGE, &v) && v == 0,
+	CHECK(rel_read_word(mem + a, &v, 10000) && v == img_word(a), "discard: block a, first page");
+	CHECK(rel_read_word(mem + a + REL_PAGE, &v, 10000) && v == 0,
 	      "discard: block a, discarded page reads %llx, not zero", (unsigned long long)v);
 	CHECK(nonzero_bytes(mem + a + REL_PAGE, REL_PAGE) == 0, "discard: block a page 2");
 	CHECK(!memcmp(mem + a, g_image + a, REL_PAGE), "discard: block a page 1 bytes");
 
 	/* Block b: installed, then wholly discarded: zeros, never the snapshot again. */
-	CHECK(read_word(mem + b, &v) && v == img_word(b), "discard: block b before");
+	CHECK(rel_read_word(mem + b, &v, 10000) && v == img_word(b), "discard: block b before");
 	REQUIRE(!madvise(mem + b, REL_MB, MADV_DONTNEED), "madvise");
-	CHECK(read_word(mem + b + REL_PAGE, &v) && v == 0, "discard: block b after, %llx",
+	CHECK(rel_read_word(mem + b + REL_PAGE, &v, 10000) && v == 0, "discard: block b after, %llx",
 	      (unsigned long long)v);
 	CHECK(nonzero_bytes(mem + b, REL_MB) == 0, "discard: block b bytes");
 
 	/* Block c: installed, then its second page discarded: the first keeps its bytes. */
-	CHECK(read_word(mem + c, &v) && v == img_word(c), "discard: block c before");
+	CHECK(rel_read_word(mem + c, &v, 10000) && v == img_word(c), "discard: block c before");
 	REQUIRE(!madvise(mem + c + REL_PAGE, REL_PAGE, MADV_DONTNEED), "madvise");
-	CHECK(read_word(mem + c + REL_PAGE, &v) && v == 0, "discard: block c page 2 after");
+	CHECK(rel_read_word(mem + c + REL_PAGE, &v, 10000) && v == 0, "discard: block c page 2 after");
 	CHECK(!memcmp(mem + c, g_image + c, REL_PAGE), "discard: block c page 1 bytes");
 
 	/* The rest comes by faults: touch every page from here. */
 	for (size_t off = 0; off < LEN; off += REL_PAGE)
-		CHECK(read_word(mem + off, &v), "discard: page at %zu never returned", off);
+		CHECK(rel_read_word(mem + off, &v, 10000), "discard: page at %zu never returned", off);
 	CHECK(halite_restore_wait(r, 60000) == 0, "discard: wait: %s", halite_restore_errmsg(r));
 	halite_restore_stats(r, &st);
 	check_sums(&st, "discard (demand)");
