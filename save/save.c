@@ -147,6 +147,12 @@ struct sregion {
 	 */
 	bool discards_refused;
 	uint64_t *had_data;
+	/*
+	 * Set (release) once arm has set up what the fault path reads (shadow,
+	 * had_data), before the region is registered: the fault thread runs
+	 * from before arm, and a fault's acquire of it orders those reads.
+	 */
+	_Atomic bool armed;
 };
 
 enum { CLAIM_FREE, CLAIM_COPYING, CLAIM_READY, CLAIM_SAVED };
@@ -655,6 +661,10 @@ static int serve_fault(struct halite_save *s, const struct uffd_msg *m)
 				   (unsigned long long)addr) : 0;
 	}
 	r = &s->regions[ri];
+	/* Always true: a fault needs the registration, which comes after. */
+	if (!atomic_load_explicit(&r->armed, memory_order_acquire))
+		return sfail(s, -HALITE_E_INTERNAL, "fault in region '%s' before it was armed",
+			     r->name);
 	mb = r->first_mb + off / s->mb_size;
 	stream = stream_of_tid(s, m->arg.pagefault.feat.ptid);
 	if (r->hpage)
@@ -1488,9 +1498,15 @@ static int arm_region(struct halite_save *s, struct sregion *r)
 	uint64_t need = 1ull << (shared ? _UFFDIO_CONTINUE : _UFFDIO_COPY);
 	int ret;
 
+	struct uffdio_range rg = { r->host, r->length };
+
 	/*
 	 * Memory another userfaultfd has (a save or a restore of it running)
 	 * is refused here, before anything changes: registering says EBUSY.
+	 * Then unregistered again until the region is ready: private memory's
+	 * registration would follow its pages to the shadow (EVENT_REMAP), and
+	 * shared memory would fault before its discard guard is in place. The
+	 * guest is paused: nothing faults in between.
 	 */
 	if (ioctl(s->uffd, UFFDIO_REGISTER, &reg)) {
 		if (errno == EBUSY)
@@ -1500,43 +1516,37 @@ static int arm_region(struct halite_save *s, struct sregion *r)
 		return sfail(s, -errno, "region '%s': UFFDIO_REGISTER%s", r->name,
 			     shared ? " MINOR|MISSING (shared memory on tmpfs/memfd?)" : "");
 	}
-	r->registered = true;
+	if (ioctl(s->uffd, UFFDIO_UNREGISTER, &rg))
+		return sfail(s, -errno, "region '%s': UFFDIO_UNREGISTER", r->name);
 	if (!shared) {
-		struct uffdio_range rg = { r->host, r->length };
-		void *sh;
-
-		/*
-		 * Not registered while the pages move: with EVENT_REMAP the
-		 * registration would move with them, to the shadow. The guest is
-		 * paused, so the empty range cannot fault in between.
-		 */
-		if (ioctl(s->uffd, UFFDIO_UNREGISTER, &rg))
-			return sfail(s, -errno, "region '%s': UFFDIO_UNREGISTER", r->name);
-		r->registered = false;
 		/*
 		 * glibc's mremap() passes a fifth argument whether or not there is
 		 * one, and with MREMAP_DONTUNMAP this kernel refuses an unaligned
 		 * new_address even without MREMAP_FIXED: leaving it out fails with
 		 * EINVAL depending on what a register happens to hold.
 		 */
-		sh = mremap((void *)(uintptr_t)r->host, r->length, r->length,
-			    MREMAP_MAYMOVE | MREMAP_DONTUNMAP, NULL);
+		void *sh = mremap((void *)(uintptr_t)r->host, r->length, r->length,
+				  MREMAP_MAYMOVE | MREMAP_DONTUNMAP, NULL);
+
 		if (sh == MAP_FAILED)
 			return sfail(s, -errno, "region '%s': mremap(MREMAP_DONTUNMAP) (private "
 				     "anonymous memory in one mapping is required)", r->name);
 		r->shadow = sh;
-		if (ioctl(s->uffd, UFFDIO_REGISTER, &reg))
-			return sfail(s, -errno, "region '%s': UFFDIO_REGISTER", r->name);
-		r->registered = true;
+	} else {
+		ret = guard_discards(s, r);
+		if (ret)
+			return ret;
 	}
+	/* What the fault thread reads of the region, published to it (serve_fault()). */
+	atomic_store_explicit(&r->armed, true, memory_order_release);
+	if (ioctl(s->uffd, UFFDIO_REGISTER, &reg))
+		return sfail(s, -errno, "region '%s': UFFDIO_REGISTER", r->name);
+	r->registered = true;
 	if ((reg.ioctls & need) != need)
 		return sfail(s, -HALITE_E_UNSUPPORTED, "region '%s': no UFFDIO_%s", r->name,
 			     shared ? "CONTINUE" : "COPY");
 	if (!shared)
 		return 0;
-	ret = guard_discards(s, r);
-	if (ret)
-		return ret;
 	/*
 	 * Registered first, then the owner's page-table entries go: from here
 	 * every access, read or write, faults. The data stays in the file.
