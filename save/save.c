@@ -182,6 +182,7 @@ struct halite_save {
 	struct halite_root *roots;
 	uint32_t nroots, roots_cap;
 	pthread_mutex_t roots_lock;
+	struct halite_save_test_walk walk_end; /* set by the background thread */
 
 	/* statistics */
 	uint64_t arm_start_ns, arm_ns, done_ns;
@@ -764,6 +765,7 @@ static int bg_save_block(struct halite_save *s, const struct sregion *r, uint64_
 
 struct bg {
 	struct halite_save *s;
+	struct halite_ptw *w;
 	uint64_t start_ns, saved;
 	int err;
 };
@@ -842,8 +844,12 @@ static int pt_visit(void *ctx, uint64_t va, uint64_t gpa, uint64_t len)
 {
 	struct bg *b = ctx;
 	struct halite_save *s = b->s;
+	uint64_t first = gpa - gpa % s->mb_size;
 
-	for (uint64_t g = gpa - gpa % s->mb_size; g < gpa + len; g += s->mb_size) {
+	b->err = halite_ptw_charge(b->w, (gpa + len - first + s->mb_size - 1) / s->mb_size);
+	if (b->err)
+		return b->err;
+	for (uint64_t g = first; g < gpa + len; g += s->mb_size) {
 		uint64_t off;
 		const struct sregion *r = region_of_gpa(s, g, &off);
 		uint64_t mb;
@@ -868,9 +874,11 @@ static int pt_visit(void *ctx, uint64_t va, uint64_t gpa, uint64_t len)
 static int bg_walk(struct halite_save *s, struct bg *b)
 {
 	struct halite_ptw *w;
+	struct timespec cpu0, cpu1;
 	uint64_t mem = 0;
 	int ret;
 
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu0);
 	for (uint32_t i = 0; i < s->nregions; i++)
 		mem += s->regions[i].length;
 	ret = halite_ptw_create(&w, mem);
@@ -878,6 +886,8 @@ static int bg_walk(struct halite_save *s, struct bg *b)
 		halite_logf(&s->log, HALITE_LOG_WARN, "no page-table walk: %s", halite_strerror(ret));
 		return 0;
 	}
+	b->w = w;
+	s->walk_end.budget = UINT64_MAX;
 	for (uint32_t i = 0; !atomic_load(&s->stopping); i++) {
 		struct halite_root root;
 
@@ -888,6 +898,7 @@ static int bg_walk(struct halite_save *s, struct bg *b)
 		}
 		root = s->roots[i];
 		pthread_mutex_unlock(&s->roots_lock);
+		s->walk_end.roots = i + 1;
 		ret = halite_ptw_walk(w, root.cr3, root.mode, pt_read, pt_visit, b);
 		if (b->err)
 			break;
@@ -899,7 +910,12 @@ static int bg_walk(struct halite_save *s, struct bg *b)
 			halite_logf(&s->log, HALITE_LOG_WARN, "page-table walk from CR3 0x%llx: %s",
 				    (unsigned long long)root.cr3, halite_strerror(ret));
 	}
+	halite_ptw_stats(w, &s->walk_end.st);
 	halite_ptw_free(w);
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu1);
+	s->walk_end.ns = halite_now_ns() - b->start_ns;
+	s->walk_end.cpu_ns = (uint64_t)((cpu1.tv_sec - cpu0.tv_sec) * 1000000000 +
+					(cpu1.tv_nsec - cpu0.tv_nsec));
 	return b->err;
 }
 
@@ -937,6 +953,12 @@ static void *bg_main(void *arg)
 		}
 	}
 	return NULL;
+}
+
+/* After halite_save_wait(): the background thread has been joined. */
+void halite_save_test_walk(struct halite_save *s, struct halite_save_test_walk *out)
+{
+	*out = s->walk_end;
 }
 
 /* ---- writer thread ---- */
