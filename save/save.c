@@ -763,9 +763,18 @@ static int bg_save_block(struct halite_save *s, const struct sregion *r, uint64_
 	return 0;
 }
 
+/* A region as the walk sees it, in a copy of the regions sorted by GPA. */
+struct walk_region {
+	const struct sregion *r;
+	uint64_t gpa, end;
+	uint64_t max_end; /* the largest end of this region and those before it */
+};
+
 struct bg {
 	struct halite_save *s;
 	struct halite_ptw *w;
+	struct walk_region *wr;
+	uint32_t nwr;
 	uint64_t start_ns, saved;
 	int err;
 };
@@ -839,24 +848,37 @@ static int pt_read(void *ctx, uint64_t gpa, void *page)
 	return 0;
 }
 
-/* halite_ptw_visit_fn: save the blocks behind a mapped leaf, in VA order. */
-static int pt_visit(void *ctx, uint64_t va, uint64_t gpa, uint64_t len)
+/*
+ * The first sorted region that may hold @gpa or anything above it: the
+ * first whose max_end passes @gpa. max_end never decreases, so a binary
+ * search finds it even if regions overlap (nothing forbids it).
+ */
+static uint32_t walk_region_first(const struct bg *b, uint64_t gpa)
 {
-	struct bg *b = ctx;
+	uint32_t lo = 0, hi = b->nwr;
+
+	while (lo < hi) {
+		uint32_t mid = lo + (hi - lo) / 2;
+
+		if (b->wr[mid].max_end > gpa)
+			hi = mid;
+		else
+			lo = mid + 1;
+	}
+	return lo;
+}
+
+/* Save the unclaimed blocks of @r that [lo, hi) overlaps, in GPA order. */
+static int walk_blocks(struct bg *b, const struct sregion *r, uint64_t lo, uint64_t hi)
+{
 	struct halite_save *s = b->s;
-	uint64_t first = gpa - gpa % s->mb_size;
+	uint64_t first = r->first_mb + (lo - r->gpa) / s->mb_size;
+	uint64_t last = r->first_mb + (hi - 1 - r->gpa) / s->mb_size;
+	int ret = halite_ptw_charge(b->w, last - first + 1);
 
-	b->err = halite_ptw_charge(b->w, (gpa + len - first + s->mb_size - 1) / s->mb_size);
-	if (b->err)
-		return b->err;
-	for (uint64_t g = first; g < gpa + len; g += s->mb_size) {
-		uint64_t off;
-		const struct sregion *r = region_of_gpa(s, g, &off);
-		uint64_t mb;
-
-		if (!r)
-			continue; /* MMIO, or a hostile entry: nothing of ours */
-		mb = r->first_mb + off / s->mb_size;
+	if (ret)
+		return ret;
+	for (uint64_t mb = first; mb <= last; mb++) {
 		if (atomic_load(&s->claim[mb]))
 			continue;
 		bg_throttle(s, b->start_ns, b->saved);
@@ -870,6 +892,35 @@ static int pt_visit(void *ctx, uint64_t va, uint64_t gpa, uint64_t len)
 	return 0;
 }
 
+/*
+ * halite_ptw_visit_fn: save the blocks behind a mapped leaf, in VA order.
+ * The leaf is clipped to the regions it overlaps, so what lies outside guest
+ * memory (MMIO, or a hostile entry) costs nothing per block: a leaf outside
+ * every region costs a binary search.
+ */
+static int pt_visit(void *ctx, uint64_t va, uint64_t gpa, uint64_t len)
+{
+	struct bg *b = ctx;
+	uint64_t end = gpa + len; /* no overflow: gpa < 2^52 */
+	int ret = 0;
+
+	for (uint32_t i = walk_region_first(b, gpa); i < b->nwr && b->wr[i].gpa < end && !ret;
+	     i++) {
+		const struct walk_region *w = &b->wr[i];
+
+		if (w->end > gpa)
+			ret = walk_blocks(b, w->r, HALITE_MAX(gpa, w->gpa), HALITE_MIN(end, w->end));
+	}
+	return ret;
+}
+
+static int walk_region_cmp(const void *a, const void *b)
+{
+	uint64_t x = ((const struct walk_region *)a)->gpa, y = ((const struct walk_region *)b)->gpa;
+
+	return x < y ? -1 : x > y;
+}
+
 /* Walk every root known so far, including ones added while walking. */
 static int bg_walk(struct halite_save *s, struct bg *b)
 {
@@ -881,11 +932,20 @@ static int bg_walk(struct halite_save *s, struct bg *b)
 	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu0);
 	for (uint32_t i = 0; i < s->nregions; i++)
 		mem += s->regions[i].length;
-	ret = halite_ptw_create(&w, mem);
+	b->wr = calloc(s->nregions, sizeof(*b->wr));
+	ret = b->wr ? halite_ptw_create(&w, mem) : -ENOMEM;
 	if (ret) {
 		halite_logf(&s->log, HALITE_LOG_WARN, "no page-table walk: %s", halite_strerror(ret));
+		free(b->wr);
 		return 0;
 	}
+	for (uint32_t i = 0; i < s->nregions; i++)
+		b->wr[i] = (struct walk_region){ .r = &s->regions[i], .gpa = s->regions[i].gpa,
+						 .end = s->regions[i].gpa + s->regions[i].length };
+	qsort(b->wr, s->nregions, sizeof(*b->wr), walk_region_cmp);
+	for (uint32_t i = 0; i < s->nregions; i++)
+		b->wr[i].max_end = HALITE_MAX(b->wr[i].end, i ? b->wr[i - 1].max_end : 0);
+	b->nwr = s->nregions;
 	b->w = w;
 	s->walk_end.budget = UINT64_MAX;
 	for (uint32_t i = 0; !atomic_load(&s->stopping); i++) {
@@ -912,6 +972,7 @@ static int bg_walk(struct halite_save *s, struct bg *b)
 	}
 	halite_ptw_stats(w, &s->walk_end.st);
 	halite_ptw_free(w);
+	free(b->wr);
 	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu1);
 	s->walk_end.ns = halite_now_ns() - b->start_ns;
 	s->walk_end.cpu_ns = (uint64_t)((cpu1.tv_sec - cpu0.tv_sec) * 1000000000 +
