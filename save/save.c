@@ -763,11 +763,20 @@ static int bg_save_block(struct halite_save *s, const struct sregion *r, uint64_
 	return 0;
 }
 
+#define SZ_2M (1ull << 21)
+#define SZ_1G (1ull << 30)
+
 /* A region as the walk sees it, in a copy of the regions sorted by GPA. */
 struct walk_region {
 	const struct sregion *r;
 	uint64_t gpa, end;
 	uint64_t max_end; /* the largest end of this region and those before it */
+	/*
+	 * A bit per 2 MiB and per 1 GiB chunk of GPA (aligned) the region
+	 * overlaps, from the one holding @gpa: every block of the region in
+	 * that chunk is claimed, and the walk has been through it.
+	 */
+	uint64_t *done_2m, *done_1g;
 };
 
 struct bg {
@@ -775,6 +784,7 @@ struct bg {
 	struct halite_ptw *w;
 	struct walk_region *wr;
 	uint32_t nwr;
+	uint64_t *done; /* the bits of every walk_region */
 	uint64_t start_ns, saved;
 	int err;
 };
@@ -892,11 +902,67 @@ static int walk_blocks(struct bg *b, const struct sregion *r, uint64_t lo, uint6
 	return 0;
 }
 
+static bool bit_test(const uint64_t *bits, uint64_t i)
+{
+	return bits[i / 64] >> (i % 64) & 1;
+}
+
+static void bit_set(uint64_t *bits, uint64_t i)
+{
+	bits[i / 64] |= 1ull << (i % 64);
+}
+
+/* The part [lo, hi) of region @w in one 2 MiB chunk, unless it is done. */
+static int walk_2m(struct bg *b, struct walk_region *w, uint64_t lo, uint64_t hi)
+{
+	uint64_t c = (lo >> 21) - (w->gpa >> 21);
+	int ret;
+
+	if (bit_test(w->done_2m, c))
+		return 0;
+	ret = walk_blocks(b, w->r, lo, hi);
+	if (!ret)
+		bit_set(w->done_2m, c);
+	return ret;
+}
+
+/*
+ * The part [lo, hi) of region @w that a 2 MiB or 1 GiB leaf maps. Claims
+ * are never undone, so once the walk has been through a chunk it is done
+ * for good, and a leaf over a done chunk costs one bit test. Leaves repeat:
+ * hostile tables map GPA 0 a million times over, and every process of a
+ * Linux guest maps the kernel's direct map with 2 MiB or 1 GiB pages (most
+ * share the tables, which the walker skips, but not all).
+ */
+static int walk_large(struct bg *b, struct walk_region *w, uint64_t lo, uint64_t hi,
+		      uint64_t len)
+{
+	uint64_t c;
+	int ret;
+
+	if (len == SZ_2M)
+		return walk_2m(b, w, lo, hi);
+	c = (lo >> 30) - (w->gpa >> 30);
+	if (bit_test(w->done_1g, c))
+		return 0;
+	ret = halite_ptw_charge(b->w, ((hi - 1) >> 21) - (lo >> 21) + 1);
+	for (uint64_t g = lo, next; !ret && g < hi; g = next) {
+		next = HALITE_MIN(hi, (g | (SZ_2M - 1)) + 1);
+		ret = walk_2m(b, w, g, next);
+	}
+	if (!ret)
+		bit_set(w->done_1g, c);
+	return ret;
+}
+
 /*
  * halite_ptw_visit_fn: save the blocks behind a mapped leaf, in VA order.
  * The leaf is clipped to the regions it overlaps, so what lies outside guest
  * memory (MMIO, or a hostile entry) costs nothing per block: a leaf outside
- * every region costs a binary search.
+ * every region costs a binary search. Large leaves skip what the walk has
+ * been through (walk_large()). So the blocks the walk looks at are at most
+ * one per 4 KiB leaf, plus every block of memory once (twice when blocks
+ * straddle 2 MiB boundaries), plus one per 2 MiB chunk of memory.
  */
 static int pt_visit(void *ctx, uint64_t va, uint64_t gpa, uint64_t len)
 {
@@ -906,12 +972,28 @@ static int pt_visit(void *ctx, uint64_t va, uint64_t gpa, uint64_t len)
 
 	for (uint32_t i = walk_region_first(b, gpa); i < b->nwr && b->wr[i].gpa < end && !ret;
 	     i++) {
-		const struct walk_region *w = &b->wr[i];
+		struct walk_region *w = &b->wr[i];
+		uint64_t lo = HALITE_MAX(gpa, w->gpa), hi = HALITE_MIN(end, w->end);
 
-		if (w->end > gpa)
-			ret = walk_blocks(b, w->r, HALITE_MAX(gpa, w->gpa), HALITE_MIN(end, w->end));
+		if (lo >= hi)
+			continue;
+		if (len > 4096)
+			ret = walk_large(b, w, lo, hi, len);
+		else
+			ret = walk_blocks(b, w->r, lo, hi);
 	}
 	return ret;
+}
+
+/* Aligned 2 MiB and 1 GiB chunks of GPA that @r overlaps. */
+static uint64_t chunks_2m(const struct sregion *r)
+{
+	return ((r->gpa + r->length - 1) >> 21) - (r->gpa >> 21) + 1;
+}
+
+static uint64_t chunks_1g(const struct sregion *r)
+{
+	return ((r->gpa + r->length - 1) >> 30) - (r->gpa >> 30) + 1;
 }
 
 static int walk_region_cmp(const void *a, const void *b)
@@ -919,6 +1001,38 @@ static int walk_region_cmp(const void *a, const void *b)
 	uint64_t x = ((const struct walk_region *)a)->gpa, y = ((const struct walk_region *)b)->gpa;
 
 	return x < y ? -1 : x > y;
+}
+
+/* The walk's view of the regions: sorted by GPA, with their done bits. 0 or -ENOMEM. */
+static int walk_regions(struct halite_save *s, struct bg *b)
+{
+	uint64_t words = 0;
+
+	b->wr = calloc(s->nregions, sizeof(*b->wr));
+	if (!b->wr)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < s->nregions; i++) {
+		const struct sregion *r = &s->regions[i];
+
+		b->wr[i] = (struct walk_region){ .r = r, .gpa = r->gpa, .end = r->gpa + r->length };
+		words += chunks_2m(r) / 64 + 1 + chunks_1g(r) / 64 + 1;
+	}
+	b->done = calloc(words, sizeof(uint64_t));
+	if (!b->done)
+		return -ENOMEM;
+	qsort(b->wr, s->nregions, sizeof(*b->wr), walk_region_cmp);
+	words = 0;
+	for (uint32_t i = 0; i < s->nregions; i++) {
+		struct walk_region *wr = &b->wr[i];
+
+		wr->max_end = HALITE_MAX(wr->end, i ? b->wr[i - 1].max_end : 0);
+		wr->done_2m = b->done + words;
+		words += chunks_2m(wr->r) / 64 + 1;
+		wr->done_1g = b->done + words;
+		words += chunks_1g(wr->r) / 64 + 1;
+	}
+	b->nwr = s->nregions;
+	return 0;
 }
 
 /* Walk every root known so far, including ones added while walking. */
@@ -932,20 +1046,15 @@ static int bg_walk(struct halite_save *s, struct bg *b)
 	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu0);
 	for (uint32_t i = 0; i < s->nregions; i++)
 		mem += s->regions[i].length;
-	b->wr = calloc(s->nregions, sizeof(*b->wr));
-	ret = b->wr ? halite_ptw_create(&w, mem) : -ENOMEM;
+	ret = walk_regions(s, b);
+	if (!ret)
+		ret = halite_ptw_create(&w, mem);
 	if (ret) {
 		halite_logf(&s->log, HALITE_LOG_WARN, "no page-table walk: %s", halite_strerror(ret));
+		free(b->done);
 		free(b->wr);
 		return 0;
 	}
-	for (uint32_t i = 0; i < s->nregions; i++)
-		b->wr[i] = (struct walk_region){ .r = &s->regions[i], .gpa = s->regions[i].gpa,
-						 .end = s->regions[i].gpa + s->regions[i].length };
-	qsort(b->wr, s->nregions, sizeof(*b->wr), walk_region_cmp);
-	for (uint32_t i = 0; i < s->nregions; i++)
-		b->wr[i].max_end = HALITE_MAX(b->wr[i].end, i ? b->wr[i - 1].max_end : 0);
-	b->nwr = s->nregions;
 	b->w = w;
 	s->walk_end.budget = UINT64_MAX;
 	for (uint32_t i = 0; !atomic_load(&s->stopping); i++) {
@@ -972,6 +1081,7 @@ static int bg_walk(struct halite_save *s, struct bg *b)
 	}
 	halite_ptw_stats(w, &s->walk_end.st);
 	halite_ptw_free(w);
+	free(b->done);
 	free(b->wr);
 	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu1);
 	s->walk_end.ns = halite_now_ns() - b->start_ns;
