@@ -7,16 +7,17 @@
  *
  * - Each table page is walked at most once per walker object, across all
  *   roots, keyed by its guest-physical address alone. That one rule bounds
- *   the work by the number of distinct readable table pages (each at most
- *   512 entries) and covers every bad shape at once: an entry pointing back
- *   up the tree (loops, including the recursive self-map Windows uses), many
- *   entries pointing at one table (exponential blow-up: 512 PML4Es -> one
- *   PDPT -> one PD ... is 2^36 leaves if followed), and tables shared by
- *   many address spaces (the kernel half). The engine saves each page once
- *   anyway, so re-walking a shared table would only cost time. What it
- *   costs: a table reached again at another level (a self-map) contributes
- *   no leaves under that second reading, so the pages only it maps (the
- *   page tables themselves) get no virtual address from this walker.
+ *   the tables read by the number of distinct readable table pages (each
+ *   at most 512 entries) and covers every bad shape at once: an entry
+ *   pointing back up the tree (loops, including the recursive self-map
+ *   Windows uses), many entries pointing at one table (exponential
+ *   blow-up: 512 PML4Es -> one PDPT -> one PD ... is 2^36 leaves if
+ *   followed), and tables shared by many address spaces (the kernel half).
+ *   The engine saves each page once anyway, so re-walking a shared table
+ *   would only cost time. What it costs: a table reached again at another
+ *   level (a self-map) contributes no leaves under that second reading, so
+ *   the pages only it maps (the page tables themselves) get no virtual
+ *   address from this walker.
  *
  * - A table joins the set when its walk finishes. A reference back to a
  *   table still being walked (a loop) is caught by comparing against the at
@@ -46,6 +47,20 @@
  *
  * - Nothing is allocated per entry: one 4 KiB buffer per level lives in the
  *   walker, and recursion is at most five deep.
+ *
+ * - Walking each table once bounds the tables, not the work behind them: a
+ *   guest can fill its memory with tables (P pages of it: P tables, 512 P
+ *   leaves), and every leaf costs the visit callback whatever it does with
+ *   it. So the walker also counts work, in units that each cost a few ns
+ *   (the save engine measures 9 on average): a table page read is 512 (the
+ *   copy and the scan of its entries), a leaf 1, a walk 1, and the callback
+ *   charges its own (the save engine: one per memory block it looks at,
+ *   whether it saves it or not). The owner sets a budget proportional to
+ *   guest memory; the step that would pass it is refused with -EDQUOT, and
+ *   every one after it, so the work of one walker over all its roots never
+ *   exceeds the budget. Pointers outside guest memory cost a table's units
+ *   too: they stay in the set, and a table of 512 distinct ones must not
+ *   grow the set faster than real tables can.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -77,6 +92,7 @@ struct halite_ptw {
 	uint64_t nslots; /* a power of two */
 	uint64_t used;
 	unsigned shift; /* 64 - log2(nslots), for the multiplicative hash */
+	uint64_t budget; /* of st.work; UINT64_MAX: none */
 	struct halite_ptw_stats st;
 	uint8_t page[PTW_MAX_LEVELS][PTW_PAGE_SIZE]; /* one per level being walked */
 };
@@ -174,6 +190,7 @@ int halite_ptw_create(struct halite_ptw **wp, uint64_t guest_mem_bytes_hint)
 	w = calloc(1, sizeof(*w));
 	if (!w)
 		return -ENOMEM;
+	w->budget = UINT64_MAX;
 	if (set_alloc(w, bits)) {
 		free(w);
 		return -ENOMEM;
@@ -195,8 +212,33 @@ void halite_ptw_stats(const struct halite_ptw *w, struct halite_ptw_stats *st)
 	*st = w->st;
 }
 
+void halite_ptw_set_budget(struct halite_ptw *w, uint64_t units)
+{
+	w->budget = units;
+}
+
+int halite_ptw_charge(struct halite_ptw *w, uint64_t units)
+{
+	if (w->st.over_budget || w->st.work > w->budget || units > w->budget - w->st.work) {
+		w->st.over_budget = 1;
+		return -EDQUOT;
+	}
+	w->st.work += units;
+	return 0;
+}
+
 static int ptw_leaf(struct ptw_walk *k, uint64_t va, uint64_t gpa, uint64_t len)
 {
+	int ret = halite_ptw_charge(k->w, 1);
+
+	if (ret)
+		return ret;
+	if (len == 1ull << 12)
+		k->w->st.leaves_4k++;
+	else if (len == 1ull << 21)
+		k->w->st.leaves_2m++;
+	else
+		k->w->st.leaves_1g++;
 	/* Sign-extend the top translated bit: 47 for 4-level, 56 for 5-level. */
 	if (va >> (k->va_bits - 1))
 		va |= ~0ull << k->va_bits;
@@ -217,6 +259,9 @@ static int ptw_table(struct ptw_walk *k, uint64_t gpa, unsigned level, uint64_t 
 			goto seen;
 	if (set_has(w, gpa))
 		goto seen;
+	ret = halite_ptw_charge(w, HALITE_PTW_TABLE_UNITS);
+	if (ret)
+		return ret;
 	ret = k->rd(k->ctx, gpa, w->page[level - 1]);
 	if (ret == -ERANGE) {
 		w->st.out_of_range++;
@@ -236,15 +281,12 @@ static int ptw_table(struct ptw_walk *k, uint64_t gpa, unsigned level, uint64_t 
 		eva = va | (uint64_t)i << shift;
 		if (level == 1) {
 			/* Bit 7 of a PTE is PAT, not PS. */
-			w->st.leaves_4k++;
 			ret = ptw_leaf(k, eva, e & PTE_ADDR, 1ull << 12);
 		} else if (!(e & PTE_PS)) {
 			ret = ptw_table(k, e & PTE_ADDR, level - 1, eva);
 		} else if (level == 2 && !(e & PTE_RSVD_2M)) {
-			w->st.leaves_2m++;
 			ret = ptw_leaf(k, eva, e & PTE_ADDR_2M, 1ull << 21);
 		} else if (level == 3 && !(e & PTE_RSVD_1G)) {
-			w->st.leaves_1g++;
 			ret = ptw_leaf(k, eva, e & PTE_ADDR_1G, 1ull << 30);
 		} else {
 			w->st.reserved_skipped++;
@@ -266,8 +308,13 @@ int halite_ptw_walk(struct halite_ptw *w, uint64_t cr3, unsigned levels,
 		.w = w, .rd = rd, .visit = visit, .ctx = ctx, .levels = levels,
 		.va_bits = 12 + 9 * levels,
 	};
+	int ret;
 
 	if (!w || !rd || !visit || (levels != 4 && levels != 5))
 		return -EINVAL;
+	/* A root seen before costs no table read, but a guest can name many. */
+	ret = halite_ptw_charge(w, 1);
+	if (ret)
+		return ret;
 	return ptw_table(&k, cr3 & PTE_ADDR, levels, 0);
 }

@@ -44,6 +44,30 @@ int halite_ptw_create(struct halite_ptw **w, uint64_t guest_mem_bytes_hint);
 void halite_ptw_free(struct halite_ptw *w);
 
 /*
+ * Work accounting. A walker counts its work in units: 1 per walk (the
+ * root), HALITE_PTW_TABLE_UNITS per table page it reads or tries to read
+ * (its entries are all scanned), 1 per leaf it visits; a visit callback
+ * adds its own (for instance one per memory block it looks at) with
+ * halite_ptw_charge(). Work only grows, summed over all walks.
+ */
+#define HALITE_PTW_TABLE_UNITS 512u
+
+/*
+ * Cap the work of all walks of @w at @units (the default: no cap). A walk
+ * whose next step would pass it returns -EDQUOT without doing that step, and
+ * from then on every walk and charge does the same: the work never exceeds
+ * the budget.
+ */
+void halite_ptw_set_budget(struct halite_ptw *w, uint64_t units);
+
+/*
+ * From a visit callback (or between walks): count @units of the caller's
+ * own work. 0, or -EDQUOT when that would pass the budget (nothing is
+ * counted then, and the callback should return the error).
+ */
+int halite_ptw_charge(struct halite_ptw *w, uint64_t units);
+
+/*
  * Walk the tree under @cr3 with @levels 4 or 5 (the CR3 flag bits, PCID,
  * PWT, PCD, LAM, and bits above MAXPHYADDR 52 are ignored), calling @visit
  * for each present leaf. @rd and @visit get @ctx.
@@ -56,7 +80,8 @@ void halite_ptw_free(struct halite_ptw *w);
  * cut short and skipping the subtrees that were finished.
  *
  * Returns 0 when done, the > 0 value @visit stopped with, or -errno: the
- * error from @rd or @visit, -ENOMEM, or -EINVAL for bad arguments. A root
+ * error from @rd or @visit, -ENOMEM, -EDQUOT when the budget is spent (see
+ * halite_ptw_set_budget()), or -EINVAL for bad arguments. A root
  * outside guest memory (@rd says -ERANGE) is an empty tree: 0, counted in
  * out_of_range.
  */
@@ -73,6 +98,8 @@ struct halite_ptw_stats {
 	uint64_t leaves_1g;
 	uint64_t out_of_range;		/* table pointers @rd said -ERANGE for */
 	uint64_t reserved_skipped;	/* present entries with reserved bits set */
+	uint64_t work;			/* units of work counted, callers' included */
+	uint64_t over_budget;		/* 1 once a step was refused for the budget */
 };
 
 void halite_ptw_stats(const struct halite_ptw *w, struct halite_ptw_stats *st);

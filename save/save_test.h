@@ -7,6 +7,8 @@
 
 #include <halite/save.h>
 
+#include "ptwalk.h"
+
 /* "write failure": see halite_writer_test_fail_writes(). Before arm. */
 void halite_save_test_fail_writes(struct halite_save *s, uint64_t after, int err);
 
@@ -23,5 +25,19 @@ void halite_save_test_fail_check(struct halite_save *s, uint64_t after);
  * preventing it (save.c, guard_discards()). Before arm.
  */
 void halite_save_test_no_discard_refusal(struct halite_save *s);
+
+/* The background page-table walk, as halite_save_test_walk() reports it. */
+struct halite_save_test_walk {
+	struct halite_ptw_stats st;	/* its walker's counters: work, over_budget, ... */
+	uint64_t budget;		/* of st.work; UINT64_MAX: none */
+	uint32_t roots;			/* roots it began to walk */
+	uint64_t ns, cpu_ns;		/* the walk's time: wall clock, background thread CPU */
+};
+
+/*
+ * Once halite_save_wait() has returned: fill *@out; all zero when there was
+ * no walk.
+ */
+void halite_save_test_walk(struct halite_save *s, struct halite_save_test_walk *out);
 
 #endif

@@ -64,6 +64,8 @@ struct guest {
 	size_t ngot, cap;
 	size_t stop_after; /* visit returns stop_ret at that many leaves */
 	int stop_ret;
+	struct halite_ptw *charge_w; /* visit charges it charge units per leaf */
+	uint64_t charge;
 };
 
 static void g_init(struct guest *g, uint64_t npages)
@@ -190,7 +192,13 @@ static int g_visit(void *ctx, uint64_t va, uint64_t gpa, uint64_t len)
 {
 	struct guest *g = ctx;
 	struct leaf *prev = g->ngot ? &g->got[g->ngot - 1] : NULL;
+	int ret;
 
+	if (g->charge_w) {
+		ret = halite_ptw_charge(g->charge_w, g->charge);
+		if (ret)
+			return ret;
+	}
 	/* Ascending and non-overlapping within one walk. */
 	if (prev)
 		assert_true(prev->va + (prev->len - 1) < va);
@@ -523,6 +531,8 @@ static void test_out_of_range(void **state)
 	assert_int_equal(st.out_of_range, 3);
 	assert_int_equal(st.tables_skipped_seen, 1);
 	assert_int_equal(st.tables_read, g_ntables(&g));
+	/* A pointer outside memory costs a table's units: it was tried. */
+	assert_int_equal(st.work, 1 + HALITE_PTW_TABLE_UNITS * (g_ntables(&g) + 3) + N(exp));
 
 	/* A root outside guest memory is an empty tree. */
 	assert_int_equal(walk(w, &g, 1ull << 41 | 0x18, 4), 0);
@@ -624,6 +634,7 @@ static void test_blowup(void **state)
 		assert_int_equal(st.tables_read, levels);
 		assert_int_equal(st.tables_skipped_seen, (levels - 1) * 511);
 		assert_int_equal(st.entries_present, levels * 512);
+		assert_int_equal(st.work, 1 + levels * HALITE_PTW_TABLE_UNITS + 512);
 		halite_ptw_free(w);
 		g_fini(&g);
 	}
@@ -758,6 +769,97 @@ static void test_read_error(void **state)
 	g.fail_err = 0;
 	assert_int_equal(walk(w, &g, root, 4), 0);
 	expect_leaves(&g, exp, 20);
+	halite_ptw_free(w);
+	g_fini(&g);
+}
+
+/*
+ * Work units (one per walk, HALITE_PTW_TABLE_UNITS per table, one per leaf,
+ * plus what the visit charges) and the budget: the step that would pass it
+ * is refused with -EDQUOT, and so is everything after it.
+ */
+static void test_work_budget(void **state)
+{
+	const uint64_t T = HALITE_PTW_TABLE_UNITS;
+	/* build_two_pts: PML4, PDPT, PD and two PTs of ten leaves. */
+	const uint64_t all = 1 + 5 * T + 20;
+	struct halite_ptw *w = new_walker(0);
+	struct halite_ptw_stats st;
+	struct leaf exp[20];
+	struct guest g;
+	uint64_t root = build_two_pts(&g, exp);
+
+	assert_int_equal(walk(w, &g, root, 4), 0);
+	st = stats(w);
+	assert_int_equal(st.work, all);
+	assert_int_equal(st.over_budget, 0);
+	/* Again: the root is known, one unit. */
+	assert_int_equal(walk(w, &g, root, 4), 0);
+	assert_int_equal(stats(w).work, all + 1);
+	/* A budget below what is spent refuses everything, a charge of 0 too. */
+	halite_ptw_set_budget(w, all);
+	assert_int_equal(halite_ptw_charge(w, 0), -EDQUOT);
+	assert_int_equal(walk(w, &g, root, 4), -EDQUOT);
+	st = stats(w);
+	assert_int_equal(st.work, all + 1);
+	assert_int_equal(st.over_budget, 1);
+	halite_ptw_free(w);
+
+	/* Exactly enough: done, and nothing more after. */
+	w = new_walker(0);
+	halite_ptw_set_budget(w, all);
+	assert_int_equal(walk(w, &g, root, 4), 0);
+	expect_leaves(&g, exp, 20);
+	assert_int_equal(stats(w).over_budget, 0);
+	assert_int_equal(halite_ptw_charge(w, 0), 0);
+	assert_int_equal(walk(w, &g, root, 4), -EDQUOT);
+	assert_int_equal(g.ngot, 0);
+	st = stats(w);
+	assert_int_equal(st.work, all);
+	assert_int_equal(st.over_budget, 1);
+	/* Refused for good, even with room again. */
+	halite_ptw_set_budget(w, UINT64_MAX);
+	assert_int_equal(halite_ptw_charge(w, 1), -EDQUOT);
+	halite_ptw_free(w);
+
+	/* Not enough for the second PT: its read is refused, not done. */
+	w = new_walker(0);
+	g.nreads = 0;
+	halite_ptw_set_budget(w, 1 + 4 * T + 10 + T - 1);
+	assert_int_equal(walk(w, &g, root, 4), -EDQUOT);
+	expect_leaves(&g, exp, 10);
+	st = stats(w);
+	assert_int_equal(st.tables_read, 4);
+	assert_int_equal(st.leaves_4k, 10);
+	assert_int_equal(st.work, 1 + 4 * T + 10);
+	assert_int_equal(g.nreads, 4);
+	halite_ptw_free(w);
+
+	/* Enough for the second PT and three leaves: the fourth leaf is not counted. */
+	w = new_walker(0);
+	halite_ptw_set_budget(w, 1 + 5 * T + 13);
+	assert_int_equal(walk(w, &g, root, 4), -EDQUOT);
+	expect_leaves(&g, exp, 13);
+	st = stats(w);
+	assert_int_equal(st.leaves_4k, 13);
+	assert_int_equal(st.work, 1 + 5 * T + 13);
+	halite_ptw_free(w);
+
+	/*
+	 * The visit charges 100 a leaf: the fourth leaf of the second PT gets
+	 * its own unit but not the visit's 100, and the walk returns the
+	 * visit's -EDQUOT.
+	 */
+	w = new_walker(0);
+	g.charge_w = w;
+	g.charge = 100;
+	halite_ptw_set_budget(w, 1 + 5 * T + 13 * 101 + 1 + 99);
+	assert_int_equal(walk(w, &g, root, 4), -EDQUOT);
+	expect_leaves(&g, exp, 13);
+	st = stats(w);
+	assert_int_equal(st.work, 1 + 5 * T + 13 * 101 + 1);
+	assert_int_equal(st.over_budget, 1);
+	g.charge_w = NULL;
 	halite_ptw_free(w);
 	g_fini(&g);
 }
@@ -904,6 +1006,8 @@ static void random_tree(uint64_t s, unsigned levels, int clustered, int resume)
 	assert_int_equal(st.entries_present, g_ntables(&g) - 1 + nexp);
 	assert_int_equal(st.leaves_4k + st.leaves_2m + st.leaves_1g, nexp);
 	assert_int_equal(st.tables_skipped_seen + st.out_of_range + st.reserved_skipped, 0);
+	assert_int_equal(st.work, 1 + HALITE_PTW_TABLE_UNITS * st.tables_read + nexp);
+	assert_int_equal(st.over_budget, 0);
 	halite_ptw_free(w);
 
 	if (resume)
@@ -1002,6 +1106,7 @@ int main(void)
 		cmocka_unit_test(test_shared_kernel_half),
 		cmocka_unit_test(test_early_stop),
 		cmocka_unit_test(test_read_error),
+		cmocka_unit_test(test_work_budget),
 		cmocka_unit_test(test_bad_args),
 		cmocka_unit_test(test_random),
 		cmocka_unit_test(test_speed),
