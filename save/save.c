@@ -870,7 +870,11 @@ static int pt_read(void *ctx, uint64_t gpa, void *page)
 		touched = block_touched(s, r, mb);
 		if (touched < 0)
 			return touched;
-		if (r->hpage) {
+		/*
+		 * A file that may have lost a page since (had_data): a read through
+		 * the view would fill the hole, and hide it from copy_checked().
+		 */
+		if (r->hpage || (touched && r->had_data)) {
 			int ret = read_huge(r, off, page, 4096);
 
 			if (ret)
