@@ -35,6 +35,7 @@ outside:
 Exit 0 pass, 1 fail, 77 skip (no QEMU or guest image, or not root; with
 HALITE_REQUIRE_QEMU=1 those fail instead).
 """
+import fcntl
 import json
 import os
 import shutil
@@ -466,6 +467,25 @@ def fake_qmp(path, version):
     return t
 
 
+def qmp_listener(path):
+    """A unix socket nobody accepts on: connected() says whether anyone connected."""
+    import socket
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(4)
+    return srv
+
+
+def connected(srv):
+    srv.settimeout(0)
+    try:
+        c, _ = srv.accept()
+        c.close()
+        return True
+    except BlockingIOError:
+        return False
+
+
 def case_4g(work):
     """4 GiB of RAM: q35 maps 2 GiB below 4 GiB and 2 GiB above, two regions of one block."""
     src = hg.Guest(work, "source", mem_mib=4096).boot().wait_ready()
@@ -605,6 +625,24 @@ def case_cli(work):
     expect(["save", "--qmp", sock, os.path.join(work, "old.hlt")], 77,
            "QEMU 6.2.0 (pid %d) is too old: halite-qemu needs 7.2 or newer" % os.getpid())
     check(not os.path.exists(os.path.join(work, "old.hlt")), "no file left behind")
+    # The output path is checked before QEMU is touched: no connection at all.
+    sock = os.path.join(work, "untouched-qmp.sock")
+    listener = qmp_listener(sock)
+    held = os.path.join(work, "held.hlt")
+    with open(held, "wb") as f:
+        f.write(b"an older snapshot")
+    with open(held, "rb") as lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)  # what a running restore holds (HALITE_LOCK_PROTOCOL)
+        for path, rc, text in ((os.path.join(work, "no-such-dir", "x.hlt"), 1,
+                                "no-such-dir: No such file or directory"),
+                               (work, 1, f"{work} is a directory"),
+                               (held, 1, "is being restored from (a running restore reads it)"),
+                               ("", 2, "no file name given")):
+            expect(["save", "--qmp", sock, path], rc, text)
+    check(not connected(listener), "no bad path made halite-qemu connect to QEMU")
+    with open(held, "rb") as f:
+        check(f.read() == b"an older snapshot", "the file a restore holds is untouched")
+    listener.close()
 
 
 CASES = {

@@ -2,6 +2,10 @@
 /*
  * halite-qemu save: a lazy, copy-on-access snapshot of a running QEMU.
  *
+ * 0. The output path is checked (halite_writer_check_path: its directory
+ *    exists and is writable, it is no directory, no running restore reads
+ *    it) before QEMU is touched: a save that cannot write its file must not
+ *    have sent QEMU a single command.
  * 1. Before the pause: connect to QMP, find the vCPU threads and the guest
  *    RAM (shared backends, opened through /proc/PID/map_files), create a
  *    userfaultfd inside QEMU (ptrace) and bring it here (pidfd_getfd),
@@ -69,7 +73,8 @@ void hq_help_save(FILE *f)
 		"vCPU that touched it) or by a throttled background pass in guest-virtual\n"
 		"order. Guest RAM must be a shared backend (memory-backend-memfd share=on,\n"
 		"or memory-backend-file share=on on tmpfs or hugetlbfs). Needs ptrace rights\n"
-		"over QEMU (root).\n\n"
+		"over QEMU (root). FILE is checked before QEMU is touched: its directory must\n"
+		"exist and be writable, and no running restore may be reading it.\n\n"
 		"Options:\n"
 		"  --qmp SOCKET       QEMU's QMP unix socket (-qmp unix:SOCKET,server=on,wait=off)\n"
 		"  --codec NAME       none, lz4 (default), zlib, zstd\n"
@@ -455,7 +460,15 @@ int hq_cmd_save(int argc, char **argv)
 		return EXIT_USAGE;
 	}
 	r->uffd = -1;
-	ret = run(r);
+	ret = halite_writer_check_path(r->p.path, r->err, sizeof(r->err));
+	if (ret == -EINVAL) {
+		/* No file name at all ("" on the command line): usage. */
+		hq_errorf("save: %s; see '" PROG " save --help'", r->err);
+		free(r);
+		return EXIT_USAGE;
+	}
+	if (!ret)
+		ret = run(r);
 	if (ret)
 		hq_errorf("save: %s", r->err);
 	report(r, ret);
