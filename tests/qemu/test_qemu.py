@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """End-to-end tests of halite-qemu on the real test guest (issue 6).
 
-  test_qemu.py CASE      CASE: cli, save-restore, exact, kill, errors, 4g, backends
+  test_qemu.py CASE      CASE: cli, save-restore, exact, kill, errors, 4g, backends,
+                               runstate
 
 Each case boots its own guest (scripts/make-guest.sh built it: Debian's
 kernel, busybox initramfs, the memory verifier, httpd; 2 vCPUs, TCG,
@@ -31,6 +32,13 @@ outside:
   are refused with a clear error and the guest runs on; a restore into a QEMU with other memory is refused and that QEMU is
   gone; a locality block with a flipped byte fails the restore naming it and
   QEMU is killed, never running on bad data.
+
+- runstate: every way out of a save leaves the guest in the run state it
+  had (query-status), its memory digest unchanged, whatever became of stop
+  and cont (HALITE_QEMU_TEST_FAULT: QEMU hung at the stop, a stop's or
+  cont's reply lost, a cont that never arrived, a failure before arm); a
+  QEMU hung past halite-qemu's patience is reported ("the guest may be left
+  paused"); a restore whose cont is lost still runs the guest.
 
 Exit 0 pass, 1 fail, 77 skip (no QEMU or guest image, or not root; with
 HALITE_REQUIRE_QEMU=1 those fail instead).
@@ -66,10 +74,12 @@ def check(cond, msg):
     log(f"  ok: {msg}")
 
 
-def run(cmd, timeout=300, check_rc=None):
+def run(cmd, timeout=300, check_rc=None, fault=None):
+    """Run @cmd; @fault sets HALITE_QEMU_TEST_FAULT (tools/halite-qemu/fault.c)."""
+    env = dict(os.environ, HALITE_QEMU_TEST_FAULT=fault) if fault else None
     t = time.monotonic()
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
-                       text=True)
+                       text=True, env=env)
     dt = time.monotonic() - t
     if check_rc is not None and p.returncode != check_rc:
         raise Fail(f"{' '.join(cmd[:3])}...: exit {p.returncode}, want {check_rc}\n"
@@ -427,6 +437,87 @@ def case_errors(work):
     del info
 
 
+def run_state(guest):
+    """What query-status says, through the guest's own QMP socket."""
+    q = guest.qmp()
+    try:
+        return q.cmd("query-status")["status"]
+    finally:
+        q.close()
+
+
+def case_runstate(work):
+    """Every way out of a save leaves the guest in the run state it had, and a
+    restore's cont is confirmed, whatever became of stop and cont: QEMU hung
+    at the stop, a stop or cont whose reply is lost, a cont that never arrived,
+    a failure between stop and arm (the fault points of tools/halite-qemu/fault.c)."""
+    src = hg.Guest(work, "source").boot().wait_ready()
+    src.rewrites(False)
+    d0, _, _ = src.digest()
+    path = os.path.join(work, "guest.hlt")
+    hq = hg.halite_qemu()
+
+    def faulty_save(fault, rc, text, want):
+        out = path if fault == "cont-lost" else os.path.join(work, "other.hlt")
+        p, dt = run([hq, "save", "--qmp", src.qmp_path, "--json", "-q", out], fault=fault)
+        rep = json.loads(p.stdout)
+        err = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+        check(p.returncode == rc and text in (rep["error"] if rc else "") and
+              (not rc or text in err),
+              f"{fault}: exit {p.returncode} in {dt:.1f} s{', ' + err if rc else ''}")
+        st = run_state(src)
+        check(st == want or (want is None and st in ("running", "paused")),
+              f"{fault}: query-status says {st}")
+        if want is None:
+            return rep
+        if want == "running":
+            src.wait_console(r"^verifier: pass \d+ ok", 30, after=len(src.console_text()))
+        d, _, ok = src.digest() if want == "running" else (d0, 0, True)
+        check(ok and d == d0, f"{fault}: memory digest {d} unchanged")
+        return rep
+
+    faulty_save("stop-reply-lost", 1, "pausing the guest (stop): stop: no answer from QEMU "
+                "(test fault stop-reply-lost)", "running")
+    faulty_save("hang-at-stop:1500", 1, "no answer from QEMU within 200 ms (test fault "
+                "hang-at-stop:1500)", "running")
+    faulty_save("fail-before-arm", 1, "test fault fail-before-arm", "running")
+    # A cont lost or answered too late: the guest runs on, armed, and the save completes.
+    for fault in ("cont-lost", "cont-reply-lost"):
+        rep = faulty_save(fault, 0, "", "running")
+        check(rep["ok"] and rep["mb_total"] * 8192 == 512 << 20, f"{fault}: the save completed")
+    run([INSPECT, "verify", path], check_rc=0)
+    # QEMU hung longer than halite-qemu waits (10 s): it cannot know what became
+    # of its stop, and says so, loudly. (QEMU drops the requests of a client that
+    # has gone, so here the stop may or may not run when QEMU wakes.)
+    faulty_save("hang-at-stop:11000", 1, "the guest may be left paused: QEMU did not confirm "
+                "the guest running within 10 s (query-status: no answer from QEMU", None)
+    q = src.qmp()
+    q.cmd("cont")
+    q.close()
+    # A paused guest stays paused whatever fails.
+    q = src.qmp()
+    q.cmd("stop")
+    q.close()
+    faulty_save("fail-before-arm", 1, "test fault fail-before-arm", "paused")
+    q = src.qmp()
+    q.cmd("cont")
+    q.close()
+    src.wait_console(r"^verifier: pass \d+ ok", 30, after=len(src.console_text()))
+    d, _, ok = src.digest()
+    check(ok and d == d0, f"the guest runs on after all that, digest {d} unchanged")
+    src.kill()
+
+    # A restore's cont lost, or its reply: confirmed by query-status, the guest runs.
+    for fault in ("cont-lost", "cont-reply-lost"):
+        dst = hg.Guest(work, f"restored-{fault}")
+        p, _ = run(restore_cmd(path, dst, "--detach"), check_rc=0, fault=fault)
+        dst.adopt(json.loads(p.stdout)["qemu"]["pid"])
+        check(run_state(dst) == "running", f"restore with {fault}: the guest runs")
+        d, _, ok = dst.digest()
+        check(ok and d == d0, f"restore with {fault}: digest {d} equals the snapshot's")
+        dst.kill()
+
+
 # PTRACE_SEIZE the process given, say so, then hold it until killed (the
 # kernel detaches a dead tracer's tracees; SEIZE does not stop the tracee).
 TRACER = """
@@ -653,6 +744,7 @@ CASES = {
     "exact": case_exact,
     "kill": case_kill,
     "errors": case_errors,
+    "runstate": case_runstate,
 }
 
 

@@ -16,8 +16,8 @@
  *    device-only incoming migration (header, CONFIGURATION, device
  *    sections, EOF: no RAM section). Loading it already touches RAM; those
  *    faults are served like any other.
- * 4. cont: the guest runs, milliseconds after QEMU was ready; the time is
- *    reported. Faults and the throttled prefetcher bring in the rest.
+ * 4. cont (hq_vm_settle: confirmed by query-status): the guest runs,
+ *    milliseconds after QEMU was ready; the time is reported. Faults and the throttled prefetcher bring in the rest.
  * 5. All memory in: the engine unregisters, QEMU's copy of the descriptor
  *    is closed, the report is printed; then either wait for QEMU to exit
  *    (default, like running QEMU itself) or leave it running (--detach).
@@ -610,12 +610,13 @@ static int run(struct restore_run *r)
 		ret = load_devices(r);
 	if (ret)
 		return ret;
-	if (!r->p.paused) {
-		ret = hq_qmp_call(r->vm.qmp, "cont", NULL, NULL, HQ_QMP_TIMEOUT_MS);
-		if (ret)
-			return fail(r, ret, "cont", hq_qmp_errmsg(r->vm.qmp));
-	}
-	r->t_resume = hq_now_ns();
+	/* cont, confirmed by query-status (a cont whose reply is lost may have run or not). */
+	ret = hq_vm_settle(&r->vm, !r->p.paused, HQ_QMP_TIMEOUT_MS, &r->t_resume);
+	if (ret)
+		return fail(r, ret, r->p.paused ? "the guest did not stay paused" :
+			    "resuming the guest", r->vm.err);
+	if (!r->t_resume)
+		r->t_resume = hq_now_ns();
 	last_prog = r->t_resume;
 	for (;;) {
 		if (hq_stop_signal)

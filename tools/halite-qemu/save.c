@@ -21,9 +21,11 @@
  * 4. Done: QEMU's copy of the userfaultfd is closed (the engine has
  *    unregistered its ranges), the report is printed.
  *
- * A guest that was paused before the save stays paused. Any failure after
- * the pause resumes the guest (if it was running) with its memory as it
- * would have been without the save (save.h).
+ * A guest that was paused before the save stays paused. Every way out after
+ * the pause brings the guest back to the run state it had and confirms it
+ * (hq_vm_settle: whatever became of a stop or cont that timed out), with
+ * its memory as it would have been without the save (save.h); when that
+ * cannot be confirmed, the error says the guest may be left paused.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -54,7 +56,7 @@ struct save_run {
 	struct hq_vm vm;
 	struct halite_save *s;
 	int uffd;
-	bool was_running, paused;
+	bool was_running, stop_sent;
 	uint64_t t_attach_ns, t_stop_ns, t_cont_ns, t_done_ns;
 	uint64_t roots_sampled, root_samples;
 	uint64_t devstate_bytes, mem_bytes;
@@ -87,7 +89,8 @@ void hq_help_save(FILE *f)
 		"  --json             print the report as one JSON object\n"
 		"  -q, --quiet        no progress on stderr\n"
 		"  -v, --verbose      the engine's log on stderr\n\n"
-		"Exit status: 0 saved, 1 failed (the guest keeps running, unchanged), 2 usage,\n"
+		"Exit status: 0 saved, 1 failed (the guest is back in the run state it had,\n"
+		"its memory unchanged, unless the error says it may be left paused), 2 usage,\n"
 		"77 the kernel or QEMU lacks a needed feature.\n");
 }
 
@@ -208,18 +211,30 @@ static int sample_roots(struct save_run *r)
 	return 0;
 }
 
-static int resume(struct save_run *r)
+/*
+ * Every way out of start() once stop was sent: the guest back in the run
+ * state it had, confirmed by query-status (runstate.c: a stop that timed
+ * out may take effect later, a cont that timed out may not have). If that
+ * cannot be confirmed, that is the error, whatever failed before.
+ */
+static int leave_run_state(struct save_run *r, int ret)
 {
-	int ret;
+	char before[sizeof(r->err)];
+	int st;
 
-	if (!r->paused)
-		return 0;
-	ret = hq_qmp_call(r->vm.qmp, "cont", NULL, NULL, HQ_QMP_TIMEOUT_MS);
-	r->t_cont_ns = hq_now_ns();
-	if (ret)
-		return fail(r, ret, "resuming the guest (cont)", hq_qmp_errmsg(r->vm.qmp));
-	r->paused = false;
-	return 0;
+	if (!r->stop_sent)
+		return ret;
+	st = hq_vm_settle(&r->vm, r->was_running, HQ_QMP_TIMEOUT_MS, &r->t_cont_ns);
+	if (!r->t_cont_ns)
+		r->t_cont_ns = hq_now_ns();
+	if (!st)
+		return ret;
+	snprintf(before, sizeof(before), "%s", r->err);
+	if (snprintf(r->err, sizeof(r->err), "the guest may be left paused: %s%s%s", r->vm.err,
+		     before[0] ? "; before that the save had failed: " : "", before) >=
+	    (int)sizeof(r->err))
+		memcpy(r->err + sizeof(r->err) - 4, "...", 4);
+	return st;
 }
 
 static int set_meta(struct save_run *r)
@@ -300,41 +315,44 @@ static int start(struct save_run *r)
 		return fail(r, ret, "file metadata", halite_strerror(ret));
 
 	/* The snapshot instant: from stop to cont. */
-	r->t_stop_ns = hq_now_ns();
 	if (r->was_running) {
-		ret = hq_qmp_call(r->vm.qmp, "stop", NULL, NULL, HQ_QMP_TIMEOUT_MS);
-		if (ret)
-			return fail(r, ret, "pausing the guest (stop)", hq_qmp_errmsg(r->vm.qmp));
-		r->paused = true;
+		r->t_stop_ns = hq_now_ns();
+		/* Sent is enough to undo: without an answer it may still take effect. */
+		r->stop_sent = true;
+		ret = hq_vm_stop(&r->vm, HQ_QMP_TIMEOUT_MS);
+		if (ret) {
+			fail(r, ret, "pausing the guest (stop)", r->vm.err);
+			goto out;
+		}
 	}
 	ret = sample_roots(r);
 	if (ret) {
 		fail(r, ret, "page-table roots", ret < 0 && r->vm.err[0] ? r->vm.err :
 		     halite_strerror(ret));
-		goto undo;
+		goto out;
 	}
 	ret = hq_vm_device_state(&r->vm, &dev, &devlen);
 	if (ret) {
 		fail(r, ret, "device state", r->vm.err);
-		goto undo;
+		goto out;
 	}
 	r->devstate_bytes = devlen;
 	ret = halite_save_set_device_state(r->s, dev, devlen);
 	free(dev);
 	if (ret) {
 		fail(r, ret, "device state", halite_strerror(ret));
-		goto undo;
+		goto out;
+	}
+	if (hq_fault("fail-before-arm")) {
+		ret = fail(r, -EIO, "test fault fail-before-arm", "a failure before arming");
+		goto out;
 	}
 	ret = halite_save_arm(r->s);
-	if (ret) {
+	if (ret)
 		fail(r, ret, "arming copy-on-access", halite_save_errmsg(r->s)[0] ?
 		     halite_save_errmsg(r->s) : halite_strerror(ret));
-		goto undo;
-	}
-	return resume(r);
-undo:
-	resume(r);
-	return ret;
+out:
+	return leave_run_state(r, ret);
 }
 
 static void progress(struct save_run *r, bool final)
