@@ -38,7 +38,10 @@ outside:
   and cont (HALITE_QEMU_TEST_FAULT: QEMU hung at the stop, a stop's or
   cont's reply lost, a cont that never arrived, a failure before arm); a
   QEMU hung past halite-qemu's patience is reported ("the guest may be left
-  paused"); a restore whose cont is lost still runs the guest.
+  paused"); a restore whose cont is lost still runs the guest. A guest
+  saved paused: no pause in the report, qemu.run-state paused in the file,
+  restored paused by default and running with --running; a running guest's
+  file restored with --paused stays paused; each time the digest survives.
 
 Exit 0 pass, 1 fail, 77 skip (no QEMU or guest image, or not root; with
 HALITE_REQUIRE_QEMU=1 those fail instead).
@@ -107,7 +110,8 @@ def restore(path, guest, *opts):
     p, dt = run(restore_cmd(path, guest, "--detach", *opts), check_rc=0)
     rep = json.loads(p.stdout)
     guest.adopt(rep["qemu"]["pid"])
-    log(f"  restore: QEMU ready {rep['qmp_ready_ms']:.0f} ms, guest resumed "
+    log(f"  restore: QEMU ready {rep['qmp_ready_ms']:.0f} ms, guest "
+        f"{'loaded, paused,' if rep.get('paused') else 'resumed'} "
         f"{rep['ready_to_resume_ms']:.1f} ms after, all in {rep['done_s']:.2f} s later, "
         f"{rep['faults']} faults ({rep['faults_vcpu']} vCPU), {rep['lb_demand']} demand / "
         f"{rep['lb_prefetch']} prefetched LBs")
@@ -450,7 +454,8 @@ def case_runstate(work):
     """Every way out of a save leaves the guest in the run state it had, and a
     restore's cont is confirmed, whatever became of stop and cont: QEMU hung
     at the stop, a stop or cont whose reply is lost, a cont that never arrived,
-    a failure between stop and arm (the fault points of tools/halite-qemu/fault.c)."""
+    a failure between stop and arm (the fault points of tools/halite-qemu/fault.c).
+    A paused guest's save and the run state a restore leaves the guest in."""
     src = hg.Guest(work, "source").boot().wait_ready()
     src.rewrites(False)
     d0, _, _ = src.digest()
@@ -475,6 +480,26 @@ def case_runstate(work):
         d, _, ok = src.digest() if want == "running" else (d0, 0, True)
         check(ok and d == d0, f"{fault}: memory digest {d} unchanged")
         return rep
+
+    # A guest paused before its save: the save does not pause it, the file says paused.
+    q = src.qmp()
+    q.cmd("stop")
+    q.close()
+    paused = os.path.join(work, "paused.hlt")
+    rep = save(src, paused)
+    check(rep["pause_ms"] == 0 and rep["run_state"] == "paused",
+          f"a paused guest's save: pause_ms {rep['pause_ms']}, run_state {rep['run_state']}")
+    p, _ = run([hq, "save", "--qmp", src.qmp_path, "-q", os.path.join(work, "paused-text.hlt")],
+               check_rc=0)
+    line = [l for l in p.stdout.splitlines() if l.strip().startswith("pause ")][0].strip()
+    check("not paused by the save" in p.stdout and "while the guest ran" not in p.stdout and
+          "stayed paused" in p.stdout, f"its text report: {line}")
+    check(run_state(src) == "paused", "the guest is still paused after its saves")
+    meta = inspect_info(paused)["metadata"]
+    check(meta.get("qemu.run-state") == "paused", "the file records qemu.run-state paused")
+    q = src.qmp()
+    q.cmd("cont")
+    q.close()
 
     faulty_save("stop-reply-lost", 1, "pausing the guest (stop): stop: no answer from QEMU "
                 "(test fault stop-reply-lost)", "running")
@@ -506,6 +531,30 @@ def case_runstate(work):
     d, _, ok = src.digest()
     check(ok and d == d0, f"the guest runs on after all that, digest {d} unchanged")
     src.kill()
+
+    check(inspect_info(path)["metadata"].get("qemu.run-state") == "running",
+          "a running guest's file records qemu.run-state running")
+
+    def restored(name, file, *opts, want):
+        dst = hg.Guest(work, name)
+        rep = restore(file, dst, *opts)
+        time.sleep(0.5)
+        st = run_state(dst)
+        check(rep["run_state"] == st == want and rep["paused"] == (want == "paused"),
+              f"{name}: {' '.join(opts) or 'no option'}: query-status says {st}, as the "
+              f"report ({rep['run_state']}, saved {rep['saved_run_state']})")
+        if st == "paused":
+            q = dst.qmp()
+            q.cmd("cont")
+            q.close()
+        d, _, ok = dst.digest()
+        check(ok and d == d0, f"{name}: memory digest {d} equals the snapshot's")
+        dst.kill()
+
+    # As virsh restore: a guest saved paused comes back paused, unless --running.
+    restored("paused-as-saved", paused, want="paused")
+    restored("paused-running", paused, "--running", want="running")
+    restored("running-paused", path, "--paused", want="paused")
 
     # A restore's cont lost, or its reply: confirmed by query-status, the guest runs.
     for fault in ("cont-lost", "cont-reply-lost"):
@@ -701,6 +750,8 @@ def case_cli(work):
     expect(["restore", "x.hlt"], 2, "QEMU's command line missing")
     expect(["restore", "x.hlt", "--", "-incoming", "defer"], 2, "-incoming is halite-qemu's")
     expect(["restore", "x.hlt", "--", "-daemonize"], 2, "--detach")
+    expect(["restore", "--running", "--paused", "x.hlt", "--", "-m", "1G"], 2, "not both")
+    expect(["restore", "--running", "x.hlt", "--", "-S"], 2, "contradict each other")
     expect(["restore", "/etc/passwd", "--", "-m", "1G"], 1, "not a Halite snapshot")
     # A good Halite file that holds no QEMU device state.
     img = os.path.join(work, "img.raw")

@@ -17,7 +17,9 @@
  *    sections, EOF: no RAM section). Loading it already touches RAM; those
  *    faults are served like any other.
  * 4. cont (hq_vm_settle: confirmed by query-status): the guest runs,
- *    milliseconds after QEMU was ready; the time is reported. Faults and the throttled prefetcher bring in the rest.
+ *    milliseconds after QEMU was ready; the time is reported. A guest saved
+ *    paused (the file's qemu.run-state) stays paused unless --running, as
+ *    virsh restore does; --paused or -S leaves any guest paused. Faults and the throttled prefetcher bring in the rest.
  * 5. All memory in: the engine unregisters, QEMU's copy of the descriptor
  *    is closed, the report is printed; then either wait for QEMU to exit
  *    (default, like running QEMU itself) or leave it running (--detach).
@@ -48,7 +50,9 @@ struct restore_params {
 	const char *path;
 	char **qemu_argv; /* the user's, from after "--" */
 	int qemu_argc;
-	bool detach, paused, track, no_prefetch;
+	bool detach, track, no_prefetch;
+	/* --running, --paused (or QEMU's -S); neither: the run state the file records */
+	enum { RUN_AS_SAVED, RUN_RUNNING, RUN_PAUSED } run;
 	struct hq_out out;
 	uint32_t read_latency_us;
 	const char *trace;
@@ -66,6 +70,8 @@ struct restore_run {
 	uint64_t devlen;
 	uint32_t file_vcpus;
 	char file_machine[64];
+	bool file_paused;	/* its qemu.run-state: "paused" (none: running) */
+	bool paused;		/* the run state to leave the guest in */
 	uint32_t file_nregions;
 	struct halite_region_info file_regions[HQ_MAX_REGIONS];
 	uint64_t mem_bytes;
@@ -79,9 +85,10 @@ void hq_help_restore(FILE *f)
 {
 	fprintf(f,
 		"Usage: " PROG " restore [OPTIONS] FILE -- [QEMU-BINARY] QEMU-ARGS...\n\n"
-		"Start QEMU from FILE (saved by '" PROG " save'); the guest runs at once and\n"
-		"its memory comes in lazily: each first access reads the locality block holding\n"
-		"it, and a throttled prefetcher brings in the rest while the guest is quiet.\n"
+		"Start QEMU from FILE (saved by '" PROG " save'); the guest runs at once (or\n"
+		"stays paused if it was saved paused) and its memory comes in lazily: each first\n"
+		"access reads the locality block holding it, and a throttled prefetcher brings\n"
+		"in the rest while the guest is quiet.\n"
 		"QEMU-ARGS must describe the same machine as at save (same -machine, -smp, -m\n"
 		"and memory backend, which must be shared: memory-backend-memfd share=on, or\n"
 		"memory-backend-file share=on on tmpfs). " PROG " adds -S, -incoming defer and a\n"
@@ -94,7 +101,10 @@ void hq_help_restore(FILE *f)
 		"                     --detach the default is a file of ours, shown on failure\n"
 		"                     and gone after\n"
 		"  --paused           leave the guest paused (QMP cont starts it); memory still\n"
-		"                     comes in\n"
+		"                     comes in (also QEMU's -S)\n"
+		"  --running          run the guest even if it was saved paused\n"
+		"                     (default: the run state it was saved in, as recorded in\n"
+		"                     the file; running for files that do not record it)\n"
 		"  --track-access     measure the VM access %% of demand-read locality blocks\n"
 		"                     (blocks are staged; costs a minor fault per staged block used)\n"
 		"  --no-prefetch      no background prefetch (memory comes only by faults)\n"
@@ -115,6 +125,7 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 	static const struct option lo[] = {
 		{ "detach", no_argument, NULL, 'd' },
 		{ "paused", no_argument, NULL, 'P' },
+		{ "running", no_argument, NULL, 'R' },
 		{ "track-access", no_argument, NULL, 't' },
 		{ "no-prefetch", no_argument, NULL, 'n' },
 		{ "read-latency", required_argument, NULL, 'L' },
@@ -140,7 +151,12 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 			p->detach = true;
 			break;
 		case 'P':
-			p->paused = true;
+		case 'R':
+			if (p->run != RUN_AS_SAVED) {
+				hq_errorf("restore: --running or --paused, not both");
+				return -1;
+			}
+			p->run = c == 'R' ? RUN_RUNNING : RUN_PAUSED;
 			break;
 		case 't':
 			p->track = true;
@@ -195,8 +211,14 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 				  "--detach, which leaves QEMU running once memory is in");
 			return -1;
 		}
-		if (!strcmp(a, "-S"))
-			p->paused = true;
+		if (!strcmp(a, "-S")) {
+			if (p->run == RUN_RUNNING) {
+				hq_errorf("restore: --running and QEMU's -S (start paused) contradict "
+					  "each other");
+				return -1;
+			}
+			p->run = RUN_PAUSED;
+		}
 	}
 	return 0;
 }
@@ -204,6 +226,37 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 static int fail(struct restore_run *r, int ret, const char *what, const char *detail)
 {
 	return hq_fail(r->err, sizeof(r->err), ret, what, detail);
+}
+
+/*
+ * The run state the file records (qemu.run-state; files from before it was
+ * recorded: running), and the one to leave the guest in: the recorded one
+ * unless --running or --paused (or -S) says otherwise, as virsh restore.
+ */
+static int file_run_state(struct restore_run *r, const struct halite_reader *rd)
+{
+	static const char key[] = "qemu.run-state";
+	char v[32] = "running";
+
+	for (uint32_t i = 0; i < halite_reader_meta_count(rd); i++) {
+		const char *k;
+		const void *val;
+		uint32_t len;
+
+		if (!halite_reader_meta(rd, i, &k, &val, &len) && !strcmp(k, key)) {
+			snprintf(v, sizeof(v), "%.*s", (int)(len < sizeof(v) ? len : sizeof(v) - 1),
+				 (const char *)val);
+			break;
+		}
+	}
+	if (strcmp(v, "running") && strcmp(v, "paused") && r->p.run == RUN_AS_SAVED) {
+		snprintf(r->err, sizeof(r->err), "%s: %s '%s' is neither running nor paused: "
+			 "choose with --running or --paused", r->p.path, key, v);
+		return -HALITE_E_CORRUPT;
+	}
+	r->file_paused = !strcmp(v, "paused");
+	r->paused = r->p.run == RUN_AS_SAVED ? r->file_paused : r->p.run == RUN_PAUSED;
+	return 0;
 }
 
 /* What the file holds, checked before QEMU starts. */
@@ -249,6 +302,7 @@ static int check_file(struct restore_run *r)
 	}
 	for (uint32_t i = 0; i < r->file_nregions; i++)
 		r->file_regions[i] = *halite_reader_region(rd, i);
+	ret = file_run_state(r, rd);
 out:
 	halite_reader_free(rd);
 	return ret;
@@ -611,9 +665,9 @@ static int run(struct restore_run *r)
 	if (ret)
 		return ret;
 	/* cont, confirmed by query-status (a cont whose reply is lost may have run or not). */
-	ret = hq_vm_settle(&r->vm, !r->p.paused, HQ_QMP_TIMEOUT_MS, &r->t_resume);
+	ret = hq_vm_settle(&r->vm, !r->paused, HQ_QMP_TIMEOUT_MS, &r->t_resume);
 	if (ret)
-		return fail(r, ret, r->p.paused ? "the guest did not stay paused" :
+		return fail(r, ret, r->paused ? "the guest did not stay paused" :
 			    "resuming the guest", r->vm.err);
 	if (!r->t_resume)
 		r->t_resume = hq_now_ns();
@@ -662,7 +716,8 @@ static void report(const struct restore_run *r, int ret)
 		       PRIu64 ", \"lb_retries\": %" PRIu64 ", \"bytes_read\": %" PRIu64
 		       ", \"mb_total\": %" PRIu64 ", \"mb_fault\": %" PRIu64 ", \"mb_pool\": %" PRIu64
 		       ", \"mb_prefetch\": %" PRIu64 ", \"mb_zero\": %" PRIu64
-		       ", \"vm_access_pct\": %.2f, \"paused\": %s, \"detached\": %s}\n",
+		       ", \"vm_access_pct\": %.2f, \"paused\": %s, \"run_state\": \"%s\", "
+		       "\"saved_run_state\": \"%s\", \"detached\": %s}\n",
 		       ms(r->t0, r->t_qmp), ms(r->t0, r->t_ready),
 		       ms(r->t0, r->t_loaded), ms(r->t0, r->t_resume), ms(r->t_qmp, r->t_resume),
 		       ms(r->t_resume, r->t_done) / 1e3, r->mem_bytes, st->faults, st->faults_vcpu,
@@ -670,7 +725,8 @@ static void report(const struct restore_run *r, int ret)
 		       (double)st->fault_p99_ns / 1e3, st->lb_total, st->lb_demand,
 		       st->lb_prefetch, st->lb_retries, st->bytes_read, st->mb_total, st->mb_fault,
 		       st->mb_pool, st->mb_prefetch, st->mb_zero, st->vm_access_pct,
-		       r->p.paused ? "true" : "false", r->p.detach ? "true" : "false");
+		       r->paused ? "true" : "false", r->paused ? "paused" : "running",
+		       r->file_paused ? "paused" : "running", r->p.detach ? "true" : "false");
 		fflush(stdout);
 		return;
 	}
@@ -679,9 +735,11 @@ static void report(const struct restore_run *r, int ret)
 	printf("restored %s into QEMU %d.%d.%d pid %d, %s, %u vCPUs\n", r->p.path, r->vm.major,
 	       r->vm.minor, r->vm.micro, (int)r->vm.pid, r->vm.machine, r->vm.nvcpus);
 	printf("  QEMU ready     %.0f ms after start (QMP up)\n", ms(r->t0, r->t_qmp));
-	printf("  guest %s  %.1f ms after QEMU was ready (devices loaded in %.1f ms)\n",
-	       r->p.paused ? "loaded " : "resumed", ms(r->t_qmp, r->t_resume),
-	       ms(r->t_ready, r->t_loaded));
+	printf("  guest %s  %.1f ms after QEMU was ready (devices loaded in %.1f ms)%s\n",
+	       r->paused ? "loaded " : "resumed", ms(r->t_qmp, r->t_resume),
+	       ms(r->t_ready, r->t_loaded), !r->paused ? "" : r->p.run == RUN_AS_SAVED ?
+	       "; left paused, as it was saved (cont, or --running, runs it)" :
+	       "; left paused (cont runs it)");
 	printf("  all memory in  %.2f s after resume: %s, %" PRIu64 " LBs (%" PRIu64 " demand, %"
 	       PRIu64 " prefetch), %s read\n", ms(r->t_resume, r->t_done) / 1e3,
 	       hq_bytes(r->mem_bytes, a, sizeof(a)), st->lb_total, st->lb_demand, st->lb_prefetch,

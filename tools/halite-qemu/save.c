@@ -36,6 +36,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "hq.h"
 
 struct save_params {
@@ -57,7 +58,8 @@ struct save_run {
 	struct halite_save *s;
 	int uffd;
 	bool was_running, stop_sent;
-	uint64_t t_attach_ns, t_stop_ns, t_cont_ns, t_done_ns;
+	/* stop sent, cont answered (a paused guest: neither), start() done, file complete */
+	uint64_t t_attach_ns, t_stop_ns, t_cont_ns, t_armed_ns, t_done_ns;
 	uint64_t roots_sampled, root_samples;
 	uint64_t devstate_bytes, mem_bytes;
 	struct halite_save_stats st;
@@ -237,6 +239,12 @@ static int leave_run_state(struct save_run *r, int ret)
 	return st;
 }
 
+/* The guest's run state at the save: the file records it. */
+static const char *run_state(const struct save_run *r)
+{
+	return r->was_running ? "running" : "paused";
+}
+
 static int set_meta(struct save_run *r)
 {
 	char v[64];
@@ -249,6 +257,10 @@ static int set_meta(struct save_run *r)
 					   (uint32_t)strlen(r->vm.machine));
 	if (!ret)
 		ret = halite_save_set_meta(r->s, "creator", PROG, sizeof(PROG) - 1);
+	/* What a restore brings the guest back to by default (as virsh restore does). */
+	if (!ret)
+		ret = halite_save_set_meta(r->s, "qemu.run-state", run_state(r),
+					   (uint32_t)strlen(run_state(r)));
 	return ret;
 }
 
@@ -367,7 +379,7 @@ static void progress(struct save_run *r, bool final)
 		     " blocks by vCPUs  %.1f s%s", st.mb_total ? 100 * st.mb_saved / st.mb_total : 0,
 		     hq_bytes(st.mb_total ? r->mem_bytes / st.mb_total * st.mb_saved : 0, a,
 			      sizeof(a)), hq_bytes(r->mem_bytes, b, sizeof(b)), st.faults,
-		     st.faults_vcpu, (double)(hq_now_ns() - r->t_cont_ns) / 1e9,
+		     st.faults_vcpu, (double)(hq_now_ns() - r->t_armed_ns) / 1e9,
 		     final ? "\n" : "");
 }
 
@@ -387,7 +399,7 @@ static int run(struct save_run *r)
 	sigprocmask(SIG_SETMASK, &old, NULL);
 	if (ret)
 		return ret;
-	last_root = last_prog = hq_now_ns();
+	r->t_armed_ns = last_root = last_prog = hq_now_ns();
 	for (;;) {
 		unsigned slice = r->p.root_ms < 250 ? r->p.root_ms : 250;
 		uint64_t now;
@@ -424,12 +436,17 @@ static int run(struct save_run *r)
 static void report(const struct save_run *r, int ret)
 {
 	const struct halite_save_stats *st = &r->st;
-	double pause_ms = (double)(r->t_cont_ns - r->t_stop_ns) / 1e6;
+	/* A guest that was paused already was not paused by the save: no pause. */
+	double pause_ms = r->t_stop_ns && r->t_cont_ns > r->t_stop_ns ?
+			  (double)(r->t_cont_ns - r->t_stop_ns) / 1e6 : 0;
 	double ratio = st->mb_total ? (double)st->file_bytes / ((double)st->mb_total * 8192) : 0;
 	char a[32], b[32];
 
 	if (r->p.out.json) {
 		hq_json_head(!ret, r->p.path, r->err, &r->vm);
+		/* As query-status said before the save ("" if QEMU was never asked). */
+		printf(", \"run_state\": ");
+		halite_json_str(stdout, r->status);
 		printf(", \"pause_ms\": %.3f, \"arm_ms\": %.3f, "
 		       "\"save_s\": %.3f, \"memory_bytes\": %" PRIu64 ", \"file_bytes\": %" PRIu64
 		       ", \"ratio\": %.4f, \"device_state_bytes\": %" PRIu64 ", \"faults\": %" PRIu64
@@ -449,9 +466,13 @@ static void report(const struct save_run *r, int ret)
 		return;
 	printf("saved %s: QEMU %d.%d.%d pid %d, %s, %u vCPUs\n", r->p.path, r->vm.major,
 	       r->vm.minor, r->vm.micro, (int)r->vm.pid, r->vm.machine, r->vm.nvcpus);
-	printf("  pause          %.1f ms (arm %.1f ms)%s\n", pause_ms, (double)st->arm_ns / 1e6,
-	       r->was_running ? "" : ", guest was paused and stays paused");
-	printf("  save           %.2f s while the guest ran\n", (double)st->duration_ns / 1e9);
+	if (r->was_running)
+		printf("  pause          %.1f ms (arm %.1f ms)\n", pause_ms, (double)st->arm_ns / 1e6);
+	else
+		printf("  pause          none: not paused by the save, the guest was already paused "
+		       "and stays paused (arm %.1f ms)\n", (double)st->arm_ns / 1e6);
+	printf("  save           %.2f s while the guest %s\n", (double)st->duration_ns / 1e9,
+	       r->was_running ? "ran" : "stayed paused");
 	printf("  file           %s for %s of memory (%.1f%%), device state %" PRIu64 " bytes\n",
 	       hq_bytes(st->file_bytes, a, sizeof(a)), hq_bytes(st->mb_total * 8192, b, sizeof(b)),
 	       100 * ratio, r->devstate_bytes);
