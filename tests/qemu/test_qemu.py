@@ -42,6 +42,8 @@ outside:
   saved paused: no pause in the report, qemu.run-state paused in the file,
   restored paused by default and running with --running; a running guest's
   file restored with --paused stays paused; each time the digest survives.
+  A save onto the file a running restore reads is refused without touching
+  QEMU.
 
 Exit 0 pass, 1 fail, 77 skip (no QEMU or guest image, or not root; with
 HALITE_REQUIRE_QEMU=1 those fail instead).
@@ -555,6 +557,33 @@ def case_runstate(work):
     restored("paused-as-saved", paused, want="paused")
     restored("paused-running", paused, "--running", want="running")
     restored("running-paused", path, "--paused", want="paused")
+
+    # A save onto the file a running restore reads is refused before QEMU is touched.
+    dst = hg.Guest(work, "holder")
+    holder = subprocess.Popen(restore_cmd(path, dst, "--paused", "--no-prefetch"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # Its engine has the file open (and its shared lock) once the devices are
+        # loaded: the guest is then paused, no longer inmigrate.
+        deadline = time.monotonic() + 60
+        st = None
+        while st != "paused" and holder.poll() is None and time.monotonic() < deadline:
+            try:
+                st = run_state(dst) if os.path.exists(dst.qmp_path) else None
+            except (hg.GuestError, OSError, EOFError):
+                pass
+            time.sleep(0.05)
+        check(st == "paused", "a restore of the file is running (its guest loaded, paused)")
+        sock = os.path.join(work, "untouched-qmp.sock")
+        listener = qmp_listener(sock)
+        p, _ = run([hq, "save", "--qmp", sock, path])
+        err = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+        check(p.returncode == 1 and "is being restored from" in err and not connected(listener),
+              f"save onto a file being restored: {err}")
+        listener.close()
+    finally:
+        holder.send_signal(signal.SIGTERM)
+        holder.communicate(timeout=60)
 
     # A restore's cont lost, or its reply: confirmed by query-status, the guest runs.
     for fault in ("cont-lost", "cont-reply-lost"):
