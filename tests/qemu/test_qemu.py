@@ -31,7 +31,9 @@ outside:
 - errors: private guest RAM, and ptrace refused (another tracer holds QEMU),
   are refused with a clear error and the guest runs on; a restore into a QEMU with other memory is refused and that QEMU is
   gone; a locality block with a flipped byte fails the restore naming it and
-  QEMU is killed, never running on bad data.
+  QEMU is killed, never running on bad data; so does one that QEMU reads
+  while it loads the device state, at once (the engine's error, not a QMP
+  timeout).
 
 - runstate: every way out of a save leaves the guest in the run state it
   had (query-status), its memory digest unchanged, whatever became of stop
@@ -422,13 +424,7 @@ def case_errors(work):
     shutil.copy(path, bad)
     p, _ = run([INSPECT, "blocks", "--json", path], check_rc=0)
     lbs = json.loads(p.stdout)["lbs"]
-    victim = lbs[len(lbs) // 2]
-    off = victim["offset"] + victim["used"] // 2
-    with open(bad, "r+b") as f:
-        f.seek(off)
-        b = f.read(1)
-        f.seek(off)
-        f.write(bytes([b[0] ^ 0x40]))
+    flip_byte(bad, lbs[len(lbs) // 2])
     dst = hg.Guest(work, "corrupt")
     p, _ = run(restore_cmd(bad, dst, "--detach"), timeout=300)
     msg = p.stderr.strip()
@@ -442,6 +438,62 @@ def case_errors(work):
           "its QEMU was killed")
     del info
 
+    # A flipped byte in the locality block QEMU reads first while it loads the
+    # device state: its main loop then waits for memory that never comes and
+    # answers no QMP. The engine's error must come out at once, not a QMP timeout.
+    lb = first_device_load_lb(work, path)
+    bad = os.path.join(work, "load-bad.hlt")
+    shutil.copy(path, bad)
+    flip_byte(bad, next(x for x in lbs if x["lb"] == lb))
+    dst = hg.Guest(work, "load-corrupt")
+    # No prefetch: only QEMU's own accesses (the device load first) read LBs.
+    p, dt = run(restore_cmd(bad, dst, "--detach", "--no-prefetch"), timeout=300)
+    msg = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+    rep = json.loads(p.stdout)
+    check(p.returncode == 1 and f"locality block {lb} at offset" in msg and "checksum" in msg,
+          f"LB {lb}, read by the device load, fails the restore: {msg}")
+    check(not any(w in msg for w in ("query-migrate", "no answer", "given up", "within")),
+          "the error is the engine's, not a QMP wait's")
+    check(rep["error"] == msg.split("restore: ", 1)[-1] and rep["devices_loaded_ms"] < 0,
+          "the JSON error is the same, and the devices never finished loading")
+    check(dt < 3, f"halite-qemu returned {dt:.2f} s after it started (QMP timeout: 10 s)")
+    dst.adopt(rep["qemu"]["pid"])
+    check(rep["qemu"]["pid"] > 0 and not dst.alive(), "its QEMU was killed")
+
+
+def flip_byte(path, lb):
+    """Flip a bit in the middle of locality block @lb (halite-inspect blocks' entry)."""
+    off = lb["offset"] + lb["used"] // 2
+    with open(path, "r+b") as f:
+        f.seek(off)
+        b = f.read(1)
+        f.seek(off)
+        f.write(bytes([b[0] ^ 0x40]))
+
+
+def first_device_load_lb(work, path):
+    """The locality block the device state's load reads first: restore @path left
+    paused without prefetch (only QEMU's own accesses read memory), stop it once
+    the devices are loaded, and take the earliest demand read of its trace."""
+    trace = os.path.join(work, "device-load.trace")
+    probe = hg.Guest(work, "probe")
+    proc = subprocess.Popen(restore_cmd(path, probe, "--paused", "--no-prefetch", "--trace", trace),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        check(wait_run_state(probe, proc, "paused"), "probe restore: devices loaded, paused")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    reads = []
+    with open(trace) as f:
+        for line in f:
+            w = line.split()
+            if w[0] == "lb" and w[2] == "demand":
+                reads.append((int(w[3]), int(w[1])))
+    check(reads, f"the device load read {len(reads)} LBs on demand: "
+          f"{[lb for _, lb in sorted(reads)]}")
+    return min(reads)[1]
+
 
 def run_state(guest):
     """What query-status says, through the guest's own QMP socket."""
@@ -450,6 +502,20 @@ def run_state(guest):
         return q.cmd("query-status")["status"]
     finally:
         q.close()
+
+
+def wait_run_state(guest, proc, want, timeout=60):
+    """Until query-status on @guest's own QMP socket says @want while @proc
+    (a restore) runs: True, or False after @timeout s or if @proc ended."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            if os.path.exists(guest.qmp_path) and run_state(guest) == want:
+                return True
+        except (hg.GuestError, OSError, EOFError):
+            pass
+        time.sleep(0.05)
+    return False
 
 
 def case_runstate(work):
@@ -565,15 +631,8 @@ def case_runstate(work):
     try:
         # Its engine has the file open (and its shared lock) once the devices are
         # loaded: the guest is then paused, no longer inmigrate.
-        deadline = time.monotonic() + 60
-        st = None
-        while st != "paused" and holder.poll() is None and time.monotonic() < deadline:
-            try:
-                st = run_state(dst) if os.path.exists(dst.qmp_path) else None
-            except (hg.GuestError, OSError, EOFError):
-                pass
-            time.sleep(0.05)
-        check(st == "paused", "a restore of the file is running (its guest loaded, paused)")
+        check(wait_run_state(dst, holder, "paused"),
+              "a restore of the file is running (its guest loaded, paused)")
         sock = os.path.join(work, "untouched-qmp.sock")
         listener = qmp_listener(sock)
         p, _ = run([hq, "save", "--qmp", sock, path])

@@ -35,6 +35,7 @@ struct hq_qmp {
 	char path[108];
 	hq_qmp_abort_fn abort_fn;
 	void *abort_ctx;
+	bool aborted; /* the last call or wait ended by abort_fn */
 	pid_t peer;
 	int major, minor, micro;
 	char *buf;
@@ -78,8 +79,10 @@ static int aborted(struct hq_qmp *q)
 {
 	int r = q->abort_fn ? q->abort_fn(q->abort_ctx) : 0;
 
-	if (r)
+	if (r) {
 		qerr(q, "QMP: the wait for QEMU was given up");
+		q->aborted = true;
+	}
 	return r;
 }
 
@@ -193,6 +196,7 @@ static int send_cmd(struct hq_qmp *q, const char *cmd, cJSON *args, uint64_t *id
 	int r;
 
 	q->err[0] = '\0';
+	q->aborted = false;
 	cJSON_AddStringToObject(req, "execute", cmd);
 	if (args)
 		cJSON_AddItemToObject(req, "arguments", args);
@@ -300,6 +304,7 @@ int hq_qmp_wait_event(struct hq_qmp *q, const char *name, cJSON **data, int time
 {
 	int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
 
+	q->aborted = false;
 	for (;;) {
 		cJSON *msg = NULL;
 		int n = cJSON_GetArraySize(q->events), r;
@@ -461,6 +466,11 @@ int hq_qmp_reconnect(struct hq_qmp *q, int timeout_ms)
 	if (r)
 		memcpy(q->err, err, sizeof(err));
 	return r;
+}
+
+bool hq_qmp_aborted(const struct hq_qmp *q)
+{
+	return q && q->aborted;
 }
 
 bool hq_qmp_usable(const struct hq_qmp *q)

@@ -48,6 +48,8 @@ bool hq_qmp_usable(const struct hq_qmp *q);
 #define HQ_QMP_POLL_MS 5
 typedef int (*hq_qmp_abort_fn)(void *ctx);
 void hq_qmp_set_abort(struct hq_qmp *q, hq_qmp_abort_fn fn, void *ctx);
+/* Whether the last call or wait was ended by the abort function. */
+bool hq_qmp_aborted(const struct hq_qmp *q);
 /* The process at the other end (SO_PEERCRED): QEMU. */
 pid_t hq_qmp_peer_pid(const struct hq_qmp *q);
 /* QEMU's version, from the greeting. */

@@ -32,6 +32,7 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,6 +78,7 @@ struct restore_run {
 	uint64_t mem_bytes;
 	/* Times from the command's start. */
 	uint64_t t0, t_qmp, t_ready, t_loaded, t_resume, t_done;
+	bool engine_running; /* started: halite_restore_wait() says how it goes */
 	struct halite_restore_stats st;
 	char err[1280];
 };
@@ -226,6 +228,27 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 static int fail(struct restore_run *r, int ret, const char *what, const char *detail)
 {
 	return hq_fail(r->err, sizeof(r->err), ret, what, detail);
+}
+
+/*
+ * Whether to stop waiting on QEMU: the engine failed (QEMU then waits for
+ * memory that will never come, its main loop too while it loads the device
+ * state, so QMP answers nothing) or SIGINT/SIGTERM came. Every wait on QEMU
+ * once the engine runs polls it: the QMP client every HQ_QMP_POLL_MS (set
+ * as its abort function), the device state's write, the load's polling
+ * loop, the final wait for the engine. Returns the reason (< 0), or 0.
+ */
+static int give_up(void *ctx)
+{
+	struct restore_run *r = ctx;
+	int ret;
+
+	if (hq_stop_signal)
+		return -ECANCELED;
+	if (!r->engine_running)
+		return 0;
+	ret = halite_restore_wait(r->rs, 0);
+	return ret == -ETIMEDOUT ? 0 : ret < 0 ? ret : 0;
 }
 
 /*
@@ -418,11 +441,14 @@ static int attach_qemu(struct restore_run *r)
 		}
 		if (hq_now_ns() > end)
 			return fail(r, -ETIMEDOUT, "QEMU's QMP socket did not come up", sock);
+		if (give_up(r))
+			return give_up(r);
 	}
 	if (ret)
 		return fail(r, ret, r->vm.err, NULL);
 	if (r->vm.pid != r->qemu)
 		return fail(r, -EPROTO, "QMP socket answered by another process", sock);
+	hq_qmp_set_abort(r->vm.qmp, give_up, r);
 	return 0;
 }
 
@@ -544,16 +570,25 @@ static int start_restore(struct restore_run *r, const struct halite_restore_regi
 	if (ret)
 		return fail(r, ret, "starting the restore", halite_restore_errmsg(r->rs)[0] ?
 			    halite_restore_errmsg(r->rs) : halite_strerror(ret));
+	r->engine_running = true;
 	r->t_ready = hq_now_ns();
 	return 0;
 }
 
-static int write_all(int fd, const uint8_t *p, uint64_t len)
+/* All of @p to @fd (non-blocking), giving up with give_up()'s reason. */
+static int write_all(struct restore_run *r, int fd, const uint8_t *p, uint64_t len)
 {
 	while (len) {
-		ssize_t n = write(fd, p, len);
+		struct pollfd pf = { fd, POLLOUT, 0 };
+		ssize_t n;
+		int ret = give_up(r);
 
-		if (n < 0 && errno == EINTR)
+		if (ret)
+			return ret;
+		if (poll(&pf, 1, HQ_QMP_POLL_MS) <= 0)
+			continue;
+		n = write(fd, p, len);
+		if (n < 0 && (errno == EINTR || errno == EAGAIN))
 			continue;
 		if (n <= 0)
 			return n < 0 ? -errno : -EIO;
@@ -580,14 +615,15 @@ static int load_devices(struct restore_run *r)
 	if (ret)
 		return fail(r, ret, "migrate-incoming", hq_qmp_errmsg(r->vm.qmp));
 	/* QEMU listens once migrate-incoming has returned. */
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa))) {
 		ret = -errno;
 		if (fd >= 0)
 			close(fd);
 		return fail(r, ret, "connecting to QEMU's incoming socket", strerror(-ret));
 	}
-	ret = write_all(fd, r->dev, r->devlen);
+	/* QEMU reads it as it loads: a load blocked on memory stops reading. */
+	ret = write_all(r, fd, r->dev, r->devlen);
 	close(fd);
 	if (ret)
 		return fail(r, ret, "sending the device state", strerror(-ret));
@@ -615,6 +651,9 @@ static int load_devices(struct restore_run *r)
 		if (hq_now_ns() > end)
 			return fail(r, -ETIMEDOUT, "QEMU did not finish loading the device state",
 				    NULL);
+		ret = give_up(r);
+		if (ret)
+			return ret;
 		usleep(500);
 	}
 	r->t_loaded = hq_now_ns();
@@ -636,6 +675,31 @@ static void progress(struct restore_run *r, bool final)
 		     hq_bytes(st.mb_total ? r->mem_bytes / st.mb_total * in : 0, a, sizeof(a)),
 		     hq_bytes(r->mem_bytes, b, sizeof(b)), st.faults, st.lb_demand + st.lb_prefetch,
 		     st.lb_total, (double)(hq_now_ns() - r->t_ready) / 1e9, final ? "\n" : "");
+}
+
+/*
+ * The error to report for a failed step: the engine's when it failed (the
+ * step only noticed: QEMU blocked on memory that will never come answers no
+ * QMP, and a timeout or "given up" would hide why), unless it failed
+ * because QEMU is gone (-ESRCH: its memory's owner has exited), which is
+ * the step's own story; "restore stopped" for SIGINT/SIGTERM.
+ */
+static int why(struct restore_run *r, int ret)
+{
+	int eng = r->engine_running ? halite_restore_wait(r->rs, 0) : 0;
+
+	if (eng < 0 && eng != -ETIMEDOUT && eng != -ESRCH) {
+		snprintf(r->err, sizeof(r->err), "%s", halite_restore_errmsg(r->rs)[0] ?
+			 halite_restore_errmsg(r->rs) : halite_strerror(eng));
+		return eng;
+	}
+	if (ret == -ECANCELED && hq_stop_signal) {
+		snprintf(r->err, sizeof(r->err), "restore stopped: %s", strsignal(hq_stop_signal));
+		return ret;
+	}
+	if (!r->err[0])
+		snprintf(r->err, sizeof(r->err), "%s", halite_strerror(ret));
+	return ret;
 }
 
 static int run(struct restore_run *r)
@@ -663,12 +727,12 @@ static int run(struct restore_run *r)
 	if (!ret)
 		ret = load_devices(r);
 	if (ret)
-		return ret;
+		return why(r, ret);
 	/* cont, confirmed by query-status (a cont whose reply is lost may have run or not). */
 	ret = hq_vm_settle(&r->vm, !r->paused, HQ_QMP_TIMEOUT_MS, &r->t_resume);
 	if (ret)
-		return fail(r, ret, r->paused ? "the guest did not stay paused" :
-			    "resuming the guest", r->vm.err);
+		return why(r, fail(r, ret, r->paused ? "the guest did not stay paused" :
+				   "resuming the guest", r->vm.err));
 	if (!r->t_resume)
 		r->t_resume = hq_now_ns();
 	last_prog = r->t_resume;

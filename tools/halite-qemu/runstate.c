@@ -130,7 +130,7 @@ int hq_vm_settle(struct hq_vm *vm, bool running, int timeout_ms, uint64_t *t_cha
 			}
 		}
 		snprintf(last, sizeof(last), "%s", vm->err);
-		if (!transient(r))
+		if (!transient(r) || hq_qmp_aborted(vm->qmp))
 			break;
 	}
 	hq_vmsetf(vm, "%s", last);
