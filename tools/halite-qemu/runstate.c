@@ -14,6 +14,8 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -68,6 +70,26 @@ int hq_vm_stop(struct hq_vm *vm, int timeout_ms)
 	return runstate_cmd(vm, "stop", timeout_ms);
 }
 
+/* QEMU has exited (a zombie child of a restore included): no point in waiting. */
+static bool qemu_gone(pid_t pid)
+{
+	char path[64], buf[256], *p;
+	ssize_t n;
+	int fd;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return errno == ENOENT;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return false;
+	buf[n] = '\0';
+	p = strrchr(buf, ')');
+	return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+}
+
 /* Worth another try before the deadline: QEMU slow, or the connection lost. */
 static bool transient(int r)
 {
@@ -100,6 +122,12 @@ int hq_vm_settle(struct hq_vm *vm, bool running, int timeout_ms, uint64_t *t_cha
 			r = hq_qmp_reconnect(vm->qmp, left);
 			if (r) {
 				snprintf(last, sizeof(last), "%s", hq_qmp_errmsg(vm->qmp));
+				if (qemu_gone(vm->pid)) {
+					snprintf(last, sizeof(last), "QEMU (pid %d) has exited",
+						 (int)vm->pid);
+					r = -ESRCH;
+					break;
+				}
 				if (!transient(r))
 					break;
 				/* Refused at once (QEMU busy or gone): not a busy loop. */

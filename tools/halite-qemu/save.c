@@ -232,7 +232,9 @@ static int leave_run_state(struct save_run *r, int ret)
 	if (!st)
 		return ret;
 	snprintf(before, sizeof(before), "%s", r->err);
-	if (snprintf(r->err, sizeof(r->err), "the guest may be left paused: %s%s%s", r->vm.err,
+	/* A QEMU that has exited has no guest left to be paused (-ESRCH). */
+	if (snprintf(r->err, sizeof(r->err), "%s%s%s%s", st == -ESRCH ? "" :
+		     "the guest may be left paused: ", r->vm.err,
 		     before[0] ? "; before that the save had failed: " : "", before) >=
 	    (int)sizeof(r->err))
 		memcpy(r->err + sizeof(r->err) - 4, "...", 4);
