@@ -575,8 +575,11 @@ static int start_restore(struct restore_run *r, const struct halite_restore_regi
 	return 0;
 }
 
-/* All of @p to @fd (non-blocking), giving up with give_up()'s reason. */
-static int write_all(struct restore_run *r, int fd, const uint8_t *p, uint64_t len)
+/*
+ * All of @p to @fd (non-blocking), giving up with give_up()'s reason, or
+ * -ETIMEDOUT after @end (ns).
+ */
+static int write_all(struct restore_run *r, int fd, const uint8_t *p, uint64_t len, uint64_t end)
 {
 	while (len) {
 		struct pollfd pf = { fd, POLLOUT, 0 };
@@ -585,9 +588,15 @@ static int write_all(struct restore_run *r, int fd, const uint8_t *p, uint64_t l
 
 		if (ret)
 			return ret;
-		if (poll(&pf, 1, HQ_QMP_POLL_MS) <= 0)
+		if (hq_now_ns() > end)
+			return -ETIMEDOUT;
+		ret = poll(&pf, 1, HQ_QMP_POLL_MS);
+		if (ret < 0 && errno != EINTR)
+			return -errno;
+		if (ret <= 0)
 			continue;
-		n = write(fd, p, len);
+		/* QEMU may have closed it (a load that failed): EPIPE, not SIGPIPE. */
+		n = send(fd, p, len, MSG_NOSIGNAL);
 		if (n < 0 && (errno == EINTR || errno == EAGAIN))
 			continue;
 		if (n <= 0)
@@ -623,11 +632,12 @@ static int load_devices(struct restore_run *r)
 		return fail(r, ret, "connecting to QEMU's incoming socket", strerror(-ret));
 	}
 	/* QEMU reads it as it loads: a load blocked on memory stops reading. */
-	ret = write_all(r, fd, r->dev, r->devlen);
+	end = hq_now_ns() + INCOMING_TIMEOUT_MS * 1000000ull;
+	ret = write_all(r, fd, r->dev, r->devlen, end);
 	close(fd);
 	if (ret)
-		return fail(r, ret, "sending the device state", strerror(-ret));
-	end = hq_now_ns() + INCOMING_TIMEOUT_MS * 1000000ull;
+		return fail(r, ret, "sending the device state", ret == -ETIMEDOUT ?
+			    "QEMU did not read it in time" : strerror(-ret));
 	for (;;) {
 		const char *st, *desc;
 
