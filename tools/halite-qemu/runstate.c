@@ -128,7 +128,7 @@ int hq_vm_settle(struct hq_vm *vm, bool running, int timeout_ms, uint64_t *t_cha
 					r = -ESRCH;
 					break;
 				}
-				if (!transient(r))
+				if (!transient(r) || hq_qmp_aborted(vm->qmp))
 					break;
 				/* Refused at once (QEMU busy or gone): not a busy loop. */
 				usleep(20000);
