@@ -647,6 +647,14 @@ static int load_devices(struct restore_run *r)
 		st = cJSON_GetStringValue(cJSON_GetObjectItem(ret_obj, "status"));
 		if (st && !strcmp(st, "completed")) {
 			cJSON_Delete(ret_obj);
+			/*
+			 * QEMU's answer says paused: with -S, migration.c's
+			 * process_incoming_migration_bh sets the run state (paused:
+			 * xen-save-devices-state stores "running" as the global state)
+			 * before it marks the migration completed. So hq_vm_settle()
+			 * sends cont at once and confirms after, the guest not waiting.
+			 */
+			r->vm.run_seen = -1;
 			break;
 		}
 		if (st && !strcmp(st, "failed")) {
