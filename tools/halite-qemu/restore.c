@@ -19,13 +19,17 @@
  * 4. cont (hq_vm_settle: confirmed by query-status): the guest runs,
  *    milliseconds after QEMU was ready; the time is reported. A guest saved
  *    paused (the file's qemu.run-state) stays paused unless --running, as
- *    virsh restore does; --paused or -S leaves any guest paused. Faults and the throttled prefetcher bring in the rest.
+ *    virsh restore does; --paused or -S leaves any guest paused. Faults
+ *    and the throttled prefetcher bring in the rest.
  * 5. All memory in: the engine unregisters, QEMU's copy of the descriptor
  *    is closed, the report is printed; then either wait for QEMU to exit
  *    (default, like running QEMU itself) or leave it running (--detach).
  *
  * If the restore fails (a locality block that fails its checksum), the
- * guest is blocked on memory that will never come: QEMU is killed.
+ * guest is blocked on memory that will never come: QEMU is killed. So may
+ * QEMU's main loop be, in the middle of loading the device state: every
+ * wait on QEMU gives up as soon as the engine has failed (give_up()), and
+ * the engine's error is the one reported (explain_failure()).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -702,7 +706,7 @@ static void progress(struct restore_run *r, bool final)
  * because QEMU is gone (-ESRCH: its memory's owner has exited), which is
  * the step's own story; "restore stopped" for SIGINT/SIGTERM.
  */
-static int why(struct restore_run *r, int ret)
+static int explain_failure(struct restore_run *r, int ret)
 {
 	int eng = r->engine_running ? halite_restore_wait(r->rs, 0) : 0;
 
@@ -745,12 +749,12 @@ static int run(struct restore_run *r)
 	if (!ret)
 		ret = load_devices(r);
 	if (ret)
-		return why(r, ret);
+		return explain_failure(r, ret);
 	/* cont, confirmed by query-status (a cont whose reply is lost may have run or not). */
 	ret = hq_vm_settle(&r->vm, !r->paused, HQ_QMP_TIMEOUT_MS, &r->t_resume);
 	if (ret)
-		return why(r, fail(r, ret, r->paused ? "the guest did not stay paused" :
-				   "resuming the guest", r->vm.err));
+		return explain_failure(r, fail(r, ret, r->paused ? "the guest did not stay "
+					      "paused" : "resuming the guest", r->vm.err));
 	if (!r->t_resume)
 		r->t_resume = hq_now_ns();
 	last_prog = r->t_resume;
