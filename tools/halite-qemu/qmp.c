@@ -462,7 +462,8 @@ int hq_qmp_reconnect(struct hq_qmp *q, int timeout_ms)
 		close(q->fd);
 	q->fd = -1;
 	q->broken = true;
-	r = open_conn(q, timeout_ms, timeout_ms < 0 ? 10000 : timeout_ms, err, sizeof(err));
+	/* One attempt: the caller decides whether a refusal is worth another. */
+	r = open_conn(q, 0, timeout_ms < 0 ? 10000 : timeout_ms, err, sizeof(err));
 	if (r)
 		memcpy(q->err, err, sizeof(err));
 	return r;

@@ -25,11 +25,12 @@ struct hq_qmp;
 int hq_qmp_connect(struct hq_qmp **qp, const char *path, int timeout_ms, char *err,
 		   size_t errlen);
 /*
- * Connect again to the same socket, within @timeout_ms: for a connection
- * that is lost (hq_qmp_usable() false). QEMU serves one client per socket
- * and takes the next once the old one is closed, so the old one is closed
- * first. Request ids go on from where they were; queued events stay.
- * 0, or -errno with hq_qmp_errmsg().
+ * Connect again to the same socket: for a connection that is lost
+ * (hq_qmp_usable() false). QEMU serves one client per socket and takes the
+ * next once the old one is closed, so the old one is closed first. One
+ * attempt (-ENOENT, -ECONNREFUSED at once), then the greeting and
+ * negotiation within @timeout_ms. Request ids go on from where they were;
+ * queued events stay. 0, or -errno with hq_qmp_errmsg().
  */
 int hq_qmp_reconnect(struct hq_qmp *q, int timeout_ms);
 /*
