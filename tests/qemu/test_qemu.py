@@ -642,16 +642,20 @@ def case_runstate(work):
     holder = subprocess.Popen(restore_cmd(path, dst, "--paused", "--no-prefetch"),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        # Its engine has the file open (and its shared lock) once the devices are
-        # loaded: the guest is then paused, no longer inmigrate.
-        check(wait_run_state(dst, holder, "paused"),
-              "a restore of the file is running (its guest loaded, paused)")
         sock = os.path.join(work, "untouched-qmp.sock")
         listener = qmp_listener(sock)
-        p, _ = run([hq, "save", "--qmp", sock, path])
-        err = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
-        check(p.returncode == 1 and "is being restored from" in err and not connected(listener),
-              f"save onto a file being restored: {err}")
+        # From the moment its QEMU starts (the file checked, the engine not yet
+        # started), and once the devices are loaded (the guest paused).
+        deadline = time.monotonic() + 60
+        while not os.path.exists(dst.qmp_path) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        for when in ("QEMU started", "guest loaded"):
+            if when == "guest loaded":
+                check(wait_run_state(dst, holder, "paused"), "the restore is running, paused")
+            p, _ = run([hq, "save", "--qmp", sock, path])
+            err = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+            check(p.returncode == 1 and "is being restored from" in err and
+                  not connected(listener), f"save onto a file being restored ({when}): {err}")
         listener.close()
     finally:
         holder.send_signal(signal.SIGTERM)

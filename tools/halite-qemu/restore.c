@@ -40,6 +40,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -70,6 +71,7 @@ struct restore_run {
 	struct halite_restore *rs;
 	pid_t qemu;
 	int uffd, remote_uffd;
+	int lock_fd; /* the file, LOCK_SH held from the check to the end */
 	char dir[64];
 	uint8_t *dev;
 	uint64_t devlen;
@@ -297,6 +299,15 @@ static int check_file(struct restore_run *r)
 	char err[512] = "";
 	int ret;
 
+	/*
+	 * HALITE_LOCK_PROTOCOL (format.h): no save may replace the file from
+	 * now on. The engine takes the same lock, but only once QEMU has
+	 * started and its RAM is ready, a window in which a save could replace
+	 * the file checked here. Advisory: a failure only loses that check.
+	 */
+	r->lock_fd = open(r->p.path, O_RDONLY | O_CLOEXEC);
+	if (r->lock_fd >= 0 && flock(r->lock_fd, LOCK_SH | LOCK_NB) && r->p.out.verbose)
+		hq_errorf("restore: %s: flock: %s", r->p.path, strerror(errno));
 	o.errbuf = err;
 	o.errbuf_len = sizeof(err);
 	ret = halite_reader_open(&rd, r->p.path, &o);
@@ -873,7 +884,7 @@ int hq_cmd_restore(int argc, char **argv)
 		return EXIT_USAGE;
 	}
 	r->t0 = hq_now_ns();
-	r->uffd = r->remote_uffd = -1;
+	r->uffd = r->remote_uffd = r->lock_fd = -1;
 	for (unsigned i = 0; i < HQ_MAX_REGIONS; i++)
 		r->vm.regions[i].fd = -1;
 	hq_catch_stop_signals();
@@ -901,6 +912,8 @@ int hq_cmd_restore(int argc, char **argv)
 	halite_restore_free(r->rs);
 	if (r->uffd >= 0)
 		close(r->uffd);
+	if (r->lock_fd >= 0)
+		close(r->lock_fd);
 	hq_vm_release(&r->vm);
 	if (r->dir[0]) {
 		char p[96];
