@@ -127,7 +127,8 @@ cp -r "$root/guest-image/www/." "$stage/www/"
 chmod 0755 "$stage"/www/cgi-bin/*
 head -c $((1 << 20)) <(yes "halite test guest, static file for HTTP timing") >"$stage/www/blob.bin"
 
-# NIC drivers, dependencies first: e1000e (q35's default -nic), virtio-net.
+# NIC drivers, dependencies first: e1000e (q35's default -nic), virtio-net;
+# virtio-balloon, for guests whose memory a balloon gives back (tests/qemu).
 declare -A seen=()
 modlist=()
 add_module() { # path relative to $moddir, as in modules.dep
@@ -140,7 +141,7 @@ add_module() { # path relative to $moddir, as in modules.dep
 	done
 	modlist+=("$m")
 }
-for name in e1000e virtio_pci virtio_net; do
+for name in e1000e virtio_pci virtio_net virtio_balloon; do
 	m=$(grep -o "^[^:]*/$name\.ko[^:]*" "$moddir/modules.dep" | head -n1 || true)
 	if [[ -z $m ]]; then
 		grep -qs "/$name\.ko" "$moddir/modules.builtin" || die "no module $name in $moddir"

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """End-to-end tests of halite-qemu on the real test guest (issue 6).
 
-  test_qemu.py CASE      CASE: cli, save-restore, exact, kill, errors, 4g, backends
+  test_qemu.py CASE      CASE: cli, save-restore, exact, kill, errors, 4g, backends,
+                               runstate
 
 Each case boots its own guest (scripts/make-guest.sh built it: Debian's
 kernel, busybox initramfs, the memory verifier, httpd; 2 vCPUs, TCG,
@@ -16,7 +17,8 @@ outside:
 - exact: a restore left paused (nothing but the restore writes guest RAM):
   every byte of QEMU's RAM equals the file's memory once done.
 - kill: halite-qemu save killed (SIGKILL) or cancelled (SIGINT) halfway: the
-  guest runs on with its memory unchanged (the cancelled file is removed);
+  guest runs on with its memory unchanged (an older file at the path is
+  unchanged, the partial file removed);
   halite-qemu killed (SIGKILL) during a restore: QEMU lives, its vCPU
   threads sit blocked in userfaultfd, the guest answers nothing and its
   console reports no bad data; SIGTERM during a restore stops it and QEMU.
@@ -30,11 +32,26 @@ outside:
 - errors: private guest RAM, and ptrace refused (another tracer holds QEMU),
   are refused with a clear error and the guest runs on; a restore into a QEMU with other memory is refused and that QEMU is
   gone; a locality block with a flipped byte fails the restore naming it and
-  QEMU is killed, never running on bad data.
+  QEMU is killed, never running on bad data; so does one that QEMU reads
+  while it loads the device state, at once (the engine's error, not a QMP
+  timeout).
+
+- runstate: every way out of a save leaves the guest in the run state it
+  had (query-status), its memory digest unchanged, whatever became of stop
+  and cont (HALITE_QEMU_TEST_FAULT: QEMU hung at the stop, a stop's or
+  cont's reply lost, a cont that never arrived, a failure before arm); a
+  QEMU hung past halite-qemu's patience is reported ("the guest may be left
+  paused"); a restore whose cont is lost still runs the guest. A guest
+  saved paused: no pause in the report, qemu.run-state paused in the file,
+  restored paused by default and running with --running; a running guest's
+  file restored with --paused stays paused; each time the digest survives.
+  A save onto the file a running restore reads is refused without touching
+  QEMU.
 
 Exit 0 pass, 1 fail, 77 skip (no QEMU or guest image, or not root; with
 HALITE_REQUIRE_QEMU=1 those fail instead).
 """
+import fcntl
 import json
 import os
 import shutil
@@ -65,10 +82,12 @@ def check(cond, msg):
     log(f"  ok: {msg}")
 
 
-def run(cmd, timeout=300, check_rc=None):
+def run(cmd, timeout=300, check_rc=None, fault=None):
+    """Run @cmd; @fault sets HALITE_QEMU_TEST_FAULT (tools/halite-qemu/fault.c)."""
+    env = dict(os.environ, HALITE_QEMU_TEST_FAULT=fault) if fault else None
     t = time.monotonic()
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
-                       text=True)
+                       text=True, env=env)
     dt = time.monotonic() - t
     if check_rc is not None and p.returncode != check_rc:
         raise Fail(f"{' '.join(cmd[:3])}...: exit {p.returncode}, want {check_rc}\n"
@@ -96,7 +115,8 @@ def restore(path, guest, *opts):
     p, dt = run(restore_cmd(path, guest, "--detach", *opts), check_rc=0)
     rep = json.loads(p.stdout)
     guest.adopt(rep["qemu"]["pid"])
-    log(f"  restore: QEMU ready {rep['qmp_ready_ms']:.0f} ms, guest resumed "
+    log(f"  restore: QEMU ready {rep['qmp_ready_ms']:.0f} ms, guest "
+        f"{'loaded, paused,' if rep.get('paused') else 'resumed'} "
         f"{rep['ready_to_resume_ms']:.1f} ms after, all in {rep['done_s']:.2f} s later, "
         f"{rep['faults']} faults ({rep['faults_vcpu']} vCPU), {rep['lb_demand']} demand / "
         f"{rep['lb_prefetch']} prefetched LBs")
@@ -234,16 +254,23 @@ def case_kill(work):
     proc = subprocess.Popen([hg.halite_qemu(), "save", "--qmp", src.qmp_path, "-q", killed],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     # Armed and saving once locality blocks reach the file: kill it then.
-    wait_file(proc, killed, 2 << 20)
+    tmp = wait_file(proc, killed, 2 << 20)
     proc.kill()
     proc.wait()
+    check(not os.path.exists(killed) and os.path.exists(tmp),
+          f"the killed save left no {os.path.basename(killed)}, only its temporary file")
+    os.unlink(tmp)
     n = len(src.console_text())
     src.wait_console(r"^verifier: pass \d+ ok", 30, after=n)
     d1, _, ok = src.digest()
     check(ok and d1 == d0, f"after SIGKILL of halite-qemu save the guest runs on, digest {d1} "
           "unchanged")
-    # SIGINT cancels a save cleanly: every block goes back, the file goes.
+    # SIGINT cancels a save cleanly: every block goes back, the partial file
+    # goes, and an older file at the path is left as it was.
     cancelled = os.path.join(work, "cancelled.hlt")
+    older = b"an older file at the path, not to be lost\n" * 1000
+    with open(cancelled, "wb") as f:
+        f.write(older)
     proc = subprocess.Popen([hg.halite_qemu(), "save", "--qmp", src.qmp_path, "-q", cancelled],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wait_file(proc, cancelled, 2 << 20)
@@ -251,7 +278,11 @@ def case_kill(work):
     _, err = proc.communicate(timeout=60)
     check(proc.returncode == 1 and "save cancelled: Interrupt" in err,
           f"SIGINT cancels the save: {err.strip().splitlines()[-1] if err.strip() else ''}")
-    check(not os.path.exists(cancelled), "the cancelled save's file is removed")
+    with open(cancelled, "rb") as f:
+        check(f.read() == older, "the older file at the cancelled save's path is unchanged")
+    left = [n for n in os.listdir(work) if n.startswith(".cancelled.hlt.") or
+            n == "cancelled.hlt.incomplete"]
+    check(not left, f"the cancelled save's partial file is removed ({left})")
     src.wait_console(r"^verifier: pass \d+ ok", 30, after=len(src.console_text()))
     d2, _, ok = src.digest()
     check(ok and d2 == d0, f"after the cancel the guest runs on, digest {d2} unchanged")
@@ -300,15 +331,26 @@ def case_kill(work):
 
 
 def wait_file(proc, path, size):
-    """Until @path (being written by @proc) holds @size bytes: armed and saving."""
+    """Until the file @proc writes for @path (a temporary ".NAME.XXXXXX" beside
+    it, renamed over @path only when complete) holds @size bytes: armed and
+    saving. Returns the temporary file's path."""
+    d, name = os.path.split(path)
     deadline = time.monotonic() + 60
+    tmp, have = None, 0
     while proc.poll() is None and time.monotonic() < deadline:
-        if os.path.exists(path) and os.path.getsize(path) > size:
+        for n in os.listdir(d):
+            if n.startswith(f".{name}."):
+                tmp = os.path.join(d, n)
+        try:
+            have = os.path.getsize(tmp) if tmp else 0
+        except OSError:
+            have = 0
+        if have > size:
             break
         time.sleep(0.002)
-    have = os.path.getsize(path) if os.path.exists(path) else 0
     check(proc.poll() is None and have > size,
-          f"halite-qemu save is running, {have >> 20} MiB written")
+          f"halite-qemu save is running, {have >> 20} MiB written to its temporary file")
+    return tmp
 
 
 def slow_restore(path, dst):
@@ -405,13 +447,7 @@ def case_errors(work):
     shutil.copy(path, bad)
     p, _ = run([INSPECT, "blocks", "--json", path], check_rc=0)
     lbs = json.loads(p.stdout)["lbs"]
-    victim = lbs[len(lbs) // 2]
-    off = victim["offset"] + victim["used"] // 2
-    with open(bad, "r+b") as f:
-        f.seek(off)
-        b = f.read(1)
-        f.seek(off)
-        f.write(bytes([b[0] ^ 0x40]))
+    flip_byte(bad, lbs[len(lbs) // 2])
     dst = hg.Guest(work, "corrupt")
     p, _ = run(restore_cmd(bad, dst, "--detach"), timeout=300)
     msg = p.stderr.strip()
@@ -424,6 +460,239 @@ def case_errors(work):
           open(f"/proc/{rep['qemu']['pid']}/stat").read().split(")")[-1].split()[0] == "Z",
           "its QEMU was killed")
     del info
+
+    # A flipped byte in the locality block QEMU reads first while it loads the
+    # device state: its main loop then waits for memory that never comes and
+    # answers no QMP. The engine's error must come out at once, not a QMP timeout.
+    lb = first_device_load_lb(work, path)
+    bad = os.path.join(work, "load-bad.hlt")
+    shutil.copy(path, bad)
+    flip_byte(bad, next(x for x in lbs if x["lb"] == lb))
+    dst = hg.Guest(work, "load-corrupt")
+    # No prefetch: only QEMU's own accesses (the device load first) read LBs.
+    p, dt = run(restore_cmd(bad, dst, "--detach", "--no-prefetch"), timeout=300)
+    msg = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+    rep = json.loads(p.stdout)
+    check(p.returncode == 1 and f"locality block {lb} at offset" in msg and "checksum" in msg,
+          f"LB {lb}, read by the device load, fails the restore: {msg}")
+    check(not any(w in msg for w in ("query-migrate", "no answer", "given up", "within")),
+          "the error is the engine's, not a QMP wait's")
+    check(rep["error"] == msg.split("restore: ", 1)[-1] and rep["devices_loaded_ms"] < 0,
+          "the JSON error is the same, and the devices never finished loading")
+    check(dt < 3, f"halite-qemu returned {dt:.2f} s after it started (QMP timeout: 10 s)")
+    dst.adopt(rep["qemu"]["pid"])
+    check(rep["qemu"]["pid"] > 0 and not dst.alive(), "its QEMU was killed")
+
+
+def flip_byte(path, lb):
+    """Flip a bit in the middle of locality block @lb (halite-inspect blocks' entry)."""
+    off = lb["offset"] + lb["used"] // 2
+    with open(path, "r+b") as f:
+        f.seek(off)
+        b = f.read(1)
+        f.seek(off)
+        f.write(bytes([b[0] ^ 0x40]))
+
+
+def first_device_load_lb(work, path):
+    """The locality block the device state's load reads first: restore @path left
+    paused without prefetch (only QEMU's own accesses read memory), stop it once
+    the devices are loaded, and take the earliest demand read of its trace."""
+    trace = os.path.join(work, "device-load.trace")
+    probe = hg.Guest(work, "probe")
+    proc = subprocess.Popen(restore_cmd(path, probe, "--paused", "--no-prefetch", "--trace", trace),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        check(wait_run_state(probe, proc, "paused"), "probe restore: devices loaded, paused")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    reads = []
+    with open(trace) as f:
+        for line in f:
+            w = line.split()
+            if w[0] == "lb" and w[2] == "demand":
+                reads.append((int(w[3]), int(w[1])))
+    check(reads, f"the device load read {len(reads)} LBs on demand: "
+          f"{[lb for _, lb in sorted(reads)]}")
+    return min(reads)[1]
+
+
+def run_state(guest):
+    """What query-status says, through the guest's own QMP socket."""
+    q = guest.qmp()
+    try:
+        return q.cmd("query-status")["status"]
+    finally:
+        q.close()
+
+
+def wait_run_state(guest, proc, want, timeout=60):
+    """Until query-status on @guest's own QMP socket says @want while @proc
+    (a restore) runs: True, or False after @timeout s or if @proc ended."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            if os.path.exists(guest.qmp_path) and run_state(guest) == want:
+                return True
+        except (hg.GuestError, OSError, EOFError):
+            pass
+        time.sleep(0.05)
+    return False
+
+
+def case_runstate(work):
+    """Every way out of a save leaves the guest in the run state it had, and a
+    restore's cont is confirmed, whatever became of stop and cont: QEMU hung
+    at the stop, a stop or cont whose reply is lost, a cont that never arrived,
+    a failure between stop and arm (the fault points of tools/halite-qemu/fault.c).
+    A paused guest's save and the run state a restore leaves the guest in."""
+    src = hg.Guest(work, "source").boot().wait_ready()
+    src.rewrites(False)
+    d0, _, _ = src.digest()
+    path = os.path.join(work, "guest.hlt")
+    hq = hg.halite_qemu()
+
+    def faulty_save(fault, rc, text, want):
+        out = path if fault == "cont-lost" else os.path.join(work, "other.hlt")
+        p, dt = run([hq, "save", "--qmp", src.qmp_path, "--json", "-q", out], fault=fault)
+        rep = json.loads(p.stdout)
+        err = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+        check(p.returncode == rc and text in (rep["error"] if rc else "") and
+              (not rc or text in err),
+              f"{fault}: exit {p.returncode} in {dt:.1f} s{', ' + err if rc else ''}")
+        st = run_state(src)
+        check(st == want or (want is None and st in ("running", "paused")),
+              f"{fault}: query-status says {st}")
+        if want is None:
+            return rep
+        if want == "running":
+            src.wait_console(r"^verifier: pass \d+ ok", 30, after=len(src.console_text()))
+        d, _, ok = src.digest() if want == "running" else (d0, 0, True)
+        check(ok and d == d0, f"{fault}: memory digest {d} unchanged")
+        return rep
+
+    # A guest paused before its save: the save does not pause it, the file says paused.
+    q = src.qmp()
+    q.cmd("stop")
+    q.close()
+    paused = os.path.join(work, "paused.hlt")
+    rep = save(src, paused)
+    check(rep["pause_ms"] == 0 and rep["run_state"] == "paused",
+          f"a paused guest's save: pause_ms {rep['pause_ms']}, run_state {rep['run_state']}")
+    p, _ = run([hq, "save", "--qmp", src.qmp_path, "-q", os.path.join(work, "paused-text.hlt")],
+               check_rc=0)
+    line = [l for l in p.stdout.splitlines() if l.strip().startswith("pause ")][0].strip()
+    check("not paused by the save" in p.stdout and "while the guest ran" not in p.stdout and
+          "stayed paused" in p.stdout, f"its text report: {line}")
+    check(run_state(src) == "paused", "the guest is still paused after its saves")
+    meta = inspect_info(paused)["metadata"]
+    check(meta.get("qemu.run-state") == "paused", "the file records qemu.run-state paused")
+    q = src.qmp()
+    q.cmd("cont")
+    q.close()
+
+    faulty_save("stop-reply-lost", 1, "pausing the guest (stop): stop: no answer from QEMU "
+                "(test fault stop-reply-lost)", "running")
+    faulty_save("hang-at-stop:1500", 1, "no answer from QEMU within 200 ms (test fault "
+                "hang-at-stop:1500)", "running")
+    faulty_save("fail-before-arm", 1, "test fault fail-before-arm", "running")
+    # A cont lost or answered too late: the guest runs on, armed, and the save completes.
+    for fault in ("cont-lost", "cont-reply-lost"):
+        rep = faulty_save(fault, 0, "", "running")
+        check(rep["ok"] and rep["mb_total"] * 8192 == 512 << 20, f"{fault}: the save completed")
+    run([INSPECT, "verify", path], check_rc=0)
+    # QEMU hung longer than halite-qemu waits (10 s): it cannot know what became
+    # of its stop, and says so, loudly. (QEMU drops the requests of a client that
+    # has gone, so here the stop may or may not run when QEMU wakes.)
+    faulty_save("hang-at-stop:11000", 1, "the guest may be left paused: QEMU did not confirm "
+                "the guest running within 10 s (query-status: no answer from QEMU", None)
+    q = src.qmp()
+    q.cmd("cont")
+    q.close()
+    # A paused guest stays paused whatever fails.
+    q = src.qmp()
+    q.cmd("stop")
+    q.close()
+    faulty_save("fail-before-arm", 1, "test fault fail-before-arm", "paused")
+    q = src.qmp()
+    q.cmd("cont")
+    q.close()
+    src.wait_console(r"^verifier: pass \d+ ok", 30, after=len(src.console_text()))
+    d, _, ok = src.digest()
+    check(ok and d == d0, f"the guest runs on after all that, digest {d} unchanged")
+    # QEMU dies while halite-qemu waits to see the run state (its stop timed out
+    # after 200 ms): said at once, not after the 10 s it would wait for an answer.
+    t = time.monotonic()
+    proc = subprocess.Popen([hq, "save", "--qmp", src.qmp_path, "-q", os.path.join(work, "x.hlt")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, HALITE_QEMU_TEST_FAULT="hang-at-stop:1000"))
+    time.sleep(0.6)
+    pid = src.pid
+    src.kill()
+    _, err = proc.communicate(timeout=60)
+    dt = time.monotonic() - t
+    err = err.strip().splitlines()[-1] if err.strip() else ""
+    check(proc.returncode == 1 and f"save: QEMU (pid {pid}) has exited; before that" in err and
+          dt < 5, f"QEMU killed during the save, {dt:.1f} s: {err}")
+
+    check(inspect_info(path)["metadata"].get("qemu.run-state") == "running",
+          "a running guest's file records qemu.run-state running")
+
+    def restored(name, file, *opts, want):
+        dst = hg.Guest(work, name)
+        rep = restore(file, dst, *opts)
+        time.sleep(0.5)
+        st = run_state(dst)
+        check(rep["run_state"] == st == want and rep["paused"] == (want == "paused"),
+              f"{name}: {' '.join(opts) or 'no option'}: query-status says {st}, as the "
+              f"report ({rep['run_state']}, saved {rep['saved_run_state']})")
+        if st == "paused":
+            q = dst.qmp()
+            q.cmd("cont")
+            q.close()
+        d, _, ok = dst.digest()
+        check(ok and d == d0, f"{name}: memory digest {d} equals the snapshot's")
+        dst.kill()
+
+    # As virsh restore: a guest saved paused comes back paused, unless --running.
+    restored("paused-as-saved", paused, want="paused")
+    restored("paused-running", paused, "--running", want="running")
+    restored("running-paused", path, "--paused", want="paused")
+
+    # A save onto the file a running restore reads is refused before QEMU is touched.
+    dst = hg.Guest(work, "holder")
+    holder = subprocess.Popen(restore_cmd(path, dst, "--paused", "--no-prefetch"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        sock = os.path.join(work, "untouched-qmp.sock")
+        listener = qmp_listener(sock)
+        # From the moment its QEMU starts (the file checked, the engine not yet
+        # started), and once the devices are loaded (the guest paused).
+        deadline = time.monotonic() + 60
+        while not os.path.exists(dst.qmp_path) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        for when in ("QEMU started", "guest loaded"):
+            if when == "guest loaded":
+                check(wait_run_state(dst, holder, "paused"), "the restore is running, paused")
+            p, _ = run([hq, "save", "--qmp", sock, path])
+            err = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+            check(p.returncode == 1 and "is being restored from" in err and
+                  not connected(listener), f"save onto a file being restored ({when}): {err}")
+        listener.close()
+    finally:
+        holder.send_signal(signal.SIGTERM)
+        holder.communicate(timeout=60)
+
+    # A restore's cont lost, or its reply: confirmed by query-status, the guest runs.
+    for fault in ("cont-lost", "cont-reply-lost"):
+        dst = hg.Guest(work, f"restored-{fault}")
+        p, _ = run(restore_cmd(path, dst, "--detach"), check_rc=0, fault=fault)
+        dst.adopt(json.loads(p.stdout)["qemu"]["pid"])
+        check(run_state(dst) == "running", f"restore with {fault}: the guest runs")
+        d, _, ok = dst.digest()
+        check(ok and d == d0, f"restore with {fault}: digest {d} equals the snapshot's")
+        dst.kill()
 
 
 # PTRACE_SEIZE the process given, say so, then hold it until killed (the
@@ -464,6 +733,25 @@ def fake_qmp(path, version):
     t = threading.Thread(target=serve, daemon=True)
     t.start()
     return t
+
+
+def qmp_listener(path):
+    """A unix socket nobody accepts on: connected() says whether anyone connected."""
+    import socket
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(4)
+    return srv
+
+
+def connected(srv):
+    srv.settimeout(0)
+    try:
+        c, _ = srv.accept()
+        c.close()
+        return True
+    except BlockingIOError:
+        return False
 
 
 def case_4g(work):
@@ -590,6 +878,8 @@ def case_cli(work):
     expect(["restore", "x.hlt"], 2, "QEMU's command line missing")
     expect(["restore", "x.hlt", "--", "-incoming", "defer"], 2, "-incoming is halite-qemu's")
     expect(["restore", "x.hlt", "--", "-daemonize"], 2, "--detach")
+    expect(["restore", "--running", "--paused", "x.hlt", "--", "-m", "1G"], 2, "not both")
+    expect(["restore", "--running", "x.hlt", "--", "-S"], 2, "contradict each other")
     expect(["restore", "/etc/passwd", "--", "-m", "1G"], 1, "not a Halite snapshot")
     # A good Halite file that holds no QEMU device state.
     img = os.path.join(work, "img.raw")
@@ -605,6 +895,24 @@ def case_cli(work):
     expect(["save", "--qmp", sock, os.path.join(work, "old.hlt")], 77,
            "QEMU 6.2.0 (pid %d) is too old: halite-qemu needs 7.2 or newer" % os.getpid())
     check(not os.path.exists(os.path.join(work, "old.hlt")), "no file left behind")
+    # The output path is checked before QEMU is touched: no connection at all.
+    sock = os.path.join(work, "untouched-qmp.sock")
+    listener = qmp_listener(sock)
+    held = os.path.join(work, "held.hlt")
+    with open(held, "wb") as f:
+        f.write(b"an older snapshot")
+    with open(held, "rb") as lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)  # what a running restore holds (HALITE_LOCK_PROTOCOL)
+        for path, rc, text in ((os.path.join(work, "no-such-dir", "x.hlt"), 1,
+                                "no-such-dir: No such file or directory"),
+                               (work, 1, f"{work} is a directory"),
+                               (held, 1, "is being restored from (a running restore reads it)"),
+                               ("", 2, "no file name given")):
+            expect(["save", "--qmp", sock, path], rc, text)
+    check(not connected(listener), "no bad path made halite-qemu connect to QEMU")
+    with open(held, "rb") as f:
+        check(f.read() == b"an older snapshot", "the file a restore holds is untouched")
+    listener.close()
 
 
 CASES = {
@@ -615,6 +923,7 @@ CASES = {
     "exact": case_exact,
     "kill": case_kill,
     "errors": case_errors,
+    "runstate": case_runstate,
 }
 
 

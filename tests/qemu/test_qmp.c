@@ -3,8 +3,9 @@
  * halite-qemu's QMP client (tools/halite-qemu/qmp.c) against a scripted
  * server on a unix socket: the greeting in pieces, several messages in one
  * write, events before and between replies, a late reply to an abandoned
- * call, an error reply, a 1 MiB reply, no reply (timeout), and the server
- * going away. No QEMU needed; every result is checked exactly.
+ * call, an error reply, a 1 MiB reply, no reply (timeout), the server
+ * going away, a reconnect, a wait ended by the abort function, and a reply
+ * never awaited. No QEMU needed; every result is checked exactly.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -12,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -20,6 +22,14 @@
 #include "qmp.h"
 
 static char sock_path[108];
+
+static long hq_now_test_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
 
 static void put(int fd, const char *s)
 {
@@ -51,7 +61,7 @@ static void *server(void *arg)
 {
 	int lfd = *(int *)arg, fd;
 	char buf[256], cmd[64];
-	long id;
+	long id, old, cur;
 
 	fd = accept(lfd, NULL, NULL);
 	/* The greeting in two writes. */
@@ -97,7 +107,30 @@ static void *server(void *arg)
 	put(fd, buf);
 	id = next_id(fd, cmd, sizeof(cmd));
 	close(fd);
+
+	/* The client connects again. */
+	fd = accept(lfd, NULL, NULL);
+	put(fd, "{\"QMP\": {\"version\": {\"qemu\": {\"micro\": 22, \"minor\": 2, "
+		"\"major\": 7}, \"package\": \"\"}, \"capabilities\": []}}\r\n");
+	id = next_id(fd, cmd, sizeof(cmd));
+	snprintf(buf, sizeof(buf), "{\"return\": {}, \"id\": %ld}\n", id);
+	put(fd, buf);
+	/* "hang": answered only with the next one (the client gave up on it). */
+	id = next_id(fd, cmd, sizeof(cmd));
+	/* "lost": sent without waiting; then "six". */
+	old = next_id(fd, cmd, sizeof(cmd));
+	cur = next_id(fd, cmd, sizeof(cmd));
+	snprintf(buf, sizeof(buf), "{\"return\": 1, \"id\": %ld}\n{\"return\": 2, \"id\": %ld}\n"
+		 "{\"return\": 6, \"id\": %ld}\n", id, old, cur);
+	put(fd, buf);
+	next_id(fd, cmd, sizeof(cmd));
+	close(fd);
 	return NULL;
+}
+
+static int abort_after_50ms(void *ctx)
+{
+	return hq_now_test_ms() - *(long *)ctx >= 50 ? -ECANCELED : 0;
 }
 
 int main(void)
@@ -107,6 +140,7 @@ int main(void)
 	char dir[] = "/tmp/test_qmp.XXXXXX", err[512] = "", *text = NULL;
 	cJSON *ret = NULL, *data = NULL;
 	int lfd, r, major, minor, micro;
+	long t0, t1;
 	pthread_t t;
 
 	if (!mkdtemp(dir))
@@ -167,6 +201,30 @@ int main(void)
 
 	r = hq_qmp_call(q, "gone", NULL, NULL, 2000);
 	CHECK(r == -ECONNRESET, "server gone: %d '%s'", r, hq_qmp_errmsg(q));
+	CHECK(!hq_qmp_usable(q), "a closed connection is not usable");
+	r = hq_qmp_call(q, "again", NULL, NULL, 2000);
+	CHECK(r == -ECONNRESET && strstr(hq_qmp_errmsg(q), "lost before"),
+	      "calls on it fail at once: %d '%s'", r, hq_qmp_errmsg(q));
+	r = hq_qmp_reconnect(q, 2000);
+	CHECK(r == 0 && hq_qmp_usable(q), "reconnect: %d '%s'", r, hq_qmp_errmsg(q));
+
+	/* A wait ended by the abort function, long before its timeout. */
+	t0 = hq_now_test_ms();
+	hq_qmp_set_abort(q, abort_after_50ms, &t0);
+	r = hq_qmp_call(q, "hang", NULL, NULL, 5000);
+	t1 = hq_now_test_ms();
+	CHECK(r == -ECANCELED && t1 - t0 < 1000 && hq_qmp_aborted(q),
+	      "aborted wait: %d after %ld ms", r, t1 - t0);
+	r = hq_qmp_call(q, "not-sent", NULL, NULL, 5000);
+	CHECK(r == -ECANCELED, "no call while the abort function says so: %d", r);
+	hq_qmp_set_abort(q, NULL, NULL);
+	/* A reply never awaited, and the aborted call's: neither taken for "six". */
+	r = hq_qmp_send(q, "lost");
+	CHECK(r == 0, "send without waiting: %d", r);
+	r = hq_qmp_call(q, "six", NULL, &ret, 2000);
+	CHECK(r == 0 && cJSON_IsNumber(ret) && ret->valuedouble == 6 && !hq_qmp_aborted(q),
+	      "late replies dropped by id: %d %g", r, ret ? ret->valuedouble : -1);
+	cJSON_Delete(ret);
 	hq_qmp_close(q);
 	hq_qmp_close(NULL);
 	pthread_join(t, NULL);

@@ -50,6 +50,11 @@ struct hq_vm {
 	pid_t vcpu_tids[HQ_MAX_VCPUS];
 	uint32_t nregions;
 	struct hq_region regions[HQ_MAX_REGIONS];
+	/*
+	 * The run state QEMU's last answer to stop, cont or query-status gave:
+	 * 1 running, -1 paused, 0 unknown (no answer, or another state).
+	 */
+	int run_seen;
 	char err[1024];
 };
 
@@ -74,8 +79,33 @@ int hq_vm_vcpus(struct hq_vm *vm);
 int hq_vm_ram(struct hq_vm *vm);
 /* Close what hq_vm_ram() and hq_vm_attach() opened. */
 void hq_vm_release(struct hq_vm *vm);
+/* --- runstate.c --- */
+
 /* "running", "paused", "inmigrate", ... into buf. */
 int hq_vm_status(struct hq_vm *vm, char *buf, size_t len);
+/* QMP stop, once (the pause of a save). 0, or < 0 with vm->err. */
+int hq_vm_stop(struct hq_vm *vm, int timeout_ms);
+/*
+ * Bring the guest to @running ("running") or not ("paused") and confirm it
+ * with query-status, within @timeout_ms, whatever became of earlier stop
+ * and cont commands: query-status, then cont or stop if needed, then
+ * query-status again, until it says so; a connection QEMU closed is opened
+ * again. *t_changed (if given) gets when a cont or stop sent here was
+ * answered. 0, or < 0 with vm->err saying what was seen last (the QMP
+ * client's abort function's value ends it at once).
+ */
+int hq_vm_settle(struct hq_vm *vm, bool running, int timeout_ms, uint64_t *t_changed);
+
+/* --- fault.c: test fault points, off unless HALITE_QEMU_TEST_FAULT names one --- */
+
+/* Read HALITE_QEMU_TEST_FAULT; -EINVAL with @err for a name that is none. */
+int hq_fault_init(char *err, size_t len);
+/* Whether the fault point @name is set and has not fired yet; it fires now. */
+bool hq_fault(const char *name);
+/* stop or cont as a fault point has it: true when it took over (*ret, vm->err). */
+bool hq_fault_runstate(struct hq_vm *vm, const char *cmd, int *ret);
+/* Before exit: a QEMU stopped by a fault point has been let go. */
+void hq_fault_end(void);
 /*
  * The vCPUs' page-table roots now (info registers -a): those in 64-bit
  * long mode with paging. Returns how many were written to roots (at most

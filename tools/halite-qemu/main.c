@@ -37,10 +37,19 @@ int main(int argc, char **argv)
 		usage(stdout);
 		return EXIT_OK;
 	}
-	if (strcmp(argv[1], "save") == 0)
-		return hq_cmd_save(argc - 1, argv + 1);
-	if (strcmp(argv[1], "restore") == 0)
-		return hq_cmd_restore(argc - 1, argv + 1);
+	if (strcmp(argv[1], "save") == 0 || strcmp(argv[1], "restore") == 0) {
+		char err[256];
+		int code;
+
+		if (hq_fault_init(err, sizeof(err))) {
+			hq_errorf("%s", err);
+			return EXIT_USAGE;
+		}
+		code = strcmp(argv[1], "save") ? hq_cmd_restore(argc - 1, argv + 1) :
+		       hq_cmd_save(argc - 1, argv + 1);
+		hq_fault_end();
+		return code;
+	}
 	if (strcmp(argv[1], "help") == 0) {
 		if (argc > 2 && strcmp(argv[2], "save") == 0)
 			hq_help_save(stdout);

@@ -4,7 +4,11 @@
  * hold several or part of one, so input is buffered and split at newlines.
  * Requests carry an "id" and the reply with that id is the answer; events
  * are queued; replies with other ids (from a call that timed out) are
- * dropped.
+ * dropped, so a connection stays usable after a timeout: only a closed or
+ * broken one needs hq_qmp_reconnect(). A wait polls the caller's abort
+ * function every HQ_QMP_POLL_MS, so a wait on a QEMU that will never answer
+ * (its main loop blocked on memory that will not come) ends as soon as the
+ * caller knows it.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -27,6 +31,11 @@
 
 struct hq_qmp {
 	int fd;
+	bool broken; /* see hq_qmp_usable() */
+	char path[108];
+	hq_qmp_abort_fn abort_fn;
+	void *abort_ctx;
+	bool aborted; /* the last call or wait ended by abort_fn */
 	pid_t peer;
 	int major, minor, micro;
 	char *buf;
@@ -65,14 +74,29 @@ static int left_ms(int64_t deadline)
 	return l < 0 ? 0 : l > INT32_MAX ? INT32_MAX : (int)l;
 }
 
-/* One line as parsed JSON; waits until @deadline (< 0: forever). */
+/* The caller's abort function's verdict; 0: go on waiting. */
+static int aborted(struct hq_qmp *q)
+{
+	int r = q->abort_fn ? q->abort_fn(q->abort_ctx) : 0;
+
+	if (r) {
+		qerr(q, "QMP: the wait for QEMU was given up");
+		q->aborted = true;
+	}
+	return r;
+}
+
+/*
+ * One line as parsed JSON; waits until @deadline (< 0: forever), polling
+ * the abort function every HQ_QMP_POLL_MS meanwhile.
+ */
 static int read_msg(struct hq_qmp *q, cJSON **out, int64_t deadline)
 {
 	for (;;) {
 		char *nl = q->len ? memchr(q->buf, '\n', q->len) : NULL;
 		struct pollfd p = { q->fd, POLLIN, 0 };
 		ssize_t n;
-		int r;
+		int r, wait;
 
 		if (nl) {
 			size_t l = (size_t)(nl - q->buf);
@@ -95,6 +119,7 @@ static int read_msg(struct hq_qmp *q, cJSON **out, int64_t deadline)
 
 			if (cap > QMP_MAX_LINE) {
 				qerr(q, "QMP: a message longer than %u bytes", QMP_MAX_LINE);
+				q->broken = true; /* its rest would be read as new lines */
 				return -EPROTO;
 			}
 			b = realloc(q->buf, cap);
@@ -103,7 +128,10 @@ static int read_msg(struct hq_qmp *q, cJSON **out, int64_t deadline)
 			q->buf = b;
 			q->cap = cap;
 		}
-		r = poll(&p, 1, left_ms(deadline));
+		wait = left_ms(deadline);
+		if (q->abort_fn && (wait < 0 || wait > HQ_QMP_POLL_MS))
+			wait = HQ_QMP_POLL_MS;
+		r = poll(&p, 1, wait);
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r < 0) {
@@ -111,6 +139,11 @@ static int read_msg(struct hq_qmp *q, cJSON **out, int64_t deadline)
 			return -errno;
 		}
 		if (r == 0) {
+			r = aborted(q);
+			if (r)
+				return r;
+			if (deadline < 0 || now_ms() < deadline)
+				continue;
 			qerr(q, "QMP: no answer in time");
 			return -ETIMEDOUT;
 		}
@@ -120,6 +153,7 @@ static int read_msg(struct hq_qmp *q, cJSON **out, int64_t deadline)
 		if (n <= 0) {
 			qerr(q, "QMP: QEMU closed the connection%s%s", n < 0 ? ": " : "",
 			     n < 0 ? strerror(errno) : "");
+			q->broken = true;
 			return -ECONNRESET;
 		}
 		q->len += (size_t)n;
@@ -137,6 +171,8 @@ static int send_all(struct hq_qmp *q, const char *s)
 			continue;
 		if (n < 0) {
 			qerr(q, "QMP: send: %s", strerror(errno));
+			/* Part of a request may have gone: the stream is no longer ours to trust. */
+			q->broken = true;
 			return errno == EPIPE ? -ECONNRESET : -errno;
 		}
 		off += (size_t)n;
@@ -151,19 +187,30 @@ static void queue_event(struct hq_qmp *q, cJSON *msg)
 	cJSON_AddItemToArray(q->events, msg);
 }
 
-int hq_qmp_call(struct hq_qmp *q, const char *cmd, cJSON *args, cJSON **ret, int timeout_ms)
+/* Send @cmd with a new id; @args is taken over. 0 or -errno. */
+static int send_cmd(struct hq_qmp *q, const char *cmd, cJSON *args, uint64_t *idp)
 {
-	int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
-	cJSON *req = cJSON_CreateObject(), *id_item;
+	cJSON *req = cJSON_CreateObject();
 	uint64_t id = ++q->next_id;
 	char *text;
 	int r;
 
 	q->err[0] = '\0';
+	q->aborted = false;
 	cJSON_AddStringToObject(req, "execute", cmd);
 	if (args)
 		cJSON_AddItemToObject(req, "arguments", args);
 	cJSON_AddNumberToObject(req, "id", (double)id);
+	if (q->broken) {
+		cJSON_Delete(req);
+		qerr(q, "%s: QMP: the connection to QEMU was lost before", cmd);
+		return -ECONNRESET;
+	}
+	r = aborted(q);
+	if (r) {
+		cJSON_Delete(req);
+		return r;
+	}
 	text = cJSON_PrintUnformatted(req);
 	cJSON_Delete(req);
 	if (!text)
@@ -172,6 +219,25 @@ int hq_qmp_call(struct hq_qmp *q, const char *cmd, cJSON *args, cJSON **ret, int
 	if (!r)
 		r = send_all(q, "\n");
 	free(text);
+	*idp = id;
+	return r;
+}
+
+int hq_qmp_send(struct hq_qmp *q, const char *cmd)
+{
+	uint64_t id;
+
+	return send_cmd(q, cmd, NULL, &id);
+}
+
+int hq_qmp_call(struct hq_qmp *q, const char *cmd, cJSON *args, cJSON **ret, int timeout_ms)
+{
+	int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+	cJSON *id_item;
+	uint64_t id = 0;
+	int r;
+
+	r = send_cmd(q, cmd, args, &id);
 	if (r)
 		return r;
 	for (;;) {
@@ -238,6 +304,7 @@ int hq_qmp_wait_event(struct hq_qmp *q, const char *name, cJSON **data, int time
 {
 	int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
 
+	q->aborted = false;
 	for (;;) {
 		cJSON *msg = NULL;
 		int n = cJSON_GetArraySize(q->events), r;
@@ -302,62 +369,120 @@ static int try_connect(const char *path)
 	return fd;
 }
 
-int hq_qmp_connect(struct hq_qmp **qp, const char *path, int timeout_ms, char *err,
-		   size_t errlen)
+/*
+ * Connect @q to q->path: retry until @retry_ms while the socket does not
+ * exist or refuses, then read the greeting and negotiate, each within
+ * @greet_ms. 0, or -errno with the reason in @err.
+ */
+static int open_conn(struct hq_qmp *q, int retry_ms, int greet_ms, char *err, size_t errlen)
 {
-	int64_t deadline = now_ms() + (timeout_ms < 0 ? 0 : timeout_ms);
+	int64_t deadline = now_ms() + (retry_ms < 0 ? 0 : retry_ms);
 	struct ucred cred;
 	socklen_t cl = sizeof(cred);
-	struct hq_qmp *q;
 	cJSON *greet = NULL, *v;
 	int fd, r;
 
 	for (;;) {
-		fd = try_connect(path);
+		fd = try_connect(q->path);
 		if (fd >= 0 || (fd != -ENOENT && fd != -ECONNREFUSED) || now_ms() >= deadline)
 			break;
 		usleep(10000);
 	}
 	if (fd < 0) {
-		snprintf(err, errlen, "QMP socket %s: %s%s", path, strerror(-fd),
+		snprintf(err, errlen, "QMP socket %s: %s%s", q->path, strerror(-fd),
 			 fd == -ENOENT || fd == -ECONNREFUSED ? " (is QEMU running with -qmp "
 			 "unix:SOCKET,server=on,wait=off?)" : "");
-		return fd == -ENOENT || fd == -ECONNREFUSED ? (timeout_ms > 0 ? -ETIMEDOUT : fd) :
+		return fd == -ENOENT || fd == -ECONNREFUSED ? (retry_ms > 0 ? -ETIMEDOUT : fd) :
 			fd;
 	}
-	q = calloc(1, sizeof(*q));
-	if (!q) {
-		close(fd);
-		return -ENOMEM;
-	}
 	q->fd = fd;
-	q->events = cJSON_CreateArray();
+	q->broken = false;
+	q->len = 0;
 	if (!getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl))
 		q->peer = cred.pid;
-	r = read_msg(q, &greet, now_ms() + 10000);
+	r = read_msg(q, &greet, now_ms() + greet_ms);
 	v = cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(greet, "QMP"), "version"),
 				"qemu");
 	if (r || !v) {
-		snprintf(err, errlen, "QMP socket %s: %s", path,
-			 r == -ETIMEDOUT ? "no greeting within 10 s (QEMU serves one client per "
-			 "QMP socket: is another one connected?)" :
-			 r ? q->err : "no QMP greeting (not a QMP monitor?)");
+		if (r == -ETIMEDOUT)
+			snprintf(err, errlen, "QMP socket %s: no greeting within %g s (QEMU serves "
+				 "one client per QMP socket: is another one connected?)", q->path,
+				 greet_ms / 1000.0);
+		else
+			snprintf(err, errlen, "QMP socket %s: %s", q->path,
+				 r ? q->err : "no QMP greeting (not a QMP monitor?)");
 		cJSON_Delete(greet);
-		hq_qmp_close(q);
+		q->broken = true;
 		return r ? r : -EPROTO;
 	}
 	q->major = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(v, "major"));
 	q->minor = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(v, "minor"));
 	q->micro = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(v, "micro"));
 	cJSON_Delete(greet);
-	r = hq_qmp_call(q, "qmp_capabilities", NULL, NULL, 10000);
+	r = hq_qmp_call(q, "qmp_capabilities", NULL, NULL, greet_ms);
 	if (r) {
-		snprintf(err, errlen, "QMP socket %s: %s", path, q->err);
+		snprintf(err, errlen, "QMP socket %s: %s", q->path, q->err);
+		q->broken = true;
+		return r;
+	}
+	return 0;
+}
+
+int hq_qmp_connect(struct hq_qmp **qp, const char *path, int timeout_ms, char *err,
+		   size_t errlen)
+{
+	struct hq_qmp *q;
+	int r;
+
+	if (strlen(path) >= sizeof(q->path)) {
+		snprintf(err, errlen, "QMP socket %s: %s", path, strerror(ENAMETOOLONG));
+		return -ENAMETOOLONG;
+	}
+	q = calloc(1, sizeof(*q));
+	if (!q)
+		return -ENOMEM;
+	q->fd = -1;
+	memcpy(q->path, path, strlen(path) + 1);
+	q->events = cJSON_CreateArray();
+	r = open_conn(q, timeout_ms, 10000, err, errlen);
+	if (r) {
 		hq_qmp_close(q);
 		return r;
 	}
 	*qp = q;
 	return 0;
+}
+
+int hq_qmp_reconnect(struct hq_qmp *q, int timeout_ms)
+{
+	char err[sizeof(q->err)];
+	int r;
+
+	if (q->fd >= 0)
+		close(q->fd);
+	q->fd = -1;
+	q->broken = true;
+	/* One attempt: the caller decides whether a refusal is worth another. */
+	r = open_conn(q, 0, timeout_ms < 0 ? 10000 : timeout_ms, err, sizeof(err));
+	if (r)
+		memcpy(q->err, err, sizeof(err));
+	return r;
+}
+
+bool hq_qmp_aborted(const struct hq_qmp *q)
+{
+	return q && q->aborted;
+}
+
+bool hq_qmp_usable(const struct hq_qmp *q)
+{
+	return q && !q->broken && q->fd >= 0;
+}
+
+void hq_qmp_set_abort(struct hq_qmp *q, hq_qmp_abort_fn fn, void *ctx)
+{
+	q->abort_fn = fn;
+	q->abort_ctx = ctx;
 }
 
 pid_t hq_qmp_peer_pid(const struct hq_qmp *q)
@@ -381,7 +506,8 @@ void hq_qmp_close(struct hq_qmp *q)
 {
 	if (!q)
 		return;
-	close(q->fd);
+	if (q->fd >= 0)
+		close(q->fd);
 	free(q->buf);
 	cJSON_Delete(q->events);
 	cJSON_Delete(q->commands);

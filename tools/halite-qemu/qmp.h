@@ -24,6 +24,33 @@ struct hq_qmp;
  */
 int hq_qmp_connect(struct hq_qmp **qp, const char *path, int timeout_ms, char *err,
 		   size_t errlen);
+/*
+ * Connect again to the same socket: for a connection that is lost
+ * (hq_qmp_usable() false). QEMU serves one client per socket and takes the
+ * next once the old one is closed, so the old one is closed first. One
+ * attempt (-ENOENT, -ECONNREFUSED at once), then the greeting and
+ * negotiation within @timeout_ms. Request ids go on from where they were;
+ * queued events stay. 0, or -errno with hq_qmp_errmsg().
+ */
+int hq_qmp_reconnect(struct hq_qmp *q, int timeout_ms);
+/*
+ * False once the connection cannot be trusted any more: QEMU closed it, a
+ * send failed, or a reply was too long to read. Calls on it then fail at
+ * once with -ECONNRESET until hq_qmp_reconnect(). A call that timed out
+ * leaves it usable: its late reply is told apart by its id and dropped.
+ */
+bool hq_qmp_usable(const struct hq_qmp *q);
+/*
+ * Polled while a call or a wait blocks on QEMU, every HQ_QMP_POLL_MS: a
+ * non-zero return (< 0, -errno or -HALITE_E_*) ends the wait at once with
+ * that value, and a call not yet sent is not sent. The connection stays
+ * usable (a late reply is dropped by its id). NULL @fn: none.
+ */
+#define HQ_QMP_POLL_MS 5
+typedef int (*hq_qmp_abort_fn)(void *ctx);
+void hq_qmp_set_abort(struct hq_qmp *q, hq_qmp_abort_fn fn, void *ctx);
+/* Whether the last call or wait was ended by the abort function. */
+bool hq_qmp_aborted(const struct hq_qmp *q);
 /* The process at the other end (SO_PEERCRED): QEMU. */
 pid_t hq_qmp_peer_pid(const struct hq_qmp *q);
 /* QEMU's version, from the greeting. */
@@ -33,9 +60,15 @@ void hq_qmp_version(const struct hq_qmp *q, int *major, int *minor, int *micro);
  * given, gets the "return" value (the caller cJSON_Delete()s it). 0; -EIO
  * when QEMU answered with an error (hq_qmp_errmsg(): "CMD: CLASS: DESC");
  * -ETIMEDOUT after @timeout_ms (< 0: no limit); -ECONNRESET when QEMU went
- * away; -EPROTO on a reply that is not QMP.
+ * away (or the connection was lost before); -EPROTO on a reply that is not
+ * QMP; the abort function's value when it ended the wait.
  */
 int hq_qmp_call(struct hq_qmp *q, const char *cmd, cJSON *args, cJSON **ret, int timeout_ms);
+/*
+ * Send @cmd and do not wait for its reply, which a later call drops (its id
+ * is not the one awaited). For test fault points: a reply lost. 0 or -errno.
+ */
+int hq_qmp_send(struct hq_qmp *q, const char *cmd);
 /* An HMP command through human-monitor-command; *out is malloc'd text. */
 int hq_qmp_hmp(struct hq_qmp *q, const char *cmdline, char **out, int timeout_ms);
 /*

@@ -16,23 +16,31 @@
  *    device-only incoming migration (header, CONFIGURATION, device
  *    sections, EOF: no RAM section). Loading it already touches RAM; those
  *    faults are served like any other.
- * 4. cont: the guest runs, milliseconds after QEMU was ready; the time is
- *    reported. Faults and the throttled prefetcher bring in the rest.
+ * 4. cont (hq_vm_settle: confirmed by query-status): the guest runs,
+ *    milliseconds after QEMU was ready; the time is reported. A guest saved
+ *    paused (the file's qemu.run-state) stays paused unless --running, as
+ *    virsh restore does; --paused or -S leaves any guest paused. Faults
+ *    and the throttled prefetcher bring in the rest.
  * 5. All memory in: the engine unregisters, QEMU's copy of the descriptor
  *    is closed, the report is printed; then either wait for QEMU to exit
  *    (default, like running QEMU itself) or leave it running (--detach).
  *
  * If the restore fails (a locality block that fails its checksum), the
- * guest is blocked on memory that will never come: QEMU is killed.
+ * guest is blocked on memory that will never come: QEMU is killed. So may
+ * QEMU's main loop be, in the middle of loading the device state: every
+ * wait on QEMU gives up as soon as the engine has failed (give_up()), and
+ * the engine's error is the one reported (explain_failure()).
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -48,7 +56,9 @@ struct restore_params {
 	const char *path;
 	char **qemu_argv; /* the user's, from after "--" */
 	int qemu_argc;
-	bool detach, paused, track, no_prefetch;
+	bool detach, track, no_prefetch;
+	/* --running, --paused (or QEMU's -S); neither: the run state the file records */
+	enum { RUN_AS_SAVED, RUN_RUNNING, RUN_PAUSED } run;
 	struct hq_out out;
 	uint32_t read_latency_us;
 	const char *trace;
@@ -61,16 +71,20 @@ struct restore_run {
 	struct halite_restore *rs;
 	pid_t qemu;
 	int uffd, remote_uffd;
+	int lock_fd; /* the file, LOCK_SH held from the check to the end */
 	char dir[64];
 	uint8_t *dev;
 	uint64_t devlen;
 	uint32_t file_vcpus;
 	char file_machine[64];
+	bool file_paused;	/* its qemu.run-state: "paused" (none: running) */
+	bool paused;		/* the run state to leave the guest in */
 	uint32_t file_nregions;
 	struct halite_region_info file_regions[HQ_MAX_REGIONS];
 	uint64_t mem_bytes;
 	/* Times from the command's start. */
 	uint64_t t0, t_qmp, t_ready, t_loaded, t_resume, t_done;
+	bool engine_running; /* started: halite_restore_wait() says how it goes */
 	struct halite_restore_stats st;
 	char err[1280];
 };
@@ -79,9 +93,10 @@ void hq_help_restore(FILE *f)
 {
 	fprintf(f,
 		"Usage: " PROG " restore [OPTIONS] FILE -- [QEMU-BINARY] QEMU-ARGS...\n\n"
-		"Start QEMU from FILE (saved by '" PROG " save'); the guest runs at once and\n"
-		"its memory comes in lazily: each first access reads the locality block holding\n"
-		"it, and a throttled prefetcher brings in the rest while the guest is quiet.\n"
+		"Start QEMU from FILE (saved by '" PROG " save'); the guest runs at once (or\n"
+		"stays paused if it was saved paused) and its memory comes in lazily: each first\n"
+		"access reads the locality block holding it, and a throttled prefetcher brings\n"
+		"in the rest while the guest is quiet.\n"
 		"QEMU-ARGS must describe the same machine as at save (same -machine, -smp, -m\n"
 		"and memory backend, which must be shared: memory-backend-memfd share=on, or\n"
 		"memory-backend-file share=on on tmpfs). " PROG " adds -S, -incoming defer and a\n"
@@ -94,7 +109,10 @@ void hq_help_restore(FILE *f)
 		"                     --detach the default is a file of ours, shown on failure\n"
 		"                     and gone after\n"
 		"  --paused           leave the guest paused (QMP cont starts it); memory still\n"
-		"                     comes in\n"
+		"                     comes in (also QEMU's -S)\n"
+		"  --running          run the guest even if it was saved paused\n"
+		"                     (default: the run state it was saved in, as recorded in\n"
+		"                     the file; running for files that do not record it)\n"
 		"  --track-access     measure the VM access %% of demand-read locality blocks\n"
 		"                     (blocks are staged; costs a minor fault per staged block used)\n"
 		"  --no-prefetch      no background prefetch (memory comes only by faults)\n"
@@ -115,6 +133,7 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 	static const struct option lo[] = {
 		{ "detach", no_argument, NULL, 'd' },
 		{ "paused", no_argument, NULL, 'P' },
+		{ "running", no_argument, NULL, 'R' },
 		{ "track-access", no_argument, NULL, 't' },
 		{ "no-prefetch", no_argument, NULL, 'n' },
 		{ "read-latency", required_argument, NULL, 'L' },
@@ -140,7 +159,12 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 			p->detach = true;
 			break;
 		case 'P':
-			p->paused = true;
+		case 'R':
+			if (p->run != RUN_AS_SAVED) {
+				hq_errorf("restore: --running or --paused, not both");
+				return -1;
+			}
+			p->run = c == 'R' ? RUN_RUNNING : RUN_PAUSED;
 			break;
 		case 't':
 			p->track = true;
@@ -195,8 +219,14 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 				  "--detach, which leaves QEMU running once memory is in");
 			return -1;
 		}
-		if (!strcmp(a, "-S"))
-			p->paused = true;
+		if (!strcmp(a, "-S")) {
+			if (p->run == RUN_RUNNING) {
+				hq_errorf("restore: --running and QEMU's -S (start paused) contradict "
+					  "each other");
+				return -1;
+			}
+			p->run = RUN_PAUSED;
+		}
 	}
 	return 0;
 }
@@ -204,6 +234,58 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 static int fail(struct restore_run *r, int ret, const char *what, const char *detail)
 {
 	return hq_fail(r->err, sizeof(r->err), ret, what, detail);
+}
+
+/*
+ * Whether to stop waiting on QEMU: the engine failed (QEMU then waits for
+ * memory that will never come, its main loop too while it loads the device
+ * state, so QMP answers nothing) or SIGINT/SIGTERM came. Every wait on QEMU
+ * once the engine runs polls it: the QMP client every HQ_QMP_POLL_MS (set
+ * as its abort function), the device state's write, the load's polling
+ * loop, the final wait for the engine. Returns the reason (< 0), or 0.
+ */
+static int give_up(void *ctx)
+{
+	struct restore_run *r = ctx;
+	int ret;
+
+	if (hq_stop_signal)
+		return -ECANCELED;
+	if (!r->engine_running)
+		return 0;
+	ret = halite_restore_wait(r->rs, 0);
+	return ret == -ETIMEDOUT ? 0 : ret < 0 ? ret : 0;
+}
+
+/*
+ * The run state the file records (qemu.run-state; files from before it was
+ * recorded: running), and the one to leave the guest in: the recorded one
+ * unless --running or --paused (or -S) says otherwise, as virsh restore.
+ */
+static int file_run_state(struct restore_run *r, const struct halite_reader *rd)
+{
+	static const char key[] = "qemu.run-state";
+	char v[32] = "running";
+
+	for (uint32_t i = 0; i < halite_reader_meta_count(rd); i++) {
+		const char *k;
+		const void *val;
+		uint32_t len;
+
+		if (!halite_reader_meta(rd, i, &k, &val, &len) && !strcmp(k, key)) {
+			snprintf(v, sizeof(v), "%.*s", (int)(len < sizeof(v) ? len : sizeof(v) - 1),
+				 (const char *)val);
+			break;
+		}
+	}
+	if (strcmp(v, "running") && strcmp(v, "paused") && r->p.run == RUN_AS_SAVED) {
+		snprintf(r->err, sizeof(r->err), "%s: %s '%s' is neither running nor paused: "
+			 "choose with --running or --paused", r->p.path, key, v);
+		return -HALITE_E_CORRUPT;
+	}
+	r->file_paused = !strcmp(v, "paused");
+	r->paused = r->p.run == RUN_AS_SAVED ? r->file_paused : r->p.run == RUN_PAUSED;
+	return 0;
 }
 
 /* What the file holds, checked before QEMU starts. */
@@ -217,6 +299,15 @@ static int check_file(struct restore_run *r)
 	char err[512] = "";
 	int ret;
 
+	/*
+	 * HALITE_LOCK_PROTOCOL (format.h): no save may replace the file from
+	 * now on. The engine takes the same lock, but only once QEMU has
+	 * started and its RAM is ready, a window in which a save could replace
+	 * the file checked here. Advisory: a failure only loses that check.
+	 */
+	r->lock_fd = open(r->p.path, O_RDONLY | O_CLOEXEC);
+	if (r->lock_fd >= 0 && flock(r->lock_fd, LOCK_SH | LOCK_NB) && r->p.out.verbose)
+		hq_errorf("restore: %s: flock: %s", r->p.path, strerror(errno));
 	o.errbuf = err;
 	o.errbuf_len = sizeof(err);
 	ret = halite_reader_open(&rd, r->p.path, &o);
@@ -249,6 +340,7 @@ static int check_file(struct restore_run *r)
 	}
 	for (uint32_t i = 0; i < r->file_nregions; i++)
 		r->file_regions[i] = *halite_reader_region(rd, i);
+	ret = file_run_state(r, rd);
 out:
 	halite_reader_free(rd);
 	return ret;
@@ -364,11 +456,14 @@ static int attach_qemu(struct restore_run *r)
 		}
 		if (hq_now_ns() > end)
 			return fail(r, -ETIMEDOUT, "QEMU's QMP socket did not come up", sock);
+		if (give_up(r))
+			return give_up(r);
 	}
 	if (ret)
 		return fail(r, ret, r->vm.err, NULL);
 	if (r->vm.pid != r->qemu)
 		return fail(r, -EPROTO, "QMP socket answered by another process", sock);
+	hq_qmp_set_abort(r->vm.qmp, give_up, r);
 	return 0;
 }
 
@@ -490,16 +585,34 @@ static int start_restore(struct restore_run *r, const struct halite_restore_regi
 	if (ret)
 		return fail(r, ret, "starting the restore", halite_restore_errmsg(r->rs)[0] ?
 			    halite_restore_errmsg(r->rs) : halite_strerror(ret));
+	r->engine_running = true;
 	r->t_ready = hq_now_ns();
 	return 0;
 }
 
-static int write_all(int fd, const uint8_t *p, uint64_t len)
+/*
+ * All of @p to @fd (non-blocking), giving up with give_up()'s reason, or
+ * -ETIMEDOUT after @end (ns).
+ */
+static int write_all(struct restore_run *r, int fd, const uint8_t *p, uint64_t len, uint64_t end)
 {
 	while (len) {
-		ssize_t n = write(fd, p, len);
+		struct pollfd pf = { fd, POLLOUT, 0 };
+		ssize_t n;
+		int ret = give_up(r);
 
-		if (n < 0 && errno == EINTR)
+		if (ret)
+			return ret;
+		if (hq_now_ns() > end)
+			return -ETIMEDOUT;
+		ret = poll(&pf, 1, HQ_QMP_POLL_MS);
+		if (ret < 0 && errno != EINTR)
+			return -errno;
+		if (ret <= 0)
+			continue;
+		/* QEMU may have closed it (a load that failed): EPIPE, not SIGPIPE. */
+		n = send(fd, p, len, MSG_NOSIGNAL);
+		if (n < 0 && (errno == EINTR || errno == EAGAIN))
 			continue;
 		if (n <= 0)
 			return n < 0 ? -errno : -EIO;
@@ -526,18 +639,20 @@ static int load_devices(struct restore_run *r)
 	if (ret)
 		return fail(r, ret, "migrate-incoming", hq_qmp_errmsg(r->vm.qmp));
 	/* QEMU listens once migrate-incoming has returned. */
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa))) {
 		ret = -errno;
 		if (fd >= 0)
 			close(fd);
 		return fail(r, ret, "connecting to QEMU's incoming socket", strerror(-ret));
 	}
-	ret = write_all(fd, r->dev, r->devlen);
+	/* QEMU reads it as it loads: a load blocked on memory stops reading. */
+	end = hq_now_ns() + INCOMING_TIMEOUT_MS * 1000000ull;
+	ret = write_all(r, fd, r->dev, r->devlen, end);
 	close(fd);
 	if (ret)
-		return fail(r, ret, "sending the device state", strerror(-ret));
-	end = hq_now_ns() + INCOMING_TIMEOUT_MS * 1000000ull;
+		return fail(r, ret, "sending the device state", ret == -ETIMEDOUT ?
+			    "QEMU did not read it in time" : strerror(-ret));
 	for (;;) {
 		const char *st, *desc;
 
@@ -547,6 +662,14 @@ static int load_devices(struct restore_run *r)
 		st = cJSON_GetStringValue(cJSON_GetObjectItem(ret_obj, "status"));
 		if (st && !strcmp(st, "completed")) {
 			cJSON_Delete(ret_obj);
+			/*
+			 * QEMU's answer says paused: with -S, migration.c's
+			 * process_incoming_migration_bh sets the run state (paused:
+			 * xen-save-devices-state stores "running" as the global state)
+			 * before it marks the migration completed. So hq_vm_settle()
+			 * sends cont at once and confirms after, the guest not waiting.
+			 */
+			r->vm.run_seen = -1;
 			break;
 		}
 		if (st && !strcmp(st, "failed")) {
@@ -561,6 +684,9 @@ static int load_devices(struct restore_run *r)
 		if (hq_now_ns() > end)
 			return fail(r, -ETIMEDOUT, "QEMU did not finish loading the device state",
 				    NULL);
+		ret = give_up(r);
+		if (ret)
+			return ret;
 		usleep(500);
 	}
 	r->t_loaded = hq_now_ns();
@@ -582,6 +708,31 @@ static void progress(struct restore_run *r, bool final)
 		     hq_bytes(st.mb_total ? r->mem_bytes / st.mb_total * in : 0, a, sizeof(a)),
 		     hq_bytes(r->mem_bytes, b, sizeof(b)), st.faults, st.lb_demand + st.lb_prefetch,
 		     st.lb_total, (double)(hq_now_ns() - r->t_ready) / 1e9, final ? "\n" : "");
+}
+
+/*
+ * The error to report for a failed step: the engine's when it failed (the
+ * step only noticed: QEMU blocked on memory that will never come answers no
+ * QMP, and a timeout or "given up" would hide why), unless it failed
+ * because QEMU is gone (-ESRCH: its memory's owner has exited), which is
+ * the step's own story; "restore stopped" for SIGINT/SIGTERM.
+ */
+static int explain_failure(struct restore_run *r, int ret)
+{
+	int eng = r->engine_running ? halite_restore_wait(r->rs, 0) : 0;
+
+	if (eng < 0 && eng != -ETIMEDOUT && eng != -ESRCH) {
+		snprintf(r->err, sizeof(r->err), "%s", halite_restore_errmsg(r->rs)[0] ?
+			 halite_restore_errmsg(r->rs) : halite_strerror(eng));
+		return eng;
+	}
+	if (ret == -ECANCELED && hq_stop_signal) {
+		snprintf(r->err, sizeof(r->err), "restore stopped: %s", strsignal(hq_stop_signal));
+		return ret;
+	}
+	if (!r->err[0])
+		snprintf(r->err, sizeof(r->err), "%s", halite_strerror(ret));
+	return ret;
 }
 
 static int run(struct restore_run *r)
@@ -609,13 +760,14 @@ static int run(struct restore_run *r)
 	if (!ret)
 		ret = load_devices(r);
 	if (ret)
-		return ret;
-	if (!r->p.paused) {
-		ret = hq_qmp_call(r->vm.qmp, "cont", NULL, NULL, HQ_QMP_TIMEOUT_MS);
-		if (ret)
-			return fail(r, ret, "cont", hq_qmp_errmsg(r->vm.qmp));
-	}
-	r->t_resume = hq_now_ns();
+		return explain_failure(r, ret);
+	/* cont, confirmed by query-status (a cont whose reply is lost may have run or not). */
+	ret = hq_vm_settle(&r->vm, !r->paused, HQ_QMP_TIMEOUT_MS, &r->t_resume);
+	if (ret)
+		return explain_failure(r, fail(r, ret, r->paused ? "the guest did not stay "
+					      "paused" : "resuming the guest", r->vm.err));
+	if (!r->t_resume)
+		r->t_resume = hq_now_ns();
 	last_prog = r->t_resume;
 	for (;;) {
 		if (hq_stop_signal)
@@ -661,7 +813,8 @@ static void report(const struct restore_run *r, int ret)
 		       PRIu64 ", \"lb_retries\": %" PRIu64 ", \"bytes_read\": %" PRIu64
 		       ", \"mb_total\": %" PRIu64 ", \"mb_fault\": %" PRIu64 ", \"mb_pool\": %" PRIu64
 		       ", \"mb_prefetch\": %" PRIu64 ", \"mb_zero\": %" PRIu64
-		       ", \"vm_access_pct\": %.2f, \"paused\": %s, \"detached\": %s}\n",
+		       ", \"vm_access_pct\": %.2f, \"paused\": %s, \"run_state\": \"%s\", "
+		       "\"saved_run_state\": \"%s\", \"detached\": %s}\n",
 		       ms(r->t0, r->t_qmp), ms(r->t0, r->t_ready),
 		       ms(r->t0, r->t_loaded), ms(r->t0, r->t_resume), ms(r->t_qmp, r->t_resume),
 		       ms(r->t_resume, r->t_done) / 1e3, r->mem_bytes, st->faults, st->faults_vcpu,
@@ -669,7 +822,8 @@ static void report(const struct restore_run *r, int ret)
 		       (double)st->fault_p99_ns / 1e3, st->lb_total, st->lb_demand,
 		       st->lb_prefetch, st->lb_retries, st->bytes_read, st->mb_total, st->mb_fault,
 		       st->mb_pool, st->mb_prefetch, st->mb_zero, st->vm_access_pct,
-		       r->p.paused ? "true" : "false", r->p.detach ? "true" : "false");
+		       r->paused ? "true" : "false", r->paused ? "paused" : "running",
+		       r->file_paused ? "paused" : "running", r->p.detach ? "true" : "false");
 		fflush(stdout);
 		return;
 	}
@@ -678,9 +832,11 @@ static void report(const struct restore_run *r, int ret)
 	printf("restored %s into QEMU %d.%d.%d pid %d, %s, %u vCPUs\n", r->p.path, r->vm.major,
 	       r->vm.minor, r->vm.micro, (int)r->vm.pid, r->vm.machine, r->vm.nvcpus);
 	printf("  QEMU ready     %.0f ms after start (QMP up)\n", ms(r->t0, r->t_qmp));
-	printf("  guest %s  %.1f ms after QEMU was ready (devices loaded in %.1f ms)\n",
-	       r->p.paused ? "loaded " : "resumed", ms(r->t_qmp, r->t_resume),
-	       ms(r->t_ready, r->t_loaded));
+	printf("  guest %s  %.1f ms after QEMU was ready (devices loaded in %.1f ms)%s\n",
+	       r->paused ? "loaded " : "resumed", ms(r->t_qmp, r->t_resume),
+	       ms(r->t_ready, r->t_loaded), !r->paused ? "" : r->p.run == RUN_AS_SAVED ?
+	       "; left paused, as it was saved (cont, or --running, runs it)" :
+	       "; left paused (cont runs it)");
 	printf("  all memory in  %.2f s after resume: %s, %" PRIu64 " LBs (%" PRIu64 " demand, %"
 	       PRIu64 " prefetch), %s read\n", ms(r->t_resume, r->t_done) / 1e3,
 	       hq_bytes(r->mem_bytes, a, sizeof(a)), st->lb_total, st->lb_demand, st->lb_prefetch,
@@ -728,7 +884,7 @@ int hq_cmd_restore(int argc, char **argv)
 		return EXIT_USAGE;
 	}
 	r->t0 = hq_now_ns();
-	r->uffd = r->remote_uffd = -1;
+	r->uffd = r->remote_uffd = r->lock_fd = -1;
 	for (unsigned i = 0; i < HQ_MAX_REGIONS; i++)
 		r->vm.regions[i].fd = -1;
 	hq_catch_stop_signals();
@@ -756,6 +912,8 @@ int hq_cmd_restore(int argc, char **argv)
 	halite_restore_free(r->rs);
 	if (r->uffd >= 0)
 		close(r->uffd);
+	if (r->lock_fd >= 0)
+		close(r->lock_fd);
 	hq_vm_release(&r->vm);
 	if (r->dir[0]) {
 		char p[96];

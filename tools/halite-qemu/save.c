@@ -2,6 +2,10 @@
 /*
  * halite-qemu save: a lazy, copy-on-access snapshot of a running QEMU.
  *
+ * 0. The output path is checked (halite_writer_check_path: its directory
+ *    exists and is writable, it is no directory, no running restore reads
+ *    it) before QEMU is touched: a save that cannot write its file must not
+ *    have sent QEMU a single command.
  * 1. Before the pause: connect to QMP, find the vCPU threads and the guest
  *    RAM (shared backends, opened through /proc/PID/map_files), create a
  *    userfaultfd inside QEMU (ptrace) and bring it here (pidfd_getfd),
@@ -17,9 +21,11 @@
  * 4. Done: QEMU's copy of the userfaultfd is closed (the engine has
  *    unregistered its ranges), the report is printed.
  *
- * A guest that was paused before the save stays paused. Any failure after
- * the pause resumes the guest (if it was running) with its memory as it
- * would have been without the save (save.h).
+ * A guest that was paused before the save stays paused. Every way out after
+ * the pause brings the guest back to the run state it had and confirms it
+ * (hq_vm_settle: whatever became of a stop or cont that timed out), with
+ * its memory as it would have been without the save (save.h); when that
+ * cannot be confirmed, the error says the guest may be left paused.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -30,6 +36,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "hq.h"
 
 struct save_params {
@@ -50,8 +57,9 @@ struct save_run {
 	struct hq_vm vm;
 	struct halite_save *s;
 	int uffd;
-	bool was_running, paused;
-	uint64_t t_attach_ns, t_stop_ns, t_cont_ns, t_done_ns;
+	bool was_running, stop_sent;
+	/* stop sent, cont answered (a paused guest: neither), start() done, file complete */
+	uint64_t t_attach_ns, t_stop_ns, t_cont_ns, t_armed_ns, t_done_ns;
 	uint64_t roots_sampled, root_samples;
 	uint64_t devstate_bytes, mem_bytes;
 	struct halite_save_stats st;
@@ -69,7 +77,8 @@ void hq_help_save(FILE *f)
 		"vCPU that touched it) or by a throttled background pass in guest-virtual\n"
 		"order. Guest RAM must be a shared backend (memory-backend-memfd share=on,\n"
 		"or memory-backend-file share=on on tmpfs or hugetlbfs). Needs ptrace rights\n"
-		"over QEMU (root).\n\n"
+		"over QEMU (root). FILE is checked before QEMU is touched: its directory must\n"
+		"exist and be writable, and no running restore may be reading it.\n\n"
 		"Options:\n"
 		"  --qmp SOCKET       QEMU's QMP unix socket (-qmp unix:SOCKET,server=on,wait=off)\n"
 		"  --codec NAME       none, lz4 (default), zlib, zstd\n"
@@ -82,7 +91,8 @@ void hq_help_save(FILE *f)
 		"  --json             print the report as one JSON object\n"
 		"  -q, --quiet        no progress on stderr\n"
 		"  -v, --verbose      the engine's log on stderr\n\n"
-		"Exit status: 0 saved, 1 failed (the guest keeps running, unchanged), 2 usage,\n"
+		"Exit status: 0 saved, 1 failed (the guest is back in the run state it had,\n"
+		"its memory unchanged, unless the error says it may be left paused), 2 usage,\n"
 		"77 the kernel or QEMU lacks a needed feature.\n");
 }
 
@@ -203,18 +213,38 @@ static int sample_roots(struct save_run *r)
 	return 0;
 }
 
-static int resume(struct save_run *r)
+/*
+ * Every way out of start() once stop was sent: the guest back in the run
+ * state it had, confirmed by query-status (runstate.c: a stop that timed
+ * out may take effect later, a cont that timed out may not have). If that
+ * cannot be confirmed, that is the error, whatever failed before.
+ */
+static int leave_run_state(struct save_run *r, int ret)
 {
-	int ret;
+	char before[sizeof(r->err)];
+	int st;
 
-	if (!r->paused)
-		return 0;
-	ret = hq_qmp_call(r->vm.qmp, "cont", NULL, NULL, HQ_QMP_TIMEOUT_MS);
-	r->t_cont_ns = hq_now_ns();
-	if (ret)
-		return fail(r, ret, "resuming the guest (cont)", hq_qmp_errmsg(r->vm.qmp));
-	r->paused = false;
-	return 0;
+	if (!r->stop_sent)
+		return ret;
+	st = hq_vm_settle(&r->vm, r->was_running, HQ_QMP_TIMEOUT_MS, &r->t_cont_ns);
+	if (!r->t_cont_ns)
+		r->t_cont_ns = hq_now_ns();
+	if (!st)
+		return ret;
+	snprintf(before, sizeof(before), "%s", r->err);
+	/* A QEMU that has exited has no guest left to be paused (-ESRCH). */
+	if (snprintf(r->err, sizeof(r->err), "%s%s%s%s", st == -ESRCH ? "" :
+		     "the guest may be left paused: ", r->vm.err,
+		     before[0] ? "; before that the save had failed: " : "", before) >=
+	    (int)sizeof(r->err))
+		memcpy(r->err + sizeof(r->err) - 4, "...", 4);
+	return st;
+}
+
+/* The guest's run state at the save: the file records it. */
+static const char *run_state(const struct save_run *r)
+{
+	return r->was_running ? "running" : "paused";
 }
 
 static int set_meta(struct save_run *r)
@@ -229,6 +259,10 @@ static int set_meta(struct save_run *r)
 					   (uint32_t)strlen(r->vm.machine));
 	if (!ret)
 		ret = halite_save_set_meta(r->s, "creator", PROG, sizeof(PROG) - 1);
+	/* What a restore brings the guest back to by default (as virsh restore does). */
+	if (!ret)
+		ret = halite_save_set_meta(r->s, "qemu.run-state", run_state(r),
+					   (uint32_t)strlen(run_state(r)));
 	return ret;
 }
 
@@ -295,41 +329,44 @@ static int start(struct save_run *r)
 		return fail(r, ret, "file metadata", halite_strerror(ret));
 
 	/* The snapshot instant: from stop to cont. */
-	r->t_stop_ns = hq_now_ns();
 	if (r->was_running) {
-		ret = hq_qmp_call(r->vm.qmp, "stop", NULL, NULL, HQ_QMP_TIMEOUT_MS);
-		if (ret)
-			return fail(r, ret, "pausing the guest (stop)", hq_qmp_errmsg(r->vm.qmp));
-		r->paused = true;
+		r->t_stop_ns = hq_now_ns();
+		/* Sent is enough to undo: without an answer it may still take effect. */
+		r->stop_sent = true;
+		ret = hq_vm_stop(&r->vm, HQ_QMP_TIMEOUT_MS);
+		if (ret) {
+			fail(r, ret, "pausing the guest (stop)", r->vm.err);
+			goto out;
+		}
 	}
 	ret = sample_roots(r);
 	if (ret) {
 		fail(r, ret, "page-table roots", ret < 0 && r->vm.err[0] ? r->vm.err :
 		     halite_strerror(ret));
-		goto undo;
+		goto out;
 	}
 	ret = hq_vm_device_state(&r->vm, &dev, &devlen);
 	if (ret) {
 		fail(r, ret, "device state", r->vm.err);
-		goto undo;
+		goto out;
 	}
 	r->devstate_bytes = devlen;
 	ret = halite_save_set_device_state(r->s, dev, devlen);
 	free(dev);
 	if (ret) {
 		fail(r, ret, "device state", halite_strerror(ret));
-		goto undo;
+		goto out;
+	}
+	if (hq_fault("fail-before-arm")) {
+		ret = fail(r, -EIO, "test fault fail-before-arm", "a failure before arming");
+		goto out;
 	}
 	ret = halite_save_arm(r->s);
-	if (ret) {
+	if (ret)
 		fail(r, ret, "arming copy-on-access", halite_save_errmsg(r->s)[0] ?
 		     halite_save_errmsg(r->s) : halite_strerror(ret));
-		goto undo;
-	}
-	return resume(r);
-undo:
-	resume(r);
-	return ret;
+out:
+	return leave_run_state(r, ret);
 }
 
 static void progress(struct save_run *r, bool final)
@@ -344,7 +381,7 @@ static void progress(struct save_run *r, bool final)
 		     " blocks by vCPUs  %.1f s%s", st.mb_total ? 100 * st.mb_saved / st.mb_total : 0,
 		     hq_bytes(st.mb_total ? r->mem_bytes / st.mb_total * st.mb_saved : 0, a,
 			      sizeof(a)), hq_bytes(r->mem_bytes, b, sizeof(b)), st.faults,
-		     st.faults_vcpu, (double)(hq_now_ns() - r->t_cont_ns) / 1e9,
+		     st.faults_vcpu, (double)(hq_now_ns() - r->t_armed_ns) / 1e9,
 		     final ? "\n" : "");
 }
 
@@ -364,7 +401,7 @@ static int run(struct save_run *r)
 	sigprocmask(SIG_SETMASK, &old, NULL);
 	if (ret)
 		return ret;
-	last_root = last_prog = hq_now_ns();
+	r->t_armed_ns = last_root = last_prog = hq_now_ns();
 	for (;;) {
 		unsigned slice = r->p.root_ms < 250 ? r->p.root_ms : 250;
 		uint64_t now;
@@ -401,12 +438,17 @@ static int run(struct save_run *r)
 static void report(const struct save_run *r, int ret)
 {
 	const struct halite_save_stats *st = &r->st;
-	double pause_ms = (double)(r->t_cont_ns - r->t_stop_ns) / 1e6;
+	/* A guest that was paused already was not paused by the save: no pause. */
+	double pause_ms = r->t_stop_ns && r->t_cont_ns > r->t_stop_ns ?
+			  (double)(r->t_cont_ns - r->t_stop_ns) / 1e6 : 0;
 	double ratio = st->mb_total ? (double)st->file_bytes / ((double)st->mb_total * 8192) : 0;
 	char a[32], b[32];
 
 	if (r->p.out.json) {
 		hq_json_head(!ret, r->p.path, r->err, &r->vm);
+		/* As query-status said before the save ("" if QEMU was never asked). */
+		printf(", \"run_state\": ");
+		halite_json_str(stdout, r->status);
 		printf(", \"pause_ms\": %.3f, \"arm_ms\": %.3f, "
 		       "\"save_s\": %.3f, \"memory_bytes\": %" PRIu64 ", \"file_bytes\": %" PRIu64
 		       ", \"ratio\": %.4f, \"device_state_bytes\": %" PRIu64 ", \"faults\": %" PRIu64
@@ -426,9 +468,13 @@ static void report(const struct save_run *r, int ret)
 		return;
 	printf("saved %s: QEMU %d.%d.%d pid %d, %s, %u vCPUs\n", r->p.path, r->vm.major,
 	       r->vm.minor, r->vm.micro, (int)r->vm.pid, r->vm.machine, r->vm.nvcpus);
-	printf("  pause          %.1f ms (arm %.1f ms)%s\n", pause_ms, (double)st->arm_ns / 1e6,
-	       r->was_running ? "" : ", guest was paused and stays paused");
-	printf("  save           %.2f s while the guest ran\n", (double)st->duration_ns / 1e9);
+	if (r->was_running)
+		printf("  pause          %.1f ms (arm %.1f ms)\n", pause_ms, (double)st->arm_ns / 1e6);
+	else
+		printf("  pause          none: not paused by the save, the guest was already paused "
+		       "and stays paused (arm %.1f ms)\n", (double)st->arm_ns / 1e6);
+	printf("  save           %.2f s while the guest %s\n", (double)st->duration_ns / 1e9,
+	       r->was_running ? "ran" : "stayed paused");
 	printf("  file           %s for %s of memory (%.1f%%), device state %" PRIu64 " bytes\n",
 	       hq_bytes(st->file_bytes, a, sizeof(a)), hq_bytes(st->mb_total * 8192, b, sizeof(b)),
 	       100 * ratio, r->devstate_bytes);
@@ -455,7 +501,15 @@ int hq_cmd_save(int argc, char **argv)
 		return EXIT_USAGE;
 	}
 	r->uffd = -1;
-	ret = run(r);
+	ret = halite_writer_check_path(r->p.path, r->err, sizeof(r->err));
+	if (ret == -EINVAL) {
+		/* No file name at all ("" on the command line): usage. */
+		hq_errorf("save: %s; see '" PROG " save --help'", r->err);
+		free(r);
+		return EXIT_USAGE;
+	}
+	if (!ret)
+		ret = run(r);
 	if (ret)
 		hq_errorf("save: %s", r->err);
 	report(r, ret);

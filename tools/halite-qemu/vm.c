@@ -138,23 +138,6 @@ int hq_vm_vcpus(struct hq_vm *vm)
 	return 0;
 }
 
-int hq_vm_status(struct hq_vm *vm, char *buf, size_t len)
-{
-	cJSON *ret = NULL;
-	const char *st;
-	int r;
-
-	r = hq_qmp_call(vm->qmp, "query-status", NULL, &ret, HQ_QMP_TIMEOUT_MS);
-	if (r) {
-		hq_vmsetf(vm, "%s", hq_qmp_errmsg(vm->qmp));
-		return r;
-	}
-	st = cJSON_GetStringValue(cJSON_GetObjectItem(ret, "status"));
-	snprintf(buf, len, "%s", st ? st : "?");
-	cJSON_Delete(ret);
-	return 0;
-}
-
 /* --- RAM --- */
 
 struct vma {
