@@ -8,6 +8,7 @@
 #include <linux/fs.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/types.h>
@@ -115,6 +116,27 @@ int halite_discard_allow(int fd)
 		ret = -errno;
 	fremovexattr(fd, OWNER_XATTR);
 	return ret;
+}
+
+int halite_discard_reclaim(int fd, pid_t *owner)
+{
+	char mark[64];
+	ssize_t n;
+	int fl = 0;
+
+	if (ioctl(fd, FS_IOC_GETFLAGS, &fl))
+		return errno == ENOTTY || errno == EOPNOTSUPP ? 0 : -errno;
+	if (!(fl & FS_APPEND_FL))
+		return 0;
+	n = fgetxattr(fd, OWNER_XATTR, mark, sizeof(mark) - 1);
+	if (n <= 0)
+		return -EPERM;
+	mark[n] = '\0';
+	if (owner_alive(mark)) {
+		*owner = (pid_t)atoi(mark);
+		return -EBUSY;
+	}
+	return halite_discard_allow(fd);
 }
 
 int halite_file_data_pages(int fd, uint64_t off, uint64_t len, uint64_t page, uint64_t *bits)

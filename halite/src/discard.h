@@ -26,6 +26,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 /*
  * Make @fd's file refuse discards. 0 when it does now (*@ours: this process
@@ -37,6 +38,15 @@ int halite_discard_refuse(int fd, bool *ours);
 
 /* Undo halite_discard_refuse() (when it said ours). 0 or -errno. */
 int halite_discard_allow(int fd);
+
+/*
+ * Before a file is opened for writing (an append-only file refuses O_RDWR
+ * without O_APPEND): clear a refusal whose engine died. 0 when the file is
+ * not append-only (now), -EBUSY with *@owner set when a live engine holds
+ * it, -EPERM when someone else made it append-only, or another -errno. @fd
+ * may be read-only.
+ */
+int halite_discard_reclaim(int fd, pid_t *owner);
 
 /*
  * Which pages of [@off, @off + @len) of @fd's file hold data (page cache or

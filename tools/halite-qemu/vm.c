@@ -19,6 +19,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "discard.h"
 #include "hq.h"
 #include "inject.h"
 #include "qemu_info.h"
@@ -280,6 +281,35 @@ static int open_region(struct hq_vm *vm, struct hq_region *g)
 	snprintf(path, sizeof(path), "/proc/%d/map_files/%" PRIx64 "-%" PRIx64, (int)vm->pid,
 		 v.start, v.end);
 	g->fd = open(path, O_RDWR | O_CLOEXEC);
+	if (g->fd < 0 && errno == EPERM) {
+		/*
+		 * An append-only file refuses O_RDWR: a halite save or restore
+		 * refusing the guest's discards (halite/src/discard.h). One that
+		 * died left the flag: taken back here. A live one: this memory is
+		 * being saved or restored now.
+		 */
+		int ro = open(path, O_RDONLY | O_CLOEXEC);
+		pid_t owner = 0;
+
+		ret = ro < 0 ? -EPERM : halite_discard_reclaim(ro, &owner);
+		if (ro >= 0)
+			close(ro);
+		if (ret == -EBUSY) {
+			hq_vmsetf(vm, "guest RAM %s is being saved or restored by halite process %d "
+				  "(its file refuses discards meanwhile)", g->name, (int)owner);
+			return -EBUSY;
+		}
+		if (ret == -EPERM) {
+			hq_vmsetf(vm, "guest RAM %s: its file is append-only, and not by halite "
+				  "(chattr +a?): clear it (chattr -a /proc/%d/fd/N) to save or "
+				  "restore this guest", g->name, (int)vm->pid);
+			return -EPERM;
+		}
+		if (ret == 0)
+			g->fd = open(path, O_RDWR | O_CLOEXEC);
+		else
+			errno = -ret;
+	}
 	if (g->fd < 0) {
 		ret = -errno;
 		hq_vmsetf(vm, "RAM %s: open %s: %s%s", g->name, path, strerror(errno),
