@@ -862,6 +862,129 @@ def case_backends(work):
                 f.write(str(old))
 
 
+BALLOON = ["-device", "virtio-balloon-pci,id=balloon0,free-page-reporting=on"]
+FS_IOC_GETFLAGS = 0x80086601
+FS_APPEND_FL = 0x20
+
+
+def qemu_discard_failures(guest):
+    """Discards QEMU reported failed (ram_block_discard_range) on its stderr."""
+    with open(os.path.join(guest.workdir, f"{guest.name}-qemu.err"), errors="replace") as f:
+        return sum(1 for line in f if "ram_block_discard_range" in line)
+
+
+def ram_file_flags(guest):
+    """The FS flags of the guest RAM's file (the memfd), as QEMU holds it."""
+    for fd in os.listdir(f"/proc/{guest.pid}/fd"):
+        p = f"/proc/{guest.pid}/fd/{fd}"
+        try:
+            if "memfd:" in os.readlink(p) and os.stat(p).st_size >= guest.mem_mib << 20:
+                with open(p, "rb") as f:
+                    buf = bytearray(4)
+                    fcntl.ioctl(f.fileno(), FS_IOC_GETFLAGS, buf)
+                    return int.from_bytes(buf, "little")
+        except OSError:
+            continue
+    raise Fail("the guest RAM's memfd is not among QEMU's descriptors")
+
+
+def ram_registered(guest):
+    """Some of QEMU's guest RAM is registered with a userfaultfd (smaps VmFlags)."""
+    with open(f"/proc/{guest.pid}/smaps") as f:
+        return any(l.startswith("VmFlags:") and (" ui" in l or " um" in l) for l in f)
+
+
+def balloon_to(q, mib, timeout=30):
+    q.cmd("balloon", value=mib << 20)
+    deadline = time.monotonic() + timeout
+    while q.cmd("query-balloon")["actual"] != mib << 20:
+        if time.monotonic() > deadline:
+            raise Fail(f"the balloon did not reach {mib} MiB in {timeout} s "
+                       f"({q.cmd('query-balloon')['actual'] >> 20} MiB)")
+        time.sleep(0.05)
+
+
+def case_discard(work):
+    """A second save of a VM being saved, and a balloon giving memory back during a save."""
+    qmp2 = os.path.join(work, "src-qmp2.sock")
+    src = hg.Guest(work, "src")
+    src.args += BALLOON + ["-qmp", f"unix:{qmp2},server=on,wait=off"]
+    src.boot().wait_ready()
+    src.rewrites(False)
+    d0, _, ok = src.digest()
+    check(ok, f"source digest {d0}")
+    path = os.path.join(work, "held.hlt")
+    # The first save, its registration held 6 s once armed (test fault point).
+    env = dict(os.environ, HALITE_QEMU_TEST_FAULT="hold-after-arm:6000")
+    first = subprocess.Popen([hg.halite_qemu(), "save", "--qmp", src.qmp_path, "--json", "-q",
+                              path], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=env)
+    deadline = time.monotonic() + 30
+    while not ram_registered(src) and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    check(ram_registered(src), "the first save has armed copy-on-access")
+    # A second save, on QEMU's second QMP socket: refused before QEMU is touched.
+    second = os.path.join(work, "second.hlt")
+    p, dt = run([hg.halite_qemu(), "save", "--qmp", qmp2, "-q", second])
+    msg = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+    check(p.returncode == 1 and dt < 5 and ("is being saved or restored by halite process "
+                                            f"{first.pid}" in msg or
+                                            "already registered with a userfaultfd" in msg),
+          f"a second save of the VM is refused in {dt:.2f} s: {msg}")
+    check(not os.path.exists(second), "the second save wrote no file")
+    q = hg.QMP(qmp2)
+    check(q.cmd("query-status")["status"] == "running", "the guest ran on throughout")
+    # The balloon gives memory back while the first save holds: QEMU's hole
+    # punches are refused, so no block not yet saved can turn into zeros.
+    check(ram_file_flags(src) & FS_APPEND_FL, "the RAM's file refuses hole punches during "
+          "the save")
+    before = qemu_discard_failures(src)
+    balloon_to(q, 448)
+    during = qemu_discard_failures(src)
+    check(during - before >= (64 << 20) // 4096 // 2,
+          f"the balloon's discards during the save were refused ({during - before} reported "
+          "by QEMU)")
+    out, err = first.communicate(timeout=120)
+    check(first.returncode == 0, f"the first save completes: {err.strip()[-300:]}")
+    rep = json.loads(out)
+    log(f"  first save: {rep['save_s']:.2f} s, {rep['faults']} faults")
+    check(not ram_file_flags(src) & FS_APPEND_FL, "after the save the file takes hole punches "
+          "again")
+    # (Free page reporting may have had discards refused after the count above.)
+    after = qemu_discard_failures(src)
+    balloon_to(q, 384)
+    check(qemu_discard_failures(src) == after, "the balloon's discards after the save "
+          "succeed")
+    q.close()
+    src.kill()
+    dst = hg.Guest(work, "dst")
+    dst.args += BALLOON
+    restore(path, dst)
+    d1, _, ok = dst.digest()
+    check(ok and d1 == d0, f"the first save's file restores the guest exactly: digest {d1}")
+    dst.wait_console(r"^verifier: pass \d+ ok", 60, after=len(dst.console_text()))
+    dst.check_console()
+    dst.kill()
+    # Huge pages can neither refuse a hole nor show one: with a balloon, refused at once.
+    old = hugepages(256 + 8)
+    try:
+        huge = set_backend(hg.Guest(work, "huge"),
+                           "memory-backend-memfd,share=on,hugetlb=on,hugetlbsize=2M")
+        huge.args += BALLOON
+        huge.boot().wait_ready()
+        p, _ = run([hg.halite_qemu(), "save", "--qmp", huge.qmp_path, "-q",
+                    os.path.join(work, "huge.hlt")])
+        msg = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+        check(p.returncode == 77 and "hugetlbfs and a virtio-balloon device" in msg,
+              f"a hugetlbfs guest with a balloon is refused: {msg}")
+        check(huge.qmp().cmd("query-status")["status"] == "running" and not ram_registered(huge),
+              "and left running, untouched")
+        huge.kill()
+    finally:
+        with open("/proc/sys/vm/nr_hugepages", "w") as f:
+            f.write(str(old))
+
+
 def case_cli(work):
     """Wrong arguments and files that are not halite-qemu snapshots: exit code and message."""
     hq = hg.halite_qemu()
@@ -924,6 +1047,7 @@ CASES = {
     "kill": case_kill,
     "errors": case_errors,
     "runstate": case_runstate,
+    "discard": case_discard,
 }
 
 

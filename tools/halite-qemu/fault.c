@@ -17,6 +17,9 @@
  *                     if it had timed out (QEMU does resume the guest)
  *   fail-before-arm   save: a failure after the pause, the roots and the
  *                     device state, before copy-on-access is armed
+ *   hold-after-arm:MS save: once armed and resumed, MS ms before the save is
+ *                     let finish (its registration held, whatever the
+ *                     engine does: a second save or a balloon meets it)
  *
  * Each fires once per run. The state is this file's own (the environment
  * is the process's anyway); nothing else in halite-qemu keeps any.
@@ -35,11 +38,13 @@
 #define HANG_STOP_TIMEOUT_MS 200
 
 static const char *const names[] = { "stop-reply-lost", "hang-at-stop", "cont-lost",
-				     "cont-reply-lost", "fail-before-arm" };
+				     "cont-reply-lost", "fail-before-arm", "hold-after-arm" };
+#define HANG_AT_STOP 1
+#define HOLD_AFTER_ARM 5
 
 static struct {
 	int point;	/* index in names, or -1 */
-	unsigned ms;	/* hang-at-stop */
+	unsigned ms;	/* hang-at-stop, hold-after-arm */
 	bool fired;
 	bool thread;	/* the SIGCONT thread runs */
 	pthread_t tid;
@@ -57,19 +62,20 @@ int hq_fault_init(char *err, size_t len)
 	for (unsigned i = 0; i < sizeof(names) / sizeof(names[0]); i++)
 		if (strlen(names[i]) == n && !strncmp(v, names[i], n))
 			fault.point = (int)i;
-	if (fault.point == 1) {
+	if (fault.point == HANG_AT_STOP || fault.point == HOLD_AFTER_ARM) {
 		char *end;
 		unsigned long ms = v[n] == ':' ? strtoul(v + n + 1, &end, 10) : 0;
 
 		if (v[n] != ':' || *end || !ms || ms > 600000) {
-			snprintf(err, len, "HALITE_QEMU_TEST_FAULT=%s: hang-at-stop:MS, MS 1..600000",
-				 v);
+			snprintf(err, len, "HALITE_QEMU_TEST_FAULT=%s: %s:MS, MS 1..600000", v,
+				 names[fault.point]);
 			return -EINVAL;
 		}
 		fault.ms = (unsigned)ms;
 	} else if (fault.point < 0 || v[n]) {
 		snprintf(err, len, "HALITE_QEMU_TEST_FAULT=%s: not a fault point (stop-reply-lost, "
-			 "hang-at-stop:MS, cont-lost, cont-reply-lost, fail-before-arm)", v);
+			 "hang-at-stop:MS, cont-lost, cont-reply-lost, fail-before-arm, "
+			 "hold-after-arm:MS)", v);
 		return -EINVAL;
 	}
 	return 0;
@@ -82,6 +88,11 @@ bool hq_fault(const char *name)
 		return false;
 	fault.fired = true;
 	return true;
+}
+
+unsigned hq_fault_ms(const char *name)
+{
+	return hq_fault(name) ? fault.ms : 0;
 }
 
 static void *sigcont_later(void *arg)

@@ -77,6 +77,14 @@ int hq_vm_vcpus(struct hq_vm *vm);
  * shared backend), with the fix in vm->err.
  */
 int hq_vm_ram(struct hq_vm *vm);
+/*
+ * Before a save touches QEMU: -EBUSY when a userfaultfd already has some of
+ * the guest's RAM (a save or restore of it running: /proc/PID/smaps), and
+ * -HALITE_E_UNSUPPORTED when RAM on hugetlbfs meets a device that gives
+ * memory back (virtio-balloon, virtio-mem): hugetlbfs can neither refuse
+ * the holes they punch nor tell them. vm->err says which.
+ */
+int hq_vm_check_saveable(struct hq_vm *vm);
 /* Close what hq_vm_ram() and hq_vm_attach() opened. */
 void hq_vm_release(struct hq_vm *vm);
 /* --- runstate.c --- */
@@ -102,6 +110,8 @@ int hq_vm_settle(struct hq_vm *vm, bool running, int timeout_ms, uint64_t *t_cha
 int hq_fault_init(char *err, size_t len);
 /* Whether the fault point @name is set and has not fired yet; it fires now. */
 bool hq_fault(const char *name);
+/* As hq_fault() for a point with a time (NAME:MS): its MS when it fires now, else 0. */
+unsigned hq_fault_ms(const char *name);
 /* stop or cont as a fault point has it: true when it took over (*ret, vm->err). */
 bool hq_fault_runstate(struct hq_vm *vm, const char *cmd, int *ret);
 /* Before exit: a QEMU stopped by a fault point has been let go. */

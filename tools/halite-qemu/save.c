@@ -281,6 +281,8 @@ static int start(struct save_run *r)
 	if (!ret)
 		ret = hq_vm_ram(&r->vm);
 	if (!ret)
+		ret = hq_vm_check_saveable(&r->vm);
+	if (!ret)
 		ret = hq_vm_status(&r->vm, r->status, sizeof(r->status));
 	if (ret)
 		return fail(r, ret, r->vm.err, NULL);
@@ -401,6 +403,10 @@ static int run(struct save_run *r)
 	sigprocmask(SIG_SETMASK, &old, NULL);
 	if (ret)
 		return ret;
+	/* Test fault hold-after-arm: the registration is held this long (fault.c). */
+	for (uint64_t end = hq_now_ns() + hq_fault_ms("hold-after-arm") * 1000000ull;
+	     hq_now_ns() < end && !hq_stop_signal;)
+		usleep(10000);
 	r->t_armed_ns = last_root = last_prog = hq_now_ns();
 	for (;;) {
 		unsigned slice = r->p.root_ms < 250 ? r->p.root_ms : 250;

@@ -390,6 +390,77 @@ out:
 	return ret;
 }
 
+/* Is the VMA of QEMU's holding @addr registered with a userfaultfd? 1, 0 or -errno. */
+static int vma_uffd(pid_t pid, uint64_t addr)
+{
+	char path[64], line[512];
+	bool in = false;
+	int ret = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/smaps", (int)pid);
+	f = fopen(path, "re");
+	if (!f)
+		return -errno;
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long long s, e;
+
+		if (sscanf(line, "%llx-%llx ", &s, &e) == 2 && strchr(line, '-') < strchr(line, ' '))
+			in = addr >= s && addr < e;
+		else if (in && !strncmp(line, "VmFlags:", 8)) {
+			/* "um": missing-page mode, "ui": minor faults, "uw": write-protect. */
+			ret = strstr(line, " um") || strstr(line, " ui") || strstr(line, " uw");
+			break;
+		}
+	}
+	fclose(f);
+	return ret;
+}
+
+int hq_vm_check_saveable(struct hq_vm *vm)
+{
+	cJSON *mem = NULL, *d;
+	bool balloon, hugetlb = false;
+	const char *mdev = NULL;
+	int ret;
+
+	for (uint32_t i = 0; i < vm->nregions; i++) {
+		const struct hq_region *g = &vm->regions[i];
+
+		ret = vma_uffd(vm->pid, g->host);
+		if (ret < 0) {
+			hq_vmsetf(vm, "/proc/%d/smaps: %s", (int)vm->pid, strerror(-ret));
+			return ret;
+		}
+		if (ret) {
+			hq_vmsetf(vm, "guest RAM %s is already registered with a userfaultfd: a save or "
+				  "restore of this VM (or another tool) is working on it", g->name);
+			return -EBUSY;
+		}
+		hugetlb |= g->hugetlb;
+	}
+	if (!hugetlb)
+		return 0;
+	/* query-balloon answers only when a balloon device exists. */
+	balloon = !hq_qmp_call(vm->qmp, "query-balloon", NULL, NULL, HQ_QMP_TIMEOUT_MS);
+	if (!hq_qmp_call(vm->qmp, "query-memory-devices", NULL, &mem, HQ_QMP_TIMEOUT_MS))
+		cJSON_ArrayForEach(d, mem) {
+			const char *type = cJSON_GetStringValue(cJSON_GetObjectItem(d, "type"));
+
+			if (type && !strcmp(type, "virtio-mem"))
+				mdev = "virtio-mem";
+		}
+	cJSON_Delete(mem);
+	if (balloon || mdev) {
+		hq_vmsetf(vm, "guest RAM on hugetlbfs and a %s device: a hole it punches in the RAM's "
+			  "file during the save can be neither refused nor seen on hugetlbfs, and a "
+			  "block not yet saved would be saved as zeros; remove the device, or give "
+			  "the guest a memfd or tmpfs backend", balloon ? "virtio-balloon" : mdev);
+		return -HALITE_E_UNSUPPORTED;
+	}
+	return 0;
+}
+
 void hq_vm_release(struct hq_vm *vm)
 {
 	for (uint32_t i = 0; i < vm->nregions; i++)
