@@ -985,6 +985,63 @@ def case_discard(work):
             f.write(str(old))
 
 
+def case_attach(work):
+    """halite-qemu restore killed mid-restore; restore --attach takes over and finishes it."""
+    src = hg.Guest(work, "source").boot().wait_ready()
+    src.rewrites(False)
+    d0, _, ok = src.digest()
+    check(ok, f"source digest {d0}")
+    path = os.path.join(work, "guest.hlt")
+    save(src, path)
+    src.kill()
+    dst = hg.Guest(work, "victim")
+    proc, q, tids, qemu_pid = slow_restore(path, dst)
+    time.sleep(0.5)
+    proc.kill()
+    proc.wait()
+    lines = len(dst.verifier_lines())
+    time.sleep(1)
+    check(len(dst.verifier_lines()) == lines and dst.alive(),
+          "halite-qemu restore killed: QEMU lives, the guest waits for its memory")
+    q.close()
+    p, dt = run([hg.halite_qemu(), "restore", "--attach", str(qemu_pid), "--json", "-q", path])
+    err = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+    check(p.returncode == 0, f"restore --attach {qemu_pid} finishes it in {dt:.2f} s {err}")
+    rep = json.loads(p.stdout)
+    log(f"  attach: {rep['mb_present']} blocks were in already, {rep['faults']} faults, "
+        f"{rep['lb_demand']} demand / {rep['lb_prefetch']} prefetched LBs")
+    check(rep["mb_present"] > 0 and rep["mb_present"] + rep["mb_fault"] + rep["mb_pool"] +
+          rep["mb_prefetch"] + rep["mb_zero"] == rep["mb_total"],
+          f"the blocks in already were kept ({rep['mb_present']}), the counts add up")
+    d1, _, ok = dst.digest()
+    check(ok and d1 == d0, f"the guest's memory digest equals the snapshot's ({d1})")
+    n = len(dst.console_text())
+    dst.wait_console(r"^verifier: pass \d+ ok", 60, after=n)
+    dst.rewrites(True)
+    dst.wait_console(r"^verifier: pass \d+ ok", 60, after=len(dst.console_text()))
+    dst.check_console()
+    check(True, "the verifier keeps passing, with rewrites on again")
+    p, _ = run([hg.halite_qemu(), "restore", "--attach", str(qemu_pid), "-q", path])
+    msg = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+    check(p.returncode == 1 and "holds no userfaultfd" in msg,
+          f"a second --attach, with the restore over, is refused: {msg}")
+    dst.kill()
+    # Killed before the device state was sent (test fault point): --attach loads it.
+    early = hg.Guest(work, "early")
+    p, _ = run(restore_cmd(path, early, "--detach"), fault="die-before-load")
+    check(p.returncode == -signal.SIGKILL, f"halite-qemu restore killed before the load "
+          f"(exit {p.returncode})")
+    qemu_pid = int(subprocess.run(["pgrep", "-f", early.console], stdout=subprocess.PIPE,
+                                  text=True).stdout.split()[0])
+    early.adopt(qemu_pid)
+    p, dt = run([hg.halite_qemu(), "restore", "--attach", str(qemu_pid), "--json", "-q", path])
+    err = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+    check(p.returncode == 0, f"restore --attach loads the device state and finishes: {err}")
+    d2, _, ok = early.digest()
+    check(ok and d2 == d0, f"that guest's digest equals the snapshot's too ({d2})")
+    early.kill()
+
+
 def case_cli(work):
     """Wrong arguments and files that are not halite-qemu snapshots: exit code and message."""
     hq = hg.halite_qemu()
@@ -1048,6 +1105,7 @@ CASES = {
     "errors": case_errors,
     "runstate": case_runstate,
     "discard": case_discard,
+    "attach": case_attach,
 }
 
 

@@ -20,6 +20,9 @@
  *   hold-after-arm:MS save: once armed and resumed, MS ms before the save is
  *                     let finish (its registration held, whatever the
  *                     engine does: a second save or a balloon meets it)
+ *   die-before-load   restore: SIGKILL to itself once the engine runs,
+ *                     before the device state is sent (restore --attach
+ *                     must load it)
  *
  * Each fires once per run. The state is this file's own (the environment
  * is the process's anyway); nothing else in halite-qemu keeps any.
@@ -38,7 +41,8 @@
 #define HANG_STOP_TIMEOUT_MS 200
 
 static const char *const names[] = { "stop-reply-lost", "hang-at-stop", "cont-lost",
-				     "cont-reply-lost", "fail-before-arm", "hold-after-arm" };
+				     "cont-reply-lost", "fail-before-arm", "hold-after-arm",
+				     "die-before-load" };
 #define HANG_AT_STOP 1
 #define HOLD_AFTER_ARM 5
 
@@ -75,7 +79,7 @@ int hq_fault_init(char *err, size_t len)
 	} else if (fault.point < 0 || v[n]) {
 		snprintf(err, len, "HALITE_QEMU_TEST_FAULT=%s: not a fault point (stop-reply-lost, "
 			 "hang-at-stop:MS, cont-lost, cont-reply-lost, fail-before-arm, "
-			 "hold-after-arm:MS)", v);
+			 "hold-after-arm:MS, die-before-load)", v);
 		return -EINVAL;
 	}
 	return 0;

@@ -142,6 +142,18 @@ int hq_device_stream_check(const uint8_t *buf, uint64_t len, char *machine, size
  * without, QEMU's copy is closed at once.
  */
 int hq_vm_uffd(struct hq_vm *vm, int *remote);
+/*
+ * The userfaultfd QEMU holds (a restore's, whose handler died), brought
+ * here; returns it (or < 0) and its number in QEMU in *remote. -ENOENT when
+ * QEMU holds none, -EEXIST when it holds more than one (vm->err says).
+ */
+int hq_vm_find_uffd(struct hq_vm *vm, int *remote);
+/*
+ * The QMP unix sockets on QEMU's command line (-qmp unix:PATH, or -chardev
+ * socket,path=PATH with -mon mode=control), last first (halite-qemu
+ * restore adds its own last). Up to @max paths of @len bytes; how many.
+ */
+int hq_qmp_sockets(pid_t pid, char (*paths)[108], int max);
 /* Close QEMU's copy of a descriptor injected earlier. */
 int hq_vm_close_remote(struct hq_vm *vm, int remote);
 /* halite_drop_ptes_fn for QEMU: madvise(MADV_DONTNEED) injected into it. */

@@ -63,6 +63,7 @@ struct restore_params {
 	uint32_t read_latency_us;
 	const char *trace;
 	const char *qemu_log;
+	pid_t attach;	  /* --attach PID: take over that QEMU's restore */
 };
 
 struct restore_run {
@@ -92,7 +93,8 @@ struct restore_run {
 void hq_help_restore(FILE *f)
 {
 	fprintf(f,
-		"Usage: " PROG " restore [OPTIONS] FILE -- [QEMU-BINARY] QEMU-ARGS...\n\n"
+		"Usage: " PROG " restore [OPTIONS] FILE -- [QEMU-BINARY] QEMU-ARGS...\n"
+		"       " PROG " restore --attach PID [OPTIONS] FILE\n\n"
 		"Start QEMU from FILE (saved by '" PROG " save'); the guest runs at once (or\n"
 		"stays paused if it was saved paused) and its memory comes in lazily: each first\n"
 		"access reads the locality block holding it, and a throttled prefetcher brings\n"
@@ -101,7 +103,13 @@ void hq_help_restore(FILE *f)
 		"and memory backend, which must be shared: memory-backend-memfd share=on, or\n"
 		"memory-backend-file share=on on tmpfs). " PROG " adds -S, -incoming defer and a\n"
 		"QMP socket. QEMU-BINARY defaults to " QEMU_DEFAULT " ($HALITE_QEMU).\n\n"
+		"With --attach, take over the restore of QEMU PID from FILE after its\n"
+		PROG " restore was killed: the guest waits for memory it lacks (it\n"
+		"never reads zeros); the new handler keeps what is in, brings in the rest,\n"
+		"loads the device state if it was not yet, puts the guest in its run state,\n"
+		"and exits once all memory is in, QEMU running on.\n\n"
 		"Options:\n"
+		"  --attach PID       take over QEMU PID's restore from FILE (see above)\n"
 		"  --detach           exit once all memory is in; QEMU keeps running in its own\n"
 		"                     session, its output to --qemu-log (default: wait for QEMU\n"
 		"                     to exit, and exit with it)\n"
@@ -123,7 +131,8 @@ void hq_help_restore(FILE *f)
 		"  -v, --verbose      the engine's log on stderr\n\n"
 		"SIGINT or SIGTERM during the restore stops QEMU: the guest cannot run without\n"
 		"its memory. If " PROG " is killed outright, the guest blocks (it never\n"
-		"reads memory that was not restored).\n"
+		"reads memory that was not restored) until '" PROG " restore --attach' takes\n"
+		"over.\n"
 		"Exit status: QEMU's (0 with --detach) once restored; 1 failed, 2 usage,\n"
 		"77 the kernel or QEMU lacks a needed feature.\n");
 }
@@ -139,6 +148,7 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 		{ "read-latency", required_argument, NULL, 'L' },
 		{ "trace", required_argument, NULL, 'T' },
 		{ "qemu-log", required_argument, NULL, 'O' },
+		{ "attach", required_argument, NULL, 'A' },
 		{ "json", no_argument, NULL, 'j' },
 		{ "quiet", no_argument, NULL, 'q' },
 		{ "verbose", no_argument, NULL, 'v' },
@@ -185,6 +195,13 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 		case 'O':
 			p->qemu_log = optarg;
 			break;
+		case 'A':
+			if (hq_parse_size(optarg, &v) || !v || v > INT32_MAX) {
+				hq_errorf("restore: --attach '%s': the pid of a QEMU", optarg);
+				return -1;
+			}
+			p->attach = (pid_t)v;
+			break;
 		case 'h':
 			hq_help_restore(stdout);
 			exit(EXIT_OK);
@@ -199,6 +216,20 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 		return -1;
 	}
 	p->path = argv[optind];
+	if (p->attach) {
+		/* The QEMU runs already: its command line is its own. */
+		if (dd < argc) {
+			hq_errorf("restore: --attach takes the QEMU that runs already: no '--' and "
+				  "QEMU arguments");
+			return -1;
+		}
+		if (p->detach || p->qemu_log) {
+			hq_errorf("restore: --attach leaves QEMU running once memory is in: no "
+				  "--detach or --qemu-log");
+			return -1;
+		}
+		return 0;
+	}
 	if (dd >= argc - 1) {
 		hq_errorf("restore: QEMU's command line missing after '--'");
 		return -1;
@@ -502,17 +533,14 @@ static int match_regions(struct restore_run *r)
 	return 0;
 }
 
-/* Match the file's regions with this QEMU's RAM and empty it. */
-static int prepare_ram(struct restore_run *r, struct halite_restore_region *reg)
+/*
+ * This QEMU is the file's machine (type, vCPUs, RAM regions of the same
+ * sizes, not on hugetlbfs); @reg gets the engine's regions.
+ */
+static int check_vm(struct restore_run *r, struct halite_restore_region *reg)
 {
-	char st[32];
 	int ret;
 
-	ret = hq_vm_status(&r->vm, st, sizeof(st));
-	if (ret)
-		return fail(r, ret, r->vm.err, NULL);
-	if (strcmp(st, "inmigrate"))
-		return fail(r, -HALITE_E_STATE, "QEMU is not waiting for an incoming state", st);
 	if (strcmp(r->vm.machine, r->file_machine)) {
 		snprintf(r->err, sizeof(r->err), "the file was saved on machine type %s, this "
 			 "QEMU runs %s: give the same -machine as at save", r->file_machine,
@@ -539,6 +567,29 @@ static int prepare_ram(struct restore_run *r, struct halite_restore_region *reg)
 				 "tmpfs", g->block);
 			return -HALITE_E_UNSUPPORTED;
 		}
+		reg[i] = (struct halite_restore_region){
+			.name = g->name, .host = g->host, .length = g->length,
+			.kind = HALITE_MEM_SHARED, .fd = g->fd, .fd_offset = g->fd_offset,
+		};
+	}
+	return 0;
+}
+
+/* Match the file's regions with this QEMU's RAM and empty it. */
+static int prepare_ram(struct restore_run *r, struct halite_restore_region *reg)
+{
+	char st[32];
+	int ret;
+
+	ret = hq_vm_status(&r->vm, st, sizeof(st));
+	if (ret)
+		return fail(r, ret, r->vm.err, NULL);
+	if (strcmp(st, "inmigrate"))
+		return fail(r, -HALITE_E_STATE, "QEMU is not waiting for an incoming state", st);
+	ret = check_vm(r, reg);
+	for (uint32_t i = 0; i < r->vm.nregions && !ret; i++) {
+		struct hq_region *g = &r->vm.regions[i];
+
 		/*
 		 * Nothing QEMU may have written while starting survives: a page
 		 * present now would never fault and keep its bytes.
@@ -549,12 +600,8 @@ static int prepare_ram(struct restore_run *r, struct halite_restore_region *reg)
 				 g->name, strerror(errno));
 			return -errno;
 		}
-		reg[i] = (struct halite_restore_region){
-			.name = g->name, .host = g->host, .length = g->length,
-			.kind = HALITE_MEM_SHARED, .fd = g->fd, .fd_offset = g->fd_offset,
-		};
 	}
-	return 0;
+	return ret;
 }
 
 static int start_restore(struct restore_run *r, const struct halite_restore_region *reg)
@@ -562,11 +609,17 @@ static int start_restore(struct restore_run *r, const struct halite_restore_regi
 	HALITE_OPTS(halite_restore_opts, o);
 	int ret;
 
-	r->uffd = hq_vm_uffd(&r->vm, &r->remote_uffd);
+	/*
+	 * Taking over: the userfaultfd the dead handler had QEMU make, still
+	 * QEMU's, with the registration on it. Else a new one, made inside QEMU.
+	 */
+	r->uffd = r->p.attach ? hq_vm_find_uffd(&r->vm, &r->remote_uffd) :
+		  hq_vm_uffd(&r->vm, &r->remote_uffd);
 	if (r->uffd < 0)
 		return fail(r, r->uffd, r->vm.err, NULL);
 	o.flags = (r->p.track ? HALITE_RESTORE_TRACK_ACCESS : 0) |
-		  (r->p.no_prefetch ? HALITE_RESTORE_NO_PREFETCH : 0);
+		  (r->p.no_prefetch ? HALITE_RESTORE_NO_PREFETCH : 0) |
+		  (r->p.attach ? HALITE_RESTORE_ATTACH : 0);
 	o.read_latency_us = r->p.read_latency_us;
 	o.vcpu_tids = r->vm.vcpu_tids;
 	o.nvcpus = r->vm.nvcpus;
@@ -735,6 +788,62 @@ static int explain_failure(struct restore_run *r, int ret)
 	return ret;
 }
 
+/*
+ * --attach: the QEMU whose restore lost its handler (halite-qemu restore
+ * killed). Its QMP sockets are on its command line; the userfaultfd, with
+ * the registration, is still QEMU's (start_restore() takes it and the
+ * engine takes the restore over: what is in stays, the rest comes, the
+ * faults the dead handler had read are raised again). Device state: loaded
+ * already, or, if the handler died before it asked for the load, loaded
+ * now; one cut short cannot be loaded again (QEMU ends such a load).
+ */
+static int take_over(struct restore_run *r, struct halite_restore_region *reg)
+{
+	static const char *const need[] = { "query-cpus-fast", "human-monitor-command",
+					    "migrate-incoming", "query-migrate", "cont", NULL };
+	char socks[8][108], st[32];
+	const char *mst;
+	cJSON *mig = NULL;
+	int n, ret = -ENOENT;
+
+	n = hq_qmp_sockets(r->p.attach, socks, 8);
+	for (int i = 0; i < n; i++) {
+		/* One that another client holds answers nothing: the next one. */
+		ret = hq_vm_attach(&r->vm, socks[i], 1000, need);
+		if (!ret && r->vm.pid == r->p.attach)
+			break;
+		if (!ret)
+			ret = -EPROTO;
+		hq_vm_release(&r->vm);
+	}
+	if (ret) {
+		snprintf(r->err, sizeof(r->err), "QEMU (pid %d): %s", (int)r->p.attach, n ?
+			 "none of its QMP unix sockets answered (another client on each?)" :
+			 "no QMP unix socket on its command line (is it a QEMU?)");
+		return ret;
+	}
+	hq_qmp_set_abort(r->vm.qmp, give_up, r);
+	r->t_qmp = hq_now_ns();
+	ret = hq_vm_status(&r->vm, st, sizeof(st));
+	if (ret)
+		return fail(r, ret, r->vm.err, NULL);
+	ret = check_vm(r, reg);
+	if (!ret)
+		ret = start_restore(r, reg);
+	if (ret || strcmp(st, "inmigrate"))
+		return ret;
+	ret = hq_qmp_call(r->vm.qmp, "query-migrate", NULL, &mig, HQ_QMP_TIMEOUT_MS);
+	if (ret)
+		return fail(r, ret, "query-migrate", hq_qmp_errmsg(r->vm.qmp));
+	mst = cJSON_GetStringValue(cJSON_GetObjectItem(mig, "status"));
+	ret = !mst || !strcmp(mst, "none") ? 0 : -HALITE_E_STATE;
+	if (ret)
+		fail(r, ret, "QEMU was loading the device state when the handler died, and cannot "
+		     "load it again: stop it, and restore anew", mst);
+	cJSON_Delete(mig);
+	return ret ? ret : load_devices(r);
+}
+
 static int run(struct restore_run *r)
 {
 	struct halite_restore_region reg[HQ_MAX_REGIONS];
@@ -748,17 +857,24 @@ static int run(struct restore_run *r)
 	if (!mkdtemp(tmpl))
 		return fail(r, -errno, "mkdtemp", strerror(errno));
 	snprintf(r->dir, sizeof(r->dir), "%s", tmpl);
-	ret = spawn_qemu(r);
-	if (!ret)
-		ret = attach_qemu(r);
-	if (!ret)
-		r->t_qmp = hq_now_ns();
-	if (!ret)
-		ret = prepare_ram(r, reg);
-	if (!ret)
-		ret = start_restore(r, reg);
-	if (!ret)
-		ret = load_devices(r);
+	if (r->p.attach) {
+		ret = take_over(r, reg);
+	} else {
+		ret = spawn_qemu(r);
+		if (!ret)
+			ret = attach_qemu(r);
+		if (!ret)
+			r->t_qmp = hq_now_ns();
+		if (!ret)
+			ret = prepare_ram(r, reg);
+		if (!ret)
+			ret = start_restore(r, reg);
+		/* Test fault die-before-load: the handler killed with the device state not loaded. */
+		if (!ret && hq_fault("die-before-load"))
+			raise(SIGKILL);
+		if (!ret)
+			ret = load_devices(r);
+	}
 	if (ret)
 		return explain_failure(r, ret);
 	/* cont, confirmed by query-status (a cont whose reply is lost may have run or not). */
@@ -813,6 +929,7 @@ static void report(const struct restore_run *r, int ret)
 		       PRIu64 ", \"lb_retries\": %" PRIu64 ", \"bytes_read\": %" PRIu64
 		       ", \"mb_total\": %" PRIu64 ", \"mb_fault\": %" PRIu64 ", \"mb_pool\": %" PRIu64
 		       ", \"mb_prefetch\": %" PRIu64 ", \"mb_zero\": %" PRIu64
+		       ", \"mb_present\": %" PRIu64 ", \"attached\": %s"
 		       ", \"vm_access_pct\": %.2f, \"paused\": %s, \"run_state\": \"%s\", "
 		       "\"saved_run_state\": \"%s\", \"detached\": %s}\n",
 		       ms(r->t0, r->t_qmp), ms(r->t0, r->t_ready),
@@ -821,7 +938,8 @@ static void report(const struct restore_run *r, int ret)
 		       st->faults_zero, st->faults_cached, (double)st->fault_p50_ns / 1e3,
 		       (double)st->fault_p99_ns / 1e3, st->lb_total, st->lb_demand,
 		       st->lb_prefetch, st->lb_retries, st->bytes_read, st->mb_total, st->mb_fault,
-		       st->mb_pool, st->mb_prefetch, st->mb_zero, st->vm_access_pct,
+		       st->mb_pool, st->mb_prefetch, st->mb_zero, st->mb_present,
+		       r->p.attach ? "true" : "false", st->vm_access_pct,
 		       r->paused ? "true" : "false", r->paused ? "paused" : "running",
 		       r->file_paused ? "paused" : "running", r->p.detach ? "true" : "false");
 		fflush(stdout);
@@ -841,6 +959,9 @@ static void report(const struct restore_run *r, int ret)
 	       PRIu64 " prefetch), %s read\n", ms(r->t_resume, r->t_done) / 1e3,
 	       hq_bytes(r->mem_bytes, a, sizeof(a)), st->lb_total, st->lb_demand, st->lb_prefetch,
 	       hq_bytes(st->bytes_read, (char[32]){ 0 }, 32));
+	if (r->p.attach)
+		printf("  taken over     %" PRIu64 " memory blocks were in already and kept\n",
+		       st->mb_present);
 	printf("  faults         %" PRIu64 " (vCPUs %" PRIu64 ", zero %" PRIu64 ", from an LB in "
 	       "memory %" PRIu64 "), service p50 %.0f us, p99 %.0f us\n", st->faults,
 	       st->faults_vcpu, st->faults_zero, st->faults_cached,
@@ -899,7 +1020,8 @@ int hq_cmd_restore(int argc, char **argv)
 			 r->p.detach && !r->p.qemu_log ? "; its messages below" : "");
 	}
 	if (ret)
-		hq_errorf("restore: %s", r->err);
+		hq_errorf("restore: %s%s", r->err, !r->p.attach || r->uffd < 0 ? "" :
+			  " (QEMU is left as it was: its guest waits for the memory it lacks)");
 	if (ret && r->p.detach && !r->p.qemu_log && r->dir[0])
 		show_qemu_log(r);
 	report(r, ret);

@@ -8,6 +8,7 @@
  * shared/design/qemu-integration.md (checked on QEMU 7.2).
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -687,6 +688,125 @@ int hq_vm_uffd(struct hq_vm *vm, int *remote)
 	else
 		*remote = (int)res;
 	return fd;
+}
+
+int hq_vm_find_uffd(struct hq_vm *vm, int *remote)
+{
+	char dir[64], path[64 + 256], link[64], err[512];
+	struct dirent *e;
+	int found = -1, n = 0, fd;
+	DIR *d;
+
+	snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)vm->pid);
+	d = opendir(dir);
+	if (!d) {
+		hq_vmsetf(vm, "%s: %s", dir, strerror(errno));
+		return -errno;
+	}
+	while ((e = readdir(d))) {
+		ssize_t k;
+
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+		k = readlink(path, link, sizeof(link) - 1);
+		if (k <= 0)
+			continue;
+		link[k] = '\0';
+		if (!strcmp(link, "anon_inode:[userfaultfd]")) {
+			found = atoi(e->d_name);
+			n++;
+		}
+	}
+	closedir(d);
+	if (!n) {
+		hq_vmsetf(vm, "QEMU (pid %d) holds no userfaultfd: not a halite-qemu restore, or "
+			  "one that finished", (int)vm->pid);
+		return -ENOENT;
+	}
+	if (n > 1) {
+		hq_vmsetf(vm, "QEMU (pid %d) holds %d userfaultfds: which one is the restore's is "
+			  "not known", (int)vm->pid, n);
+		return -EEXIST;
+	}
+	fd = hq_fd_from_process(vm->pid, found, err, sizeof(err));
+	if (fd < 0) {
+		hq_vmsetf(vm, "%s", err);
+		return fd;
+	}
+	*remote = found;
+	return fd;
+}
+
+/* "KEY=VALUE" in a comma-separated option list, into @out. */
+static bool opt_value(const char *opts, const char *key, char *out, size_t len)
+{
+	size_t kl = strlen(key);
+
+	for (const char *p = opts; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+		if (!strncmp(p, key, kl) && p[kl] == '=') {
+			size_t n = strcspn(p + kl + 1, ",");
+
+			snprintf(out, len, "%.*s", (int)n, p + kl + 1);
+			return true;
+		}
+	return false;
+}
+
+int hq_qmp_sockets(pid_t pid, char (*paths)[108], int max)
+{
+	char path[64], *buf = NULL, *argv[4096];
+	size_t cap = 0, used = 0;
+	int fd, argc = 0, n = 0;
+	ssize_t k;
+
+	snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	do {
+		if (used + 4096 > cap) {
+			char *b = realloc(buf, cap + 65536);
+
+			if (!b)
+				break;
+			buf = b;
+			cap += 65536;
+		}
+		k = read(fd, buf + used, cap - used - 1);
+		if (k > 0)
+			used += (size_t)k;
+	} while (k > 0);
+	close(fd);
+	if (!buf)
+		return 0;
+	buf[used] = '\0';
+	for (size_t i = 0; i < used && argc < 4096; i += strlen(buf + i) + 1)
+		argv[argc++] = buf + i;
+	/* Last first: a later socket is more likely ours and free. */
+	for (int i = argc - 2; i >= 0 && n < max; i--) {
+		const char *a = argv[i][0] == '-' && argv[i][1] == '-' ? argv[i] + 1 : argv[i];
+
+		if (!strcmp(a, "-qmp") && !strncmp(argv[i + 1], "unix:", 5)) {
+			snprintf(paths[n++], 108, "%.*s", (int)strcspn(argv[i + 1] + 5, ","),
+				 argv[i + 1] + 5);
+		} else if (!strcmp(a, "-mon")) {
+			char id[64], mode[32], cid[64], sock[108];
+
+			if (!opt_value(argv[i + 1], "chardev", id, sizeof(id)) ||
+			    !opt_value(argv[i + 1], "mode", mode, sizeof(mode)) ||
+			    strcmp(mode, "control"))
+				continue;
+			for (int j = 0; j + 1 < argc; j++)
+				if (!strcmp(argv[j], "-chardev") &&
+				    !strncmp(argv[j + 1], "socket,", 7) &&
+				    opt_value(argv[j + 1], "id", cid, sizeof(cid)) && !strcmp(cid, id) &&
+				    opt_value(argv[j + 1], "path", sock, sizeof(sock)) && n < max)
+					snprintf(paths[n++], 108, "%s", sock);
+		}
+	}
+	free(buf);
+	return n;
 }
 
 int hq_vm_close_remote(struct hq_vm *vm, int remote)
