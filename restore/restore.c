@@ -1964,18 +1964,9 @@ static void refuse_discards(struct halite_restore *r)
 
 static void allow_discards(struct halite_restore *r)
 {
-	for (uint32_t i = 0; i < r->nregions; i++) {
-		struct rregion *g = &r->regions[i];
-		int ret;
-
-		if (!g->discards_refused)
-			continue;
-		g->discards_refused = false;
-		ret = halite_discard_allow(g->fd);
-		if (ret)
-			halite_logf(&r->log, HALITE_LOG_WARN, "region '%s': its file still refuses "
-				    "hole punches (%s): chattr -a it", g->name, strerror(-ret));
-	}
+	for (uint32_t i = 0; i < r->nregions; i++)
+		halite_discard_release(r->regions[i].fd, &r->regions[i].discards_refused, &r->log,
+				       r->regions[i].name);
 }
 
 /*

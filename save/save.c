@@ -1650,18 +1650,9 @@ HALITE_EXPORT int halite_save_set_meta(struct halite_save *s, const char *key, c
 /* The regions' files may lose pages again. */
 static void allow_discards(struct halite_save *s)
 {
-	for (uint32_t i = 0; i < s->nregions; i++) {
-		struct sregion *r = &s->regions[i];
-		int ret;
-
-		if (!r->discards_refused)
-			continue;
-		r->discards_refused = false;
-		ret = halite_discard_allow(r->fd);
-		if (ret)
-			halite_logf(&s->log, HALITE_LOG_WARN, "region '%s': its file still refuses "
-				    "hole punches (%s): chattr -a it", r->name, strerror(-ret));
-	}
+	for (uint32_t i = 0; i < s->nregions; i++)
+		halite_discard_release(s->regions[i].fd, &s->regions[i].discards_refused, &s->log,
+				       s->regions[i].name);
 }
 
 /*

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "discard.h"
+#include "log_internal.h"
 
 #define OWNER_XATTR "user.halite.nodiscard"
 
@@ -116,6 +117,20 @@ int halite_discard_allow(int fd)
 		ret = -errno;
 	fremovexattr(fd, OWNER_XATTR);
 	return ret;
+}
+
+void halite_discard_release(int fd, bool *refused, const struct halite_logger *log,
+			    const char *name)
+{
+	int ret;
+
+	if (!*refused)
+		return;
+	*refused = false;
+	ret = halite_discard_allow(fd);
+	if (ret)
+		halite_logf(log, HALITE_LOG_WARN, "region '%s': its file still refuses hole punches "
+			    "(%s): chattr -a it", name, strerror(-ret));
 }
 
 int halite_discard_reclaim(int fd, pid_t *owner)

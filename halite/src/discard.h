@@ -39,6 +39,14 @@ int halite_discard_refuse(int fd, bool *ours);
 /* Undo halite_discard_refuse() (when it said ours). 0 or -errno. */
 int halite_discard_allow(int fd);
 
+struct halite_logger;
+/*
+ * An engine's end for one region: when *@refused, undo the refusal, clear
+ * *@refused, and log a warning naming region @name if the flag stays.
+ */
+void halite_discard_release(int fd, bool *refused, const struct halite_logger *log,
+			    const char *name);
+
 /*
  * Before a file is opened for writing (an append-only file refuses O_RDWR
  * without O_APPEND): clear a refusal whose engine died. 0 when the file is

@@ -2,9 +2,10 @@
 /*
  * tests/reliability: small programs against the public API, one per way the
  * engines were seen to lose data, hang or crash (issue 12). Each case is a
- * function; CHECK() records a failure and goes on; main() ends with
- * rel_result(). Everything that faults on guest memory runs under an alarm,
- * so a hung engine fails the test instead of hanging the runner.
+ * function; CHECK() (tests/check.h) records a failure and goes on; main()
+ * ends with check_result(). Everything that faults on guest memory runs
+ * under an alarm, so a hung engine fails the test instead of hanging the
+ * runner.
  */
 #ifndef HALITE_TESTS_REL_H
 #define HALITE_TESTS_REL_H
@@ -34,23 +35,11 @@
 
 #include <halite/halite.h>
 
+#include "check.h"
 #include "test_util.h"
 
 #define REL_PAGE 4096u
 #define REL_MB (2 * REL_PAGE)
-
-static int rel_failures;
-
-#define CHECK(cond, ...)                                                               \
-	do {                                                                           \
-		if (!(cond)) {                                                         \
-			printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);        \
-			printf(__VA_ARGS__);                                           \
-			printf("\n");                                                  \
-			fflush(stdout);                                                \
-			rel_failures++;                                                \
-		}                                                                      \
-	} while (0)
 
 /* Dies: a step the rest of the case cannot go on without. */
 #define REQUIRE(cond, ...)                                                             \
@@ -63,10 +52,18 @@ static int rel_failures;
 		}                                                                      \
 	} while (0)
 
-static inline int rel_result(void)
+/*
+ * Whether case @name was asked for on the command line (all are when none
+ * is named).
+ */
+static inline bool rel_wanted(int argc, char **argv, const char *name)
 {
-	printf("%s\n", rel_failures ? "FAIL" : "PASS");
-	return rel_failures ? 1 : 0;
+	if (argc < 2)
+		return true;
+	for (int i = 1; i < argc; i++)
+		if (!strcmp(argv[i], name))
+			return true;
+	return false;
 }
 
 static inline uint64_t rel_now_ms(void)

@@ -566,37 +566,27 @@ static void case_attach(bool shared)
 	owner_stop(&ow);
 }
 
-static bool wanted(int argc, char **argv, const char *name)
-{
-	if (argc < 2)
-		return true;
-	for (int i = 1; i < argc; i++)
-		if (!strcmp(argv[i], name))
-			return true;
-	return false;
-}
-
 int main(int argc, char **argv)
 {
 	rel_begin("test_rel_restore");
 	g_seed = t_seed("test_rel_restore");
 	make_snapshot();
-	if (wanted(argc, argv, "straddle")) {
+	if (rel_wanted(argc, argv, "straddle")) {
 		case_straddle(false);
 		case_straddle(true);
 	}
-	if (wanted(argc, argv, "enoent"))
+	if (rel_wanted(argc, argv, "enoent"))
 		case_enoent();
-	if (wanted(argc, argv, "discard")) {
+	if (rel_wanted(argc, argv, "discard")) {
 		case_discard_demand();
 		case_discard_prefetch();
 	}
-	if (wanted(argc, argv, "attach")) {
+	if (rel_wanted(argc, argv, "attach")) {
 		case_attach(false);
 		case_attach(true);
 	}
-	if (wanted(argc, argv, "free"))
+	if (rel_wanted(argc, argv, "free"))
 		case_free();
 	unlink(g_path);
-	return rel_result();
+	return check_result();
 }

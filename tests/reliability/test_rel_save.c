@@ -407,31 +407,21 @@ static void case_punch_detected(void)
 	free(p);
 }
 
-static bool wanted(int argc, char **argv, const char *name)
-{
-	if (argc < 2)
-		return true;
-	for (int i = 1; i < argc; i++)
-		if (!strcmp(argv[i], name))
-			return true;
-	return false;
-}
-
 int main(int argc, char **argv)
 {
 	rel_begin("test_rel_save");
 	g_seed = t_seed("test_rel_save");
-	if (wanted(argc, argv, "busy")) {
+	if (rel_wanted(argc, argv, "busy")) {
 		case_busy(false);
 		case_busy(true);
 	}
-	if (wanted(argc, argv, "failed"))
+	if (rel_wanted(argc, argv, "failed"))
 		case_failed();
-	if (wanted(argc, argv, "discard"))
+	if (rel_wanted(argc, argv, "discard"))
 		case_discard();
-	if (wanted(argc, argv, "punch")) {
+	if (rel_wanted(argc, argv, "punch")) {
 		case_punch_refused();
 		case_punch_detected();
 	}
-	return rel_result();
+	return check_result();
 }

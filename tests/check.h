@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tests/qemu's plain test programs: CHECK(cond, fmt, ...) prints a failure
- * with its place and goes on; main() ends with check_result().
+ * The plain test programs (tests/qemu, tests/reliability): CHECK(cond, fmt,
+ * ...) prints a failure with its place and goes on; main() ends with
+ * check_result().
  */
-#ifndef HALITE_TESTS_QEMU_CHECK_H
-#define HALITE_TESTS_QEMU_CHECK_H
+#ifndef HALITE_TESTS_CHECK_H
+#define HALITE_TESTS_CHECK_H
 
 #include <stdio.h>
 
