@@ -197,6 +197,16 @@ static inline bool rel_read_word(void *p, uint64_t *v, unsigned ms)
 	return true;
 }
 
+/* Bytes of @p that are not zero. */
+static inline size_t rel_nonzero(const uint8_t *p, size_t len)
+{
+	size_t n = 0;
+
+	for (size_t i = 0; i < len; i++)
+		n += p[i] != 0;
+	return n;
+}
+
 /* Send / receive one descriptor over a unix socket. */
 static inline int rel_send_fd(int sock, int fd)
 {

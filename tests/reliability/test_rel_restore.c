@@ -90,14 +90,6 @@ static size_t diff_bytes(const uint8_t *mem, size_t lo, size_t hi, size_t skip_l
 	return n;
 }
 
-static size_t nonzero_bytes(const uint8_t *p, size_t len)
-{
-	size_t n = 0;
-
-	for (size_t i = 0; i < len; i++)
-		n += p[i] != 0;
-	return n;
-}
 
 /* ---- straddle ---- */
 
@@ -207,7 +199,7 @@ static void case_discard_demand(void)
 	CHECK(rel_read_word(mem + a, &v, 10000) && v == img_word(a), "discard: block a, first page");
 	CHECK(rel_read_word(mem + a + REL_PAGE, &v, 10000) && v == 0,
 	      "discard: block a, discarded page reads %llx, not zero", (unsigned long long)v);
-	CHECK(nonzero_bytes(mem + a + REL_PAGE, REL_PAGE) == 0, "discard: block a page 2");
+	CHECK(rel_nonzero(mem + a + REL_PAGE, REL_PAGE) == 0, "discard: block a page 2");
 	CHECK(!memcmp(mem + a, g_image + a, REL_PAGE), "discard: block a page 1 bytes");
 
 	/* Block b: installed, then wholly discarded: zeros, never the snapshot again. */
@@ -215,7 +207,7 @@ static void case_discard_demand(void)
 	REQUIRE(!madvise(mem + b, REL_MB, MADV_DONTNEED), "madvise");
 	CHECK(rel_read_word(mem + b + REL_PAGE, &v, 10000) && v == 0, "discard: block b after, %llx",
 	      (unsigned long long)v);
-	CHECK(nonzero_bytes(mem + b, REL_MB) == 0, "discard: block b bytes");
+	CHECK(rel_nonzero(mem + b, REL_MB) == 0, "discard: block b bytes");
 
 	/* Block c: installed, then its second page discarded: the first keeps its bytes. */
 	CHECK(rel_read_word(mem + c, &v, 10000) && v == img_word(c), "discard: block c before");
@@ -231,8 +223,8 @@ static void case_discard_demand(void)
 	check_sums(&st, "discard (demand)");
 	CHECK(st.pages_discarded == 4, "discard: %llu pages discarded, want 4",
 	      (unsigned long long)st.pages_discarded);
-	CHECK(nonzero_bytes(mem + a + REL_PAGE, REL_PAGE) == 0 &&
-	      nonzero_bytes(mem + b, REL_MB) == 0 && nonzero_bytes(mem + c + REL_PAGE, REL_PAGE) == 0,
+	CHECK(rel_nonzero(mem + a + REL_PAGE, REL_PAGE) == 0 &&
+	      rel_nonzero(mem + b, REL_MB) == 0 && rel_nonzero(mem + c + REL_PAGE, REL_PAGE) == 0,
 	      "discard: discarded pages after done");
 	CHECK(diff_bytes(mem, 0, a + REL_PAGE, 0, 0) == 0 &&
 	      diff_bytes(mem, a + REL_MB, b, 0, 0) == 0 &&
@@ -281,8 +273,8 @@ static void case_discard_prefetch(void)
 	      (unsigned long long)st.pages_discarded);
 	CHECK(st.pages_unmapped == (u1 - u0) / REL_PAGE, "discard+: %llu pages unmapped",
 	      (unsigned long long)st.pages_unmapped);
-	CHECK(nonzero_bytes(mem + d0, d1 - d0) == 0, "discard+: %zu discarded bytes not zero",
-	      nonzero_bytes(mem + d0, d1 - d0));
+	CHECK(rel_nonzero(mem + d0, d1 - d0) == 0, "discard+: %zu discarded bytes not zero",
+	      rel_nonzero(mem + d0, d1 - d0));
 	CHECK(!memcmp(dst, g_image + m0, m1 - m0), "discard+: the moved range differs");
 	CHECK(diff_bytes(mem, 0, d0, 0, 0) == 0 && diff_bytes(mem, d1, u0, 0, 0) == 0 &&
 	      diff_bytes(mem, u1, m0, 0, 0) == 0 && diff_bytes(mem, m1, LEN, 0, 0) == 0,

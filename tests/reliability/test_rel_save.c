@@ -125,7 +125,6 @@ static bool touch_all(uint8_t *mem)
 	return true;
 }
 
-
 static size_t diff_count(const uint8_t *a, const uint8_t *b, size_t len)
 {
 	size_t n = 0;
@@ -135,14 +134,6 @@ static size_t diff_count(const uint8_t *a, const uint8_t *b, size_t len)
 	return n;
 }
 
-static size_t nonzero_bytes(const uint8_t *p, size_t len)
-{
-	size_t n = 0;
-
-	for (size_t i = 0; i < len; i++)
-		n += p[i] != 0;
-	return n;
-}
 
 /* A small, complete snapshot at @path (anything the reader accepts), and its bytes. */
 static uint8_t *write_old_file(const char *path, size_t *len)
@@ -302,7 +293,7 @@ static void case_discard(void)
 	memset(after + b, 0, REL_MB);
 	memset(after + c, 0, REL_MB);
 	CHECK(!memcmp(g.mem, after, LEN), "discard: guest memory after the save");
-	CHECK(nonzero_bytes(g.mem + b, REL_MB) == 0 && nonzero_bytes(g.mem + c, REL_MB) == 0,
+	CHECK(rel_nonzero(g.mem + b, REL_MB) == 0 && rel_nonzero(g.mem + c, REL_MB) == 0,
 	      "discard: discarded blocks hold bytes");
 	free(after);
 	guest_free(&g);
@@ -398,7 +389,7 @@ static void case_punch_detected(void)
 	CHECK(access(p, F_OK) && errno == ENOENT, "punch2: a file was left at the target");
 	/* The guest keeps what it did: its discard, and nothing else changed. */
 	CHECK(touch_all(g.mem), "punch2: touching memory after the failed save");
-	CHECK(nonzero_bytes(g.mem + a, REL_MB) == 0, "punch2: the punched block reads data");
+	CHECK(rel_nonzero(g.mem + a, REL_MB) == 0, "punch2: the punched block reads data");
 	CHECK(!memcmp(g.mem, g.snap, a) && !memcmp(g.mem + a + REL_MB, g.snap + a + REL_MB,
 						  done - a - REL_MB) &&
 	      !memcmp(g.mem + done + REL_MB, g.snap + done + REL_MB, LEN - done - REL_MB),
