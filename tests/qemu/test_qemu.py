@@ -914,8 +914,8 @@ def case_discard(work):
     d0, _, ok = src.digest()
     check(ok, f"source digest {d0}")
     path = os.path.join(work, "held.hlt")
-    # The first save, its registration held 6 s once armed (test fault point).
-    env = dict(os.environ, HALITE_QEMU_TEST_FAULT="hold-after-arm:6000")
+    # The first save, its registration held 10 s once armed (test fault point).
+    env = dict(os.environ, HALITE_QEMU_TEST_FAULT="hold-after-arm:10000")
     first = subprocess.Popen([hg.halite_qemu(), "save", "--qmp", src.qmp_path, "--json", "-q",
                               path], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env=env)
@@ -941,6 +941,8 @@ def case_discard(work):
     before = qemu_discard_failures(src)
     balloon_to(q, 448)
     during = qemu_discard_failures(src)
+    check(first.poll() is None and ram_registered(src), "the balloon inflated while the "
+          "save held (else the test proves nothing: a slow machine?)")
     check(during - before >= (64 << 20) // 4096 // 2,
           f"the balloon's discards during the save were refused ({during - before} reported "
           "by QEMU)")

@@ -522,12 +522,20 @@ static void case_attach(bool shared)
 	      what, (unsigned long long)atomic_load(&ow.res->touches));
 	kill(pid, SIGKILL);
 	REQUIRE(waitpid(pid, NULL, 0) == pid, "waitpid");
-	/* Nothing moves now: the owner's threads are blocked, none has finished. */
-	before = atomic_load(&ow.res->touches);
-	rel_sleep_us(300000);
+	/*
+	 * Without a handler the owner's threads run on only over pages already
+	 * in, until each meets one that is not: then nothing moves, and none
+	 * has finished. Settled: no touch for half a second.
+	 */
+	t0 = rel_now_ms();
+	do {
+		before = atomic_load(&ow.res->touches);
+		rel_sleep_us(500000);
+	} while (atomic_load(&ow.res->touches) != before && rel_now_ms() - t0 < 10000);
 	CHECK(atomic_load(&ow.res->touches) == before && atomic_load(&ow.res->passes) == 0,
-	      "%s: the owner ran on without a handler (%llu -> %llu touches)", what,
-	      (unsigned long long)before, (unsigned long long)atomic_load(&ow.res->touches));
+	      "%s: the owner ran on without a handler (%llu -> %llu touches, %llu passes)", what,
+	      (unsigned long long)before, (unsigned long long)atomic_load(&ow.res->touches),
+	      (unsigned long long)atomic_load(&ow.res->passes));
 	/* The new handler. */
 	o = (struct halite_restore_opts){ .sz = sizeof(o) };
 	o.owner_pid = ow.pid;
