@@ -1798,8 +1798,11 @@ HALITE_EXPORT struct halite_reader *halite_restore_reader(struct halite_restore 
  * the file range (the page cache, or swap: SEEK_DATA counts both). This
  * process's anonymous memory: mincore() sees pages mapped here (the zero
  * page of a read included); a page swapped out is not seen. Another
- * process's anonymous memory is the caller's to guarantee.
+ * process's anonymous memory: its page tables and swap, through
+ * /proc/PID/pagemap (which needs ptrace rights over it).
  */
+static int present_pages(struct halite_restore *r, const struct rregion *g, uint64_t *bits);
+
 static int check_unpopulated(struct halite_restore *r, const struct rregion *g)
 {
 	size_t vlen = MINCORE_CHUNK_PAGES;
@@ -1817,8 +1820,24 @@ static int check_unpopulated(struct halite_restore *r, const struct rregion *g)
 				     "a hole first)", g->name, ULL((uint64_t)d - g->fd_off));
 		return 0;
 	}
-	if (r->external)
-		return 0;
+	if (r->external) {
+		/* Another process's memory: its page tables and swap (/proc/PID/pagemap). */
+		uint64_t *bits = calloc(g->length / r->page / 64 + 1, sizeof(*bits));
+		int ret2;
+
+		if (!bits)
+			return -ENOMEM;
+		ret2 = present_pages(r, g, bits);
+		for (uint64_t p = 0; !ret2 && p < g->length / r->page; p++)
+			if (bits[p / 64] & (1ull << (p % 64)))
+				ret2 = rfail(r, -EEXIST, "region '%s': the page at offset %llu is "
+					     "already populated in process %d; a restore needs memory that "
+					     "was never touched", g->name, ULL(p * r->page),
+					     (int)r->o.owner_pid);
+		free(bits);
+		return ret2 < 0 && ret2 != -EEXIST ? rfail(r, ret2, "region '%s': which pages are "
+							  "populated (pagemap)", g->name) : ret2;
+	}
 	vec = malloc(vlen);
 	if (!vec)
 		return -ENOMEM;

@@ -39,6 +39,8 @@ struct hq_region {
 	int fd;		     /* the backing file, opened through /proc/PID/map_files */
 	uint64_t fd_offset;
 	bool hugetlb;
+	bool anon;	     /* private anonymous memory of QEMU (-m alone, memory-backend-ram):
+			      no file, fd -1 */
 };
 
 struct hq_vm {

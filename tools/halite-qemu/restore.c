@@ -510,6 +510,21 @@ static int match_regions(struct restore_run *r)
 		for (k = 0; k < r->vm.nregions; k++)
 			if (!strcmp(r->vm.regions[k].name, f->name))
 				break;
+		/*
+		 * Another backend, another name (mem0 at save, pc.ram for a plain
+		 * -m now): the same piece of guest-physical memory is the same RAM.
+		 */
+		for (uint32_t j = 0; k == r->vm.nregions && j < r->vm.nregions; j++) {
+			struct hq_region *g = &r->vm.regions[j];
+			bool taken = false;
+
+			for (uint32_t x = 0; x < r->file_nregions && !taken; x++)
+				taken = !strcmp(r->file_regions[x].name, g->name);
+			if (!taken && g->gpa == f->gpa && g->length == f->length) {
+				snprintf(g->name, sizeof(g->name), "%s", f->name);
+				k = j;
+			}
+		}
 		if (k == r->vm.nregions) {
 			snprintf(r->err, sizeof(r->err), "the file's guest RAM '%s' (%s) has no "
 				 "counterpart in this QEMU: give the same -m and memory backends as "
@@ -569,7 +584,8 @@ static int check_vm(struct restore_run *r, struct halite_restore_region *reg)
 		}
 		reg[i] = (struct halite_restore_region){
 			.name = g->name, .host = g->host, .length = g->length,
-			.kind = HALITE_MEM_SHARED, .fd = g->fd, .fd_offset = g->fd_offset,
+			.kind = g->anon ? HALITE_MEM_ANON : HALITE_MEM_SHARED, .fd = g->fd,
+			.fd_offset = g->fd_offset,
 		};
 	}
 	return 0;
@@ -592,8 +608,21 @@ static int prepare_ram(struct restore_run *r, struct halite_restore_region *reg)
 
 		/*
 		 * Nothing QEMU may have written while starting survives: a page
-		 * present now would never fault and keep its bytes.
+		 * present now would never fault and keep its bytes. Private memory
+		 * is dropped inside QEMU (an injected madvise), before it is
+		 * registered: registered, the drop would read as the guest's
+		 * discard.
 		 */
+		if (g->anon) {
+			ret = hq_drop_ptes(&r->vm, g->host, g->length);
+			if (ret) {
+				snprintf(r->err, sizeof(r->err), "emptying guest RAM %s: madvise inside "
+					 "QEMU: %s", g->name, ret < 0 && r->vm.err[0] ? r->vm.err :
+					 strerror(-ret));
+				return ret < 0 ? ret : -EIO;
+			}
+			continue;
+		}
 		if (fallocate(g->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
 			      (off_t)g->fd_offset, (off_t)g->length)) {
 			snprintf(r->err, sizeof(r->err), "emptying guest RAM %s: fallocate: %s",

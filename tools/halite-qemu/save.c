@@ -282,6 +282,14 @@ static int start(struct save_run *r)
 		ret = hq_vm_ram(&r->vm);
 	if (!ret)
 		ret = hq_vm_check_saveable(&r->vm);
+	for (uint32_t i = 0; !ret && i < r->vm.nregions; i++)
+		if (r->vm.regions[i].anon) {
+			hq_vmsetf(&r->vm, "guest RAM '%s' is private memory of QEMU, which a save "
+				  "cannot reach yet: give QEMU a shared backend, e.g. -object "
+				  "memory-backend-memfd,id=mem0,size=SIZE,share=on -machine "
+				  "memory-backend=mem0", r->vm.regions[i].block);
+			ret = -EINVAL;
+		}
 	if (!ret)
 		ret = hq_vm_status(&r->vm, r->status, sizeof(r->status));
 	if (ret)

@@ -261,12 +261,32 @@ static int open_region(struct hq_vm *vm, struct hq_region *g)
 			  g->host, (int)vm->pid);
 		return ret;
 	}
+	g->hugetlb = g->page_size > 4096;
+	if (g->anon) {
+		/*
+		 * Private anonymous memory (-m alone, memory-backend-ram): no file;
+		 * reached through the userfaultfd alone. Every page of it must be
+		 * in anonymous mappings of QEMU (THP or madvise may split them).
+		 */
+		for (uint64_t a = g->host; a < g->host + g->length; a = v.end) {
+			if (a != g->host && find_vma(vm->pid, a, &v)) {
+				hq_vmsetf(vm, "RAM %s: 0x%" PRIx64 " is not mapped in QEMU", g->name, a);
+				return -EPROTO;
+			}
+			if (v.shared || (v.path[0] && strcmp(v.path, "[heap]"))) {
+				hq_vmsetf(vm, "guest RAM '%s' is a private mapping of the file %s "
+					  "(memory-backend-file share=off): not supported; use share=on, "
+					  "or memory-backend-ram", g->block, v.path[0] ? v.path :
+					  "(shared anonymous)");
+				return -EINVAL;
+			}
+		}
+		return 0;
+	}
 	if (!v.shared) {
-		hq_vmsetf(vm, "guest RAM '%s' is private memory of QEMU, which another process "
-			  "cannot save or restore lazily: give QEMU a shared backend, e.g. "
-			  "-object memory-backend-memfd,id=mem0,size=SIZE,share=on "
-			  "-machine memory-backend=mem0", g->block);
-		return -EINVAL;
+		hq_vmsetf(vm, "guest RAM '%s' is a private mapping in QEMU, but its backend says "
+			  "shared", g->block);
+		return -EPROTO;
 	}
 	if (g->host + g->length > v.end) {
 		/* One mmap per RAM block; split VMAs of it map the same file in order. */
@@ -319,7 +339,6 @@ static int open_region(struct hq_vm *vm, struct hq_region *g)
 		return ret;
 	}
 	g->fd_offset = v.pgoff + (g->host - v.start);
-	g->hugetlb = g->page_size > 4096;
 	return 0;
 }
 
@@ -347,13 +366,14 @@ int hq_vm_ram(struct hq_vm *vm)
 	}
 	vm->nregions = 0;
 	/*
-	 * Guest RAM is the memory backends' blocks (idstr = backend id); the
-	 * small ROM blocks (pc.bios, ACPI tables) are rebuilt by QEMU from the
-	 * same command line and are not saved. Without a backend, RAM is the
-	 * private "pc.ram".
+	 * Guest RAM is the memory backends' blocks (idstr = backend id; -m
+	 * alone makes one too, "pc.ram", private); the small ROM blocks
+	 * (pc.bios, ACPI tables) are rebuilt by QEMU from the same command
+	 * line and are not saved.
 	 */
 	cJSON_ArrayForEach(d, devs) {
 		const char *id = cJSON_GetStringValue(cJSON_GetObjectItem(d, "id"));
+		uint32_t first = vm->nregions;
 		int i;
 
 		for (i = 0; id && i < n; i++)
@@ -361,24 +381,15 @@ int hq_vm_ram(struct hq_vm *vm)
 				break;
 		if (!id || i == n)
 			continue; /* a backend QEMU created but no RAM block uses */
-		if (!cJSON_IsTrue(cJSON_GetObjectItem(d, "share"))) {
-			hq_vmsetf(vm, "guest RAM '%s' is private memory of QEMU (a backend with "
-				  "share=off, or no backend), which another process cannot save or "
-				  "restore lazily: give QEMU a shared backend, e.g. -object "
-				  "memory-backend-memfd,id=mem0,size=SIZE,share=on "
-				  "-machine memory-backend=mem0", id);
-			ret = -EINVAL;
-			goto out;
-		}
 		ret = split_block(vm, &b[i], mtree);
 		if (ret)
 			goto out;
+		for (uint32_t k = first; k < vm->nregions; k++)
+			vm->regions[k].anon = !cJSON_IsTrue(cJSON_GetObjectItem(d, "share"));
 	}
 	if (!vm->nregions) {
-		hq_vmsetf(vm, "guest RAM is private memory of QEMU (no memory backend; "
-			  "RAM block pc.ram): start QEMU with -object memory-backend-memfd,id=mem0,"
-			  "size=SIZE,share=on -machine memory-backend=mem0");
-		ret = -EINVAL;
+		hq_vmsetf(vm, "QEMU reports no memory backend holding guest RAM (query-memdev)");
+		ret = -EPROTO;
 		goto out;
 	}
 	for (uint32_t i = 0; i < vm->nregions && !ret; i++)

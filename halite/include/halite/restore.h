@@ -41,9 +41,9 @@
  * Memory: each region must be mapped and never touched, private anonymous or
  * a shared mapping of memfd/tmpfs (not hugetlbfs), host-page aligned.
  * halite_restore_start() refuses memory with a page already populated
- * (shared memory: data in the file range; this process's anonymous memory:
- * mincore()), since such a page would never fault and keep its bytes; for
- * another process's anonymous memory that is the caller's to guarantee.
+ * (shared memory: data in the file range; anonymous memory: mincore() here,
+ * /proc/PID/pagemap for another process's), since such a page would never
+ * fault and keep its bytes.
  * Memory already registered with another userfaultfd (a save or restore of
  * it running) is refused with -EBUSY before anything changes.
  *
