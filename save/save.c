@@ -102,6 +102,7 @@
 #include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/vfs.h>
 #include <time.h>
 #include <unistd.h>
@@ -132,6 +133,12 @@ struct sregion {
 	uint64_t gpa, length;
 	uint64_t host;	 /* in the owner's address space; registered with userfaultfd */
 	int kind;	 /* enum halite_mem_kind */
+	/*
+	 * ANON of another process: where the owner's pages went at arm (in the
+	 * owner, remap callback), read from there; 0 once unmapped, or for
+	 * memory of this process.
+	 */
+	uint64_t aside;
 	int fd;		 /* SHARED: our dup of the file */
 	uint64_t fd_off;
 	/*
@@ -199,11 +206,15 @@ struct halite_save {
 	int uffd;
 	struct halite_gmem *gm;	/* every give-back, and the userfaultfd's events */
 	bool has_shared;
+	bool ext_anon;	   /* a region is another process's private memory */
+	/* Claimed blocks are copied into our shadow first (shared, ext_anon): COPYING. */
+	bool copy_in;
 	bool has_huge;	   /* a region is on hugetlbfs */
 	uint64_t max_page; /* the largest page size of any region */
 	bool *huge_claimed; /* serve_huge_fault(): blocks of one huge page it claimed */
 	int stop_fd;	   /* eventfd: wakes the fault thread */
 	int pagemap_fd;
+	int owner_pagemap_fd; /* ext_anon: the owner's /proc/PID/pagemap */
 	pthread_t fault_thr, bg_thr, writer_thr;
 	bool threads_started;
 	bool bg_started;
@@ -222,6 +233,7 @@ struct halite_save {
 	int state;
 	int error;
 	_Atomic bool stopping;	/* background and fault threads: wind down */
+	_Atomic bool arm_over;	/* halite_save_arm() has returned */
 	_Atomic bool walk_done;	/* no page-table page will be read any more */
 	_Atomic uint64_t last_fault_ns;
 	_Atomic bool in_fault;	/* the fault thread is serving one */
@@ -319,7 +331,12 @@ static int block_touched(struct halite_save *s, const struct sregion *r, uint64_
 		return (uint64_t)d < r->fd_off + off + s->mb_size;
 	}
 
-	got = pread(s->pagemap_fd, e, n * sizeof(e[0]), (off_t)((uintptr_t)p / 4096 * 8));
+	/* Private memory: the shadow here, or the pages moved aside in the owner. */
+	if (r->aside)
+		got = pread(s->owner_pagemap_fd, e, n * sizeof(e[0]),
+			    (off_t)((r->aside + off) / 4096 * 8));
+	else
+		got = pread(s->pagemap_fd, e, n * sizeof(e[0]), (off_t)((uintptr_t)p / 4096 * 8));
 	if (got != (ssize_t)(n * sizeof(e[0])))
 		return got < 0 ? -errno : -EIO;
 	for (uint32_t i = 0; i < n; i++)
@@ -370,7 +387,7 @@ static bool claim_block(struct halite_save *s, uint64_t mb)
 	uint8_t expect = CLAIM_FREE;
 
 	return atomic_compare_exchange_strong(&s->claim[mb], &expect,
-					      s->has_shared ? CLAIM_COPYING : CLAIM_READY);
+					      s->copy_in ? CLAIM_COPYING : CLAIM_READY);
 }
 
 static void wait_ready(struct halite_save *s, uint64_t mb)
@@ -445,6 +462,22 @@ static int read_huge(const struct sregion *r, uint64_t off, void *dst, uint64_t 
 }
 
 /*
+ * Another process's private memory: @len bytes at region offset @off of the
+ * pages it moved aside (nobody writes them: the guest has the range they
+ * came from), into @dst. 0 or -errno.
+ */
+static int read_aside(struct halite_save *s, const struct sregion *r, uint64_t off, void *dst,
+		      uint64_t len)
+{
+	struct iovec l = { dst, len }, rm = { (void *)(uintptr_t)(r->aside + off), len };
+	ssize_t n = process_vm_readv(s->o.owner_pid, &l, 1, &rm, 1, 0);
+
+	if (n == (ssize_t)len)
+		return 0;
+	return n < 0 ? -errno : -EIO;
+}
+
+/*
  * Shared memory whose file could not be made to refuse hole punches
  * (r->had_data): block @mb read with pread(), then every page that held data
  * at the snapshot instant must still hold data now. If the VMM punched one
@@ -493,6 +526,8 @@ static int copy_claimed(struct halite_save *s, const struct sregion *r, uint64_t
 
 	if (r->hpage)
 		ret = read_huge(r, off, r->shadow + off, n * s->mb_size);
+	else if (r->aside && touched > 0)
+		ret = read_aside(s, r, off, r->shadow + off, n * s->mb_size);
 	else if (r->kind == HALITE_MEM_SHARED && touched > 0 && r->had_data)
 		for (uint64_t i = 0; i < n && !ret; i++)
 			ret = copy_checked(s, r, mb + i);
@@ -668,10 +703,18 @@ static int serve_fault(struct halite_save *s, const struct uffd_msg *m)
 				   (unsigned long long)addr) : 0;
 	}
 	r = &s->regions[ri];
-	/* Always true: a fault needs the registration, which comes after. */
-	if (!atomic_load_explicit(&r->armed, memory_order_acquire))
-		return sfail(s, -HALITE_E_INTERNAL, "fault in region '%s' before it was armed",
-			     r->name);
+	/*
+	 * A fault needs the registration, which comes after the region is set
+	 * up, but for another process's private memory: registered before its
+	 * pages move aside, it can fault while the mremap runs in the owner,
+	 * which arm waits for, a few microseconds. If arm fails instead, its
+	 * undo wakes the thread.
+	 */
+	while (!atomic_load_explicit(&r->armed, memory_order_acquire)) {
+		if (atomic_load(&s->arm_over))
+			return 0;
+		sched_yield();
+	}
 	mb = r->first_mb + off / s->mb_size;
 	stream = stream_of_tid(s, m->arg.pagefault.feat.ptid);
 	if (r->hpage)
@@ -898,6 +941,9 @@ static int pt_read(void *ctx, uint64_t gpa, void *page)
 	touched = block_touched(s, r, mb);
 	if (touched < 0)
 		return touched;
+	/* Another process's: the pages it moved aside hold the snapshot, claimed or not. */
+	if (touched && r->aside)
+		return read_aside(s, r, off, page, 4096);
 	if (touched)
 		memcpy(page, r->shadow + off, 4096);
 	else
@@ -1392,6 +1438,15 @@ static int open_uffd(struct halite_save *s, uint64_t *missing)
 	uint64_t want = UFFD_FEATURE_THREAD_ID | HALITE_GMEM_EVENTS;
 	int ret;
 
+	/*
+	 * Another process's private memory moves aside with an mremap run in
+	 * it while the range is registered: with EVENT_REMAP that mremap would
+	 * take the registration along and wait for us to read its event. A
+	 * move of that memory by the guest is then not followed (QEMU does not
+	 * move guest RAM).
+	 */
+	if (s->ext_anon)
+		want &= ~(uint64_t)UFFD_FEATURE_EVENT_REMAP;
 	if (s->has_shared)
 		want |= UFFD_FEATURE_MINOR_SHMEM | UFFD_FEATURE_MISSING_SHMEM;
 	/* hugetlbfs faults report the huge page's address unless asked not to. */
@@ -1445,7 +1500,7 @@ HALITE_EXPORT int halite_save_create(struct halite_save **sp, const char *path,
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return -ENOMEM;
-	s->uffd = s->stop_fd = s->pagemap_fd = -1;
+	s->uffd = s->stop_fd = s->pagemap_fd = s->owner_pagemap_fd = -1;
 	pthread_mutex_init(&s->q_lock, NULL);
 	pthread_cond_init(&s->q_cond, NULL);
 	pthread_mutex_init(&s->st_lock, NULL);
@@ -1503,16 +1558,29 @@ HALITE_EXPORT int halite_save_create(struct halite_save **sp, const char *path,
 					    regions[i].fd);
 				goto err;
 			}
-		} else if (regions[i].kind != HALITE_MEM_ANON || s->o.owner_pid) {
-			ret = sfail(s, -EINVAL, "region '%s': %s", regions[i].name,
-				    s->o.owner_pid ? "memory of another process must be shared "
-						     "(memfd, tmpfs)" : "unknown memory kind");
+		} else if (regions[i].kind != HALITE_MEM_ANON) {
+			ret = sfail(s, -EINVAL, "region '%s': unknown memory kind", regions[i].name);
 			goto err;
+		} else if (s->o.owner_pid) {
+			s->ext_anon = true;
 		}
 	}
-	if (s->o.owner_pid && (!s->o.drop_ptes || s->o.owner_uffd < 0)) {
-		ret = sfail(s, -EINVAL, "another process's memory needs owner_uffd and drop_ptes");
+	s->copy_in = s->has_shared || s->ext_anon;
+	if (s->o.owner_pid && (s->o.owner_uffd < 0 || (s->has_shared && !s->o.drop_ptes) ||
+			       (s->ext_anon && (!s->o.remap || !s->o.unmap)))) {
+		ret = sfail(s, -EINVAL, "another process's memory needs owner_uffd, drop_ptes "
+			    "for shared memory, remap and unmap for private memory");
 		goto err;
+	}
+	if (s->ext_anon) {
+		char pm[64];
+
+		snprintf(pm, sizeof(pm), "/proc/%d/pagemap", (int)s->o.owner_pid);
+		s->owner_pagemap_fd = open(pm, O_RDONLY | O_CLOEXEC);
+		if (s->owner_pagemap_fd < 0) {
+			ret = sfail(s, -errno, "%s", pm);
+			goto err;
+		}
 	}
 	wo.codec = s->o.codec;
 	wo.level = s->o.level;
@@ -1545,9 +1613,19 @@ HALITE_EXPORT int halite_save_create(struct halite_save **sp, const char *path,
 		r->nmb = r->length / s->mb_size;
 		if (r->kind == HALITE_MEM_SHARED) {
 			ret = map_view(s, r);
-			if (ret)
-				goto err;
+		} else if (s->o.owner_pid) {
+			/* Claimed blocks are copied here from the owner's pages moved aside. */
+			void *sh = mmap(NULL, r->length, PROT_READ | PROT_WRITE,
+					MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+
+			if (sh == MAP_FAILED)
+				ret = sfail(s, -errno, "region '%s': a shadow of %llu bytes", r->name,
+					    (unsigned long long)r->length);
+			else
+				r->shadow = sh;
 		}
+		if (ret)
+			goto err;
 	}
 	if (s->mb_size / 4096 > SAVE_PAGES_MAX) {
 		ret = sfail(s, -EINVAL, "memory blocks of more than %u pages", SAVE_PAGES_MAX);
@@ -1698,7 +1776,19 @@ static void disarm_regions(struct halite_save *s, uint32_t n)
 			ioctl(s->uffd, UFFDIO_UNREGISTER, &rg);
 			r->registered = false;
 		}
-		if (r->shadow && r->kind == HALITE_MEM_ANON) {
+		if (r->aside) {
+			/* Another process's: its pages go back inside it, over the empty range. */
+			uint64_t res;
+			int ret = s->o.remap(s->o.drop_ctx, r->aside, r->length, r->host, &res);
+
+			if (ret)
+				halite_logf(&s->log, HALITE_LOG_ERROR, "region '%s': moving process %d's "
+					    "pages back from 0x%llx: %s; they are still there", r->name,
+					    (int)s->o.owner_pid, (unsigned long long)r->aside,
+					    strerror(-ret));
+			else
+				r->aside = 0;
+		} else if (r->shadow && r->kind == HALITE_MEM_ANON && !s->o.owner_pid) {
 			/* Nothing was touched yet: move the pages straight back. */
 			mremap(r->shadow, r->length, r->length, MREMAP_MAYMOVE | MREMAP_FIXED,
 			       (void *)(uintptr_t)r->host);
@@ -1716,9 +1806,8 @@ static int arm_region(struct halite_save *s, struct sregion *r)
 			       : UFFDIO_REGISTER_MODE_MISSING,
 	};
 	uint64_t need = 1ull << (shared ? _UFFDIO_CONTINUE : _UFFDIO_COPY);
-	int ret;
-
 	struct uffdio_range rg = { r->host, r->length };
+	int ret;
 
 	/*
 	 * Memory another userfaultfd has (a save or a restore of it running)
@@ -1736,8 +1825,29 @@ static int arm_region(struct halite_save *s, struct sregion *r)
 		return sfail(s, -errno, "region '%s': UFFDIO_REGISTER%s", r->name,
 			     shared ? " MINOR|MISSING (shared memory on tmpfs/memfd?)" : "");
 	}
+	r->registered = true;
+	if (!shared && s->o.owner_pid) {
+		/*
+		 * Another process's private memory: its pages move aside inside it
+		 * while the range stays registered, so that any access from now on
+		 * faults to us rather than finding a fresh zero page in the gap.
+		 * Without EVENT_REMAP (open_uffd()) the registration stays with the
+		 * range and the mremap does not wait for us.
+		 */
+		uint64_t aside = 0;
+		int ret2 = s->o.remap(s->o.drop_ctx, r->host, r->length, 0, &aside);
+
+		if (ret2 || !aside)
+			return sfail(s, ret2 ? ret2 : -EIO, "region '%s': moving the owner's pages "
+				     "aside (mremap MREMAP_DONTUNMAP inside process %d)", r->name,
+				     (int)s->o.owner_pid);
+		r->aside = aside;
+		atomic_store_explicit(&r->armed, true, memory_order_release);
+		goto registered;
+	}
 	if (ioctl(s->uffd, UFFDIO_UNREGISTER, &rg))
 		return sfail(s, -errno, "region '%s': UFFDIO_UNREGISTER", r->name);
+	r->registered = false;
 	if (!shared) {
 		/*
 		 * glibc's mremap() passes a fifth argument whether or not there is
@@ -1762,6 +1872,7 @@ static int arm_region(struct halite_save *s, struct sregion *r)
 	if (ioctl(s->uffd, UFFDIO_REGISTER, &reg))
 		return sfail(s, -errno, "region '%s': UFFDIO_REGISTER", r->name);
 	r->registered = true;
+registered:
 	if ((reg.ioctls & need) != need)
 		return sfail(s, -HALITE_E_UNSUPPORTED, "region '%s': no UFFDIO_%s", r->name,
 			     shared ? "CONTINUE" : "COPY");
@@ -1808,6 +1919,7 @@ HALITE_EXPORT int halite_save_arm(struct halite_save *s)
 			sfail(s, ret, "starting threads");
 		}
 	}
+	atomic_store(&s->arm_over, true);
 	if (ret) {
 		/* Nothing was given to the guest yet: the pages go straight back. */
 		disarm_regions(s, i);
@@ -1832,6 +1944,25 @@ HALITE_EXPORT int halite_save_arm(struct halite_save *s)
 	s->arm_ns = halite_now_ns() - s->arm_start_ns;
 	pthread_mutex_unlock(&s->st_lock);
 	return 0;
+}
+
+/*
+ * Another process's private memory, at the end: block @mb's snapshot bytes
+ * into our shadow, from the pages moved aside, unless someone has (claimed
+ * it). 0 or -errno.
+ */
+static int ensure_local(struct halite_save *s, const struct sregion *r, uint64_t mb)
+{
+	int t;
+
+	if (!r->aside)
+		return 0;
+	if (!claim_block(s, mb)) {
+		wait_ready(s, mb);
+		return 0;
+	}
+	t = block_touched(s, r, mb);
+	return t < 0 ? t : copy_claimed(s, r, mb, 1, t);
 }
 
 /*
@@ -1864,8 +1995,12 @@ static int teardown(struct halite_save *s)
 		/* Shared memory never left the page cache: nothing to give back. */
 		for (uint64_t mb = r->first_mb; r->kind == HALITE_MEM_ANON &&
 						mb < r->first_mb + r->nmb && r->shadow; mb++) {
-			int t = given_back(s, mb) ? 0 : block_touched(s, r, mb);
-			int g = t > 0 ? give_back(s, r, mb, 0) : t;
+			int t = given_back(s, mb) ? 0 : ensure_local(s, r, mb);
+			int g;
+
+			if (!t && !given_back(s, mb))
+				t = block_touched(s, r, mb);
+			g = t > 0 ? give_back(s, r, mb, 0) : t;
 
 			if (g && !ret)
 				ret = sfail(s, g, "giving memory block %llu back at teardown",
@@ -1881,6 +2016,19 @@ static int teardown(struct halite_save *s)
 	allow_discards(s);
 	eventfd_write(s->stop_fd, 2);
 	pthread_join(s->fault_thr, NULL);
+	/* Every block is the guest's again: the owner's pages moved aside can go. */
+	for (uint32_t i = 0; i < s->nregions; i++) {
+		struct sregion *r = &s->regions[i];
+
+		if (r->aside && !ret) {
+			e = s->o.unmap(s->o.drop_ctx, r->aside, r->length);
+			if (e)
+				ret = sfail(s, e, "region '%s': unmapping the pages moved aside in "
+					    "process %d", r->name, (int)s->o.owner_pid);
+			else
+				r->aside = 0;
+		}
+	}
 	/* Only now has the last task been queued: tasks read the shadows. */
 	halite_pool_wait(s->pool);
 	for (uint32_t i = 0; i < s->nregions; i++) {
@@ -2005,6 +2153,8 @@ HALITE_EXPORT void halite_save_free(struct halite_save *s)
 		close(s->stop_fd);
 	if (s->pagemap_fd >= 0)
 		close(s->pagemap_fd);
+	if (s->owner_pagemap_fd >= 0)
+		close(s->owner_pagemap_fd);
 	free((void *)s->o.vcpu_tids);
 	free(s->regions);
 	free((void *)s->claim);

@@ -17,6 +17,13 @@
  *             first page), a whole block too (before: the snapshot's bytes
  *             came back), and a block not yet saved still goes into the file
  *             as it was at the snapshot instant (item 3)
+ *   external  another process's private memory (QEMU's default RAM): its pages
+ *             move aside inside it (an mremap it runs when asked, as QEMU
+ *             does when halite-qemu injects it), the save reads them from
+ *             there while the owner's threads write; the file is the snapshot
+ *             instant, the owner's memory what its threads wrote, and the pages
+ *             moved aside are gone at the end, after a failed save too
+ *             (issue 13)
  *   punch     a hole punched in shared memory's file during the save: refused
  *             (the file is append-only while the save needs it) and the save
  *             exact; where it cannot be refused, a punched block not yet saved
@@ -29,6 +36,7 @@
  */
 #define _GNU_SOURCE
 #include <linux/fs.h>
+#include <sys/prctl.h>
 #include <sys/ioctl.h>
 
 #include <halite/save.h>
@@ -301,6 +309,246 @@ static void case_discard(void)
 	free(p);
 }
 
+/* ---- external ---- */
+
+/*
+ * The owner: private memory holding the snapshot; two threads that write
+ * into it once told to, each keeping what it wrote in a private copy; and
+ * a loop that runs what the save's callbacks ask for (mremap, munmap), as
+ * QEMU runs what halite-qemu injects.
+ */
+struct ext_req {
+	char op;	/* 'M' remap, 'U' unmap, 'G' go, 'S' stop and check, 'Q' quit */
+	uint64_t addr, len, to;
+};
+
+struct ext_res {
+	int64_t ret;	/* the call's return or -errno; 'S': bytes that differ */
+	uint64_t res;
+};
+
+struct ext_owner {
+	uint8_t *mem;	/* the same address in both processes */
+	uint8_t *expect;/* the owner's: what its memory must hold */
+	pid_t pid;
+	int sock, uffd;
+	_Atomic int stop;
+	uint64_t aside; /* as the last remap said */
+};
+
+struct ext_writer {
+	struct ext_owner *ow;
+	unsigned idx;
+};
+
+static void *ext_write_main(void *arg)
+{
+	struct ext_writer *w = arg;
+	struct ext_owner *ow = w->ow;
+	uint64_t s = g_seed ^ (w->idx + 7);
+
+	while (!atomic_load(&ow->stop)) {
+		/* Each thread its own half: what one writes, no other does. */
+		size_t page = (size_t)(t_rand(&s) % (LEN / REL_PAGE / 2)) + w->idx * LEN / REL_PAGE / 2;
+		uint64_t v = t_rand(&s);
+		size_t at = page * REL_PAGE + (size_t)(v % (REL_PAGE / 8)) * 8;
+
+		memcpy(ow->mem + at, &v, 8);
+		memcpy(ow->expect + at, &v, 8);
+	}
+	return NULL;
+}
+
+static void ext_owner_main(struct ext_owner *ow)
+{
+	struct ext_writer w[2] = { { ow, 0 }, { ow, 1 } };
+	pthread_t thr[2];
+	bool going = false;
+
+	for (;;) {
+		struct ext_req q;
+		struct ext_res a = { 0, 0 };
+
+		if (read(ow->sock, &q, sizeof(q)) != sizeof(q))
+			_exit(0);
+		if (q.op == 'M') {
+			void *p = mremap((void *)(uintptr_t)q.addr, q.len, q.len, MREMAP_MAYMOVE |
+					 (q.to ? MREMAP_FIXED : MREMAP_DONTUNMAP),
+					 (void *)(uintptr_t)q.to);
+
+			a.ret = p == MAP_FAILED ? -errno : 0;
+			a.res = (uintptr_t)p;
+		} else if (q.op == 'U') {
+			a.ret = munmap((void *)(uintptr_t)q.addr, q.len) ? -errno : 0;
+		} else if (q.op == 'G') {
+			for (int i = 0; i < 2; i++)
+				pthread_create(&thr[i], NULL, ext_write_main, &w[i]);
+			going = true;
+		} else if (q.op == 'S') {
+			atomic_store(&ow->stop, 1);
+			for (int i = 0; going && i < 2; i++)
+				pthread_join(thr[i], NULL);
+			going = false;
+			for (size_t i = 0; i < LEN; i++)
+				a.ret += ow->mem[i] != ow->expect[i];
+		} else {
+			_exit(0);
+		}
+		if (write(ow->sock, &a, sizeof(a)) != sizeof(a))
+			_exit(3);
+	}
+}
+
+static int64_t ext_ask(struct ext_owner *ow, char op, uint64_t addr, uint64_t len, uint64_t to,
+		       uint64_t *res)
+{
+	struct ext_req q = { op, addr, len, to };
+	struct ext_res a;
+
+	if (write(ow->sock, &q, sizeof(q)) != sizeof(q) || read(ow->sock, &a, sizeof(a)) !=
+	    sizeof(a))
+		return -EPIPE;
+	if (res)
+		*res = a.res;
+	return a.ret;
+}
+
+static int ext_remap(void *ctx, uint64_t addr, uint64_t len, uint64_t to, uint64_t *res)
+{
+	struct ext_owner *ow = ctx;
+	int64_t ret = ext_ask(ow, 'M', addr, len, to, res);
+
+	if (!ret && !to)
+		ow->aside = *res;
+	return (int)ret;
+}
+
+static int ext_unmap(void *ctx, uint64_t addr, uint64_t len)
+{
+	return (int)ext_ask(ctx, 'U', addr, len, 0, NULL);
+}
+
+static void ext_start(struct ext_owner *ow, const uint8_t *snap)
+{
+	int sv[2];
+
+	*ow = (struct ext_owner){ .sock = -1, .uffd = -1 };
+	ow->mem = mmap(NULL, LEN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	REQUIRE(ow->mem != MAP_FAILED, "mmap");
+	madvise(ow->mem, LEN, MADV_NOHUGEPAGE);
+	REQUIRE(!socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), "socketpair");
+	ow->pid = fork();
+	REQUIRE(ow->pid >= 0, "fork");
+	if (!ow->pid) {
+		close(sv[0]);
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		ow->sock = sv[1];
+		memcpy(ow->mem, snap, LEN);
+		ow->expect = malloc(LEN);
+		if (!ow->expect)
+			_exit(3);
+		memcpy(ow->expect, snap, LEN);
+		/* The owner makes the userfaultfd and keeps its copy, as QEMU does. */
+		ow->uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
+		if (ow->uffd < 0 || rel_send_fd(ow->sock, ow->uffd))
+			_exit(3);
+		ext_owner_main(ow);
+	}
+	close(sv[1]);
+	ow->sock = sv[0];
+	ow->uffd = rel_recv_fd(ow->sock);
+	REQUIRE(ow->uffd >= 0, "owner's userfaultfd");
+}
+
+static void ext_stop(struct ext_owner *ow)
+{
+	struct ext_req q = { 'Q', 0, 0, 0 };
+
+	if (write(ow->sock, &q, sizeof(q)) != sizeof(q))
+		kill(ow->pid, SIGKILL);
+	waitpid(ow->pid, NULL, 0);
+	close(ow->sock);
+	close(ow->uffd);
+	munmap(ow->mem, LEN);
+}
+
+/* Is @addr mapped in process @pid? */
+static bool mapped_in(pid_t pid, uint64_t addr)
+{
+	char path[64], line[256];
+	bool found = false;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
+	f = fopen(path, "re");
+	while (f && !found && fgets(line, sizeof(line), f)) {
+		unsigned long long a, b;
+
+		found = sscanf(line, "%llx-%llx", &a, &b) == 2 && addr >= a && addr < b;
+	}
+	if (f)
+		fclose(f);
+	return found;
+}
+
+static void case_external(bool fail)
+{
+	const char *what = fail ? "external, failed" : "external";
+	char *p = rel_path("external-%d.hlt", fail);
+	HALITE_OPTS(halite_save_opts, o);
+	struct halite_save_region reg;
+	struct halite_save_stats st;
+	struct ext_owner ow;
+	struct halite_save *s;
+	struct guest g;
+	int ret;
+
+	printf("%s: another process's private memory, its pages moved aside inside it%s\n",
+	       what, fail ? ", the save failing" : "");
+	guest_make(&g, false); /* the snapshot's bytes; the owner holds its own copy */
+	ext_start(&ow, g.snap);
+	reg = (struct halite_save_region){ "ram", 0, LEN, (uintptr_t)ow.mem, HALITE_MEM_ANON, -1, 0 };
+	o.flags = HALITE_SAVE_NO_SYNC;
+	o.owner_pid = ow.pid;
+	o.owner_uffd = ow.uffd;
+	o.remap = ext_remap;
+	o.unmap = ext_unmap;
+	o.drop_ctx = &ow;
+	REQUIRE(!halite_save_create(&s, p, &reg, 1, &o), "%s: create: %s", what,
+		halite_save_errmsg(s));
+	if (fail)
+		halite_save_test_fail_writes(s, 5, EIO);
+	ret = halite_save_arm(s);
+	REQUIRE(!ret, "%s: arm %d: %s", what, ret, halite_save_errmsg(s));
+	CHECK(ow.aside && mapped_in(ow.pid, ow.aside), "%s: the owner's pages were moved aside",
+	      what);
+	/* The guest runs on: its threads write while the save goes on. */
+	REQUIRE(ext_ask(&ow, 'G', 0, 0, 0, NULL) == 0, "go");
+	ret = halite_save_wait(s, 60000);
+	CHECK(ret == (fail ? -EIO : 0), "%s: save %d (%s)", what, ret, halite_save_errmsg(s));
+	halite_save_stats(s, &st);
+	halite_save_free(s);
+	CHECK(ext_ask(&ow, 'S', 0, 0, 0, NULL) == 0, "%s: the owner's memory is not what its "
+	      "threads wrote over the snapshot", what);
+	CHECK(!mapped_in(ow.pid, ow.aside), "%s: the pages moved aside are still mapped in the "
+	      "owner at 0x%llx", what, (unsigned long long)ow.aside);
+	if (!fail) {
+		CHECK(st.faults > 0 && st.faults_vcpu + st.faults_other + st.mb_background ==
+		      st.mb_saved && st.mb_saved == NMB, "%s: %llu first touches, %llu blocks "
+		      "by them and %llu by the background of %llu", what,
+		      (unsigned long long)st.faults, (unsigned long long)st.faults_other,
+		      (unsigned long long)st.mb_background, (unsigned long long)st.mb_saved);
+		CHECK(file_diff(p, g.snap) == 0, "%s: the file differs from the snapshot instant "
+		      "in %llu blocks", what, (unsigned long long)file_diff(p, g.snap));
+	} else {
+		CHECK(access(p, F_OK) && errno == ENOENT, "%s: a file was left at the target", what);
+	}
+	ext_stop(&ow);
+	guest_free(&g);
+	unlink(p);
+	free(p);
+}
+
 /* ---- punch ---- */
 
 static int file_flags(int fd)
@@ -410,6 +658,10 @@ int main(int argc, char **argv)
 		case_failed();
 	if (rel_wanted(argc, argv, "discard"))
 		case_discard();
+	if (rel_wanted(argc, argv, "external")) {
+		case_external(false);
+		case_external(true);
+	}
 	if (rel_wanted(argc, argv, "punch")) {
 		case_punch_refused();
 		case_punch_detected();

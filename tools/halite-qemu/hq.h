@@ -160,6 +160,9 @@ int hq_qmp_sockets(pid_t pid, char (*paths)[108], int max);
 int hq_vm_close_remote(struct hq_vm *vm, int remote);
 /* halite_drop_ptes_fn for QEMU: madvise(MADV_DONTNEED) injected into it. */
 int hq_drop_ptes(void *vm, uint64_t addr, uint64_t len);
+/* halite_remap_fn and halite_unmap_fn for QEMU: mremap and munmap injected into it. */
+int hq_remap(void *vm, uint64_t addr, uint64_t len, uint64_t to, uint64_t *res);
+int hq_unmap(void *vm, uint64_t addr, uint64_t len);
 
 void hq_vmsetf(struct hq_vm *vm, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

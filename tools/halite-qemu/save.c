@@ -57,6 +57,7 @@ struct save_run {
 	struct hq_vm vm;
 	struct halite_save *s;
 	int uffd;
+	int remote_uffd; /* private RAM: QEMU's copy of the userfaultfd, closed at the end */
 	bool was_running, stop_sent;
 	/* stop sent, cont answered (a paused guest: neither), start() done, file complete */
 	uint64_t t_attach_ns, t_stop_ns, t_cont_ns, t_armed_ns, t_done_ns;
@@ -275,6 +276,7 @@ static int start(struct save_run *r)
 	HALITE_OPTS(halite_save_opts, o);
 	uint8_t *dev = NULL;
 	uint64_t devlen = 0;
+	bool anon = false;
 	int ret;
 
 	ret = hq_vm_attach(&r->vm, r->p.qmp, 0, need);
@@ -282,14 +284,7 @@ static int start(struct save_run *r)
 		ret = hq_vm_ram(&r->vm);
 	if (!ret)
 		ret = hq_vm_check_saveable(&r->vm);
-	for (uint32_t i = 0; !ret && i < r->vm.nregions; i++)
-		if (r->vm.regions[i].anon) {
-			hq_vmsetf(&r->vm, "guest RAM '%s' is private memory of QEMU, which a save "
-				  "cannot reach yet: give QEMU a shared backend, e.g. -object "
-				  "memory-backend-memfd,id=mem0,size=SIZE,share=on -machine "
-				  "memory-backend=mem0", r->vm.regions[i].block);
-			ret = -EINVAL;
-		}
+
 	if (!ret)
 		ret = hq_vm_status(&r->vm, r->status, sizeof(r->status));
 	if (ret)
@@ -303,18 +298,24 @@ static int start(struct save_run *r)
 
 		reg[i] = (struct halite_save_region){
 			.name = g->name, .gpa = g->gpa, .length = g->length, .host = g->host,
-			.kind = HALITE_MEM_SHARED, .fd = g->fd, .fd_offset = g->fd_offset,
+			.kind = g->anon ? HALITE_MEM_ANON : HALITE_MEM_SHARED, .fd = g->fd,
+			.fd_offset = g->fd_offset,
 		};
+		anon |= g->anon;
 	}
 	for (uint32_t i = 0; i < r->vm.nregions; i++)
 		r->mem_bytes += r->vm.regions[i].length;
 	/*
-	 * QEMU keeps no copy of the descriptor: if this process dies, the
-	 * ranges lose their registration and QEMU's accesses find the
-	 * unchanged data in the file again (the engine never writes it), so
-	 * the guest runs on as if there had been no save.
+	 * Shared RAM: QEMU keeps no copy of the descriptor: if this process
+	 * dies, the ranges lose their registration and QEMU's accesses find the
+	 * unchanged data in the file again (the engine never writes it), so the
+	 * guest runs on as if there had been no save. Private RAM moves aside
+	 * inside QEMU while it is saved, and only there is what the guest has
+	 * not touched yet: QEMU keeps its copy, so that if this process dies
+	 * its accesses block rather than read zeros (docs/failure-model.md);
+	 * it is closed at the end.
 	 */
-	r->uffd = hq_vm_uffd(&r->vm, NULL);
+	r->uffd = hq_vm_uffd(&r->vm, anon ? &r->remote_uffd : NULL);
 	if (r->uffd < 0)
 		return fail(r, r->uffd, r->vm.err, NULL);
 	o.codec = r->p.codec;
@@ -327,6 +328,8 @@ static int start(struct save_run *r)
 	o.owner_pid = r->vm.pid;
 	o.owner_uffd = r->uffd;
 	o.drop_ptes = hq_drop_ptes;
+	o.remap = hq_remap;
+	o.unmap = hq_unmap;
 	o.drop_ctx = &r->vm;
 	o.bg_min_rate = r->p.bg_min_rate;
 	o.log = hq_log;
@@ -514,7 +517,7 @@ int hq_cmd_save(int argc, char **argv)
 		free(r);
 		return EXIT_USAGE;
 	}
-	r->uffd = -1;
+	r->uffd = r->remote_uffd = -1;
 	ret = halite_writer_check_path(r->p.path, r->err, sizeof(r->err));
 	if (ret == -EINVAL) {
 		/* No file name at all ("" on the command line): usage. */
@@ -527,9 +530,12 @@ int hq_cmd_save(int argc, char **argv)
 	if (ret)
 		hq_errorf("save: %s", r->err);
 	report(r, ret);
+	/* Every block given back, the ranges unregistered, the pages moved aside unmapped. */
 	halite_save_free(r->s);
 	if (r->uffd >= 0)
 		close(r->uffd);
+	if (r->remote_uffd >= 0 && hq_vm_close_remote(&r->vm, r->remote_uffd))
+		hq_errorf("save: closing QEMU's copy of the userfaultfd: %s", r->vm.err);
 	hq_vm_release(&r->vm);
 	free(r);
 	if (!ret)

@@ -834,6 +834,40 @@ int hq_vm_close_remote(struct hq_vm *vm, int remote)
 	return (int)res;
 }
 
+int hq_remap(void *ctx, uint64_t addr, uint64_t len, uint64_t to, uint64_t *res)
+{
+	struct hq_vm *vm = ctx;
+	long args[6] = { (long)addr, (long)len, (long)len,
+			 MREMAP_MAYMOVE | (to ? MREMAP_FIXED : MREMAP_DONTUNMAP), (long)to }, r = 0;
+	char err[512];
+	int ret;
+
+	ret = hq_inject_one(vm->pid, SYS_mremap, args, &r, err, sizeof(err));
+	if (ret) {
+		hq_vmsetf(vm, "mremap inside QEMU: %s", err);
+		return ret;
+	}
+	if (r < 0 && r > -4096)
+		return (int)r;
+	*res = (uint64_t)r;
+	return 0;
+}
+
+int hq_unmap(void *ctx, uint64_t addr, uint64_t len)
+{
+	struct hq_vm *vm = ctx;
+	long args[6] = { (long)addr, (long)len }, r = 0;
+	char err[512];
+	int ret;
+
+	ret = hq_inject_one(vm->pid, SYS_munmap, args, &r, err, sizeof(err));
+	if (ret) {
+		hq_vmsetf(vm, "munmap inside QEMU: %s", err);
+		return ret;
+	}
+	return (int)r;
+}
+
 int hq_drop_ptes(void *ctx, uint64_t addr, uint64_t len)
 {
 	struct hq_vm *vm = ctx;

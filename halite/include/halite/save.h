@@ -17,6 +17,14 @@
  * - private anonymous memory of this process: pages move to a shadow with
  *   mremap(MREMAP_DONTUNMAP), the range is registered MISSING, and a block is
  *   given back with UFFDIO_COPY from the shadow;
+ * - private anonymous memory of another process (the owner): the range is
+ *   registered MISSING and the owner's pages move aside inside it (the
+ *   caller's remap callback: an mremap(MREMAP_DONTUNMAP) run in the owner);
+ *   a claimed block is read from there (process_vm_readv) and given back
+ *   with UFFDIO_COPY; the pages moved aside are unmapped at the end, on every
+ *   way out. The owner must keep its copy of the userfaultfd: should this
+ *   process die, its threads then block on the memory not given back
+ *   (which only the pages moved aside hold) instead of reading zeros.
  * - shared memory (memfd, tmpfs, hugetlbfs file) of this process or of
  *   another one (the owner): the range is registered MINOR|MISSING and the
  *   owner's page-table entries are dropped (MADV_DONTNEED) while the data
@@ -93,6 +101,17 @@ struct halite_save_region {
  */
 typedef int (*halite_drop_ptes_fn)(void *ctx, uint64_t addr, uint64_t len);
 
+/*
+ * Another process's private memory: move the owner's pages of [@addr,
+ * @addr + @len) inside it, with mremap(): @to 0, aside (MREMAP_MAYMOVE |
+ * MREMAP_DONTUNMAP: the range stays mapped, empty) and *@res gets where they
+ * went; @to not 0, back there (MREMAP_MAYMOVE | MREMAP_FIXED). 0 or -errno.
+ */
+typedef int (*halite_remap_fn)(void *ctx, uint64_t addr, uint64_t len, uint64_t to,
+			       uint64_t *res);
+/* Unmap [@addr, @addr + @len) inside the owner (the pages moved aside, at the end). */
+typedef int (*halite_unmap_fn)(void *ctx, uint64_t addr, uint64_t len);
+
 #define HALITE_SAVE_KEEP_INCOMPLETE 0x1u /* keep a failed save's partial file as PATH.incomplete */
 #define HALITE_SAVE_NO_SYNC 0x2u	 /* no fdatasync at the end (tests) */
 #define HALITE_SAVE_NO_BACKGROUND 0x4u	 /* only faults save (tests); finish needs every block touched */
@@ -111,10 +130,12 @@ struct halite_save_opts {
 	uint32_t nvcpus;
 	unsigned workers;	   /* compression threads; 0 = online CPUs */
 	/*
-	 * Another process owns the memory (owner_pid != 0): every region must
-	 * be SHARED, @owner_uffd is a userfaultfd created inside the owner
-	 * (the engine does the UFFDIO_API handshake on it and keeps a dup), and
-	 * @drop_ptes drops the owner's page-table entries.
+	 * Another process owns the memory (owner_pid != 0): @owner_uffd is a
+	 * userfaultfd created inside the owner (the engine does the UFFDIO_API
+	 * handshake on it and keeps a dup); @drop_ptes drops the owner's
+	 * page-table entries of SHARED regions; @remap and @unmap (at the end
+	 * of these options) move the owner's pages of ANON regions. All get
+	 * @drop_ctx.
 	 */
 	pid_t owner_pid;
 	int owner_uffd;
@@ -134,6 +155,9 @@ struct halite_save_opts {
 	/* Locality-block writes (see struct halite_writer_opts). */
 	int io_backend;		   /* HALITE_IO_BACKEND_*; 0 = io_uring, else libaio, else pwrite */
 	unsigned queue_depth;	   /* writes in flight at most; 0 = 8 */
+	/* Another process's ANON regions (see owner_pid above). */
+	halite_remap_fn remap;
+	halite_unmap_fn unmap;
 };
 
 struct halite_save_stats {
