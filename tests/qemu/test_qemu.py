@@ -53,6 +53,7 @@ HALITE_REQUIRE_QEMU=1 those fail instead).
 """
 import fcntl
 import json
+import re
 import os
 import shutil
 import signal
@@ -240,6 +241,95 @@ def case_exact(work):
     q.cmd("cont")
     dst.wait_console(r"^verifier: pass \d+ ok", 60, after=len(dst.console_text()))
     check(True, "after cont the verifier passes")
+    dst.kill()
+
+
+def private_ram(guest, backend=None):
+    """Guest RAM as QEMU allocates it by default: -m alone (no memory backend),
+    or a memory-backend-ram: private anonymous memory of QEMU."""
+    i = guest.args.index("-object")
+    if backend:
+        guest.args[i + 1] = f"{backend},id=mem0,size={guest.mem_mib}M"
+    else:
+        del guest.args[i:i + 2]
+        i = guest.args.index("memory-backend=mem0")
+        del guest.args[i - 1:i + 1]
+    return guest
+
+
+def qemu_private_ram(guest):
+    """QEMU's private guest RAM, read through /proc/PID/mem at its host address."""
+    q = guest.qmp()
+    text = q.cmd("human-monitor-command", **{"command-line": "gpa2hva 0"})
+    q.close()
+    m = re.search(r"is (0x[0-9a-f]+)", text)
+    if not m:
+        raise Fail(f"gpa2hva 0: {text!r}")
+    with open(f"/proc/{guest.pid}/mem", "rb") as f:
+        f.seek(int(m.group(1), 16))
+        return f.read(guest.mem_mib << 20)
+
+
+def uffds(pid):
+    return sum(1 for fd in os.listdir(f"/proc/{pid}/fd")
+               if os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:[userfaultfd]")
+
+
+def case_private(work):
+    """QEMU's default RAM (-m alone, memory-backend-ram): saved and restored."""
+    src = private_ram(hg.Guest(work, "plain")).boot().wait_ready()
+    src.rewrites(False)
+    d0, _, ok = src.digest()
+    check(ok, f"plain -m guest, digest {d0}")
+    path = os.path.join(work, "plain.hlt")
+    rep = save(src, path)
+    check(rep["faults_vcpu"] > 0 and rep["mb_total"] * 8192 == 512 << 20,
+          f"saved {rep['mb_total']} blocks of plain -m RAM while the verifier ran, "
+          f"{rep['faults_vcpu']} vCPU first touches")
+    d1, _, ok = src.digest()
+    check(ok and d1 == d0 and uffds(src.pid) == 0,
+          f"the source runs on with its memory (digest {d1}), no userfaultfd left in QEMU")
+    src.kill()
+    dst = private_ram(hg.Guest(work, "plain-dst"))
+    restore(path, dst)
+    d2, _, ok = dst.digest()
+    check(ok and d2 == d0, f"restored onto plain -m: digest {d2} equals the snapshot's")
+    dst.wait_console(r"^verifier: pass \d+ ok", 60, after=len(dst.console_text()))
+    dst.rewrites(True)
+    dst.wait_console(r"^verifier: pass \d+ ok", 60, after=len(dst.console_text()))
+    dst.check_console()
+    check(True, "its verifier keeps passing, rewrites on again")
+    dst.kill()
+    # memory-backend-ram, and a paused restore: every byte.
+    src = private_ram(hg.Guest(work, "ram"), "memory-backend-ram").boot().wait_ready()
+    path = os.path.join(work, "ram.hlt")
+    save(src, path)
+    src.kill()
+    raw = os.path.join(work, "ram.raw")
+    run([INSPECT, "extract", "--region", "mem0", "-o", raw, path], check_rc=0)
+    dst = private_ram(hg.Guest(work, "ram-paused"), "memory-backend-ram")
+    rep = restore(path, dst, "--paused")
+    ram = qemu_private_ram(dst)
+    with open(raw, "rb") as f:
+        want = f.read()
+    if ram != want:
+        pages = [i for i in range(0, min(len(ram), len(want)), 4096)
+                 if ram[i:i + 4096] != want[i:i + 4096]]
+        raise Fail(f"{len(pages)} pages of memory-backend-ram differ from the file "
+                   f"(lengths {len(ram)}, {len(want)}), first at 0x{pages[0] if pages else 0:x}")
+    check(True, "memory-backend-ram, paused restore: every byte of QEMU's RAM equals the file")
+    q = dst.qmp()
+    q.cmd("cont")
+    q.close()
+    dst.wait_console(r"^verifier: pass \d+ ok", 60, after=len(dst.console_text()))
+    check(True, "after cont the verifier passes")
+    dst.kill()
+    # Across backends: the same guest-physical RAM, another backend's name.
+    dst = private_ram(hg.Guest(work, "ram-to-plain"))
+    restore(path, dst)
+    dst.wait_console(r"^verifier: pass \d+ ok", 60, after=len(dst.console_text()))
+    dst.check_console()
+    check(True, "the memory-backend-ram file restored onto plain -m: the verifier passes")
     dst.kill()
 
 
@@ -1108,6 +1198,7 @@ CASES = {
     "runstate": case_runstate,
     "discard": case_discard,
     "attach": case_attach,
+    "private": case_private,
 }
 
 
