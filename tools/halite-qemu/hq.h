@@ -57,6 +57,8 @@ struct hq_vm {
 	 * 1 running, -1 paused, 0 unknown (no answer, or another state).
 	 */
 	int run_seen;
+	/* A save of private RAM: its record (hq_aside_record_*), or -1. */
+	int aside_fd;
 	char err[1024];
 };
 
@@ -160,9 +162,27 @@ int hq_qmp_sockets(pid_t pid, char (*paths)[108], int max);
 int hq_vm_close_remote(struct hq_vm *vm, int remote);
 /* halite_drop_ptes_fn for QEMU: madvise(MADV_DONTNEED) injected into it. */
 int hq_drop_ptes(void *vm, uint64_t addr, uint64_t len);
-/* halite_remap_fn and halite_unmap_fn for QEMU: mremap and munmap injected into it. */
+/*
+ * halite_remap_fn and halite_unmap_fn for QEMU: mremap and munmap injected
+ * into it. A move aside is written to the save's record first thing (see
+ * below).
+ */
 int hq_remap(void *vm, uint64_t addr, uint64_t len, uint64_t to, uint64_t *res);
 int hq_unmap(void *vm, uint64_t addr, uint64_t len);
+
+/*
+ * The record of a save of private RAM, HQ_ASIDE_DIR/qemu-PID.save: the run
+ * state the guest had, and where each range's pages went inside QEMU, so
+ * that 'save --recover' can give them back should the save die halfway
+ * (QEMU's threads block meanwhile: it keeps the userfaultfd). Created before
+ * the pause, removed once the save has let go of QEMU.
+ */
+#define HQ_ASIDE_DIR "/run/halite-qemu"
+int hq_aside_record_create(struct hq_vm *vm, bool running);
+void hq_aside_record_remove(struct hq_vm *vm);
+
+/* --- recover.c --- */
+int hq_cmd_recover(const char *qmp, bool json, bool quiet);
 
 void hq_vmsetf(struct hq_vm *vm, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -49,6 +49,7 @@ struct save_params {
 	uint64_t bg_min_rate;
 	unsigned root_ms;
 	unsigned flags;
+	bool recover;	/* --recover: a save of private RAM that died, finished */
 	struct hq_out out;
 };
 
@@ -88,7 +89,10 @@ void hq_help_save(FILE *f)
 		"  --workers N        compression threads (default: online CPUs)\n"
 		"  --bg-rate SIZE     background save never slower than SIZE per second (64M)\n"
 		"  --root-interval MS sample the vCPUs' page-table roots every MS ms (100)\n"
-		"  --keep-incomplete  keep the partial file of a failed save\n"
+		"  --keep-incomplete  keep the partial file of a failed save as FILE.incomplete\n"
+		"  --recover          no FILE: give back to QEMU the private RAM a save that\n"
+		"                     died (killed) had moved aside, let QEMU go on (its guest\n"
+		"                     waits for that memory meanwhile); then save again\n"
 		"  --json             print the report as one JSON object\n"
 		"  -q, --quiet        no progress on stderr\n"
 		"  -v, --verbose      the engine's log on stderr\n\n"
@@ -108,6 +112,7 @@ static int parse_args(int argc, char **argv, struct save_params *p)
 		{ "bg-rate", required_argument, NULL, 'r' },
 		{ "root-interval", required_argument, NULL, 'i' },
 		{ "keep-incomplete", no_argument, NULL, 'k' },
+		{ "recover", no_argument, NULL, 'R' },
 		{ "json", no_argument, NULL, 'j' },
 		{ "quiet", no_argument, NULL, 'q' },
 		{ "verbose", no_argument, NULL, 'v' },
@@ -169,6 +174,9 @@ static int parse_args(int argc, char **argv, struct save_params *p)
 		case 'k':
 			p->flags |= HALITE_SAVE_KEEP_INCOMPLETE;
 			break;
+		case 'R':
+			p->recover = true;
+			break;
 		case 'h':
 			hq_help_save(stdout);
 			exit(EXIT_OK);
@@ -176,6 +184,12 @@ static int parse_args(int argc, char **argv, struct save_params *p)
 			if (!hq_out_opt(c, &p->out))
 				return -1;
 		}
+	}
+	if (p->recover && optind == argc && p->qmp)
+		return 0;
+	if (p->recover) {
+		hq_errorf("save: --recover takes --qmp SOCKET and no FILE");
+		return -1;
 	}
 	if (optind != argc - 1) {
 		hq_errorf("save: %s; see '" PROG " save --help'",
@@ -315,6 +329,11 @@ static int start(struct save_run *r)
 	 * its accesses block rather than read zeros (docs/failure-model.md);
 	 * it is closed at the end.
 	 */
+	if (anon) {
+		ret = hq_aside_record_create(&r->vm, r->was_running);
+		if (ret)
+			return fail(r, ret, "the record of a save of private RAM", r->vm.err);
+	}
 	r->uffd = hq_vm_uffd(&r->vm, anon ? &r->remote_uffd : NULL);
 	if (r->uffd < 0)
 		return fail(r, r->uffd, r->vm.err, NULL);
@@ -517,7 +536,12 @@ int hq_cmd_save(int argc, char **argv)
 		free(r);
 		return EXIT_USAGE;
 	}
-	r->uffd = r->remote_uffd = -1;
+	if (r->p.recover) {
+		ret = hq_cmd_recover(r->p.qmp, r->p.out.json, r->p.out.quiet);
+		free(r);
+		return ret;
+	}
+	r->uffd = r->remote_uffd = r->vm.aside_fd = -1;
 	ret = halite_writer_check_path(r->p.path, r->err, sizeof(r->err));
 	if (ret == -EINVAL) {
 		/* No file name at all ("" on the command line): usage. */
@@ -536,6 +560,8 @@ int hq_cmd_save(int argc, char **argv)
 		close(r->uffd);
 	if (r->remote_uffd >= 0 && hq_vm_close_remote(&r->vm, r->remote_uffd))
 		hq_errorf("save: closing QEMU's copy of the userfaultfd: %s", r->vm.err);
+	/* QEMU's memory is whole and its own again: nothing left to recover. */
+	hq_aside_record_remove(&r->vm);
 	hq_vm_release(&r->vm);
 	free(r);
 	if (!ret)

@@ -61,6 +61,7 @@ int hq_vm_attach(struct hq_vm *vm, const char *qmp_path, int timeout_ms,
 	int r;
 
 	memset(vm, 0, sizeof(*vm));
+	vm->aside_fd = -1;
 	for (unsigned i = 0; i < HQ_MAX_REGIONS; i++)
 		vm->regions[i].fd = -1;
 	r = hq_qmp_connect(&vm->qmp, qmp_path, timeout_ms, err, sizeof(err));
@@ -445,8 +446,16 @@ int hq_vm_check_saveable(struct hq_vm *vm)
 			return ret;
 		}
 		if (ret) {
-			hq_vmsetf(vm, "guest RAM %s is already registered with a userfaultfd: a save or "
-				  "restore of this VM (or another tool) is working on it", g->name);
+			char rec[128];
+
+			snprintf(rec, sizeof(rec), HQ_ASIDE_DIR "/qemu-%d.save", (int)vm->pid);
+			if (!access(rec, F_OK))
+				hq_vmsetf(vm, "a save of this VM's private RAM was interrupted (%s): "
+					  "run '" PROG " save --recover --qmp SOCKET' first", rec);
+			else
+				hq_vmsetf(vm, "guest RAM %s is already registered with a userfaultfd: a "
+					  "save or restore of this VM (or another tool) is working on it",
+					  g->name);
 			return -EBUSY;
 		}
 		hugetlb |= g->hugetlb;
@@ -834,13 +843,54 @@ int hq_vm_close_remote(struct hq_vm *vm, int remote)
 	return (int)res;
 }
 
+static void record_path(const struct hq_vm *vm, char *buf, size_t len)
+{
+	snprintf(buf, len, HQ_ASIDE_DIR "/qemu-%d.save", (int)vm->pid);
+}
+
+int hq_aside_record_create(struct hq_vm *vm, bool running)
+{
+	char path[128], head[64];
+	int n;
+
+	record_path(vm, path, sizeof(path));
+	if (mkdir(HQ_ASIDE_DIR, 0700) && errno != EEXIST) {
+		hq_vmsetf(vm, "%s: %s", HQ_ASIDE_DIR, strerror(errno));
+		return -errno;
+	}
+	vm->aside_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (vm->aside_fd < 0) {
+		hq_vmsetf(vm, "%s: %s", path, strerror(errno));
+		return -errno;
+	}
+	n = snprintf(head, sizeof(head), "halite-qemu-aside 1\nrun-state %s\n",
+		     running ? "running" : "paused");
+	if (write(vm->aside_fd, head, (size_t)n) != n || fsync(vm->aside_fd)) {
+		hq_vmsetf(vm, "%s: %s", path, strerror(errno));
+		return -EIO;
+	}
+	return 0;
+}
+
+void hq_aside_record_remove(struct hq_vm *vm)
+{
+	char path[128];
+
+	if (vm->aside_fd < 0)
+		return;
+	close(vm->aside_fd);
+	vm->aside_fd = -1;
+	record_path(vm, path, sizeof(path));
+	unlink(path);
+}
+
 int hq_remap(void *ctx, uint64_t addr, uint64_t len, uint64_t to, uint64_t *res)
 {
 	struct hq_vm *vm = ctx;
 	long args[6] = { (long)addr, (long)len, (long)len,
 			 MREMAP_MAYMOVE | (to ? MREMAP_FIXED : MREMAP_DONTUNMAP), (long)to }, r = 0;
-	char err[512];
-	int ret;
+	char err[512], line[128];
+	int ret, n;
 
 	ret = hq_inject_one(vm->pid, SYS_mremap, args, &r, err, sizeof(err));
 	if (ret) {
@@ -850,6 +900,14 @@ int hq_remap(void *ctx, uint64_t addr, uint64_t len, uint64_t to, uint64_t *res)
 	if (r < 0 && r > -4096)
 		return (int)r;
 	*res = (uint64_t)r;
+	/* Where they went, before anything else: it is the only copy of what they hold. */
+	if (!to && vm->aside_fd >= 0) {
+		n = snprintf(line, sizeof(line), "aside 0x%" PRIx64 " 0x%" PRIx64 " 0x%" PRIx64 "\n",
+			     addr, len, (uint64_t)r);
+		if (write(vm->aside_fd, line, (size_t)n) != n || fsync(vm->aside_fd))
+			hq_errorf("save: the record of pages moved aside (%s): %s", HQ_ASIDE_DIR,
+				  strerror(errno));
+	}
 	return 0;
 }
 
