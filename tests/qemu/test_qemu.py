@@ -2,7 +2,7 @@
 """End-to-end tests of halite-qemu on the real test guest (issue 6).
 
   test_qemu.py CASE      CASE: cli, save-restore, exact, kill, errors, 4g, backends,
-                               runstate
+                               runstate, discard, attach, private
 
 Each case boots its own guest (scripts/make-guest.sh built it: Debian's
 kernel, busybox initramfs, the memory verifier, httpd; 2 vCPUs, TCG,
@@ -29,7 +29,8 @@ outside:
   huge pages is refused, exit 77); each time the digest survives.
 - cli: wrong arguments, files that are not halite-qemu snapshots, a QEMU
   older than 7.2 (exit 77).
-- errors: private guest RAM, and ptrace refused (another tracer holds QEMU),
+- errors: a private mapping of a file (memory-backend-file share=off), and
+  ptrace refused (another tracer holds QEMU),
   are refused with a clear error and the guest runs on; a restore into a QEMU with other memory is refused and that QEMU is
   gone; a locality block with a flipped byte fails the restore naming it and
   QEMU is killed, never running on bad data; so does one that QEMU reads
@@ -47,10 +48,20 @@ outside:
   file restored with --paused stays paused; each time the digest survives.
   A save onto the file a running restore reads is refused without touching
   QEMU.
+- discard: a second save of a VM being saved is refused at once; a balloon
+  giving memory back during a save cannot turn unsaved blocks into zeros.
+- attach: halite-qemu restore killed mid-restore, 'restore --attach' takes
+  over and finishes it: the digest survives.
+- private: QEMU's default RAM (-m alone, memory-backend-ram, private
+  anonymous memory) saved while the guest runs and restored, running and
+  paused (every byte), and across the two; a save of it killed after it
+  moved RAM aside leaves the guest waiting, and 'save --recover' gives the
+  memory back: the digest survives.
 
 Exit 0 pass, 1 fail, 77 skip (no QEMU or guest image, or not root; with
 HALITE_REQUIRE_QEMU=1 those fail instead).
 """
+import contextlib
 import fcntl
 import json
 import re
@@ -275,6 +286,52 @@ def uffds(pid):
                if os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:[userfaultfd]")
 
 
+def recover_killed_save(work, src, d0):
+    """A save of private RAM killed once it moved pages aside: the guest waits,
+    'save --recover' gives them back and it runs on with its memory."""
+    rec = f"/run/halite-qemu/qemu-{src.pid}.save"
+    killed = os.path.join(work, "killed.hlt")
+    proc = subprocess.Popen([hg.halite_qemu(), "save", "--qmp", src.qmp_path, "-q", killed],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, HALITE_QEMU_TEST_FAULT="hold-after-arm:20000"))
+    deadline = time.monotonic() + 30
+    while True:
+        with contextlib.suppress(FileNotFoundError):
+            with open(rec) as f:
+                if "\naside " in f.read():
+                    break
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise Fail(f"the save never recorded pages moved aside in {rec} "
+                       f"(exit {proc.wait()}: {proc.stderr.read().strip()})")
+        time.sleep(0.005)
+    time.sleep(0.2)
+    proc.kill()
+    proc.wait()
+    n = len(src.verifier_lines())
+    time.sleep(2)
+    check(uffds(src.pid) == 1 and len(src.verifier_lines()) == n,
+          f"save killed after it moved RAM aside: QEMU keeps the userfaultfd, the verifier "
+          f"waits ({n} lines, none since)")
+    r, _ = run([hg.halite_qemu(), "save", "--qmp", src.qmp_path, "-q",
+                os.path.join(work, "again.hlt")], check_rc=1)
+    check("save --recover" in r.stderr, "a new save is refused and names 'save --recover': "
+          + r.stderr.strip().splitlines()[-1])
+    r, _ = run([hg.halite_qemu(), "save", "--recover", "--json", "--qmp", src.qmp_path],
+               check_rc=0)
+    rep = json.loads(r.stdout)
+    check(rep["ok"] and rep["pages_given_back"] > 0 and rep["run_state"] == "running"
+          and uffds(src.pid) == 0 and not os.path.exists(rec),
+          f"save --recover: {rep['pages_given_back']} pages given back, no userfaultfd left, "
+          "record removed")
+    src.wait_console(r"^verifier: pass \d+ ok", 60, after=len(src.console_text()))
+    d1, _, ok = src.digest()
+    check(ok and d1 == d0, f"the guest runs on, verifier passing, digest {d1} unchanged")
+    r, _ = run([hg.halite_qemu(), "save", "--recover", "--qmp", src.qmp_path], check_rc=1)
+    check("no save of private RAM to recover" in r.stderr,
+          "a second --recover says there is nothing to recover")
+
+
 def case_private(work):
     """QEMU's default RAM (-m alone, memory-backend-ram): saved and restored."""
     src = private_ram(hg.Guest(work, "plain")).boot().wait_ready()
@@ -289,6 +346,7 @@ def case_private(work):
     d1, _, ok = src.digest()
     check(ok and d1 == d0 and uffds(src.pid) == 0,
           f"the source runs on with its memory (digest {d1}), no userfaultfd left in QEMU")
+    recover_killed_save(work, src, d0)
     src.kill()
     dst = private_ram(hg.Guest(work, "plain-dst"))
     restore(path, dst)
@@ -473,15 +531,17 @@ def slow_restore(path, dst):
 
 
 def case_errors(work):
-    # Private RAM: no memory backend.
-    g = hg.Guest(work, "private")
-    i = g.args.index("-object")
-    del g.args[i:i + 4]  # -object memory-backend-memfd..., -machine memory-backend=mem0
+    # A private mapping of a file (memory-backend-file share=off): its pages
+    # are QEMU's private copies of the file's, which a snapshot cannot tell apart.
+    backing = os.path.join(work, "private-backing")
+    g = set_backend(hg.Guest(work, "private"),
+                    f"memory-backend-file,share=off,mem-path={backing}")
     g.boot().wait_ready()
     p, _ = run([hg.halite_qemu(), "save", "--qmp", g.qmp_path, "-q",
                 os.path.join(work, "x.hlt")])
-    check(p.returncode == 1 and "private memory of QEMU" in p.stderr and "share=on" in p.stderr,
-          f"private guest RAM refused: {p.stderr.strip().splitlines()[-1]}")
+    check(p.returncode == 1 and "private mapping of the file" in p.stderr
+          and "share=on" in p.stderr,
+          f"a private file mapping refused: {p.stderr.strip().splitlines()[-1]}")
     check(not os.path.exists(os.path.join(work, "x.hlt")), "no file left behind")
     q = g.qmp()
     check(q.cmd("query-status")["status"] == "running", "that guest is still running")
