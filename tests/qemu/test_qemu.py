@@ -282,8 +282,12 @@ def qemu_private_ram(guest):
 
 
 def uffds(pid):
-    return sum(1 for fd in os.listdir(f"/proc/{pid}/fd")
-               if os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:[userfaultfd]")
+    """How many userfaultfds process @pid holds (an fd closed meanwhile: not one)."""
+    n = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(FileNotFoundError):
+            n += os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:[userfaultfd]"
+    return n
 
 
 def recover_killed_save(work, src, d0):

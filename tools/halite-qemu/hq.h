@@ -180,6 +180,8 @@ int hq_unmap(void *vm, uint64_t addr, uint64_t len);
 #define HQ_ASIDE_DIR "/run/halite-qemu"
 int hq_aside_record_create(struct hq_vm *vm, bool running);
 void hq_aside_record_remove(struct hq_vm *vm);
+/* Its path for QEMU @pid in @buf; whether it exists. */
+bool hq_aside_record_path(pid_t pid, char *buf, size_t len);
 
 /* --- recover.c --- */
 int hq_cmd_recover(const char *qmp, bool json, bool quiet);

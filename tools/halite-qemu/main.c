@@ -17,8 +17,7 @@ static void usage(FILE *f)
 		"  save     save a running QEMU guest lazily (copy-on-access) to a file\n"
 		"  restore  start QEMU from a file; the guest runs at once, memory comes lazily\n"
 		"  help     describe a command\n\n"
-		"'" PROG " COMMAND --help' for each. Guest RAM must be a shared memory backend\n"
-		"(-object memory-backend-memfd,id=mem0,size=SIZE,share=on -machine memory-backend=mem0).\n");
+		"'" PROG " COMMAND --help' for each.\n");
 }
 
 int main(int argc, char **argv)

@@ -369,6 +369,19 @@ static int try_connect(const char *path)
 	return fd;
 }
 
+pid_t hq_qmp_listener_pid(const char *path)
+{
+	struct ucred cred;
+	socklen_t cl = sizeof(cred);
+	int fd = try_connect(path), r;
+
+	if (fd < 0)
+		return fd;
+	r = getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) ? -errno : cred.pid;
+	close(fd);
+	return r;
+}
+
 /*
  * Connect @q to q->path: retry until @retry_ms while the socket does not
  * exist or refuses, then read the greeting and negotiate, each within

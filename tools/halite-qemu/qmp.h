@@ -53,6 +53,12 @@ void hq_qmp_set_abort(struct hq_qmp *q, hq_qmp_abort_fn fn, void *ctx);
 bool hq_qmp_aborted(const struct hq_qmp *q);
 /* The process at the other end (SO_PEERCRED): QEMU. */
 pid_t hq_qmp_peer_pid(const struct hq_qmp *q);
+/*
+ * The process listening on the QMP socket @path, found without a word of
+ * QMP (SO_PEERCRED of a connection it has not accepted): for a QEMU whose
+ * main loop is blocked. The pid, or -errno.
+ */
+pid_t hq_qmp_listener_pid(const char *path);
 /* QEMU's version, from the greeting. */
 void hq_qmp_version(const struct hq_qmp *q, int *major, int *minor, int *micro);
 /*

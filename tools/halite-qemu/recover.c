@@ -8,7 +8,10 @@
  * reaches it. Until it has given back a block, the pages moved aside hold
  * its only copy, and QEMU keeps the userfaultfd, so a guest access to it
  * blocks instead of reading zeros. The save's record (hq_aside_record_*)
- * says where the pages went. Recovery, with that record:
+ * says where the pages went (written before they go: hq_remap). QEMU is
+ * found by its QMP socket's listener, without QMP: a vCPU blocked on such
+ * memory may hold QEMU's big lock, and QMP waits with the main loop until
+ * the memory is back. Recovery, with the record:
  * 1. takes QEMU's userfaultfd out of QEMU (pidfd_getfd);
  * 2. gives back every page the guest does not have (not present and not
  *    swapped in QEMU's range, present in the range moved aside), copied with
@@ -17,7 +20,8 @@
  * 3. unregisters the ranges and wakes their threads;
  * 4. unmaps the pages moved aside and closes QEMU's copy of the userfaultfd
  *    (both injected, as the save does);
- * 5. puts the guest back in the run state the record says it had.
+ * 5. over QMP now, puts the guest back in the run state the record says it
+ *    had.
  * The snapshot the dead save was writing is not completed: save again.
  */
 #define _GNU_SOURCE
@@ -38,11 +42,6 @@
 #define PM_SWAPPED (1ull << 62)
 #define CHUNK 512u /* pages per pagemap read */
 
-static void record_path(pid_t pid, char *buf, size_t len)
-{
-	snprintf(buf, len, HQ_ASIDE_DIR "/qemu-%d.save", (int)pid);
-}
-
 struct aside {
 	uint64_t host, len, at;
 };
@@ -56,7 +55,7 @@ static int read_record(pid_t pid, struct aside *a, int max, bool *running, char 
 	int n = 0, version = 0;
 	FILE *f;
 
-	record_path(pid, path, sizeof(path));
+	hq_aside_record_path(pid, path, sizeof(path));
 	f = fopen(path, "re");
 	if (!f) {
 		int e = errno;
@@ -139,74 +138,92 @@ static long give_back(struct hq_vm *vm, int uffd, int pm, const struct aside *a,
 	return given;
 }
 
-int hq_cmd_recover(const char *qmp, bool json, bool quiet)
+/* Steps 1-4: QEMU @vm->pid's memory whole and its own again. */
+static int give_all_back(struct hq_vm *vm, const struct aside *a, int n, long *given, char *err,
+			 size_t errlen)
 {
-	static const char *const need[] = { "query-status", "cont", "stop", NULL };
-	struct hq_vm vm;
-	struct aside a[HQ_MAX_REGIONS];
-	char err[1280] = "", path[128];
-	long given = 0, g;
-	int n, uffd = -1, remote = -1, pm = -1, ret;
-	bool running = true;
+	char path[64];
+	int uffd, remote = -1, pm = -1, ret = 0;
 
-	ret = hq_vm_attach(&vm, qmp, 0, need);
-	if (ret) {
-		snprintf(err, sizeof(err), "%s", vm.err);
-		goto out;
-	}
-	n = read_record(vm.pid, a, HQ_MAX_REGIONS, &running, err, sizeof(err));
-	if (n < 0) {
-		ret = n;
-		goto out;
-	}
-	uffd = hq_vm_find_uffd(&vm, &remote);
-	snprintf(path, sizeof(path), "/proc/%d/pagemap", (int)vm.pid);
-	pm = open(path, O_RDONLY | O_CLOEXEC);
+	uffd = hq_vm_find_uffd(vm, &remote);
+	if (uffd == -ENOENT)
+		return 0; /* dead before it made QEMU's userfaultfd: it never paused, nothing moved */
+	snprintf(path, sizeof(path), "/proc/%d/pagemap", (int)vm->pid);
+	pm = uffd < 0 ? -1 : open(path, O_RDONLY | O_CLOEXEC);
 	if (uffd < 0 || pm < 0) {
 		ret = uffd < 0 ? uffd : -errno;
-		snprintf(err, sizeof(err), "%s", uffd < 0 ? vm.err : strerror(errno));
+		snprintf(err, errlen, "%s", uffd < 0 ? vm->err : strerror(errno));
 		goto out;
 	}
 	for (int i = 0; i < n; i++) {
 		struct uffdio_range rg = { a[i].host, a[i].len };
+		long g = give_back(vm, uffd, pm, &a[i], err, errlen);
 
-		g = give_back(&vm, uffd, pm, &a[i], err, sizeof(err));
 		if (g < 0) {
 			ret = (int)g;
 			goto out;
 		}
-		given += g;
+		*given += g;
 		if (ioctl(uffd, UFFDIO_UNREGISTER, &rg) && errno != EINVAL && errno != ENOENT) {
 			ret = -errno;
-			snprintf(err, sizeof(err), "UFFDIO_UNREGISTER: %s", strerror(errno));
+			snprintf(err, errlen, "UFFDIO_UNREGISTER: %s", strerror(errno));
 			goto out;
 		}
 		ioctl(uffd, UFFDIO_WAKE, &rg);
-		ret = hq_unmap(&vm, a[i].at, a[i].len);
+		ret = hq_unmap(vm, a[i].at, a[i].len);
 		if (ret) {
-			snprintf(err, sizeof(err), "unmapping the pages moved aside in QEMU: %s",
-				 vm.err[0] ? vm.err : strerror(-ret));
+			snprintf(err, errlen, "unmapping the pages moved aside in QEMU: %s",
+				 vm->err[0] ? vm->err : strerror(-ret));
 			goto out;
 		}
 	}
-	ret = hq_vm_close_remote(&vm, remote);
-	if (ret) {
-		snprintf(err, sizeof(err), "closing QEMU's userfaultfd: %s", vm.err);
-		goto out;
-	}
-	ret = hq_vm_settle(&vm, running, HQ_QMP_TIMEOUT_MS, NULL);
-	if (ret) {
-		snprintf(err, sizeof(err), "%s", vm.err);
-		goto out;
-	}
-	/* QEMU's memory is whole and its own again: the record has served. */
-	record_path(vm.pid, path, sizeof(path));
-	unlink(path);
+	ret = hq_vm_close_remote(vm, remote);
+	if (ret)
+		snprintf(err, errlen, "closing QEMU's userfaultfd: %s", vm->err);
 out:
 	if (pm >= 0)
 		close(pm);
 	if (uffd >= 0)
 		close(uffd);
+	return ret;
+}
+
+int hq_cmd_recover(const char *qmp, bool json, bool quiet)
+{
+	static const char *const need[] = { "query-status", "cont", "stop", NULL };
+	struct hq_vm vm = { .aside_fd = -1 };
+	struct aside a[HQ_MAX_REGIONS];
+	char err[1280] = "", path[128];
+	long given = 0;
+	int n, ret;
+	bool running = true;
+
+	/*
+	 * QEMU is found by its socket alone: a vCPU waiting for memory may hold
+	 * QEMU's big lock, and its main loop, QMP with it, waits until the
+	 * memory is back.
+	 */
+	vm.pid = hq_qmp_listener_pid(qmp);
+	if (vm.pid < 0) {
+		ret = vm.pid;
+		snprintf(err, sizeof(err), "QMP socket %s: %s", qmp, strerror(-ret));
+		goto out;
+	}
+	n = read_record(vm.pid, a, HQ_MAX_REGIONS, &running, err, sizeof(err));
+	ret = n < 0 ? n : give_all_back(&vm, a, n, &given, err, sizeof(err));
+	if (ret)
+		goto out;
+	ret = hq_vm_attach(&vm, qmp, 0, need);
+	if (!ret)
+		ret = hq_vm_settle(&vm, running, HQ_QMP_TIMEOUT_MS, NULL);
+	if (ret) {
+		snprintf(err, sizeof(err), "the memory is back, but the run state: %s", vm.err);
+		goto out;
+	}
+	/* QEMU's memory is whole and its own again: the record has served. */
+	hq_aside_record_path(vm.pid, path, sizeof(path));
+	unlink(path);
+out:
 	if (ret)
 		hq_errorf("save --recover: %s", err);
 	if (json) {

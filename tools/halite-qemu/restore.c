@@ -6,9 +6,9 @@
  * 1. The file is opened and checked (regions, device state, vCPUs) before
  *    anything starts.
  * 2. QEMU starts with the user's command line plus -S, -incoming defer and
- *    a QMP socket of ours. Its guest RAM (a shared backend, as at save) is
- *    emptied (fallocate PUNCH_HOLE: nothing QEMU wrote while starting may
- *    survive) and registered for missing-page faults through a userfaultfd
+ *    a QMP socket of ours. Its guest RAM is emptied (nothing QEMU wrote
+ *    while starting may survive: fallocate PUNCH_HOLE on a shared backend,
+ *    an injected madvise(MADV_DONTNEED) on private RAM) and registered for missing-page faults through a userfaultfd
  *    created inside QEMU, whose copy QEMU keeps: if this process dies,
  *    QEMU's faults block rather than reading zeros.
  * 3. The restore engine starts (fault thread, demand readers, install
@@ -99,10 +99,10 @@ void hq_help_restore(FILE *f)
 		"stays paused if it was saved paused) and its memory comes in lazily: each first\n"
 		"access reads the locality block holding it, and a throttled prefetcher brings\n"
 		"in the rest while the guest is quiet.\n"
-		"QEMU-ARGS must describe the same machine as at save (same -machine, -smp, -m\n"
-		"and memory backend, which must be shared: memory-backend-memfd share=on, or\n"
-		"memory-backend-file share=on on tmpfs). " PROG " adds -S, -incoming defer and a\n"
-		"QMP socket. QEMU-BINARY defaults to " QEMU_DEFAULT " ($HALITE_QEMU).\n\n"
+		"QEMU-ARGS must describe the same machine as at save (same -machine, -smp and\n"
+		"RAM sizes; the RAM's backend may differ: -m alone, memory-backend-ram, or\n"
+		"memory-backend-memfd or -file share=on on tmpfs). " PROG " adds -S,\n"
+		"-incoming defer and a QMP socket. QEMU-BINARY defaults to " QEMU_DEFAULT " ($HALITE_QEMU).\n\n"
 		"With --attach, take over the restore of QEMU PID from FILE after its\n"
 		PROG " restore was killed: the guest waits for memory it lacks (it\n"
 		"never reads zeros); the new handler keeps what is in, brings in the rest,\n"

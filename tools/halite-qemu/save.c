@@ -7,13 +7,15 @@
  *    it) before QEMU is touched: a save that cannot write its file must not
  *    have sent QEMU a single command.
  * 1. Before the pause: connect to QMP, find the vCPU threads and the guest
- *    RAM (shared backends, opened through /proc/PID/map_files), create a
- *    userfaultfd inside QEMU (ptrace) and bring it here (pidfd_getfd),
- *    create the file.
+ *    RAM (shared backends opened through /proc/PID/map_files; private RAM
+ *    reached with process_vm_readv), create a userfaultfd inside QEMU
+ *    (ptrace) and bring it here (pidfd_getfd), create the file.
  * 2. Pause (QMP stop): read the vCPUs' page-table roots (info registers -a),
  *    take the device state (xen-save-devices-state, a device-only stream),
- *    arm the engine (register MINOR on QEMU's RAM, then drop QEMU's
- *    page-table entries with an injected madvise), resume (cont). The pause
+ *    arm the engine (shared RAM: register MINOR on QEMU's RAM, then drop
+ *    QEMU's page-table entries with an injected madvise; private RAM: move
+ *    it aside inside QEMU with an injected mremap, written to the save's
+ *    record first, and register MISSING), resume (cont). The pause
  *    is what the guest notices; it is timed.
  * 3. The guest runs; every first access to a block traps and is saved by
  *    the engine, attributed to the vCPU whose thread faulted. Roots keep
@@ -77,8 +79,9 @@ void hq_help_save(FILE *f)
 		"copy-on-access (milliseconds) and keeps running while its memory is saved:\n"
 		"each block is saved at its first access after the pause (attributed to the\n"
 		"vCPU that touched it) or by a throttled background pass in guest-virtual\n"
-		"order. Guest RAM must be a shared backend (memory-backend-memfd share=on,\n"
-		"or memory-backend-file share=on on tmpfs or hugetlbfs). Needs ptrace rights\n"
+		"order. Guest RAM may be QEMU's default (-m alone, memory-backend-ram) or a\n"
+		"shared backend (memory-backend-memfd or -file share=on, on tmpfs or\n"
+		"hugetlbfs); not a private mapping of a file (share=off). Needs ptrace rights\n"
 		"over QEMU (root). FILE is checked before QEMU is touched: its directory must\n"
 		"exist and be writable, and no running restore may be reading it.\n\n"
 		"Options:\n"

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: MIT
 /*
  * What halite-qemu learns about a running QEMU and does to it from outside:
- * its RAM (shared backends only: the engines reach the memory through the
- * backing file, and QEMU's own accesses through a userfaultfd created inside
- * it), its vCPU threads and page-table roots, and its device state as a
+ * its RAM (shared backends, reached through the backing file, and private
+ * anonymous RAM, reached through QEMU's address space; QEMU's own accesses
+ * through a userfaultfd created inside it), its vCPU threads and page-table roots, and its device state as a
  * device-only migration stream. Facts relied on are in
  * shared/design/qemu-integration.md (checked on QEMU 7.2).
  */
@@ -66,7 +66,16 @@ int hq_vm_attach(struct hq_vm *vm, const char *qmp_path, int timeout_ms,
 		vm->regions[i].fd = -1;
 	r = hq_qmp_connect(&vm->qmp, qmp_path, timeout_ms, err, sizeof(err));
 	if (r) {
-		hq_vmsetf(vm, "%s", err);
+		char rec[128];
+		pid_t pid = hq_qmp_listener_pid(qmp_path);
+
+		/* A vCPU waiting for memory a dead save moved aside may hold QEMU's lock. */
+		if (pid > 0 && hq_aside_record_path(pid, rec, sizeof(rec)))
+			hq_vmsetf(vm, "%s; a save of this VM's private RAM was interrupted (%s) and "
+				  "the guest waits for its memory: run '" PROG " save --recover "
+				  "--qmp SOCKET'", err, rec);
+		else
+			hq_vmsetf(vm, "%s", err);
 		return r;
 	}
 	vm->pid = hq_qmp_peer_pid(vm->qmp);
@@ -448,8 +457,7 @@ int hq_vm_check_saveable(struct hq_vm *vm)
 		if (ret) {
 			char rec[128];
 
-			snprintf(rec, sizeof(rec), HQ_ASIDE_DIR "/qemu-%d.save", (int)vm->pid);
-			if (!access(rec, F_OK))
+			if (hq_aside_record_path(vm->pid, rec, sizeof(rec)))
 				hq_vmsetf(vm, "a save of this VM's private RAM was interrupted (%s): "
 					  "run '" PROG " save --recover --qmp SOCKET' first", rec);
 			else
@@ -843,9 +851,10 @@ int hq_vm_close_remote(struct hq_vm *vm, int remote)
 	return (int)res;
 }
 
-static void record_path(const struct hq_vm *vm, char *buf, size_t len)
+bool hq_aside_record_path(pid_t pid, char *buf, size_t len)
 {
-	snprintf(buf, len, HQ_ASIDE_DIR "/qemu-%d.save", (int)vm->pid);
+	snprintf(buf, len, HQ_ASIDE_DIR "/qemu-%d.save", (int)pid);
+	return !access(buf, F_OK);
 }
 
 int hq_aside_record_create(struct hq_vm *vm, bool running)
@@ -853,7 +862,7 @@ int hq_aside_record_create(struct hq_vm *vm, bool running)
 	char path[128], head[64];
 	int n;
 
-	record_path(vm, path, sizeof(path));
+	hq_aside_record_path(vm->pid, path, sizeof(path));
 	if (mkdir(HQ_ASIDE_DIR, 0700) && errno != EEXIST) {
 		hq_vmsetf(vm, "%s: %s", HQ_ASIDE_DIR, strerror(errno));
 		return -errno;
@@ -880,50 +889,79 @@ void hq_aside_record_remove(struct hq_vm *vm)
 		return;
 	close(vm->aside_fd);
 	vm->aside_fd = -1;
-	record_path(vm, path, sizeof(path));
+	hq_aside_record_path(vm->pid, path, sizeof(path));
 	unlink(path);
+}
+
+/* mmap, mremap or munmap inside QEMU: its result (an address, or -errno) in *@res. */
+static int inject(struct hq_vm *vm, long nr, const char *what, const long args[6], long *res)
+{
+	char err[512];
+	int ret = hq_inject_one(vm->pid, nr, args, res, err, sizeof(err));
+
+	if (ret)
+		hq_vmsetf(vm, "%s inside QEMU: %s", what, err);
+	else if (*res < 0 && *res > -4096)
+		ret = (int)*res;
+	return ret;
 }
 
 int hq_remap(void *ctx, uint64_t addr, uint64_t len, uint64_t to, uint64_t *res)
 {
 	struct hq_vm *vm = ctx;
-	long args[6] = { (long)addr, (long)len, (long)len,
-			 MREMAP_MAYMOVE | (to ? MREMAP_FIXED : MREMAP_DONTUNMAP), (long)to }, r = 0;
-	char err[512], line[128];
+	long reserve[6] = { 0, (long)len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+			    -1, 0 };
+	long move[6] = { (long)addr, (long)len, (long)len,
+			 MREMAP_MAYMOVE | (to ? MREMAP_FIXED : MREMAP_DONTUNMAP), (long)to };
+	long r = 0, at;
+	char line[128];
+	off_t end;
 	int ret, n;
 
-	ret = hq_inject_one(vm->pid, SYS_mremap, args, &r, err, sizeof(err));
-	if (ret) {
-		hq_vmsetf(vm, "mremap inside QEMU: %s", err);
+	if (to || vm->aside_fd < 0) {
+		ret = inject(vm, SYS_mremap, "mremap", move, &r);
+		*res = (uint64_t)r;
 		return ret;
 	}
-	if (r < 0 && r > -4096)
-		return (int)r;
-	*res = (uint64_t)r;
-	/* Where they went, before anything else: it is the only copy of what they hold. */
-	if (!to && vm->aside_fd >= 0) {
-		n = snprintf(line, sizeof(line), "aside 0x%" PRIx64 " 0x%" PRIx64 " 0x%" PRIx64 "\n",
-			     addr, len, (uint64_t)r);
-		if (write(vm->aside_fd, line, (size_t)n) != n || fsync(vm->aside_fd))
-			hq_errorf("save: the record of pages moved aside (%s): %s", HQ_ASIDE_DIR,
-				  strerror(errno));
+	/*
+	 * Aside, for a save with a record: the pages there are the only copy
+	 * of what the guest has not touched yet, so where they go is chosen
+	 * first (a reservation, no memory), recorded and synced, and only then
+	 * are they moved. Dead at any point, the save leaves either nothing
+	 * moved or a record that finds them ('save --recover').
+	 */
+	ret = inject(vm, SYS_mmap, "mmap", reserve, &at);
+	if (ret)
+		return ret;
+	errno = 0;
+	end = lseek(vm->aside_fd, 0, SEEK_END);
+	n = snprintf(line, sizeof(line), "aside 0x%" PRIx64 " 0x%" PRIx64 " 0x%" PRIx64 "\n", addr,
+		     len, (uint64_t)at);
+	if (end < 0 || write(vm->aside_fd, line, (size_t)n) != n || fsync(vm->aside_fd)) {
+		ret = errno ? -errno : -EIO;
+		hq_vmsetf(vm, "the save's record (" HQ_ASIDE_DIR "): %s", strerror(-ret));
+		goto unreserve;
 	}
-	return 0;
+	move[3] |= MREMAP_FIXED;
+	move[4] = at;
+	ret = inject(vm, SYS_mremap, "mremap", move, &r);
+	if (!ret) {
+		*res = (uint64_t)r;
+		return 0;
+	}
+unreserve:
+	/* Out of the record before the reservation goes: its address may be reused. */
+	if (end >= 0 && (ftruncate(vm->aside_fd, end) || fsync(vm->aside_fd)))
+		return ret;	/* the reservation stays, harmless, where the record says */
+	hq_unmap(vm, (uint64_t)at, len);
+	return ret;
 }
 
 int hq_unmap(void *ctx, uint64_t addr, uint64_t len)
 {
-	struct hq_vm *vm = ctx;
 	long args[6] = { (long)addr, (long)len }, r = 0;
-	char err[512];
-	int ret;
 
-	ret = hq_inject_one(vm->pid, SYS_munmap, args, &r, err, sizeof(err));
-	if (ret) {
-		hq_vmsetf(vm, "munmap inside QEMU: %s", err);
-		return ret;
-	}
-	return (int)r;
+	return inject(ctx, SYS_munmap, "munmap", args, &r);
 }
 
 int hq_drop_ptes(void *ctx, uint64_t addr, uint64_t len)
