@@ -122,13 +122,17 @@ cflags=(-static -O2 -std=c11 -Wall -Wextra -Werror)
 gcc "${cflags[@]}" -o "$out/verifier" "$root/guest-image/verifier.c" ||
 	die "cannot build the verifier (needs gcc and libc6-dev's static libc)"
 install -m 0755 "$out/verifier" "$stage/bin/verifier"
+gcc "${cflags[@]}" -o "$out/disklog" "$root/guest-image/disklog.c" ||
+	die "cannot build disklog"
+install -m 0755 "$out/disklog" "$stage/bin/disklog"
 install -m 0755 "$root/guest-image/init" "$stage/init"
 cp -r "$root/guest-image/www/." "$stage/www/"
 chmod 0755 "$stage"/www/cgi-bin/*
 head -c $((1 << 20)) <(yes "halite test guest, static file for HTTP timing") >"$stage/www/blob.bin"
 
 # NIC drivers, dependencies first: e1000e (q35's default -nic), virtio-net;
-# virtio-balloon, for guests whose memory a balloon gives back (tests/qemu).
+# virtio-balloon, for guests whose memory a balloon gives back; virtio-blk,
+# for a disk that disklog writes (tests/qemu).
 declare -A seen=()
 modlist=()
 add_module() { # path relative to $moddir, as in modules.dep
@@ -141,7 +145,7 @@ add_module() { # path relative to $moddir, as in modules.dep
 	done
 	modlist+=("$m")
 }
-for name in e1000e virtio_pci virtio_net virtio_balloon; do
+for name in e1000e virtio_pci virtio_net virtio_balloon virtio_blk; do
 	m=$(grep -o "^[^:]*/$name\.ko[^:]*" "$moddir/modules.dep" | head -n1 || true)
 	if [[ -z $m ]]; then
 		grep -qs "/$name\.ko" "$moddir/modules.builtin" || die "no module $name in $moddir"

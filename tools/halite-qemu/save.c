@@ -36,9 +36,11 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli.h"
+#include "disks.h"
 #include "hq.h"
 
 struct save_params {
@@ -52,6 +54,8 @@ struct save_params {
 	unsigned root_ms;
 	unsigned flags;
 	bool recover;	/* --recover: a save of private RAM that died, finished */
+	bool no_disks;	/* --no-disks: memory only, the disks not frozen */
+	const char *disk_dir; /* --disk-dir: where the overlays go (default: beside each image) */
 	struct hq_out out;
 };
 
@@ -61,6 +65,7 @@ struct save_run {
 	struct halite_save *s;
 	int uffd;
 	int remote_uffd; /* private RAM: QEMU's copy of the userfaultfd, closed at the end */
+	struct hq_disks *disks; /* the guest's disks; the writable ones frozen in the pause */
 	bool was_running, stop_sent;
 	/* stop sent, cont answered (a paused guest: neither), start() done, file complete */
 	uint64_t t_attach_ns, t_stop_ns, t_cont_ns, t_armed_ns, t_done_ns;
@@ -84,6 +89,13 @@ void hq_help_save(FILE *f)
 		"hugetlbfs); not a private mapping of a file (share=off). Needs ptrace rights\n"
 		"over QEMU (root). FILE is checked before QEMU is touched: its directory must\n"
 		"exist and be writable, and no running restore may be reading it.\n\n"
+		"Disks: in the pause every writable disk is frozen at the snapshot instant\n"
+		"(a QEMU external snapshot: the guest writes to a new qcow2 overlay from then\n"
+		"on, IMAGE-STEM.FILE-STEM-TIME.qcow2 beside the image; the image itself is never\n"
+		"written again), and FILE records the frozen images; each restore runs on a\n"
+		"fresh overlay of them. Disks that cannot be frozen (not an image file, shared,\n"
+		"encrypted) are refused before the guest is touched. A save that fails commits\n"
+		"the overlays back into their images.\n\n"
 		"Options:\n"
 		"  --qmp SOCKET       QEMU's QMP unix socket (-qmp unix:SOCKET,server=on,wait=off)\n"
 		"  --codec NAME       none, lz4 (default), zlib, zstd\n"
@@ -93,6 +105,9 @@ void hq_help_save(FILE *f)
 		"  --bg-rate SIZE     background save never slower than SIZE per second (64M)\n"
 		"  --root-interval MS sample the vCPUs' page-table roots every MS ms (100)\n"
 		"  --keep-incomplete  keep the partial file of a failed save as FILE.incomplete\n"
+		"  --disk-dir DIR     put the disks' overlays in DIR (default: beside each image)\n"
+		"  --no-disks         memory only, disks not frozen: restorable only with the\n"
+		"                     disks as they were at the snapshot (unsafe once they moved on)\n"
 		"  --recover          no FILE: give back to QEMU the private RAM a save that\n"
 		"                     died (killed) had moved aside, let QEMU go on (its guest\n"
 		"                     waits for that memory meanwhile); then save again\n"
@@ -116,6 +131,8 @@ static int parse_args(int argc, char **argv, struct save_params *p)
 		{ "root-interval", required_argument, NULL, 'i' },
 		{ "keep-incomplete", no_argument, NULL, 'k' },
 		{ "recover", no_argument, NULL, 'R' },
+		{ "no-disks", no_argument, NULL, 'D' },
+		{ "disk-dir", required_argument, NULL, 'd' },
 		{ "json", no_argument, NULL, 'j' },
 		{ "quiet", no_argument, NULL, 'q' },
 		{ "verbose", no_argument, NULL, 'v' },
@@ -179,6 +196,12 @@ static int parse_args(int argc, char **argv, struct save_params *p)
 			break;
 		case 'R':
 			p->recover = true;
+			break;
+		case 'D':
+			p->no_disks = true;
+			break;
+		case 'd':
+			p->disk_dir = optarg;
 			break;
 		case 'h':
 			hq_help_save(stdout);
@@ -284,6 +307,47 @@ static int set_meta(struct save_run *r)
 	return ret;
 }
 
+/*
+ * Before the guest is touched: the disks to freeze, each able to be, and
+ * their overlays made. Overlays are named after the file and the time.
+ */
+static int prepare_disks(struct save_run *r)
+{
+	const char *base = strrchr(r->p.path, '/') ? strrchr(r->p.path, '/') + 1 : r->p.path;
+	char tag[128], when[32];
+	time_t now = time(NULL);
+	int ret;
+
+	ret = hq_disks_query(&r->vm, r->disks, r->err, sizeof(r->err));
+	if (ret || r->p.no_disks || !hq_disks_writable(r->disks))
+		return ret;
+	strftime(when, sizeof(when), "%Y%m%d-%H%M%S", localtime(&now));
+	snprintf(tag, sizeof(tag), "%.*s-%s", (int)strcspn(base, "."), base, when);
+	return hq_disks_prepare(&r->vm, r->disks, r->p.disk_dir, tag, r->err, sizeof(r->err));
+}
+
+/* In the pause: the disks frozen at the snapshot instant, and recorded. */
+static int freeze_disks(struct save_run *r)
+{
+	char *rec;
+	int ret = 0;
+
+	if (!r->p.no_disks && hq_disks_writable(r->disks)) {
+		ret = hq_disks_freeze(&r->vm, r->disks, r->err, sizeof(r->err));
+		if (ret)
+			return ret;
+	}
+	rec = hq_disks_record(r->disks);
+	ret = rec ? halite_save_set_meta(r->s, "qemu.disks", rec, (uint32_t)strlen(rec)) : -ENOMEM;
+	if (!ret)
+		ret = halite_save_set_meta(r->s, "qemu.disks-frozen", r->p.no_disks ? "no" : "yes",
+					   r->p.no_disks ? 2 : 3);
+	free(rec);
+	if (ret)
+		return fail(r, ret, "file metadata", halite_strerror(ret));
+	return 0;
+}
+
 /* Everything up to and including the resume after arm. */
 static int start(struct save_run *r)
 {
@@ -310,6 +374,9 @@ static int start(struct save_run *r)
 	if (strcmp(r->status, "running") && strcmp(r->status, "paused"))
 		return fail(r, -HALITE_E_STATE, "QEMU is not running a guest", r->status);
 	r->was_running = strcmp(r->status, "running") == 0;
+	ret = prepare_disks(r);
+	if (ret)
+		return ret;
 	for (uint32_t i = 0; i < r->vm.nregions; i++) {
 		const struct hq_region *g = &r->vm.regions[i];
 
@@ -392,6 +459,9 @@ static int start(struct save_run *r)
 		fail(r, ret, "device state", halite_strerror(ret));
 		goto out;
 	}
+	ret = freeze_disks(r);
+	if (ret)
+		goto out;
 	if (hq_fault("fail-before-arm")) {
 		ret = fail(r, -EIO, "test fault fail-before-arm", "a failure before arming");
 		goto out;
@@ -474,6 +544,44 @@ static int run(struct save_run *r)
 	return 0;
 }
 
+/* "disks": [{"qdev", "image", "frozen", "overlay"}]: where the guest writes now. */
+static void report_disks_json(const struct save_run *r)
+{
+	printf(", \"disks_frozen\": %s, \"disks\": [", r->p.no_disks ? "false" : "true");
+	for (int i = 0; i < r->disks->n; i++) {
+		const struct hq_disk *d = &r->disks->d[i];
+
+		printf("%s{\"qdev\": ", i ? ", " : "");
+		halite_json_str(stdout, d->qdev);
+		printf(", \"image\": ");
+		halite_json_str(stdout, d->image);
+		printf(", \"read_only\": %s, \"frozen\": %s, \"overlay\": ", d->ro ? "true" : "false",
+		       d->frozen ? "true" : "false");
+		if (d->frozen)
+			halite_json_str(stdout, d->overlay);
+		else
+			printf("null");
+		printf("}");
+	}
+	printf("]");
+}
+
+static void report_disks(const struct save_run *r)
+{
+	for (int i = 0; i < r->disks->n; i++) {
+		const struct hq_disk *d = &r->disks->d[i];
+
+		if (d->frozen)
+			printf("  disk           %s: %s frozen; the guest writes to %s now\n",
+			       d->device[0] ? d->device : d->qdev, d->image, d->overlay);
+		else
+			printf("  disk           %s: %s %s\n", d->device[0] ? d->device : d->qdev,
+			       d->image, d->ro ? "read-only, not frozen" :
+			       "NOT frozen (--no-disks): restorable only with the disk as it "
+			       "was at the snapshot");
+	}
+}
+
 static void report(const struct save_run *r, int ret)
 {
 	const struct halite_save_stats *st = &r->st;
@@ -494,13 +602,15 @@ static void report(const struct save_run *r, int ret)
 		       ", \"faults_vcpu\": %" PRIu64 ", \"faults_other\": %" PRIu64
 		       ", \"fault_p50_us\": %.1f, \"fault_p99_us\": %.1f, \"mb_total\": %" PRIu64
 		       ", \"mb_stored\": %" PRIu64 ", \"mb_zero\": %" PRIu64 ", \"mb_untouched\": %"
-		       PRIu64 ", \"mb_background\": %" PRIu64 ", \"root_samples\": %" PRIu64 "}\n",
+		       PRIu64 ", \"mb_background\": %" PRIu64 ", \"root_samples\": %" PRIu64,
 		       pause_ms, (double)st->arm_ns / 1e6,
 		       (double)st->duration_ns / 1e9, st->mb_total * 8192, st->file_bytes, ratio,
 		       r->devstate_bytes, st->faults, st->faults_vcpu, st->faults_other,
 		       (double)st->fault_p50_ns / 1e3, (double)st->fault_p99_ns / 1e3,
 		       st->mb_total, st->mb_stored, st->mb_zero, st->mb_untouched,
 		       st->mb_background, r->root_samples);
+		report_disks_json(r);
+		printf("}\n");
 		return;
 	}
 	if (ret)
@@ -524,6 +634,7 @@ static void report(const struct save_run *r, int ret)
 	       " %" PRIu64 " by vCPUs, %" PRIu64 " by other threads\n", st->faults,
 	       (double)st->fault_p50_ns / 1e3, (double)st->fault_p99_ns / 1e3, st->faults_vcpu,
 	       st->faults_other);
+	report_disks(r);
 }
 
 int hq_cmd_save(int argc, char **argv)
@@ -545,10 +656,17 @@ int hq_cmd_save(int argc, char **argv)
 		return ret;
 	}
 	r->uffd = r->remote_uffd = r->vm.aside_fd = -1;
+	r->disks = calloc(1, sizeof(*r->disks));
+	if (!r->disks) {
+		hq_errorf("out of memory");
+		free(r);
+		return EXIT_FAIL;
+	}
 	ret = halite_writer_check_path(r->p.path, r->err, sizeof(r->err));
 	if (ret == -EINVAL) {
 		/* No file name at all ("" on the command line): usage. */
 		hq_errorf("save: %s; see '" PROG " save --help'", r->err);
+		free(r->disks);
 		free(r);
 		return EXIT_USAGE;
 	}
@@ -565,7 +683,10 @@ int hq_cmd_save(int argc, char **argv)
 		hq_errorf("save: closing QEMU's copy of the userfaultfd: %s", r->vm.err);
 	/* QEMU's memory is whole and its own again: nothing left to recover. */
 	hq_aside_record_remove(&r->vm);
+	if (ret && hq_disks_thaw(&r->vm, r->disks, r->err, sizeof(r->err)))
+		hq_errorf("save: the disks could not be thawed: %s", r->err);
 	hq_vm_release(&r->vm);
+	free(r->disks);
 	free(r);
 	if (!ret)
 		return EXIT_OK;

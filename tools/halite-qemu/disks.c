@@ -1,0 +1,496 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The guest's disks, frozen with its memory (disks.h).
+ *
+ * Why overlays are made with qemu-img rather than by QEMU
+ * (blockdev-snapshot-sync mode absolute-paths): QEMU writes into the new
+ * overlay the backing file name as it opened it, which for `-drive
+ * file=disk.qcow2` is relative to QEMU's working directory, while a qcow2
+ * backing name is read relative to the overlay's directory. An overlay made
+ * by `qemu-img create -b ABSOLUTE -u` names its image wherever it lies, and
+ * QEMU takes it as it is (mode existing). -u: the image is not opened (QEMU
+ * holds it), so its format and size are given.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "disks.h"
+#include "hq.h"
+
+#define JOB_TIMEOUT_MS 60000
+
+extern char **environ;
+
+static int seterr(char *err, size_t len, int ret, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static int seterr(char *err, size_t len, int ret, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(err, len, fmt, ap);
+	va_end(ap);
+	return ret;
+}
+
+static const char *jstr(const cJSON *o, const char *key)
+{
+	const char *s = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, key));
+
+	return s ? s : "";
+}
+
+static bool jbool(const cJSON *o, const char *key)
+{
+	return cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, key));
+}
+
+/* @name as QEMU @pid opened it, absolute: relative names are QEMU's working directory's. */
+static int resolve(pid_t pid, const char *name, char *out, size_t len)
+{
+	char in[HQ_PATH_MAX + 64], real[PATH_MAX];
+
+	if (!name[0] || !strncmp(name, "json:", 5) || strstr(name, "://"))
+		return -EINVAL;
+	if (name[0] == '/')
+		snprintf(in, sizeof(in), "%s", name);
+	else
+		snprintf(in, sizeof(in), "/proc/%d/cwd/%s", (int)pid, name);
+	if (!realpath(in, real))
+		return -errno;
+	if (strlen(real) >= len)
+		return -ENAMETOOLONG;
+	memcpy(out, real, strlen(real) + 1);
+	return 0;
+}
+
+int hq_disks_query(struct hq_vm *vm, struct hq_disks *ds, char *err, size_t errlen)
+{
+	cJSON *list = NULL, *b;
+	int ret;
+
+	memset(ds, 0, sizeof(*ds));
+	ret = hq_qmp_call(vm->qmp, "query-block", NULL, &list, HQ_QMP_TIMEOUT_MS);
+	if (ret)
+		return seterr(err, errlen, ret, "query-block: %s", hq_qmp_errmsg(vm->qmp));
+	cJSON_ArrayForEach(b, list) {
+		const cJSON *in = cJSON_GetObjectItemCaseSensitive(b, "inserted");
+		const cJSON *img = cJSON_GetObjectItemCaseSensitive(in, "image");
+		struct hq_disk *d;
+
+		if (!in)
+			continue; /* an empty drive: no medium */
+		if (ds->n == HQ_MAX_DISKS) {
+			ret = seterr(err, errlen, -E2BIG, "more than %d disks", HQ_MAX_DISKS);
+			break;
+		}
+		d = &ds->d[ds->n++];
+		snprintf(d->device, sizeof(d->device), "%s", jstr(b, "device"));
+		snprintf(d->qdev, sizeof(d->qdev), "%s", jstr(b, "qdev"));
+		snprintf(d->node, sizeof(d->node), "%s", jstr(in, "node-name"));
+		snprintf(d->format, sizeof(d->format), "%s", jstr(in, "drv"));
+		d->ro = jbool(in, "ro");
+		d->vsize = img ? (uint64_t)cJSON_GetNumberValue(
+					 cJSON_GetObjectItemCaseSensitive(img, "virtual-size")) : 0;
+		if (jbool(in, "encrypted")) {
+			ret = seterr(err, errlen, -ENOTSUP, "disk %s: an encrypted image is not "
+				     "supported", d->qdev);
+			break;
+		}
+		if (resolve(vm->pid, jstr(in, "file"), d->image, sizeof(d->image))) {
+			/* Not a file (nbd://, json:{...}, gone): a read-only one is left alone. */
+			if (d->ro) {
+				snprintf(d->image, sizeof(d->image), "%s", jstr(in, "file"));
+				continue;
+			}
+			ret = seterr(err, errlen, -ENOTSUP, "disk %s: its image '%s' is not a file "
+				     "on this host (network or JSON images cannot be frozen); use "
+				     "--no-disks to save memory only", d->qdev, jstr(in, "file"));
+			break;
+		}
+		if (d->ro)
+			continue; /* never frozen: its chain does not matter */
+		if (!d->vsize) {
+			ret = seterr(err, errlen, -EPROTO, "disk %s: QEMU gives no virtual size",
+				     d->qdev);
+			break;
+		}
+		for (img = cJSON_GetObjectItemCaseSensitive(img, "backing-image"); img;
+		     img = cJSON_GetObjectItemCaseSensitive(img, "backing-image")) {
+			if (d->nchain == HQ_MAX_CHAIN) {
+				ret = seterr(err, errlen, -E2BIG, "disk %s: more than %d images "
+					     "in its chain", d->qdev, HQ_MAX_CHAIN);
+				break;
+			}
+			if (resolve(vm->pid, jstr(img, "filename"), d->chain[d->nchain],
+				    HQ_PATH_MAX)) {
+				ret = seterr(err, errlen, -ENOTSUP, "disk %s: its backing image '%s' "
+					     "is not a file on this host", d->qdev,
+					     jstr(img, "filename"));
+				break;
+			}
+			d->nchain++;
+		}
+		if (ret)
+			break;
+	}
+	cJSON_Delete(list);
+	return ret;
+}
+
+int hq_disks_writable(const struct hq_disks *ds)
+{
+	int n = 0;
+
+	for (int i = 0; i < ds->n; i++)
+		n += !ds->d[i].ro;
+	return n;
+}
+
+/* qom-get @path @prop as a boolean: 1, 0, or 0 when there is no such property. */
+static int qom_bool(struct hq_vm *vm, const char *path, const char *prop)
+{
+	cJSON *args = cJSON_CreateObject(), *ret = NULL;
+	int r;
+
+	cJSON_AddStringToObject(args, "path", path);
+	cJSON_AddStringToObject(args, "property", prop);
+	r = hq_qmp_call(vm->qmp, "qom-get", args, &ret, HQ_QMP_TIMEOUT_MS);
+	r = !r && cJSON_IsTrue(ret);
+	cJSON_Delete(ret);
+	return r;
+}
+
+/* Run @argv (a program in PATH) and wait; 0 if it exited 0, with its stderr in @err if not. */
+static int run(char *const *argv, char *err, size_t errlen)
+{
+	char out[] = "/tmp/halite-qemu-cmd.XXXXXX";
+	posix_spawn_file_actions_t fa;
+	int fd = mkstemp(out), st, ret;
+	pid_t pid;
+
+	if (fd < 0)
+		return seterr(err, errlen, -errno, "%s: %s", out, strerror(errno));
+	unlink(out);
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_adddup2(&fa, fd, STDERR_FILENO);
+	posix_spawn_file_actions_adddup2(&fa, fd, STDOUT_FILENO);
+	ret = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
+	posix_spawn_file_actions_destroy(&fa);
+	if (ret) {
+		close(fd);
+		return seterr(err, errlen, -ret, "%s: %s%s", argv[0], strerror(ret),
+			      ret == ENOENT ? " (Debian: apt-get install qemu-utils)" : "");
+	}
+	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+		;
+	if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
+		close(fd);
+		return 0;
+	}
+	{
+		char msg[512] = "";
+		ssize_t n = pread(fd, msg, sizeof(msg) - 1, 0);
+
+		msg[n > 0 ? n : 0] = '\0';
+		msg[strcspn(msg, "\n")] = '\0';
+		close(fd);
+		return seterr(err, errlen, -EIO, "%s failed: %s", argv[0],
+			      msg[0] ? msg : "no message");
+	}
+}
+
+/*
+ * Make the qcow2 overlay of @d: in @dir (or beside its image), named
+ * IMAGE-STEM.TAG.qcow2 with -N added until the name is new. The name is
+ * taken with O_EXCL first: an existing file, another disk's overlay above
+ * all, is never written over.
+ */
+static int make_overlay(struct hq_disk *d, const char *dir, const char *tag, char *err,
+			size_t errlen)
+{
+	char base[HQ_PATH_MAX], stem[256], size[32];
+	const char *slash = strrchr(d->image, '/'), *dot;
+	int fd = -1, ret;
+
+	if (dir)
+		snprintf(base, sizeof(base), "%s", dir);
+	else
+		snprintf(base, sizeof(base), "%.*s", (int)(slash - d->image), d->image);
+	snprintf(stem, sizeof(stem), "%s", slash + 1);
+	dot = strrchr(stem, '.');
+	if (dot && dot != stem)
+		stem[dot - stem] = '\0';
+	for (int i = 0; i < 100 && fd < 0; i++) {
+		if (i)
+			ret = snprintf(d->overlay, sizeof(d->overlay), "%s/%s.%s-%d.qcow2", base,
+				       stem, tag, i);
+		else
+			ret = snprintf(d->overlay, sizeof(d->overlay), "%s/%s.%s.qcow2", base, stem,
+				       tag);
+		if (ret >= (int)sizeof(d->overlay))
+			return seterr(err, errlen, -ENAMETOOLONG, "disk %s: overlay name too long",
+				      d->qdev);
+		fd = open(d->overlay, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+		if (fd < 0 && errno != EEXIST)
+			return seterr(err, errlen, -errno, "disk %s: cannot create its overlay %s: "
+				      "%s%s", d->qdev, d->overlay, strerror(errno),
+				      dir ? "" : " (--disk-dir DIR puts overlays elsewhere)");
+	}
+	if (fd < 0)
+		return seterr(err, errlen, -EEXIST, "disk %s: no free overlay name like %s",
+			      d->qdev, d->overlay);
+	close(fd);
+	d->overlay_made = true;
+	snprintf(size, sizeof(size), "%" PRIu64, d->vsize);
+	ret = run((char *const[]){ "qemu-img", "create", "-q", "-f", "qcow2", "-u", "-b", d->image,
+				   "-F", d->format, d->overlay, size, NULL }, err, errlen);
+	if (ret) {
+		char why[512];
+
+		snprintf(why, sizeof(why), "%s", err);
+		return seterr(err, errlen, ret, "disk %s: making its overlay %s: %s", d->qdev,
+			      d->overlay, why);
+	}
+	return 0;
+}
+
+int hq_disks_prepare(struct hq_vm *vm, struct hq_disks *ds, const char *dir, const char *tag,
+		     char *err, size_t errlen)
+{
+	int ret = 0;
+
+	for (int i = 0; i < ds->n && !ret; i++) {
+		struct hq_disk *d = &ds->d[i];
+		struct stat st;
+
+		if (d->ro)
+			continue;
+		if (stat(d->image, &st) || !S_ISREG(st.st_mode))
+			ret = seterr(err, errlen, -ENOTSUP, "disk %s: its image %s is %s: only "
+				     "image files can be frozen; use --no-disks to save memory only",
+				     d->qdev, d->image, S_ISBLK(st.st_mode) ? "a block device" :
+				     "not a regular file");
+		else if (qom_bool(vm, d->qdev, "share-rw"))
+			ret = seterr(err, errlen, -ENOTSUP, "disk %s is shared (share-rw=on): "
+				     "another VM may write it, so it cannot be frozen; use "
+				     "--no-disks to save memory only", d->qdev);
+		for (int j = 0; j < i && !ret; j++)
+			if (!ds->d[j].ro && !strcmp(ds->d[j].image, d->image))
+				ret = seterr(err, errlen, -ENOTSUP, "disks %s and %s write the same "
+					     "image %s", ds->d[j].qdev, d->qdev, d->image);
+	}
+	for (int i = 0; i < ds->n && !ret; i++) {
+		struct hq_disk *d = &ds->d[i];
+
+		if (d->ro)
+			continue;
+		/* A node name: a letter first, then letters, digits, '-', '.', '_'; 31 at most. */
+		snprintf(d->overlay_node, sizeof(d->overlay_node), "halite-%lld-%d",
+			 (long long)time(NULL), i);
+		ret = make_overlay(d, dir, tag, err, errlen);
+	}
+	if (ret)
+		hq_disks_discard(ds);
+	return ret;
+}
+
+int hq_disks_freeze(struct hq_vm *vm, struct hq_disks *ds, char *err, size_t errlen)
+{
+	cJSON *args = cJSON_CreateObject();
+	cJSON *actions = cJSON_AddArrayToObject(args, "actions");
+	int ret;
+
+	for (int i = 0; i < ds->n; i++) {
+		const struct hq_disk *d = &ds->d[i];
+		cJSON *a, *data;
+
+		if (d->ro)
+			continue;
+		a = cJSON_CreateObject();
+		cJSON_AddStringToObject(a, "type", "blockdev-snapshot-sync");
+		data = cJSON_AddObjectToObject(a, "data");
+		cJSON_AddStringToObject(data, "node-name", d->node);
+		cJSON_AddStringToObject(data, "snapshot-file", d->overlay);
+		cJSON_AddStringToObject(data, "snapshot-node-name", d->overlay_node);
+		cJSON_AddStringToObject(data, "format", "qcow2");
+		cJSON_AddStringToObject(data, "mode", "existing");
+		cJSON_AddItemToArray(actions, a);
+	}
+	ret = hq_qmp_call(vm->qmp, "transaction", args, NULL, HQ_QMP_TIMEOUT_MS);
+	if (ret)
+		return seterr(err, errlen, ret, "freezing the disks (transaction of "
+			      "blockdev-snapshot-sync): %s", hq_qmp_errmsg(vm->qmp));
+	for (int i = 0; i < ds->n; i++) {
+		struct hq_disk *d = &ds->d[i];
+		struct stat st;
+
+		if (d->ro)
+			continue;
+		d->frozen = true;
+		if (stat(d->image, &st))
+			return seterr(err, errlen, -errno, "frozen image %s: %s", d->image,
+				      strerror(errno));
+		d->st_dev = st.st_dev;
+		d->st_ino = st.st_ino;
+		d->st_size = (uint64_t)st.st_size;
+		d->mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+	}
+	return 0;
+}
+
+/* The status of job @id (query-jobs), "" once it is gone, into @buf; 0 or -errno. */
+static int job_status(struct hq_vm *vm, const char *id, char *buf, size_t len, char *jerr,
+		      size_t jerrlen)
+{
+	cJSON *jobs = NULL, *j;
+	int ret = hq_qmp_call(vm->qmp, "query-jobs", NULL, &jobs, HQ_QMP_TIMEOUT_MS);
+
+	buf[0] = '\0';
+	if (ret)
+		return ret;
+	cJSON_ArrayForEach(j, jobs)
+		if (!strcmp(jstr(j, "id"), id)) {
+			snprintf(buf, len, "%s", jstr(j, "status"));
+			snprintf(jerr, jerrlen, "%s", jstr(j, "error"));
+		}
+	cJSON_Delete(jobs);
+	return 0;
+}
+
+/* Wait until job @id is in @want ("" gone); 0, -ETIMEDOUT, or -EIO with its error. */
+static int job_wait(struct hq_vm *vm, const char *id, const char *want, char *jerr, size_t len)
+{
+	char st[32];
+
+	for (uint64_t end = hq_now_ns() + JOB_TIMEOUT_MS * 1000000ull; hq_now_ns() < end;) {
+		int ret = job_status(vm, id, st, sizeof(st), jerr, len);
+
+		if (ret)
+			return ret;
+		if (!strcmp(st, want))
+			return 0;
+		if (jerr[0] || (want[0] && !st[0]))
+			return -EIO;
+		usleep(10000);
+	}
+	return -ETIMEDOUT;
+}
+
+/* An active commit of @d's overlay into its image, then the pivot back to it. */
+static int commit_back(struct hq_vm *vm, const struct hq_disk *d, int i, char *jerr, size_t len)
+{
+	cJSON *args = cJSON_CreateObject();
+	char id[64];
+	int ret;
+
+	snprintf(id, sizeof(id), "halite-thaw-%d", i);
+	cJSON_AddStringToObject(args, "job-id", id);
+	cJSON_AddStringToObject(args, "device", d->overlay_node);
+	ret = hq_qmp_call(vm->qmp, "block-commit", args, NULL, HQ_QMP_TIMEOUT_MS);
+	if (ret) {
+		snprintf(jerr, len, "block-commit: %s", hq_qmp_errmsg(vm->qmp));
+		return ret;
+	}
+	ret = job_wait(vm, id, "ready", jerr, len);
+	if (!ret) {
+		args = cJSON_CreateObject();
+		cJSON_AddStringToObject(args, "id", id);
+		ret = hq_qmp_call(vm->qmp, "job-complete", args, NULL, HQ_QMP_TIMEOUT_MS);
+		if (ret)
+			snprintf(jerr, len, "job-complete: %s", hq_qmp_errmsg(vm->qmp));
+	}
+	if (!ret)
+		ret = job_wait(vm, id, "", jerr, len);
+	return ret;
+}
+
+int hq_disks_thaw(struct hq_vm *vm, struct hq_disks *ds, char *err, size_t errlen)
+{
+	int ret = 0;
+
+	err[0] = '\0';
+	for (int i = 0; i < ds->n; i++) {
+		struct hq_disk *d = &ds->d[i];
+		char jerr[512] = "";
+		size_t l = strlen(err);
+		int r;
+
+		if (!d->frozen)
+			continue;
+		r = commit_back(vm, d, i, jerr, sizeof(jerr));
+		if (r) {
+			/* The guest writes there still: the overlay stays, and the message says where. */
+			snprintf(err + l, errlen - l, "%sdisk %s still writes to %s (%s)",
+				 l ? "; " : "", d->qdev, d->overlay, jerr[0] ? jerr : strerror(-r));
+			d->overlay_made = false;
+			ret = ret ? ret : r;
+			continue;
+		}
+		d->frozen = false;
+	}
+	hq_disks_discard(ds);
+	return ret;
+}
+
+void hq_disks_discard(struct hq_disks *ds)
+{
+	for (int i = 0; i < ds->n; i++) {
+		struct hq_disk *d = &ds->d[i];
+
+		if (d->overlay_made && !d->frozen)
+			unlink(d->overlay);
+		d->overlay_made = false;
+	}
+}
+
+char *hq_disks_record(const struct hq_disks *ds)
+{
+	cJSON *a = cJSON_CreateArray();
+	char *s;
+
+	for (int i = 0; i < ds->n; i++) {
+		const struct hq_disk *d = &ds->d[i];
+		cJSON *o = cJSON_CreateObject(), *chain;
+
+		cJSON_AddStringToObject(o, "device", d->device);
+		cJSON_AddStringToObject(o, "qdev", d->qdev);
+		cJSON_AddStringToObject(o, "node", d->node);
+		cJSON_AddStringToObject(o, "image", d->image);
+		cJSON_AddStringToObject(o, "format", d->format);
+		cJSON_AddNumberToObject(o, "virtual_size", (double)d->vsize);
+		cJSON_AddBoolToObject(o, "read_only", d->ro);
+		cJSON_AddBoolToObject(o, "frozen", d->frozen);
+		chain = cJSON_AddArrayToObject(o, "chain");
+		for (int j = 0; j < d->nchain; j++)
+			cJSON_AddItemToArray(chain, cJSON_CreateString(d->chain[j]));
+		if (d->frozen) {
+			char v[48];
+
+			/* Exact: 64-bit numbers as strings (a JSON number is a double). */
+			snprintf(v, sizeof(v), "%" PRIu64, d->st_size);
+			cJSON_AddStringToObject(o, "size", v);
+			snprintf(v, sizeof(v), "%" PRId64, d->mtime_ns);
+			cJSON_AddStringToObject(o, "mtime_ns", v);
+			snprintf(v, sizeof(v), "%" PRIu64, d->st_ino);
+			cJSON_AddStringToObject(o, "ino", v);
+			cJSON_AddStringToObject(o, "source_overlay", d->overlay);
+		}
+		cJSON_AddItemToArray(a, o);
+	}
+	s = cJSON_PrintUnformatted(a);
+	cJSON_Delete(a);
+	return s;
+}

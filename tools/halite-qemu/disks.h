@@ -1,0 +1,90 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * halite-qemu, private: the guest's disks, frozen with its memory.
+ *
+ * A memory snapshot restores only with the disk as it was at the same
+ * instant. In the save's pause every writable disk is frozen with QEMU's own
+ * external snapshot: a qcow2 overlay, made beforehand with qemu-img, takes
+ * the guest's writes from then on (one QMP transaction of
+ * blockdev-snapshot-sync, all disks or none), and the image below it, the
+ * frozen image, is never written again. The file records each frozen image
+ * (metadata qemu.disks, JSON). Each restore runs the guest on a fresh
+ * overlay of its frozen image, made here too, so that a snapshot restores
+ * any number of times while its source runs on.
+ */
+#ifndef HALITE_QEMU_DISKS_H
+#define HALITE_QEMU_DISKS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <cjson/cJSON.h>
+
+struct hq_vm;
+
+#define HQ_MAX_DISKS 32
+#define HQ_MAX_CHAIN 16	  /* images below a disk's top one */
+#define HQ_PATH_MAX 1024
+
+struct hq_disk {
+	char device[64];	/* BlockBackend name (-drive id), "" with -blockdev */
+	char qdev[256];		/* the guest device: its id or QOM path */
+	char node[64];		/* the node QEMU writes (the top of the image chain) */
+	char image[HQ_PATH_MAX]; /* its file, absolute */
+	char format[32];	/* "qcow2", "raw", ... */
+	uint64_t vsize;		/* virtual size, bytes */
+	bool ro;		/* read-only (-drive readonly=on, a CD-ROM): never frozen */
+	/* The images below it (its backing chain), absolute, top down. */
+	int nchain;
+	char chain[HQ_MAX_CHAIN][HQ_PATH_MAX];
+	/* Frozen: the overlay the guest writes to from the snapshot on. */
+	char overlay[HQ_PATH_MAX];
+	char overlay_node[64];
+	bool overlay_made, frozen;
+	/* The frozen image as it was once frozen: a restore checks it is unchanged. */
+	uint64_t st_dev, st_ino, st_size;
+	int64_t mtime_ns;
+};
+
+struct hq_disks {
+	int n;
+	struct hq_disk d[HQ_MAX_DISKS];
+};
+
+/*
+ * QEMU's disks (query-block): every device with an image inserted, its
+ * chain resolved against QEMU's working directory. 0 or -errno with the
+ * reason in @err.
+ */
+int hq_disks_query(struct hq_vm *vm, struct hq_disks *ds, char *err, size_t errlen);
+/* How many of @ds a save freezes (writable ones). */
+int hq_disks_writable(const struct hq_disks *ds);
+/*
+ * Before the guest is touched: every writable disk can be frozen (a regular
+ * file, not shared with another VM or device, not encrypted) and its
+ * overlay made (qemu-img create, in @dir or beside the image, named after
+ * @tag). 0 or -errno with the disk and the reason in @err; overlays made
+ * so far are removed on failure.
+ */
+int hq_disks_prepare(struct hq_vm *vm, struct hq_disks *ds, const char *dir, const char *tag,
+		     char *err, size_t errlen);
+/*
+ * In the pause: the guest's writes go to the overlays from now on, all
+ * disks or none (one QMP transaction); each frozen image's identity is
+ * taken for restores to check. 0 or -errno with @err.
+ */
+int hq_disks_freeze(struct hq_vm *vm, struct hq_disks *ds, char *err, size_t errlen);
+/*
+ * Undo a freeze (the save failed): each overlay's writes go back into the
+ * image below (an active block-commit, then a pivot), and the overlays are
+ * removed; then overlays made but unused are removed. 0, or -errno with
+ * @err naming the overlays the guest still writes to.
+ */
+int hq_disks_thaw(struct hq_vm *vm, struct hq_disks *ds, char *err, size_t errlen);
+/* Remove the overlays made (none in use). */
+void hq_disks_discard(struct hq_disks *ds);
+/* The file's record of frozen disks (metadata qemu.disks): a JSON array, malloc'd. */
+char *hq_disks_record(const struct hq_disks *ds);
+
+#endif
