@@ -494,3 +494,132 @@ char *hq_disks_record(const struct hq_disks *ds)
 	cJSON_Delete(a);
 	return s;
 }
+
+int hq_disks_parse(const char *json, struct hq_disks *ds, char *err, size_t errlen)
+{
+	cJSON *a = cJSON_Parse(json), *o;
+	int ret = 0;
+
+	memset(ds, 0, sizeof(*ds));
+	if (!cJSON_IsArray(a)) {
+		cJSON_Delete(a);
+		return seterr(err, errlen, -EPROTO, "the file's qemu.disks is not a JSON array");
+	}
+	cJSON_ArrayForEach(o, a) {
+		struct hq_disk *d;
+		const cJSON *c;
+
+		if (ds->n == HQ_MAX_DISKS) {
+			ret = seterr(err, errlen, -E2BIG, "the file records more than %d disks",
+				     HQ_MAX_DISKS);
+			break;
+		}
+		d = &ds->d[ds->n++];
+		snprintf(d->device, sizeof(d->device), "%s", jstr(o, "device"));
+		snprintf(d->qdev, sizeof(d->qdev), "%s", jstr(o, "qdev"));
+		snprintf(d->node, sizeof(d->node), "%s", jstr(o, "node"));
+		snprintf(d->image, sizeof(d->image), "%s", jstr(o, "image"));
+		snprintf(d->format, sizeof(d->format), "%s", jstr(o, "format"));
+		d->vsize = (uint64_t)cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(o,
+											  "virtual_size"));
+		d->ro = jbool(o, "read_only");
+		d->frozen = jbool(o, "frozen");
+		d->st_size = strtoull(jstr(o, "size"), NULL, 10);
+		d->mtime_ns = strtoll(jstr(o, "mtime_ns"), NULL, 10);
+		d->st_ino = strtoull(jstr(o, "ino"), NULL, 10);
+		cJSON_ArrayForEach(c, cJSON_GetObjectItemCaseSensitive(o, "chain"))
+			if (d->nchain < HQ_MAX_CHAIN && cJSON_GetStringValue(c))
+				snprintf(d->chain[d->nchain++], HQ_PATH_MAX, "%s",
+					 cJSON_GetStringValue(c));
+		if (d->frozen && (d->image[0] != '/' || !d->vsize || !d->format[0])) {
+			ret = seterr(err, errlen, -EPROTO, "the file's record of disk %s is "
+				     "incomplete", d->qdev);
+			break;
+		}
+	}
+	cJSON_Delete(a);
+	return ret;
+}
+
+int hq_disks_check_frozen(const struct hq_disks *ds, char *err, size_t errlen)
+{
+	for (int i = 0; i < ds->n; i++) {
+		const struct hq_disk *d = &ds->d[i];
+		struct stat st;
+
+		if (!d->frozen)
+			continue;
+		if (stat(d->image, &st))
+			return seterr(err, errlen, -errno, "disk %s: its frozen image %s: %s",
+				      d->qdev, d->image, strerror(errno));
+		/* The inode may change (a copy, a restore from backup): the content may not. */
+		if ((uint64_t)st.st_size != d->st_size ||
+		    (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec != d->mtime_ns)
+			return seterr(err, errlen, -ESTALE, "disk %s: its frozen image %s was "
+				      "written after the snapshot (size or modification time "
+				      "differ): the guest's memory would not match its disk",
+				      d->qdev, d->image);
+	}
+	return 0;
+}
+
+int hq_disks_make_overlays(struct hq_disks *ds, const char *dir, const char *tag, char *err,
+			   size_t errlen)
+{
+	int ret = 0;
+
+	for (int i = 0; i < ds->n && !ret; i++)
+		if (ds->d[i].frozen)
+			ret = make_overlay(&ds->d[i], dir, tag, err, errlen);
+	if (ret)
+		hq_disks_remove_overlays(ds);
+	return ret;
+}
+
+void hq_disks_remove_overlays(struct hq_disks *ds)
+{
+	for (int i = 0; i < ds->n; i++)
+		if (ds->d[i].overlay_made) {
+			unlink(ds->d[i].overlay);
+			ds->d[i].overlay_made = false;
+		}
+}
+
+/* Whether @path is @d's frozen image or one below it. */
+bool hq_disk_names(const struct hq_disk *d, const char *path)
+{
+	if (!strcmp(path, d->image))
+		return true;
+	for (int i = 0; i < d->nchain; i++)
+		if (!strcmp(path, d->chain[i]))
+			return true;
+	return false;
+}
+
+int hq_disks_verify(struct hq_vm *vm, const struct hq_disks *ds, char *err, size_t errlen)
+{
+	struct hq_disks *now = calloc(1, sizeof(*now));
+	int ret;
+
+	if (!now)
+		return seterr(err, errlen, -ENOMEM, "out of memory");
+	ret = hq_disks_query(vm, now, err, errlen);
+	for (int i = 0; i < ds->n && !ret; i++) {
+		const struct hq_disk *d = &ds->d[i], *n = NULL;
+
+		if (!d->frozen)
+			continue;
+		for (int j = 0; j < now->n && !n; j++)
+			if (!strcmp(now->d[j].qdev, d->qdev))
+				n = &now->d[j];
+		if (!n)
+			ret = seterr(err, errlen, -ENODEV, "disk %s of the snapshot is not in this "
+				     "QEMU: give the same disks as at save", d->qdev);
+		else if (n->ro || strcmp(n->image, d->overlay) || !n->nchain ||
+			 strcmp(n->chain[0], d->image))
+			ret = seterr(err, errlen, -EPROTO, "disk %s runs on %s, not on a new "
+				     "overlay of the frozen image %s", d->qdev, n->image, d->image);
+	}
+	free(now);
+	return ret;
+}

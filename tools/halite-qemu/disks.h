@@ -87,4 +87,25 @@ void hq_disks_discard(struct hq_disks *ds);
 /* The file's record of frozen disks (metadata qemu.disks): a JSON array, malloc'd. */
 char *hq_disks_record(const struct hq_disks *ds);
 
+/* --- restore --- */
+
+/* The record back (hq_disks_record()). 0 or -errno with @err. */
+int hq_disks_parse(const char *json, struct hq_disks *ds, char *err, size_t errlen);
+/* Every frozen image is as it was frozen (size, modification time). -ESTALE if not. */
+int hq_disks_check_frozen(const struct hq_disks *ds, char *err, size_t errlen);
+/*
+ * A fresh overlay of each frozen image (in @dir or beside the image, named
+ * after @tag), for a restore to run on. On failure those made are removed.
+ */
+int hq_disks_make_overlays(struct hq_disks *ds, const char *dir, const char *tag, char *err,
+			   size_t errlen);
+void hq_disks_remove_overlays(struct hq_disks *ds);
+/* Whether @path (absolute) is @d's frozen image or an image below it. */
+bool hq_disk_names(const struct hq_disk *d, const char *path);
+/*
+ * QEMU started: each frozen disk's device runs on its overlay, right above
+ * the frozen image. 0, or -errno naming the disk that does not.
+ */
+int hq_disks_verify(struct hq_vm *vm, const struct hq_disks *ds, char *err, size_t errlen);
+
 #endif
