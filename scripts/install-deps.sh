@@ -17,7 +17,8 @@ pkgs=(
 	libcmocka-dev clang libclang-rt-14-dev llvm fio python3
 )
 if [[ "${1:-}" == "--guest" ]]; then
-	pkgs+=(qemu-system-x86 busybox-static linux-image-amd64 cpio)
+	# qemu-utils: qemu-img, which makes the overlays of frozen disks
+	pkgs+=(qemu-system-x86 qemu-utils busybox-static linux-image-amd64 cpio)
 elif [[ $# -gt 0 ]]; then
 	echo "usage: $0 [--guest]" >&2
 	exit 2

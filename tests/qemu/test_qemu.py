@@ -395,6 +395,141 @@ def case_private(work):
     dst.kill()
 
 
+def disklog(guest):
+    """(disk, memory before, memory after, ok) from the guest's disklog."""
+    body = guest.http("/cgi-bin/disklog").strip()
+    m = re.match(r"disklog disk (\d+) mem (\d+) (\d+) (ok|MISMATCH)$", body)
+    if not m:
+        raise Fail(f"/cgi-bin/disklog: unexpected answer {body!r}")
+    return int(m.group(1)), int(m.group(2)), int(m.group(3)), m.group(4) == "ok"
+
+
+def image_count(work, image, fmt):
+    """The count disklog left in sector 0 of @image (qemu-img reads any format)."""
+    out = os.path.join(work, "sector0")
+    run(["qemu-img", "dd", "-U", "-f", fmt, "-O", "raw", "bs=512", "count=1", f"if={image}",
+         f"of={out}"], check_rc=0)
+    with open(out, "rb") as f:
+        head = f.read(512).split(b"\n")[0].split()
+    os.unlink(out)
+    return int(head[1]) if len(head) == 2 and head[0] == b"disklog" else 0
+
+
+def with_disk(guest, how, image):
+    """@guest with @image as its virtio disk: -drive (qcow2) or -blockdev (raw)."""
+    if how == "drive":
+        guest.args += ["-drive", f"file={image},if=virtio,id=disk0"]
+    else:
+        guest.args += ["-blockdev", f"driver=file,filename={image},node-name=f0",
+                       "-blockdev", "driver=raw,file=f0,node-name=d0",
+                       "-device", "virtio-blk-pci,drive=d0,id=vd0"]
+    return guest
+
+
+def disk_restore(work, path, name, how, image, at):
+    """Restore @path with the source's disk arguments; the guest's disk and memory
+    agree, and it counts on from the snapshot's @at."""
+    dst = with_disk(private_ram(hg.Guest(work, name)), how, image)
+    rep = restore(path, dst)
+    disks = rep.get("disks", [])
+    check(len(disks) == 1 and disks[0]["overlay"] and os.path.exists(disks[0]["overlay"]),
+          f"{name}: the restore runs on a new overlay {disks and disks[0]['overlay']}")
+    d, m1, m2, ok = disklog(dst)
+    check(ok and m1 >= at, f"{name}: disk {d}, memory {m1}..{m2}: they agree, counting on from "
+          f"the snapshot's {at}")
+    return dst, disks[0]["overlay"]
+
+
+def case_disks(work):
+    """A guest's disk frozen with its memory: restores agree, twice, while the source runs."""
+    for how, fmt in (("drive", "qcow2"), ("blockdev", "raw")):
+        image = os.path.join(work, f"disk-{how}.{fmt}")
+        run(["qemu-img", "create", "-q", "-f", fmt, image, "64M"], check_rc=0)
+        src = with_disk(private_ram(hg.Guest(work, f"{how}-src")), how, image).boot().wait_ready()
+        d0, m0, _, ok = disklog(src)
+        check(ok and d0 > 0, f"{how} {fmt}: disklog counts on the source's disk ({d0})")
+        path = os.path.join(work, f"{how}.hlt")
+        rep = save(src, path)
+        disks = rep["disks"]
+        check(rep["disks_frozen"] and len(disks) == 1 and disks[0]["frozen"]
+              and disks[0]["image"] == os.path.realpath(image)
+              and os.path.exists(disks[0]["overlay"]),
+              f"the save froze {image}; the source writes to {disks[0]['overlay']} now")
+        frozen = os.stat(image)
+        info = inspect_info(path)
+        rec = json.loads(info["metadata"]["qemu.disks"])
+        check(rec[0]["image"] == os.path.realpath(image) and rec[0]["format"] == fmt and
+              rec[0]["virtual_size"] == 64 << 20, "the file records the frozen image, its "
+              "format and virtual size")
+        time.sleep(1)
+        d1, _, _, ok = disklog(src)
+        check(ok and d1 > d0, f"the source counts on ({d1}) on its overlay")
+        at = image_count(work, image, fmt)
+        check(d0 <= at <= d1, f"the frozen image holds count {at}, the snapshot's")
+        dst1, ov1 = disk_restore(work, path, f"{how}-r1", how, image, at)
+        time.sleep(1)
+        dst2, ov2 = disk_restore(work, path, f"{how}-r2", how, image, at)
+        check(ov1 != ov2, "each restore has its own overlay")
+        for g in (src, dst1, dst2):
+            d, m1, m2, ok = disklog(g)
+            check(ok, f"{g.name}: disk {d}, memory {m1}..{m2} agree")
+            g.check_console()
+        st = os.stat(image)
+        check(st.st_mtime_ns == frozen.st_mtime_ns and st.st_size == frozen.st_size,
+              f"the frozen image {os.path.basename(image)} was never written again")
+        for g in (dst1, dst2):
+            g.kill()
+        if how == "drive":
+            # A second snapshot of the same source: its frozen image is the first
+            # overlay, which the command line does not name; the restore finds it.
+            path2 = os.path.join(work, "drive2.hlt")
+            rep2 = save(src, path2)
+            check(rep2["disks"][0]["image"] == disks[0]["overlay"],
+                  f"the second save froze the first overlay {disks[0]['overlay']}")
+            dst3, _ = disk_restore(work, path2, "drive-r3", how, image, d1)
+            dst3.kill()
+            # A frozen image written after the snapshot: refused, QEMU never runs.
+            os.utime(disks[0]["overlay"])
+            p, _ = run(restore_cmd(path2, with_disk(private_ram(hg.Guest(work, "stale")),
+                                                     how, image), "--detach"))
+            check(p.returncode == 1 and "written after the snapshot" in p.stderr,
+                  "a frozen image written after the snapshot is refused: "
+                  + p.stderr.strip().splitlines()[-1])
+        src.kill()
+    # Memory only (--no-disks): the disk moves on, and a restore shows it.
+    image = os.path.join(work, "nodisks.qcow2")
+    run(["qemu-img", "create", "-q", "-f", "qcow2", image, "64M"], check_rc=0)
+    src = with_disk(private_ram(hg.Guest(work, "nd-src")), "drive", image).boot().wait_ready()
+    path = os.path.join(work, "nodisks.hlt")
+    rep = save(src, path, ("--no-disks",))
+    check(not rep["disks_frozen"] and not rep["disks"][0]["frozen"],
+          "--no-disks: the disk is not frozen, and the report says so")
+    time.sleep(2)
+    src.kill()
+    dst = with_disk(private_ram(hg.Guest(work, "nd-dst")), "drive", image)
+    restore(path, dst)
+    d, m1, m2, ok = disklog(dst)
+    check(not ok and d > m2 + 1, f"restored with the disk as it moved on: disk {d}, memory "
+          f"{m1}..{m2}, MISMATCH (what --no-disks warns of; the check can fail)")
+    dst.kill()
+    # What cannot be frozen is refused before the guest is touched.
+    image = os.path.join(work, "shared.qcow2")
+    run(["qemu-img", "create", "-q", "-f", "qcow2", image, "64M"], check_rc=0)
+    g = private_ram(hg.Guest(work, "shared"))
+    g.args += ["-drive", f"file={image},if=none,id=sd0",
+               "-device", "virtio-blk-pci,drive=sd0,share-rw=on"]
+    g.boot().wait_ready()
+    p, _ = run([hg.halite_qemu(), "save", "--qmp", g.qmp_path, "-q",
+                os.path.join(work, "shared.hlt")])
+    check(p.returncode == 1 and "share-rw" in p.stderr and
+          not [n for n in os.listdir(work) if n.startswith("shared.shared")],
+          "a shared disk is refused, no overlay left: " + p.stderr.strip().splitlines()[-1])
+    q = g.qmp()
+    check(q.cmd("query-status")["status"] == "running", "that guest runs on")
+    q.close()
+    g.kill()
+
+
 def case_kill(work):
     src = hg.Guest(work, "source").boot().wait_ready()
     path = os.path.join(work, "guest.hlt")
@@ -1263,6 +1398,7 @@ CASES = {
     "discard": case_discard,
     "attach": case_attach,
     "private": case_private,
+    "disks": case_disks,
 }
 
 
