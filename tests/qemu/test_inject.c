@@ -5,8 +5,9 @@
  * stopped somewhere else (main thread blocked in read() on a pipe, one in a
  * nanosleep loop, one in ppoll() with a signal mask, one spinning in user
  * code, one in a raw read() with known values in its callee-saved, vector
- * and MXCSR registers), and guest RAM as a MAP_SHARED memfd mapping it has
- * written. The checks, in order:
+ * and MXCSR registers, one with AMX tile state around a raw read() where
+ * the CPU has AMX, one under a seccomp filter), and guest RAM as a
+ * MAP_SHARED memfd mapping it has written. The checks, in order:
  *  1. injected getpid()/gettid() return the right ids, in every thread;
  *  2. an injected userfaultfd() comes here through pidfd_getfd, UFFDIO_API
  *     works on it, and MINOR registration of the child's mapping from here
@@ -51,6 +52,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <cpuid.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -79,6 +81,8 @@ struct shared {
 	_Atomic int usr1;
 	_Atomic int bad;
 	_Atomic int vector_tid;
+	_Atomic int tiles_tid;	   /* 0: no AMX here */
+	_Atomic uint64_t tiles_rounds;
 	_Atomic int sandbox_tid;   /* its seccomp filter traps getppid(); -errno if none */
 	_Atomic int sandbox_rounds;
 	_Atomic uint64_t vector_rounds; /* raw reads the vector thread has checked */
@@ -94,6 +98,7 @@ static pid_t child;
 static int injp[2];	/* injected read()s in the child wait on injp[0]; we feed injp[1] */
 static int vecp[2];	/* the vector thread's raw read() waits on vecp[0] */
 static int sbxp[2];	/* the sandboxed thread's read() waits on sbxp[0] */
+static int amxp[2];	/* the AMX thread's raw read() waits on amxp[0] */
 
 static void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 static void fail(const char *fmt, ...)
@@ -335,6 +340,80 @@ static void *vector(void *arg)
 	return NULL;
 }
 
+/*
+ * AMX: tile data is the one feature a thread's signal frame holds only once
+ * it has used it (and asked for it: ARCH_REQ_XCOMP_PERM), so the frame's
+ * size differs from the vector thread's. Tile 0 and the tile configuration
+ * are loaded around a raw read() and compared after it.
+ */
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+struct tilecfg {
+	uint8_t palette, start_row, reserved[14];
+	uint16_t colsb[16];
+	uint8_t rows[16];
+} __attribute__((aligned(64)));
+
+static bool amx_usable(void)
+{
+	unsigned int a, b, c, d;
+
+	/* CPUID.(7,0):EDX[24] AMX-TILE; the kernel says yes to the permission. */
+	return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1) &&
+	       !syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA);
+}
+
+static void *tiles(void *arg)
+{
+	static struct tilecfg cfg, cfg2;
+	static uint8_t in[16 * 64] __attribute__((aligned(64))), out[16 * 64]
+		__attribute__((aligned(64)));
+	const long stride = 64;
+
+	cfg.palette = 1;
+	cfg.colsb[0] = 64;
+	cfg.rows[0] = 16;
+	sh->tiles_tid = gettid();
+	for (uint64_t round = 1;; round++) {
+		register long rax __asm__("rax") = SYS_read;
+		register long rdi __asm__("rdi") = (long)(intptr_t)arg;
+		register long rsi __asm__("rsi");
+		register long rdx __asm__("rdx") = 1;
+		char c = 0;
+
+		rsi = (long)(uintptr_t)&c;
+		for (size_t i = 0; i < sizeof(in); i++)
+			in[i] = (uint8_t)(round * 37 + i * 11 + 5);
+		memset(out, 0, sizeof(out));
+		__asm__ volatile("ldtilecfg %0" : : "m"(cfg));
+		__asm__ volatile("tileloadd (%0,%1,1), %%tmm0" : : "r"(in), "r"(stride) : "memory");
+		__asm__ volatile("syscall"
+				 : "+r"(rax)
+				 : "r"(rdi), "r"(rsi), "r"(rdx)
+				 : "rcx", "r11", "memory");
+		__asm__ volatile("tilestored %%tmm0, (%0,%1,1)" : : "r"(out), "r"(stride) : "memory");
+		__asm__ volatile("sttilecfg %0" : "=m"(cfg2));
+		__asm__ volatile("tilerelease");
+		if (rax == 0 || (rax == 1 && c == 'q'))
+			break;
+		if (rax != 1) {
+			if (rax == -EINTR)
+				atomic_fetch_add(&sh->eintr, 1);
+			else if (!atomic_fetch_add(&sh->bad, 1))
+				snprintf(sh->why, sizeof(sh->why), "the AMX thread's raw read() "
+					 "returned %ld", rax);
+			continue;
+		}
+		if ((memcmp(in, out, sizeof(in)) || memcmp(&cfg, &cfg2, sizeof(cfg))) &&
+		    !atomic_fetch_add(&sh->vector_bad, 1))
+			snprintf(sh->why, sizeof(sh->why), "AMX tile 0 or its configuration changed "
+				 "across a read()");
+		sh->tiles_rounds = round;
+	}
+	return NULL;
+}
+
 /* A thread whose own seccomp filter traps getppid() (SIGSYS), blocked in read() of @arg. */
 static void *sandboxed(void *arg)
 {
@@ -376,7 +455,8 @@ static void child_main(pid_t parent, int memfd, uint8_t *parent_view, int cmd, i
 		       int poke)
 {
 	struct sigaction sa = { 0 };
-	pthread_t t[5];
+	pthread_t t[6];
+	bool amx = amx_usable();
 	sigset_t usr2;
 	uint8_t *map;
 	char c;
@@ -410,10 +490,11 @@ static void child_main(pid_t parent, int memfd, uint8_t *parent_view, int cmd, i
 	    pthread_create(&t[1], NULL, ppoller, (void *)(intptr_t)poke) ||
 	    pthread_create(&t[2], NULL, spinner, (void *)(uintptr_t)0x1234567) ||
 	    pthread_create(&t[3], NULL, vector, (void *)(intptr_t)vecp[0]) ||
-	    pthread_create(&t[4], NULL, sandboxed, (void *)(intptr_t)sbxp[0]))
+	    pthread_create(&t[4], NULL, sandboxed, (void *)(intptr_t)sbxp[0]) ||
+	    (amx && pthread_create(&t[5], NULL, tiles, (void *)(intptr_t)amxp[0])))
 		_exit(5);
 	while (!sh->sleeper_tid || !sh->ppoller_tid || !sh->spinner_tid || !sh->vector_tid ||
-	       !sh->sandbox_tid)
+	       !sh->sandbox_tid || (amx && !sh->tiles_tid))
 		sleep_ms(1);
 	if (write(reply, "R", 1) != 1)
 		_exit(6);
@@ -439,7 +520,7 @@ static void child_main(pid_t parent, int memfd, uint8_t *parent_view, int cmd, i
 
 	sh->stop_spin = 1;
 	sh->stop_threads = 1; /* the parent has sent the ppoll thread its 'q' */
-	for (int i = 0; i < 5; i++)
+	for (int i = 0; i < (amx ? 6 : 5); i++)
 		pthread_join(t[i], NULL);
 	if (sigaction(SIGTRAP, NULL, &sa) || sa.sa_handler != on_stray)
 		child_problem("SIGTRAP's handler changed");
@@ -911,6 +992,14 @@ static void nudge(const struct victim *v, int cmd, int reply, int poke)
 				fail("the ppoll thread did not wake up");
 			else
 				sleep_ms(1);
+	} else if (v->tid == sh->tiles_tid) {
+		before = sh->tiles_rounds;
+		write_byte(amxp[1], 't');
+		while (sh->tiles_rounds <= before)
+			if (now_ms() > end)
+				fail("the AMX thread did not finish its read() (%s)", sh->why);
+			else
+				sleep_ms(1);
 	} else if (v->tid == sh->vector_tid) {
 		before = sh->vector_rounds;
 		write_byte(vecp[1], 'v');
@@ -1018,20 +1107,23 @@ static void check_tracer_death_in_call(int cmd, int reply, int poke)
 		{ "the ppoll thread", sh->ppoller_tid, SYS_NR_PPOLL },
 		{ "the vector thread (raw read)", sh->vector_tid, SYS_NR_READ },
 		{ "the spinning thread", sh->spinner_tid, SPINNING },
+		{ "the AMX thread (raw read)", sh->tiles_tid, SYS_NR_READ },
 	};
+	size_t nvictims = sizeof(victims) / sizeof(victims[0]) - !sh->tiles_tid;
 	uint64_t rounds = sh->vector_rounds;
 
 	for (size_t p = 0; p < sizeof(points) / sizeof(points[0]); p++)
-		for (size_t v = 0; v < sizeof(victims) / sizeof(victims[0]); v++)
+		for (size_t v = 0; v < nvictims; v++)
 			die_during_call(&victims[v], points[p], cmd, reply, poke);
 	sh->stop_spin = 1;
 	printf("ok 4d - a tracer killed during an injected call (SIGKILL while it blocks; at "
-	       "armed, entry, during, exit, back): each of the 5 threads was let go untraced, "
-	       "finished the call and came back by itself: its read/nanosleep/ppoll "
+	       "armed, entry, during, exit, back): each of the %zu threads was let go "
+	       "untraced, finished the call and came back by itself: its read/nanosleep/ppoll "
 	       "restarted and works, same signal mask, rbx r12-r15 %s MXCSR kept over %" PRIu64
-	       " raw reads, the spinner's registers kept, no EINTR, no stray signal\n",
-	       __builtin_cpu_supports("avx") ? "ymm0-15" : "xmm0-15",
-	       sh->vector_rounds - rounds);
+	       " raw reads, %s, the spinner's registers kept, no EINTR, no stray signal\n",
+	       nvictims, __builtin_cpu_supports("avx") ? "ymm0-15" : "xmm0-15",
+	       sh->vector_rounds - rounds, sh->tiles_tid ? "AMX tile 0 and its configuration "
+	       "kept" : "no AMX here (not checked)");
 }
 
 /* A call the thread's seccomp filter traps: -EPERM, no SIGSYS for the thread, session usable. */
@@ -1104,6 +1196,8 @@ static void check_intact(int cmd, int reply, int poke)
 	write_byte(poke, 'q');
 	write_byte(vecp[1], 'q');
 	write_byte(sbxp[1], 'q');
+	if (sh->tiles_tid)
+		write_byte(amxp[1], 'q');
 	write_byte(cmd, 'q');
 	if (waitpid(child, &st, 0) != child)
 		fail("waitpid(child): %s", strerror(errno));
@@ -1163,7 +1257,8 @@ int main(void)
 	if (view == MAP_FAILED || sh == MAP_FAILED)
 		fail("mmap: %s", strerror(errno));
 	if (pipe2(cmd, O_CLOEXEC) || pipe2(reply, O_CLOEXEC) || pipe2(poke, O_CLOEXEC) ||
-	    pipe2(injp, O_CLOEXEC) || pipe2(vecp, O_CLOEXEC) || pipe2(sbxp, O_CLOEXEC))
+	    pipe2(injp, O_CLOEXEC) || pipe2(vecp, O_CLOEXEC) || pipe2(sbxp, O_CLOEXEC) ||
+	    pipe2(amxp, O_CLOEXEC))
 		fail("pipe2: %s", strerror(errno));
 
 	child = fork();
@@ -1173,10 +1268,12 @@ int main(void)
 		close(injp[1]);
 		close(vecp[1]);
 		close(sbxp[1]);
+		close(amxp[1]);
 		child_main(getppid(), memfd, view, cmd[0], reply[1], poke[0]);
 	}
 	close(vecp[0]);
 	close(sbxp[0]);
+	close(amxp[0]);
 	close(cmd[0]);
 	close(reply[1]);
 	close(poke[0]);
