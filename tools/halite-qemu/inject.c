@@ -2,8 +2,8 @@
 /*
  * System calls run inside another process with ptrace (see inject.h).
  *
- * Where the thread stops. PTRACE_SEIZE (no options) + PTRACE_INTERRUPT stops
- * it without a signal the process could see, in a PTRACE_EVENT_STOP inside
+ * Where the thread stops. PTRACE_SEIZE + PTRACE_INTERRUPT stops it without
+ * a signal the process could see, in a PTRACE_EVENT_STOP inside
  * get_signal(), on its way back to user mode. If it was in a blocking call,
  * its registers then read: rip just after the `syscall`, orig_rax the call,
  * rax -ERESTARTSYS (or -ERESTARTNOHAND, -ERESTART_RESTARTBLOCK). The kernel
@@ -15,48 +15,120 @@
  *   get_signal(), so the interrupted call restarts as after a signal without
  *   a handler. Our calls leave current->restart_block alone.
  *
- * Between calls the thread is parked in an event stop with its own registers
- * and mask. After the single step it sits in the SIGTRAP signal-delivery-
- * stop; if we died there, the kernel's implicit detach would deliver that
- * SIGTRAP (a core dump for QEMU). So after each call: registers and mask
- * back, PTRACE_INTERRUPT, PTRACE_CONT(0) (SIGTRAP dropped), and the thread
- * takes the pending trap before anything else in get_signal(). Dying between
- * calls is then harmless; only the few microseconds of a call are not.
+ * A way back that needs no tracer. We may be killed (SIGKILL, OOM) at any
+ * instant, and the kernel then detaches the thread as it is, with our
+ * registers and mask if a call is under way; the calls are not short (an
+ * mremap or munmap of 512 MiB takes 2-20 ms). So before each call the
+ * thread gets what the return from a signal handler uses: below its red
+ * zone (rsp - 128), a struct rt_sigframe as x64_setup_rt_frame() lays it
+ * out: the return address, then a ucontext with its registers, its mask and
+ * a copy of its FPU/SSE/AVX state (XSAVE user format, 64-byte aligned, with
+ * the sw_reserved bytes and FP_XSTATE_MAGIC2 that check_xstate_in_sigframe()
+ * wants). The call runs at a `syscall; ret` (0f 05 c3) of the thread's own
+ * code with rsp on that frame, whose return address is glibc's __restore_rt
+ * (mov $15,%rax; syscall). Let go anywhere before its registers are back,
+ * the thread finishes the call, returns into rt_sigreturn, which finds the
+ * ucontext at rsp - 8 + 8 (sys_rt_sigreturn: regs->sp - sizeof(long)), and
+ * is back in its registers, mask and FPU state. What matters in the frame:
+ * - its registers are the saved ones with the restart the kernel would have
+ *   done already applied (rip - 2, rax = orig_rax): rt_sigreturn sets
+ *   orig_ax to -1, so nothing restarts after it. -ERESTART_RESTARTBLOCK gets
+ *   the same, not __NR_restart_syscall, because restore_sigcontext() resets
+ *   the restart block to do_no_restart_syscall (restart_syscall would fail
+ *   with EINTR): the call is run again from its start, so a timed sleep or
+ *   poll waits its whole time again, and a thread already in restart_syscall
+ *   gets EINTR. Only if we die during a call, that is.
+ * - uc_stack.ss_flags is SS_ONSTACK|SS_DISABLE, a mode do_sigaltstack()
+ *   rejects (EINVAL) before it changes anything, and restore_altstack()
+ *   ignores all but EFAULT: the altstack stays what it is, whatever it is,
+ *   without our having to ask (a frame saying SS_DISABLE would remove one).
+ * - the xstate_size it declares is what the thread's own signal frames
+ *   carry, fpstate->user_size: the standard-format size up to the highest
+ *   default feature, AMX tile data included only once the thread uses it.
+ *   Not the regset's size, which counts tile data on AMX machines and is
+ *   then larger than user_size: sigreturn would restore FP/SSE only. The
+ *   regset's own sw_reserved is not the signal format (its first word is
+ *   the user XCR0, which is what we read from it).
+ * - without NT_X86_XSTATE (no XSAVE) the FXSAVE image from NT_PRFPREG with
+ *   no magic1, which the kernel restores as FP/SSE only; if neither can be
+ *   read, fpstate NULL: sigreturn then resets the FPU (last resort).
+ * No frame, and then the call runs at any 0f 05 as before, when glibc's
+ * two sequences are not in the executable mappings (another libc, a static
+ * binary without them), the stack below the red zone cannot be written
+ * (process_vm_writev: no FOLL_FORCE, no stack growth, so only memory the
+ * thread could write itself), its signal mask cannot be read, or it has a
+ * user shadow stack (our `ret` would not match it). Then dying during a
+ * call leaves the thread running on after that `syscall` with our registers.
+ * The frame is written below the red zone, where a signal could have put
+ * one at any moment: nothing of the thread's lives there. Not checked: a
+ * thread running in a handler on its altstack with less than the frame's
+ * size left below rsp (the kernel would refuse a nested frame there).
  *
- * Signals. During the step every signal is blocked but SIGTRAP, SIGSEGV and
- * SIGSYS: a signal dequeued while the registers are the injected ones could
- * not be delivered right (its frame would save them), while a blocked one
+ * The stops of a call. From the parked stop, PTRACE_SYSCALL (seized with
+ * PTRACE_O_TRACESYSGOOD): syscall-entry stop, PTRACE_SYSCALL, syscall-exit
+ * stop with the result in rax, then PTRACE_INTERRUPT + PTRACE_CONT: the
+ * thread stops again in get_signal() (do_jobctl_trap comes before any
+ * signal is dequeued) before it reaches user mode, that is before the
+ * `ret`, and its registers and mask go back there. A dead tracer at a
+ * syscall stop only lets the thread go on: ptrace_report_syscall() turns the
+ * stop's code into a signal only if nobody collected it with wait, and
+ * SIGTRAP|0x80 is not a valid signal, so not even then. No single step: a
+ * dead tracer's TF would trap after the call (SIGTRAP, a core dump).
+ *
+ * Order of the writes. Registers before the mask when a call is set up,
+ * mask before registers when they go back: at every point in between the
+ * thread either has its own mask or registers that lead to the frame.
+ *
+ * Signals. During the call every signal is blocked but SIGTRAP, SIGSEGV and
+ * SIGSYS: a signal delivered then would find the thread in our call, not in
+ * its own (its handler would see our registers, and a call it interrupted
+ * would restart where it should have failed with EINTR), while a blocked one
  * waits in the queue with its siginfo. The three stay open because
  * force_sig_info_to_task() resets the handler of a *blocked* forced signal
- * to SIG_DFL: the step's own SIGTRAP, a fault of the `syscall` fetch and a
- * seccomp trap are forced. PTRACE_GETSIGMASK returns saved_sigmask when the
- * thread is inside ppoll/pselect/epoll_pwait with a mask, and
- * PTRACE_SETSIGMASK clears the restore flag (both since Linux 5.1), so
- * putting the mask back is what the kernel itself does when such a call
- * restarts without a handler. A foreign signal that does stop the thread
- * before the `syscall` ran (rip unchanged) is delivered for real from the
- * restored registers (PTRACE_CONT with it, a trap pending), then the call
- * is tried again. The step's SIGTRAP is "synchronous", so it is dequeued
- * before any other signal once the call has run.
+ * to SIG_DFL: a fault at the `syscall` and a seccomp trap are forced.
+ * PTRACE_GETSIGMASK returns saved_sigmask when the thread is inside
+ * ppoll/pselect/epoll_pwait with a mask, and PTRACE_SETSIGMASK clears the
+ * restore flag (both since Linux 5.1), so putting the mask back is what the
+ * kernel itself does when such a call restarts without a handler; the frame
+ * carries that same mask. A foreign signal that stops the thread before the
+ * call ran (rip unchanged) is delivered for real from the restored
+ * registers (PTRACE_CONT with it, a trap pending), then the call is tried
+ * again. A seccomp SECCOMP_RET_TRAP still reports the exit stop (-ENOSYS)
+ * and leaves a SIGSYS queued: it is taken out (PTRACE_PEEKSIGINFO tells,
+ * its signal-delivery-stop drops it) and the call fails with -EPERM.
  *
- * The `syscall` instruction. Any bytes 0f 05 in an executable mapping will
- * do: the CPU decodes from where rip points. rip-2 first (a thread that was
- * in a call sits just after one), if on rip's page and in an executable
- * mapping; else [vdso], then libc, then other executable file mappings.
- * Never [vsyscall]: that page is emulated and only its entry points run.
+ * Code in the target. The two sequences, and a 0f 05 if they are not
+ * there, in libc, then [vdso], then other executable file mappings, looked
+ * for before the thread is stopped: glibc 2.36 has its 14 `syscall; ret`
+ * some 390 KiB into its code, so the search reads that much (0.4 ms), which
+ * the thread should not wait for. Without a frame, rip-2 first if the thread
+ * sits just after a 0f 05 (it was in a call) on rip's page in an executable
+ * mapping. Never [vsyscall]: that page is emulated and only its entry points
+ * run.
+ *
+ * Test fault point: HALITE_INJECT_TEST_DIE=armed|entry|during|exit|back
+ * kills this process (SIGKILL) once a call's registers and mask are set,
+ * at its entry stop, right after resuming from it, at its exit stop, or in
+ * the stop after it before the registers go back (tests/qemu/test_inject.c).
+ * A variable of its own: HALITE_QEMU_TEST_FAULT (fault.c) rejects names it
+ * does not know.
  */
 #define _GNU_SOURCE
+#include <cpuid.h>
+#include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ptrace.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/user.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -77,12 +149,97 @@
 
 #define USER64_CS 0x33	/* __USER_CS: a thread in 64-bit code; compat code has other numbers */
 #define MAX_RETRIES 16	/* foreign signal stops or stray traps tolerated per call */
+#define SYSCALL_STOP (SIGTRAP | 0x80)	/* WSTOPSIG of a syscall stop (PTRACE_O_TRACESYSGOOD) */
+#define RED_ZONE 128	/* x86-64 ABI: below rsp, the thread's own */
+
+/* Kernel restart codes (include/linux/errno.h) */
+#define ERESTARTSYS 512
+#define ERESTARTNOINTR 513
+#define ERESTARTNOHAND 514
+#define ERESTART_RESTARTBLOCK 516
+
+/* The signal frame of x86-64 (arch/x86/include/asm/sigframe.h, uapi sigcontext.h, ucontext.h) */
+struct k_sigcontext {
+	uint64_t r8, r9, r10, r11, r12, r13, r14, r15;
+	uint64_t di, si, bp, bx, dx, ax, cx, sp, ip, flags;
+	uint16_t cs, gs, fs, ss;
+	uint64_t err, trapno, oldmask, cr2;
+	uint64_t fpstate;	/* the FXSAVE/XSAVE image, or 0 */
+	uint64_t reserved1[8];
+};
+
+struct k_ucontext {
+	uint64_t uc_flags;
+	uint64_t uc_link;
+	struct {
+		uint64_t ss_sp;
+		int32_t ss_flags;
+		int32_t pad;
+		uint64_t ss_size;
+	} uc_stack;
+	struct k_sigcontext uc_mcontext;
+	uint64_t uc_sigmask;	/* the kernel's sigset_t: 8 bytes */
+};
+
+struct k_rt_sigframe {
+	uint64_t pretcode;	/* popped by the `ret`; rt_sigreturn finds uc right above */
+	struct k_ucontext uc;
+	uint8_t info[128];	/* siginfo: unused by rt_sigreturn, there for the size it checks */
+};
+
+_Static_assert(sizeof(struct k_sigcontext) == 256, "struct sigcontext_64");
+_Static_assert(offsetof(struct k_ucontext, uc_mcontext) == 40, "uc_mcontext");
+_Static_assert(offsetof(struct k_ucontext, uc_sigmask) == 296, "uc_sigmask");
+_Static_assert(offsetof(struct k_rt_sigframe, uc) == 8, "rt_sigframe.uc");
+
+#define UC_FP_XSTATE 0x1
+#define UC_SIGCONTEXT_SS 0x2
+#define UC_STRICT_RESTORE_SS 0x4	/* ss exactly as saved, no force_valid_ss() */
+
+/* FXSAVE/XSAVE layout (uapi asm/sigcontext.h) */
+#define FXSAVE_SIZE 512
+#define XSAVE_HDR_SIZE 64
+#define SW_RESERVED 464		/* struct _fpx_sw_bytes in the FXSAVE area */
+#ifndef FP_XSTATE_MAGIC1	/* glibc's bits/sigcontext.h has them */
+#define FP_XSTATE_MAGIC1 0x46505853U
+#define FP_XSTATE_MAGIC2 0x46505845U
+#define FP_XSTATE_MAGIC2_SIZE 4
+#endif
+#define XFEATURE_XTILE_DATA 18	/* the one dynamic (XFD) feature: AMX tile data */
+#define XSTATE_BUF_SIZE 65536	/* the regset is fpu_user_cfg.max_size: 11008 with AMX */
+
+struct fpx_sw_bytes {
+	uint32_t magic1;
+	uint32_t extended_size;	/* xstate_size + FP_XSTATE_MAGIC2_SIZE */
+	uint64_t xfeatures;
+	uint32_t xstate_size;
+	uint32_t padding[7];
+};
+
+_Static_assert(sizeof(struct fpx_sw_bytes) == 48, "struct _fpx_sw_bytes");
+
+/* syscall; ret. And glibc's __restore_rt: mov $15 (__NR_rt_sigreturn),%rax; syscall */
+static const uint8_t syscall_ret[] = { 0x0f, 0x05, 0xc3 };
+static const uint8_t restore_rt[] = { 0x48, 0xc7, 0xc0, 0x0f, 0x00, 0x00, 0x00, 0x0f, 0x05 };
+
+struct xmap {
+	uint64_t start, end;
+	int rank; /* 1 libc, 2 [vdso], 3 another executable file mapping, 0 other executable */
+};
+
+enum { DIE_NONE, DIE_ARMED, DIE_ENTRY, DIE_DURING, DIE_EXIT, DIE_BACK };
 
 struct hq_inject {
 	pid_t pid, tid;
 	pid_t owner;			/* our thread that seized it: the only one ptrace obeys */
 	int mem;			/* /proc/PID/mem, -1 until needed */
-	uint64_t syscall_ip;		/* a 0f 05, 0 until found */
+	struct xmap *maps;		/* the executable mappings, found with the code */
+	size_t nmaps;
+	uint64_t syscall_ip;		/* a 0f 05: the call without a frame */
+	uint64_t gadget_ip;		/* 0f 05 c3, 0 if none */
+	uint64_t restorer_ip;		/* __restore_rt, 0 if none */
+	bool shstk;			/* the thread has a user shadow stack: no frame */
+	uint8_t *fpbuf;			/* the frame's FPU image, XSTATE_BUF_SIZE */
 	struct user_regs_struct saved;	/* the thread's own, read at its last event stop */
 	uint64_t saved_mask;		/* kernel sigset: bit n-1 is signal n */
 	bool mask_saved;		/* PTRACE_GETSIGMASK worked */
@@ -90,6 +247,7 @@ struct hq_inject {
 	bool parked;			/* in an event stop with its own registers and mask */
 	bool gone;			/* the thread ended (and was reaped): no ptrace calls */
 	int stop_sig;			/* signal of the current signal-delivery-stop to deliver */
+	int die;			/* test fault point, DIE_* */
 };
 
 static void seterr(char *err, size_t len, const char *fmt, ...)
@@ -120,6 +278,24 @@ static const char *estr(int e, char *buf, size_t len)
 static long xptrace(int req, pid_t tid, uintptr_t addr, uintptr_t data)
 {
 	return ptrace((enum __ptrace_request)req, tid, (void *)addr, (void *)data);
+}
+
+static int die_point(void)
+{
+	static const char *const names[] = { "", "armed", "entry", "during", "exit", "back" };
+	const char *v = getenv("HALITE_INJECT_TEST_DIE");
+
+	for (int i = DIE_ARMED; v && i <= DIE_BACK; i++)
+		if (!strcmp(v, names[i]))
+			return i;
+	return DIE_NONE;
+}
+
+/* The test fault point: this whole process dies here, as under kill -9. */
+static void test_die(const struct hq_inject *in, int point)
+{
+	if (in->die == point)
+		kill(getpid(), SIGKILL);
 }
 
 /* A thread killed while we held it reports its exit to us: collect it (bounded). */
@@ -218,16 +394,20 @@ static int snapshot(struct hq_inject *in, char *err, size_t errlen)
 	return 0;
 }
 
-/* The thread's own registers and mask back (it is in some ptrace-stop). */
+/*
+ * The thread's own registers and mask back (it is in some ptrace-stop). The
+ * mask first: killed in between, the thread still has registers that lead
+ * to the frame, which brings both back.
+ */
 static int put_back(struct hq_inject *in, char *err, size_t errlen)
 {
 	if (!in->dirty || in->gone)
 		return 0;
-	if (xptrace(PTRACE_SETREGS, in->tid, 0, (uintptr_t)&in->saved))
-		return ptrace_failed(in, "PTRACE_SETREGS", err, errlen);
 	if (in->mask_saved && xptrace(PTRACE_SETSIGMASK, in->tid, sizeof(in->saved_mask),
 				      (uintptr_t)&in->saved_mask))
 		return ptrace_failed(in, "PTRACE_SETSIGMASK", err, errlen);
+	if (xptrace(PTRACE_SETREGS, in->tid, 0, (uintptr_t)&in->saved))
+		return ptrace_failed(in, "PTRACE_SETREGS", err, errlen);
 	in->dirty = false;
 	return 0;
 }
@@ -271,35 +451,54 @@ static int read_mem(struct hq_inject *in, uint64_t addr, void *buf, size_t len)
 	return pread(in->mem, buf, len, (off_t)addr) == (ssize_t)len ? 0 : -EIO;
 }
 
-struct xmap {
-	uint64_t start, end;
-	int rank; /* 1 [vdso], 2 libc, 3 another executable file mapping */
-};
-
-/* First 0f 05 in [start, end), or 0. Chunks overlap by a byte so no pair is split. */
-static uint64_t scan_range(struct hq_inject *in, uint64_t start, uint64_t end)
+/* First @pat in [start, end) read in chunks of @size overlapping by the pattern less a byte. */
+static uint64_t scan_range(struct hq_inject *in, uint64_t start, uint64_t end, uint8_t *buf,
+			   size_t size, const uint8_t *pat, size_t plen)
 {
-	uint8_t buf[65536];
-
-	for (uint64_t a = start; a + 1 < end; a += sizeof(buf) - 1) {
-		size_t n = end - a < sizeof(buf) ? (size_t)(end - a) : sizeof(buf);
+	for (uint64_t a = start; a + plen <= end; a += size - (plen - 1)) {
+		size_t n = end - a < size ? (size_t)(end - a) : size;
+		const uint8_t *hit;
 
 		if (read_mem(in, a, buf, n))
 			return 0;
-		for (size_t i = 0; i + 1 < n; i++)
-			if (buf[i] == 0x0f && buf[i + 1] == 0x05)
-				return a + i;
+		hit = memmem(buf, n, pat, plen);
+		if (hit)
+			return a + (uint64_t)(hit - buf);
+		if (n < size)
+			break;
 	}
 	return 0;
 }
 
-static int find_syscall_insn(struct hq_inject *in, char *err, size_t errlen)
+/* Whether the thread runs with a user shadow stack (CET): a `ret` of ours would not match it. */
+static bool has_shadow_stack(const struct hq_inject *in)
 {
-	uint64_t rip = in->saved.rip;
+	char path[64], line[256];
+	bool on = false;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/task/%d/status", (int)in->pid, (int)in->tid);
+	f = fopen(path, "re");
+	if (!f)
+		return false;
+	while (fgets(line, sizeof(line), f))
+		if (!strncmp(line, "x86_Thread_features:", 20))
+			on = strstr(line + 20, "shstk") != NULL;
+	fclose(f);
+	return on;
+}
+
+/*
+ * The executable mappings, and the code in them the calls use (see top).
+ * Run before the thread is stopped: reading libc takes a while.
+ */
+static int find_code(struct hq_inject *in, char *err, size_t errlen)
+{
+	static const uint8_t bare[] = { 0x0f, 0x05 };
 	struct xmap *maps = NULL;
 	size_t n = 0, cap = 0, linecap = 0;
 	char path[64], *line = NULL;
-	bool rip_ok = false;
+	uint8_t *buf;
 	FILE *f;
 
 	snprintf(path, sizeof(path), "/proc/%d/maps", (int)in->pid);
@@ -320,14 +519,14 @@ static int find_syscall_insn(struct hq_inject *in, char *err, size_t errlen)
 		    perms[2] != 'x')
 			continue;
 		name = off ? line + off : "";
-		if ((rip & 4095) >= 2 && rip - 2 >= s && rip <= e)
-			rip_ok = true;
 		if (!strncmp(name, "[vdso]", 6))
-			rank = 1;
-		else if (name[0] == '[' || name[0] == '\n' || !name[0])
-			continue; /* [vsyscall], [uprobes], anonymous (JIT) code */
-		else if (strstr(name, "/libc.so") || strstr(name, "/libc-"))
 			rank = 2;
+		else if (name[0] == '[')
+			continue; /* [vsyscall], [uprobes] */
+		else if (name[0] == '\n' || !name[0])
+			rank = 0; /* anonymous (JIT) code: only for the rip-2 check */
+		else if (strstr(name, "/libc.so") || strstr(name, "/libc-"))
+			rank = 1;
 		else
 			rank = 3;
 		if (n == cap) {
@@ -342,23 +541,190 @@ static int find_syscall_insn(struct hq_inject *in, char *err, size_t errlen)
 	free(line);
 	fclose(f);
 
-	if (rip_ok) {
-		uint8_t insn[2];
-
-		if (!read_mem(in, rip - 2, insn, 2) && insn[0] == 0x0f && insn[1] == 0x05)
-			in->syscall_ip = rip - 2;
-	}
-	for (int rank = 1; rank <= 3 && !in->syscall_ip; rank++)
-		for (size_t i = 0; i < n && !in->syscall_ip; i++)
-			if (maps[i].rank == rank)
-				in->syscall_ip = scan_range(in, maps[i].start, maps[i].end);
-	free(maps);
+	buf = malloc(65536);
+	for (int rank = 1; buf && rank <= 3; rank++)
+		for (size_t i = 0; i < n; i++) {
+			if (maps[i].rank != rank)
+				continue;
+			if (!in->gadget_ip)
+				in->gadget_ip = scan_range(in, maps[i].start, maps[i].end, buf,
+							   65536, syscall_ret, sizeof(syscall_ret));
+			if (!in->restorer_ip)
+				in->restorer_ip = scan_range(in, maps[i].start, maps[i].end, buf,
+							     65536, restore_rt, sizeof(restore_rt));
+			if (!in->gadget_ip && !in->syscall_ip)
+				in->syscall_ip = scan_range(in, maps[i].start, maps[i].end, buf,
+							    65536, bare, sizeof(bare));
+		}
+	free(buf);
+	if (in->gadget_ip)
+		in->syscall_ip = in->gadget_ip; /* a 0f 05 too */
+	free(in->maps);
+	in->maps = maps;
+	in->nmaps = n;
+	in->shstk = has_shadow_stack(in);
 	if (!in->syscall_ip) {
 		seterr(err, errlen, "no syscall instruction (0f 05) found in the executable "
 		       "mappings of process %d", (int)in->pid);
 		return -ENOEXEC;
 	}
 	return 0;
+}
+
+/*
+ * For a call without a frame: the thread's own 0f 05 at rip-2 if it sits
+ * just after one (it was in a call), on rip's page and in an executable
+ * mapping, so it is left where it was if we die; else the one found.
+ */
+static uint64_t bare_syscall_ip(struct hq_inject *in)
+{
+	uint64_t rip = in->saved.rip;
+	uint8_t insn[2];
+
+	if ((rip & 4095) < 2)
+		return in->syscall_ip;
+	for (size_t i = 0; i < in->nmaps; i++)
+		if (rip - 2 >= in->maps[i].start && rip <= in->maps[i].end &&
+		    !read_mem(in, rip - 2, insn, 2) && insn[0] == 0x0f && insn[1] == 0x05)
+			return rip - 2;
+	return in->syscall_ip;
+}
+
+/*
+ * The thread's FPU state as a signal frame carries it, in in->fpbuf; its
+ * length (0: none, the frame then has fpstate NULL) and *xsave whether it is
+ * an XSAVE image (else FXSAVE). See the top for the sizes.
+ */
+static size_t read_fpstate(struct hq_inject *in, bool *xsave)
+{
+	struct iovec iov = { in->fpbuf, XSTATE_BUF_SIZE };
+	struct fpx_sw_bytes sw = { 0 };
+	uint64_t max, bv, want;
+	unsigned int eax, ebx, ecx, edx, top;
+	uint32_t size = FXSAVE_SIZE + XSAVE_HDR_SIZE, magic2 = FP_XSTATE_MAGIC2;
+
+	*xsave = false;
+	if (!xptrace(PTRACE_GETREGSET, in->tid, NT_X86_XSTATE, (uintptr_t)&iov) &&
+	    iov.iov_len >= size) {
+		memcpy(&max, in->fpbuf + SW_RESERVED, 8);	/* the user XCR0 */
+		memcpy(&bv, in->fpbuf + FXSAVE_SIZE, 8);	/* XSTATE_BV */
+		want = (max & ~(1ull << XFEATURE_XTILE_DATA)) | (bv & max) | 3;
+		top = 63 - (unsigned int)__builtin_clzll(want);
+		if (top >= 2 && __get_cpuid_count(0xd, top, &eax, &ebx, &ecx, &edx) &&
+		    ebx + eax > size)
+			size = ebx + eax;	/* standard-format offset + size of the top feature */
+		/* MAGIC2 after the image: in our buffer, past what the regset filled if need be. */
+		if (size <= iov.iov_len && size + FP_XSTATE_MAGIC2_SIZE <= XSTATE_BUF_SIZE) {
+			sw.magic1 = FP_XSTATE_MAGIC1;
+			sw.extended_size = size + FP_XSTATE_MAGIC2_SIZE;
+			sw.xfeatures = want;
+			sw.xstate_size = size;
+			memcpy(in->fpbuf + SW_RESERVED, &sw, sizeof(sw));
+			memcpy(in->fpbuf + size, &magic2, sizeof(magic2));
+			*xsave = true;
+			return size + FP_XSTATE_MAGIC2_SIZE;
+		}
+	}
+	/* No XSAVE: FP/SSE only, no magic1 (check_xstate_in_sigframe's fx-only path). */
+	iov = (struct iovec){ in->fpbuf, FXSAVE_SIZE };
+	if (!xptrace(PTRACE_GETREGSET, in->tid, NT_PRFPREG, (uintptr_t)&iov) &&
+	    iov.iov_len == FXSAVE_SIZE) {
+		memset(in->fpbuf + SW_RESERVED, 0, FXSAVE_SIZE - SW_RESERVED);
+		return FXSAVE_SIZE;
+	}
+	return 0;
+}
+
+/*
+ * Write the frame that brings the thread back to in->saved by itself (see
+ * the top) below its red zone; its address, or 0 when there cannot be one.
+ */
+static uint64_t write_frame(struct hq_inject *in)
+{
+	const struct user_regs_struct *r = &in->saved;
+	struct k_rt_sigframe f = { 0 };
+	struct k_sigcontext *sc = &f.uc.uc_mcontext;
+	uint64_t top, fp = 0, frame, ax = r->rax, ip = r->rip;
+	size_t fplen = 0, len;
+	bool xsave = false;
+	struct iovec local[3], remote;
+	uint8_t gap[64] = { 0 };
+	int nl = 0;
+
+	if (!in->gadget_ip || !in->restorer_ip || in->shstk || !in->mask_saved)
+		return 0;
+	if (r->rsp < RED_ZONE + sizeof(f) + XSTATE_BUF_SIZE + 4096)
+		return 0; /* not a stack */
+	if (!in->fpbuf && !(in->fpbuf = malloc(XSTATE_BUF_SIZE)))
+		return 0;
+	fplen = read_fpstate(in, &xsave);
+
+	top = r->rsp - RED_ZONE;
+	/* As get_sigframe(): fpstate 64-byte aligned, the frame 16-byte aligned less 8. */
+	if (fplen)
+		fp = (top - fplen) & ~63ull;
+	frame = (((fplen ? fp : top) - sizeof(f)) & ~15ull) - 8;
+
+	/*
+	 * What arch_do_signal_or_restart() would do next without a handler,
+	 * but the call itself again for the restart block too (see top).
+	 */
+	if (r->orig_rax != (unsigned long long)-1) {
+		switch ((long)r->rax) {
+		case -ERESTARTSYS:
+		case -ERESTARTNOINTR:
+		case -ERESTARTNOHAND:
+		case -ERESTART_RESTARTBLOCK:
+			ax = r->orig_rax;
+			ip = r->rip - 2;
+			break;
+		}
+	}
+
+	f.pretcode = in->restorer_ip;
+	f.uc.uc_flags = UC_SIGCONTEXT_SS | UC_STRICT_RESTORE_SS | (xsave ? UC_FP_XSTATE : 0);
+	f.uc.uc_stack.ss_flags = SS_ONSTACK | SS_DISABLE; /* an invalid mode: altstack untouched */
+	sc->r8 = r->r8;
+	sc->r9 = r->r9;
+	sc->r10 = r->r10;
+	sc->r11 = r->r11;
+	sc->r12 = r->r12;
+	sc->r13 = r->r13;
+	sc->r14 = r->r14;
+	sc->r15 = r->r15;
+	sc->di = r->rdi;
+	sc->si = r->rsi;
+	sc->bp = r->rbp;
+	sc->bx = r->rbx;
+	sc->dx = r->rdx;
+	sc->ax = ax;
+	sc->cx = r->rcx;
+	sc->sp = r->rsp;
+	sc->ip = ip;
+	sc->flags = r->eflags;
+	sc->cs = (uint16_t)r->cs;
+	sc->ss = (uint16_t)r->ss;
+	sc->oldmask = in->saved_mask;
+	sc->fpstate = fp;
+	f.uc.uc_sigmask = in->saved_mask;
+
+	/* One write: the frame, zeros up to fpstate, the FPU image. */
+	local[nl++] = (struct iovec){ &f, sizeof(f) };
+	len = sizeof(f);
+	if (fplen) {
+		size_t between = fp - (frame + sizeof(f));
+
+		if (between > sizeof(gap))
+			return 0;	/* cannot happen: both are aligned to at most 64 */
+		if (between)
+			local[nl++] = (struct iovec){ gap, between };
+		local[nl++] = (struct iovec){ in->fpbuf, fplen };
+		len += between + fplen;
+	}
+	remote = (struct iovec){ (void *)(uintptr_t)frame, len };
+	if (process_vm_writev(in->pid, local, (unsigned long)nl, &remote, 1, 0) != (ssize_t)len)
+		return 0;
+	return frame;
 }
 
 /* Why PTRACE_SEIZE said EPERM, from what /proc tells about the thread. */
@@ -451,8 +817,14 @@ int hq_inject_begin(struct hq_inject **ip, pid_t pid, pid_t tid, char *err, size
 	in->tid = tid;
 	in->owner = gettid();
 	in->mem = -1;
-	/* No PTRACE_O_EXITKILL: QEMU must outlive a crash of ours. */
-	if (xptrace(PTRACE_SEIZE, tid, 0, 0)) {
+	in->die = die_point();
+	/* While the thread runs; a failure is reported by the first call, which tries again. */
+	find_code(in, NULL, 0);
+	/*
+	 * No PTRACE_O_EXITKILL: QEMU must outlive a crash of ours. TRACESYSGOOD:
+	 * syscall stops report SIGTRAP|0x80, which cannot become a signal (top).
+	 */
+	if (xptrace(PTRACE_SEIZE, tid, 0, PTRACE_O_TRACESYSGOOD)) {
 		ret = -errno;
 		if (ret == -EPERM)
 			explain_eperm(pid, tid, err, errlen);
@@ -483,14 +855,73 @@ int hq_inject_begin(struct hq_inject **ip, pid_t pid, pid_t tid, char *err, size
 	return 0;
 }
 
+/* Resume with @req (0 signal) and wait for the next stop. */
+static int resume(struct hq_inject *in, int req, const char *what, int *st, char *err,
+		  size_t errlen)
+{
+	if (xptrace(req, in->tid, 0, 0))
+		return ptrace_failed(in, what, err, errlen);
+	in->parked = false;
+	return wait_stop(in, st, err, errlen);
+}
+
+/* Whether a seccomp SIGSYS is queued for the thread (PTRACE_PEEKSIGINFO, Linux 3.10). */
+static bool seccomp_trap_queued(struct hq_inject *in)
+{
+	struct __ptrace_peeksiginfo_args pa = { .off = 0, .flags = 0, .nr = 8 };
+	siginfo_t si[8];
+	long n = xptrace(PTRACE_PEEKSIGINFO, in->tid, (uintptr_t)&pa, (uintptr_t)si);
+
+	for (long i = 0; i < n; i++)
+		if (si[i].si_signo == SIGSYS && si[i].si_code == SYS_SECCOMP)
+			return true;
+	return false;
+}
+
+/*
+ * Parked after a call a seccomp filter trapped: let the thread dequeue the
+ * forced SIGSYS and drop it at its signal-delivery-stop, delivering others
+ * met on the way for real. Own registers and parked again after.
+ */
+static int drop_seccomp_trap(struct hq_inject *in, char *err, size_t errlen)
+{
+	for (int tries = 0; tries < MAX_RETRIES && seccomp_trap_queued(in); tries++) {
+		siginfo_t si;
+		int st, ret, sig;
+
+		ret = resume(in, PTRACE_CONT, "PTRACE_CONT", &st, err, errlen);
+		if (ret)
+			return ret;
+		if (st >> 16) {
+			in->parked = true; /* a group stop: an event stop too */
+			continue;
+		}
+		sig = WSTOPSIG(st);
+		in->stop_sig = sig;
+		if (xptrace(PTRACE_GETSIGINFO, in->tid, 0, (uintptr_t)&si))
+			return ptrace_failed(in, "PTRACE_GETSIGINFO", err, errlen);
+		if (sig == SIGSYS && si.si_code == SYS_SECCOMP)
+			sig = 0;
+		in->stop_sig = 0;
+		ret = put_back(in, err, errlen);
+		if (!ret)
+			ret = repark(in, sig, err, errlen);
+		if (ret)
+			return ret;
+	}
+	return 0;
+}
+
 int hq_inject_syscall(struct hq_inject *in, long nr, const long args[6], long *result,
 		      char *err, size_t errlen)
 {
-	/* Blocked during the step: all but SIGTRAP, SIGSEGV, SIGSYS (see top). */
+	/* Blocked during the call: all but SIGTRAP, SIGSEGV, SIGSYS (see top). */
 	uint64_t block = ~(1ull << (SIGTRAP - 1) | 1ull << (SIGSEGV - 1) | 1ull << (SIGSYS - 1));
 	struct user_regs_struct regs;
+	uint64_t ip = 0, frame = 0;
 	siginfo_t si;
-	int ret, sig;
+	int ret, sig, st;
+	long res;
 
 	if (!in || !args || !result || nr < 0) {
 		seterr(err, errlen, "hq_inject_syscall: bad arguments");
@@ -512,20 +943,26 @@ int hq_inject_syscall(struct hq_inject *in, long nr, const long args[6], long *r
 		return -EIO;
 	}
 	if (!in->syscall_ip) {
-		ret = find_syscall_insn(in, err, errlen);
+		ret = find_code(in, err, errlen);
 		if (ret)
 			return ret;
 	}
 
+	/* Up to the syscall-entry stop; a foreign signal first is delivered, then again. */
 	for (int tries = 0;; tries++) {
 		if (tries >= MAX_RETRIES) {
-			seterr(err, errlen, "thread %d of process %d: the call did not complete "
+			seterr(err, errlen, "thread %d of process %d: the call did not start "
 			       "after %d signals or stops", (int)in->tid, (int)in->pid, tries);
 			ret = -EAGAIN;
 			goto fail;
 		}
+		/* A new frame each time: a delivered signal changes what the thread is. */
+		frame = write_frame(in);
+		ip = frame ? in->gadget_ip : bare_syscall_ip(in);
 		regs = in->saved;
-		regs.rip = in->syscall_ip;
+		regs.rip = ip;
+		if (frame)
+			regs.rsp = frame;
 		regs.orig_rax = (unsigned long long)-1; /* no restart logic for the injected call */
 		regs.rax = (unsigned long long)nr;
 		regs.rdi = (unsigned long long)args[0];
@@ -535,32 +972,30 @@ int hq_inject_syscall(struct hq_inject *in, long nr, const long args[6], long *r
 		regs.r8 = (unsigned long long)args[4];
 		regs.r9 = (unsigned long long)args[5];
 		in->dirty = true;
+		if (xptrace(PTRACE_SETREGS, in->tid, 0, (uintptr_t)&regs)) {
+			ret = ptrace_failed(in, "PTRACE_SETREGS", err, errlen);
+			goto fail;
+		}
 		if (in->mask_saved &&
 		    xptrace(PTRACE_SETSIGMASK, in->tid, sizeof(block), (uintptr_t)&block)) {
 			ret = ptrace_failed(in, "PTRACE_SETSIGMASK", err, errlen);
 			goto fail;
 		}
-		if (xptrace(PTRACE_SETREGS, in->tid, 0, (uintptr_t)&regs)) {
-			ret = ptrace_failed(in, "PTRACE_SETREGS", err, errlen);
-			goto fail;
-		}
-		/* Step until a signal-delivery-stop; a stray event stop comes before the call runs. */
+		test_die(in, DIE_ARMED);
+		/* A stray event stop (group stop) comes before the call runs: on. */
 		do {
-			int st;
-
-			if (xptrace(PTRACE_SINGLESTEP, in->tid, 0, 0)) {
-				ret = ptrace_failed(in, "PTRACE_SINGLESTEP", err, errlen);
-				goto fail;
-			}
-			in->parked = false;
-			ret = wait_stop(in, &st, err, errlen);
+			ret = resume(in, PTRACE_SYSCALL, "PTRACE_SYSCALL", &st, err, errlen);
 			if (ret)
 				goto fail;
-			sig = (st >> 16) ? 0 : WSTOPSIG(st);
-			in->stop_sig = sig;
-		} while (!sig && ++tries < MAX_RETRIES);
-		if (!sig)
+		} while ((st >> 16) && ++tries < MAX_RETRIES);
+		if (st >> 16) {
+			in->parked = true;
 			continue; /* reports the retry limit */
+		}
+		sig = WSTOPSIG(st);
+		if (sig == SYSCALL_STOP)
+			break;
+		in->stop_sig = sig;
 		if (xptrace(PTRACE_GETSIGINFO, in->tid, 0, (uintptr_t)&si)) {
 			ret = ptrace_failed(in, "PTRACE_GETSIGINFO", err, errlen);
 			goto fail;
@@ -569,37 +1004,20 @@ int hq_inject_syscall(struct hq_inject *in, long nr, const long args[6], long *r
 			ret = ptrace_failed(in, "PTRACE_GETREGS", err, errlen);
 			goto fail;
 		}
-		if (sig == SIGTRAP && si.si_code > 0) {
-			in->stop_sig = 0; /* the step's trap: never passed on to the target */
-			if (regs.rip == in->syscall_ip + 2)
-				break; /* the call ran */
-			seterr(err, errlen, "thread %d of process %d trapped at 0x%llx, not after "
-			       "the injected call at 0x%llx", (int)in->tid, (int)in->pid,
-			       (unsigned long long)regs.rip, (unsigned long long)in->syscall_ip);
-			ret = -EPROTO;
-			goto fail;
-		}
-		if (si.si_code > 0 && regs.rip == in->syscall_ip &&
+		if (si.si_code > 0 && regs.rip == ip &&
 		    (sig == SIGSEGV || sig == SIGBUS || sig == SIGILL)) {
 			in->stop_sig = 0; /* ours: the target never sees it */
 			seterr(err, errlen, "the syscall instruction at 0x%llx in process %d "
-			       "faulted (%s)", (unsigned long long)in->syscall_ip, (int)in->pid,
+			       "faulted (%s)", (unsigned long long)ip, (int)in->pid,
 			       sigabbrev_np(sig) ?: "?");
 			ret = -EFAULT;
 			goto fail;
 		}
-		if (sig == SIGSYS && si.si_code == SYS_SECCOMP) {
-			in->stop_sig = 0;
-			seterr(err, errlen, "a seccomp filter of process %d traps system call %ld",
-			       (int)in->pid, nr);
-			ret = -EPERM;
-			goto fail;
-		}
-		if (regs.rip != in->syscall_ip) {
+		if (regs.rip != ip) {
 			seterr(err, errlen, "thread %d of process %d stopped with signal %d at "
-			       "0x%llx, not after the injected call at 0x%llx", (int)in->tid,
+			       "0x%llx, not at the injected call at 0x%llx", (int)in->tid,
 			       (int)in->pid, sig, (unsigned long long)regs.rip,
-			       (unsigned long long)in->syscall_ip);
+			       (unsigned long long)ip);
 			ret = -EPROTO;
 			goto fail;
 		}
@@ -611,14 +1029,67 @@ int hq_inject_syscall(struct hq_inject *in, long nr, const long args[6], long *r
 			goto fail;
 	}
 
-	/* Own registers and mask back, SIGTRAP dropped, parked for the next call or the end. */
-	in->stop_sig = 0;
-	ret = put_back(in, err, errlen);
-	if (!ret)
-		ret = repark(in, 0, err, errlen);
+	/* The entry stop: the call runs once we resume, and ends in the exit stop. */
+	test_die(in, DIE_ENTRY);
+	if (xptrace(PTRACE_SYSCALL, in->tid, 0, 0)) {
+		ret = ptrace_failed(in, "PTRACE_SYSCALL", err, errlen);
+		goto fail;
+	}
+	test_die(in, DIE_DURING);
+	ret = wait_stop(in, &st, err, errlen);
 	if (ret)
 		goto fail;
-	*result = (long)regs.rax;
+	if ((st >> 16) || WSTOPSIG(st) != SYSCALL_STOP) {
+		in->stop_sig = (st >> 16) ? 0 : WSTOPSIG(st);
+		seterr(err, errlen, "thread %d of process %d: stop 0x%x, not the end of the "
+		       "injected call", (int)in->tid, (int)in->pid, st);
+		ret = -EPROTO;
+		goto fail;
+	}
+	if (xptrace(PTRACE_GETREGS, in->tid, 0, (uintptr_t)&regs)) {
+		ret = ptrace_failed(in, "PTRACE_GETREGS", err, errlen);
+		goto fail;
+	}
+	res = (long)regs.rax;
+	test_die(in, DIE_EXIT);
+
+	/* Parked again before user mode, so before the `ret`: own registers back there. */
+	if (xptrace(PTRACE_INTERRUPT, in->tid, 0, 0)) {
+		ret = ptrace_failed(in, "PTRACE_INTERRUPT", err, errlen);
+		goto fail;
+	}
+	if (xptrace(PTRACE_CONT, in->tid, 0, 0)) {
+		ret = ptrace_failed(in, "PTRACE_CONT", err, errlen);
+		goto fail;
+	}
+	ret = settle(in, err, errlen);
+	if (ret)
+		goto fail;
+	test_die(in, DIE_BACK);
+	if (xptrace(PTRACE_GETREGS, in->tid, 0, (uintptr_t)&regs)) {
+		ret = ptrace_failed(in, "PTRACE_GETREGS", err, errlen);
+		goto fail;
+	}
+	if (regs.rip != ip + 2) {
+		seterr(err, errlen, "thread %d of process %d stopped at 0x%llx after the "
+		       "injected call at 0x%llx, not right after it", (int)in->tid, (int)in->pid,
+		       (unsigned long long)regs.rip, (unsigned long long)ip);
+		ret = -EPROTO;
+		goto fail;
+	}
+	if (seccomp_trap_queued(in)) {
+		ret = drop_seccomp_trap(in, err, errlen);
+		if (!ret) {
+			seterr(err, errlen, "a seccomp filter of process %d traps system call %ld",
+			       (int)in->pid, nr);
+			ret = -EPERM;
+		}
+		goto fail;
+	}
+	ret = put_back(in, err, errlen);
+	if (ret)
+		goto fail;
+	*result = res;
 	return 0;
 fail:
 	recover(in, in->stop_sig);
@@ -637,6 +1108,8 @@ void hq_inject_end(struct hq_inject *in)
 	}
 	if (in->mem >= 0)
 		close(in->mem);
+	free(in->fpbuf);
+	free(in->maps);
 	free(in);
 }
 

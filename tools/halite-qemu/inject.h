@@ -3,19 +3,27 @@
  * Run a system call inside another process with ptrace (x86-64 only), and
  * bring one of its descriptors here with pidfd_getfd. halite-qemu uses it to
  * create a userfaultfd inside QEMU, to drop QEMU's page-table entries of
- * guest RAM (madvise MADV_DONTNEED) and to close what it created. Only calls
- * without pointer arguments: nothing is written into the target's memory.
+ * guest RAM (madvise MADV_DONTNEED, mremap, munmap) and to close what it
+ * created. Only calls without pointer arguments. The one thing written into
+ * the target's memory is, before each call, a signal frame on the thread's
+ * stack below its red zone, where a signal could have put one anyway.
  *
  * The target thread is stopped for the session only (PTRACE_SEIZE +
- * PTRACE_INTERRUPT, well under a millisecond per call) and left with its
- * registers and signal mask as they were, so a blocking call it was in (ppoll,
- * read, futex, nanosleep) restarts as after a signal without a handler, and a
- * signal sent to it meanwhile is delivered afterwards with its siginfo. Calls
- * that Linux never restarts (epoll_wait, sigtimedwait, semop: signal(7)) fail
- * with EINTR in the target, as they do under SIGSTOP/SIGCONT or strace. The
- * target is never killed if we die (no PTRACE_O_EXITKILL): the kernel then
- * detaches it, which is clean (the thread is parked between calls with its
- * own registers and mask) unless we die during a call, a few microseconds.
+ * PTRACE_INTERRUPT, well under a millisecond per call plus the call itself)
+ * and left with its registers and signal mask as they were, so a blocking
+ * call it was in (ppoll, read, futex, nanosleep) restarts as after a signal
+ * without a handler, and a signal sent to it meanwhile is delivered
+ * afterwards with its siginfo. Calls that Linux never restarts (epoll_wait,
+ * sigtimedwait, semop: signal(7)) fail with EINTR in the target, as they do
+ * under SIGSTOP/SIGCONT or strace. The target is never killed if we die (no
+ * PTRACE_O_EXITKILL), at any instant: the kernel then detaches it, parked
+ * between calls with its own registers and mask, or during a call with
+ * registers that make it finish the call and return through rt_sigreturn
+ * and that frame to its own registers, mask and FPU state (inject.c says
+ * how, and the few cases without a frame, where dying during a call is not
+ * survived). Whether an injected call took effect is then the caller's
+ * business (a record, as save --recover keeps); a timed sleep or poll the
+ * thread was in starts over with its whole timeout.
  *
  * Rules for the caller:
  * - A session (begin .. end) belongs to the thread that began it: ptrace
@@ -58,9 +66,11 @@ int hq_inject_begin(struct hq_inject **ip, pid_t pid, pid_t tid, char *err, size
  * return (-errno when the call failed in the target). 0, or -errno when the
  * injection itself failed: -ESRCH the thread died, -EFAULT the syscall
  * instruction faulted, -EPERM a seccomp filter trapped the call (the target
- * does not see that signal), -ENOEXEC no syscall instruction found, -EINVAL
- * called from another thread than hq_inject_begin(). After a failure the
- * session may still be ended (and must be).
+ * does not see that signal; the session goes on), -ENOEXEC no syscall
+ * instruction found, -EAGAIN too many foreign signals or stops before the
+ * call could start, -EPROTO the thread stopped where it should not have,
+ * -EINVAL called from another thread than hq_inject_begin(). After a failure
+ * the session may still be ended (and must be).
  */
 int hq_inject_syscall(struct hq_inject *in, long nr, const long args[6], long *result,
 		      char *err, size_t errlen);
