@@ -520,8 +520,12 @@ static int match_regions(struct restore_run *r)
 
 			for (uint32_t x = 0; x < r->file_nregions && !taken; x++)
 				taken = !strcmp(r->file_regions[x].name, g->name);
-			if (!taken && g->gpa == f->gpa && g->length == f->length) {
-				snprintf(g->name, sizeof(g->name), "%s", f->name);
+			size_t n = strlen(f->name);
+
+			/* a name longer than ours is not one QEMU gave a RAM block */
+			if (!taken && g->gpa == f->gpa && g->length == f->length &&
+			    n < sizeof(g->name)) {
+				memcpy(g->name, f->name, n + 1);
 				k = j;
 			}
 		}
