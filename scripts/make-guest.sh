@@ -127,8 +127,9 @@ cp -r "$root/guest-image/www/." "$stage/www/"
 chmod 0755 "$stage"/www/cgi-bin/*
 head -c $((1 << 20)) <(yes "halite test guest, static file for HTTP timing") >"$stage/www/blob.bin"
 
-# NIC drivers, dependencies first: e1000e (q35's default -nic), virtio-net;
-# virtio-balloon, for guests whose memory a balloon gives back (tests/qemu).
+# NIC drivers, dependencies first: e1000e (q35's default -nic), e1000 (pc's),
+# virtio-net (tests/qemu case network restores each); virtio-balloon, for
+# guests whose memory a balloon gives back (tests/qemu).
 declare -A seen=()
 modlist=()
 add_module() { # path relative to $moddir, as in modules.dep
@@ -141,7 +142,7 @@ add_module() { # path relative to $moddir, as in modules.dep
 	done
 	modlist+=("$m")
 }
-for name in e1000e virtio_pci virtio_net virtio_balloon; do
+for name in e1000e e1000 virtio_pci virtio_net virtio_balloon; do
 	m=$(grep -o "^[^:]*/$name\.ko[^:]*" "$moddir/modules.dep" | head -n1 || true)
 	if [[ -z $m ]]; then
 		grep -qs "/$name\.ko" "$moddir/modules.builtin" || die "no module $name in $moddir"
