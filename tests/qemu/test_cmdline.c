@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: MIT
 /*
- * halite-qemu's command-line rules (tools/halite-qemu/cmdline.c), without a
- * QEMU: QEMU 7.2's options and their arguments, QemuOpts and JSON
- * arguments, what matters for a restore and the messages naming a
- * difference, the recorded line made runnable, the device list of "info
- * qtree" (captured from QEMU 7.2 in tests/qemu/hmp-samples/). Exact strings
- * throughout.
+ * halite-qemu's command-line rules (tools/halite-qemu/cmdline.c) and host
+ * forwards taken out (hostfwd.c), without a QEMU: QEMU 7.2's options and
+ * their arguments, QemuOpts and JSON arguments, what matters for a restore
+ * and the messages naming a difference, the recorded line made runnable,
+ * the device list of "info qtree" (captured from QEMU 7.2 in
+ * tests/qemu/hmp-samples/), the hostfwd rules taken out of -nic, -netdev
+ * and -net. Exact strings throughout.
  *
  *   test_cmdline SAMPLE-DIR
  */
@@ -307,6 +308,49 @@ static void qtree(void)
 								"answer"), "no device: %s", err);
 }
 
+static void forwards(void)
+{
+	struct hq_argv a = words("qemu -m 1G -nic user,model=e1000,hostfwd=tcp:127.0.0.1:8080-:80,"
+				 "hostfwd=udp::5353-:53 -netdev user,id=n1,hostfwd=tcp::2222-:22 "
+				 "-device e1000,netdev=n1 -nic tap,ifname=t0 -net user,hostfwd=tcp::9-:9 "
+				 "-net nic -nic user,id=mine,hostfwd=tcp:10.0.0.1:99-10.0.2.16:98 "
+				 "-netdev {\"type\":\"user\",\"id\":\"j\",\"hostfwd\":[{\"str\":\"udp::7-:7\"}]}");
+	struct hq_fwds f = { 0 };
+	char err[256] = "";
+	size_t len;
+	char *s;
+
+	CHECK(!hq_fwd_take_out(&a, &f, err, sizeof(err)) && f.n == 6, "%d rules (%s)", f.n, err);
+	if (f.n == 6) {
+		CHECK(!strcmp(f.v[0].netdev, "halite.nic0") &&
+		      !strcmp(f.v[0].rule, "tcp:127.0.0.1:8080-:80") && !f.v[0].udp &&
+		      f.v[0].host_port == 8080 && f.v[0].host_addr == 0x0100007f, "rule 0");
+		CHECK(!strcmp(f.v[1].netdev, "halite.nic0") && f.v[1].udp && f.v[1].host_port == 5353 &&
+		      !f.v[1].host_addr, "rule 1");
+		CHECK(!strcmp(f.v[2].netdev, "n1") && f.v[2].host_port == 2222, "rule 2");
+		CHECK(!strcmp(f.v[3].netdev, "halite.net0") && f.v[3].host_port == 9, "rule 3");
+		CHECK(!strcmp(f.v[4].netdev, "mine") && f.v[4].host_port == 99, "rule 4");
+		CHECK(!strcmp(f.v[5].netdev, "j") && f.v[5].udp && f.v[5].host_port == 7, "rule 5");
+	}
+	s = hq_argv_to_nul(&a, &len);
+	for (size_t i = 0; s && i + 1 < len; i++)
+		if (!s[i])
+			s[i] = ' ';
+	CHECK(s && !strcmp(s, "qemu -m 1G -nic user,model=e1000,id=halite.nic0 -netdev user,id=n1 "
+			      "-device e1000,netdev=n1 -nic tap,ifname=t0 -net user,id=halite.net0 "
+			      "-net nic -nic user,id=mine -netdev {\"type\":\"user\",\"id\":\"j\"}"),
+	      "taken out: %s", s);
+	free(s);
+	hq_fwds_free(&f);
+	hq_argv_free(&a);
+
+	a = words("qemu -nic user,hostfwd=tcp::http-:80");
+	CHECK(hq_fwd_take_out(&a, &f, err, sizeof(err)) == -EINVAL &&
+	      strstr(err, "hostfwd=tcp::http-:80: not a host forwarding rule"), "%s", err);
+	hq_fwds_free(&f);
+	hq_argv_free(&a);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc != 2) {
@@ -320,5 +364,6 @@ int main(int argc, char **argv)
 	compare();
 	replay();
 	qtree();
+	forwards();
 	return check_result();
 }

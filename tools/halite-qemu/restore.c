@@ -47,6 +47,7 @@
 #include <unistd.h>
 
 #include "hq.h"
+#include "vmconfig.h"
 
 #define QEMU_DEFAULT "qemu-system-x86_64"
 #define QMP_START_TIMEOUT_MS 60000
@@ -68,6 +69,7 @@ struct restore_params {
 
 struct restore_run {
 	struct restore_params p;
+	struct hq_config cfg; /* the command line QEMU runs and its forwards */
 	struct hq_vm vm;
 	struct halite_restore *rs;
 	pid_t qemu;
@@ -84,7 +86,8 @@ struct restore_run {
 	struct halite_region_info file_regions[HQ_MAX_REGIONS];
 	uint64_t mem_bytes;
 	/* Times from the command's start. */
-	uint64_t t0, t_qmp, t_ready, t_loaded, t_resume, t_done;
+	uint64_t t0, t_qmp, t_ready, t_loaded, t_forwarded, t_resume, t_done;
+	int nforwards; /* host forwards added here, once the state was loaded */
 	bool engine_running; /* started: halite_restore_wait() says how it goes */
 	struct halite_restore_stats st;
 	char err[1280];
@@ -102,7 +105,10 @@ void hq_help_restore(FILE *f)
 		"QEMU-ARGS must describe the same machine as at save (same -machine, -smp, -m\n"
 		"and memory backend, which must be shared: memory-backend-memfd share=on, or\n"
 		"memory-backend-file share=on on tmpfs). " PROG " adds -S, -incoming defer and a\n"
-		"QMP socket. QEMU-BINARY defaults to " QEMU_DEFAULT " ($HALITE_QEMU).\n\n"
+		"QMP socket, and adds user networking's hostfwd rules (HMP hostfwd_add) once the\n"
+		"guest's state is loaded, just before it runs: a connection then waits for the\n"
+		"guest; before, it is refused. QEMU-BINARY defaults to " QEMU_DEFAULT "\n"
+		"($HALITE_QEMU).\n\n"
 		"With --attach, take over the restore of QEMU PID from FILE after its\n"
 		PROG " restore was killed: the guest waits for memory it lacks (it\n"
 		"never reads zeros); the new handler keeps what is in, brings in the rest,\n"
@@ -388,19 +394,49 @@ static void redirect(int fd, const char *path, int flags)
 	}
 }
 
-static int spawn_qemu(struct restore_run *r)
+/* The command line QEMU runs, its host forwards taken out (hostfwd.c). */
+static int prepare_cmdline(struct restore_run *r)
 {
 	const char *bin = getenv("HALITE_QEMU");
-	int argc = 0, first = r->p.qemu_argv[0][0] == '-' ? 0 : 1, pfd[2], e = 0;
-	char qmp[160], **argv;
+	int ret;
+
+	ret = hq_config_prepare(&r->cfg, r->p.qemu_argv, r->p.qemu_argc,
+				bin && *bin ? bin : QEMU_DEFAULT, r->err, sizeof(r->err));
+	if (ret && !r->err[0])
+		fail(r, ret, "QEMU's command line", strerror(-ret));
+	return ret;
+}
+
+static int spawn_qemu(struct restore_run *r)
+{
+	int argc = 0, pfd[2], e = 0, nenv = 0;
+	char qmp[160], **argv, **envp, *own_env;
+	extern char **environ;
 	ssize_t n;
 
-	argv = calloc((size_t)r->p.qemu_argc + 8, sizeof(*argv));
-	if (!argv)
+	while (environ[nenv])
+		nenv++;
+	argv = calloc((size_t)r->cfg.run.argc + 8, sizeof(*argv));
+	envp = calloc((size_t)nenv + 2, sizeof(*envp));
+	/* The user's command line rides in QEMU's environment, for --attach. */
+	own_env = hq_config_env(&r->cfg);
+	if (!argv || !envp || !own_env) {
+		free(argv);
+		free(envp);
+		free(own_env);
 		return fail(r, -ENOMEM, "out of memory", NULL);
-	argv[argc++] = first ? r->p.qemu_argv[0] : (char *)(bin && *bin ? bin : QEMU_DEFAULT);
-	for (int i = first; i < r->p.qemu_argc; i++)
-		argv[argc++] = r->p.qemu_argv[i];
+	}
+	for (int i = 0, k = 0; i <= nenv; i++) {
+		size_t name = (size_t)(strchr(own_env, '=') - own_env) + 1;
+
+		/* Ours replaces one inherited (halite-qemu run from a restored QEMU's child). */
+		if (i == nenv)
+			envp[k] = own_env;
+		else if (strncmp(environ[i], own_env, name))
+			envp[k++] = environ[i];
+	}
+	for (int i = 0; i < r->cfg.run.argc; i++)
+		argv[argc++] = r->cfg.run.argv[i];
 	snprintf(qmp, sizeof(qmp), "unix:%s/qmp.sock,server=on,wait=off", r->dir);
 	argv[argc++] = "-S";
 	argv[argc++] = "-incoming";
@@ -410,11 +446,15 @@ static int spawn_qemu(struct restore_run *r)
 	argv[argc] = NULL;
 	if (pipe2(pfd, O_CLOEXEC)) {
 		free(argv);
+		free(envp);
+		free(own_env);
 		return fail(r, -errno, "pipe", strerror(errno));
 	}
 	r->qemu = fork();
 	if (r->qemu < 0) {
 		free(argv);
+		free(envp);
+		free(own_env);
 		return fail(r, -errno, "fork", strerror(errno));
 	}
 	if (r->qemu == 0) {
@@ -440,7 +480,7 @@ static int spawn_qemu(struct restore_run *r)
 			redirect(STDOUT_FILENO, log, O_WRONLY | O_CREAT | O_APPEND);
 			dup2(STDOUT_FILENO, STDERR_FILENO);
 		}
-		execvp(argv[0], argv);
+		execvpe(argv[0], argv, envp);
 		e = errno;
 		if (write(pfd[1], &e, sizeof(e)) < 0)
 			_exit(127);
@@ -454,9 +494,13 @@ static int spawn_qemu(struct restore_run *r)
 		r->qemu = 0;
 		snprintf(r->err, sizeof(r->err), "cannot run %s: %s", argv[0], strerror(e));
 		free(argv);
+		free(envp);
+		free(own_env);
 		return -e;
 	}
 	free(argv);
+	free(envp);
+	free(own_env);
 	return 0;
 }
 
@@ -859,8 +903,18 @@ static int run(struct restore_run *r)
 	snprintf(r->dir, sizeof(r->dir), "%s", tmpl);
 	if (r->p.attach) {
 		ret = take_over(r, reg);
+		/* Forwards the dead handler had not added yet. */
+		if (!ret)
+			ret = hq_config_forward_pid(r->p.attach, r->vm.qmp, r->err, sizeof(r->err));
+		if (ret >= 0) {
+			r->nforwards = ret;
+			r->t_forwarded = hq_now_ns();
+			ret = 0;
+		}
 	} else {
-		ret = spawn_qemu(r);
+		ret = prepare_cmdline(r);
+		if (!ret)
+			ret = spawn_qemu(r);
 		if (!ret)
 			ret = attach_qemu(r);
 		if (!ret)
@@ -874,6 +928,14 @@ static int run(struct restore_run *r)
 			raise(SIGKILL);
 		if (!ret)
 			ret = load_devices(r);
+		/* Loaded and not yet running: connections from now on wait for the guest (hostfwd.c). */
+		if (!ret)
+			ret = hq_config_forward(&r->cfg, r->vm.qmp, r->err, sizeof(r->err));
+		if (ret >= 0) {
+			r->t_forwarded = hq_now_ns();
+			r->nforwards = ret;
+			ret = 0;
+		}
 	}
 	if (ret)
 		return explain_failure(r, ret);
@@ -931,7 +993,8 @@ static void report(const struct restore_run *r, int ret)
 		       ", \"mb_prefetch\": %" PRIu64 ", \"mb_zero\": %" PRIu64
 		       ", \"mb_present\": %" PRIu64 ", \"attached\": %s"
 		       ", \"vm_access_pct\": %.2f, \"paused\": %s, \"run_state\": \"%s\", "
-		       "\"saved_run_state\": \"%s\", \"detached\": %s}\n",
+		       "\"saved_run_state\": \"%s\", \"detached\": %s, \"forwards\": %d, "
+		       "\"forwarded_ms\": %.3f}\n",
 		       ms(r->t0, r->t_qmp), ms(r->t0, r->t_ready),
 		       ms(r->t0, r->t_loaded), ms(r->t0, r->t_resume), ms(r->t_qmp, r->t_resume),
 		       ms(r->t_resume, r->t_done) / 1e3, r->mem_bytes, st->faults, st->faults_vcpu,
@@ -941,7 +1004,8 @@ static void report(const struct restore_run *r, int ret)
 		       st->mb_pool, st->mb_prefetch, st->mb_zero, st->mb_present,
 		       r->p.attach ? "true" : "false", st->vm_access_pct,
 		       r->paused ? "true" : "false", r->paused ? "paused" : "running",
-		       r->file_paused ? "paused" : "running", r->p.detach ? "true" : "false");
+		       r->file_paused ? "paused" : "running", r->p.detach ? "true" : "false",
+		       r->nforwards, ms(r->t0, r->t_forwarded));
 		fflush(stdout);
 		return;
 	}
@@ -959,6 +1023,9 @@ static void report(const struct restore_run *r, int ret)
 	       PRIu64 " prefetch), %s read\n", ms(r->t_resume, r->t_done) / 1e3,
 	       hq_bytes(r->mem_bytes, a, sizeof(a)), st->lb_total, st->lb_demand, st->lb_prefetch,
 	       hq_bytes(st->bytes_read, (char[32]){ 0 }, 32));
+	if (r->nforwards)
+		printf("  host forwards  %d added %.1f ms after QEMU was ready, once the guest's "
+		       "state was loaded\n", r->nforwards, ms(r->t_qmp, r->t_forwarded));
 	if (r->p.attach)
 		printf("  taken over     %" PRIu64 " memory blocks were in already and kept\n",
 		       st->mb_present);
@@ -1032,6 +1099,7 @@ int hq_cmd_restore(int argc, char **argv)
 		r->qemu = 0;
 	}
 	halite_restore_free(r->rs);
+	hq_config_free(&r->cfg);
 	if (r->uffd >= 0)
 		close(r->uffd);
 	if (r->lock_fd >= 0)

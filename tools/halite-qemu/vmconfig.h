@@ -9,6 +9,10 @@
  *            (info qtree) and how two differ. Pure functions, unit-tested
  *            (tests/qemu/test_cmdline.c), except the checks that look at
  *            the host (sockets and memory files in use).
+ * hostfwd.c  user networking's host forwards: taken out of the command line
+ *            QEMU starts with and added (HMP hostfwd_add) once the guest's
+ *            state is loaded, before it runs (why: hostfwd.c).
+ * config.c   the command line QEMU runs at a restore, and its forwards.
  *
  * Every function that can fail returns 0 (or a count) or -errno, with a
  * sentence in the caller's @err where it says so.
@@ -20,6 +24,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+
+struct hq_qmp;
 
 /* --- argument vectors (cmdline.c) --- */
 
@@ -159,5 +165,73 @@ int hq_parse_qtree(const char *text, struct hq_argv *out, char *err, size_t errl
  */
 int hq_devices_compare(const struct hq_argv *saved, const struct hq_argv *now, char *msg,
 		       size_t len);
+
+/* --- host forwards (hostfwd.c) --- */
+
+struct hq_fwd {
+	char netdev[64];  /* the user netdev's id */
+	char rule[160];	  /* "tcp:127.0.0.1:8080-:80", as given */
+	bool udp;
+	uint32_t host_addr; /* network order; 0: any */
+	uint16_t host_port;
+};
+struct hq_fwds {
+	int n;
+	struct hq_fwd *v;
+};
+
+/*
+ * Take the hostfwd rules out of the user-networking options of @a (binary
+ * first): -netdev user (QemuOpts or JSON), -nic user, -net user. A -nic or
+ * -net that had rules and no id gets one ("halite.nicN", "halite.netN":
+ * hostfwd_add needs it). Each argument changed is replaced in @a. Rules go
+ * to @f in order. Deterministic: the same @a gives the same ids. -EINVAL
+ * for a rule that does not parse, with @err.
+ */
+int hq_fwd_take_out(struct hq_argv *a, struct hq_fwds *f, char *err, size_t errlen);
+/*
+ * Before QEMU starts: each rule's host port can be bound (as slirp binds
+ * it). -EADDRINUSE with @err naming the rule when another process has it.
+ */
+int hq_fwd_check_ports(const struct hq_fwds *f, char *err, size_t errlen);
+/*
+ * Add the rules with HMP hostfwd_add, skipping those QEMU forwards already
+ * (info usernet: a restore taken over after some were added). How many
+ * were added, or < 0 with @err naming the rule and QEMU's words.
+ */
+int hq_fwd_add(struct hq_qmp *q, const struct hq_fwds *f, char *err, size_t errlen);
+void hq_fwds_free(struct hq_fwds *f);
+
+/* --- the command line QEMU runs at a restore (config.c) --- */
+
+struct hq_config {
+	struct hq_argv user; /* the user's command line, binary first */
+	struct hq_argv run;  /* what QEMU starts with: @user without its forwards */
+	struct hq_fwds fwds; /* taken out of @run, added once the state is loaded */
+};
+
+/*
+ * The user's command line of QEMU @pid (binary first): the one halite-qemu
+ * restore was given, from QEMU's environment (*from_env), for a QEMU it
+ * started; else /proc/PID/cmdline.
+ */
+int hq_config_user_cmdline(pid_t pid, struct hq_argv *out, bool *from_env);
+/*
+ * Before QEMU starts: the command line to run, @given (@ngiven words; the
+ * binary first unless it starts with an option, then @bin is), its
+ * forwards taken out and their ports checked.
+ */
+int hq_config_prepare(struct hq_config *c, char *const *given, int ngiven, const char *bin,
+		      char *err, size_t errlen);
+/* "NAME=VALUE" for QEMU's environment: the user's command line, for --attach. */
+char *hq_config_env(const struct hq_config *c);
+/* Once the device state is loaded, before the guest runs: the forwards taken out; how many. */
+int hq_config_forward(struct hq_config *c, struct hq_qmp *q, char *err, size_t errlen);
+/*
+ * The same for QEMU @pid whose restore is taken over (--attach): the
+ * forwards its user's command line has that QEMU lacks; how many were added.
+ */
+int hq_config_forward_pid(pid_t pid, struct hq_qmp *q, char *err, size_t errlen);
+void hq_config_free(struct hq_config *c);
 
 #endif

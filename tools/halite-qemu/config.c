@@ -1,0 +1,168 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The command line QEMU runs at a restore, and what the restore does with
+ * it (vmconfig.h): its host forwards taken out and added once the guest's
+ * state is loaded (hostfwd.c). The user's command line rides in QEMU's
+ * environment (HQ_ENV_CMDLINE): a restore taken over (--attach) finds there
+ * the forwards its dead handler may not have added.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "hq.h"
+#include "vmconfig.h"
+
+/* The user's command line of a QEMU started by halite-qemu restore, as a JSON array. */
+#define HQ_ENV_CMDLINE "HALITE_QEMU_CMDLINE"
+#define MAX_PROC_FILE (4u << 20)
+
+/* A whole /proc file (its size is unknown beforehand); *len its length. */
+static char *read_proc(pid_t pid, const char *what, size_t *len)
+{
+	char path[64], *buf = NULL;
+	size_t used = 0, cap = 0;
+	ssize_t k;
+	int fd;
+
+	snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, what);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return NULL;
+	do {
+		if (used + 4096 > cap) {
+			char *b = cap < MAX_PROC_FILE ? realloc(buf, cap + 65536) : NULL;
+
+			if (!b) {
+				free(buf);
+				close(fd);
+				errno = ENOMEM;
+				return NULL;
+			}
+			buf = b;
+			cap += 65536;
+		}
+		k = read(fd, buf + used, cap - used - 1);
+		if (k > 0)
+			used += (size_t)k;
+	} while (k > 0);
+	close(fd);
+	if (k < 0) {
+		free(buf);
+		return NULL;
+	}
+	buf[used] = '\0';
+	*len = used;
+	return buf;
+}
+
+/* @json (a JSON array of strings) into @a; -EINVAL if it is not one. */
+static int argv_from_json(struct hq_argv *a, const char *json)
+{
+	cJSON *arr = cJSON_Parse(json), *e;
+	int ret = cJSON_IsArray(arr) && cJSON_GetArraySize(arr) > 0 ? 0 : -EINVAL;
+
+	cJSON_ArrayForEach(e, arr) {
+		if (ret)
+			break;
+		ret = cJSON_IsString(e) ? hq_argv_push(a, e->valuestring) : -EINVAL;
+	}
+	cJSON_Delete(arr);
+	return ret;
+}
+
+int hq_config_user_cmdline(pid_t pid, struct hq_argv *out, bool *from_env)
+{
+	size_t len = 0;
+	char *env = read_proc(pid, "environ", &len), *buf;
+	int ret;
+
+	*from_env = false;
+	for (size_t i = 0; env && i < len; i += strlen(env + i) + 1)
+		if (!strncmp(env + i, HQ_ENV_CMDLINE "=", sizeof(HQ_ENV_CMDLINE))) {
+			ret = argv_from_json(out, env + i + sizeof(HQ_ENV_CMDLINE));
+			free(env);
+			*from_env = !ret;
+			return ret;
+		}
+	free(env);
+	buf = read_proc(pid, "cmdline", &len);
+	if (!buf)
+		return -errno;
+	ret = hq_argv_from_nul(out, buf, len);
+	free(buf);
+	return ret;
+}
+
+int hq_config_prepare(struct hq_config *c, char *const *given, int ngiven, const char *bin,
+		      char *err, size_t errlen)
+{
+	int ret;
+
+	/* The user's command line; its binary first, the default one if it starts with an option. */
+	ret = given[0][0] == '-' ? hq_argv_push(&c->user, bin) : 0;
+	if (!ret)
+		ret = hq_argv_copy(&c->user, given, ngiven);
+	if (!ret)
+		ret = hq_argv_copy(&c->run, c->user.argv, c->user.argc);
+	if (!ret)
+		ret = hq_fwd_take_out(&c->run, &c->fwds, err, errlen);
+	if (!ret)
+		ret = hq_fwd_check_ports(&c->fwds, err, errlen);
+	return ret;
+}
+
+char *hq_config_env(const struct hq_config *c)
+{
+	cJSON *arr = cJSON_CreateArray();
+	char *json, *s = NULL;
+
+	for (int i = 0; arr && i < c->user.argc; i++)
+		cJSON_AddItemToArray(arr, cJSON_CreateString(c->user.argv[i]));
+	json = arr ? cJSON_PrintUnformatted(arr) : NULL;
+	cJSON_Delete(arr);
+	if (json && asprintf(&s, HQ_ENV_CMDLINE "=%s", json) < 0)
+		s = NULL;
+	free(json);
+	return s;
+}
+
+int hq_config_forward(struct hq_config *c, struct hq_qmp *q, char *err, size_t errlen)
+{
+	return hq_fwd_add(q, &c->fwds, err, errlen);
+}
+
+int hq_config_forward_pid(pid_t pid, struct hq_qmp *q, char *err, size_t errlen)
+{
+	struct hq_argv user = { 0 };
+	struct hq_fwds f = { 0 };
+	bool from_env;
+	int ret;
+
+	/* Only a QEMU that a halite-qemu restore started had its forwards taken out. */
+	ret = hq_config_user_cmdline(pid, &user, &from_env);
+	if (ret || !from_env) {
+		hq_argv_free(&user);
+		return 0;
+	}
+	ret = hq_fwd_take_out(&user, &f, err, errlen);
+	if (!ret)
+		ret = hq_fwd_add(q, &f, err, errlen);
+	hq_fwds_free(&f);
+	hq_argv_free(&user);
+	return ret;
+}
+
+void hq_config_free(struct hq_config *c)
+{
+	hq_argv_free(&c->user);
+	hq_argv_free(&c->run);
+	hq_fwds_free(&c->fwds);
+	memset(c, 0, sizeof(*c));
+}
