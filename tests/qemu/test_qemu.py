@@ -9,7 +9,8 @@ kernel, busybox initramfs, the memory verifier, httpd; 2 vCPUs, TCG,
 512 MiB on a shared memfd) and checks, from inside the guest and from
 outside:
 - save-restore: a guest saved while its verifier runs, restored in a new
-  QEMU: the verifier keeps passing, uptime continues from the snapshot, the
+  QEMU (the file records QEMU's command line and devices): the verifier
+  keeps passing, uptime continues from the snapshot, the
   digest of its memory after the restore equals the one at the snapshot
   instant (rewrites frozen around it); the file's per-vCPU streams are
   non-empty for both vCPUs and its guest-virtual stream exists; the source
@@ -167,6 +168,11 @@ def case_save_restore(work):
     check(src.status()["mismatches"] == "0", "source verifier: 0 mismatches")
 
     info = inspect_info(path)
+    meta = info["metadata"]
+    check(meta["qemu.cmdline"] == ["qemu-system-x86_64", *src.args] and
+          meta["qemu.cwd"] == os.getcwd() and meta["qemu.machine"] == "pc-q35-7.2" and
+          "virtio-net-pci addr=02.0" in meta["qemu.devices"],
+          "the file records QEMU's command line, directory, machine and devices")
     streams = stream_blocks(info)
     log(f"  streams: {streams}")
     for i in range(2):

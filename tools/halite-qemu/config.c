@@ -1,20 +1,35 @@
 // SPDX-License-Identifier: MIT
 /*
- * The command line QEMU runs at a restore, and what the restore does with
- * it (vmconfig.h): its host forwards taken out and added once the guest's
- * state is loaded (hostfwd.c). The user's command line rides in QEMU's
- * environment (HQ_ENV_CMDLINE): a restore taken over (--attach) finds there
- * the forwards its dead handler may not have added.
+ * What a save records about the VM's configuration, and the command line
+ * QEMU runs at a restore (vmconfig.h).
+ *
+ * Metadata (halite-inspect info shows it):
+ *   qemu.cmdline  QEMU's command line, binary first, each argument ended by
+ *                 a NUL as in /proc/PID/cmdline: the user's own, so for a
+ *                 QEMU that halite-qemu restore started, the command line
+ *                 it was given (HQ_ENV_CMDLINE in QEMU's environment), not
+ *                 the one halite-qemu ran (its -S, -incoming, QMP socket
+ *                 and the forwards it took out)
+ *   qemu.cwd      QEMU's working directory: relative paths are relative to it
+ *   qemu.devices  the devices of info qtree, one per NUL-ended string
+ *                 ("e1000 addr=02.0"): what the device state is for
+ *
+ * At a restore, the host forwards are taken out of QEMU's command line and
+ * added once the guest's state is loaded (hostfwd.c); a restore taken over
+ * (--attach) finds in QEMU's environment the forwards its dead handler may
+ * not have added.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
+#include <halite/halite.h>
 
 #include "hq.h"
 #include "vmconfig.h"
@@ -99,6 +114,66 @@ int hq_config_user_cmdline(pid_t pid, struct hq_argv *out, bool *from_env)
 	free(buf);
 	return ret;
 }
+
+int hq_config_record(struct hq_vm *vm, struct halite_save *s, char *err, size_t errlen)
+{
+	struct hq_argv cl = { 0 }, devs = { 0 };
+	char cwd[PATH_MAX + 16], path[64], *text = NULL, *nul = NULL;
+	bool from_env;
+	size_t len = 0;
+	ssize_t n;
+	int ret;
+
+	ret = hq_config_user_cmdline(vm->pid, &cl, &from_env);
+	if (ret) {
+		snprintf(err, errlen, "QEMU's command line (/proc/%d/cmdline): %s", (int)vm->pid,
+			 strerror(-ret));
+		goto out;
+	}
+	nul = hq_argv_to_nul(&cl, &len);
+	ret = nul ? halite_save_set_meta(s, "qemu.cmdline", nul, (uint32_t)len) : -ENOMEM;
+	if (ret) {
+		snprintf(err, errlen, "recording QEMU's command line: %s", halite_strerror(ret));
+		goto out;
+	}
+	snprintf(path, sizeof(path), "/proc/%d/cwd", (int)vm->pid);
+	n = readlink(path, cwd, sizeof(cwd) - 1);
+	if (n < 0) {
+		ret = -errno;
+		snprintf(err, errlen, "QEMU's working directory (%s): %s", path, strerror(errno));
+		goto out;
+	}
+	cwd[n] = '\0';
+	ret = halite_save_set_meta(s, "qemu.cwd", cwd, (uint32_t)n);
+	if (ret) {
+		snprintf(err, errlen, "recording QEMU's working directory: %s", halite_strerror(ret));
+		goto out;
+	}
+	/*
+	 * The device list only helps a restore explain a mismatch (QEMU's own
+	 * load refuses one anyway): a QEMU whose info qtree is not understood
+	 * is saved without it.
+	 */
+	free(nul);
+	nul = NULL;
+	if (!hq_qmp_hmp(vm->qmp, "info qtree", &text, HQ_QMP_TIMEOUT_MS) &&
+	    !hq_parse_qtree(text, &devs, err, errlen)) {
+		nul = hq_argv_to_nul(&devs, &len);
+		ret = nul ? halite_save_set_meta(s, "qemu.devices", nul, (uint32_t)len) : -ENOMEM;
+		if (ret)
+			snprintf(err, errlen, "recording QEMU's devices: %s", halite_strerror(ret));
+	}
+	if (!ret)
+		err[0] = '\0';
+out:
+	free(text);
+	free(nul);
+	hq_argv_free(&cl);
+	hq_argv_free(&devs);
+	return ret;
+}
+
+/* --- restore --- */
 
 int hq_config_prepare(struct hq_config *c, char *const *given, int ngiven, const char *bin,
 		      char *err, size_t errlen)

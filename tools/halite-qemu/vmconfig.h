@@ -12,7 +12,8 @@
  * hostfwd.c  user networking's host forwards: taken out of the command line
  *            QEMU starts with and added (HMP hostfwd_add) once the guest's
  *            state is loaded, before it runs (why: hostfwd.c).
- * config.c   the command line QEMU runs at a restore, and its forwards.
+ * config.c   what a save records (qemu.cmdline, qemu.cwd, qemu.devices), and
+ *            the command line QEMU runs at a restore, and its forwards.
  *
  * Every function that can fail returns 0 (or a count) or -errno, with a
  * sentence in the caller's @err where it says so.
@@ -202,7 +203,10 @@ int hq_fwd_check_ports(const struct hq_fwds *f, char *err, size_t errlen);
 int hq_fwd_add(struct hq_qmp *q, const struct hq_fwds *f, char *err, size_t errlen);
 void hq_fwds_free(struct hq_fwds *f);
 
-/* --- the command line QEMU runs at a restore (config.c) --- */
+/* --- the configuration a save records, and a restore's command line (config.c) --- */
+
+struct hq_vm;
+struct halite_save;
 
 struct hq_config {
 	struct hq_argv user; /* the user's command line, binary first */
@@ -216,6 +220,8 @@ struct hq_config {
  * started; else /proc/PID/cmdline.
  */
 int hq_config_user_cmdline(pid_t pid, struct hq_argv *out, bool *from_env);
+/* At save: qemu.cmdline, qemu.cwd and qemu.devices into the file's metadata. */
+int hq_config_record(struct hq_vm *vm, struct halite_save *s, char *err, size_t errlen);
 /*
  * Before QEMU starts: the command line to run, @given (@ngiven words; the
  * binary first unless it starts with an option, then @bin is), its
@@ -223,7 +229,7 @@ int hq_config_user_cmdline(pid_t pid, struct hq_argv *out, bool *from_env);
  */
 int hq_config_prepare(struct hq_config *c, char *const *given, int ngiven, const char *bin,
 		      char *err, size_t errlen);
-/* "NAME=VALUE" for QEMU's environment: the user's command line, for --attach. */
+/* "NAME=VALUE" for QEMU's environment: the user's command line, for --attach and saves. */
 char *hq_config_env(const struct hq_config *c);
 /* Once the device state is loaded, before the guest runs: the forwards taken out; how many. */
 int hq_config_forward(struct hq_config *c, struct hq_qmp *q, char *err, size_t errlen);
