@@ -133,8 +133,9 @@ class Guest:
         ]
 
     # --- process ---
-    def boot(self):
-        self.proc = subprocess.Popen(["qemu-system-x86_64"] + self.args,
+    def boot(self, cwd=None):
+        """Start QEMU (in @cwd: relative paths in self.args are relative to it)."""
+        self.proc = subprocess.Popen(["qemu-system-x86_64"] + self.args, cwd=cwd,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=open(os.path.join(self.workdir, f"{self.name}-qemu.err"), "w"))
         self.pid = self.proc.pid

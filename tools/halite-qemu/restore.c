@@ -55,9 +55,10 @@
 
 struct restore_params {
 	const char *path;
-	char **qemu_argv; /* the user's, from after "--" */
+	char **qemu_argv; /* the user's, from after "--"; none: the file's */
 	int qemu_argc;
 	bool detach, track, no_prefetch;
+	bool no_cmdline_check; /* --no-cmdline-check */
 	/* --running, --paused (or QEMU's -S); neither: the run state the file records */
 	enum { RUN_AS_SAVED, RUN_RUNNING, RUN_PAUSED } run;
 	struct hq_out out;
@@ -69,7 +70,7 @@ struct restore_params {
 
 struct restore_run {
 	struct restore_params p;
-	struct hq_config cfg; /* the command line QEMU runs and its forwards */
+	struct hq_config cfg; /* the command line QEMU runs, its forwards, the file's record */
 	struct hq_vm vm;
 	struct halite_restore *rs;
 	pid_t qemu;
@@ -96,14 +97,19 @@ struct restore_run {
 void hq_help_restore(FILE *f)
 {
 	fprintf(f,
-		"Usage: " PROG " restore [OPTIONS] FILE -- [QEMU-BINARY] QEMU-ARGS...\n"
+		"Usage: " PROG " restore [OPTIONS] FILE [-- [QEMU-BINARY] QEMU-ARGS...]\n"
 		"       " PROG " restore --attach PID [OPTIONS] FILE\n\n"
 		"Start QEMU from FILE (saved by '" PROG " save'); the guest runs at once (or\n"
 		"stays paused if it was saved paused) and its memory comes in lazily: each first\n"
 		"access reads the locality block holding it, and a throttled prefetcher brings\n"
 		"in the rest while the guest is quiet.\n"
-		"QEMU-ARGS must describe the same machine as at save (same -machine, -smp, -m\n"
-		"and memory backend, which must be shared: memory-backend-memfd share=on, or\n"
+		"Without QEMU-ARGS, QEMU runs the command line FILE records (the one it ran at\n"
+		"save, in its working directory, without -S, -incoming, -loadvm and -daemonize;\n"
+		"-daemonize means --detach). QEMU-ARGS, if given, must describe the same machine\n"
+		"(-machine, -cpu, -smp, -m, memory backends, devices, NIC models): they are\n"
+		"compared with the recorded ones and refused, before QEMU starts, naming what\n"
+		"differs; displays, monitors, sockets, file paths and host ports may differ.\n"
+		"Guest RAM must be a shared backend (memory-backend-memfd share=on, or\n"
 		"memory-backend-file share=on on tmpfs). " PROG " adds -S, -incoming defer and a\n"
 		"QMP socket, and adds user networking's hostfwd rules (HMP hostfwd_add) once the\n"
 		"guest's state is loaded, just before it runs: a connection then waits for the\n"
@@ -127,6 +133,8 @@ void hq_help_restore(FILE *f)
 		"  --running          run the guest even if it was saved paused\n"
 		"                     (default: the run state it was saved in, as recorded in\n"
 		"                     the file; running for files that do not record it)\n"
+		"  --no-cmdline-check run QEMU-ARGS even where they differ from the recorded\n"
+		"                     command line (QEMU's devices and RAM are still checked)\n"
 		"  --track-access     measure the VM access %% of demand-read locality blocks\n"
 		"                     (blocks are staged; costs a minor fault per staged block used)\n"
 		"  --no-prefetch      no background prefetch (memory comes only by faults)\n"
@@ -155,6 +163,7 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 		{ "trace", required_argument, NULL, 'T' },
 		{ "qemu-log", required_argument, NULL, 'O' },
 		{ "attach", required_argument, NULL, 'A' },
+		{ "no-cmdline-check", no_argument, NULL, 'C' },
 		{ "json", no_argument, NULL, 'j' },
 		{ "quiet", no_argument, NULL, 'q' },
 		{ "verbose", no_argument, NULL, 'v' },
@@ -201,6 +210,9 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 		case 'O':
 			p->qemu_log = optarg;
 			break;
+		case 'C':
+			p->no_cmdline_check = true;
+			break;
 		case 'A':
 			if (hq_parse_size(optarg, &v) || !v || v > INT32_MAX) {
 				hq_errorf("restore: --attach '%s': the pid of a QEMU", optarg);
@@ -218,7 +230,8 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 	}
 	if (optind != dd - 1) {
 		hq_errorf("restore: %s; see '" PROG " restore --help'",
-			  optind >= dd ? "FILE missing" : "one FILE only, then -- and QEMU's arguments");
+			  optind >= dd ? "FILE missing" : "one FILE only, then, if any, -- and QEMU's "
+			  "arguments");
 		return -1;
 	}
 	p->path = argv[optind];
@@ -236,8 +249,11 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 		}
 		return 0;
 	}
-	if (dd >= argc - 1) {
-		hq_errorf("restore: QEMU's command line missing after '--'");
+	if (dd == argc)
+		return 0; /* the command line the file records */
+	if (dd == argc - 1) {
+		hq_errorf("restore: QEMU's command line missing after '--' (none at all: the one "
+			  "FILE records)");
 		return -1;
 	}
 	p->qemu_argv = argv + dd + 1;
@@ -377,7 +393,9 @@ static int check_file(struct restore_run *r)
 	}
 	for (uint32_t i = 0; i < r->file_nregions; i++)
 		r->file_regions[i] = *halite_reader_region(rd, i);
-	ret = file_run_state(r, rd);
+	ret = hq_config_read(&r->cfg, rd, r->p.path, r->err, sizeof(r->err));
+	if (!ret)
+		ret = file_run_state(r, rd);
 out:
 	halite_reader_free(rd);
 	return ret;
@@ -394,16 +412,23 @@ static void redirect(int fd, const char *path, int flags)
 	}
 }
 
-/* The command line QEMU runs, its host forwards taken out (hostfwd.c). */
+/*
+ * The command line QEMU runs, given or the file's, checked before anything
+ * starts (hq_config_prepare()), its host forwards taken out.
+ */
 static int prepare_cmdline(struct restore_run *r)
 {
 	const char *bin = getenv("HALITE_QEMU");
 	int ret;
 
 	ret = hq_config_prepare(&r->cfg, r->p.qemu_argv, r->p.qemu_argc,
-				bin && *bin ? bin : QEMU_DEFAULT, r->err, sizeof(r->err));
+				bin && *bin ? bin : QEMU_DEFAULT, !r->p.no_cmdline_check, r->p.path,
+				r->err, sizeof(r->err));
 	if (ret && !r->err[0])
 		fail(r, ret, "QEMU's command line", strerror(-ret));
+	/* -daemonize at save: QEMU was to run on by itself, as --detach leaves it. */
+	if (!ret && (r->cfg.replay_flags & HQ_REPLAY_DAEMONIZE))
+		r->p.detach = true;
 	return ret;
 }
 
@@ -418,7 +443,7 @@ static int spawn_qemu(struct restore_run *r)
 		nenv++;
 	argv = calloc((size_t)r->cfg.run.argc + 8, sizeof(*argv));
 	envp = calloc((size_t)nenv + 2, sizeof(*envp));
-	/* The user's command line rides in QEMU's environment, for --attach. */
+	/* The user's command line rides in QEMU's environment: a save of it records it. */
 	own_env = hq_config_env(&r->cfg);
 	if (!argv || !envp || !own_env) {
 		free(argv);
@@ -480,7 +505,9 @@ static int spawn_qemu(struct restore_run *r)
 			redirect(STDOUT_FILENO, log, O_WRONLY | O_CREAT | O_APPEND);
 			dup2(STDOUT_FILENO, STDERR_FILENO);
 		}
-		execvpe(argv[0], argv, envp);
+		/* A replayed command line's relative paths are relative to where it ran. */
+		if (!r->cfg.cwd || !chdir(r->cfg.cwd))
+			execvpe(argv[0], argv, envp);
 		e = errno;
 		if (write(pfd[1], &e, sizeof(e)) < 0)
 			_exit(127);
@@ -492,7 +519,8 @@ static int spawn_qemu(struct restore_run *r)
 	if (n == sizeof(e)) {
 		waitpid(r->qemu, NULL, 0);
 		r->qemu = 0;
-		snprintf(r->err, sizeof(r->err), "cannot run %s: %s", argv[0], strerror(e));
+		snprintf(r->err, sizeof(r->err), "cannot run %s%s%s: %s", argv[0],
+			 r->cfg.cwd ? " in " : "", r->cfg.cwd ? r->cfg.cwd : "", strerror(e));
 		free(argv);
 		free(envp);
 		free(own_env);
@@ -920,6 +948,9 @@ static int run(struct restore_run *r)
 		if (!ret)
 			r->t_qmp = hq_now_ns();
 		if (!ret)
+			ret = hq_config_check_devices(&r->cfg, r->vm.qmp, r->p.path, r->err,
+						      sizeof(r->err));
+		if (!ret)
 			ret = prepare_ram(r, reg);
 		if (!ret)
 			ret = start_restore(r, reg);
@@ -993,8 +1024,8 @@ static void report(const struct restore_run *r, int ret)
 		       ", \"mb_prefetch\": %" PRIu64 ", \"mb_zero\": %" PRIu64
 		       ", \"mb_present\": %" PRIu64 ", \"attached\": %s"
 		       ", \"vm_access_pct\": %.2f, \"paused\": %s, \"run_state\": \"%s\", "
-		       "\"saved_run_state\": \"%s\", \"detached\": %s, \"forwards\": %d, "
-		       "\"forwarded_ms\": %.3f}\n",
+		       "\"saved_run_state\": \"%s\", \"detached\": %s, \"cmdline\": \"%s\", "
+		       "\"forwards\": %d, \"forwarded_ms\": %.3f}\n",
 		       ms(r->t0, r->t_qmp), ms(r->t0, r->t_ready),
 		       ms(r->t0, r->t_loaded), ms(r->t0, r->t_resume), ms(r->t_qmp, r->t_resume),
 		       ms(r->t_resume, r->t_done) / 1e3, r->mem_bytes, st->faults, st->faults_vcpu,
@@ -1005,6 +1036,7 @@ static void report(const struct restore_run *r, int ret)
 		       r->p.attach ? "true" : "false", st->vm_access_pct,
 		       r->paused ? "true" : "false", r->paused ? "paused" : "running",
 		       r->file_paused ? "paused" : "running", r->p.detach ? "true" : "false",
+		       r->p.attach ? "attached" : r->cfg.replayed ? "recorded" : "given",
 		       r->nforwards, ms(r->t0, r->t_forwarded));
 		fflush(stdout);
 		return;
@@ -1023,6 +1055,9 @@ static void report(const struct restore_run *r, int ret)
 	       PRIu64 " prefetch), %s read\n", ms(r->t_resume, r->t_done) / 1e3,
 	       hq_bytes(r->mem_bytes, a, sizeof(a)), st->lb_total, st->lb_demand, st->lb_prefetch,
 	       hq_bytes(st->bytes_read, (char[32]){ 0 }, 32));
+	if (r->cfg.replayed)
+		printf("  command line   the one the file records, run in %s\n",
+		       r->cfg.cwd ? r->cfg.cwd : "this directory");
 	if (r->nforwards)
 		printf("  host forwards  %d added %.1f ms after QEMU was ready, once the guest's "
 		       "state was loaded\n", r->nforwards, ms(r->t_qmp, r->t_forwarded));

@@ -12,8 +12,8 @@
  * hostfwd.c  user networking's host forwards: taken out of the command line
  *            QEMU starts with and added (HMP hostfwd_add) once the guest's
  *            state is loaded, before it runs (why: hostfwd.c).
- * config.c   what a save records (qemu.cmdline, qemu.cwd, qemu.devices), and
- *            the command line QEMU runs at a restore, and its forwards.
+ * config.c   what a save records (qemu.cmdline, qemu.cwd, qemu.devices) and
+ *            what a restore does with it.
  *
  * Every function that can fail returns 0 (or a count) or -errno, with a
  * sentence in the caller's @err where it says so.
@@ -203,15 +203,23 @@ int hq_fwd_check_ports(const struct hq_fwds *f, char *err, size_t errlen);
 int hq_fwd_add(struct hq_qmp *q, const struct hq_fwds *f, char *err, size_t errlen);
 void hq_fwds_free(struct hq_fwds *f);
 
-/* --- the configuration a save records, and a restore's command line (config.c) --- */
+/* --- the file's record of the configuration, at save and at restore (config.c) --- */
 
 struct hq_vm;
 struct halite_save;
+struct halite_reader;
 
 struct hq_config {
-	struct hq_argv user; /* the user's command line, binary first */
-	struct hq_argv run;  /* what QEMU starts with: @user without its forwards */
-	struct hq_fwds fwds; /* taken out of @run, added once the state is loaded */
+	struct hq_argv rec;	    /* qemu.cmdline (empty: the file records none) */
+	char *rec_cwd;		    /* qemu.cwd */
+	struct hq_argv rec_devices; /* qemu.devices */
+	struct hq_argv user;	    /* the user's command line now: given, or replayed */
+	struct hq_argv run;	    /* what QEMU starts with: @user without its forwards */
+	const char *cwd;	    /* where QEMU runs (replayed: qemu.cwd); NULL: here */
+	struct hq_fwds fwds;	    /* taken out of @run, added once the state is loaded */
+	bool replayed;
+	unsigned replay_flags;	    /* HQ_REPLAY_* */
+	char *machines;		    /* "-machine help", once asked */
 };
 
 /*
@@ -222,15 +230,24 @@ struct hq_config {
 int hq_config_user_cmdline(pid_t pid, struct hq_argv *out, bool *from_env);
 /* At save: qemu.cmdline, qemu.cwd and qemu.devices into the file's metadata. */
 int hq_config_record(struct hq_vm *vm, struct halite_save *s, char *err, size_t errlen);
+/* At restore: the file's record (@path for messages); a file without one is fine. */
+int hq_config_read(struct hq_config *c, const struct halite_reader *rd, const char *path,
+		   char *err, size_t errlen);
 /*
  * Before QEMU starts: the command line to run, @given (@ngiven words; the
- * binary first unless it starts with an option, then @bin is), its
- * forwards taken out and their ports checked.
+ * binary first unless it starts with an option, then @bin is) or, with
+ * none, the recorded one replayed in its directory. A given one is
+ * compared with the recorded one (unless !@check) and refused where it
+ * differs in what matters; the forwards are taken out and their ports
+ * checked; sockets and memory files are checked (hq_cmdline_check_host()).
  */
 int hq_config_prepare(struct hq_config *c, char *const *given, int ngiven, const char *bin,
-		      char *err, size_t errlen);
-/* "NAME=VALUE" for QEMU's environment: the user's command line, for --attach and saves. */
+		      bool check, const char *path, char *err, size_t errlen);
+/* "NAME=VALUE" for QEMU's environment: the user's command line, for the next save. */
 char *hq_config_env(const struct hq_config *c);
+/* Once QEMU runs, before its RAM is touched: its devices against qemu.devices. */
+int hq_config_check_devices(struct hq_config *c, struct hq_qmp *q, const char *path, char *err,
+			    size_t errlen);
 /* Once the device state is loaded, before the guest runs: the forwards taken out; how many. */
 int hq_config_forward(struct hq_config *c, struct hq_qmp *q, char *err, size_t errlen);
 /*
