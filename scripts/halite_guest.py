@@ -50,6 +50,7 @@ class QMP:
                     raise GuestError(f"QMP socket {path} did not come up in {timeout} s")
                 time.sleep(0.05)
         self.f = self.s.makefile("rwb")
+        self.n = 0
         greeting = self._read()
         self.version = greeting["QMP"]["version"]["qemu"]
         self.cmd("qmp_capabilities")
@@ -61,13 +62,20 @@ class QMP:
         return json.loads(line)
 
     def cmd(self, name, **args):
-        msg = {"execute": name}
+        self.n += 1
+        tag = f"hg-{self.n}"
+        msg = {"execute": name, "id": tag}
         if args:
             msg["arguments"] = args
         self.f.write(json.dumps(msg).encode() + b"\n")
         self.f.flush()
         while True:
             r = self._read()
+            # Events, and replies to a client that has gone: QEMU may still answer
+            # its queued commands on the next client's connection (seen after a
+            # QEMU held stopped while halite-qemu gave up on it).
+            if r.get("id") != tag:
+                continue
             if "return" in r:
                 return r["return"]
             if "error" in r:
