@@ -2,7 +2,7 @@
 """Issue 6's QEMU benchmark: halite-qemu's lazy restore of a real guest against
 QEMU's own eager restore of the same guest, in the same run.
 
-    bench/qemu.py [--runs N] [--quick] [--warm] [--dir DIR] ...   (--help)
+    bench/qemu.py [--runs N] [--quick] [--cache cold,warm] [--dir DIR] ...   (--help)
 
 One run of this script:
 1. boots the test guest (scripts/make-guest.sh built it: Debian's kernel, the
@@ -13,11 +13,18 @@ One run of this script:
 3. saves it QEMU's way from the same running guest: QMP migrate to
    `exec:cat > FILE` (QEMU's 32 MiB/s migration throttle lifted, see
    --qemu-bandwidth), until query-migrate says completed; the source goes;
-4. for each run and each method (the order alternates between runs), with
-   both files' page cache dropped first (--warm keeps it), starts the restore
-   and measures from just before starting the process:
-     first_http_s  the first answer to GET /hello.txt (polled with short
-                   per-try timeouts: --http-try)
+4. for each run, each page-cache state (--cache: cold, both files' page
+   cache dropped first; warm, kept) and each method (the order alternates
+   between runs), starts the restore and measures from just before starting
+   the process:
+     first_http_s  the answer to GET /hello.txt on one connection opened as
+                   soon as the restore starts (connect retried every 2 ms
+                   while refused: nothing listens yet) and held: the request
+                   is sent once and its answer awaited, as a client that
+                   connects to a restoring guest sees it (--first-http poll:
+                   polled with short tries instead, --http-try each, as
+                   before)
+     connected_s   when that connection was accepted
      workload_s    the answer to GET /cgi-bin/digest, asked right after: the
                    verifier re-reads its whole region, so all of it must be in;
                    the answer must say "expected" (else the run failed)
@@ -29,8 +36,8 @@ One run of this script:
             starts the guest once the stream is loaded).
    Each restored QEMU is killed after its measurement.
 5. prints one JSON object on stdout (machine, params, save, runs, summary:
-   medians per method and speedup = qemu-eager's median / halite's); progress
-   on stderr. Nothing asserts timings.
+   per cache state, medians per method and speedup = qemu-eager's median /
+   halite's); progress on stderr. Nothing asserts timings.
 
 Exit status: 0 every run answered with the expected digest, 1 a run or a save
 failed (a wrong digest included), 2 usage, 77 missing prerequisites (QEMU, the
@@ -300,6 +307,18 @@ class StatusWatch(threading.Thread):
                 q.close()
 
 
+def held_http(guest, t0, deadline, alive):
+    """GET /hello.txt on one connection held from the start (halite_guest.held_get).
+    Returns (seconds from t0 to the answer, seconds to the connection's accept)."""
+    try:
+        t_conn, t_ans, status, body = hg.held_get(guest.port, "/hello.txt", deadline, alive)
+    except hg.GuestError as e:
+        raise BenchError(str(e))
+    if status != 200:
+        raise BenchError(f"GET /hello.txt on the held connection: HTTP {status}")
+    return t_ans - t0, t_conn - t0
+
+
 def first_http(guest, t0, deadline, per_try, watch, alive):
     """Poll GET /hello.txt until answered. Tries are @per_try long; once QMP says
     the guest runs, a try that times out lengthens the next (up to 2 s), so a
@@ -420,16 +439,21 @@ def save_qemu(args, src, path):
 
 # --- restores -----------------------------------------------------------------
 
-def restore_run(args, reaper, method, run, files, src_digest):
-    g = hg.Guest(reaper.workdir, f"{method}-{run}", mem_mib=args.mem_mib, smp=args.smp,
+def restore_run(args, reaper, method, run, cache, files, src_digest):
+    g = hg.Guest(reaper.workdir, f"{method}-{cache}-{run}", mem_mib=args.mem_mib, smp=args.smp,
                  verifier_mib=args.verifier_mib)
-    res = {"method": method, "run": run, "first_http_s": None, "http_tries": None,
+    res = {"method": method, "run": run, "cache": cache, "first_http_s": None,
+           "first_http": args.first_http, "connected_s": None, "http_tries": None,
            "running_s": None, "workload_s": None, "all_in_s": None, "digest_ok": False,
            "digest": None, "digest_same_as_source": None, "console_ok": None,
            "cached_bytes_before": None, "error": None}
     for f in files.values():
-        if not args.warm:
+        if cache == "cold":
             drop_cache(f)
+        else:
+            with open(f, "rb") as fh:  # warm: every byte in the page cache
+                while fh.read(1 << 24):
+                    pass
     res["cached_bytes_before"] = cached_bytes(files[method])
     out = open(os.path.join(reaper.workdir, f"{g.name}.out"), "w+")
     err = open(os.path.join(reaper.workdir, f"{g.name}.err"), "w+")
@@ -461,8 +485,12 @@ def restore_run(args, reaper, method, run, files, src_digest):
                 return f"halite-qemu restore exited {rc}"
             return None
 
-        res["first_http_s"], res["http_tries"] = first_http(g, t0, deadline, args.http_try,
-                                                            watch, alive)
+        if args.first_http == "held":
+            res["first_http_s"], res["connected_s"] = held_http(g, t0, deadline, alive)
+            res["http_tries"] = 1
+        else:
+            res["first_http_s"], res["http_tries"] = first_http(g, t0, deadline,
+                                                                args.http_try, watch, alive)
         wl, digest, expected, body = workload(g, t0, deadline, alive)
         res["workload_s"], res["digest"], res["digest_ok"] = wl, digest, expected
         if src_digest is not None:
@@ -518,7 +546,7 @@ def restore_run(args, reaper, method, run, files, src_digest):
             kill_pid(pid)
         out.close()
         err.close()
-    for k in ("first_http_s", "running_s", "workload_s", "all_in_s"):
+    for k in ("first_http_s", "connected_s", "running_s", "workload_s", "all_in_s"):
         res[k] = rnd(res[k])
     if res["error"] is None:
         extra = ""
@@ -527,18 +555,21 @@ def restore_run(args, reaper, method, run, files, src_digest):
             extra = (f", resumed {h['ready_to_resume_ms']:.0f} ms after QEMU was ready, all in "
                      f"{res['all_in_s']} s, {h['faults']} faults, {h['lb_demand']} demand / "
                      f"{h['lb_prefetch']} prefetched LBs")
-        log(f"  {method} run {run}: first HTTP {res['first_http_s']} s ({res['http_tries']} "
-            f"tries), running {res['running_s']} s, workload {res['workload_s']} s, digest "
+        how = (f"held, connected at {res['connected_s']} s" if args.first_http == "held" else
+               f"{res['http_tries']} tries")
+        log(f"  {method} {cache} run {run}: first HTTP {res['first_http_s']} s ({how}), "
+            f"running {res['running_s']} s, workload {res['workload_s']} s, digest "
             f"{'expected' if res['digest_ok'] else 'DIFFERS'}{extra}")
     return res
 
 
-def summarize(runs):
+def summarize(runs, cache):
     s = {}
     for m in METHODS:
-        ok = [r for r in runs if r["method"] == m and r["error"] is None]
+        ok = [r for r in runs if r["method"] == m and r["cache"] == cache and r["error"] is None]
         s[m] = {"runs_ok": len(ok),
                 "first_http_s_median": rnd(median([r["first_http_s"] for r in ok])),
+                "connected_s_median": rnd(median([r["connected_s"] for r in ok])),
                 "workload_s_median": rnd(median([r["workload_s"] for r in ok])),
                 "running_s_median": rnd(median([r["running_s"] for r in ok])),
                 "all_in_s_median": rnd(median([r["all_in_s"] for r in ok]))}
@@ -569,9 +600,14 @@ def parse_args():
     ap.add_argument("--smp", type=int, default=2, help="vCPUs (2)")
     ap.add_argument("--verifier-mib", type=int, default=256,
                     help="the verifier's region in MiB: what the workload re-reads (256)")
-    ap.add_argument("--warm", action="store_true",
-                    help="keep the snapshot files in the page cache (default: drop it "
-                    "before every restore)")
+    ap.add_argument("--cache", default="cold,warm",
+                    help="page-cache states to restore in, each run: cold (the files' page "
+                    "cache dropped before every restore), warm (read into it first), or "
+                    "both (cold,warm: the default)")
+    ap.add_argument("--warm", action="store_true", help="the same as --cache warm")
+    ap.add_argument("--first-http", choices=("held", "poll"), default="held",
+                    help="the first HTTP answer on one connection held from the start "
+                    "(default), or polled with short tries (--http-try), as before")
     ap.add_argument("--dir", default="/var/tmp",
                     help="where the snapshot files go, in a directory made there "
                     "(/var/tmp; a tmpfs makes every run warm)")
@@ -597,6 +633,11 @@ def parse_args():
     a = ap.parse_args()
     if a.quick:
         a.runs = 1
+    if a.warm:
+        a.cache = "warm"
+    a.caches = [c for c in a.cache.split(",") if c]
+    if not a.caches or any(c not in ("cold", "warm") for c in a.caches):
+        ap.error("--cache: cold, warm or cold,warm")
     if a.runs < 1 or a.verifier_mib < 1 or a.verifier_mib >= a.mem_mib or a.http_try <= 0:
         ap.error("--runs >= 1, 0 < --verifier-mib < --mem-mib, --http-try > 0")
     return a
@@ -634,8 +675,9 @@ def main():
     signal.signal(signal.SIGTERM, on_term)
     result = {"machine": None, "params": {
         "runs": args.runs, "mem_mib": args.mem_mib, "smp": args.smp,
-        "verifier_mib": args.verifier_mib, "cache": "warm" if args.warm else "cold",
-        "dir": filedir, "fs": fs_type(filedir), "http_try_s": args.http_try,
+        "verifier_mib": args.verifier_mib, "caches": args.caches,
+        "first_http": args.first_http, "dir": filedir, "fs": fs_type(filedir),
+        "http_try_s": args.http_try if args.first_http == "poll" else None,
         "rewrites_frozen": not args.rewrites, "qemu_max_bandwidth": args.qemu_bandwidth or None,
         "track_access": args.track_access, "timeout_s": args.timeout,
         "order": "alternating: run 1 halite first, run 2 qemu-eager first, ...",
@@ -670,13 +712,14 @@ def main():
         drop_cache(files["halite"])
         for run in range(1, args.runs + 1):
             order = METHODS if run % 2 else list(reversed(METHODS))
-            for m in order:
-                log(f"run {run}/{args.runs}: {m} ({'warm' if args.warm else 'cold'})")
-                r = restore_run(args, reaper, m, run, files, src_digest)
-                result["runs"].append(r)
-                if r["error"]:
-                    result["errors"].append(f"{m} run {run}: {r['error']}")
-                    code = 1
+            for cache in args.caches:
+                for m in order:
+                    log(f"run {run}/{args.runs}: {m} ({cache})")
+                    r = restore_run(args, reaper, m, run, cache, files, src_digest)
+                    result["runs"].append(r)
+                    if r["error"]:
+                        result["errors"].append(f"{m} {cache} run {run}: {r['error']}")
+                        code = 1
     except KeyboardInterrupt as e:
         result["errors"].append(f"interrupted ({e})")
         code = 1
@@ -691,14 +734,15 @@ def main():
                 subprocess.run(["rm", "-rf", "--", d])
         else:
             log(f"kept {workdir} and {filedir}")
-    result["summary"] = summarize(result["runs"])
+    result["summary"] = {c: summarize(result["runs"], c) for c in args.caches}
     result["elapsed_s"] = rnd(now() - t_start, 1)
     print(json.dumps(result, indent=2))
-    s = result["summary"]
-    log(f"medians: first HTTP halite {s['halite']['first_http_s_median']} s, qemu-eager "
-        f"{s['qemu-eager']['first_http_s_median']} s (x{s['speedup_first_http']}); workload "
-        f"halite {s['halite']['workload_s_median']} s, qemu-eager "
-        f"{s['qemu-eager']['workload_s_median']} s (x{s['speedup_workload']})")
+    for c, s in result["summary"].items():
+        log(f"medians, {c}: first HTTP ({args.first_http}) halite "
+            f"{s['halite']['first_http_s_median']} s, qemu-eager "
+            f"{s['qemu-eager']['first_http_s_median']} s (x{s['speedup_first_http']}); "
+            f"workload halite {s['halite']['workload_s_median']} s, qemu-eager "
+            f"{s['qemu-eager']['workload_s_median']} s (x{s['speedup_workload']})")
     return code
 
 

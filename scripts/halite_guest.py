@@ -1,6 +1,6 @@
 """The QEMU test guest from Python: boot it, watch its console, talk HTTP and
 QMP, run halite-qemu on it. Shared by tests/qemu, bench/qemu.py and
-scripts/demo-qemu.py; the guest itself is built by scripts/make-guest.sh
+scripts/demo_qemu.py; the guest itself is built by scripts/make-guest.sh
 (guest-image/README.md).
 
 Every wait has a deadline and every failure raises GuestError with what was
@@ -50,6 +50,7 @@ class QMP:
                     raise GuestError(f"QMP socket {path} did not come up in {timeout} s")
                 time.sleep(0.05)
         self.f = self.s.makefile("rwb")
+        self.n = 0
         greeting = self._read()
         self.version = greeting["QMP"]["version"]["qemu"]
         self.cmd("qmp_capabilities")
@@ -61,13 +62,20 @@ class QMP:
         return json.loads(line)
 
     def cmd(self, name, **args):
-        msg = {"execute": name}
+        self.n += 1
+        tag = f"hg-{self.n}"
+        msg = {"execute": name, "id": tag}
         if args:
             msg["arguments"] = args
         self.f.write(json.dumps(msg).encode() + b"\n")
         self.f.flush()
         while True:
             r = self._read()
+            # Events, and replies to a client that has gone: QEMU may still answer
+            # its queued commands on the next client's connection (seen after a
+            # QEMU held stopped while halite-qemu gave up on it).
+            if r.get("id") != tag:
+                continue
             if "return" in r:
                 return r["return"]
             if "error" in r:
@@ -88,13 +96,18 @@ class Guest:
     boot and for a restore (halite-qemu restore adds what it needs)."""
 
     def __init__(self, workdir, name="guest", image=None, mem_mib=512, smp=2,
-                 verifier_mib=64, append="", nic_model="virtio-net-pci"):
+                 verifier_mib=64, append="", nic_model="virtio-net-pci", netdev=False,
+                 udp=False):
+        """@nic_model None: QEMU's default NIC (e1000e on q35). @netdev: the NIC as
+        -netdev user,id=net0 and -device (else -nic user). @udp: also forward
+        udp_port on the host to the guest's UDP port 7 (nothing listens there)."""
         self.image = image or os.path.join(ROOT, "build", "guest-image")
         self.workdir = workdir
         self.name = name
         self.mem_mib = mem_mib
         self.smp = smp
         self.port = free_port()
+        self.udp_port = free_port() if udp else None
         self.console = os.path.join(workdir, f"{name}-console.log")
         self.qmp_path = os.path.join(workdir, f"{name}-qmp.sock")
         self.proc = None
@@ -106,7 +119,14 @@ class Guest:
             base = f.read().strip()
         base = re.sub(r"verifier\.mib=\d+", "", base).strip()
         self.append = f"{base} verifier.mib={verifier_mib} {append}".strip()
-        nic = f"user,model={nic_model}," if nic_model else "user,"
+        fwd = f"hostfwd=tcp:127.0.0.1:{self.port}-:80"
+        if udp:
+            fwd += f",hostfwd=udp:127.0.0.1:{self.udp_port}-:7"
+        if netdev:
+            net = ["-netdev", f"user,id=net0,{fwd}", "-device",
+                   f"{nic_model or 'e1000e'},netdev=net0"]
+        else:
+            net = ["-nic", f"user,model={nic_model},{fwd}" if nic_model else f"user,{fwd}"]
         self.args = [
             "-machine", "q35", "-accel", "tcg,thread=multi", "-smp", str(smp),
             "-m", f"{mem_mib}M",
@@ -116,13 +136,14 @@ class Guest:
             "-serial", f"file:{self.console}",
             "-kernel", kernel, "-initrd", os.path.join(self.image, "initrd.img"),
             "-append", self.append,
-            "-nic", f"{nic}hostfwd=tcp:127.0.0.1:{self.port}-:80",
+            *net,
             "-qmp", f"unix:{self.qmp_path},server=on,wait=off",
         ]
 
     # --- process ---
-    def boot(self):
-        self.proc = subprocess.Popen(["qemu-system-x86_64"] + self.args,
+    def boot(self, cwd=None):
+        """Start QEMU (in @cwd: relative paths in self.args are relative to it)."""
+        self.proc = subprocess.Popen(["qemu-system-x86_64"] + self.args, cwd=cwd,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=open(os.path.join(self.workdir, f"{self.name}-qemu.err"), "w"))
         self.pid = self.proc.pid
@@ -131,6 +152,7 @@ class Guest:
     def adopt(self, pid):
         """A QEMU started by someone else (halite-qemu restore)."""
         self.pid = pid
+        self.proc = None  # kill() then waits for this pid, not for an earlier boot
 
     def alive(self):
         if self.proc is not None:
@@ -155,9 +177,20 @@ class Guest:
         if self.proc is not None:
             self.proc.wait()
         else:
+            # Not ours to reap: gone once its last thread has exited (a zombie leader
+            # may still have threads holding its sockets and ports).
             deadline = time.monotonic() + 5
-            while self.alive() and time.monotonic() < deadline:
+            while self.alive() or self._threads() > 1:
+                if time.monotonic() > deadline:
+                    break
                 time.sleep(0.02)
+
+    def _threads(self):
+        try:
+            with open(f"/proc/{self.pid}/status") as f:
+                return int([l for l in f if l.startswith("Threads:")][0].split()[1])
+        except (OSError, IndexError, ValueError):
+            return 0
 
     def qmp(self, timeout=10):
         return QMP(self.qmp_path, timeout)
@@ -240,6 +273,58 @@ class Guest:
     def rewrites(self, on):
         body = self.http("/cgi-bin/rewrites?" + ("on" if on else "off"))
         return body
+
+
+def held_get(port, path, deadline, alive=None, host="127.0.0.1"):
+    """One HTTP GET on one connection held from the start: connect retried
+    while refused (every 2 ms: nothing listens yet) until it is accepted,
+    then the request sent once and the answer awaited until @deadline
+    (time.monotonic()), however long the guest takes; no second request.
+    What a client sees that connects to a restoring guest and waits, unlike
+    polling with short tries. @alive() returns why to stop (the restore
+    failed) or None. Returns (t_connected, t_answered, status, body), times
+    from time.monotonic(); raises GuestError on a refusal that outlasts
+    @deadline, no answer by then, or a closed connection."""
+    while True:
+        s = socket.socket()
+        try:
+            s.connect((host, port))
+            break
+        except (ConnectionRefusedError, ConnectionResetError):
+            s.close()
+            why = alive() if alive else None
+            if why:
+                raise GuestError(f"{why} before port {port} accepted a connection")
+            if time.monotonic() > deadline:
+                raise GuestError(f"port {port} refused connections until the deadline")
+            time.sleep(0.002)
+    t_conn = time.monotonic()
+    data = b""
+    try:
+        s.sendall(f"GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise GuestError(f"GET {path}: no answer on the held connection by the "
+                                 f"deadline ({len(data)} bytes)")
+            s.settimeout(left)
+            try:
+                d = s.recv(65536)
+            except socket.timeout:
+                continue
+            if not d:
+                break
+            data += d
+    except OSError as e:
+        raise GuestError(f"GET {path}: the held connection failed: {e}")
+    finally:
+        s.close()
+    t_ans = time.monotonic()
+    head, _, body = data.partition(b"\r\n\r\n")
+    parts = head.split(b" ", 2)
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/") or not parts[1].isdigit():
+        raise GuestError(f"GET {path}: not an HTTP answer: {data[:100]!r}")
+    return t_conn, t_ans, int(parts[1]), body.decode(errors="replace")
 
 
 def halite_qemu():

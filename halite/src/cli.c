@@ -3,6 +3,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 #include <strings.h>
 
 #include "cli.h"
@@ -59,4 +60,22 @@ void halite_json_str(FILE *f, const char *s)
 			fputc(c, f);
 	}
 	fputc('"', f);
+}
+
+void halite_shell_quote(FILE *f, const char *s)
+{
+	const char *p;
+
+	for (p = s; *p; p++)
+		if (!isalnum((unsigned char)*p) && !strchr("%+,-./:=@_^", *p))
+			break;
+	if (*s && !*p) {
+		fputs(s, f);
+		return;
+	}
+	/* Single quotes keep everything but themselves: ' becomes '\''. */
+	fputc('\'', f);
+	for (p = s; *p; p++)
+		fputs(*p == '\'' ? "'\\''" : (char[2]){ *p, 0 }, f);
+	fputc('\'', f);
 }

@@ -16,4 +16,7 @@ int halite_parse_size(const char *s, uint64_t *out);
 /* @s as a JSON string, quotes included, to @f; NULL prints "". */
 void halite_json_str(FILE *f, const char *s);
 
+/* @s as one word for a POSIX shell: as it is when safe, else in single quotes. */
+void halite_shell_quote(FILE *f, const char *s);
+
 #endif

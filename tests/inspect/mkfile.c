@@ -2,7 +2,7 @@
 /*
  * Test helper: write a snapshot with what `import` never makes (several vCPU
  * streams, virtual and physical streams, page-table roots, device state,
- * save statistics, binary metadata) through the writer API, plus the raw
+ * save statistics, binary and list metadata) through the writer API, plus the raw
  * image of each region as it must extract.
  *
  *   inspect_mkfile DIR      writes DIR/multi.hlt, DIR/ram.img, DIR/rom.img
@@ -85,6 +85,7 @@ int main(int argc, char **argv)
 		{ HALITE_VCPU_UNKNOWN, HALITE_PAGING_4LEVEL, 0xabc000 },
 	};
 	static const uint8_t bin[] = { 0, 1, 2, 0xff };
+	static const char cmd[] = "prog\0-opt\0value with 'quotes'\0--flag\0";
 	HALITE_OPTS(halite_writer_opts, o);
 	struct halite_writer *w = NULL;
 	uint8_t dev[1000], zero[MB_SIZE] = { 0 };
@@ -120,6 +121,8 @@ int main(int argc, char **argv)
 	check(halite_writer_set_device_state(w, dev, sizeof(dev)), "device state", w);
 	check(halite_writer_set_meta(w, "name", "test", 4), "meta", w);
 	check(halite_writer_set_meta(w, "bin", bin, sizeof(bin)), "meta", w);
+	/* A list (strings each ended by a NUL), as halite-qemu's qemu.cmdline. */
+	check(halite_writer_set_meta(w, "cmd", cmd, sizeof(cmd) - 1), "meta", w);
 	check(halite_writer_set_stat(w, "faults", 1234), "stat", w);
 	/* Beyond 2^53: JSON output must not round it through a double. */
 	check(halite_writer_set_stat(w, "big", (1ull << 60) + 1), "stat", w);

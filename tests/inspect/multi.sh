@@ -19,7 +19,8 @@ eq "stream LBs" "$(js "$T/i.json" 'sum(s["lbs"] for s in d["streams"]) == d["lbs
 eq "vcpus" "$(js "$T/i.json" 'd["vcpus"]')" \
 	"{'count': 2, 'roots': [{'vcpu': 0, 'mode': 4, 'cr3': '0x1000'}, {'vcpu': 1, 'mode': 5, 'cr3': '0x2003'}, {'vcpu': None, 'mode': 4, 'cr3': '0xabc000'}]}"
 eq "device state" "$(js "$T/i.json" 'd["device_state_bytes"]')" 1000
-eq "metadata" "$(js "$T/i.json" 'd["metadata"]')" "{'name': 'test', 'bin': {'hex': '000102ff'}}"
+eq "metadata" "$(js "$T/i.json" 'd["metadata"]')" \
+	"{'name': 'test', 'bin': {'hex': '000102ff'}, 'cmd': ['prog', '-opt', \"value with 'quotes'\", '--flag']}"
 # 2^60 + 1 survives exactly (a double would make it 2^60).
 eq "stats" "$(js "$T/i.json" 'd["save_stats"]')" "{'faults': 1234, 'big': 1152921504606846977}"
 eq "sections" "$(js "$T/i.json" 'sorted(s["name"] for s in d["sections"])')" \
@@ -56,4 +57,10 @@ for s in "^vCPUs: 2, page-table roots: 3" "^ *? *4-level *0x0000000000abc000" "^
 	"^Device state: *1000 bytes" "^rom *0xfff00000 *32768 "; do
 	grep -q "$s" "$T/out" || fail "info output lacks '$s'"
 done
+# A list: one option a line, quoted as a shell would, so it pastes into one.
+sed -n '/^  cmd = /,/^      --flag$/p' "$T/out" >"$T/cmd"
+printf '%s\n' "  cmd = prog \\" "      -opt 'value with '\''quotes'\''' \\" "      --flag" >"$T/want"
+cmp -s "$T/cmd" "$T/want" || fail "the list shows as: $(cat "$T/cmd")"
+eval "set -- $(sed 's/^  cmd = //; s/^      //; s/ \\$//' "$T/cmd" | tr '\n' ' ')"
+[ $# -eq 4 ] && [ "$3" = "value with 'quotes'" ] || fail "the shell reads it back as $# words: $*"
 echo PASS

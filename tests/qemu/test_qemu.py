@@ -2,14 +2,16 @@
 """End-to-end tests of halite-qemu on the real test guest (issue 6).
 
   test_qemu.py CASE      CASE: cli, save-restore, exact, kill, errors, 4g, backends,
-                               runstate, discard, attach, private
+                               runstate, discard, attach, private, disks,
+                               network, recorded
 
 Each case boots its own guest (scripts/make-guest.sh built it: Debian's
 kernel, busybox initramfs, the memory verifier, httpd; 2 vCPUs, TCG,
 512 MiB on a shared memfd) and checks, from inside the guest and from
 outside:
 - save-restore: a guest saved while its verifier runs, restored in a new
-  QEMU: the verifier keeps passing, uptime continues from the snapshot, the
+  QEMU (the file records QEMU's command line and devices): the verifier
+  keeps passing, uptime continues from the snapshot, the
   digest of its memory after the restore equals the one at the snapshot
   instant (rewrites frozen around it); the file's per-vCPU streams are
   non-empty for both vCPUs and its guest-virtual stream exists; the source
@@ -28,14 +30,25 @@ outside:
   pages (memfd hugetlb=on), saved and restored onto a memfd (a restore onto
   huge pages is refused, exit 77); each time the digest survives.
 - cli: wrong arguments, files that are not halite-qemu snapshots, a QEMU
-  older than 7.2 (exit 77).
+  older than 7.2 (exit 77); a recorded command line replayed, compared and
+  refused for sockets, host ports and memory files in use, all before any
+  QEMU starts (a stand-in binary records what it was given).
 - errors: a private mapping of a file (memory-backend-file share=off), and
-  ptrace refused (another tracer holds QEMU),
-  are refused with a clear error and the guest runs on; a restore into a QEMU with other memory is refused and that QEMU is
-  gone; a locality block with a flipped byte fails the restore naming it and
-  QEMU is killed, never running on bad data; so does one that QEMU reads
+  ptrace refused (another tracer holds QEMU), are refused with a clear error
+  and the guest runs on; a restore with other memory or devices is refused
+  by the command-line check before QEMU starts, and without it by QEMU's RAM
+  or devices, and that QEMU is gone; QEMU's own refusal of its command line
+  is shown; a locality block with a flipped byte fails the restore naming it
+  and QEMU is killed, never running on bad data; so does one that QEMU reads
   while it loads the device state, at once (the engine's error, not a QMP
   timeout).
+- network: a connection held from the restore's start is answered within a
+  second of the resume (e1000, e1000e, virtio-net-pci; -nic and -netdev
+  forms); a udp forward reaches the guest.
+- recorded: the command line, directory and devices a save records; restores
+  that run them with no QEMU arguments; a restored QEMU's save records the
+  user's command line; a differing one refused before QEMU starts; a device
+  hot-plugged at the source named, and restored when given.
 
 - runstate: every way out of a save leaves the guest in the run state it
   had (query-status), its memory digest unchanged, whatever became of stop
@@ -57,6 +70,11 @@ outside:
   paused (every byte), and across the two; a save of it killed after it
   moved RAM aside leaves the guest waiting, and 'save --recover' gives the
   memory back: the digest survives.
+- disks: a qcow2 disk (-drive) and a raw one (-blockdev) frozen by the save
+  while the guest writes them; restores while the source runs each get their
+  own overlay and agree with the guest's memory; a frozen image written after
+  the snapshot, and a disk QEMU shares (share-rw), are refused; --no-disks
+  shows what goes wrong without it.
 
 Exit 0 pass, 1 fail, 77 skip (no QEMU or guest image, or not root; with
 HALITE_REQUIRE_QEMU=1 those fail instead).
@@ -176,6 +194,11 @@ def case_save_restore(work):
     check(src.status()["mismatches"] == "0", "source verifier: 0 mismatches")
 
     info = inspect_info(path)
+    meta = info["metadata"]
+    check(meta["qemu.cmdline"] == ["qemu-system-x86_64", *src.args] and
+          meta["qemu.cwd"] == os.getcwd() and meta["qemu.machine"] == "pc-q35-7.2" and
+          "virtio-net-pci addr=02.0" in meta["qemu.devices"],
+          "the file records QEMU's command line, directory, machine and devices")
     streams = stream_blocks(info)
     log(f"  streams: {streams}")
     for i in range(2):
@@ -707,12 +730,18 @@ def case_errors(work):
     src.wait_console(r"^verifier: pass \d+ ok", 30, after=len(src.console_text()))
     save(src, path)
     src.kill()
-    # Another memory size.
+    # Another memory size: the command line says so before QEMU starts; without that
+    # check, QEMU's RAM does once it runs, and that QEMU goes.
     other = hg.Guest(work, "other", mem_mib=768)
     p, _ = run(restore_cmd(path, other, "--detach"))
     msg = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+    check(p.returncode == 1 and "-m 512M at save, -m 768M now" in msg and
+          "memory backend mem0 (size=512M) at save, memory backend mem0 (size=768M) now" in msg,
+          f"other memory size refused before QEMU starts: {msg}")
+    p, _ = run(restore_cmd(path, other, "--detach", "--no-cmdline-check"))
+    msg = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
     check(p.returncode == 1 and "'mem0' is 512 MiB, this QEMU's is 768 MiB" in msg,
-          f"other memory size refused: {msg}")
+          f"and by QEMU's RAM: {msg}")
     # The QEMU it started is gone.
     try:
         other.qmp(timeout=1)
@@ -720,15 +749,27 @@ def case_errors(work):
     except (hg.GuestError, OSError):
         check(True, "the QEMU of the refused restore is gone")
 
-    # Other devices: QEMU refuses the device state and says why; halite shows it.
+    # Other devices: the command line says so; without that check, QEMU's devices
+    # (info qtree) do, before its RAM is touched.
     nonic = hg.Guest(work, "nonic")
     i = nonic.args.index("-nic")
     nonic.args[i + 1] = "none"
     p, _ = run(restore_cmd(path, nonic, "--detach"))
-    check(p.returncode == 1 and "QEMU said" in p.stderr and "Unknown savevm section" in p.stderr,
-          "a restore with other devices fails with QEMU's reason: " +
-          [l for l in p.stderr.splitlines() if "savevm section" in l][0][:90]
-          if "savevm section" in p.stderr else p.stderr[-300:])
+    msg = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+    check(p.returncode == 1 and "-nic user,model=virtio-net-pci" in msg and
+          "at save, not now" in msg, f"no NIC refused before QEMU starts: {msg}")
+    p, _ = run(restore_cmd(path, nonic, "--detach", "--no-cmdline-check"))
+    msg = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+    check(p.returncode == 1 and "devices differ from those recorded" in msg and
+          "device virtio-net-pci addr=02.0 at save, not now" in msg,
+          f"and by QEMU's devices: {msg}")
+    # QEMU refuses its command line: what it said is shown (detached: from our log).
+    bad = hg.Guest(work, "bad")
+    bad.args += ["-device", "no-such-device"]
+    p, _ = run(restore_cmd(path, bad, "--detach", "--no-cmdline-check"))
+    check(p.returncode == 1 and "QEMU said" in p.stderr and "no-such-device" in p.stderr,
+          "QEMU's own refusal is shown: " +
+          " ".join(l for l in p.stderr.splitlines() if "no-such-device" in l)[:120])
 
     # A flipped byte in a locality block's data.
     info = inspect_info(path)
@@ -1301,6 +1342,7 @@ def case_attach(work):
     rep = json.loads(p.stdout)
     log(f"  attach: {rep['mb_present']} blocks were in already, {rep['faults']} faults, "
         f"{rep['lb_demand']} demand / {rep['lb_prefetch']} prefetched LBs")
+    check(rep["forwards"] == 0, "the dead handler had added the host forward already")
     check(rep["mb_present"] > 0 and rep["mb_present"] + rep["mb_fault"] + rep["mb_pool"] +
           rep["mb_prefetch"] + rep["mb_zero"] == rep["mb_total"],
           f"the blocks in already were kept ({rep['mb_present']}), the counts add up")
@@ -1328,6 +1370,8 @@ def case_attach(work):
     p, dt = run([hg.halite_qemu(), "restore", "--attach", str(qemu_pid), "--json", "-q", path])
     err = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
     check(p.returncode == 0, f"restore --attach loads the device state and finishes: {err}")
+    check(json.loads(p.stdout)["forwards"] == 1, "and adds the host forward the dead handler "
+          "had not (its HTTP answers below)")
     d2, _, ok = early.digest()
     check(ok and d2 == d0, f"that guest's digest equals the snapshot's too ({d2})")
     early.kill()
@@ -1346,7 +1390,8 @@ def case_cli(work):
     expect(["save", "--qmp", "/nonexistent.sock", os.path.join(work, "x.hlt")], 1,
            "No such file or directory")
     expect(["save", "--qmp", "s", "--codec", "brotli", "x.hlt"], 2, "--codec 'brotli'")
-    expect(["restore", "x.hlt"], 2, "QEMU's command line missing")
+    expect(["restore", "x.hlt", "--"], 2, "QEMU's command line missing after '--'")
+    expect(["restore", os.path.join(work, "none.hlt")], 1, "No such file")
     expect(["restore", "x.hlt", "--", "-incoming", "defer"], 2, "-incoming is halite-qemu's")
     expect(["restore", "x.hlt", "--", "-daemonize"], 2, "--detach")
     expect(["restore", "--running", "--paused", "x.hlt", "--", "-m", "1G"], 2, "not both")
@@ -1384,6 +1429,322 @@ def case_cli(work):
     with open(held, "rb") as f:
         check(f.read() == b"an older snapshot", "the file a restore holds is untouched")
     listener.close()
+    cli_recorded(work, expect)
+
+
+# A stand-in for QEMU: writes its directory, arguments and environment's
+# HALITE_QEMU_CMDLINE where FAKE_QEMU_OUT says, and exits 3 (before any QMP).
+FAKE_QEMU = """#!/bin/sh
+{ pwd; printf '%s\\n' "$@"; } >"$FAKE_QEMU_OUT"
+printf '%s' "$HALITE_QEMU_CMDLINE" >"$FAKE_QEMU_OUT.env"
+exit 3
+"""
+
+
+def mkfile(path, argv=None, cwd=None, devices=None):
+    """A snapshot as halite-qemu save writes one (tests/qemu/mkfile.c), no QEMU needed."""
+    tool = os.environ.get("HALITE_QEMU_MKFILE") or os.path.join(
+        hg.ROOT, "build", "tests", "qemu", "qemu_mkfile")
+    cmd = [tool, path]
+    if cwd:
+        cmd += ["--cwd", cwd]
+    if devices:
+        cmd += ["--devices", ",".join(devices)]
+    if argv is not None:
+        cmd += ["--", *argv]
+    run(cmd, check_rc=0)
+    return path
+
+
+def cli_recorded(work, expect):
+    """The recorded command line, before any QEMU starts: replayed as it was run (in its
+    directory, without halite-qemu's options, its forwards taken out to be added once
+    loaded), compared with a given one and refused naming the difference, and refused
+    when its sockets, host ports or memory files are in use."""
+    hq = hg.halite_qemu()
+    fake = os.path.join(work, "fake-qemu")
+    with open(fake, "w") as f:
+        f.write(FAKE_QEMU)
+    os.chmod(fake, 0o755)
+    out = os.path.join(work, "fake.out")
+    env = dict(os.environ, FAKE_QEMU_OUT=out)
+    vmdir = os.path.join(work, "vm")
+    os.mkdir(vmdir)
+    port = hg.free_port()
+    qmp = os.path.join(work, "vm-qmp.sock")
+    saved = [fake, "-machine", "q35", "-smp", "2", "-m", "512M", "-S", "-daemonize",
+             "-object", "memory-backend-memfd,id=mem0,size=512M,share=on",
+             "-machine", "memory-backend=mem0", "-kernel", "vmlinux", "-incoming", "defer",
+             "-nic", f"user,model=e1000,hostfwd=tcp:127.0.0.1:{port}-:80,hostfwd=udp::{port}-:7",
+             "-serial", "file:console.log", "-qmp", f"unix:{qmp},server=on,wait=off"]
+    path = mkfile(os.path.join(work, "rec.hlt"), saved, cwd=vmdir)
+
+    def restore(*args, rc=1):
+        if os.path.exists(out):
+            os.unlink(out)
+        p = subprocess.run([hq, "restore", "--json", "-q", path, *args], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=env, timeout=120)
+        err = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+        check(p.returncode == rc, f"restore {' '.join(args)[:50]}: exit {p.returncode}: {err}")
+        return json.loads(p.stdout) if p.stdout.strip() else None, err
+
+    # No command line given: the recorded one, in its directory.
+    rep, err = restore()
+    check("QEMU exited (status 3) before its QMP socket came up" in err, f"the recorded QEMU "
+          f"ran: {err}")
+    with open(out) as f:
+        ran = f.read().splitlines()
+    with open(out + ".env") as f:
+        user = json.loads(f.read())
+    want = [a for a in saved[1:] if a not in ("-S", "-daemonize", "-incoming", "defer")]
+    want[want.index("-nic") + 1] = "user,model=e1000,id=halite.nic0"
+    check(ran[0] == vmdir, f"in the recorded directory {ran[0]}")
+    check(ran[1:-5] == want, f"the recorded command line without -S, -daemonize, -incoming "
+          f"and its forwards: {' '.join(ran[1:-5])}")
+    check(ran[-5:-2] == ["-S", "-incoming", "defer"] and ran[-2] == "-qmp" and
+          ran[-1].startswith("unix:/tmp/halite-qemu."), f"then halite-qemu's: {ran[-5:]}")
+    check(user == [a for a in saved if a not in ("-S", "-daemonize", "-incoming", "defer")],
+          "QEMU's environment holds the user's command line, forwards and all, for the next save")
+    check(rep["detached"] and rep["cmdline"] == "recorded", "-daemonize at save: detached")
+
+    # A given command line that differs where it matters: refused before QEMU starts.
+    same = [a for a in saved if a not in ("-S", "-daemonize", "-incoming", "defer")]
+    other = list(same)
+    other[other.index("-smp") + 1] = "4"
+    other[other.index("-nic") + 1] = "user,model=virtio-net-pci"
+    rep, err = restore("--", *other)
+    check("QEMU's command line differs from the one recorded in" in err and
+          "-smp 2 at save, -smp 4 now" in err and "-nic user,model=e1000," in err and
+          "-nic user,model=virtio-net-pci now" in err and not os.path.exists(out),
+          f"refused before QEMU starts: {err}")
+    # What does not matter passes: QEMU starts (and the stand-in exits).
+    fine = list(same)
+    fine[fine.index("-serial") + 1] = "file:/elsewhere.log"
+    fine[fine.index("-nic") + 1] = f"user,model=e1000,hostfwd=tcp::{hg.free_port()}-:80"
+    fine[fine.index("-qmp") + 1] = f"unix:{work}/other.sock,server=on,wait=off"
+    fine += ["-display", "none", "-name", "clone"]
+    rep, err = restore("--", *fine)
+    check(os.path.exists(out) and rep["cmdline"] == "given", "serial path, host ports, QMP "
+          "socket, display and name may differ: QEMU started")
+    os.unlink(out)
+    rep, err = restore("--no-cmdline-check", "--", *other)
+    check(os.path.exists(out), "--no-cmdline-check runs a differing command line")
+
+    # In use: the QMP socket (QEMU would take its path over), a host port, a memory file.
+    listener = qmp_listener(qmp)
+    rep, err = restore()
+    check(f"-qmp unix:{qmp},server=on,wait=off: the socket {qmp} is in use (process "
+          f"{os.getpid()}" in err and not os.path.exists(out), f"a socket in use: {err}")
+    listener.close()
+    os.unlink(qmp)
+    import socket
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", port))
+    taken.listen(1)
+    rep, err = restore()
+    check(f"hostfwd=tcp:127.0.0.1:{port}-:80 (netdev halite.nic0): host port {port} cannot be "
+          "bound: Address already in use" in err and not os.path.exists(out),
+          f"a host port in use: {err}")
+    taken.close()
+    ram = os.path.join(work, "ram.file")
+    with open(ram, "wb") as f:
+        f.truncate(1 << 20)
+    import mmap
+    with open(ram, "r+b") as f:
+        m = mmap.mmap(f.fileno(), 1 << 20)
+        bad = list(same)
+        bad[bad.index("memory-backend-memfd,id=mem0,size=512M,share=on")] = \
+            f"memory-backend-file,id=mem0,size=512M,share=on,mem-path={ram}"
+        rep, err = restore("--", *bad)
+        m.close()
+    check(f"the memory file {ram} is mapped by process {os.getpid()}" in err and
+          "would punch that process's memory" in err and not os.path.exists(out),
+          f"a memory file in use: {err}")
+
+    # A file from before the command line was recorded; a directory that is gone.
+    old = mkfile(os.path.join(work, "old.hlt"))
+    expect(["restore", old], 1, "records no QEMU command line (saved by an older halite-qemu)")
+    gone = mkfile(os.path.join(work, "gone.hlt"), saved, cwd=os.path.join(work, "no-such-dir"))
+    expect(["restore", gone], 1, "working directory at save, " + os.path.join(work, "no-such-dir")
+           + ", is gone")
+
+
+def udp_noports(guest):
+    """The guest kernel's count of UDP datagrams to ports nobody listens on."""
+    kv = dict(l.split() for l in guest.http("/cgi-bin/udp").splitlines() if l.strip())
+    return int(kv["NoPorts"])
+
+
+def case_network(work):
+    """A connection held from the moment the restore starts is answered within a
+    second of the guest resuming, for e1000, e1000e and virtio-net-pci: the
+    host forwards are added once the guest's state is loaded (before, slirp
+    parked the connection's SYN on a clock the load then moved past, and
+    retransmitted it 6 s later). The -nic and -netdev forms, tcp and udp rules."""
+    nics = [("e1000", {"nic_model": "e1000"}),
+            ("e1000e", {"nic_model": None}),          # q35's default -nic user
+            ("virtio-net-pci", {"nic_model": "virtio-net-pci", "netdev": True})]
+    for name, kw in nics:
+        src = hg.Guest(work, f"src-{name}", udp=True, **kw).boot().wait_ready()
+        path = os.path.join(work, f"{name}.hlt")
+        save(src, path)
+        src.kill()
+        dst = hg.Guest(work, f"dst-{name}", udp=True, **kw)
+        t0 = time.monotonic()
+        proc = subprocess.Popen(restore_cmd(path, dst, "--detach"), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            t_conn, t_ans, status, body = hg.held_get(
+                dst.port, "/hello.txt", t0 + 60,
+                alive=lambda: None if proc.poll() in (None, 0) else "the restore failed")
+            out, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        check(proc.returncode == 0, f"{name}: restored ({err.strip()[-200:]})")
+        rep = json.loads(out)
+        dst.adopt(rep["qemu"]["pid"])
+        # t0 is taken before halite-qemu starts, so its times from t0 are a
+        # little early and the time after the resume a little long: never short.
+        resumed = t0 + rep["resumed_ms"] / 1e3
+        after = t_ans - resumed
+        log(f"  {name}: connected {t_conn - t0:.3f} s after the start, forwards added at "
+            f"{rep.get('forwarded_ms', 0) / 1e3:.3f} s, resumed {rep['resumed_ms'] / 1e3:.3f} s, "
+            f"answered {t_ans - t0:.3f} s ({after:.3f} s after the resume)")
+        check(status == 200 and "hello" in body, f"{name}: GET /hello.txt answered: {status}")
+        check(after < 1.0, f"{name}: the held connection was answered {after:.3f} s after the "
+              "guest resumed (< 1 s)")
+        check(rep["forwards"] == 2 and 0 < rep["forwarded_ms"] <= rep["resumed_ms"],
+              f"{name}: 2 forwards added before the guest resumed")
+        # The udp rule: a datagram to the host port reaches the guest's port 7,
+        # where nothing listens: the guest counts it in NoPorts.
+        before = udp_noports(dst)
+        import socket
+        u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        deadline = time.monotonic() + 10
+        while udp_noports(dst) == before and time.monotonic() < deadline:
+            u.sendto(b"halite", ("127.0.0.1", dst.udp_port))
+            time.sleep(0.2)
+        u.close()
+        check(udp_noports(dst) > before, f"{name}: the udp forward reaches the guest "
+              f"(NoPorts {before} -> {udp_noports(dst)})")
+        dst.check_console()
+        dst.kill()
+
+
+def pids_naming(text):
+    """Live processes whose command line holds @text."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    if text.encode() in f.read() and guest_alive(int(d)):
+                        out.append(int(d))
+            except OSError:
+                pass
+    return out
+
+
+def guest_alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def case_recorded(work):
+    """The command line a save records (qemu.cmdline, qemu.cwd, qemu.devices), shown by
+    halite-inspect info, and restores that run it with no QEMU arguments: in its
+    directory (relative paths), with its QMP socket and host ports; a save of a QEMU
+    that halite-qemu restore started records the user's command line, not the one
+    halite-qemu ran; a differing command line is refused before QEMU starts; a device
+    hot-plugged at the source is named, and restored when given on the command line."""
+    vmdir = os.path.join(work, "vm")
+    os.mkdir(vmdir)
+    for f in ("vmlinux", "initrd.img"):
+        os.symlink(os.path.join(hg.ROOT, "build", "guest-image", f), os.path.join(vmdir, f))
+    src = hg.Guest(vmdir, "source")
+    # Relative paths, and a PCIe root port a device can be hot-plugged into.
+    src.args = [{src.console: "source-console.log"}.get(a, a) for a in src.args]
+    src.args = ["file:source-console.log" if a == f"file:{src.console}" else
+                "vmlinux" if a.endswith("/vmlinux") else
+                "initrd.img" if a.endswith("/initrd.img") else a for a in src.args]
+    src.args += ["-device", "pcie-root-port,id=rp1,bus=pcie.0,chassis=1"]
+    argv = ["qemu-system-x86_64", *src.args]
+    src.boot(cwd=vmdir).wait_ready()
+    src.rewrites(False)
+    d0, _, ok = src.digest()
+    check(ok, f"source digest {d0}")
+    first = os.path.join(work, "first.hlt")
+    save(src, first)
+    src.kill()
+    meta = inspect_info(first)["metadata"]
+    check(meta["qemu.cmdline"] == argv, "qemu.cmdline is QEMU's command line as it ran "
+          f"({len(argv)} arguments)")
+    check(meta["qemu.cwd"] == vmdir, f"qemu.cwd is its directory {meta['qemu.cwd']}")
+    check("virtio-net-pci addr=02.0" in meta["qemu.devices"] and
+          "pcie-root-port id=rp1 addr=03.0" in meta["qemu.devices"],
+          f"qemu.devices lists {len(meta['qemu.devices'])} devices")
+    p, _ = run([INSPECT, "info", first], check_rc=0)
+    text = p.stdout
+    check("  qemu.cmdline = qemu-system-x86_64 \\\n      -machine q35 \\\n" in text and
+          "      -append 'console=ttyS0 " in text, "halite-inspect info shows it one option a "
+          "line, quoted as a shell would")
+
+    # No QEMU arguments: the recorded command line, in its directory, from anywhere.
+    p, _ = run([hg.halite_qemu(), "restore", "--detach", "--json", "-q", first], check_rc=0)
+    rep = json.loads(p.stdout)
+    src.adopt(rep["qemu"]["pid"])
+    check(rep["cmdline"] == "recorded" and os.readlink(f"/proc/{src.pid}/cwd") == vmdir,
+          f"QEMU runs the recorded command line in {vmdir}")
+    d1, _, ok = src.digest()
+    check(ok and d1 == d0, f"the guest answers on the recorded port; digest {d1} equals the "
+          "snapshot's")
+    check(run_state(src) == "running", "the recorded QMP socket answers")
+    # That QEMU's save records the user's command line, not halite-qemu's additions.
+    second = os.path.join(work, "second.hlt")
+    q = src.qmp()
+    q.cmd("device_add", driver="virtio-rng-pci", bus="rp1", id="rng0")
+    q.close()
+    save(src, second)
+    src.kill()
+    meta = inspect_info(second)["metadata"]
+    check(meta["qemu.cmdline"] == argv, "a restored QEMU's save records the command line the "
+          "restore ran for the user (hostfwd included; no -S, -incoming or halite's socket)")
+    check("virtio-rng-pci id=rng0 addr=00.0" in meta["qemu.devices"],
+          "the hot-plugged device is in the file's device list")
+
+    # A command line that differs where it matters: refused before QEMU starts.
+    other = list(argv)
+    other[other.index("-smp") + 1] = "1"
+    p, dt = run([hg.halite_qemu(), "restore", "-q", second, "--", *other])
+    err = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+    check(p.returncode == 1 and "-smp 2 at save, -smp 1 now" in err and
+          not pids_naming(src.qmp_path), f"-smp 1 refused, no QEMU started: {err}")
+    # The recorded line lacks the hot-plugged device: QEMU's devices are named as differing
+    # before its RAM is touched, and it goes.
+    p, _ = run([hg.halite_qemu(), "restore", "-q", second])
+    err = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+    check(p.returncode == 1 and "devices differ from those recorded" in err and
+          "device virtio-rng-pci id=rng0 addr=00.0 at save, not now" in err,
+          f"the hot-plugged device is named: {err}")
+    time.sleep(0.2)
+    check(not pids_naming(src.qmp_path), "that QEMU is gone")
+    # Given with it (where the relative paths hold): restored.
+    p = subprocess.run([hg.halite_qemu(), "restore", "--detach", "--json", "-q", second, "--",
+                        *argv, "-device", "virtio-rng-pci,bus=rp1,id=rng0"], cwd=vmdir,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
+    check(p.returncode == 0, f"the command line with the hot-plugged device restores "
+          f"{p.stderr.strip()[-300:]}")
+    src.adopt(json.loads(p.stdout)["qemu"]["pid"])
+    d2, _, ok = src.digest()
+    check(ok and d2 == d0, f"digest {d2} equals the snapshot's")
+    src.wait_console(r"^verifier: pass \d+ ok", 60, after=len(src.console_text()))
+    src.check_console()
+    src.kill()
 
 
 CASES = {
@@ -1399,6 +1760,8 @@ CASES = {
     "attach": case_attach,
     "private": case_private,
     "disks": case_disks,
+    "network": case_network,
+    "recorded": case_recorded,
 }
 
 

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli.h"
 #include "inspect.h"
 
 void help_info(FILE *f)
@@ -155,6 +156,51 @@ static bool printable(const uint8_t *p, uint32_t len)
 	return true;
 }
 
+/*
+ * A list: strings each ended by a NUL (halite-qemu's qemu.cmdline, an argv
+ * as in /proc/PID/cmdline, and qemu.devices), every one printable. How
+ * many, or 0 if @p is no such list.
+ */
+static uint32_t nul_list(const uint8_t *p, uint32_t len)
+{
+	uint32_t n = 0;
+
+	if (!len || p[len - 1] != '\0')
+		return 0;
+	for (uint32_t i = 0; i < len; n++) {
+		uint32_t l = (uint32_t)strlen((const char *)p + i);
+
+		if (!printable(p + i, l))
+			return 0;
+		i += l + 1;
+	}
+	return n;
+}
+
+/*
+ * A list as a shell would take it: each item quoted where needed, a new
+ * line (after " \\") before an option (an item starting with '-') and
+ * before an item that would pass 100 columns, so a command line shows one
+ * option and its argument a line, and can be pasted into a shell.
+ */
+static void print_list(const char *p, uint32_t len, size_t col)
+{
+	for (uint32_t i = 0; i < len; i += (uint32_t)strlen(p + i) + 1) {
+		size_t w = strlen(p + i) + 1;
+
+		if (i && (p[i] == '-' || col + w > 100)) {
+			printf(" \\\n      ");
+			col = 6;
+		} else if (i) {
+			putchar(' ');
+			col++;
+		}
+		halite_shell_quote(stdout, p + i);
+		col += w;
+	}
+	putchar('\n');
+}
+
 static char *hex_string(const uint8_t *p, uint32_t len)
 {
 	char *s = malloc(2 * (size_t)len + 1);
@@ -293,7 +339,12 @@ static cJSON *info_json(struct halite_reader *r, const char *path,
 
 		if (halite_reader_meta(r, i, &key, &val, &len) < 0)
 			continue;
-		if (printable(val, len)) {
+		if (nul_list(val, len)) {
+			cJSON *l = cJSON_AddArrayToObject(o, key);
+
+			for (uint32_t k = 0; k < len; k += (uint32_t)strlen((const char *)val + k) + 1)
+				cJSON_AddItemToArray(l, cJSON_CreateString((const char *)val + k));
+		} else if (printable(val, len)) {
 			char *s = strndup(val, len);
 
 			cJSON_AddStringToObject(o, key, s ? s : "");
@@ -463,7 +514,10 @@ static void info_text(struct halite_reader *r, const char *path,
 
 			if (halite_reader_meta(r, i, &key, &val, &len) < 0)
 				continue;
-			if (printable(val, len)) {
+			if (nul_list(val, len)) {
+				printf("  %s = ", key);
+				print_list(val, len, strlen(key) + 5);
+			} else if (printable(val, len)) {
 				printf("  %s = %.*s\n", key, (int)len, (const char *)val);
 			} else {
 				char *h = hex_string(val, len);

@@ -47,6 +47,7 @@
 #include <unistd.h>
 
 #include "hq.h"
+#include "vmconfig.h"
 
 #define QEMU_DEFAULT "qemu-system-x86_64"
 #define QMP_START_TIMEOUT_MS 60000
@@ -54,9 +55,10 @@
 
 struct restore_params {
 	const char *path;
-	char **qemu_argv; /* the user's, from after "--" */
+	char **qemu_argv; /* the user's, from after "--"; none: the file's */
 	int qemu_argc;
 	bool detach, track, no_prefetch;
+	bool no_cmdline_check; /* --no-cmdline-check */
 	/* --running, --paused (or QEMU's -S); neither: the run state the file records */
 	enum { RUN_AS_SAVED, RUN_RUNNING, RUN_PAUSED } run;
 	struct hq_out out;
@@ -68,6 +70,7 @@ struct restore_params {
 
 struct restore_run {
 	struct restore_params p;
+	struct hq_config cfg; /* the command line QEMU runs, its forwards, the file's record */
 	struct hq_vm vm;
 	struct halite_restore *rs;
 	pid_t qemu;
@@ -84,7 +87,8 @@ struct restore_run {
 	struct halite_region_info file_regions[HQ_MAX_REGIONS];
 	uint64_t mem_bytes;
 	/* Times from the command's start. */
-	uint64_t t0, t_qmp, t_ready, t_loaded, t_resume, t_done;
+	uint64_t t0, t_qmp, t_ready, t_loaded, t_forwarded, t_resume, t_done;
+	int nforwards; /* host forwards added here, once the state was loaded */
 	bool engine_running; /* started: halite_restore_wait() says how it goes */
 	struct halite_restore_stats st;
 	char err[1280];
@@ -93,16 +97,24 @@ struct restore_run {
 void hq_help_restore(FILE *f)
 {
 	fprintf(f,
-		"Usage: " PROG " restore [OPTIONS] FILE -- [QEMU-BINARY] QEMU-ARGS...\n"
+		"Usage: " PROG " restore [OPTIONS] FILE [-- [QEMU-BINARY] QEMU-ARGS...]\n"
 		"       " PROG " restore --attach PID [OPTIONS] FILE\n\n"
 		"Start QEMU from FILE (saved by '" PROG " save'); the guest runs at once (or\n"
 		"stays paused if it was saved paused) and its memory comes in lazily: each first\n"
 		"access reads the locality block holding it, and a throttled prefetcher brings\n"
 		"in the rest while the guest is quiet.\n"
-		"QEMU-ARGS must describe the same machine as at save (same -machine, -smp and\n"
-		"RAM sizes; the RAM's backend may differ: -m alone, memory-backend-ram, or\n"
-		"memory-backend-memfd or -file share=on on tmpfs). " PROG " adds -S,\n"
-		"-incoming defer and a QMP socket. QEMU-BINARY defaults to " QEMU_DEFAULT " ($HALITE_QEMU).\n\n"
+		"Without QEMU-ARGS, QEMU runs the command line FILE records (the one it ran at\n"
+		"save, in its working directory, without -S, -incoming, -loadvm and -daemonize;\n"
+		"-daemonize means --detach). QEMU-ARGS, if given, must describe the same machine\n"
+		"(-machine, -cpu, -smp, -m, memory backends, devices, NIC models): they are\n"
+		"compared with the recorded ones and refused, before QEMU starts, naming what\n"
+		"differs; displays, monitors, sockets, file paths and host ports may differ.\n"
+		"The RAM's backend may differ: -m alone, memory-backend-ram, or memory-backend-\n"
+		"memfd or -file share=on on tmpfs. " PROG " adds -S, -incoming defer and a\n"
+		"QMP socket, and adds user networking's hostfwd rules (HMP hostfwd_add) once the\n"
+		"guest's state is loaded, just before it runs: a connection then waits for the\n"
+		"guest; before, it is refused. QEMU-BINARY defaults to " QEMU_DEFAULT "\n"
+		"($HALITE_QEMU).\n\n"
 		"With --attach, take over the restore of QEMU PID from FILE after its\n"
 		PROG " restore was killed: the guest waits for memory it lacks (it\n"
 		"never reads zeros); the new handler keeps what is in, brings in the rest,\n"
@@ -121,6 +133,8 @@ void hq_help_restore(FILE *f)
 		"  --running          run the guest even if it was saved paused\n"
 		"                     (default: the run state it was saved in, as recorded in\n"
 		"                     the file; running for files that do not record it)\n"
+		"  --no-cmdline-check run QEMU-ARGS even where they differ from the recorded\n"
+		"                     command line (QEMU's devices and RAM are still checked)\n"
 		"  --track-access     measure the VM access %% of demand-read locality blocks\n"
 		"                     (blocks are staged; costs a minor fault per staged block used)\n"
 		"  --no-prefetch      no background prefetch (memory comes only by faults)\n"
@@ -149,6 +163,7 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 		{ "trace", required_argument, NULL, 'T' },
 		{ "qemu-log", required_argument, NULL, 'O' },
 		{ "attach", required_argument, NULL, 'A' },
+		{ "no-cmdline-check", no_argument, NULL, 'C' },
 		{ "json", no_argument, NULL, 'j' },
 		{ "quiet", no_argument, NULL, 'q' },
 		{ "verbose", no_argument, NULL, 'v' },
@@ -195,6 +210,9 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 		case 'O':
 			p->qemu_log = optarg;
 			break;
+		case 'C':
+			p->no_cmdline_check = true;
+			break;
 		case 'A':
 			if (hq_parse_size(optarg, &v) || !v || v > INT32_MAX) {
 				hq_errorf("restore: --attach '%s': the pid of a QEMU", optarg);
@@ -212,7 +230,8 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 	}
 	if (optind != dd - 1) {
 		hq_errorf("restore: %s; see '" PROG " restore --help'",
-			  optind >= dd ? "FILE missing" : "one FILE only, then -- and QEMU's arguments");
+			  optind >= dd ? "FILE missing" : "one FILE only, then, if any, -- and QEMU's "
+			  "arguments");
 		return -1;
 	}
 	p->path = argv[optind];
@@ -230,8 +249,11 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 		}
 		return 0;
 	}
-	if (dd >= argc - 1) {
-		hq_errorf("restore: QEMU's command line missing after '--'");
+	if (dd == argc)
+		return 0; /* the command line the file records */
+	if (dd == argc - 1) {
+		hq_errorf("restore: QEMU's command line missing after '--' (none at all: the one "
+			  "FILE records)");
 		return -1;
 	}
 	p->qemu_argv = argv + dd + 1;
@@ -371,7 +393,9 @@ static int check_file(struct restore_run *r)
 	}
 	for (uint32_t i = 0; i < r->file_nregions; i++)
 		r->file_regions[i] = *halite_reader_region(rd, i);
-	ret = file_run_state(r, rd);
+	ret = hq_config_read(&r->cfg, rd, r->p.path, r->err, sizeof(r->err));
+	if (!ret)
+		ret = file_run_state(r, rd);
 out:
 	halite_reader_free(rd);
 	return ret;
@@ -388,19 +412,56 @@ static void redirect(int fd, const char *path, int flags)
 	}
 }
 
-static int spawn_qemu(struct restore_run *r)
+/*
+ * The command line QEMU runs, given or the file's, checked before anything
+ * starts (hq_config_prepare()), its host forwards taken out.
+ */
+static int prepare_cmdline(struct restore_run *r)
 {
 	const char *bin = getenv("HALITE_QEMU");
-	int argc = 0, first = r->p.qemu_argv[0][0] == '-' ? 0 : 1, pfd[2], e = 0;
-	char qmp[160], **argv;
+	int ret;
+
+	ret = hq_config_prepare(&r->cfg, r->p.qemu_argv, r->p.qemu_argc,
+				bin && *bin ? bin : QEMU_DEFAULT, !r->p.no_cmdline_check, r->p.path,
+				r->err, sizeof(r->err));
+	if (ret && !r->err[0])
+		fail(r, ret, "QEMU's command line", strerror(-ret));
+	/* -daemonize at save: QEMU was to run on by itself, as --detach leaves it. */
+	if (!ret && (r->cfg.replay_flags & HQ_REPLAY_DAEMONIZE))
+		r->p.detach = true;
+	return ret;
+}
+
+static int spawn_qemu(struct restore_run *r)
+{
+	int argc = 0, pfd[2], e = 0, nenv = 0;
+	char qmp[160], **argv, **envp, *own_env;
+	extern char **environ;
 	ssize_t n;
 
-	argv = calloc((size_t)r->p.qemu_argc + 8, sizeof(*argv));
-	if (!argv)
+	while (environ[nenv])
+		nenv++;
+	argv = calloc((size_t)r->cfg.run.argc + 8, sizeof(*argv));
+	envp = calloc((size_t)nenv + 2, sizeof(*envp));
+	/* The user's command line rides in QEMU's environment: a save of it records it. */
+	own_env = hq_config_env(&r->cfg);
+	if (!argv || !envp || !own_env) {
+		free(argv);
+		free(envp);
+		free(own_env);
 		return fail(r, -ENOMEM, "out of memory", NULL);
-	argv[argc++] = first ? r->p.qemu_argv[0] : (char *)(bin && *bin ? bin : QEMU_DEFAULT);
-	for (int i = first; i < r->p.qemu_argc; i++)
-		argv[argc++] = r->p.qemu_argv[i];
+	}
+	for (int i = 0, k = 0; i <= nenv; i++) {
+		size_t name = (size_t)(strchr(own_env, '=') - own_env) + 1;
+
+		/* Ours replaces one inherited (halite-qemu run from a restored QEMU's child). */
+		if (i == nenv)
+			envp[k] = own_env;
+		else if (strncmp(environ[i], own_env, name))
+			envp[k++] = environ[i];
+	}
+	for (int i = 0; i < r->cfg.run.argc; i++)
+		argv[argc++] = r->cfg.run.argv[i];
 	snprintf(qmp, sizeof(qmp), "unix:%s/qmp.sock,server=on,wait=off", r->dir);
 	argv[argc++] = "-S";
 	argv[argc++] = "-incoming";
@@ -410,11 +471,15 @@ static int spawn_qemu(struct restore_run *r)
 	argv[argc] = NULL;
 	if (pipe2(pfd, O_CLOEXEC)) {
 		free(argv);
+		free(envp);
+		free(own_env);
 		return fail(r, -errno, "pipe", strerror(errno));
 	}
 	r->qemu = fork();
 	if (r->qemu < 0) {
 		free(argv);
+		free(envp);
+		free(own_env);
 		return fail(r, -errno, "fork", strerror(errno));
 	}
 	if (r->qemu == 0) {
@@ -440,7 +505,9 @@ static int spawn_qemu(struct restore_run *r)
 			redirect(STDOUT_FILENO, log, O_WRONLY | O_CREAT | O_APPEND);
 			dup2(STDOUT_FILENO, STDERR_FILENO);
 		}
-		execvp(argv[0], argv);
+		/* A replayed command line's relative paths are relative to where it ran. */
+		if (!r->cfg.cwd || !chdir(r->cfg.cwd))
+			execvpe(argv[0], argv, envp);
 		e = errno;
 		if (write(pfd[1], &e, sizeof(e)) < 0)
 			_exit(127);
@@ -452,11 +519,16 @@ static int spawn_qemu(struct restore_run *r)
 	if (n == sizeof(e)) {
 		waitpid(r->qemu, NULL, 0);
 		r->qemu = 0;
-		snprintf(r->err, sizeof(r->err), "cannot run %s: %s", argv[0], strerror(e));
+		snprintf(r->err, sizeof(r->err), "cannot run %s%s%s: %s", argv[0],
+			 r->cfg.cwd ? " in " : "", r->cfg.cwd ? r->cfg.cwd : "", strerror(e));
 		free(argv);
+		free(envp);
+		free(own_env);
 		return -e;
 	}
 	free(argv);
+	free(envp);
+	free(own_env);
 	return 0;
 }
 
@@ -892,12 +964,25 @@ static int run(struct restore_run *r)
 	snprintf(r->dir, sizeof(r->dir), "%s", tmpl);
 	if (r->p.attach) {
 		ret = take_over(r, reg);
+		/* Forwards the dead handler had not added yet. */
+		if (!ret)
+			ret = hq_config_forward_pid(r->p.attach, r->vm.qmp, r->err, sizeof(r->err));
+		if (ret >= 0) {
+			r->nforwards = ret;
+			r->t_forwarded = hq_now_ns();
+			ret = 0;
+		}
 	} else {
-		ret = spawn_qemu(r);
+		ret = prepare_cmdline(r);
+		if (!ret)
+			ret = spawn_qemu(r);
 		if (!ret)
 			ret = attach_qemu(r);
 		if (!ret)
 			r->t_qmp = hq_now_ns();
+		if (!ret)
+			ret = hq_config_check_devices(&r->cfg, r->vm.qmp, r->p.path, r->err,
+						      sizeof(r->err));
 		if (!ret)
 			ret = prepare_ram(r, reg);
 		if (!ret)
@@ -907,6 +992,14 @@ static int run(struct restore_run *r)
 			raise(SIGKILL);
 		if (!ret)
 			ret = load_devices(r);
+		/* Loaded and not yet running: connections from now on wait for the guest (hostfwd.c). */
+		if (!ret)
+			ret = hq_config_forward(&r->cfg, r->vm.qmp, r->err, sizeof(r->err));
+		if (ret >= 0) {
+			r->t_forwarded = hq_now_ns();
+			r->nforwards = ret;
+			ret = 0;
+		}
 	}
 	if (ret)
 		return explain_failure(r, ret);
@@ -964,7 +1057,8 @@ static void report(const struct restore_run *r, int ret)
 		       ", \"mb_prefetch\": %" PRIu64 ", \"mb_zero\": %" PRIu64
 		       ", \"mb_present\": %" PRIu64 ", \"attached\": %s"
 		       ", \"vm_access_pct\": %.2f, \"paused\": %s, \"run_state\": \"%s\", "
-		       "\"saved_run_state\": \"%s\", \"detached\": %s}\n",
+		       "\"saved_run_state\": \"%s\", \"detached\": %s, \"cmdline\": \"%s\", "
+		       "\"forwards\": %d, \"forwarded_ms\": %.3f}\n",
 		       ms(r->t0, r->t_qmp), ms(r->t0, r->t_ready),
 		       ms(r->t0, r->t_loaded), ms(r->t0, r->t_resume), ms(r->t_qmp, r->t_resume),
 		       ms(r->t_resume, r->t_done) / 1e3, r->mem_bytes, st->faults, st->faults_vcpu,
@@ -974,7 +1068,9 @@ static void report(const struct restore_run *r, int ret)
 		       st->mb_pool, st->mb_prefetch, st->mb_zero, st->mb_present,
 		       r->p.attach ? "true" : "false", st->vm_access_pct,
 		       r->paused ? "true" : "false", r->paused ? "paused" : "running",
-		       r->file_paused ? "paused" : "running", r->p.detach ? "true" : "false");
+		       r->file_paused ? "paused" : "running", r->p.detach ? "true" : "false",
+		       r->p.attach ? "attached" : r->cfg.replayed ? "recorded" : "given",
+		       r->nforwards, ms(r->t0, r->t_forwarded));
 		fflush(stdout);
 		return;
 	}
@@ -992,6 +1088,12 @@ static void report(const struct restore_run *r, int ret)
 	       PRIu64 " prefetch), %s read\n", ms(r->t_resume, r->t_done) / 1e3,
 	       hq_bytes(r->mem_bytes, a, sizeof(a)), st->lb_total, st->lb_demand, st->lb_prefetch,
 	       hq_bytes(st->bytes_read, (char[32]){ 0 }, 32));
+	if (r->cfg.replayed)
+		printf("  command line   the one the file records, run in %s\n",
+		       r->cfg.cwd ? r->cfg.cwd : "this directory");
+	if (r->nforwards)
+		printf("  host forwards  %d added %.1f ms after QEMU was ready, once the guest's "
+		       "state was loaded\n", r->nforwards, ms(r->t_qmp, r->t_forwarded));
 	if (r->p.attach)
 		printf("  taken over     %" PRIu64 " memory blocks were in already and kept\n",
 		       st->mb_present);
@@ -1065,6 +1167,7 @@ int hq_cmd_restore(int argc, char **argv)
 		r->qemu = 0;
 	}
 	halite_restore_free(r->rs);
+	hq_config_free(&r->cfg);
 	if (r->uffd >= 0)
 		close(r->uffd);
 	if (r->lock_fd >= 0)

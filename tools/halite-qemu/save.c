@@ -42,6 +42,7 @@
 #include "cli.h"
 #include "disks.h"
 #include "hq.h"
+#include "vmconfig.h"
 
 struct save_params {
 	const char *qmp;
@@ -304,6 +305,9 @@ static int set_meta(struct save_run *r)
 	if (!ret)
 		ret = halite_save_set_meta(r->s, "qemu.run-state", run_state(r),
 					   (uint32_t)strlen(run_state(r)));
+	/* What a restore needs to start the same VM again: its command line, devices (config.c). */
+	if (!ret)
+		ret = hq_config_record(&r->vm, r->s, r->err, sizeof(r->err));
 	return ret;
 }
 
