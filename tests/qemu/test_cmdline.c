@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "disks.h"
 #include "vmconfig.h"
 
 static const char *dir;
@@ -176,6 +177,15 @@ static void compare(void)
 		      "-object memory-backend-memfd,id=mem0,size=536870912,share=on "
 		      "-nic user,model=virtio-net-pci"),
 	      "an alias resolved, options merged, sizes in other units");
+	CHECK(!differ("qemu-system-x86_64 -machine q35 -smp 2 -m 512M "
+		      "-nic user,model=virtio-net-pci"),
+	      "-m alone: the main RAM as the backend made it, of the same size");
+	m = differ("qemu-system-x86_64 -machine q35 -smp 2 -m 512M -object "
+		   "memory-backend-ram,id=mem1,size=256M -device pc-dimm,memdev=mem1 "
+		   "-nic user,model=virtio-net-pci");
+	CHECK(m && !strcmp(m, "memory backend mem1 (size=256M) now, none at save; -device "
+			       "pc-dimm,memdev=mem1 now, not at save"),
+	      "a backend that is not the main RAM: %s", m);
 
 	/* What does. */
 	m = differ("qemu-system-x86_64 -machine q35 -smp 4 -m 512M -object "
@@ -186,8 +196,7 @@ static void compare(void)
 		   "memory-backend-memfd,id=mem0,size=768M,share=on -machine memory-backend=mem0 "
 		   "-nic user,model=e1000 -device virtio-rng-pci");
 	CHECK(m && !strcmp(m, "-machine q35 (pc-q35-7.2) at save, -machine pc (pc-i440fx-7.2) now; "
-			       "-m 512M at save, -m 768M now; memory backend mem0 (size=512M) at "
-			       "save, memory backend mem0 (size=768M) now; -nic "
+			       "-m 512M at save, -m 768M now; -nic "
 			       "user,model=virtio-net-pci,hostfwd=tcp:127.0.0.1:5555-:80 at save, "
 			       "-nic user,model=e1000 now; -device virtio-rng-pci now, not at save"),
 	      "machine, memory, NIC, device: %s", m);
@@ -351,6 +360,112 @@ static void forwards(void)
 	hq_argv_free(&a);
 }
 
+/* @a joined with spaces, malloc'd. */
+static char *joined(const struct hq_argv *a)
+{
+	size_t len;
+	char *s = hq_argv_to_nul(a, &len);
+
+	for (size_t i = 0; s && i + 1 < len; i++)
+		if (!s[i])
+			s[i] = ' ';
+	return s;
+}
+
+/* hq_disks_rewrite() on @line; its result (or "ERR <errno> <message>") in @out. */
+static void rewrite(const struct hq_disks *ds, const char *line, const char *cwd, char *out,
+		    size_t len)
+{
+	struct hq_argv a = words(line);
+	char err[512] = "";
+	int ret = hq_disks_rewrite(ds, &a, cwd, err, sizeof(err));
+	char *s = joined(&a);
+
+	if (ret)
+		snprintf(out, len, "ERR %d %s", -ret, err);
+	else
+		snprintf(out, len, "%s", s);
+	free(s);
+	hq_argv_free(&a);
+}
+
+static void disk(struct hq_disks *ds, const char *qdev, const char *image, const char *overlay,
+		 const char *below)
+{
+	struct hq_disk *d = &ds->d[ds->n++];
+
+	snprintf(d->qdev, sizeof(d->qdev), "/machine/peripheral/%s/virtio-backend", qdev);
+	hq_disk_name(d);
+	snprintf(d->image, sizeof(d->image), "%s", image);
+	snprintf(d->overlay, sizeof(d->overlay), "%s", overlay);
+	if (below)
+		snprintf(d->chain[d->nchain++], HQ_PATH_MAX, "%s", below);
+	d->frozen = overlay != NULL;
+}
+
+static void disk_args(void)
+{
+	static struct hq_disks ds; /* large: not on the stack */
+	char out[2048];
+
+	/* Paths that do not exist are compared as written, ".." resolved. */
+	disk(&ds, "vd0", "/nx/img/a.qcow2", "/nx/ov/a.r1.qcow2", NULL);
+	disk(&ds, "vd1", "/nx/img/b.raw", "/nx/ov/b,x.qcow2", NULL);
+	disk(&ds, "cd0", "/nx/img/c.iso", NULL, NULL);
+
+	rewrite(&ds, "qemu -m 1G -drive file=/nx/img/a.qcow2,if=virtio,format=qcow2,cache=none "
+		"-drive if=none,id=d1,file.filename=b.raw,file.driver=file,format=raw "
+		"-device virtio-blk,drive=d1 -cdrom /nx/img/c.iso", "/nx/img", out, sizeof(out));
+	CHECK(!strcmp(out, "qemu -m 1G -drive file=/nx/ov/a.r1.qcow2,if=virtio,format=qcow2,"
+		      "cache=none -drive if=none,id=d1,file.filename=/nx/ov/b,,x.qcow2,"
+		      "file.driver=file,format=qcow2 -device virtio-blk,drive=d1 -cdrom "
+		      "/nx/img/c.iso"), "-drive: %s", out);
+
+	rewrite(&ds, "qemu -blockdev driver=file,filename=/nx/img/b.raw,node-name=f1 "
+		"-blockdev driver=raw,file=f1,node-name=d1 -device virtio-blk,drive=d1 "
+		"-blockdev driver=qcow2,node-name=d0,file.driver=file,"
+		"file.filename=/nx/img/a.qcow2,backing=bk", NULL, out, sizeof(out));
+	CHECK(!strcmp(out, "qemu -blockdev driver=file,filename=/nx/ov/b,,x.qcow2,node-name=f1 "
+		      "-blockdev driver=qcow2,file=f1,node-name=d1 -device virtio-blk,drive=d1 "
+		      "-blockdev driver=qcow2,node-name=d0,file.driver=file,"
+		      "file.filename=/nx/ov/a.r1.qcow2"), "-blockdev: %s", out);
+
+	rewrite(&ds, "qemu -blockdev {\"driver\":\"file\",\"filename\":\"/nx/img/b.raw\","
+		"\"node-name\":\"f1\"} -blockdev {\"node-name\":\"d1\",\"driver\":\"raw\","
+		"\"file\":\"f1\"} -blockdev {\"driver\":\"qcow2\",\"file\":{\"driver\":\"file\","
+		"\"filename\":\"/nx/img/a.qcow2\"},\"backing\":null}", NULL, out, sizeof(out));
+	CHECK(!strcmp(out, "qemu -blockdev {\"driver\":\"file\",\"filename\":\"/nx/ov/b,x.qcow2\","
+		      "\"node-name\":\"f1\"} -blockdev {\"node-name\":\"d1\",\"driver\":\"qcow2\","
+		      "\"file\":\"f1\"} -blockdev {\"driver\":\"qcow2\",\"file\":{\"driver\":"
+		      "\"file\",\"filename\":\"/nx/ov/a.r1.qcow2\"}}"), "JSON: %s", out);
+
+	rewrite(&ds, "qemu /nx/img/a.qcow2 -hdb ../img/b.raw", "/nx/x", out, sizeof(out));
+	CHECK(!strcmp(out, "qemu /nx/ov/a.r1.qcow2 -hdb /nx/ov/b,x.qcow2"), "-hdb: %s", out);
+
+	rewrite(&ds, "qemu -drive file=/nx/img/a.qcow2", NULL, out, sizeof(out));
+	CHECK(!strcmp(out, "ERR 2 disk vd1: this command line names neither its frozen image "
+		      "/nx/img/b.raw nor an image below it (give it as at save, or --no-disks to "
+		      "run on the disks as they are)"), "not named: %s", out);
+
+	/*
+	 * A snapshot of a restored VM: its frozen image is the overlay its
+	 * restore made, which the command line never names; the image below is.
+	 */
+	memset(&ds, 0, sizeof(ds));
+	disk(&ds, "vd0", "/nx/ov/a.r1.qcow2", "/nx/ov/a.r2.qcow2", "/nx/img/a.qcow2");
+	rewrite(&ds, "qemu -drive file=/nx/img/a.qcow2,format=qcow2", NULL, out, sizeof(out));
+	CHECK(!strcmp(out, "qemu -drive file=/nx/ov/a.r2.qcow2,format=qcow2"), "chain: %s", out);
+	/* Both named (a chain of -blockdev nodes): the top one gets the overlay. */
+	rewrite(&ds, "qemu -blockdev driver=file,filename=/nx/img/a.qcow2,node-name=b0 "
+		"-blockdev driver=qcow2,file=b0,node-name=base "
+		"-blockdev driver=file,filename=/nx/ov/a.r1.qcow2,node-name=t0 "
+		"-blockdev driver=qcow2,file=t0,backing=base,node-name=top", NULL, out, sizeof(out));
+	CHECK(!strcmp(out, "qemu -blockdev driver=file,filename=/nx/img/a.qcow2,node-name=b0 "
+		      "-blockdev driver=qcow2,file=b0,node-name=base "
+		      "-blockdev driver=file,filename=/nx/ov/a.r2.qcow2,node-name=t0 "
+		      "-blockdev driver=qcow2,file=t0,node-name=top"), "chain of nodes: %s", out);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc != 2) {
@@ -365,5 +480,6 @@ int main(int argc, char **argv)
 	replay();
 	qtree();
 	forwards();
+	disk_args();
 	return check_result();
 }

@@ -201,6 +201,34 @@ static void print_list(const char *p, uint32_t len, size_t col)
 	putchar('\n');
 }
 
+/*
+ * A printable value: as it is, or, if it is a JSON array or object
+ * (halite-qemu's qemu.disks), laid out one member a line.
+ */
+static void print_text(const char *key, const char *val, uint32_t len)
+{
+	cJSON *j = len && (val[0] == '[' || val[0] == '{') ?
+		   cJSON_ParseWithLength(val, len) : NULL;
+	char *s = j ? cJSON_Print(j) : NULL;
+
+	if (!s) {
+		printf("  %s = %.*s\n", key, (int)len, val);
+	} else {
+		printf("  %s =\n    ", key);
+		for (const char *c = s; *c; c++) {
+			if (*c == '\t')
+				fputs("  ", stdout);
+			else
+				putchar(*c);
+			if (*c == '\n')
+				fputs("    ", stdout);
+		}
+		putchar('\n');
+	}
+	free(s);
+	cJSON_Delete(j);
+}
+
 static char *hex_string(const uint8_t *p, uint32_t len)
 {
 	char *s = malloc(2 * (size_t)len + 1);
@@ -518,7 +546,7 @@ static void info_text(struct halite_reader *r, const char *path,
 				printf("  %s = ", key);
 				print_list(val, len, strlen(key) + 5);
 			} else if (printable(val, len)) {
-				printf("  %s = %.*s\n", key, (int)len, (const char *)val);
+				print_text(key, val, len);
 			} else {
 				char *h = hex_string(val, len);
 

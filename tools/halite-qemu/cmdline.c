@@ -629,6 +629,22 @@ static void facts_free(struct facts *f)
 	free(f->v);
 }
 
+static void facts_del(struct facts *f, const char *key)
+{
+	int k = 0;
+
+	for (int i = 0; i < f->n; i++) {
+		if (!strcmp(f->v[i].key, key)) {
+			free(f->v[i].key);
+			free(f->v[i].norm);
+			free(f->v[i].shown);
+			continue;
+		}
+		f->v[k++] = f->v[i];
+	}
+	f->n = k;
+}
+
 static char *xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static char *xasprintf(const char *fmt, ...)
 {
@@ -991,7 +1007,7 @@ static int scan(char *const *argv, int argc, struct scan *s, char *err, size_t e
 						    "mem-merge", NULL };
 	struct hq_opt *opts = NULL;
 	char *norm = NULL;
-	const char *type;
+	const char *type, *mb;
 	int n = 0, ret;
 
 	memset(s, 0, sizeof(*s));
@@ -1004,6 +1020,19 @@ static int scan(char *const *argv, int argc, struct scan *s, char *err, size_t e
 	free(opts);
 	if (ret)
 		return ret;
+	/*
+	 * -machine memory-backend=ID is the guest's main RAM, as -m alone
+	 * makes it (QEMU checks -m against the backend's size): which of the
+	 * two a line uses does not matter, the size -m says does.
+	 */
+	mb = hq_kvs_get(&s->machine, "memory-backend");
+	if (mb) {
+		char key[96];
+
+		snprintf(key, sizeof(key), "memory backend %s", mb);
+		facts_del(&s->f, key);
+		hq_kvs_del(&s->machine, "memory-backend");
+	}
 	type = hq_kvs_get(&s->machine, "type");
 	fact_add(&s->f, "machine type", F_SCALAR, strdup(type ? type : ""),
 		 type ? xasprintf("-machine %s", type) : strdup("no -machine type (QEMU's default)"));

@@ -209,6 +209,13 @@ int hq_config_read(struct hq_config *c, const struct halite_reader *rd, const ch
 		snprintf(err, errlen, "%s: its qemu.devices is not a device list", path);
 		return -HALITE_E_CORRUPT;
 	}
+	if (!meta(rd, "qemu.disks", &v, &len)) {
+		c->rec_disks = strndup(v, len);
+		if (!c->rec_disks)
+			return -ENOMEM;
+	}
+	c->rec_disks_unfrozen = !meta(rd, "qemu.disks-frozen", &v, &len) && len == 2 &&
+				!memcmp(v, "no", 2);
 	return 0;
 }
 
@@ -399,6 +406,7 @@ void hq_config_free(struct hq_config *c)
 	hq_argv_free(&c->run);
 	hq_fwds_free(&c->fwds);
 	free(c->rec_cwd);
+	free(c->rec_disks);
 	free(c->machines);
 	memset(c, 0, sizeof(*c));
 }

@@ -101,12 +101,13 @@ int hq_disks_query(struct hq_vm *vm, struct hq_disks *ds, char *err, size_t errl
 		snprintf(d->qdev, sizeof(d->qdev), "%s", jstr(b, "qdev"));
 		snprintf(d->node, sizeof(d->node), "%s", jstr(in, "node-name"));
 		snprintf(d->format, sizeof(d->format), "%s", jstr(in, "drv"));
+		hq_disk_name(d);
 		d->ro = jbool(in, "ro");
 		d->vsize = img ? (uint64_t)cJSON_GetNumberValue(
 					 cJSON_GetObjectItemCaseSensitive(img, "virtual-size")) : 0;
 		if (jbool(in, "encrypted")) {
 			ret = seterr(err, errlen, -ENOTSUP, "disk %s: an encrypted image is not "
-				     "supported", d->qdev);
+				     "supported", d->name);
 			break;
 		}
 		if (resolve(vm->pid, jstr(in, "file"), d->image, sizeof(d->image))) {
@@ -117,27 +118,27 @@ int hq_disks_query(struct hq_vm *vm, struct hq_disks *ds, char *err, size_t errl
 			}
 			ret = seterr(err, errlen, -ENOTSUP, "disk %s: its image '%s' is not a file "
 				     "on this host (network or JSON images cannot be frozen); use "
-				     "--no-disks to save memory only", d->qdev, jstr(in, "file"));
+				     "--no-disks to save memory only", d->name, jstr(in, "file"));
 			break;
 		}
 		if (d->ro)
 			continue; /* never frozen: its chain does not matter */
 		if (!d->vsize) {
 			ret = seterr(err, errlen, -EPROTO, "disk %s: QEMU gives no virtual size",
-				     d->qdev);
+				     d->name);
 			break;
 		}
 		for (img = cJSON_GetObjectItemCaseSensitive(img, "backing-image"); img;
 		     img = cJSON_GetObjectItemCaseSensitive(img, "backing-image")) {
 			if (d->nchain == HQ_MAX_CHAIN) {
 				ret = seterr(err, errlen, -E2BIG, "disk %s: more than %d images "
-					     "in its chain", d->qdev, HQ_MAX_CHAIN);
+					     "in its chain", d->name, HQ_MAX_CHAIN);
 				break;
 			}
 			if (resolve(vm->pid, jstr(img, "filename"), d->chain[d->nchain],
 				    HQ_PATH_MAX)) {
 				ret = seterr(err, errlen, -ENOTSUP, "disk %s: its backing image '%s' "
-					     "is not a file on this host", d->qdev,
+					     "is not a file on this host", d->name,
 					     jstr(img, "filename"));
 				break;
 			}
@@ -242,16 +243,16 @@ static int make_overlay(struct hq_disk *d, const char *dir, const char *tag, cha
 				       tag);
 		if (ret >= (int)sizeof(d->overlay))
 			return seterr(err, errlen, -ENAMETOOLONG, "disk %s: overlay name too long",
-				      d->qdev);
+				      d->name);
 		fd = open(d->overlay, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 		if (fd < 0 && errno != EEXIST)
 			return seterr(err, errlen, -errno, "disk %s: cannot create its overlay %s: "
-				      "%s%s", d->qdev, d->overlay, strerror(errno),
+				      "%s%s", d->name, d->overlay, strerror(errno),
 				      dir ? "" : " (--disk-dir DIR puts overlays elsewhere)");
 	}
 	if (fd < 0)
 		return seterr(err, errlen, -EEXIST, "disk %s: no free overlay name like %s",
-			      d->qdev, d->overlay);
+			      d->name, d->overlay);
 	close(fd);
 	d->overlay_made = true;
 	snprintf(size, sizeof(size), "%" PRIu64, d->vsize);
@@ -261,7 +262,7 @@ static int make_overlay(struct hq_disk *d, const char *dir, const char *tag, cha
 		char why[512];
 
 		snprintf(why, sizeof(why), "%s", err);
-		return seterr(err, errlen, ret, "disk %s: making its overlay %s: %s", d->qdev,
+		return seterr(err, errlen, ret, "disk %s: making its overlay %s: %s", d->name,
 			      d->overlay, why);
 	}
 	return 0;
@@ -281,16 +282,16 @@ int hq_disks_prepare(struct hq_vm *vm, struct hq_disks *ds, const char *dir, con
 		if (stat(d->image, &st) || !S_ISREG(st.st_mode))
 			ret = seterr(err, errlen, -ENOTSUP, "disk %s: its image %s is %s: only "
 				     "image files can be frozen; use --no-disks to save memory only",
-				     d->qdev, d->image, S_ISBLK(st.st_mode) ? "a block device" :
+				     d->name, d->image, S_ISBLK(st.st_mode) ? "a block device" :
 				     "not a regular file");
 		else if (qom_bool(vm, d->qdev, "share-rw"))
 			ret = seterr(err, errlen, -ENOTSUP, "disk %s is shared (share-rw=on): "
 				     "another VM may write it, so it cannot be frozen; use "
-				     "--no-disks to save memory only", d->qdev);
+				     "--no-disks to save memory only", d->name);
 		for (int j = 0; j < i && !ret; j++)
 			if (!ds->d[j].ro && !strcmp(ds->d[j].image, d->image))
 				ret = seterr(err, errlen, -ENOTSUP, "disks %s and %s write the same "
-					     "image %s", ds->d[j].qdev, d->qdev, d->image);
+					     "image %s", ds->d[j].name, d->name, d->image);
 	}
 	for (int i = 0; i < ds->n && !ret; i++) {
 		struct hq_disk *d = &ds->d[i];
@@ -434,7 +435,7 @@ int hq_disks_thaw(struct hq_vm *vm, struct hq_disks *ds, char *err, size_t errle
 		if (r) {
 			/* The guest writes there still: the overlay stays, and the message says where. */
 			snprintf(err + l, errlen - l, "%sdisk %s still writes to %s (%s)",
-				 l ? "; " : "", d->qdev, d->overlay, jerr[0] ? jerr : strerror(-r));
+				 l ? "; " : "", d->name, d->overlay, jerr[0] ? jerr : strerror(-r));
 			d->overlay_made = false;
 			ret = ret ? ret : r;
 			continue;
@@ -520,6 +521,7 @@ int hq_disks_parse(const char *json, struct hq_disks *ds, char *err, size_t errl
 		snprintf(d->node, sizeof(d->node), "%s", jstr(o, "node"));
 		snprintf(d->image, sizeof(d->image), "%s", jstr(o, "image"));
 		snprintf(d->format, sizeof(d->format), "%s", jstr(o, "format"));
+		hq_disk_name(d);
 		d->vsize = (uint64_t)cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(o,
 											  "virtual_size"));
 		d->ro = jbool(o, "read_only");
@@ -533,7 +535,7 @@ int hq_disks_parse(const char *json, struct hq_disks *ds, char *err, size_t errl
 					 cJSON_GetStringValue(c));
 		if (d->frozen && (d->image[0] != '/' || !d->vsize || !d->format[0])) {
 			ret = seterr(err, errlen, -EPROTO, "the file's record of disk %s is "
-				     "incomplete", d->qdev);
+				     "incomplete", d->name);
 			break;
 		}
 	}
@@ -551,14 +553,14 @@ int hq_disks_check_frozen(const struct hq_disks *ds, char *err, size_t errlen)
 			continue;
 		if (stat(d->image, &st))
 			return seterr(err, errlen, -errno, "disk %s: its frozen image %s: %s",
-				      d->qdev, d->image, strerror(errno));
+				      d->name, d->image, strerror(errno));
 		/* The inode may change (a copy, a restore from backup): the content may not. */
 		if ((uint64_t)st.st_size != d->st_size ||
 		    (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec != d->mtime_ns)
 			return seterr(err, errlen, -ESTALE, "disk %s: its frozen image %s was "
 				      "written after the snapshot (size or modification time "
 				      "differ): the guest's memory would not match its disk",
-				      d->qdev, d->image);
+				      d->name, d->image);
 	}
 	return 0;
 }
@@ -585,17 +587,6 @@ void hq_disks_remove_overlays(struct hq_disks *ds)
 		}
 }
 
-/* Whether @path is @d's frozen image or one below it. */
-bool hq_disk_names(const struct hq_disk *d, const char *path)
-{
-	if (!strcmp(path, d->image))
-		return true;
-	for (int i = 0; i < d->nchain; i++)
-		if (!strcmp(path, d->chain[i]))
-			return true;
-	return false;
-}
-
 int hq_disks_verify(struct hq_vm *vm, const struct hq_disks *ds, char *err, size_t errlen)
 {
 	struct hq_disks *now = calloc(1, sizeof(*now));
@@ -614,11 +605,11 @@ int hq_disks_verify(struct hq_vm *vm, const struct hq_disks *ds, char *err, size
 				n = &now->d[j];
 		if (!n)
 			ret = seterr(err, errlen, -ENODEV, "disk %s of the snapshot is not in this "
-				     "QEMU: give the same disks as at save", d->qdev);
+				     "QEMU: give the same disks as at save", d->name);
 		else if (n->ro || strcmp(n->image, d->overlay) || !n->nchain ||
 			 strcmp(n->chain[0], d->image))
 			ret = seterr(err, errlen, -EPROTO, "disk %s runs on %s, not on a new "
-				     "overlay of the frozen image %s", d->qdev, n->image, d->image);
+				     "overlay of the frozen image %s", d->name, n->image, d->image);
 	}
 	free(now);
 	return ret;

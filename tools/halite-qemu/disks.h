@@ -16,6 +16,7 @@
 #define HALITE_QEMU_DISKS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -30,6 +31,7 @@ struct hq_vm;
 struct hq_disk {
 	char device[64];	/* BlockBackend name (-drive id), "" with -blockdev */
 	char qdev[256];		/* the guest device: its id or QOM path */
+	char name[256];		/* for people: the drive's id, the device's, or its node */
 	char node[64];		/* the node QEMU writes (the top of the image chain) */
 	char image[HQ_PATH_MAX]; /* its file, absolute */
 	char format[32];	/* "qcow2", "raw", ... */
@@ -100,8 +102,20 @@ int hq_disks_check_frozen(const struct hq_disks *ds, char *err, size_t errlen);
 int hq_disks_make_overlays(struct hq_disks *ds, const char *dir, const char *tag, char *err,
 			   size_t errlen);
 void hq_disks_remove_overlays(struct hq_disks *ds);
-/* Whether @path (absolute) is @d's frozen image or an image below it. */
-bool hq_disk_names(const struct hq_disk *d, const char *path);
+/* @d->name from its drive id, device or node (diskargs.c). */
+void hq_disk_name(struct hq_disk *d);
+/* 0 if @path (absolute) is @d's frozen image, 1.. for the images below it, -1 for neither. */
+int hq_disk_level(const struct hq_disk *d, const char *path);
+struct hq_argv;
+/*
+ * The restore's command line @a (binary first; relative paths from @cwd,
+ * NULL: here) pointed at each frozen disk's overlay: the topmost image of
+ * the disk it names (-drive, -blockdev, -hda, ...) becomes the overlay,
+ * its format qcow2 (diskargs.c). -ENOENT with @err for a frozen disk it
+ * does not name.
+ */
+int hq_disks_rewrite(const struct hq_disks *ds, struct hq_argv *a, const char *cwd, char *err,
+		     size_t errlen);
 /*
  * QEMU started: each frozen disk's device runs on its overlay, right above
  * the frozen image. 0, or -errno naming the disk that does not.

@@ -44,8 +44,11 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "cli.h"
+#include "disks.h"
 #include "hq.h"
 #include "vmconfig.h"
 
@@ -59,6 +62,8 @@ struct restore_params {
 	int qemu_argc;
 	bool detach, track, no_prefetch;
 	bool no_cmdline_check; /* --no-cmdline-check */
+	bool no_disks;	       /* --no-disks: the command line's disks as they are now */
+	const char *disk_dir;  /* --disk-dir: where the disks' overlays go */
 	/* --running, --paused (or QEMU's -S); neither: the run state the file records */
 	enum { RUN_AS_SAVED, RUN_RUNNING, RUN_PAUSED } run;
 	struct hq_out out;
@@ -71,6 +76,8 @@ struct restore_params {
 struct restore_run {
 	struct restore_params p;
 	struct hq_config cfg; /* the command line QEMU runs, its forwards, the file's record */
+	struct hq_disks *disks; /* the file's; the frozen ones each run on a new overlay */
+	int ndisks;		/* frozen disks given an overlay */
 	struct hq_vm vm;
 	struct halite_restore *rs;
 	pid_t qemu;
@@ -114,7 +121,12 @@ void hq_help_restore(FILE *f)
 		"QMP socket, and adds user networking's hostfwd rules (HMP hostfwd_add) once the\n"
 		"guest's state is loaded, just before it runs: a connection then waits for the\n"
 		"guest; before, it is refused. QEMU-BINARY defaults to " QEMU_DEFAULT "\n"
-		"($HALITE_QEMU).\n\n"
+		"($HALITE_QEMU).\n"
+		"Disks the save froze run on a new qcow2 overlay of the frozen image, made with\n"
+		"qemu-img beside it (--disk-dir): the command line's -drive, -blockdev or -hda\n"
+		"naming the image is pointed at the overlay, so each restore of a snapshot gets\n"
+		"the disk as it was at the snapshot, and the frozen image is never written. A\n"
+		"frozen image written after the snapshot is refused.\n\n"
 		"With --attach, take over the restore of QEMU PID from FILE after its\n"
 		PROG " restore was killed: the guest waits for memory it lacks (it\n"
 		"never reads zeros); the new handler keeps what is in, brings in the rest,\n"
@@ -135,6 +147,10 @@ void hq_help_restore(FILE *f)
 		"                     the file; running for files that do not record it)\n"
 		"  --no-cmdline-check run QEMU-ARGS even where they differ from the recorded\n"
 		"                     command line (QEMU's devices and RAM are still checked)\n"
+		"  --disk-dir DIR     put the disks' overlays in DIR (default: beside each image)\n"
+		"  --no-disks         run on the command line's disks as they are now, not on\n"
+		"                     overlays of the frozen images (unsafe: the guest's memory\n"
+		"                     then meets a disk that moved on)\n"
 		"  --track-access     measure the VM access %% of demand-read locality blocks\n"
 		"                     (blocks are staged; costs a minor fault per staged block used)\n"
 		"  --no-prefetch      no background prefetch (memory comes only by faults)\n"
@@ -164,6 +180,8 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 		{ "qemu-log", required_argument, NULL, 'O' },
 		{ "attach", required_argument, NULL, 'A' },
 		{ "no-cmdline-check", no_argument, NULL, 'C' },
+		{ "no-disks", no_argument, NULL, 'D' },
+		{ "disk-dir", required_argument, NULL, 'K' },
 		{ "json", no_argument, NULL, 'j' },
 		{ "quiet", no_argument, NULL, 'q' },
 		{ "verbose", no_argument, NULL, 'v' },
@@ -213,6 +231,12 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 		case 'C':
 			p->no_cmdline_check = true;
 			break;
+		case 'D':
+			p->no_disks = true;
+			break;
+		case 'K':
+			p->disk_dir = optarg;
+			break;
 		case 'A':
 			if (hq_parse_size(optarg, &v) || !v || v > INT32_MAX) {
 				hq_errorf("restore: --attach '%s': the pid of a QEMU", optarg);
@@ -245,6 +269,11 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 		if (p->detach || p->qemu_log) {
 			hq_errorf("restore: --attach leaves QEMU running once memory is in: no "
 				  "--detach or --qemu-log");
+			return -1;
+		}
+		if (p->no_disks || p->disk_dir) {
+			hq_errorf("restore: --attach takes the QEMU that runs already on its disks: "
+				  "no --no-disks or --disk-dir");
 			return -1;
 		}
 		return 0;
@@ -430,6 +459,49 @@ static int prepare_cmdline(struct restore_run *r)
 	if (!ret && (r->cfg.replay_flags & HQ_REPLAY_DAEMONIZE))
 		r->p.detach = true;
 	return ret;
+}
+
+/*
+ * The disks the file froze, each checked unchanged, given a new overlay,
+ * and the command line pointed at it, before QEMU starts.
+ */
+static int prepare_disks(struct restore_run *r)
+{
+	const char *base = strrchr(r->p.path, '/') ? strrchr(r->p.path, '/') + 1 : r->p.path;
+	char tag[128], when[32];
+	time_t now = time(NULL);
+	int ret, frozen = 0;
+
+	if (!r->cfg.rec_disks)
+		return 0;
+	r->disks = calloc(1, sizeof(*r->disks));
+	if (!r->disks)
+		return fail(r, -ENOMEM, "out of memory", NULL);
+	ret = hq_disks_parse(r->cfg.rec_disks, r->disks, r->err, sizeof(r->err));
+	if (ret)
+		return ret;
+	for (int i = 0; i < r->disks->n; i++)
+		frozen += r->disks->d[i].frozen;
+	if (!frozen || r->p.no_disks) {
+		if (hq_disks_writable(r->disks))
+			hq_errorf("restore: warning: %s: the guest runs on its disks as they are "
+				  "now, not as they were at the snapshot", frozen ?
+				  "--no-disks" : "the snapshot was saved with --no-disks");
+		if (frozen)
+			for (int i = 0; i < r->disks->n; i++)
+				r->disks->d[i].frozen = false;
+		return 0;
+	}
+	ret = hq_disks_check_frozen(r->disks, r->err, sizeof(r->err));
+	if (ret)
+		return ret;
+	strftime(when, sizeof(when), "%Y%m%d-%H%M%S", localtime(&now));
+	snprintf(tag, sizeof(tag), "%.*s-restore-%s", (int)strcspn(base, "."), base, when);
+	ret = hq_disks_make_overlays(r->disks, r->p.disk_dir, tag, r->err, sizeof(r->err));
+	if (ret)
+		return ret;
+	r->ndisks = frozen;
+	return hq_disks_rewrite(r->disks, &r->cfg.run, r->cfg.cwd, r->err, sizeof(r->err));
 }
 
 static int spawn_qemu(struct restore_run *r)
@@ -975,6 +1047,8 @@ static int run(struct restore_run *r)
 	} else {
 		ret = prepare_cmdline(r);
 		if (!ret)
+			ret = prepare_disks(r);
+		if (!ret)
 			ret = spawn_qemu(r);
 		if (!ret)
 			ret = attach_qemu(r);
@@ -983,6 +1057,8 @@ static int run(struct restore_run *r)
 		if (!ret)
 			ret = hq_config_check_devices(&r->cfg, r->vm.qmp, r->p.path, r->err,
 						      sizeof(r->err));
+		if (!ret && r->ndisks)
+			ret = hq_disks_verify(&r->vm, r->disks, r->err, sizeof(r->err));
 		if (!ret)
 			ret = prepare_ram(r, reg);
 		if (!ret)
@@ -1039,6 +1115,29 @@ static double ms(uint64_t a, uint64_t b)
 	return a && b >= a ? (double)(b - a) / 1e6 : -1;
 }
 
+/* "disks": [{"qdev", "frozen_image", "overlay"}]: the overlays the guest runs on. */
+static void report_disks_json(const struct restore_run *r)
+{
+	bool first = true;
+
+	printf(", \"disks\": [");
+	for (int i = 0; r->disks && r->ndisks && i < r->disks->n; i++) {
+		const struct hq_disk *d = &r->disks->d[i];
+
+		if (!d->frozen)
+			continue;
+		printf("%s{\"qdev\": ", first ? "" : ", ");
+		halite_json_str(stdout, d->qdev);
+		printf(", \"frozen_image\": ");
+		halite_json_str(stdout, d->image);
+		printf(", \"overlay\": ");
+		halite_json_str(stdout, d->overlay);
+		printf("}");
+		first = false;
+	}
+	printf("]");
+}
+
 static void report(const struct restore_run *r, int ret)
 {
 	const struct halite_restore_stats *st = &r->st;
@@ -1058,7 +1157,7 @@ static void report(const struct restore_run *r, int ret)
 		       ", \"mb_present\": %" PRIu64 ", \"attached\": %s"
 		       ", \"vm_access_pct\": %.2f, \"paused\": %s, \"run_state\": \"%s\", "
 		       "\"saved_run_state\": \"%s\", \"detached\": %s, \"cmdline\": \"%s\", "
-		       "\"forwards\": %d, \"forwarded_ms\": %.3f}\n",
+		       "\"forwards\": %d, \"forwarded_ms\": %.3f",
 		       ms(r->t0, r->t_qmp), ms(r->t0, r->t_ready),
 		       ms(r->t0, r->t_loaded), ms(r->t0, r->t_resume), ms(r->t_qmp, r->t_resume),
 		       ms(r->t_resume, r->t_done) / 1e3, r->mem_bytes, st->faults, st->faults_vcpu,
@@ -1071,6 +1170,8 @@ static void report(const struct restore_run *r, int ret)
 		       r->file_paused ? "paused" : "running", r->p.detach ? "true" : "false",
 		       r->p.attach ? "attached" : r->cfg.replayed ? "recorded" : "given",
 		       r->nforwards, ms(r->t0, r->t_forwarded));
+		report_disks_json(r);
+		printf("}\n");
 		fflush(stdout);
 		return;
 	}
@@ -1097,6 +1198,11 @@ static void report(const struct restore_run *r, int ret)
 	if (r->p.attach)
 		printf("  taken over     %" PRIu64 " memory blocks were in already and kept\n",
 		       st->mb_present);
+	for (int i = 0; r->disks && r->ndisks && i < r->disks->n; i++)
+		if (r->disks->d[i].frozen)
+			printf("  disk           %s: runs on %s, a new overlay of %s (the disk as "
+			       "at the snapshot)\n", r->disks->d[i].name, r->disks->d[i].overlay,
+			       r->disks->d[i].image);
 	printf("  faults         %" PRIu64 " (vCPUs %" PRIu64 ", zero %" PRIu64 ", from an LB in "
 	       "memory %" PRIu64 "), service p50 %.0f us, p99 %.0f us\n", st->faults,
 	       st->faults_vcpu, st->faults_zero, st->faults_cached,
@@ -1166,6 +1272,17 @@ int hq_cmd_restore(int argc, char **argv)
 		waitpid(r->qemu, NULL, 0);
 		r->qemu = 0;
 	}
+	if (ret && r->disks && r->ndisks && !r->p.attach) {
+		/* Overlays the guest never wrote go; one it ran on holds its writes: it stays. */
+		if (!r->t_resume)
+			hq_disks_remove_overlays(r->disks);
+		else
+			for (int i = 0; i < r->disks->n; i++)
+				if (r->disks->d[i].overlay_made)
+					hq_errorf("restore: disk %s: the guest ran on %s, kept",
+						  r->disks->d[i].name, r->disks->d[i].overlay);
+	}
+	free(r->disks);
 	halite_restore_free(r->rs);
 	hq_config_free(&r->cfg);
 	if (r->uffd >= 0)

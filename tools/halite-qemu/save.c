@@ -577,9 +577,9 @@ static void report_disks(const struct save_run *r)
 
 		if (d->frozen)
 			printf("  disk           %s: %s frozen; the guest writes to %s now\n",
-			       d->device[0] ? d->device : d->qdev, d->image, d->overlay);
+			       d->name, d->image, d->overlay);
 		else
-			printf("  disk           %s: %s %s\n", d->device[0] ? d->device : d->qdev,
+			printf("  disk           %s: %s %s\n", d->name,
 			       d->image, d->ro ? "read-only, not frozen" :
 			       "NOT frozen (--no-disks): restorable only with the disk as it "
 			       "was at the snapshot");

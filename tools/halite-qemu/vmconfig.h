@@ -213,6 +213,8 @@ struct hq_config {
 	struct hq_argv rec;	    /* qemu.cmdline (empty: the file records none) */
 	char *rec_cwd;		    /* qemu.cwd */
 	struct hq_argv rec_devices; /* qemu.devices */
+	char *rec_disks;	    /* qemu.disks (JSON, disks.h); NULL: none recorded */
+	bool rec_disks_unfrozen;    /* qemu.disks-frozen "no": saved with --no-disks */
 	struct hq_argv user;	    /* the user's command line now: given, or replayed */
 	struct hq_argv run;	    /* what QEMU starts with: @user without its forwards */
 	const char *cwd;	    /* where QEMU runs (replayed: qemu.cwd); NULL: here */
