@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""The main job on a real VM: boot the QEMU test guest, save it lazily while it
-runs (halite-qemu save), restore it lazily into a new QEMU (halite-qemu
-restore), check the guest from inside, and print a short report.
+"""The main job on a real VM: boot the QEMU test guest as most VMs run (QEMU's
+default RAM, -m alone, and a qcow2 disk it keeps writing), save it lazily while
+it runs (halite-qemu save, which freezes the disk at the same instant), restore
+it lazily into a new QEMU with the same command line (halite-qemu restore, on
+a new overlay of the frozen disk), check the guest from inside, and print a
+short report.
 
   scripts/demo_qemu.py [--keep DIR] [--codec NAME] [--json]
 
 Run through scripts/demo.sh, which builds everything and the guest first.
-Exit 0 when the restored guest's memory digest equals the snapshot's and its
-verifier keeps passing; 1 otherwise.
+Exit 0 when the restored guest's memory digest equals the snapshot's, its
+verifier keeps passing, and its disk agrees with its memory; 1 otherwise.
 """
 import argparse
 import json
@@ -36,10 +39,14 @@ def main():
     path = os.path.join(work, "guest.hlt")
     src = dst = None
     try:
-        say("demo: booting the test guest (TCG, 2 vCPUs, 512 MiB on a shared memfd)")
+        disk = os.path.join(work, "disk.qcow2")
+        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", disk, "64M"], check=True)
+        say("demo: booting the test guest (TCG, 2 vCPUs, -m 512M, a qcow2 disk)")
         t = time.monotonic()
-        src = hg.Guest(work, "source").boot().wait_ready()
-        say(f"demo: guest up in {time.monotonic() - t:.1f} s; verifier passing, HTTP answering")
+        src = hg.Guest(work, "source").private_ram().with_disk("drive", disk)
+        src.boot().wait_ready()
+        say(f"demo: guest up in {time.monotonic() - t:.1f} s; verifier passing, HTTP answering, "
+            "disklog writing its disk")
         src.rewrites(False)
         digest, uptime, ok = src.digest()
         if not ok:
@@ -50,9 +57,12 @@ def main():
         if p.returncode:
             raise hg.GuestError(f"halite-qemu save failed (exit {p.returncode})")
         save = json.loads(p.stdout)
+        frozen = save["disks"][0]
+        if not frozen["frozen"]:
+            raise hg.GuestError("halite-qemu save did not freeze the disk")
         src.kill()
-        say("demo: restoring into a new QEMU")
-        dst = hg.Guest(work, "restored")
+        say("demo: restoring into a new QEMU, with the same command line")
+        dst = hg.Guest(work, "restored").private_ram().with_disk("drive", disk)
         t0 = time.monotonic()
         proc = subprocess.Popen([hg.halite_qemu(), "restore", "--detach", "--track-access",
                                  "--json", path, "--", "qemu-system-x86_64", *dst.args],
@@ -72,12 +82,16 @@ def main():
         rest = json.loads(out)
         dst.adopt(rest["qemu"]["pid"])
         d2, up2, ok2 = dst.digest()
+        dcount, m1, m2, disk_ok = dst.disklog()
         dst.rewrites(True)
         time.sleep(1.5)
         st = dst.status()
         dst.check_console()
-        good = ok2 and d2 == digest and st["ok"] == "1" and st["mismatches"] == "0"
+        overlay = rest["disks"][0]["overlay"] if rest["disks"] else None
+        good = (ok2 and d2 == digest and st["ok"] == "1" and st["mismatches"] == "0" and
+                disk_ok and overlay is not None)
         res = {"ok": good, "save": save, "restore": rest, "first_http_s": first_http,
+               "disk_count": dcount, "disk_memory_count": [m1, m2], "disk_ok": disk_ok,
                "digest_before": digest, "digest_after": d2, "uptime_before": uptime,
                "uptime_after": up2, "verifier_passes": int(st["passes"])}
         if a.json:
@@ -103,9 +117,13 @@ def main():
             va = rest["vm_access_pct"]
             print(f"  VM access        {va:.1f}% of the other blocks of demand-read LBs were used"
                   if va >= 0 else "  VM access        not measured")
+            print(f"  disk             {os.path.basename(frozen['image'])} frozen at the snapshot; the "
+                  f"restore runs on {os.path.basename(overlay or '(none)')}")
             print(f"  guest check      digest {d2} {'equals' if d2 == digest else 'DIFFERS from'} "
                   f"the snapshot's; uptime {uptime:.1f} -> {up2:.1f} s; verifier "
-                  f"{'passing' if st['ok'] == '1' else 'FAILING'}, {st['mismatches']} mismatches")
+                  f"{'passing' if st['ok'] == '1' else 'FAILING'}, {st['mismatches']} mismatches; "
+                  f"disk count {dcount} {'agrees with' if disk_ok else 'DIFFERS from'} memory's "
+                  f"{m2}")
             print("  result           " + ("ok" if good else "FAILED"))
         return 0 if good else 1
     except (hg.GuestError, subprocess.TimeoutExpired) as e:

@@ -81,6 +81,15 @@ class QMP:
             if "error" in r:
                 raise GuestError(f"QMP {name}: {r['error'].get('desc', r['error'])}")
 
+    def send(self, name, **args):
+        """Send a command and do not wait for its reply."""
+        self.n += 1
+        msg = {"execute": name, "id": f"hg-{self.n}"}
+        if args:
+            msg["arguments"] = args
+        self.f.write(json.dumps(msg).encode() + b"\n")
+        self.f.flush()
+
     def close(self):
         # QEMU serves one client per QMP socket: the next one waits until this is closed
         # (the file object holds the descriptor too).
@@ -139,6 +148,39 @@ class Guest:
             *net,
             "-qmp", f"unix:{self.qmp_path},server=on,wait=off",
         ]
+
+    # --- RAM and disks ---
+    def private_ram(self, backend=None):
+        """Guest RAM as QEMU allocates it by default: -m alone (no memory backend),
+        or @backend (e.g. memory-backend-ram): private anonymous memory of QEMU."""
+        i = self.args.index("-object")
+        if backend:
+            self.args[i + 1] = f"{backend},id=mem0,size={self.mem_mib}M"
+        else:
+            del self.args[i:i + 2]
+            i = self.args.index("memory-backend=mem0")
+            del self.args[i - 1:i + 1]
+        return self
+
+    def with_disk(self, how, image):
+        """@image as the guest's virtio disk, /dev/vda, which the guest's disklog
+        writes: with -drive (any format, probed) or -blockdev (a raw image)."""
+        if how == "drive":
+            self.args += ["-drive", f"file={image},if=virtio,id=disk0"]
+        else:
+            self.args += ["-blockdev", f"driver=file,filename={image},node-name=f0",
+                          "-blockdev", "driver=raw,file=f0,node-name=d0",
+                          "-device", "virtio-blk-pci,drive=d0,id=vd0"]
+        return self
+
+    def disklog(self):
+        """(disk, memory before, memory after, ok) from the guest's disklog: the
+        count on its disk and in its memory, which agree (guest-image/disklog.c)."""
+        body = self.http("/cgi-bin/disklog").strip()
+        m = re.match(r"disklog disk (\d+) mem (\d+) (\d+) (ok|MISMATCH)$", body)
+        if not m:
+            raise GuestError(f"/cgi-bin/disklog: unexpected answer {body!r}")
+        return int(m.group(1)), int(m.group(2)), int(m.group(3)), m.group(4) == "ok"
 
     # --- process ---
     def boot(self, cwd=None):

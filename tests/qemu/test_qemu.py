@@ -278,17 +278,8 @@ def case_exact(work):
     dst.kill()
 
 
-def private_ram(guest, backend=None):
-    """Guest RAM as QEMU allocates it by default: -m alone (no memory backend),
-    or a memory-backend-ram: private anonymous memory of QEMU."""
-    i = guest.args.index("-object")
-    if backend:
-        guest.args[i + 1] = f"{backend},id=mem0,size={guest.mem_mib}M"
-    else:
-        del guest.args[i:i + 2]
-        i = guest.args.index("memory-backend=mem0")
-        del guest.args[i - 1:i + 1]
-    return guest
+# Guest RAM as QEMU makes it by default (halite_guest.py).
+private_ram = hg.Guest.private_ram
 
 
 def qemu_private_ram(guest):
@@ -418,13 +409,8 @@ def case_private(work):
     dst.kill()
 
 
-def disklog(guest):
-    """(disk, memory before, memory after, ok) from the guest's disklog."""
-    body = guest.http("/cgi-bin/disklog").strip()
-    m = re.match(r"disklog disk (\d+) mem (\d+) (\d+) (ok|MISMATCH)$", body)
-    if not m:
-        raise Fail(f"/cgi-bin/disklog: unexpected answer {body!r}")
-    return int(m.group(1)), int(m.group(2)), int(m.group(3)), m.group(4) == "ok"
+# The guest's disk count against its memory's (halite_guest.py).
+disklog = hg.Guest.disklog
 
 
 def image_count(work, image, fmt):
@@ -438,15 +424,8 @@ def image_count(work, image, fmt):
     return int(head[1]) if len(head) == 2 and head[0] == b"disklog" else 0
 
 
-def with_disk(guest, how, image):
-    """@guest with @image as its virtio disk: -drive (qcow2) or -blockdev (raw)."""
-    if how == "drive":
-        guest.args += ["-drive", f"file={image},if=virtio,id=disk0"]
-    else:
-        guest.args += ["-blockdev", f"driver=file,filename={image},node-name=f0",
-                       "-blockdev", "driver=raw,file=f0,node-name=d0",
-                       "-device", "virtio-blk-pci,drive=d0,id=vd0"]
-    return guest
+# The guest's virtio disk: -drive or -blockdev (halite_guest.py).
+with_disk = hg.Guest.with_disk
 
 
 def disk_restore(work, path, name, how, image, at):
@@ -745,8 +724,7 @@ def case_errors(work):
     other = hg.Guest(work, "other", mem_mib=768)
     p, _ = run(restore_cmd(path, other, "--detach"))
     msg = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
-    check(p.returncode == 1 and "-m 512M at save, -m 768M now" in msg and
-          "memory backend mem0 (size=512M) at save, memory backend mem0 (size=768M) now" in msg,
+    check(p.returncode == 1 and "-m 512M at save, -m 768M now" in msg,
           f"other memory size refused before QEMU starts: {msg}")
     p, _ = run(restore_cmd(path, other, "--detach", "--no-cmdline-check"))
     msg = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
@@ -1345,6 +1323,19 @@ def case_attach(work):
     time.sleep(1)
     check(len(dst.verifier_lines()) == lines and dst.alive(),
           "halite-qemu restore killed: QEMU lives, the guest waits for its memory")
+    # QEMU's main loop reads guest memory no one brought in (a monitor command
+    # here; a NIC's packet or a device's DMA as well): it waits, and QMP
+    # answers nothing until a handler serves that page.
+    blocked = False
+    for mib in range(dst.mem_mib // 2, dst.mem_mib, 16):
+        q.send("human-monitor-command", **{"command-line": f"xp /1xg {mib << 20:#x}"})
+        time.sleep(0.3)
+        with open(f"/proc/{qemu_pid}/wchan") as f:
+            blocked = f.read().strip() == "handle_userfault"
+        if blocked:
+            break
+        q.cmd("query-status")  # that page was in: its reply, then the next
+    check(blocked, "QEMU's main loop waits for a page of guest memory (QMP is stuck)")
     q.close()
     p, dt = run([hg.halite_qemu(), "restore", "--attach", str(qemu_pid), "--json", "-q", path])
     err = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""

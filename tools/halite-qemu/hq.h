@@ -59,6 +59,8 @@ struct hq_vm {
 	int run_seen;
 	/* A save of private RAM: its record (hq_aside_record_*), or -1. */
 	int aside_fd;
+	/* hq_vm_ram() finds the RAM and opens nothing (a take-over has it open). */
+	bool ram_find_only;
 	char err[1024];
 };
 
@@ -182,6 +184,31 @@ int hq_aside_record_create(struct hq_vm *vm, bool running);
 void hq_aside_record_remove(struct hq_vm *vm);
 /* Its path for QEMU @pid in @buf; whether it exists. */
 bool hq_aside_record_path(pid_t pid, char *buf, size_t len);
+
+/*
+ * Open RAM piece @g of QEMU (@vm->pid; g->name, block, host, length,
+ * page_size, anon set): check its mapping and open its file
+ * (/proc/PID/map_files) into g->fd, g->fd_offset; nothing to open for
+ * private RAM. 0 or -errno with vm->err.
+ */
+int hq_region_open(struct hq_vm *vm, struct hq_region *g);
+
+/*
+ * The record of a running restore, HQ_ASIDE_DIR/qemu-PID.restore
+ * (handoff.c): the file, QEMU's vCPU threads and its RAM pieces as the
+ * engine serves them. 'restore --attach' starts serving faults from it
+ * before it asks QEMU anything: a thread of QEMU's waiting for memory may
+ * hold the lock QMP needs. Written once the engine runs, removed when the
+ * restore ends.
+ */
+int hq_handoff_write(const struct hq_vm *vm, const char *file, char *err, size_t errlen);
+/*
+ * QEMU @pid's record into @vm (pid, vCPU threads, regions, each opened):
+ * 0; -ENOENT without one; -ESTALE if it is another file's than @file;
+ * other -errno with @err.
+ */
+int hq_handoff_read(pid_t pid, const char *file, struct hq_vm *vm, char *err, size_t errlen);
+void hq_handoff_remove(pid_t pid);
 
 /* --- recover.c --- */
 int hq_cmd_recover(const char *qmp, bool json, bool quiet);

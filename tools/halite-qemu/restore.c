@@ -79,6 +79,9 @@ struct restore_run {
 	struct hq_disks *disks; /* the file's; the frozen ones each run on a new overlay */
 	int ndisks;		/* frozen disks given an overlay */
 	struct hq_vm vm;
+	/* --attach: QEMU's RAM as the restore's record has it, served before QMP is asked */
+	struct hq_vm *handed;
+	bool handoff;	/* our record for a take-over is written (hq_handoff_write()) */
 	struct halite_restore *rs;
 	pid_t qemu;
 	int uffd, remote_uffd;
@@ -696,6 +699,20 @@ static int match_regions(struct restore_run *r)
 	return 0;
 }
 
+/* The engine's regions: @vm's RAM pieces. */
+static void engine_regions(const struct hq_vm *vm, struct halite_restore_region *reg)
+{
+	for (uint32_t i = 0; i < vm->nregions; i++) {
+		const struct hq_region *g = &vm->regions[i];
+
+		reg[i] = (struct halite_restore_region){
+			.name = g->name, .host = g->host, .length = g->length,
+			.kind = g->anon ? HALITE_MEM_ANON : HALITE_MEM_SHARED, .fd = g->fd,
+			.fd_offset = g->fd_offset,
+		};
+	}
+}
+
 /*
  * This QEMU is the file's machine (type, vCPUs, RAM regions of the same
  * sizes, not on hugetlbfs); @reg gets the engine's regions.
@@ -730,12 +747,8 @@ static int check_vm(struct restore_run *r, struct halite_restore_region *reg)
 				 "tmpfs", g->block);
 			return -HALITE_E_UNSUPPORTED;
 		}
-		reg[i] = (struct halite_restore_region){
-			.name = g->name, .host = g->host, .length = g->length,
-			.kind = g->anon ? HALITE_MEM_ANON : HALITE_MEM_SHARED, .fd = g->fd,
-			.fd_offset = g->fd_offset,
-		};
 	}
+	engine_regions(&r->vm, reg);
 	return 0;
 }
 
@@ -781,7 +794,9 @@ static int prepare_ram(struct restore_run *r, struct halite_restore_region *reg)
 	return ret;
 }
 
-static int start_restore(struct restore_run *r, const struct halite_restore_region *reg)
+/* The engine on QEMU @vm's RAM pieces @reg. */
+static int start_restore(struct restore_run *r, struct hq_vm *vm,
+			 const struct halite_restore_region *reg)
 {
 	HALITE_OPTS(halite_restore_opts, o);
 	int ret;
@@ -790,22 +805,22 @@ static int start_restore(struct restore_run *r, const struct halite_restore_regi
 	 * Taking over: the userfaultfd the dead handler had QEMU make, still
 	 * QEMU's, with the registration on it. Else a new one, made inside QEMU.
 	 */
-	r->uffd = r->p.attach ? hq_vm_find_uffd(&r->vm, &r->remote_uffd) :
-		  hq_vm_uffd(&r->vm, &r->remote_uffd);
+	r->uffd = r->p.attach ? hq_vm_find_uffd(vm, &r->remote_uffd) :
+		  hq_vm_uffd(vm, &r->remote_uffd);
 	if (r->uffd < 0)
-		return fail(r, r->uffd, r->vm.err, NULL);
+		return fail(r, r->uffd, vm->err, NULL);
 	o.flags = (r->p.track ? HALITE_RESTORE_TRACK_ACCESS : 0) |
 		  (r->p.no_prefetch ? HALITE_RESTORE_NO_PREFETCH : 0) |
 		  (r->p.attach ? HALITE_RESTORE_ATTACH : 0);
 	o.read_latency_us = r->p.read_latency_us;
-	o.vcpu_tids = r->vm.vcpu_tids;
-	o.nvcpus = r->vm.nvcpus;
-	o.owner_pid = r->vm.pid;
+	o.vcpu_tids = vm->vcpu_tids;
+	o.nvcpus = vm->nvcpus;
+	o.owner_pid = vm->pid;
 	o.owner_uffd = r->uffd;
 	o.trace_path = r->p.trace;
 	o.log = hq_log;
 	o.log_level = r->p.out.verbose ? HALITE_LOG_DEBUG : HALITE_LOG_WARN;
-	ret = halite_restore_open(&r->rs, r->p.path, reg, r->vm.nregions, &o);
+	ret = halite_restore_open(&r->rs, r->p.path, reg, vm->nregions, &o);
 	if (ret == -EINVAL)
 		return fail(r, ret, "the file's memory regions do not match this QEMU's "
 			    "(same -m and memory backend ids as at save?)", NULL);
@@ -817,6 +832,15 @@ static int start_restore(struct restore_run *r, const struct halite_restore_regi
 			    halite_restore_errmsg(r->rs) : halite_strerror(ret));
 	r->engine_running = true;
 	r->t_ready = hq_now_ns();
+	/* For a take-over, should this handler die: what it serves (handoff.c). */
+	if (!r->p.attach) {
+		char err[256];
+
+		r->handoff = !hq_handoff_write(vm, r->p.path, err, sizeof(err));
+		if (!r->handoff)
+			hq_errorf("restore: warning: no record for a take-over (%s): should this "
+				  "handler die, 'restore --attach' needs QEMU's QMP to answer", err);
+	}
 	return 0;
 }
 
@@ -974,19 +998,59 @@ static int explain_failure(struct restore_run *r, int ret)
  * already, or, if the handler died before it asked for the load, loaded
  * now; one cut short cannot be loaded again (QEMU ends such a load).
  */
+/* QEMU's RAM as QMP finds it is what the record said and the engine serves. */
+static int same_ram(struct restore_run *r)
+{
+	const struct hq_vm *h = r->handed;
+
+	for (uint32_t i = 0; i < r->vm.nregions; i++) {
+		const struct hq_region *g = &r->vm.regions[i], *k = NULL;
+
+		for (uint32_t j = 0; j < h->nregions && !k; j++)
+			if (!strcmp(h->regions[j].name, g->name))
+				k = &h->regions[j];
+		if (!k || k->host != g->host || k->length != g->length || k->anon != g->anon)
+			return fail(r, -EPROTO, "QEMU's RAM is not what the restore's record says",
+				    g->name);
+	}
+	return r->vm.nregions == h->nregions ? 0 :
+	       fail(r, -EPROTO, "QEMU's RAM is not what the restore's record says", NULL);
+}
+
 static int take_over(struct restore_run *r, struct halite_restore_region *reg)
 {
 	static const char *const need[] = { "query-cpus-fast", "human-monitor-command",
 					    "migrate-incoming", "query-migrate", "cont", NULL };
-	char socks[8][108], st[32];
+	char socks[8][108], st[32], err[512] = "";
 	const char *mst;
 	cJSON *mig = NULL;
 	int n, ret = -ENOENT;
 
+	/*
+	 * Faults first, from the dead restore's record: until they are served,
+	 * a thread of QEMU's waiting for memory may keep QMP from answering.
+	 */
+	r->handed = calloc(1, sizeof(*r->handed));
+	if (!r->handed)
+		return fail(r, -ENOMEM, "out of memory", NULL);
+	ret = hq_handoff_read(r->p.attach, r->p.path, r->handed, err, sizeof(err));
+	if (ret && ret != -ENOENT)
+		return fail(r, ret, err, NULL);
+	if (!ret) {
+		struct halite_restore_region hreg[HQ_MAX_REGIONS];
+
+		engine_regions(r->handed, hreg);
+		ret = start_restore(r, r->handed, hreg);
+		if (ret)
+			return ret;
+	}
 	n = hq_qmp_sockets(r->p.attach, socks, 8);
 	for (int i = 0; i < n; i++) {
-		/* One that another client holds answers nothing: the next one. */
-		ret = hq_vm_attach(&r->vm, socks[i], 1000, need);
+		/*
+		 * One that another client holds answers nothing: the next one.
+		 * Once faults are served, QEMU may take a moment to catch up.
+		 */
+		ret = hq_vm_attach(&r->vm, socks[i], r->engine_running ? 10000 : 1000, need);
 		if (!ret && r->vm.pid == r->p.attach)
 			break;
 		if (!ret)
@@ -1001,12 +1065,16 @@ static int take_over(struct restore_run *r, struct halite_restore_region *reg)
 	}
 	hq_qmp_set_abort(r->vm.qmp, give_up, r);
 	r->t_qmp = hq_now_ns();
+	/* The engine serves the record's RAM, its files open (and append-only: ours). */
+	r->vm.ram_find_only = r->engine_running;
 	ret = hq_vm_status(&r->vm, st, sizeof(st));
 	if (ret)
 		return fail(r, ret, r->vm.err, NULL);
 	ret = check_vm(r, reg);
-	if (!ret)
-		ret = start_restore(r, reg);
+	if (!ret && r->engine_running)
+		ret = same_ram(r);
+	else if (!ret)
+		ret = start_restore(r, &r->vm, reg);
 	if (ret || strcmp(st, "inmigrate"))
 		return ret;
 	ret = hq_qmp_call(r->vm.qmp, "query-migrate", NULL, &mig, HQ_QMP_TIMEOUT_MS);
@@ -1062,7 +1130,7 @@ static int run(struct restore_run *r)
 		if (!ret)
 			ret = prepare_ram(r, reg);
 		if (!ret)
-			ret = start_restore(r, reg);
+			ret = start_restore(r, &r->vm, reg);
 		/* Test fault die-before-load: the handler killed with the device state not loaded. */
 		if (!ret && hq_fault("die-before-load"))
 			raise(SIGKILL);
@@ -1284,6 +1352,13 @@ int hq_cmd_restore(int argc, char **argv)
 	}
 	free(r->disks);
 	halite_restore_free(r->rs);
+	/* The restore is over, done or failed: nothing left to take over. */
+	if (r->handoff || (r->p.attach && !ret))
+		hq_handoff_remove(r->p.attach ? r->p.attach : r->vm.pid);
+	if (r->handed) {
+		hq_vm_release(r->handed);
+		free(r->handed);
+	}
 	hq_config_free(&r->cfg);
 	if (r->uffd >= 0)
 		close(r->uffd);

@@ -259,7 +259,7 @@ static int split_block(struct hq_vm *vm, const struct hq_ramblock *b, const char
 	return ret;
 }
 
-static int open_region(struct hq_vm *vm, struct hq_region *g)
+int hq_region_open(struct hq_vm *vm, struct hq_region *g)
 {
 	char path[128];
 	struct vma v;
@@ -402,8 +402,8 @@ int hq_vm_ram(struct hq_vm *vm)
 		ret = -EPROTO;
 		goto out;
 	}
-	for (uint32_t i = 0; i < vm->nregions && !ret; i++)
-		ret = open_region(vm, &vm->regions[i]);
+	for (uint32_t i = 0; i < vm->nregions && !ret && !vm->ram_find_only; i++)
+		ret = hq_region_open(vm, &vm->regions[i]);
 out:
 	free(b);
 	free(text);
