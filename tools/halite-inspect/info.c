@@ -217,7 +217,7 @@ static void print_text(const char *key, const char *val, uint32_t len)
 		printf("  %s =\n    ", key);
 		for (const char *c = s; *c; c++) {
 			if (*c == '\t')
-				fputs("  ", stdout);
+				fputs(c > s && c[-1] == ':' ? " " : "  ", stdout);
 			else
 				putchar(*c);
 			if (*c == '\n')
