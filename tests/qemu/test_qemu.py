@@ -490,6 +490,28 @@ def case_disks(work):
                   f"the second save froze the first overlay {disks[0]['overlay']}")
             dst3, _ = disk_restore(work, path2, "drive-r3", how, image, d1)
             dst3.kill()
+            # A save that fails after freezing: the new overlay's writes go back into
+            # the image right below it, the one the source wrote, never further down
+            # (that is the first snapshot's frozen image), and the overlay goes.
+            top = rep2["disks"][0]["overlay"]
+            below = [os.stat(f).st_mtime_ns for f in (image, disks[0]["overlay"])]
+            p = subprocess.run([hg.halite_qemu(), "save", "--qmp", src.qmp_path, "-q",
+                                os.path.join(work, "thaw.hlt")], capture_output=True, text=True,
+                               env=dict(os.environ, HALITE_QEMU_TEST_FAULT="fail-before-arm"))
+            check(p.returncode == 1 and "test fault fail-before-arm" in p.stderr,
+                  "a save failing after the freeze: " + p.stderr.strip().splitlines()[-1])
+            q = src.qmp()
+            files = [b["inserted"]["file"] for b in q.cmd("query-block")
+                     if b.get("inserted") and b["device"] == "disk0"]
+            q.close()
+            check(files == [top], f"the source writes its own overlay again ({files})")
+            check([os.stat(f).st_mtime_ns for f in (image, disks[0]["overlay"])] == below,
+                  "the images below it, frozen by the two snapshots, were not written")
+            left = [n for n in os.listdir(work) if ".thaw-" in n]
+            check(not left, f"the failed save's overlay is gone ({left})")
+            time.sleep(0.5)
+            d, m1, m2, ok = disklog(src)
+            check(ok, f"the source's disk and memory agree (disk {d}, memory {m1}..{m2})")
             # A frozen image written after the snapshot: refused, QEMU never runs.
             os.utime(disks[0]["overlay"])
             p, _ = run(restore_cmd(path2, with_disk(private_ram(hg.Guest(work, "stale")),

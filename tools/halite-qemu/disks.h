@@ -43,6 +43,7 @@ struct hq_disk {
 	/* Frozen: the overlay the guest writes to from the snapshot on. */
 	char overlay[HQ_PATH_MAX];
 	char overlay_node[64];
+	char target[32];	/* libvirt's name for it (vda), under libvirt */
 	bool overlay_made, frozen;
 	/* The frozen image as it was once frozen: a restore checks it is unchanged. */
 	uint64_t st_dev, st_ino, st_size;
@@ -52,6 +53,13 @@ struct hq_disk {
 struct hq_disks {
 	int n;
 	struct hq_disk d[HQ_MAX_DISKS];
+	/*
+	 * Under libvirt: the domain's uuid and the connection. libvirt keeps
+	 * its own view of the disks, so they are frozen (and thawed) through
+	 * it, never behind its back.
+	 */
+	char libvirt[40];
+	char libvirt_uri[128];
 };
 
 /*

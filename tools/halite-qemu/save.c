@@ -551,7 +551,12 @@ static int run(struct save_run *r)
 /* "disks": [{"qdev", "image", "frozen", "overlay"}]: where the guest writes now. */
 static void report_disks_json(const struct save_run *r)
 {
-	printf(", \"disks_frozen\": %s, \"disks\": [", r->p.no_disks ? "false" : "true");
+	printf(", \"disks_frozen\": %s, \"libvirt_domain\": ", r->p.no_disks ? "false" : "true");
+	if (r->disks->libvirt[0])
+		halite_json_str(stdout, r->disks->libvirt);
+	else
+		printf("null");
+	printf(", \"disks\": [");
 	for (int i = 0; i < r->disks->n; i++) {
 		const struct hq_disk *d = &r->disks->d[i];
 
@@ -576,8 +581,9 @@ static void report_disks(const struct save_run *r)
 		const struct hq_disk *d = &r->disks->d[i];
 
 		if (d->frozen)
-			printf("  disk           %s: %s frozen; the guest writes to %s now\n",
-			       d->name, d->image, d->overlay);
+			printf("  disk           %s: %s frozen; the guest writes to %s now%s\n",
+			       d->target[0] ? d->target : d->name, d->image, d->overlay,
+			       d->target[0] ? " (through libvirt, which knows it)" : "");
 		else
 			printf("  disk           %s: %s %s\n", d->name,
 			       d->image, d->ro ? "read-only, not frozen" :

@@ -691,6 +691,46 @@ int hq_device_stream_check(const uint8_t *buf, uint64_t len, char *machine, size
 
 /* --- things done inside QEMU --- */
 
+/*
+ * Why the kernel refused QEMU @pid a userfaultfd: its user without
+ * CAP_SYS_PTRACE while vm.unprivileged_userfaultfd is 0, or a seccomp
+ * filter (QEMU's -sandbox). Into @why as " (...)".
+ */
+static void uffd_eperm(pid_t pid, char *why, size_t len)
+{
+	char path[64], line[256];
+	unsigned long uid = 0, dummy;
+	unsigned long long cap = 0;
+	int sysctl = -1, seccomp = 0;
+	FILE *f;
+
+	f = fopen("/proc/sys/vm/unprivileged_userfaultfd", "re");
+	if (f) {
+		if (fscanf(f, "%d", &sysctl) != 1)
+			sysctl = -1;
+		fclose(f);
+	}
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	f = fopen(path, "re");
+	if (f) {
+		while (fgets(line, sizeof(line), f)) {
+			if (sscanf(line, "Uid: %lu %lu", &dummy, &uid) == 2)
+				continue;
+			if (sscanf(line, "CapEff: %llx", &cap) == 1)
+				continue;
+			sscanf(line, "Seccomp: %d", &seccomp);
+		}
+		fclose(f);
+	}
+	/* CAP_SYS_PTRACE is 19: with it, userfaultfd() needs no sysctl. */
+	if (sysctl == 0 && uid && !(cap & (1ull << 19)))
+		snprintf(why, len, " (QEMU runs as uid %lu, and vm.unprivileged_userfaultfd is 0: "
+			 "'sysctl vm.unprivileged_userfaultfd=1' lets it make one)", uid);
+	else if (seccomp == 2)
+		snprintf(why, len, " (QEMU runs under a seccomp filter, its -sandbox, that "
+			 "refuses userfaultfd())");
+}
+
 int hq_vm_uffd(struct hq_vm *vm, int *remote)
 {
 	long args[6] = { O_CLOEXEC | O_NONBLOCK }, res = 0;
@@ -703,9 +743,12 @@ int hq_vm_uffd(struct hq_vm *vm, int *remote)
 		return ret;
 	}
 	if (res < 0) {
+		char why[256] = "";
+
+		if (res == -EPERM)
+			uffd_eperm(vm->pid, why, sizeof(why));
 		hq_vmsetf(vm, "userfaultfd() inside QEMU (pid %d): %s%s", (int)vm->pid,
-			  strerror((int)-res), res == -EPERM ?
-			  " (QEMU's -sandbox, or vm.unprivileged_userfaultfd=0 for its user?)" : "");
+			  strerror((int)-res), why);
 		return (int)res;
 	}
 	fd = hq_fd_from_process(vm->pid, (int)res, err, sizeof(err));
