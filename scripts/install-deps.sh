@@ -17,8 +17,10 @@ pkgs=(
 	libcmocka-dev clang libclang-rt-14-dev llvm fio python3
 )
 if [[ "${1:-}" == "--guest" ]]; then
-	# qemu-utils: qemu-img, which makes the overlays of frozen disks
-	pkgs+=(qemu-system-x86 qemu-utils busybox-static linux-image-amd64 cpio)
+	# qemu-utils: qemu-img, which makes the overlays of frozen disks;
+	# libvirt: tests/qemu case libvirt saves a VM libvirt runs
+	pkgs+=(qemu-system-x86 qemu-utils busybox-static linux-image-amd64 cpio
+		libvirt-daemon-system libvirt-clients)
 elif [[ $# -gt 0 ]]; then
 	echo "usage: $0 [--guest]" >&2
 	exit 2

@@ -3,7 +3,7 @@
 
   test_qemu.py CASE      CASE: cli, save-restore, exact, kill, errors, 4g, backends,
                                runstate, discard, attach, private, disks,
-                               network, recorded
+                               network, recorded, libvirt
 
 Each case boots its own guest (scripts/make-guest.sh built it: Debian's
 kernel, busybox initramfs, the memory verifier, httpd; 2 vCPUs, TCG,
@@ -74,7 +74,14 @@ outside:
   while the guest writes them; restores while the source runs each get their
   own overlay and agree with the guest's memory; a frozen image written after
   the snapshot, and a disk QEMU shares (share-rw), are refused; --no-disks
-  shows what goes wrong without it.
+  shows what goes wrong without it. A save failing after the freeze commits
+  the overlay back into the image right below, never further down.
+- libvirt: a domain libvirt runs (QEMU as libvirt-qemu under seccomp, its
+  default RAM, a qcow2 disk as -blockdev nodes; libvirtd started if it is not
+  running) saved through a second QMP socket: refused naming
+  vm.unprivileged_userfaultfd while it is 0, then saved with the disk frozen
+  through libvirt (virsh domblklist names the overlay); a failed save thaws
+  through libvirt too.
 
 Exit 0 pass, 1 fail, 77 skip (no QEMU or guest image, or not root; with
 HALITE_REQUIRE_QEMU=1 those fail instead).
@@ -88,6 +95,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -562,6 +570,175 @@ def case_disks(work):
     check(q.cmd("query-status")["status"] == "running", "that guest runs on")
     q.close()
     g.kill()
+
+
+LIBVIRT_XML = """<domain type='qemu' xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'>
+  <name>{name}</name>
+  <memory unit='MiB'>512</memory>
+  <vcpu>2</vcpu>
+  <os>
+    <type arch='x86_64' machine='q35'>hvm</type>
+    <kernel>{dir}/vmlinux</kernel>
+    <initrd>{dir}/initrd.img</initrd>
+    <cmdline>{append}</cmdline>
+  </os>
+  <on_reboot>destroy</on_reboot>
+  <devices>
+    <disk type='file' device='disk'>
+      <driver name='qemu' type='qcow2'/>
+      <source file='{dir}/disk.qcow2'/>
+      <target dev='vda' bus='virtio'/>
+    </disk>
+    <serial type='file'><source path='{dir}/console.log'/></serial>
+  </devices>
+  <qemu:commandline>
+    <qemu:arg value='-qmp'/>
+    <qemu:arg value='unix:{qmp},server=on,wait=off'/>
+  </qemu:commandline>
+</domain>
+"""
+
+
+@contextlib.contextmanager
+def libvirt_running():
+    """libvirtd (and virtlogd) up, started here if they were not, stopped after."""
+    def pid_of(daemon):
+        """The daemon's pid, from its pid file, if it runs (not a zombie)."""
+        try:
+            with open(f"/run/{daemon}.pid") as f:
+                pid = int(f.read())
+            with open(f"/proc/{pid}/stat") as f:
+                return pid if f.read().rsplit(")", 1)[1].split()[0] != "Z" else None
+        except (OSError, ValueError, IndexError):
+            return None
+
+    started = []
+    for daemon in ("virtlogd", "libvirtd"):
+        if not pid_of(daemon):
+            subprocess.run([daemon, "-d"], check=True)
+            started.append(daemon)
+    try:
+        deadline = time.monotonic() + 30
+        while subprocess.run(["virsh", "-c", "qemu:///system", "version"],
+                             capture_output=True).returncode:
+            if time.monotonic() > deadline:
+                raise Fail("libvirtd did not answer within 30 s")
+            time.sleep(0.2)
+        yield
+    finally:
+        for daemon in reversed(started):
+            pid = pid_of(daemon)
+            if pid:
+                os.kill(pid, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def sysctl(name, value):
+    path = "/proc/sys/" + name.replace(".", "/")
+    with open(path) as f:
+        old = f.read().strip()
+    with open(path, "w") as f:
+        f.write(value)
+    try:
+        yield
+    finally:
+        with open(path, "w") as f:
+            f.write(old)
+
+
+def virsh(*args):
+    p = subprocess.run(["virsh", "-q", "-c", "qemu:///system", *args], capture_output=True,
+                       text=True, timeout=60)
+    if p.returncode:
+        raise Fail(f"virsh {' '.join(args)}: {p.stderr.strip()}")
+    return p.stdout
+
+
+def case_libvirt(work):
+    """A VM as libvirt runs it (QEMU as libvirt-qemu under its seccomp filter, its
+    default RAM as memory-backend-ram, a qcow2 disk as -blockdev nodes), saved
+    through a second QMP socket: the disk frozen through libvirt, which knows it."""
+    g = hg.Guest(work, "template")
+    # QEMU runs as libvirt-qemu: a directory it can reach (the work dir is root's).
+    vdir = tempfile.mkdtemp(prefix="halite-test.", dir="/var/lib/libvirt/images")
+    os.chmod(vdir, 0o755)
+    name = os.path.basename(vdir).replace(".", "-")
+    qmp = f"/var/lib/libvirt/qemu/{name}.qmp"
+    disk = os.path.join(vdir, "disk.qcow2")
+    try:
+        for f in ("vmlinux", "initrd.img"):
+            shutil.copy(os.path.join(g.image, f), vdir)
+        run(["qemu-img", "create", "-q", "-f", "qcow2", disk, "64M"], check_rc=0)
+        xml = os.path.join(work, "domain.xml")
+        with open(xml, "w") as f:
+            f.write(LIBVIRT_XML.format(name=name, dir=vdir, append=g.append, qmp=qmp))
+        with libvirt_running():
+            virsh("create", xml)
+            try:
+                libvirt_save(work, name, vdir, qmp, disk)
+            finally:
+                subprocess.run(["virsh", "-c", "qemu:///system", "destroy", name],
+                               capture_output=True)
+    finally:
+        shutil.rmtree(vdir, ignore_errors=True)
+
+
+def console_passes(path):
+    with open(path, errors="replace") as f:
+        return len(re.findall(r"^verifier: pass \d+ ok", f.read(), re.M))
+
+
+def wait_passes(path, more, timeout=90):
+    """Until the console at @path shows @more verifier passes than now."""
+    n, deadline = console_passes(path), time.monotonic() + timeout
+    while console_passes(path) < n + more:
+        if time.monotonic() > deadline:
+            raise Fail(f"the guest's verifier did not pass {more} more times in {timeout} s")
+        time.sleep(0.2)
+
+
+def libvirt_save(work, name, vdir, qmp, disk):
+    console = os.path.join(vdir, "console.log")
+    wait_passes(console, 3)
+    uuid = virsh("domuuid", name).strip()
+    pid = int(open(f"/run/libvirt/qemu/{name}.pid").read())
+    with open(f"/proc/{pid}/status") as f:
+        st = f.read()
+    check(re.search(r"^Uid:\s+\d+\s+(\d+)", st, re.M).group(1) != "0" and
+          re.search(r"^Seccomp:\s+2", st, re.M), f"libvirt runs QEMU {pid} as a user of its "
+          "own, under a seccomp filter")
+    path = os.path.join(work, "vm.hlt")
+    # Without vm.unprivileged_userfaultfd, QEMU's user may not make a userfaultfd.
+    with sysctl("vm.unprivileged_userfaultfd", "0"):
+        p, _ = run([hg.halite_qemu(), "save", "--qmp", qmp, "-q", path])
+    check(p.returncode == 1 and "vm.unprivileged_userfaultfd is 0" in p.stderr,
+          "refused, naming the sysctl: " + p.stderr.strip().splitlines()[-1])
+    check(virsh("domblklist", name).split()[1] == disk and not os.path.exists(path) and
+          sorted(os.listdir(vdir)) == ["console.log", "disk.qcow2", "initrd.img", "vmlinux"],
+          "nothing changed: no file, no overlay, libvirt's disk as it was")
+    wait_passes(console, 2)
+    with sysctl("vm.unprivileged_userfaultfd", "1"):
+        p, _ = run([hg.halite_qemu(), "save", "--qmp", qmp, "--json", "-q", path], check_rc=0)
+        rep = json.loads(p.stdout)
+        overlay = rep["disks"][0]["overlay"]
+        check(rep["libvirt_domain"] == uuid and rep["disks"][0]["frozen"] and
+              virsh("domblklist", name).split()[1] == overlay,
+              f"saved; the disk frozen through libvirt, which runs it on {overlay} now")
+        frozen = os.stat(disk).st_mtime_ns
+        # A save that fails after the freeze thaws through libvirt too.
+        p, _ = run([hg.halite_qemu(), "save", "--qmp", qmp, "-q", os.path.join(work, "x.hlt")],
+                   fault="fail-before-arm")
+        check(p.returncode == 1 and virsh("domblklist", name).split()[1] == overlay and
+              len([n for n in os.listdir(vdir) if n.endswith(".qcow2")]) == 2,
+              "a failed save's overlay committed back and gone; libvirt's disk is the first "
+              "overlay again")
+    wait_passes(console, 2)
+    check(os.stat(disk).st_mtime_ns == frozen, "the frozen image was never written again")
+    run([INSPECT, "verify", path], check_rc=0)
+    info = inspect_info(path)
+    check("-blockdev" in info["metadata"]["qemu.cmdline"] and
+          json.loads(info["metadata"]["qemu.disks"])[0]["image"] == disk,
+          "the file records libvirt's command line and the frozen image")
 
 
 def case_kill(work):
@@ -1785,6 +1962,7 @@ CASES = {
     "disks": case_disks,
     "network": case_network,
     "recorded": case_recorded,
+    "libvirt": case_libvirt,
 }
 
 
