@@ -32,6 +32,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "proc.h"
 #include "vmconfig.h"
 
 /* --- argument vectors --- */
@@ -1273,21 +1274,9 @@ static pid_t unix_listener_now(const char *path);
 /* Whether @pid is exiting: its main thread a zombie, others maybe still tearing down. */
 static bool exiting(pid_t pid)
 {
-	char path[64], buf[512], *p;
-	ssize_t n;
-	int fd;
+	char st = hq_proc_state(pid);
 
-	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return true;
-	n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n <= 0)
-		return true;
-	buf[n] = '\0';
-	p = strrchr(buf, ')');
-	return !p || p[1] != ' ' || p[2] == 'Z' || p[2] == 'X';
+	return !st || st == '?' || st == 'Z' || st == 'X';
 }
 
 /*

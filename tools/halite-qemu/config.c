@@ -40,46 +40,6 @@
 
 /* The user's command line of a QEMU started by halite-qemu restore, as a JSON array. */
 #define HQ_ENV_CMDLINE "HALITE_QEMU_CMDLINE"
-#define MAX_PROC_FILE (4u << 20)
-
-/* A whole /proc file (its size is unknown beforehand); *len its length. */
-static char *read_proc(pid_t pid, const char *what, size_t *len)
-{
-	char path[64], *buf = NULL;
-	size_t used = 0, cap = 0;
-	ssize_t k;
-	int fd;
-
-	snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, what);
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return NULL;
-	do {
-		if (used + 4096 > cap) {
-			char *b = cap < MAX_PROC_FILE ? realloc(buf, cap + 65536) : NULL;
-
-			if (!b) {
-				free(buf);
-				close(fd);
-				errno = ENOMEM;
-				return NULL;
-			}
-			buf = b;
-			cap += 65536;
-		}
-		k = read(fd, buf + used, cap - used - 1);
-		if (k > 0)
-			used += (size_t)k;
-	} while (k > 0);
-	close(fd);
-	if (k < 0) {
-		free(buf);
-		return NULL;
-	}
-	buf[used] = '\0';
-	*len = used;
-	return buf;
-}
 
 /* @json (a JSON array of strings) into @a; -EINVAL if it is not one. */
 static int argv_from_json(struct hq_argv *a, const char *json)
@@ -99,7 +59,7 @@ static int argv_from_json(struct hq_argv *a, const char *json)
 int hq_config_user_cmdline(pid_t pid, struct hq_argv *out, bool *from_env)
 {
 	size_t len = 0;
-	char *env = read_proc(pid, "environ", &len), *buf;
+	char *env = hq_read_proc(pid, "environ", &len), *buf;
 	int ret;
 
 	*from_env = false;
@@ -111,7 +71,7 @@ int hq_config_user_cmdline(pid_t pid, struct hq_argv *out, bool *from_env)
 			return ret;
 		}
 	free(env);
-	buf = read_proc(pid, "cmdline", &len);
+	buf = hq_read_proc(pid, "cmdline", &len);
 	if (!buf)
 		return -errno;
 	ret = hq_argv_from_nul(out, buf, len);

@@ -239,22 +239,15 @@ static int run(char *const *argv, char *err, size_t errlen)
  */
 static int libvirt_domain(pid_t pid, struct hq_disks *ds, char *err, size_t errlen)
 {
-	char path[64], buf[8192], out[8192], *line, *save = NULL;
+	char out[8192], *line, *save = NULL, *buf;
 	const char *uri = getenv("HALITE_LIBVIRT_URI");
 	bool guest = false;
-	ssize_t n;
-	int fd;
+	size_t n;
 
 	ds->libvirt[0] = '\0';
-	snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
+	buf = hq_read_proc(pid, "cmdline", &n);
+	if (!buf)
 		return 0;
-	n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n <= 0)
-		return 0;
-	buf[n] = '\0';
 	for (char *a = buf; a < buf + n; a += strlen(a) + 1) {
 		char *next = a + strlen(a) + 1;
 
@@ -265,6 +258,7 @@ static int libvirt_domain(pid_t pid, struct hq_disks *ds, char *err, size_t errl
 		if (!strcmp(a, "-uuid"))
 			snprintf(ds->libvirt, sizeof(ds->libvirt), "%.36s", next);
 	}
+	free(buf);
 	if (!guest || !ds->libvirt[0]) {
 		ds->libvirt[0] = '\0';
 		return 0;
@@ -360,38 +354,17 @@ static int make_overlay(struct hq_disk *d, const char *dir, const char *tag, uid
 	return 0;
 }
 
-/* QEMU @pid's effective user and group (/proc/PID/status). */
-static void qemu_ids(pid_t pid, uid_t *uid, gid_t *gid)
-{
-	char path[64], line[256];
-	unsigned long r, e;
-	FILE *f;
-
-	*uid = (uid_t)-1;
-	*gid = (gid_t)-1;
-	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-	f = fopen(path, "re");
-	if (!f)
-		return;
-	while (fgets(line, sizeof(line), f)) {
-		if (sscanf(line, "Uid: %lu %lu", &r, &e) == 2)
-			*uid = (uid_t)e;
-		else if (sscanf(line, "Gid: %lu %lu", &r, &e) == 2)
-			*gid = (gid_t)e;
-	}
-	fclose(f);
-}
-
 int hq_disks_prepare(struct hq_vm *vm, struct hq_disks *ds, const char *dir, const char *tag,
 		     char *err, size_t errlen)
 {
-	uid_t uid;
-	gid_t gid;
+	struct hq_proc_status qs;
+	uid_t uid = (uid_t)-1;
+	gid_t gid = (gid_t)-1;
 	int ret = 0;
 
-	qemu_ids(vm->pid, &uid, &gid);
-	if (uid == geteuid())
-		uid = (uid_t)-1, gid = (gid_t)-1;
+	/* QEMU opens the overlays: they go to its user (libvirt's), not root. */
+	if (!hq_proc_status(vm->pid, &qs) && qs.euid != geteuid())
+		uid = qs.euid, gid = qs.egid;
 	ret = hq_disks_writable(ds) ? libvirt_domain(vm->pid, ds, err, errlen) : 0;
 	for (int i = 0; i < ds->n && !ret && ds->libvirt[0]; i++)
 		if (!ds->d[i].ro && !ds->d[i].target[0])

@@ -15,6 +15,7 @@
 
 #include <halite/halite.h>
 
+#include "proc.h"
 #include "qmp.h"
 
 #define PROG "halite-qemu"

@@ -73,21 +73,9 @@ int hq_vm_stop(struct hq_vm *vm, int timeout_ms)
 /* QEMU has exited (a zombie child of a restore included): no point in waiting. */
 static bool qemu_gone(pid_t pid)
 {
-	char path[64], buf[256], *p;
-	ssize_t n;
-	int fd;
+	char st = hq_proc_state(pid);
 
-	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return errno == ENOENT;
-	n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n <= 0)
-		return false;
-	buf[n] = '\0';
-	p = strrchr(buf, ')');
-	return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+	return !st || st == 'Z' || st == 'X';
 }
 
 /* Worth another try before the deadline: QEMU slow, or the connection lost. */

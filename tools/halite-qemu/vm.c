@@ -698,10 +698,8 @@ int hq_device_stream_check(const uint8_t *buf, uint64_t len, char *machine, size
  */
 static void uffd_eperm(pid_t pid, char *why, size_t len)
 {
-	char path[64], line[256];
-	unsigned long uid = 0, dummy;
-	unsigned long long cap = 0;
-	int sysctl = -1, seccomp = 0;
+	struct hq_proc_status st;
+	int sysctl = -1;
 	FILE *f;
 
 	f = fopen("/proc/sys/vm/unprivileged_userfaultfd", "re");
@@ -710,23 +708,13 @@ static void uffd_eperm(pid_t pid, char *why, size_t len)
 			sysctl = -1;
 		fclose(f);
 	}
-	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-	f = fopen(path, "re");
-	if (f) {
-		while (fgets(line, sizeof(line), f)) {
-			if (sscanf(line, "Uid: %lu %lu", &dummy, &uid) == 2)
-				continue;
-			if (sscanf(line, "CapEff: %llx", &cap) == 1)
-				continue;
-			sscanf(line, "Seccomp: %d", &seccomp);
-		}
-		fclose(f);
-	}
+	if (hq_proc_status(pid, &st))
+		return;
 	/* CAP_SYS_PTRACE is 19: with it, userfaultfd() needs no sysctl. */
-	if (sysctl == 0 && uid && !(cap & (1ull << 19)))
-		snprintf(why, len, " (QEMU runs as uid %lu, and vm.unprivileged_userfaultfd is 0: "
-			 "'sysctl vm.unprivileged_userfaultfd=1' lets it make one)", uid);
-	else if (seccomp == 2)
+	if (sysctl == 0 && st.euid && !(st.cap_eff & (1ull << 19)))
+		snprintf(why, len, " (QEMU runs as uid %u, and vm.unprivileged_userfaultfd is 0: "
+			 "'sysctl vm.unprivileged_userfaultfd=1' lets it make one)", (unsigned)st.euid);
+	else if (st.seccomp == 2)
 		snprintf(why, len, " (QEMU runs under a seccomp filter, its -sandbox, that "
 			 "refuses userfaultfd())");
 }
@@ -826,32 +814,13 @@ static bool opt_value(const char *opts, const char *key, char *out, size_t len)
 
 int hq_qmp_sockets(pid_t pid, char (*paths)[108], int max)
 {
-	char path[64], *buf = NULL, *argv[4096];
-	size_t cap = 0, used = 0;
-	int fd, argc = 0, n = 0;
-	ssize_t k;
+	char *buf, *argv[4096];
+	size_t used;
+	int argc = 0, n = 0;
 
-	snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return 0;
-	do {
-		if (used + 4096 > cap) {
-			char *b = realloc(buf, cap + 65536);
-
-			if (!b)
-				break;
-			buf = b;
-			cap += 65536;
-		}
-		k = read(fd, buf + used, cap - used - 1);
-		if (k > 0)
-			used += (size_t)k;
-	} while (k > 0);
-	close(fd);
+	buf = hq_read_proc(pid, "cmdline", &used);
 	if (!buf)
 		return 0;
-	buf[used] = '\0';
 	for (size_t i = 0; i < used && argc < 4096; i += strlen(buf + i) + 1)
 		argv[argc++] = buf + i;
 	/* Last first: a later socket is more likely ours and free. */
