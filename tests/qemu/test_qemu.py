@@ -528,6 +528,19 @@ def case_disks(work):
                   "a frozen image written after the snapshot is refused: "
                   + p.stderr.strip().splitlines()[-1])
         src.kill()
+        # No QEMU arguments: the command line the file records (the source's,
+        # its ports and sockets free now), pointed at a new overlay too.
+        p, _ = run([hg.halite_qemu(), "restore", "--detach", "--json", "-q", path], check_rc=0)
+        rep = json.loads(p.stdout)
+        src.adopt(rep["qemu"]["pid"])
+        check(rep["cmdline"] == "recorded" and len(rep["disks"]) == 1 and
+              rep["disks"][0]["overlay"] not in (ov1, ov2) and
+              os.path.exists(rep["disks"][0]["overlay"]),
+              f"the recorded command line runs on a new overlay {rep['disks'][0]['overlay']}")
+        d, m1, m2, ok = disklog(src)
+        check(ok and m1 >= at, f"disk {d}, memory {m1}..{m2}: they agree, counting on from "
+              f"the snapshot's {at}")
+        src.kill()
     # Memory only (--no-disks): the disk moves on, and a restore runs on it as it
     # is, with a warning: the guest then writes its older counts over newer ones.
     image = os.path.join(work, "nodisks.qcow2")
