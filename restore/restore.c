@@ -148,6 +148,7 @@
 #include "log_internal.h"
 #include "opts.h"
 #include "pool.h"
+#include "restore_int.h"
 #include "stats.h"
 #include "uffd.h"
 
@@ -169,116 +170,10 @@
  */
 #define PREFETCH_BACKLOG_PER_QD 4u
 #define MINCORE_CHUNK_PAGES 65536u
-/* Stream readahead: LBs after a demand-read one (0 = this), queue length. */
+/* Stream readahead: LBs after a demand-read one (0 = this). */
 #define READAHEAD_DEFAULT 8u
 #define READAHEAD_MAX 64u
-#define RA_QUEUE 256u
 
-enum { MB_NONE, MB_CLAIMED, MB_INSTALLED, MB_STAGED };
-enum { LB_IDLE, LB_READING, LB_CACHED, LB_DONE, LB_FAILED };
-enum { HOW_NONE, HOW_DEMAND, HOW_PREFETCH };
-/* Who installed a block: which counter it goes to. */
-enum { BY_FAULT, BY_POOL, BY_PREFETCH };
-enum { S_CREATED, S_RUNNING, S_DONE, S_FAILED };
-
-struct rregion {
-	char *name;
-	uint64_t host, length;
-	int kind;
-	uint64_t first_mb, nmb; /* as in the file: regions are kept in file order */
-	int fd;			/* SHARED: our dup of the file, else -1 */
-	uint64_t fd_off;
-	bool registered;
-	bool discards_refused;	/* we made the file append-only: undo at the end */
-};
-
-/* A fault waiting for its LB's read. */
-struct waiter {
-	struct waiter *next;
-	uint64_t mb;
-	uint64_t t0; /* message read */
-};
-
-struct rlb {
-	_Atomic uint8_t state;	 /* written under lk */
-	uint8_t how;		 /* HOW_*: set when the read lands; under lk */
-	uint32_t refs;		 /* holders of buf; under lk */
-	uint8_t *buf;		 /* CACHED: verified bytes; under lk */
-	struct waiter *waiters;	 /* READING: newest first; under lk */
-	uint64_t t_ns;		 /* when the read landed, since ready; under lk */
-	uint64_t fault_mb;	 /* DEMAND: the block whose fault read it; under lk */
-	uint8_t *stage;		 /* TRACK_ACCESS demand LBs: decoded blocks, by member index */
-	uint32_t staged;	 /* TRACK_ACCESS demand LBs: members - 1; under lk */
-	_Atomic uint32_t accessed; /* ... of which the guest touched before the end */
-};
-
-struct itask {
-	struct halite_restore *r;
-	uint64_t lb;
-	uint8_t *buf;
-};
-
-struct halite_restore {
-	struct halite_restore_opts o;
-	char *path;
-	struct halite_reader *rd;
-	const struct halite_file_info *fi;
-	struct rregion *regions; /* file order */
-	uint32_t nregions;
-	uint32_t *by_host;	 /* region indices sorted by host address */
-	uint32_t mb_size, lb_size;
-	uint64_t mb_total, lb_total, mb_zero;
-	uint64_t page;		 /* host page size */
-	bool external, has_shared, track;
-	_Atomic uint8_t *mb;	 /* MB_* per memory block */
-	struct rlb *lbs;
-
-	int uffd, stop_fd, fd;	 /* fd: for dropping cached LB pages before a retry */
-	struct halite_gmem *gm;	 /* every install and wake, and the uffd's events */
-	struct halite_io *pf_io; /* the prefetcher's, NULL with NO_PREFETCH */
-	struct halite_pool *pool;
-	pthread_t fault_thr, pf_thr, *rd_thr;
-	unsigned readers_started;
-	bool fault_started, pf_started, started;
-	uint8_t *fault_tmp;	 /* the fault thread's decode buffer */
-
-	pthread_mutex_t lk;	 /* LB states, waiters, the demand and readahead queues */
-	pthread_cond_t q_cond;
-	uint64_t *q;		 /* demand queue: a ring of LB indices */
-	size_t q_cap, q_head, q_len;
-	/*
-	 * Stream readahead: ra_next[lb] is the next LB of lb's stream (file
-	 * order; UINT64_MAX at its end); raq a ring of LBs to read ahead,
-	 * oldest dropped when full; ra_busy readers reading one now.
-	 */
-	uint64_t *ra_next;
-	uint64_t raq[RA_QUEUE];
-	size_t raq_head, raq_len;
-	unsigned ra_busy, ra_readers;
-	bool inline_reads;	 /* buffered, no added latency: read_cached() may read */
-	_Atomic uint64_t lb_done, lbs_cached;
-
-	pthread_mutex_t st_lock; /* state, error, errmsg */
-	pthread_cond_t st_cond;
-	int state, error;
-	bool ending;
-	_Atomic bool failed, stopping;
-	_Atomic bool ended;	 /* finish() is unregistering: the restore is done */
-	_Atomic uint64_t last_fault_ns;
-	uint64_t open_ns, ready_at, ready_ns, done_ns;
-
-	_Atomic uint64_t n_mb[3]; /* BY_* */
-	uint64_t n_mb_present;	  /* ATTACH: found in memory at start */
-	_Atomic uint64_t n_faults, n_faults_cached, n_faults_zero, n_faults_vcpu;
-	_Atomic uint64_t n_lb_demand, n_lb_prefetch, n_lb_retries, n_bytes_read;
-	_Atomic uint64_t n_staged, n_staged_accessed;
-	struct halite_hist hist;
-
-	struct halite_logger log;
-	char errmsg[256];
-};
-
-#define ULL(x) ((unsigned long long)(x))
 
 static void set_errmsg_level(struct halite_restore *r, const char *msg, int level)
 {
@@ -298,9 +193,7 @@ static void set_errmsg(struct halite_restore *r, const char *msg)
 	set_errmsg_level(r, msg, HALITE_LOG_ERROR);
 }
 
-/* save.c's sfail: the first message wins; returns -|err|. */
-__attribute__((format(printf, 3, 4)))
-static int rfail(struct halite_restore *r, int err, const char *fmt, ...)
+int rs_fail(struct halite_restore *r, int err, const char *fmt, ...)
 {
 	char msg[sizeof(r->errmsg)];
 	va_list ap;
@@ -314,8 +207,7 @@ static int rfail(struct halite_restore *r, int err, const char *fmt, ...)
 
 static void end_restore(struct halite_restore *r, int err);
 
-/* The first error wins; nothing is installed from here on. */
-static void set_failed(struct halite_restore *r, int err)
+void rs_set_failed(struct halite_restore *r, int err)
 {
 	atomic_store(&r->failed, true);
 	end_restore(r, err);
@@ -328,7 +220,7 @@ static uint64_t since_ready(const struct halite_restore *r)
 	return now > r->ready_at ? now - r->ready_at : 0;
 }
 
-static const struct rregion *region_of_mb(const struct halite_restore *r, uint64_t mb)
+const struct rregion *rs_region_of_mb(const struct halite_restore *r, uint64_t mb)
 {
 	return &r->regions[halite_find_first_mb(r->regions, r->nregions, sizeof(r->regions[0]),
 						offsetof(struct rregion, first_mb), mb)];
@@ -337,7 +229,7 @@ static const struct rregion *region_of_mb(const struct halite_restore *r, uint64
 /* Memory block @mb as gmem sees it: its region's index and the offset in it. */
 static uint32_t mb_region(const struct halite_restore *r, uint64_t mb, uint64_t *off)
 {
-	const struct rregion *g = region_of_mb(r, mb);
+	const struct rregion *g = rs_region_of_mb(r, mb);
 
 	*off = (mb - g->first_mb) * r->mb_size;
 	return (uint32_t)(g - r->regions);
@@ -351,7 +243,7 @@ static bool is_vcpu(const struct halite_restore *r, uint32_t tid)
 	return false;
 }
 
-static bool claim(struct halite_restore *r, uint64_t mb, uint8_t from)
+bool rs_claim(struct halite_restore *r, uint64_t mb, uint8_t from)
 {
 	return atomic_compare_exchange_strong(&r->mb[mb], &from, MB_CLAIMED);
 }
@@ -383,19 +275,19 @@ static int mb_wake(struct halite_restore *r, uint64_t mb)
 }
 
 /* What a failed install says about itself. */
-static int install_failed(struct halite_restore *r, int ret, uint64_t mb, const char *how)
+int rs_install_failed(struct halite_restore *r, int ret, uint64_t mb, const char *how)
 {
 	uint64_t off;
 	uint32_t ri = mb_region(r, mb, &off);
 
 	if (ret == -ESRCH)
-		return rfail(r, ret, "memory block %llu: %s (the process that owns the memory is "
+		return rs_fail(r, ret, "memory block %llu: %s (the process that owns the memory is "
 			     "gone)", ULL(mb), how);
 	if (ret == -ENOENT)
-		return rfail(r, ret, "memory block %llu: %s: region '%s' at offset %llu is no "
+		return rs_fail(r, ret, "memory block %llu: %s: region '%s' at offset %llu is no "
 			     "longer mapped, and no event said the guest unmapped it", ULL(mb), how,
 			     r->regions[ri].name, ULL(off));
-	return rfail(r, ret, "memory block %llu: %s", ULL(mb), how);
+	return rs_fail(r, ret, "memory block %llu: %s", ULL(mb), how);
 }
 
 /*
@@ -418,19 +310,19 @@ static int install_from_lb(struct halite_restore *r, uint64_t mb, const uint8_t 
 	int ret = halite_reader_decode_mb(r->rd, mb, lb_buf, tmp);
 
 	if (ret)
-		return rfail(r, ret, "memory block %llu does not decode", ULL(mb));
+		return rs_fail(r, ret, "memory block %llu does not decode", ULL(mb));
 	ret = mb_fill(r, mb, tmp, flags);
-	return ret ? install_failed(r, ret, mb, "UFFDIO_COPY") : 0;
+	return ret ? rs_install_failed(r, ret, mb, "UFFDIO_COPY") : 0;
 }
 
 /* Counted before the state says so: whoever sees MB_INSTALLED sees the count (finish). */
-static void installed(struct halite_restore *r, uint64_t mb, int by)
+void rs_installed(struct halite_restore *r, uint64_t mb, int by)
 {
 	atomic_fetch_add(&r->n_mb[by], 1);
 	atomic_store(&r->mb[mb], MB_INSTALLED);
 }
 
-static void fault_served(struct halite_restore *r, uint64_t t0)
+void rs_fault_served(struct halite_restore *r, uint64_t t0)
 {
 	halite_hist_add(&r->hist, halite_now_ns() - t0);
 }
@@ -470,7 +362,7 @@ static int install_staged(struct halite_restore *r, uint64_t lb, uint64_t mb, un
 	const uint8_t *src = r->lbs[lb].stage + (size_t)member_index(r, lb, mb) * r->mb_size;
 	int ret = mb_fill(r, mb, src, flags);
 
-	return ret ? install_failed(r, ret, mb, "UFFDIO_COPY from the stage") : 0;
+	return ret ? rs_install_failed(r, ret, mb, "UFFDIO_COPY from the stage") : 0;
 }
 
 /* ---- LB lifetime ---- */
@@ -531,11 +423,11 @@ static void install_lb(struct itask *t)
 		/* Published to the fault thread by the STAGED stores below. */
 		b->stage = malloc((size_t)n * r->mb_size);
 		if (!b->stage)
-			ret = rfail(r, -ENOMEM, "locality block %llu: stage", ULL(t->lb));
+			ret = rs_fail(r, -ENOMEM, "locality block %llu: stage", ULL(t->lb));
 	} else {
 		tmp = halite_io_alloc(r->mb_size);
 		if (!tmp)
-			ret = rfail(r, -ENOMEM, "locality block %llu: decode buffer", ULL(t->lb));
+			ret = rs_fail(r, -ENOMEM, "locality block %llu: decode buffer", ULL(t->lb));
 	}
 	/*
 	 * Not stopped by another LB's failure: every block of a verified,
@@ -558,19 +450,19 @@ static void install_lb(struct itask *t)
 				continue;
 			ret = halite_reader_decode_mb(r->rd, mb, t->buf, slot);
 			if (ret)
-				ret = rfail(r, ret, "memory block %llu does not decode", ULL(mb));
+				ret = rs_fail(r, ret, "memory block %llu does not decode", ULL(mb));
 			else
 				atomic_compare_exchange_strong(&r->mb[mb], &none, MB_STAGED);
 			continue;
 		}
-		if (!claim(r, mb, MB_NONE))
+		if (!rs_claim(r, mb, MB_NONE))
 			continue;
 		ret = install_from_lb(r, mb, t->buf, tmp, 0);
 		if (!ret)
-			installed(r, mb, by);
+			rs_installed(r, mb, by);
 	}
 	if (ret)
-		set_failed(r, ret);
+		rs_set_failed(r, ret);
 	halite_io_free(tmp);
 	lb_release(r, t->lb);
 }
@@ -624,11 +516,11 @@ static void lb_landed(struct halite_restore *r, uint64_t lb, uint8_t *buf, int h
 	while ((w = fifo)) {
 		fifo = w->next;
 		if (!ret) {
-			if (claim(r, w->mb, MB_NONE)) {
+			if (rs_claim(r, w->mb, MB_NONE)) {
 				ret = install_from_lb(r, w->mb, buf, tmp, HALITE_GMEM_ZERO_GONE);
 				if (!ret) {
-					installed(r, w->mb, BY_FAULT);
-					fault_served(r, w->t0);
+					rs_installed(r, w->mb, BY_FAULT);
+					rs_fault_served(r, w->t0);
 					if (r->track && how == HOW_DEMAND && w->mb != fault_mb)
 						count_accessed(r, b);
 				}
@@ -636,15 +528,15 @@ static void lb_landed(struct halite_restore *r, uint64_t lb, uint8_t *buf, int h
 				/* Two threads faulted on one block: installed just above. */
 				ret = mb_wake(r, w->mb);
 				if (ret)
-					ret = rfail(r, ret, "memory block %llu: UFFDIO_WAKE",
+					ret = rs_fail(r, ret, "memory block %llu: UFFDIO_WAKE",
 						    ULL(w->mb));
-				fault_served(r, w->t0);
+				rs_fault_served(r, w->t0);
 			}
 		}
 		free(w);
 	}
 	if (ret)
-		set_failed(r, ret);
+		rs_set_failed(r, ret);
 	/* No task, or no room in the pool: this thread installs the LB itself. */
 	t = malloc(sizeof(*t));
 	if (!t) {
@@ -671,7 +563,7 @@ static void lb_failed(struct halite_restore *r, uint64_t lb, int err, unsigned r
 		 err == -HALITE_E_LB_CHECKSUM ? "checksum mismatch" : halite_strerror(err), reads,
 		 reads == 1 ? "" : "s");
 	set_errmsg(r, msg);
-	set_failed(r, err);
+	rs_set_failed(r, err);
 }
 
 /*
@@ -698,7 +590,7 @@ static void lb_retrying(struct halite_restore *r, uint64_t lb, int err, unsigned
  * the lock would run, find lk held and sleep again, two context switches
  * on the fault's path (on 2 cores, measured by halite-bench fault).
  */
-static int queue_push(struct halite_restore *r, uint64_t lb)
+int rs_queue_push(struct halite_restore *r, uint64_t lb)
 {
 	if (r->q_len == r->q_cap) {
 		size_t cap = r->q_cap ? 2 * r->q_cap : 64;
@@ -724,7 +616,7 @@ static int queue_push(struct halite_restore *r, uint64_t lb)
  * nothing but the hint. Returns how many readers may start on them now: the
  * caller signals q_cond that often once it has unlocked.
  */
-static size_t ra_push(struct halite_restore *r, uint64_t lb)
+size_t rs_ra_push(struct halite_restore *r, uint64_t lb)
 {
 	for (unsigned i = 0; i < r->o.readahead && r->ra_next; i++) {
 		lb = r->ra_next[lb];
@@ -816,7 +708,7 @@ static void *reader_main(void *arg)
 		buf = tmp ? halite_reader_alloc_lb(r->rd) : NULL;
 		if (!buf) {
 			ra_done(r, ahead);
-			set_failed(r, rfail(r, -ENOMEM, "locality block %llu: read buffer", ULL(lb)));
+			rs_set_failed(r, rs_fail(r, -ENOMEM, "locality block %llu: read buffer", ULL(lb)));
 			continue;
 		}
 		for (reads = 1;; reads++) {
@@ -842,14 +734,6 @@ static void *reader_main(void *arg)
 
 /* ---- fault thread ---- */
 
-/* Where a fault is: its page (region index, offset), whether a write, when read. */
-struct fault {
-	uint32_t ri;
-	uint64_t off;
-	bool write;
-	uint64_t t0;
-};
-
 static void serve_zero(struct halite_restore *r, uint64_t mb, const struct fault *f)
 {
 	uint64_t t0 = f->t0;
@@ -857,23 +741,23 @@ static void serve_zero(struct halite_restore *r, uint64_t mb, const struct fault
 
 	atomic_fetch_add(&r->n_faults_zero, 1);
 	/* Only this thread installs zero blocks: the claim cannot be contended. */
-	if (claim(r, mb, MB_NONE)) {
+	if (rs_claim(r, mb, MB_NONE)) {
 		/* A write would copy-on-write the zero page at once: give it its own. */
 		ret = mb_fill(r, mb, NULL, HALITE_GMEM_ZERO_GONE |
 			      (f->write ? HALITE_GMEM_WRITE : 0));
 		if (ret) {
-			set_failed(r, install_failed(r, ret, mb, "UFFDIO_ZEROPAGE"));
+			rs_set_failed(r, rs_install_failed(r, ret, mb, "UFFDIO_ZEROPAGE"));
 			return;
 		}
 		atomic_store(&r->mb[mb], MB_INSTALLED);
 	} else {
 		ret = wake_installed(r, f->ri, f->off, f->write);
 		if (ret) {
-			set_failed(r, rfail(r, ret, "memory block %llu: waking a fault", ULL(mb)));
+			rs_set_failed(r, rs_fail(r, ret, "memory block %llu: waking a fault", ULL(mb)));
 			return;
 		}
 	}
-	fault_served(r, t0);
+	rs_fault_served(r, t0);
 }
 
 /*
@@ -887,7 +771,7 @@ static void serve_zero(struct halite_restore *r, uint64_t mb, const struct fault
  * it as usual (retries included; this attempt is not counted). Only for
  * buffered reads with no added latency (inline_reads).
  */
-static bool read_cached(struct halite_restore *r, uint64_t lb)
+bool rs_read_cached(struct halite_restore *r, uint64_t lb)
 {
 	struct halite_lb_info li;
 	struct iovec iov;
@@ -906,7 +790,7 @@ static bool read_cached(struct halite_restore *r, uint64_t lb)
 	}
 	atomic_fetch_add(&r->n_bytes_read, r->lb_size);
 	pthread_mutex_lock(&r->lk);
-	wake = ra_push(r, lb);
+	wake = rs_ra_push(r, lb);
 	pthread_mutex_unlock(&r->lk);
 	while (wake--)
 		pthread_cond_signal(&r->q_cond);
@@ -937,24 +821,24 @@ static void serve_stored(struct halite_restore *r, uint64_t mb, uint64_t lb,
 			atomic_fetch_add(&r->n_faults_cached, 1);
 			ret = wake_installed(r, f->ri, f->off, f->write);
 			if (ret)
-				set_failed(r, rfail(r, ret, "memory block %llu: waking a fault",
+				rs_set_failed(r, rs_fail(r, ret, "memory block %llu: waking a fault",
 						    ULL(mb)));
 			else
-				fault_served(r, t0);
+				rs_fault_served(r, t0);
 			return;
 		}
 		if (s == MB_STAGED) {
-			if (!claim(r, mb, MB_STAGED))
+			if (!rs_claim(r, mb, MB_STAGED))
 				continue;
 			ret = install_staged(r, lb, mb, HALITE_GMEM_ZERO_GONE);
 			if (ret) {
-				set_failed(r, ret);
+				rs_set_failed(r, ret);
 				return;
 			}
-			installed(r, mb, BY_FAULT);
+			rs_installed(r, mb, BY_FAULT);
 			atomic_fetch_add(&r->n_faults_cached, 1);
 			count_accessed(r, b);
-			fault_served(r, t0);
+			rs_fault_served(r, t0);
 			return;
 		}
 		pthread_mutex_lock(&r->lk);
@@ -964,7 +848,7 @@ static void serve_stored(struct halite_restore *r, uint64_t mb, uint64_t lb,
 			w = malloc(sizeof(*w));
 			if (!w) {
 				pthread_mutex_unlock(&r->lk);
-				set_failed(r, rfail(r, -ENOMEM, "memory block %llu: waiter",
+				rs_set_failed(r, rs_fail(r, -ENOMEM, "memory block %llu: waiter",
 						    ULL(mb)));
 				return;
 			}
@@ -977,20 +861,20 @@ static void serve_stored(struct halite_restore *r, uint64_t mb, uint64_t lb,
 				/* Nobody queued ahead: try the page cache first (read_cached). */
 				if (r->inline_reads && !r->q_len) {
 					pthread_mutex_unlock(&r->lk);
-					if (read_cached(r, lb))
+					if (rs_read_cached(r, lb))
 						return;
 					pthread_mutex_lock(&r->lk);
 				}
-				ret = queue_push(r, lb);
+				ret = rs_queue_push(r, lb);
 				if (!ret)
-					wake = 1 + ra_push(r, lb);
+					wake = 1 + rs_ra_push(r, lb);
 			}
 			pthread_mutex_unlock(&r->lk);
 			/* A reader for the demand read, and one per readahead read it may start. */
 			while (wake--)
 				pthread_cond_signal(&r->q_cond);
 			if (ret)
-				set_failed(r, rfail(r, ret, "locality block %llu: demand queue",
+				rs_set_failed(r, rs_fail(r, ret, "locality block %llu: demand queue",
 						    ULL(lb)));
 			return;
 		case LB_CACHED:
@@ -999,21 +883,21 @@ static void serve_stored(struct halite_restore *r, uint64_t mb, uint64_t lb,
 			how = b->how;
 			fault_mb = b->fault_mb;
 			pthread_mutex_unlock(&r->lk);
-			if (!claim(r, mb, MB_NONE)) {
+			if (!rs_claim(r, mb, MB_NONE)) {
 				lb_release(r, lb);
 				continue; /* the pool took it meanwhile */
 			}
 			ret = install_from_lb(r, mb, buf, r->fault_tmp, HALITE_GMEM_ZERO_GONE);
 			if (!ret) {
-				installed(r, mb, BY_FAULT);
+				rs_installed(r, mb, BY_FAULT);
 				atomic_fetch_add(&r->n_faults_cached, 1);
 				if (r->track && how == HOW_DEMAND && mb != fault_mb)
 					count_accessed(r, b);
-				fault_served(r, t0);
+				rs_fault_served(r, t0);
 			}
 			lb_release(r, lb);
 			if (ret)
-				set_failed(r, ret);
+				rs_set_failed(r, ret);
 			return;
 		case LB_FAILED:
 			pthread_mutex_unlock(&r->lk);
@@ -1025,7 +909,7 @@ static void serve_stored(struct halite_restore *r, uint64_t mb, uint64_t lb,
 			if (s != MB_NONE)
 				continue;
 			if (!atomic_load(&r->failed))
-				set_failed(r, rfail(r, -HALITE_E_INTERNAL,
+				rs_set_failed(r, rs_fail(r, -HALITE_E_INTERNAL,
 						    "memory block %llu: not installed, its locality "
 						    "block %llu done", ULL(mb), ULL(lb)));
 			return;
@@ -1045,7 +929,7 @@ static void serve_fault(struct halite_restore *r, const struct uffd_msg *m, uint
 		/* Left behind by a move, or read before it: what the mapping holds. */
 		ret = halite_gmem_serve_stray(r->gm, m);
 		if (ret)
-			set_failed(r, rfail(r, ret, "fault at 0x%llx outside guest memory",
+			rs_set_failed(r, rs_fail(r, ret, "fault at 0x%llx outside guest memory",
 					    ULL(addr)));
 		return;
 	}
@@ -1103,7 +987,7 @@ static void *fault_main(void *arg)
 			continue;
 		n = halite_gmem_take_faults(r->gm, msgs, FAULT_BATCH);
 		if (n < 0) {
-			set_failed(r, rfail(r, n, "reading the userfaultfd"));
+			rs_set_failed(r, rs_fail(r, n, "reading the userfaultfd"));
 			break;
 		}
 		t0 = halite_now_ns();
@@ -1168,7 +1052,7 @@ static int pf_submit(struct halite_restore *r, struct pf_slot *s, unsigned tag)
 	halite_reader_lb_info(r->rd, s->lb, &li);
 	ret = halite_io_submit_read(r->pf_io, s->buf, r->lb_size, li.offset, tag);
 	if (ret)
-		return rfail(r, ret, "locality block %llu at offset %llu: submitting a read",
+		return rs_fail(r, ret, "locality block %llu at offset %llu: submitting a read",
 			     ULL(s->lb), ULL(li.offset));
 	return 0;
 }
@@ -1215,7 +1099,7 @@ static void *prefetch_main(void *arg)
 
 	pthread_setname_np(pthread_self(), "halite-prefetch");
 	if (!slots || !freel || !done || !tmp) {
-		set_failed(r, rfail(r, -ENOMEM, "prefetcher buffers"));
+		rs_set_failed(r, rs_fail(r, -ENOMEM, "prefetcher buffers"));
 		goto out;
 	}
 	for (unsigned i = 0; i < qd; i++)
@@ -1238,7 +1122,7 @@ static void *prefetch_main(void *arg)
 			 */
 			n = halite_io_reap(r->pf_io, done, qd, hold ? 1 : 0);
 			if (n < 0) {
-				set_failed(r, rfail(r, n, "prefetch reads"));
+				rs_set_failed(r, rs_fail(r, n, "prefetch reads"));
 				break;
 			}
 			for (int i = 0; i < n; i++) {
@@ -1261,14 +1145,14 @@ static void *prefetch_main(void *arg)
 		s = &slots[tag];
 		*s = (struct pf_slot){ lb, halite_reader_alloc_lb(r->rd), 1 };
 		if (!s->buf) {
-			set_failed(r, rfail(r, -ENOMEM, "locality block %llu: read buffer", ULL(lb)));
+			rs_set_failed(r, rs_fail(r, -ENOMEM, "locality block %llu: read buffer", ULL(lb)));
 			break;
 		}
 		n = pf_submit(r, s, tag);
 		if (n) {
 			halite_reader_free_lb(s->buf);
 			s->buf = NULL;
-			set_failed(r, n);
+			rs_set_failed(r, n);
 			break;
 		}
 		issued += r->lb_size;
@@ -1468,7 +1352,7 @@ static void finish(struct halite_restore *r)
 			continue;
 		halite_reader_lb_members(r->rd, lb, &mbs, &n);
 		for (uint32_t i = 0; i < n && !ret; i++) {
-			if (!claim(r, mbs[i], MB_STAGED)) {
+			if (!rs_claim(r, mbs[i], MB_STAGED)) {
 				/*
 				 * A fault took it and is installing it: done must
 				 * wait for that install to be counted, or the sums
@@ -1481,11 +1365,11 @@ static void finish(struct halite_restore *r)
 			}
 			ret = install_staged(r, lb, mbs[i], 0);
 			if (!ret)
-				installed(r, mbs[i], BY_POOL);
+				rs_installed(r, mbs[i], BY_POOL);
 		}
 	}
 	if (ret) {
-		set_failed(r, ret);
+		rs_set_failed(r, ret);
 		return;
 	}
 	if (atomic_load(&r->failed))
@@ -1519,7 +1403,7 @@ static int match_regions(struct halite_restore *r, const struct halite_restore_r
 			 uint32_t nregions)
 {
 	if (nregions != r->fi->region_count)
-		return rfail(r, -EINVAL, "%u regions given, the file has %u", nregions,
+		return rs_fail(r, -EINVAL, "%u regions given, the file has %u", nregions,
 			     r->fi->region_count);
 	for (uint32_t i = 0; i < nregions; i++) {
 		const struct halite_restore_region *in = &regions[i];
@@ -1528,12 +1412,12 @@ static int match_regions(struct halite_restore *r, const struct halite_restore_r
 		int idx = in->name ? halite_reader_find_region(r->rd, in->name) : -EINVAL;
 
 		if (idx < 0)
-			return rfail(r, idx == -EINVAL ? -EINVAL : -HALITE_E_NOT_FOUND,
+			return rs_fail(r, idx == -EINVAL ? -EINVAL : -HALITE_E_NOT_FOUND,
 				     "region %u '%s': not in the file", i, in->name ? in->name : "");
 		ri = halite_reader_region(r->rd, (uint32_t)idx);
 		g = &r->regions[idx];
 		if (g->name)
-			return rfail(r, -EINVAL, "region '%s' given twice", in->name);
+			return rs_fail(r, -EINVAL, "region '%s' given twice", in->name);
 		g->name = strdup(in->name);
 		if (!g->name)
 			return -ENOMEM;
@@ -1543,13 +1427,13 @@ static int match_regions(struct halite_restore *r, const struct halite_restore_r
 		g->first_mb = ri->first_mb;
 		g->nmb = ri->mb_count;
 		if (in->length != ri->length)
-			return rfail(r, -EINVAL, "region '%s': %llu bytes, the file has %llu",
+			return rs_fail(r, -EINVAL, "region '%s': %llu bytes, the file has %llu",
 				     in->name, ULL(in->length), ULL(ri->length));
 		if (in->host % r->page || !in->host || in->host + in->length < in->host)
-			return rfail(r, -EINVAL, "region '%s': host address 0x%llx not page aligned",
+			return rs_fail(r, -EINVAL, "region '%s': host address 0x%llx not page aligned",
 				     in->name, ULL(in->host));
 		if (in->kind != HALITE_MEM_ANON && in->kind != HALITE_MEM_SHARED)
-			return rfail(r, -EINVAL, "region '%s': unknown memory kind %d", in->name,
+			return rs_fail(r, -EINVAL, "region '%s': unknown memory kind %d", in->name,
 				     in->kind);
 		if (in->kind == HALITE_MEM_SHARED) {
 			struct stat st;
@@ -1557,12 +1441,12 @@ static int match_regions(struct halite_restore *r, const struct halite_restore_r
 			r->has_shared = true;
 			if (fstat(in->fd, &st) || !S_ISREG(st.st_mode) ||
 			    (uint64_t)st.st_size < in->fd_offset + in->length)
-				return rfail(r, -EINVAL, "region '%s': fd %d is not the file of shared "
+				return rs_fail(r, -EINVAL, "region '%s': fd %d is not the file of shared "
 					     "memory holding %llu bytes at offset %llu", in->name,
 					     in->fd, ULL(in->length), ULL(in->fd_offset));
 			g->fd = fcntl(in->fd, F_DUPFD_CLOEXEC, 0);
 			if (g->fd < 0)
-				return rfail(r, -errno, "region '%s': fd %d", in->name, in->fd);
+				return rs_fail(r, -errno, "region '%s': fd %d", in->name, in->fd);
 			g->fd_off = in->fd_offset;
 		}
 	}
@@ -1574,7 +1458,7 @@ static int match_regions(struct halite_restore *r, const struct halite_restore_r
 		const struct rregion *b = &r->regions[r->by_host[i]];
 
 		if (a->host + a->length > b->host)
-			return rfail(r, -EINVAL, "regions '%s' and '%s' overlap", a->name, b->name);
+			return rs_fail(r, -EINVAL, "regions '%s' and '%s' overlap", a->name, b->name);
 	}
 	return 0;
 }
@@ -1708,7 +1592,7 @@ HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *pa
 		if (rerr[0])
 			set_errmsg(r, rerr);
 		else
-			rfail(r, ret, "%s", path);
+			rs_fail(r, ret, "%s", path);
 		goto err;
 	}
 	r->fi = halite_reader_info(r->rd);
@@ -1719,7 +1603,7 @@ HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *pa
 	r->mb_zero = r->fi->mb_zero + r->fi->mb_untouched;
 	r->page = (uint64_t)sysconf(_SC_PAGESIZE);
 	if (r->fi->page_size % r->page) {
-		ret = rfail(r, -HALITE_E_UNSUPPORTED, "%s: pages of %u bytes, the host's are %llu",
+		ret = rs_fail(r, -HALITE_E_UNSUPPORTED, "%s: pages of %u bytes, the host's are %llu",
 			    path, r->fi->page_size, ULL(r->page));
 		goto err;
 	}
@@ -1748,7 +1632,7 @@ HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *pa
 		goto err;
 	r->fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (r->fd < 0) {
-		ret = rfail(r, -errno, "%s: cannot open", path);
+		ret = rs_fail(r, -errno, "%s: cannot open", path);
 		goto err;
 	}
 	/*
@@ -1764,7 +1648,7 @@ HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *pa
 		io.read_latency_us = r->o.read_latency_us;
 		ret = halite_io_open(&r->pf_io, path, O_RDONLY | O_CLOEXEC, 0, &io);
 		if (ret) {
-			ret = rfail(r, ret, "%s: opening for prefetch reads (%s%s)", path,
+			ret = rs_fail(r, ret, "%s: opening for prefetch reads (%s%s)", path,
 				    r->o.io_backend ? halite_io_backend_name(r->o.io_backend)
 						    : "default backend",
 				    io.flags ? ", O_DIRECT" : "");
@@ -1813,9 +1697,9 @@ static int check_unpopulated(struct halite_restore *r, const struct rregion *g)
 		off_t d = lseek(g->fd, (off_t)g->fd_off, SEEK_DATA);
 
 		if (d < 0 && errno != ENXIO)
-			return rfail(r, -errno, "region '%s': SEEK_DATA in its file", g->name);
+			return rs_fail(r, -errno, "region '%s': SEEK_DATA in its file", g->name);
 		if (d >= 0 && (uint64_t)d < g->fd_off + g->length)
-			return rfail(r, -EEXIST, "region '%s': its file already holds data at "
+			return rs_fail(r, -EEXIST, "region '%s': its file already holds data at "
 				     "offset %llu of the region; a restore needs an empty range (punch "
 				     "a hole first)", g->name, ULL((uint64_t)d - g->fd_off));
 		return 0;
@@ -1830,12 +1714,12 @@ static int check_unpopulated(struct halite_restore *r, const struct rregion *g)
 		ret2 = present_pages(r, g, bits);
 		for (uint64_t p = 0; !ret2 && p < g->length / r->page; p++)
 			if (bits[p / 64] & (1ull << (p % 64)))
-				ret2 = rfail(r, -EEXIST, "region '%s': the page at offset %llu is "
+				ret2 = rs_fail(r, -EEXIST, "region '%s': the page at offset %llu is "
 					     "already populated in process %d; a restore needs memory that "
 					     "was never touched", g->name, ULL(p * r->page),
 					     (int)r->o.owner_pid);
 		free(bits);
-		return ret2 < 0 && ret2 != -EEXIST ? rfail(r, ret2, "region '%s': which pages are "
+		return ret2 < 0 && ret2 != -EEXIST ? rs_fail(r, ret2, "region '%s': which pages are "
 							  "populated (pagemap)", g->name) : ret2;
 	}
 	vec = malloc(vlen);
@@ -1845,13 +1729,13 @@ static int check_unpopulated(struct halite_restore *r, const struct rregion *g)
 		uint64_t len = HALITE_MIN(g->length - off, (uint64_t)vlen * r->page);
 
 		if (mincore((void *)(uintptr_t)(g->host + off), len, vec)) {
-			ret = rfail(r, -errno, "region '%s': mincore at 0x%llx (is it mapped?)",
+			ret = rs_fail(r, -errno, "region '%s': mincore at 0x%llx (is it mapped?)",
 				    g->name, ULL(g->host + off));
 			break;
 		}
 		for (uint64_t i = 0; i < len / r->page; i++) {
 			if (vec[i] & 1) {
-				ret = rfail(r, -EEXIST, "region '%s': the page at offset %llu is "
+				ret = rs_fail(r, -EEXIST, "region '%s': the page at offset %llu is "
 					    "already populated; a restore needs mapped memory that "
 					    "was never touched", g->name, ULL(off + i * r->page));
 				break;
@@ -1909,7 +1793,7 @@ static int open_uffd(struct halite_restore *r)
 		 */
 		r->uffd = fcntl(r->o.owner_uffd, F_DUPFD_CLOEXEC, 0);
 		if (r->uffd < 0)
-			return rfail(r, -errno, "owner_uffd %d", r->o.owner_uffd);
+			return rs_fail(r, -errno, "owner_uffd %d", r->o.owner_uffd);
 		if ((r->o.flags & HALITE_RESTORE_ATTACH) && !uffd_features(r->uffd, &have) &&
 		    (have & UFFD_FEATURE_INITIALIZED_)) {
 			/* The dead handler's handshake stands; it must have asked for ours. */
@@ -1923,7 +1807,7 @@ static int open_uffd(struct halite_restore *r)
 		}
 	}
 	if (ret)
-		return rfail(r, ret, "userfaultfd%s%s", missing ? " lacks " : "",
+		return rs_fail(r, ret, "userfaultfd%s%s", missing ? " lacks " : "",
 			     missing ? halite_uffd_feature_names(missing, names, sizeof(names)) : "");
 	return 0;
 }
@@ -1939,15 +1823,15 @@ static int register_region(struct halite_restore *r, struct rregion *g)
 	/* Registering again with the same descriptor (ATTACH) is allowed. */
 	if (ioctl(r->uffd, UFFDIO_REGISTER, &reg)) {
 		if (errno == EBUSY)
-			return rfail(r, -EBUSY, "region '%s' is already registered with another "
+			return rs_fail(r, -EBUSY, "region '%s' is already registered with another "
 				     "userfaultfd: a save or restore of this memory is running",
 				     g->name);
-		return rfail(r, -errno, "region '%s': UFFDIO_REGISTER MISSING (private anonymous "
+		return rs_fail(r, -errno, "region '%s': UFFDIO_REGISTER MISSING (private anonymous "
 			     "or shared memfd/tmpfs memory?)", g->name);
 	}
 	g->registered = true;
 	if ((reg.ioctls & need) != need)
-		return rfail(r, -HALITE_E_UNSUPPORTED, "region '%s': no UFFDIO_COPY and "
+		return rs_fail(r, -HALITE_E_UNSUPPORTED, "region '%s': no UFFDIO_COPY and "
 			     "UFFDIO_ZEROPAGE on this memory", g->name);
 	return 0;
 }
@@ -2047,7 +1931,7 @@ static int attach_scan(struct halite_restore *r)
 		ret = present_pages(r, g, bits);
 		if (ret) {
 			free(bits);
-			return rfail(r, ret, "region '%s': which pages are in already", g->name);
+			return rs_fail(r, ret, "region '%s': which pages are in already", g->name);
 		}
 		for (uint64_t k = 0; k < g->nmb; k++) {
 			uint64_t mb = g->first_mb + k, p0 = k * ppm;
@@ -2096,7 +1980,7 @@ static int make_gmem(struct halite_restore *r)
 						     r->regions[i].kind == HALITE_MEM_SHARED };
 	ret = halite_gmem_create(&r->gm, r->uffd, gr, r->nregions);
 	free(gr);
-	return ret ? rfail(r, ret, "guest memory map") : 0;
+	return ret ? rs_fail(r, ret, "guest memory map") : 0;
 }
 
 /* Library threads take no signals meant for the application. */
@@ -2167,12 +2051,12 @@ HALITE_EXPORT int halite_restore_start(struct halite_restore *r)
 	if (!ret) {
 		r->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 		if (r->stop_fd < 0)
-			ret = rfail(r, -errno, "eventfd");
+			ret = rs_fail(r, -errno, "eventfd");
 	}
 	if (!ret) {
 		ret = halite_pool_create(&r->pool, r->o.workers, "halite-rinst");
 		if (ret)
-			ret = rfail(r, ret, "install pool of %u threads", r->o.workers);
+			ret = rs_fail(r, ret, "install pool of %u threads", r->o.workers);
 	}
 	if (ret)
 		goto fail;
@@ -2199,8 +2083,8 @@ HALITE_EXPORT int halite_restore_start(struct halite_restore *r)
 	}
 	if (ret) {
 		/* Nothing can have faulted yet: the caller resumes the guest after this. */
-		ret = rfail(r, ret, "starting threads");
-		set_failed(r, ret);
+		ret = rs_fail(r, ret, "starting threads");
+		rs_set_failed(r, ret);
 		stop_threads(r);
 		goto fail;
 	}
@@ -2292,7 +2176,7 @@ HALITE_EXPORT void halite_restore_free(struct halite_restore *r)
 			/* The caller's decision, not a fault: no error in the log. */
 			set_errmsg_level(r, "restore cancelled: freed while running",
 					 HALITE_LOG_INFO);
-			set_failed(r, -ECANCELED);
+			rs_set_failed(r, -ECANCELED);
 		}
 		stop_threads(r);
 		pthread_mutex_lock(&r->st_lock);

@@ -1,0 +1,169 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Private to the restore engine: its state, shared by its source files.
+ *
+ * restore.c   the engine: open, start, the LB states, demand readers, install
+ *             pool, fault thread, prefetcher, the end (its top comment is the
+ *             design)
+ *
+ * Locks and states are described at the top of restore.c.
+ */
+#ifndef HALITE_RESTORE_INT_H
+#define HALITE_RESTORE_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <halite/restore.h>
+
+#include "gmem.h"
+#include "io.h"
+#include "log_internal.h"
+#include "pool.h"
+#include "stats.h"
+
+/* Stream readahead: the queue of LBs to read ahead. */
+#define RA_QUEUE 256u
+
+enum { MB_NONE, MB_CLAIMED, MB_INSTALLED, MB_STAGED };
+enum { LB_IDLE, LB_READING, LB_CACHED, LB_DONE, LB_FAILED };
+enum { HOW_NONE, HOW_DEMAND, HOW_PREFETCH };
+/* Who installed a block: which counter it goes to. */
+enum { BY_FAULT, BY_POOL, BY_PREFETCH };
+enum { S_CREATED, S_RUNNING, S_DONE, S_FAILED };
+
+struct rregion {
+	char *name;
+	uint64_t host, length;
+	int kind;
+	uint64_t first_mb, nmb; /* as in the file: regions are kept in file order */
+	int fd;			/* SHARED: our dup of the file, else -1 */
+	uint64_t fd_off;
+	bool registered;
+	bool discards_refused;	/* we made the file append-only: undo at the end */
+};
+
+/* A fault waiting for its LB's read. */
+struct waiter {
+	struct waiter *next;
+	uint64_t mb;
+	uint64_t t0; /* message read */
+};
+
+struct rlb {
+	_Atomic uint8_t state;	 /* written under lk */
+	uint8_t how;		 /* HOW_*: set when the read lands; under lk */
+	uint32_t refs;		 /* holders of buf; under lk */
+	uint8_t *buf;		 /* CACHED: verified bytes; under lk */
+	struct waiter *waiters;	 /* READING: newest first; under lk */
+	uint64_t t_ns;		 /* when the read landed, since ready; under lk */
+	uint64_t fault_mb;	 /* DEMAND: the block whose fault read it; under lk */
+	uint8_t *stage;		 /* TRACK_ACCESS demand LBs: decoded blocks, by member index */
+	uint32_t staged;	 /* TRACK_ACCESS demand LBs: members - 1; under lk */
+	_Atomic uint32_t accessed; /* ... of which the guest touched before the end */
+};
+
+struct itask {
+	struct halite_restore *r;
+	uint64_t lb;
+	uint8_t *buf;
+};
+
+struct halite_restore {
+	struct halite_restore_opts o;
+	char *path;
+	struct halite_reader *rd;
+	const struct halite_file_info *fi;
+	struct rregion *regions; /* file order */
+	uint32_t nregions;
+	uint32_t *by_host;	 /* region indices sorted by host address */
+	uint32_t mb_size, lb_size;
+	uint64_t mb_total, lb_total, mb_zero;
+	uint64_t page;		 /* host page size */
+	bool external, has_shared, track;
+	_Atomic uint8_t *mb;	 /* MB_* per memory block */
+	struct rlb *lbs;
+
+	int uffd, stop_fd, fd;	 /* fd: for dropping cached LB pages before a retry */
+	struct halite_gmem *gm;	 /* every install and wake, and the uffd's events */
+	struct halite_io *pf_io; /* the prefetcher's, NULL with NO_PREFETCH */
+	struct halite_pool *pool;
+	pthread_t fault_thr, pf_thr, *rd_thr;
+	unsigned readers_started;
+	bool fault_started, pf_started, started;
+	uint8_t *fault_tmp;	 /* the fault thread's decode buffer */
+
+	pthread_mutex_t lk;	 /* LB states, waiters, the demand and readahead queues */
+	pthread_cond_t q_cond;
+	uint64_t *q;		 /* demand queue: a ring of LB indices */
+	size_t q_cap, q_head, q_len;
+	/*
+	 * Stream readahead: ra_next[lb] is the next LB of lb's stream (file
+	 * order; UINT64_MAX at its end); raq a ring of LBs to read ahead,
+	 * oldest dropped when full; ra_busy readers reading one now.
+	 */
+	uint64_t *ra_next;
+	uint64_t raq[RA_QUEUE];
+	size_t raq_head, raq_len;
+	unsigned ra_busy, ra_readers;
+	bool inline_reads;	 /* buffered, no added latency: read_cached() may read */
+	_Atomic uint64_t lb_done, lbs_cached;
+
+	pthread_mutex_t st_lock; /* state, error, errmsg */
+	pthread_cond_t st_cond;
+	int state, error;
+	bool ending;
+	_Atomic bool failed, stopping;
+	_Atomic bool ended;	 /* finish() is unregistering: the restore is done */
+	_Atomic uint64_t last_fault_ns;
+	uint64_t open_ns, ready_at, ready_ns, done_ns;
+
+	_Atomic uint64_t n_mb[3]; /* BY_* */
+	uint64_t n_mb_present;	  /* ATTACH: found in memory at start */
+	_Atomic uint64_t n_faults, n_faults_cached, n_faults_zero, n_faults_vcpu;
+	_Atomic uint64_t n_lb_demand, n_lb_prefetch, n_lb_retries, n_bytes_read;
+	_Atomic uint64_t n_staged, n_staged_accessed;
+	struct halite_hist hist;
+
+	struct halite_logger log;
+	char errmsg[256];
+};
+
+#define ULL(x) ((unsigned long long)(x))
+
+/* Where a fault is: its page (region index, offset), whether a write, when read. */
+struct fault {
+	uint32_t ri;
+	uint64_t off;
+	bool write;
+	uint64_t t0;
+};
+
+
+/* ---- restore.c, for the engine's other files ---- */
+
+/* The first message wins (save.c's sfail); returns -|err|. */
+__attribute__((format(printf, 3, 4)))
+int rs_fail(struct halite_restore *r, int err, const char *fmt, ...);
+/* The first error wins; nothing is installed from here on. */
+void rs_set_failed(struct halite_restore *r, int err);
+const struct rregion *rs_region_of_mb(const struct halite_restore *r, uint64_t mb);
+/* CAS of memory block @mb from @from to MB_CLAIMED. */
+bool rs_claim(struct halite_restore *r, uint64_t mb, uint8_t from);
+/* What a failed install says about itself; returns the error. */
+int rs_install_failed(struct halite_restore *r, int ret, uint64_t mb, const char *how);
+/* A claimed block is in: counted (BY_*), then MB_INSTALLED. */
+void rs_installed(struct halite_restore *r, uint64_t mb, int by);
+/* A fault served: its service time (message read to wake) into the histogram. */
+void rs_fault_served(struct halite_restore *r, uint64_t t0);
+/* Under lk: queue @lb (READING) for the demand readers. 0 or -ENOMEM. */
+int rs_queue_push(struct halite_restore *r, uint64_t lb);
+/* Under lk: stream readahead after a demand read of @lb; how many readers to signal. */
+size_t rs_ra_push(struct halite_restore *r, uint64_t lb);
+/* The fault thread reads @lb (READING) itself if all of it is in the page cache. */
+bool rs_read_cached(struct halite_restore *r, uint64_t lb);
+
+#endif
