@@ -110,6 +110,14 @@
  * refuses hole punches (halite/src/discard.h): a discard of a page not yet
  * restored would otherwise be undone by its install, and no event tells.
  *
+ * hugetlbfs (huge.c): the guest sees a huge page whole, so its blocks are
+ * decoded into the page cache through the engine's own mapping (MB_INSTALLED
+ * then means written there, not visible) and the page is mapped for the
+ * guest (UFFDIO_CONTINUE) by whoever writes its last block. A fault there
+ * queues every LB holding a block of its page; a reader landing an LB
+ * writes the blocks of pages a fault waits for before the pool gets the
+ * rest. The claims, LB states, threads and counts are the ones above.
+ *
  * Taking over (HALITE_RESTORE_ATTACH): the regions are registered again on
  * the owner's descriptor (allowed: the same context), the blocks found in
  * memory are marked installed (attach_scan()), their LBs done, and every
@@ -246,6 +254,28 @@ static bool is_vcpu(const struct halite_restore *r, uint32_t tid)
 bool rs_claim(struct halite_restore *r, uint64_t mb, uint8_t from)
 {
 	return atomic_compare_exchange_strong(&r->mb[mb], &from, MB_CLAIMED);
+}
+
+/* Is @mb in a hugetlbfs region (installed by huge page, huge.c)? */
+static bool mb_huge(const struct halite_restore *r, uint64_t mb)
+{
+	return r->has_huge && rs_region_of_mb(r, mb)->hpage;
+}
+
+/*
+ * TRACK_ACCESS: the blocks of demand-read @lb to stage, all but @fault_mb's
+ * and those of huge pages (never staged: the guest sees a huge page whole,
+ * so its blocks' accesses cannot be told apart).
+ */
+static uint32_t lb_stageable(const struct halite_restore *r, uint64_t lb, uint64_t fault_mb)
+{
+	const uint64_t *mbs;
+	uint32_t n, k = 0;
+
+	halite_reader_lb_members(r->rd, lb, &mbs, &n);
+	for (uint32_t i = 0; i < n; i++)
+		k += mbs[i] != fault_mb && !mb_huge(r, mbs[i]);
+	return k;
 }
 
 /* ---- installs (halite/src/gmem.h) ---- */
@@ -432,12 +462,14 @@ static void install_lb(struct itask *t)
 	/*
 	 * Not stopped by another LB's failure: every block of a verified,
 	 * published LB goes in, so that after a failure each LB is either
-	 * whole in memory or not at all (bar TRACK_ACCESS stages).
+	 * whole in memory or not at all (bar TRACK_ACCESS stages; a block of
+	 * a huge page is in its page, which may wait for another LB).
 	 */
 	for (uint32_t i = 0; i < n && !ret; i++) {
 		uint64_t mb = mbs[i];
+		bool huge = mb_huge(r, mb);
 
-		if (stage) {
+		if (stage && !huge) {
 			uint8_t *slot = b->stage + (size_t)i * r->mb_size;
 			uint8_t none = MB_NONE;
 
@@ -457,6 +489,10 @@ static void install_lb(struct itask *t)
 		}
 		if (!rs_claim(r, mb, MB_NONE))
 			continue;
+		if (huge) {
+			ret = rs_huge_write(r, mb, t->buf, by);
+			continue;
+		}
 		ret = install_from_lb(r, mb, t->buf, tmp, 0);
 		if (!ret)
 			rs_installed(r, mb, by);
@@ -485,7 +521,7 @@ static void lb_landed(struct halite_restore *r, uint64_t lb, uint8_t *buf, int h
 	struct itask *t;
 	const uint64_t *mbs;
 	uint64_t fault_mb;
-	uint32_t n;
+	uint32_t n, staged = 0;
 	int ret = 0;
 
 	/* After a failure nothing more is published; what was is installed whole. */
@@ -501,9 +537,9 @@ static void lb_landed(struct halite_restore *r, uint64_t lb, uint8_t *buf, int h
 	b->refs = 1;
 	b->how = (uint8_t)how;
 	b->t_ns = since_ready(r);
-	if (r->track && how == HOW_DEMAND)
-		b->staged = n - 1;
 	fault_mb = b->fault_mb;
+	if (r->track && how == HOW_DEMAND)
+		b->staged = staged = lb_stageable(r, lb, fault_mb);
 	while ((w = b->waiters)) {
 		b->waiters = w->next;
 		w->next = fifo;
@@ -511,8 +547,7 @@ static void lb_landed(struct halite_restore *r, uint64_t lb, uint8_t *buf, int h
 	}
 	pthread_mutex_unlock(&r->lk);
 	atomic_fetch_add(how == HOW_DEMAND ? &r->n_lb_demand : &r->n_lb_prefetch, 1);
-	if (r->track && how == HOW_DEMAND)
-		atomic_fetch_add(&r->n_staged, n - 1);
+	atomic_fetch_add(&r->n_staged, staged);
 	while ((w = fifo)) {
 		fifo = w->next;
 		if (!ret) {
@@ -535,6 +570,10 @@ static void lb_landed(struct halite_restore *r, uint64_t lb, uint8_t *buf, int h
 		}
 		free(w);
 	}
+	/* Then the blocks of huge pages a fault waits for (huge.c), in address order. */
+	for (uint32_t i = 0; i < n && !ret && r->has_huge; i++)
+		if (rs_huge_wanted(r, mbs[i]) && rs_claim(r, mbs[i], MB_NONE))
+			ret = rs_huge_write(r, mbs[i], buf, BY_FAULT);
 	if (ret)
 		rs_set_failed(r, ret);
 	/* No task, or no room in the pool: this thread installs the LB itself. */
@@ -921,6 +960,7 @@ static void serve_fault(struct halite_restore *r, const struct uffd_msg *m, uint
 {
 	uint64_t addr = m->arg.pagefault.address & ~(r->page - 1);
 	struct fault f = { .write = m->arg.pagefault.flags & UFFD_PAGEFAULT_FLAG_WRITE, .t0 = t0 };
+	const struct rregion *g;
 	struct halite_mb_loc loc;
 	uint64_t mb;
 	int ret;
@@ -933,7 +973,8 @@ static void serve_fault(struct halite_restore *r, const struct uffd_msg *m, uint
 					    ULL(addr)));
 		return;
 	}
-	mb = r->regions[f.ri].first_mb + f.off / r->mb_size;
+	g = &r->regions[f.ri];
+	mb = g->first_mb + f.off / r->mb_size;
 	/*
 	 * Read before the ranges were unregistered at the end, whose
 	 * unregistering woke the thread: nothing to serve or count.
@@ -941,8 +982,13 @@ static void serve_fault(struct halite_restore *r, const struct uffd_msg *m, uint
 	if (atomic_load(&r->ended) && !atomic_load(&r->failed))
 		return;
 	if (atomic_load(&r->failed)) {
-		/* Install nothing more; only a raced fault on good bytes is woken. */
-		if (atomic_load(&r->mb[mb]) == MB_INSTALLED)
+		/*
+		 * Install nothing more; only a raced fault on good bytes is
+		 * woken (a huge page's blocks are good once it is complete).
+		 */
+		if (g->hpage && rs_huge_in(r, mb))
+			halite_gmem_wake(r->gm, f.ri, f.off - f.off % g->hpage, g->hpage);
+		else if (!g->hpage && atomic_load(&r->mb[mb]) == MB_INSTALLED)
 			halite_gmem_wake(r->gm, f.ri, f.off, r->page);
 		return;
 	}
@@ -951,7 +997,9 @@ static void serve_fault(struct halite_restore *r, const struct uffd_msg *m, uint
 	if (is_vcpu(r, m->arg.pagefault.feat.ptid))
 		atomic_fetch_add(&r->n_faults_vcpu, 1);
 	halite_reader_mb_lookup(r->rd, mb, &loc);
-	if (loc.state != HALITE_MB_STORED)
+	if (g->hpage)
+		rs_huge_fault(r, mb, &f);
+	else if (loc.state != HALITE_MB_STORED)
 		serve_zero(r, mb, &f);
 	else
 		serve_stored(r, mb, loc.lb, &f);
@@ -1409,7 +1457,7 @@ static int match_regions(struct halite_restore *r, const struct halite_restore_r
 		const struct halite_restore_region *in = &regions[i];
 		const struct halite_region_info *ri;
 		struct rregion *g;
-		int idx = in->name ? halite_reader_find_region(r->rd, in->name) : -EINVAL;
+		int idx = in->name ? halite_reader_find_region(r->rd, in->name) : -EINVAL, ret;
 
 		if (idx < 0)
 			return rs_fail(r, idx == -EINVAL ? -EINVAL : -HALITE_E_NOT_FOUND,
@@ -1448,6 +1496,10 @@ static int match_regions(struct halite_restore *r, const struct halite_restore_r
 			if (g->fd < 0)
 				return rs_fail(r, -errno, "region '%s': fd %d", in->name, in->fd);
 			g->fd_off = in->fd_offset;
+			/* On hugetlbfs: installed by huge page (huge.c). */
+			ret = rs_huge_region(r, g);
+			if (ret)
+				return ret;
 		}
 	}
 	for (uint32_t i = 0; i < nregions; i++)
@@ -1617,6 +1669,8 @@ HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *pa
 	for (uint32_t i = 0; i < r->nregions; i++)
 		r->regions[i].fd = -1;
 	ret = match_regions(r, regions, nregions);
+	if (!ret)
+		ret = rs_huge_init(r);
 	if (ret)
 		goto err;
 	r->mb = calloc(r->mb_total ? r->mb_total : 1, 1);
@@ -1693,6 +1747,8 @@ static int check_unpopulated(struct halite_restore *r, const struct rregion *g)
 	unsigned char *vec;
 	int ret = 0;
 
+	if (g->hpage)
+		return rs_huge_check_empty(r, g);
 	if (g->kind == HALITE_MEM_SHARED) {
 		off_t d = lseek(g->fd, (off_t)g->fd_off, SEEK_DATA);
 
@@ -1782,6 +1838,10 @@ static int open_uffd(struct halite_restore *r)
 
 	if (r->has_shared)
 		want |= UFFD_FEATURE_MISSING_SHMEM;
+	/* hugetlbfs faults report the huge page's address unless asked not to. */
+	if (r->has_huge)
+		want |= UFFD_FEATURE_MISSING_HUGETLBFS | UFFD_FEATURE_MINOR_HUGETLBFS |
+			UFFD_FEATURE_EXACT_ADDRESS;
 	if (!r->external) {
 		r->uffd = halite_uffd_open(want, &missing);
 		ret = r->uffd < 0 ? r->uffd : 0;
@@ -1820,19 +1880,28 @@ static int register_region(struct halite_restore *r, struct rregion *g)
 	};
 	uint64_t need = 1ull << _UFFDIO_COPY | 1ull << _UFFDIO_ZEROPAGE | 1ull << _UFFDIO_WAKE;
 
+	/*
+	 * hugetlbfs: a page being assembled in the page cache faults MINOR
+	 * until UFFDIO_CONTINUE shows it (huge.c); no zero page there.
+	 */
+	if (g->hpage) {
+		reg.mode |= UFFDIO_REGISTER_MODE_MINOR;
+		need = 1ull << _UFFDIO_COPY | 1ull << _UFFDIO_CONTINUE | 1ull << _UFFDIO_WAKE;
+	}
 	/* Registering again with the same descriptor (ATTACH) is allowed. */
 	if (ioctl(r->uffd, UFFDIO_REGISTER, &reg)) {
 		if (errno == EBUSY)
 			return rs_fail(r, -EBUSY, "region '%s' is already registered with another "
 				     "userfaultfd: a save or restore of this memory is running",
 				     g->name);
-		return rs_fail(r, -errno, "region '%s': UFFDIO_REGISTER MISSING (private anonymous "
-			     "or shared memfd/tmpfs memory?)", g->name);
+		return rs_fail(r, -errno, "region '%s': UFFDIO_REGISTER %s (private anonymous "
+			     "or shared memfd/tmpfs/hugetlbfs memory?)", g->name,
+			     g->hpage ? "MISSING|MINOR" : "MISSING");
 	}
 	g->registered = true;
 	if ((reg.ioctls & need) != need)
-		return rs_fail(r, -HALITE_E_UNSUPPORTED, "region '%s': no UFFDIO_COPY and "
-			     "UFFDIO_ZEROPAGE on this memory", g->name);
+		return rs_fail(r, -HALITE_E_UNSUPPORTED, "region '%s': no UFFDIO_COPY and %s on "
+			     "this memory", g->name, g->hpage ? "UFFDIO_CONTINUE" : "UFFDIO_ZEROPAGE");
 	return 0;
 }
 
@@ -1856,6 +1925,13 @@ static void refuse_discards(struct halite_restore *r)
 
 		if (g->kind != HALITE_MEM_SHARED)
 			continue;
+		if (g->hpage) {
+			/* No file flags there: said, not refused (docs/failure-model.md). */
+			halite_logf(&r->log, HALITE_LOG_INFO, "region '%s' (hugetlbfs): a hole "
+				    "punched in its file during the restore cannot be refused: a huge "
+				    "page discarded before it is in would be filled again", g->name);
+			continue;
+		}
 		ret = halite_discard_refuse(g->fd, &g->discards_refused);
 		if (ret)
 			halite_logf(&r->log, HALITE_LOG_WARN, "region '%s': its file cannot refuse "
@@ -1874,7 +1950,8 @@ static void allow_discards(struct halite_restore *r)
 
 /*
  * ATTACH: which pages are in already, one bit per page of @g into @bits.
- * Shared memory: what its file holds. Private memory: what the owner's page
+ * Shared memory: what its file holds. Private memory and hugetlbfs (whose
+ * page cache may hold pages being assembled, huge.c): what the owner's page
  * tables or swap hold (/proc/PID/pagemap).
  */
 #define PM_PRESENT (1ull << 63)
@@ -1886,7 +1963,7 @@ static int present_pages(struct halite_restore *r, const struct rregion *g, uint
 	char path[64];
 	int fd, ret = 0;
 
-	if (g->kind == HALITE_MEM_SHARED)
+	if (g->kind == HALITE_MEM_SHARED && !g->hpage)
 		return halite_file_data_pages(g->fd, g->fd_off, g->length, r->page, bits);
 	snprintf(path, sizeof(path), "/proc/%d/pagemap", r->external ? (int)r->o.owner_pid :
 		 (int)getpid());
@@ -1933,6 +2010,8 @@ static int attach_scan(struct halite_restore *r)
 			free(bits);
 			return rs_fail(r, ret, "region '%s': which pages are in already", g->name);
 		}
+		if (g->hpage)
+			rs_huge_attach(r, g, bits);
 		for (uint64_t k = 0; k < g->nmb; k++) {
 			uint64_t mb = g->first_mb + k, p0 = k * ppm;
 			struct halite_mb_loc loc;
@@ -1976,7 +2055,8 @@ static int make_gmem(struct halite_restore *r)
 		return -ENOMEM;
 	for (uint32_t i = 0; i < r->nregions; i++)
 		gr[i] = (struct halite_gmem_region){ r->regions[i].host, r->regions[i].length,
-						     (uint32_t)r->page,
+						     (uint32_t)(r->regions[i].hpage ? r->regions[i].hpage :
+								r->page),
 						     r->regions[i].kind == HALITE_MEM_SHARED };
 	ret = halite_gmem_create(&r->gm, r->uffd, gr, r->nregions);
 	free(gr);
@@ -2209,6 +2289,7 @@ HALITE_EXPORT void halite_restore_free(struct halite_restore *r)
 		free(b->stage);
 	}
 	halite_io_close(r->pf_io);
+	rs_huge_free(r);
 	halite_gmem_free(r->gm);
 	if (r->uffd >= 0)
 		close(r->uffd);

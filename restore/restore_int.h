@@ -5,6 +5,7 @@
  * restore.c   the engine: open, start, the LB states, demand readers, install
  *             pool, fault thread, prefetcher, the end (its top comment is the
  *             design)
+ * huge.c      hugetlbfs regions, whose unit of installation is the huge page
  *
  * Locks and states are described at the top of restore.c.
  */
@@ -44,6 +45,10 @@ struct rregion {
 	uint64_t fd_off;
 	bool registered;
 	bool discards_refused;	/* we made the file append-only: undo at the end */
+	/* hugetlbfs (huge.c): */
+	uint64_t hpage;		/* its page size, the unit of installation; 0: not hugetlbfs */
+	uint64_t first_hp;	/* its first page in r->hps */
+	uint8_t *map;		/* our shared mapping of its file range: blocks are decoded here */
 };
 
 /* A fault waiting for its LB's read. */
@@ -66,6 +71,16 @@ struct rlb {
 	_Atomic uint32_t accessed; /* ... of which the guest touched before the end */
 };
 
+/* A huge page of a hugetlbfs region (huge.c). */
+struct rhp {
+	_Atomic uint32_t written; /* stored blocks decoded into it */
+	_Atomic uint32_t stored;  /* its stored blocks + 1 once counted; 0 before */
+	_Atomic uint8_t alloc;	  /* allocated in the file */
+	_Atomic uint8_t in;	  /* complete and mapped for the guest; set under lk */
+	_Atomic uint8_t wanted;	  /* a fault waits for it; set under lk */
+	struct waiter *waiters;	  /* faults to count as served when it comes in; under lk */
+};
+
 struct itask {
 	struct halite_restore *r;
 	uint64_t lb;
@@ -84,6 +99,9 @@ struct halite_restore {
 	uint64_t mb_total, lb_total, mb_zero;
 	uint64_t page;		 /* host page size */
 	bool external, has_shared, track;
+	bool has_huge;		 /* a region is on hugetlbfs */
+	struct rhp *hps;	 /* the huge pages of hugetlbfs regions, regions in file order */
+	uint64_t nhp;
 	_Atomic uint8_t *mb;	 /* MB_* per memory block */
 	struct rlb *lbs;
 
@@ -165,5 +183,32 @@ int rs_queue_push(struct halite_restore *r, uint64_t lb);
 size_t rs_ra_push(struct halite_restore *r, uint64_t lb);
 /* The fault thread reads @lb (READING) itself if all of it is in the page cache. */
 bool rs_read_cached(struct halite_restore *r, uint64_t lb);
+
+/* ---- huge.c: hugetlbfs regions ---- */
+
+/*
+ * At open, a shared region with its fd: on hugetlbfs, its page size (the
+ * alignment checked) and our mapping of it. 0 (not hugetlbfs too) or -errno.
+ */
+int rs_huge_region(struct halite_restore *r, struct rregion *g);
+/* After every region: the huge pages' records. 0 or -ENOMEM. */
+int rs_huge_init(struct halite_restore *r);
+void rs_huge_free(struct halite_restore *r);
+/* At start: -EEXIST (with the message) when the file range holds a page. */
+int rs_huge_check_empty(struct halite_restore *r, const struct rregion *g);
+/* ATTACH: the pages the owner maps (@bits: one per host page of @g) are in. */
+void rs_huge_attach(struct halite_restore *r, const struct rregion *g, const uint64_t *bits);
+/*
+ * Decode stored block @mb (claimed, of a hugetlbfs region) from verified LB
+ * @lb_buf into its page and count it (@by); the page's last block makes
+ * the page visible and wakes its faults. 0 or -errno (with the message).
+ */
+int rs_huge_write(struct halite_restore *r, uint64_t mb, const uint8_t *lb_buf, int by);
+/* Does a fault wait for the huge page of @mb (false if not on hugetlbfs)? */
+bool rs_huge_wanted(struct halite_restore *r, uint64_t mb);
+/* Is the huge page of @mb (on hugetlbfs) complete and visible? */
+bool rs_huge_in(struct halite_restore *r, uint64_t mb);
+/* The fault thread: a fault on block @mb of a hugetlbfs region. */
+void rs_huge_fault(struct halite_restore *r, uint64_t mb, const struct fault *f);
 
 #endif

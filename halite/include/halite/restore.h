@@ -39,11 +39,26 @@
  * owner exits.
  *
  * Memory: each region must be mapped and never touched, private anonymous or
- * a shared mapping of memfd/tmpfs (not hugetlbfs), host-page aligned.
+ * a shared mapping of memfd/tmpfs/hugetlbfs, host-page aligned.
  * halite_restore_start() refuses memory with a page already populated
  * (shared memory: data in the file range; anonymous memory: mincore() here,
  * /proc/PID/pagemap for another process's), since such a page would never
  * fault and keep its bytes.
+ *
+ * hugetlbfs: the kernel maps a huge page whole, so there the unit of
+ * installation is the huge page (its size taken from the file system: 2 MiB,
+ * or 1 GiB, where one fault then waits for a whole GiB): the guest sees a
+ * huge page only once every stored block of it is decoded and verified, its
+ * zero and never-touched blocks reading as the zeros of a fresh page. A
+ * fault reads every LB holding a block of its huge page (the faulting
+ * block's first); the blocks are decoded straight into the page cache
+ * through the engine's own mapping of the file, and the page is mapped for
+ * the guest with UFFDIO_CONTINUE once its last block is in (the region is
+ * registered MISSING and MINOR, so a page being assembled faults like a
+ * hole until then). The region's host address, length and file offset must
+ * be multiples of the huge page size; its file descriptor open for reading
+ * and writing; the engine's mapping reserves the range's huge pages at open
+ * (-ENOMEM when too few are free).
  * Memory already registered with another userfaultfd (a save or restore of
  * it running) is refused with -EBUSY before anything changes.
  *
@@ -84,12 +99,15 @@ struct halite_restore_region {
 	uint64_t host;	  /* target in the owner's address space: mapped, never touched,
 			     host-page aligned */
 	uint64_t length;  /* must equal the file region's length */
-	int kind;	  /* enum halite_mem_kind: ANON (private) or SHARED (memfd, tmpfs) */
+	int kind;	  /* enum halite_mem_kind: ANON (private) or SHARED (memfd, tmpfs,
+			     hugetlbfs) */
 	/*
 	 * SHARED: the file mapped at @host (not taken over), and where in it:
 	 * the engine checks it is empty, refuses hole punches (discards) in it
 	 * while restoring, and reads from it which pages are in when it takes
-	 * over a restore (HALITE_RESTORE_ATTACH). Ignored for ANON.
+	 * over a restore (HALITE_RESTORE_ATTACH). On hugetlbfs (no hole
+	 * punch can be refused there), open for writing: the engine decodes
+	 * the huge pages into it. Ignored for ANON.
 	 */
 	int fd;
 	uint64_t fd_offset;
@@ -103,7 +121,8 @@ struct halite_restore_region {
  * demand fault are decoded and staged, not installed; the guest's first
  * access to one is answered from the stage and counted. Staged blocks the
  * guest never touched are installed at the end. Costs one minor fault per
- * staged block the guest touches.
+ * staged block the guest touches. Blocks of hugetlbfs regions are never
+ * staged (the guest touches a huge page whole): not measured there.
  */
 #define HALITE_RESTORE_TRACK_ACCESS 0x4u
 /* No stream readahead (opts.readahead). */
@@ -185,7 +204,8 @@ struct halite_restore_stats {
 	 */
 	uint64_t mb_fault;	  /* stored blocks installed for a fault on them (the one that
 				     caused a read, those that waited for it, those answered
-				     from an LB in memory or from the stage) */
+				     from an LB in memory or from the stage; hugetlbfs: the
+				     blocks of the faulting huge page a demand read brought) */
 	uint64_t mb_pool;	  /* other blocks of demand-read LBs, installed by the pool
 				     (TRACK_ACCESS: staged blocks installed at the end) */
 	uint64_t mb_prefetch;	  /* other blocks of prefetched LBs, installed by the pool */
@@ -193,8 +213,11 @@ struct halite_restore_stats {
 				     all of them from the start (never read) */
 	uint64_t faults;	  /* missing-page faults handled (not those after a failure) */
 	uint64_t faults_cached;	  /* ... on stored blocks whose LB was in memory: answered
-				     from it or from the stage, or raced with an install */
-	uint64_t faults_zero;	  /* ... on zero or never-touched blocks */
+				     from it or from the stage, or raced with an install
+				     (hugetlbfs: on a huge page all of whose LBs were in
+				     memory or being read, or complete) */
+	uint64_t faults_zero;	  /* ... on zero or never-touched blocks (hugetlbfs: on huge
+				     pages without a stored block) */
 	uint64_t faults_vcpu;	  /* ... from the vCPU threads given */
 	uint64_t lb_total;
 	uint64_t lb_demand;	  /* LBs read for a fault (each LB is read once: demand +
