@@ -92,6 +92,11 @@ int hq_vm_ram(struct hq_vm *vm);
  * the holes they punch nor tell them. vm->err says which.
  */
 int hq_vm_check_saveable(struct hq_vm *vm);
+/*
+ * A device of this QEMU that gives guest memory back by punching holes in
+ * the RAM's file ("virtio-balloon", "virtio-mem"), or NULL.
+ */
+const char *hq_vm_discard_device(struct hq_vm *vm);
 /* Close what hq_vm_ram() and hq_vm_attach() opened. */
 void hq_vm_release(struct hq_vm *vm);
 /* --- runstate.c --- */

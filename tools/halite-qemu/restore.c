@@ -120,11 +120,12 @@ void hq_help_restore(FILE *f)
 		"compared with the recorded ones and refused, before QEMU starts, naming what\n"
 		"differs; displays, monitors, sockets, file paths and host ports may differ.\n"
 		"The RAM's backend may differ: -m alone, memory-backend-ram, or memory-backend-\n"
-		"memfd or -file share=on on tmpfs. " PROG " adds -S, -incoming defer and a\n"
-		"QMP socket, and adds user networking's hostfwd rules (HMP hostfwd_add) once the\n"
-		"guest's state is loaded, just before it runs: a connection then waits for the\n"
-		"guest; before, it is refused. QEMU-BINARY defaults to " QEMU_DEFAULT "\n"
-		"($HALITE_QEMU).\n"
+		"memfd or -file share=on on tmpfs or hugetlbfs (there memory comes in by huge\n"
+		"page: a first access waits for all of its page). " PROG " adds -S, -incoming\n"
+		"defer and a QMP socket, and adds user networking's hostfwd rules (HMP\n"
+		"hostfwd_add) once the guest's state is loaded, just before it runs: a\n"
+		"connection then waits for the guest; before, it is refused. QEMU-BINARY\n"
+		"defaults to " QEMU_DEFAULT " ($HALITE_QEMU).\n"
 		"Disks the save froze run on a new qcow2 overlay of the frozen image, made with\n"
 		"qemu-img beside it (--disk-dir): the command line's -drive, -blockdev or -hda\n"
 		"naming the image is pointed at the overlay, so each restore of a snapshot gets\n"
@@ -155,7 +156,8 @@ void hq_help_restore(FILE *f)
 		"                     overlays of the frozen images (unsafe: the guest's memory\n"
 		"                     then meets a disk that moved on)\n"
 		"  --track-access     measure the VM access %% of demand-read locality blocks\n"
-		"                     (blocks are staged; costs a minor fault per staged block used)\n"
+		"                     (blocks are staged; costs a minor fault per staged block used;\n"
+		"                     not on hugetlbfs)\n"
 		"  --no-prefetch      no background prefetch (memory comes only by faults)\n"
 		"  --read-latency US  add US microseconds to every read (slow-storage experiments)\n"
 		"  --trace FILE       write a restore trace (see 'halite-inspect restore')\n"
@@ -715,10 +717,13 @@ static void engine_regions(const struct hq_vm *vm, struct halite_restore_region 
 
 /*
  * This QEMU is the file's machine (type, vCPUs, RAM regions of the same
- * sizes, not on hugetlbfs); @reg gets the engine's regions.
+ * sizes); @reg gets the engine's regions. RAM on hugetlbfs is restored by
+ * huge page (restore/huge.c), but not beside a device that punches holes
+ * in it: hugetlbfs cannot refuse them.
  */
 static int check_vm(struct restore_run *r, struct halite_restore_region *reg)
 {
+	bool dev_checked = false;
 	int ret;
 
 	if (strcmp(r->vm.machine, r->file_machine)) {
@@ -741,11 +746,18 @@ static int check_vm(struct restore_run *r, struct halite_restore_region *reg)
 	for (uint32_t i = 0; i < r->vm.nregions; i++) {
 		struct hq_region *g = &r->vm.regions[i];
 
-		if (g->hugetlb) {
-			snprintf(r->err, sizeof(r->err), "guest RAM %s is on hugetlbfs, which lazy "
-				 "restore does not support: use memory-backend-memfd or a file on "
-				 "tmpfs", g->block);
-			return -HALITE_E_UNSUPPORTED;
+		if (g->hugetlb && !dev_checked) {
+			const char *dev = hq_vm_discard_device(&r->vm);
+
+			dev_checked = true;
+			if (dev) {
+				snprintf(r->err, sizeof(r->err), "guest RAM %s is on hugetlbfs, and "
+					 "the %s device's hole punches in it cannot be refused there "
+					 "during the restore (a page discarded before it is in would "
+					 "be filled again): remove the device, or give the guest a "
+					 "memfd or tmpfs backend", g->block, dev);
+				return -HALITE_E_UNSUPPORTED;
+			}
 		}
 	}
 	engine_regions(&r->vm, reg);

@@ -439,11 +439,29 @@ static int vma_uffd(pid_t pid, uint64_t addr)
 	return ret;
 }
 
-int hq_vm_check_saveable(struct hq_vm *vm)
+const char *hq_vm_discard_device(struct hq_vm *vm)
 {
 	cJSON *mem = NULL, *d;
-	bool balloon, hugetlb = false;
 	const char *mdev = NULL;
+
+	/* query-balloon answers only when a balloon device exists. */
+	if (!hq_qmp_call(vm->qmp, "query-balloon", NULL, NULL, HQ_QMP_TIMEOUT_MS))
+		return "virtio-balloon";
+	if (!hq_qmp_call(vm->qmp, "query-memory-devices", NULL, &mem, HQ_QMP_TIMEOUT_MS))
+		cJSON_ArrayForEach(d, mem) {
+			const char *type = cJSON_GetStringValue(cJSON_GetObjectItem(d, "type"));
+
+			if (type && !strcmp(type, "virtio-mem"))
+				mdev = "virtio-mem";
+		}
+	cJSON_Delete(mem);
+	return mdev;
+}
+
+int hq_vm_check_saveable(struct hq_vm *vm)
+{
+	bool hugetlb = false;
+	const char *dev;
 	int ret;
 
 	for (uint32_t i = 0; i < vm->nregions; i++) {
@@ -468,23 +486,12 @@ int hq_vm_check_saveable(struct hq_vm *vm)
 		}
 		hugetlb |= g->hugetlb;
 	}
-	if (!hugetlb)
-		return 0;
-	/* query-balloon answers only when a balloon device exists. */
-	balloon = !hq_qmp_call(vm->qmp, "query-balloon", NULL, NULL, HQ_QMP_TIMEOUT_MS);
-	if (!hq_qmp_call(vm->qmp, "query-memory-devices", NULL, &mem, HQ_QMP_TIMEOUT_MS))
-		cJSON_ArrayForEach(d, mem) {
-			const char *type = cJSON_GetStringValue(cJSON_GetObjectItem(d, "type"));
-
-			if (type && !strcmp(type, "virtio-mem"))
-				mdev = "virtio-mem";
-		}
-	cJSON_Delete(mem);
-	if (balloon || mdev) {
+	dev = hugetlb ? hq_vm_discard_device(vm) : NULL;
+	if (dev) {
 		hq_vmsetf(vm, "guest RAM on hugetlbfs and a %s device: a hole it punches in the RAM's "
 			  "file during the save can be neither refused nor seen on hugetlbfs, and a "
 			  "block not yet saved would be saved as zeros; remove the device, or give "
-			  "the guest a memfd or tmpfs backend", balloon ? "virtio-balloon" : mdev);
+			  "the guest a memfd or tmpfs backend", dev);
 		return -HALITE_E_UNSUPPORTED;
 	}
 	return 0;
