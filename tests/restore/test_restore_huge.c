@@ -26,11 +26,16 @@
  *   the retries, the faulting thread stays blocked, the page is not mapped
  *   for the guest (though the page cache holds what the good LBs gave it),
  *   and halite_restore_free() kills the thread with SIGSEGV (in a child).
+ * - punch: hugetlbfs cannot refuse a hole punch; a huge page punched out
+ *   once in reads zeros, one punched out while being assembled comes in
+ *   with zeros where its blocks written before were: never a byte that was
+ *   not verified; the restore completes.
  * - attach: the handler of another process's hugetlbfs memory killed
  *   mid-restore; HALITE_RESTORE_ATTACH takes over, keeps the huge pages in,
  *   and finishes; the owner's threads read the snapshot throughout.
  * - refused: a file range that holds a huge page already (-EEXIST, naming
- *   it), a misaligned file offset (-EINVAL), a read-only descriptor.
+ *   it), a misaligned file offset (-EINVAL), a read-only descriptor, too
+ *   few free huge pages to reserve the range (-ENOMEM at open).
  *
  * Huge pages are reserved through /proc/sys/vm/nr_hugepages (and the
  * setting put back); without them, and without root to reserve them, the
@@ -1132,6 +1137,105 @@ static void test_corrupt_lb(void **state)
 }
 
 /* ---------------------------------------------------------------------- */
+/* punch: hugetlbfs cannot refuse a hole punched during the restore         */
+
+/*
+ * A huge page punched out once in reads zeros (what a discard means); one
+ * punched out while being assembled comes in with zeros where the blocks
+ * written before the punch were, the snapshot's bytes elsewhere: never a
+ * byte that was not verified. The restore completes.
+ */
+static void test_punch(void **state)
+{
+	const uint64_t nhp = 6;
+	char *path = tmp_path("punch.hlt");
+	struct halite_restore_region reg[MAXREG];
+	HALITE_OPTS(halite_restore_opts, o);
+	struct halite_restore *r;
+	struct halite_restore_stats st;
+	struct halite_reader *rd;
+	struct fail_plan fp;
+	struct toucher t;
+	struct image img;
+	struct mem mem;
+	uint64_t k, first;
+	int tries = 0;
+
+	(void)state;
+	assert_true(huge_pages((long)nhp + 4));
+	do {
+		make_image(&img, HP, nhp, 0, false, t_rand(&g_seed));
+		write_image(path, &img, HALITE_CODEC_LZ4, 32768, false, 0);
+		assert_int_equal(halite_reader_open(&rd, path, NULL), 0);
+		if (plan_corrupt(rd, nhp, &fp))
+			break;
+		halite_reader_free(rd);
+		free_image(&img);
+	} while (++tries < 20);
+	assert_true(tries < 20);
+	assert_int_equal(mem_map_try(&mem, &img), 0);
+	mem_regions(&mem, &img, reg);
+	toucher_start(&t);
+	o.flags = HALITE_RESTORE_NO_PREFETCH | HALITE_RESTORE_NO_READAHEAD;
+	o.log = r_log_fn;
+	o.log_ctx = &g_log;
+	o.log_level = HALITE_LOG_WARN;
+	assert_int_equal(halite_restore_open(&r, path, reg, 1, &o), 0);
+	assert_int_equal(halite_restore_start(r), 0);
+	/* Page prev_hp in; its last LB brings the first blocks of the next into its page. */
+	toucher_do(&t, (uintptr_t)mem.host[0] + fp.prev_hp * HP);
+	for (uint64_t t0 = r_now_ms(); !in_cache(mem.fd, &img, fp.early_mb) &&
+	     r_now_ms() - t0 < 5000; r_sleep_us(1000))
+		;
+	assert_true(in_cache(mem.fd, &img, fp.early_mb));
+	assert_int_equal(r_pages_present(getpid(), (uintptr_t)mem.host[0] + fp.bad_hp * HP, HP,
+					 NULL), 0);
+	/* Both punched out of the file. */
+	assert_int_equal(fallocate(mem.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+				   (off_t)(fp.prev_hp * HP), (off_t)(2 * HP)), 0);
+	toucher_do(&t, (uintptr_t)mem.host[0] + fp.prev_hp * HP + 8);
+	toucher_do(&t, (uintptr_t)mem.host[0] + fp.bad_hp * HP + HP - 8);
+	halite_restore_stats(r, &st);
+	assert_false(st.error);
+	for (k = 0; k < nhp; k++)
+		if (k != fp.prev_hp && k != fp.bad_hp)
+			toucher_do(&t, (uintptr_t)mem.host[0] + k * HP);
+	assert_int_equal(halite_restore_wait(r, WAIT_MS), 0);
+	halite_restore_stats(r, &st);
+	check_sums(&st, rd);
+	/* The page in before the punch: zeros. */
+	assert_int_equal(r_pages_present(getpid(), (uintptr_t)mem.host[0] + fp.prev_hp * HP, HP,
+					 NULL), (long)(HP / PAGE));
+	for (uint64_t i = 0; i < HP; i++)
+		if (mem.host[0][fp.prev_hp * HP + i])
+			fail_msg("byte %" PRIu64 " of the page punched out once in is not zero", i);
+	/* The page being assembled: each block the snapshot's, or zeros (written before). */
+	first = fp.bad_hp * HP / MBS;
+	for (uint64_t mb = first; mb < first + HP / MBS; mb++) {
+		const uint8_t *b = mem.host[0] + mb * MBS;
+		bool zero = true;
+
+		for (uint32_t i = 0; i < MBS && zero; i++)
+			zero = !b[i];
+		if (!zero && memcmp(b, img.snap + mb * MBS, MBS))
+			fail_msg("block %" PRIu64 " is neither the snapshot's nor zeros", mb);
+		if (mb == fp.early_mb && !zero)
+			fail_msg("block %" PRIu64 ", written before the punch, is back", mb);
+	}
+	/* Every other page exact. */
+	for (k = 0; k < nhp; k++)
+		if (k != fp.prev_hp && k != fp.bad_hp)
+			assert_memory_equal(mem.host[0] + k * HP, img.snap + k * HP, HP);
+	toucher_stop(&t);
+	halite_restore_free(r);
+	halite_reader_free(rd);
+	mem_unmap(&mem);
+	free_image(&img);
+	unlink(path);
+	free(path);
+}
+
+/* ---------------------------------------------------------------------- */
 /* attach: another process's memory, its handler killed                     */
 
 struct owner_res {
@@ -1332,6 +1436,45 @@ static void test_refused(void **state)
 	close(rofd);
 	munmap(mem, 4 * HP);
 	close(fd);
+	/*
+	 * Too few huge pages: the guest's mapping reserves none (NORESERVE) and
+	 * another file holds all free pages but one. Refused at open, naming the
+	 * region, not a SIGBUS later.
+	 */
+	{
+		long avail = meminfo("HugePages_Free") - meminfo("HugePages_Rsvd");
+		int hog = memfd_create("halite-hog", MFD_CLOEXEC | MFD_HUGETLB);
+		void *hm = NULL;
+
+		assert_true(avail >= 2 && hog >= 0);
+		assert_int_equal(ftruncate(hog, (off_t)((uint64_t)(avail - 1) * HP)), 0);
+		if (avail > 1) {
+			hm = mmap(NULL, (uint64_t)(avail - 1) * HP, PROT_READ, MAP_SHARED, hog, 0);
+			assert_true(hm != MAP_FAILED);
+		}
+		fd = memfd_create("halite-huge", MFD_CLOEXEC | MFD_HUGETLB);
+		assert_true(fd >= 0);
+		assert_int_equal(ftruncate(fd, (off_t)(2 * HP)), 0);
+		mem = mmap(NULL, 2 * HP, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+		assert_true(mem != MAP_FAILED);
+		reg = (struct halite_restore_region){ reg_names[0], (uintptr_t)mem, 2 * HP,
+						      HALITE_MEM_SHARED, fd, 0 };
+		r = NULL;
+		assert_int_equal(halite_restore_open(&r, path, &reg, 1, &o), -ENOMEM);
+		if (!r_log_has(&g_log, "cannot reserve its 2 huge pages"))
+			fail_msg("no message names the shortage");
+		if (hm)
+			munmap(hm, (uint64_t)(avail - 1) * HP);
+		close(hog);
+		/* With the pages free again: restored. */
+		assert_int_equal(halite_restore_open(&r, path, &reg, 1, &o), 0);
+		assert_int_equal(halite_restore_start(r), 0);
+		assert_int_equal(halite_restore_wait(r, WAIT_MS), 0);
+		assert_memory_equal(mem, img.snap, 2 * HP);
+		halite_restore_free(r);
+		munmap(mem, 2 * HP);
+		close(fd);
+	}
 	g_log.quiet = false;
 	free_image(&img);
 	unlink(path);
@@ -1346,6 +1489,7 @@ int main(void)
 		cmocka_unit_test(test_counts),
 		cmocka_unit_test(test_exact),
 		cmocka_unit_test(test_corrupt_lb),
+		cmocka_unit_test(test_punch),
 		cmocka_unit_test(test_attach),
 		cmocka_unit_test(test_exact_1g),
 	};
