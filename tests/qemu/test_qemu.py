@@ -153,9 +153,20 @@ def restore(path, guest, *opts):
     return rep
 
 
+def ram_bytes(rep):
+    """Guest RAM a save report's blocks cover: all but the device RAM (video memory)."""
+    return rep["mb_total"] * 8192 - rep["device_ram_bytes"]
+
+
 def inspect_info(path):
     p, _ = run([INSPECT, "info", "--json", path], check_rc=0)
     return json.loads(p.stdout)
+
+
+def ram_regions(info):
+    """{name: region} of guest RAM from halite-inspect info --json: without device RAM."""
+    dev = info["metadata"].get("qemu.device-ram", [])
+    return {r["name"]: r for r in info["regions"] if r["name"] not in dev}
 
 
 def stream_blocks(info):
@@ -185,7 +196,8 @@ def case_save_restore(work):
     check(rep["faults_vcpu"] > 0, f"vCPU first touches were trapped ({rep['faults_vcpu']})")
     check(rep["mb_total"] == rep["mb_stored"] + rep["mb_zero"] + rep["mb_untouched"],
           "every memory block is stored, zero or untouched")
-    check(rep["mb_total"] * 8192 == 512 << 20, "the file covers 512 MiB of guest RAM")
+    check(ram_bytes(rep) == rep["memory_bytes"] == 512 << 20,
+          "the file covers 512 MiB of guest RAM (and the VGA's video memory)")
     # The source guest ran through the save and runs on.
     src.wait_console(r"^verifier: pass \d+ ok", 30, after=len(src.console_text()))
     check(len(src.verifier_lines()) > lines_before, "the source guest's verifier kept passing")
@@ -367,7 +379,7 @@ def case_private(work):
     check(ok, f"plain -m guest, digest {d0}")
     path = os.path.join(work, "plain.hlt")
     rep = save(src, path)
-    check(rep["faults_vcpu"] > 0 and rep["mb_total"] * 8192 == 512 << 20,
+    check(rep["faults_vcpu"] > 0 and ram_bytes(rep) == 512 << 20,
           f"saved {rep['mb_total']} blocks of plain -m RAM while the verifier ran, "
           f"{rep['faults_vcpu']} vCPU first touches")
     d1, _, ok = src.digest()
@@ -940,7 +952,7 @@ def case_runstate(work):
     # A cont lost or answered too late: the guest runs on, armed, and the save completes.
     for fault in ("cont-lost", "cont-reply-lost"):
         rep = faulty_save(fault, 0, "", "running")
-        check(rep["ok"] and rep["mb_total"] * 8192 == 512 << 20, f"{fault}: the save completed")
+        check(rep["ok"] and ram_bytes(rep) == 512 << 20, f"{fault}: the save completed")
     run([INSPECT, "verify", path], check_rc=0)
     # QEMU hung longer than halite-qemu waits (10 s): it cannot know what became
     # of its stop, and says so, loudly. (QEMU drops the requests of a client that
@@ -1102,7 +1114,7 @@ def case_4g(work):
     path = os.path.join(work, "guest.hlt")
     save(src, path)
     src.kill()
-    regions = {r["name"]: r for r in inspect_info(path)["regions"]}
+    regions = ram_regions(inspect_info(path))
     check(set(regions) == {"mem0", "mem0@0x80000000"} and
           regions["mem0"]["gpa"] == 0 and regions["mem0"]["length"] == 2 << 30 and
           regions["mem0@0x80000000"]["gpa"] == 4 << 30 and
@@ -1152,7 +1164,7 @@ def save_digest_restore(work, src, dst, what):
     check(ok0, f"{what}: source digest {d0}")
     path = os.path.join(work, f"{src.name}.hlt")
     rep = save(src, path)
-    check(rep["faults_vcpu"] > 0 and rep["mb_total"] * 8192 == src.mem_mib << 20,
+    check(rep["faults_vcpu"] > 0 and ram_bytes(rep) == src.mem_mib << 20,
           f"{what}: saved {rep['mb_total']} blocks, {rep['faults_vcpu']} vCPU first touches")
     src.kill()
     restore(path, dst)
