@@ -765,8 +765,7 @@ def case_errors(work):
     other = hg.Guest(work, "other", mem_mib=768)
     p, _ = run(restore_cmd(path, other, "--detach"))
     msg = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
-    check(p.returncode == 1 and "-m 512M at save, -m 768M now" in msg and
-          "memory backend mem0 (size=512M) at save, memory backend mem0 (size=768M) now" in msg,
+    check(p.returncode == 1 and "-m 512M at save, -m 768M now" in msg,
           f"other memory size refused before QEMU starts: {msg}")
     p, _ = run(restore_cmd(path, other, "--detach", "--no-cmdline-check"))
     msg = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
