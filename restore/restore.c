@@ -123,6 +123,14 @@
  * memory are marked installed (attach_scan()), their LBs done, and every
  * region is woken so the faults the dead handler had read come again.
  *
+ * Copies (HALITE_MEM_COPY): memory of this process, not registered (a
+ * placeholder in gmem keeps the region numbers). Start fills them before
+ * any thread runs (fill_copies()): each LB holding one of their stored
+ * blocks is read and verified there, its copy blocks decoded straight into
+ * the caller's memory, and the LB then lands as a prefetched one, so the
+ * pool installs its other blocks and every LB is still read once. Nobody
+ * else can hold those LBs yet, so no copy block is left to anyone else.
+ *
  * Locks: r->lk (LB states, waiters, the demand queue) and r->st_lock (state,
  * error message) are never held together. Nothing slow happens under lk
  * except writing the trace at the end.
@@ -291,7 +299,18 @@ static int mb_fill(struct halite_restore *r, uint64_t mb, const uint8_t *src, un
 {
 	uint64_t off;
 	uint32_t ri = mb_region(r, mb, &off);
+	const struct rregion *g = &r->regions[ri];
 
+	/* fill_copies() does them all before anyone else could; kept exact anyway. */
+	if (g->kind == HALITE_MEM_COPY) {
+		uint8_t *dst = (uint8_t *)(uintptr_t)(g->host + off);
+
+		if (src)
+			memcpy(dst, src, halite_reader_mb_bytes(r->rd, mb));
+		else
+			memset(dst, 0, halite_reader_mb_bytes(r->rd, mb));
+		return 0;
+	}
 	return halite_gmem_fill(r->gm, ri, off, halite_reader_mb_bytes(r->rd, mb), src,
 				src ? HALITE_GMEM_COPY : HALITE_GMEM_ZERO, flags);
 }
@@ -301,6 +320,8 @@ static int mb_wake(struct halite_restore *r, uint64_t mb)
 	uint64_t off;
 	uint32_t ri = mb_region(r, mb, &off);
 
+	if (r->regions[ri].kind == HALITE_MEM_COPY)
+		return 0; /* no thread waits on a copy */
 	return halite_gmem_wake(r->gm, ri, off, halite_reader_mb_bytes(r->rd, mb));
 }
 
@@ -622,6 +643,25 @@ static void lb_retrying(struct halite_restore *r, uint64_t lb, int err, unsigned
 	posix_fadvise(r->fd, (off_t)li.offset, r->lb_size, POSIX_FADV_DONTNEED);
 }
 
+/*
+ * One LB into @buf, verified, read again up to read_retries times if it
+ * fails (each time from the device: lb_retrying()). 0, or the last
+ * failure, with *@reads saying how many reads it took.
+ */
+static int read_lb_retrying(struct halite_restore *r, uint64_t lb, uint8_t *buf, unsigned *reads)
+{
+	int ret;
+
+	for (*reads = 1;; (*reads)++) {
+		ret = halite_reader_read_lb(r->rd, lb, buf);
+		if (!ret || ret == -HALITE_E_LB_CHECKSUM)
+			atomic_fetch_add(&r->n_bytes_read, r->lb_size);
+		if (!ret || *reads > r->o.read_retries || atomic_load(&r->failed))
+			return ret;
+		lb_retrying(r, lb, ret, *reads);
+	}
+}
+
 /* ---- demand readers ---- */
 
 /*
@@ -750,14 +790,7 @@ static void *reader_main(void *arg)
 			rs_set_failed(r, rs_fail(r, -ENOMEM, "locality block %llu: read buffer", ULL(lb)));
 			continue;
 		}
-		for (reads = 1;; reads++) {
-			ret = halite_reader_read_lb(r->rd, lb, buf);
-			if (!ret || ret == -HALITE_E_LB_CHECKSUM)
-				atomic_fetch_add(&r->n_bytes_read, r->lb_size);
-			if (!ret || reads > r->o.read_retries || atomic_load(&r->failed))
-				break;
-			lb_retrying(r, lb, ret, reads);
-		}
+		ret = read_lb_retrying(r, lb, buf, &reads);
 		ra_done(r, ahead);
 		if (ret) {
 			halite_reader_free_lb(buf);
@@ -1439,12 +1472,29 @@ static void finish(struct halite_restore *r)
 
 /* ---- open, start, wait, free ---- */
 
+/*
+ * Which address space a region is in: the owner's, or (a copy, when the
+ * owner is another process) this one's. Regions overlap only within one.
+ */
+static int region_space(const struct halite_restore *r, const struct rregion *g)
+{
+	return r->external && g->kind == HALITE_MEM_COPY;
+}
+
+struct host_order {
+	const struct halite_restore *r;
+	const struct rregion *rg;
+};
+
 static int cmp_host(const void *a, const void *b, void *ctx)
 {
-	const struct rregion *rg = ctx;
-	uint64_t x = rg[*(const uint32_t *)a].host, y = rg[*(const uint32_t *)b].host;
+	const struct host_order *h = ctx;
+	const struct rregion *x = &h->rg[*(const uint32_t *)a], *y = &h->rg[*(const uint32_t *)b];
+	int sx = region_space(h->r, x), sy = region_space(h->r, y);
 
-	return x < y ? -1 : x > y;
+	if (sx != sy)
+		return sx - sy;
+	return x->host < y->host ? -1 : x->host > y->host;
 }
 
 static int match_regions(struct halite_restore *r, const struct halite_restore_region *regions,
@@ -1480,9 +1530,11 @@ static int match_regions(struct halite_restore *r, const struct halite_restore_r
 		if (in->host % r->page || !in->host || in->host + in->length < in->host)
 			return rs_fail(r, -EINVAL, "region '%s': host address 0x%llx not page aligned",
 				     in->name, ULL(in->host));
-		if (in->kind != HALITE_MEM_ANON && in->kind != HALITE_MEM_SHARED)
+		if (in->kind != HALITE_MEM_ANON && in->kind != HALITE_MEM_SHARED &&
+		    in->kind != HALITE_MEM_COPY)
 			return rs_fail(r, -EINVAL, "region '%s': unknown memory kind %d", in->name,
 				     in->kind);
+		r->has_copy |= in->kind == HALITE_MEM_COPY;
 		if (in->kind == HALITE_MEM_SHARED) {
 			struct stat st;
 
@@ -1504,12 +1556,13 @@ static int match_regions(struct halite_restore *r, const struct halite_restore_r
 	}
 	for (uint32_t i = 0; i < nregions; i++)
 		r->by_host[i] = i;
-	qsort_r(r->by_host, nregions, sizeof(r->by_host[0]), cmp_host, r->regions);
+	qsort_r(r->by_host, nregions, sizeof(r->by_host[0]), cmp_host,
+		&(struct host_order){ r, r->regions });
 	for (uint32_t i = 1; i < nregions; i++) {
 		const struct rregion *a = &r->regions[r->by_host[i - 1]];
 		const struct rregion *b = &r->regions[r->by_host[i]];
 
-		if (a->host + a->length > b->host)
+		if (region_space(r, a) == region_space(r, b) && a->host + a->length > b->host)
 			return rs_fail(r, -EINVAL, "regions '%s' and '%s' overlap", a->name, b->name);
 	}
 	return 0;
@@ -1734,7 +1787,8 @@ HALITE_EXPORT struct halite_reader *halite_restore_reader(struct halite_restore 
  * Memory already populated would never fault, and would keep whatever it
  * holds instead of the snapshot: refused. Shared memory: data anywhere in
  * the file range (the page cache, or swap: SEEK_DATA counts both). This
- * process's anonymous memory: mincore() sees pages mapped here (the zero
+ * process's anonymous memory, and copies (which the engine writes only
+ * where the file has data): mincore() sees pages mapped here (the zero
  * page of a read included); a page swapped out is not seen. Another
  * process's anonymous memory: its page tables and swap, through
  * /proc/PID/pagemap (which needs ptrace rights over it).
@@ -1760,7 +1814,7 @@ static int check_unpopulated(struct halite_restore *r, const struct rregion *g)
 				     "a hole first)", g->name, ULL((uint64_t)d - g->fd_off));
 		return 0;
 	}
-	if (r->external) {
+	if (r->external && g->kind != HALITE_MEM_COPY) {
 		/* Another process's memory: its page tables and swap (/proc/PID/pagemap). */
 		uint64_t *bits = calloc(g->length / r->page / 64 + 1, sizeof(*bits));
 		int ret2;
@@ -2000,9 +2054,13 @@ static int attach_scan(struct halite_restore *r)
 
 	for (uint32_t i = 0; i < r->nregions; i++) {
 		const struct rregion *g = &r->regions[i];
-		uint64_t *bits = calloc((g->length / r->page + 63) / 64 + 1, sizeof(*bits));
+		uint64_t *bits;
 		int ret;
 
+		/* A copy is this process's, new: fill_copies() fills it again. */
+		if (g->kind == HALITE_MEM_COPY)
+			continue;
+		bits = calloc((g->length / r->page + 63) / 64 + 1, sizeof(*bits));
 		if (!bits)
 			return -ENOMEM;
 		ret = present_pages(r, g, bits);
@@ -2053,14 +2111,105 @@ static int make_gmem(struct halite_restore *r)
 
 	if (!gr)
 		return -ENOMEM;
-	for (uint32_t i = 0; i < r->nregions; i++)
-		gr[i] = (struct halite_gmem_region){ r->regions[i].host, r->regions[i].length,
+	for (uint32_t i = 0; i < r->nregions; i++) {
+		bool copy = r->regions[i].kind == HALITE_MEM_COPY;
+
+		/* A copy is no memory of the descriptor's: a placeholder. */
+		gr[i] = (struct halite_gmem_region){ copy ? 0 : r->regions[i].host,
+						     copy ? 0 : r->regions[i].length,
 						     (uint32_t)(r->regions[i].hpage ? r->regions[i].hpage :
 								r->page),
 						     r->regions[i].kind == HALITE_MEM_SHARED };
+	}
 	ret = halite_gmem_create(&r->gm, r->uffd, gr, r->nregions);
 	free(gr);
 	return ret ? rs_fail(r, ret, "guest memory map") : 0;
+}
+
+/* The copies' blocks of verified LB @lb, decoded straight into the caller's memory. */
+static int decode_copies(struct halite_restore *r, uint64_t lb, const uint8_t *buf)
+{
+	const uint64_t *mbs;
+	uint32_t n;
+
+	halite_reader_lb_members(r->rd, lb, &mbs, &n);
+	for (uint32_t i = 0; i < n; i++) {
+		uint64_t off;
+		const struct rregion *g = &r->regions[mb_region(r, mbs[i], &off)];
+		int ret;
+
+		if (g->kind != HALITE_MEM_COPY || !rs_claim(r, mbs[i], MB_NONE))
+			continue;
+		ret = halite_reader_decode_mb(r->rd, mbs[i], buf, (void *)(uintptr_t)(g->host + off));
+		if (ret)
+			return rs_fail(r, ret, "memory block %llu does not decode", ULL(mbs[i]));
+		rs_installed(r, mbs[i], BY_PREFETCH);
+	}
+	return 0;
+}
+
+/*
+ * The copies, at start, before any thread reads an LB: each LB holding a
+ * stored block of one is read and verified here, its copies' blocks
+ * decoded into place, and it lands as prefetched, so the pool installs its
+ * other blocks as for any prefetched LB. Zero and never-touched blocks
+ * need nothing: the caller's memory reads zeros (check_unpopulated()).
+ * 0, or the failure (the restore has failed).
+ */
+static int fill_copies(struct halite_restore *r)
+{
+	uint8_t *tmp;
+	int ret = 0;
+
+	if (!r->has_copy)
+		return 0;
+	tmp = halite_io_alloc(r->mb_size);
+	if (!tmp)
+		return rs_fail(r, -ENOMEM, "decode buffer");
+	for (uint32_t i = 0; i < r->nregions && !ret; i++) {
+		const struct rregion *g = &r->regions[i];
+
+		for (uint64_t mb = g->first_mb; g->kind == HALITE_MEM_COPY &&
+						mb < g->first_mb + g->nmb && !ret; mb++) {
+			struct halite_mb_loc loc;
+			uint8_t *buf;
+			unsigned reads;
+			bool mine = false;
+
+			halite_reader_mb_lookup(r->rd, mb, &loc);
+			if (loc.state != HALITE_MB_STORED)
+				continue;
+			pthread_mutex_lock(&r->lk);
+			if (atomic_load(&r->lbs[loc.lb].state) == LB_IDLE) {
+				atomic_store(&r->lbs[loc.lb].state, LB_READING);
+				mine = true;
+			}
+			pthread_mutex_unlock(&r->lk);
+			if (!mine)
+				continue; /* read here for an earlier block */
+			buf = halite_reader_alloc_lb(r->rd);
+			if (!buf) {
+				ret = rs_fail(r, -ENOMEM, "locality block %llu: read buffer", ULL(loc.lb));
+				rs_set_failed(r, ret);
+				break;
+			}
+			ret = read_lb_retrying(r, loc.lb, buf, &reads);
+			if (ret) {
+				halite_reader_free_lb(buf);
+				lb_failed(r, loc.lb, ret, reads);
+				break;
+			}
+			ret = decode_copies(r, loc.lb, buf);
+			if (ret) {
+				halite_reader_free_lb(buf);
+				rs_set_failed(r, ret);
+				break;
+			}
+			lb_landed(r, loc.lb, buf, HOW_PREFETCH, tmp);
+		}
+	}
+	halite_io_free(tmp);
+	return ret;
 }
 
 /* Library threads take no signals meant for the application. */
@@ -2107,7 +2256,7 @@ static void stop_threads(struct halite_restore *r)
 
 HALITE_EXPORT int halite_restore_start(struct halite_restore *r)
 {
-	bool attach;
+	bool attach, nothing;
 	int ret;
 
 	pthread_mutex_lock(&r->st_lock);
@@ -2121,7 +2270,8 @@ HALITE_EXPORT int halite_restore_start(struct halite_restore *r)
 	for (uint32_t i = 0; i < r->nregions && !ret && !attach; i++)
 		ret = check_unpopulated(r, &r->regions[i]);
 	for (uint32_t i = 0; i < r->nregions && !ret; i++)
-		ret = register_region(r, &r->regions[i]);
+		if (r->regions[i].kind != HALITE_MEM_COPY)
+			ret = register_region(r, &r->regions[i]);
 	if (!ret)
 		ret = make_gmem(r);
 	if (!ret && attach)
@@ -2150,6 +2300,14 @@ HALITE_EXPORT int halite_restore_start(struct halite_restore *r)
 	r->ready_ns = r->ready_at - r->open_ns;
 	pthread_mutex_unlock(&r->st_lock);
 	atomic_store(&r->last_fault_ns, r->ready_at);
+	/* Before the copies: their LBs' installs may finish the restore themselves. */
+	nothing = atomic_load(&r->lb_done) == r->lb_total;
+	ret = fill_copies(r);
+	if (ret) {
+		/* LBs that landed are being installed: that ends before the ranges go. */
+		halite_pool_wait(r->pool);
+		goto fail;
+	}
 	ret = start_thread(&r->fault_thr, fault_main, r);
 	r->fault_started = !ret;
 	for (unsigned i = 0; i < r->o.demand_readers && !ret; i++) {
@@ -2176,14 +2334,15 @@ HALITE_EXPORT int halite_restore_start(struct halite_restore *r)
 	 * their threads fault again, to us, or find their page in.
 	 */
 	for (uint32_t i = 0; i < r->nregions && attach; i++) {
+		if (r->regions[i].kind == HALITE_MEM_COPY)
+			continue;
 		ret = halite_gmem_wake(r->gm, i, 0, r->regions[i].length);
 		if (ret)
 			halite_logf(&r->log, HALITE_LOG_WARN, "region '%s': UFFDIO_WAKE: %s",
 				    r->regions[i].name, strerror(-ret));
 	}
 	/* Nothing to read: a file of zero and never-touched blocks, or all in already. */
-	if (atomic_load(&r->lb_done) == r->lb_total &&
-	    halite_pool_submit(r->pool, finish_task, r))
+	if (nothing && halite_pool_submit(r->pool, finish_task, r))
 		finish(r);
 	return 0;
 fail:

@@ -98,7 +98,7 @@ struct halite_restore {
 	uint32_t mb_size, lb_size;
 	uint64_t mb_total, lb_total, mb_zero;
 	uint64_t page;		 /* host page size */
-	bool external, has_shared, track;
+	bool external, has_shared, track, has_copy;
 	bool has_huge;		 /* a region is on hugetlbfs */
 	struct rhp *hps;	 /* the huge pages of hugetlbfs regions, regions in file order */
 	uint64_t nhp;

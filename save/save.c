@@ -21,6 +21,11 @@
  *   reads a hole as zeros without allocating a huge page (a read through a
  *   mapping would); hugetlbfs cannot tell holes (SEEK_DATA says "all data"),
  *   so never-touched memory there is saved as zero blocks.
+ * - a copy (HALITE_MEM_COPY): the caller's memory, which nobody writes while
+ *   the save runs, serves as the region's shadow as it is. Nothing is
+ *   registered, nothing is given back, and its pages are never dropped
+ *   (release_block()): they are the caller's. The background thread saves
+ *   all of it first (save_copies()), so that the caller gets it back soon.
  *
  * Threads:
  * - fault thread: reads first-touch faults; claims the memory block, gives it
@@ -143,7 +148,8 @@ struct sregion {
 	uint64_t fd_off;
 	/*
 	 * Snapshot-instant contents. ANON: the guest's pages moved here at arm.
-	 * SHARED: sparse; each claimed block copied here from the view.
+	 * SHARED: sparse; each claimed block copied here from the view. COPY:
+	 * the caller's memory at @host, not ours to drop or unmap.
 	 */
 	uint8_t *shadow;
 	uint8_t *view;	 /* SHARED but hugetlbfs: our read-only mapping of the file */
@@ -543,6 +549,8 @@ static void release_block(struct halite_save *s, uint64_t mb)
 {
 	const struct sregion *r = region_of_mb(s, mb);
 
+	if (r->kind == HALITE_MEM_COPY)
+		return;
 	madvise(r->shadow + (mb - r->first_mb) * s->mb_size, s->mb_size, MADV_DONTNEED);
 }
 
@@ -1207,13 +1215,38 @@ static int bg_walk(struct halite_save *s, struct bg *b)
 	return b->err;
 }
 
+/*
+ * The copies, whole, in physical order and unthrottled: the guest never
+ * faults on them, and the caller holds their memory until the save is over.
+ * Before the walk, which then finds them claimed, so their blocks fill
+ * locality blocks of their own at the head of the physical stream (bar the
+ * last one, which the sweep fills up). 0 or -errno.
+ */
+static int save_copies(struct halite_save *s)
+{
+	for (uint32_t i = 0; i < s->nregions && !atomic_load(&s->stopping); i++) {
+		const struct sregion *r = &s->regions[i];
+
+		for (uint64_t mb = r->first_mb; r->kind == HALITE_MEM_COPY &&
+						mb < r->first_mb + r->nmb; mb++) {
+			int ret = bg_save_block(s, r, mb, HALITE_STREAM(HALITE_STREAM_PHYSICAL, 0));
+
+			if (ret)
+				return ret;
+		}
+	}
+	return 0;
+}
+
 static void *bg_main(void *arg)
 {
 	struct halite_save *s = arg;
 	struct bg b = { .s = s, .start_ns = halite_now_ns() };
 
-	int ret = bg_walk(s, &b);
+	int ret = save_copies(s);
 
+	if (!ret)
+		ret = bg_walk(s, &b);
 	if (ret) {
 		set_failed(s, ret);
 		return NULL;
@@ -1474,8 +1507,10 @@ static int make_gmem(struct halite_save *s)
 		return -ENOMEM;
 	for (uint32_t i = 0; i < s->nregions; i++) {
 		const struct sregion *r = &s->regions[i];
+		bool copy = r->kind == HALITE_MEM_COPY;
 
-		gr[i] = (struct halite_gmem_region){ r->host, r->length,
+		/* A copy is no guest memory of the descriptor's: a placeholder. */
+		gr[i] = (struct halite_gmem_region){ copy ? 0 : r->host, copy ? 0 : r->length,
 						     (uint32_t)(r->hpage ? r->hpage : 4096),
 						     r->kind == HALITE_MEM_SHARED };
 	}
@@ -1558,6 +1593,12 @@ HALITE_EXPORT int halite_save_create(struct halite_save **sp, const char *path,
 					    regions[i].fd);
 				goto err;
 			}
+		} else if (regions[i].kind == HALITE_MEM_COPY) {
+			if (!regions[i].host) {
+				ret = sfail(s, -EINVAL, "region '%s': a copy at address 0",
+					    regions[i].name);
+				goto err;
+			}
 		} else if (regions[i].kind != HALITE_MEM_ANON) {
 			ret = sfail(s, -EINVAL, "region '%s': unknown memory kind", regions[i].name);
 			goto err;
@@ -1613,6 +1654,8 @@ HALITE_EXPORT int halite_save_create(struct halite_save **sp, const char *path,
 		r->nmb = r->length / s->mb_size;
 		if (r->kind == HALITE_MEM_SHARED) {
 			ret = map_view(s, r);
+		} else if (r->kind == HALITE_MEM_COPY) {
+			r->shadow = (uint8_t *)(uintptr_t)r->host;
 		} else if (s->o.owner_pid) {
 			/* Claimed blocks are copied here from the owner's pages moved aside. */
 			void *sh = mmap(NULL, r->length, PROT_READ | PROT_WRITE,
@@ -1809,6 +1852,11 @@ static int arm_region(struct halite_save *s, struct sregion *r)
 	struct uffdio_range rg = { r->host, r->length };
 	int ret;
 
+	/* A copy: nobody else writes it, nothing to trap. */
+	if (r->kind == HALITE_MEM_COPY) {
+		atomic_store_explicit(&r->armed, true, memory_order_release);
+		return 0;
+	}
 	/*
 	 * Memory another userfaultfd has (a save or a restore of it running)
 	 * is refused here, before anything changes: registering says EBUSY.
@@ -1928,6 +1976,11 @@ HALITE_EXPORT int halite_save_arm(struct halite_save *s)
 		return ret;
 	}
 	s->threads_started = true;
+	/* No background thread to save the copies: they are saved here (tests). */
+	if ((s->o.flags & HALITE_SAVE_NO_BACKGROUND) && (ret = save_copies(s))) {
+		set_failed(s, ret);
+		return halite_save_wait(s, -1);
+	}
 	if (!(s->o.flags & HALITE_SAVE_NO_BACKGROUND)) {
 		ret = pthread_create(&s->bg_thr, NULL, bg_main, s);
 		if (ret) {
@@ -2032,7 +2085,7 @@ static int teardown(struct halite_save *s)
 	/* Only now has the last task been queued: tasks read the shadows. */
 	halite_pool_wait(s->pool);
 	for (uint32_t i = 0; i < s->nregions; i++) {
-		if (s->regions[i].shadow)
+		if (s->regions[i].shadow && s->regions[i].kind != HALITE_MEM_COPY)
 			munmap(s->regions[i].shadow, s->regions[i].length);
 		s->regions[i].shadow = NULL;
 	}
@@ -2139,7 +2192,7 @@ HALITE_EXPORT void halite_save_free(struct halite_save *s)
 		free(r->had_data);
 		if (r->view)
 			munmap(r->view, r->length);
-		if (r->shadow)
+		if (r->shadow && r->kind != HALITE_MEM_COPY)
 			munmap(r->shadow, r->length);
 		if (r->fd >= 0)
 			close(r->fd);

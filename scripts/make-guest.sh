@@ -125,6 +125,9 @@ install -m 0755 "$out/verifier" "$stage/bin/verifier"
 gcc "${cflags[@]}" -o "$out/disklog" "$root/guest-image/disklog.c" ||
 	die "cannot build disklog"
 install -m 0755 "$out/disklog" "$stage/bin/disklog"
+gcc "${cflags[@]}" -o "$out/bario" "$root/guest-image/bario.c" ||
+	die "cannot build bario"
+install -m 0755 "$out/bario" "$stage/bin/bario"
 install -m 0755 "$root/guest-image/init" "$stage/init"
 cp -r "$root/guest-image/www/." "$stage/www/"
 chmod 0755 "$stage"/www/cgi-bin/*

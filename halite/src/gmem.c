@@ -116,22 +116,23 @@ int halite_gmem_create(struct halite_gmem **gp, int uffd, const struct halite_gm
 		g->first_page[i] = pages;
 		pages += r[i].length / r[i].page;
 		g->zeros_len = HALITE_MAX(g->zeros_len, (uint64_t)r[i].page);
-		g->ext[i] = (struct ext){ r[i].host, r[i].length, 0, i };
+		/* A placeholder (no memory) has no extent: no address is ever its. */
+		if (r[i].length)
+			g->ext[g->next++] = (struct ext){ r[i].host, r[i].length, 0, i };
 	}
 	/* Sorted by address; the engines' regions may come in any order. */
-	for (uint32_t i = 1; i < n; i++)
+	for (uint32_t i = 1; i < g->next; i++)
 		for (uint32_t j = i; j > 0 && g->ext[j - 1].cur > g->ext[j].cur; j--) {
 			struct ext t = g->ext[j];
 
 			g->ext[j] = g->ext[j - 1];
 			g->ext[j - 1] = t;
 		}
-	for (uint32_t i = 1; i < n; i++)
+	for (uint32_t i = 1; i < g->next; i++)
 		if (g->ext[i - 1].cur + g->ext[i - 1].len > g->ext[i].cur) {
 			halite_gmem_free(g);
 			return -EINVAL;
 		}
-	g->next = n;
 	/* calloc'ed: pages of the bitmap appear only where a bit is set. */
 	g->gone = calloc((pages + 63) / 64 ? (pages + 63) / 64 : 1, sizeof(*g->gone));
 	g->zeros = mmap(NULL, g->zeros_len, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
@@ -501,7 +502,8 @@ int halite_gmem_unregister(struct halite_gmem *g)
 	pthread_rwlock_unlock(&g->lk);
 	if (atomic_load(&g->moved))
 		for (uint32_t i = 0; i < g->nregions; i++)
-			unregister_range(g->uffd, g->regions[i].host, g->regions[i].length);
+			if (g->regions[i].length)
+				unregister_range(g->uffd, g->regions[i].host, g->regions[i].length);
 	return ret;
 }
 

@@ -52,7 +52,13 @@ struct halite_gmem;
 
 struct halite_gmem_region {
 	uint64_t host;	 /* registered range in the owner's address space */
-	uint64_t length; /* a multiple of @page */
+	/*
+	 * A multiple of @page. 0: a placeholder, which keeps the engines'
+	 * region numbers for a region that is not guest memory reached through
+	 * the descriptor (HALITE_MEM_COPY): no address is in it, and it must
+	 * never be filled or woken.
+	 */
+	uint64_t length;
 	uint32_t page;	 /* the mapping's page size: 4 KiB, or a huge page */
 	bool shared;	 /* a discard keeps the data in the page cache */
 };

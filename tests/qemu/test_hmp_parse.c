@@ -3,8 +3,9 @@
  * halite-qemu's HMP parsers (tools/halite-qemu/qemu_info.c) on outputs
  * captured from Debian's QEMU 7.2 (tests/qemu/hmp-samples/): q35 with 4 GiB
  * at reset (RAM split below and above 4 GiB), q35 with 512 MiB running the
- * test guest's Linux (PAM areas mapped as ROM), pc without a memory backend;
- * and text they must refuse. Exact values throughout.
+ * test guest's Linux (PAM areas mapped as ROM, video memory at the VGA's BAR),
+ * pc without a memory backend; two VGAs and a chain4 window (made up); and
+ * text they must refuse. Exact values throughout.
  *
  *   test_hmp_parse SAMPLE-DIR
  */
@@ -146,6 +147,63 @@ static void mtree(void)
 			     &g, err, sizeof(err)) == -EINVAL, "end before start: %s", err);
 }
 
+static void device_ram(void)
+{
+	static const char *const mem0[] = { "mem0" };
+	struct hq_ramblock *b = NULL;
+	struct hq_devram_loc d[4];
+	char err[256] = "", *rb = sample("q35-512m-linux-ramblock.txt");
+	char *mt = sample("q35-512m-linux-mtree.txt");
+	int nb = hq_parse_ramblocks(rb, &b, err, sizeof(err)), n;
+	/* Two VGAs, and a chain4 window over the first's video memory at 0xa0000. */
+	static const char two[] =
+		"FlatView #0\n AS \"memory\", root: system\n Root memory region: system\n"
+		"  0000000000000000-000000000009ffff (prio 0, ram): mem0\n"
+		"  00000000000a0000-00000000000affff (prio 2, ram): vga.vram @0000000000010000\n"
+		"  00000000fc000000-00000000fcffffff (prio 1, ram): vga.vram\n"
+		"  00000000fd000000-00000000fdffffff (prio 1, ram): vga.vram\n"
+		"  00000000fe000000-00000000fe00ffff (prio 1, ram): bochs-display.vram\n";
+	struct hq_ramblock tb[] = {
+		{ "mem0", 4096, 0, 0x20000000, 0x20000000 },
+		{ "0000:00:01.0/vga.vram", 4096, 0, 0x1000000, 0x1000000 },
+		{ "0000:00:03.0/vga.vram", 4096, 0, 0x1000000, 0x1000000 },
+		{ "0000:00:04.0/bochs-display.vram", 4096, 0, 0x10000, 0x10000 },
+	};
+
+	CHECK(nb == 9, "ramblocks: %d", nb);
+	/* The test guest under Linux: video memory at its BAR, the ROMs not. */
+	n = hq_find_device_ram(mt, b, nb, mem0, 1, d, 4, err, sizeof(err));
+	CHECK(n == 1 && !strcmp(d[0].name, "0000:00:01.0/vga.vram") && d[0].length == 0x1000000 &&
+	      d[0].gpa == 0xfd000000 && d[0].probe_gpa == 0xfd000000 && !d[0].probe_offset &&
+	      !d[0].skip[0], "q35 Linux: %d (%s)", n, n > 0 ? d[0].name : err);
+	/* Without a backend list the guest's RAM would be device RAM too: the list matters. */
+	n = hq_find_device_ram(mt, b, nb, NULL, 0, d, 4, err, sizeof(err));
+	CHECK(n == 2 && !strcmp(d[0].name, "mem0"), "no backends: %d", n);
+	CHECK(hq_find_device_ram(mt, b, nb, mem0, 1, d, 0, err, sizeof(err)) == 0, "max 0");
+	free(mt);
+	/* At reset (4 GiB sample): no BAR programmed yet, so no device RAM. */
+	mt = sample("q35-4g-mtree.txt");
+	n = hq_find_device_ram(mt, b, nb, mem0, 1, d, 4, err, sizeof(err));
+	CHECK(n == 0, "at reset: %d", n);
+	free(mt);
+	n = hq_find_device_ram(two, tb, 4, mem0, 1, d, 4, err, sizeof(err));
+	CHECK(n == 3, "two VGAs: %d (%s)", n, err);
+	if (n == 3) {
+		CHECK(!strcmp(d[0].name, "0000:00:01.0/vga.vram") && strstr(d[0].skip, "00:03.0") &&
+		      !strcmp(d[1].name, "0000:00:03.0/vga.vram") && strstr(d[1].skip, "00:01.0"),
+		      "two VGAs: both left out (%s)", d[0].skip);
+		CHECK(!strcmp(d[2].name, "0000:00:04.0/bochs-display.vram") && !d[2].skip[0] &&
+		      d[2].gpa == 0xfe000000 && d[2].length == 0x10000, "bochs-display");
+		/* The chain4 window comes first in GPA order: the probe; the BAR the base. */
+		CHECK(d[0].probe_gpa == 0xa0000 && d[0].probe_offset == 0x10000 &&
+		      d[0].gpa == 0xfc000000, "window probe, BAR base");
+	}
+	CHECK(hq_find_device_ram("FlatView #0\n AS \"I/O\", root: io\n", tb, 4, mem0, 1, d, 4,
+				 err, sizeof(err)) == -EINVAL && strstr(err, "memory"), "no memory AS");
+	free(b);
+	free(rb);
+}
+
 static void gpa2hva(void)
 {
 	char err[256] = "", *t = sample("q35-512m-gpa2hva.txt");
@@ -168,6 +226,7 @@ int main(int argc, char **argv)
 	ramblocks();
 	registers();
 	mtree();
+	device_ram();
 	gpa2hva();
 	return check_result();
 }

@@ -3,7 +3,7 @@
 
   test_qemu.py CASE      CASE: cli, save-restore, exact, kill, errors, 4g, backends,
                                runstate, discard, attach, private, disks,
-                               network, recorded, libvirt
+                               network, recorded, libvirt, video
 
 Each case boots its own guest (scripts/make-guest.sh built it: Debian's
 kernel, busybox initramfs, the memory verifier, httpd; 2 vCPUs, TCG,
@@ -49,6 +49,13 @@ outside:
   that run them with no QEMU arguments; a restored QEMU's save records the
   user's command line; a differing one refused before QEMU starts; a device
   hot-plugged at the source named, and restored when given.
+- video: the guest writes patterns into its VGA's video memory (outside the
+  memory backends); a save copies it at the snapshot instant (a region of
+  its own, named in qemu.device-ram); what the source writes after the save
+  is not in the file; a paused restore's QEMU holds the file's video memory
+  byte for byte before the guest runs, and the guest reads it; the memory
+  digest survives; -vga none or other video memory is refused; a -vga none
+  VM's file (no video memory) restores as before.
 
 - runstate: every way out of a save leaves the guest in the run state it
   had (query-status), its memory digest unchanged, whatever became of stop
@@ -88,6 +95,7 @@ HALITE_REQUIRE_QEMU=1 those fail instead).
 """
 import contextlib
 import fcntl
+import hashlib
 import json
 import re
 import os
@@ -161,9 +169,20 @@ def restore(path, guest, *opts):
     return rep
 
 
+def ram_bytes(rep):
+    """Guest RAM a save report's blocks cover: all but the device RAM (video memory)."""
+    return rep["mb_total"] * 8192 - rep["device_ram_bytes"]
+
+
 def inspect_info(path):
     p, _ = run([INSPECT, "info", "--json", path], check_rc=0)
     return json.loads(p.stdout)
+
+
+def ram_regions(info):
+    """{name: region} of guest RAM from halite-inspect info --json: without device RAM."""
+    dev = info["metadata"].get("qemu.device-ram", [])
+    return {r["name"]: r for r in info["regions"] if r["name"] not in dev}
 
 
 def stream_blocks(info):
@@ -193,7 +212,8 @@ def case_save_restore(work):
     check(rep["faults_vcpu"] > 0, f"vCPU first touches were trapped ({rep['faults_vcpu']})")
     check(rep["mb_total"] == rep["mb_stored"] + rep["mb_zero"] + rep["mb_untouched"],
           "every memory block is stored, zero or untouched")
-    check(rep["mb_total"] * 8192 == 512 << 20, "the file covers 512 MiB of guest RAM")
+    check(ram_bytes(rep) == rep["memory_bytes"] == 512 << 20,
+          "the file covers 512 MiB of guest RAM (and the VGA's video memory)")
     # The source guest ran through the save and runs on.
     src.wait_console(r"^verifier: pass \d+ ok", 30, after=len(src.console_text()))
     check(len(src.verifier_lines()) > lines_before, "the source guest's verifier kept passing")
@@ -366,7 +386,7 @@ def case_private(work):
     check(ok, f"plain -m guest, digest {d0}")
     path = os.path.join(work, "plain.hlt")
     rep = save(src, path)
-    check(rep["faults_vcpu"] > 0 and rep["mb_total"] * 8192 == 512 << 20,
+    check(rep["faults_vcpu"] > 0 and ram_bytes(rep) == 512 << 20,
           f"saved {rep['mb_total']} blocks of plain -m RAM while the verifier ran, "
           f"{rep['faults_vcpu']} vCPU first touches")
     d1, _, ok = src.digest()
@@ -1131,7 +1151,7 @@ def case_runstate(work):
     # A cont lost or answered too late: the guest runs on, armed, and the save completes.
     for fault in ("cont-lost", "cont-reply-lost"):
         rep = faulty_save(fault, 0, "", "running")
-        check(rep["ok"] and rep["mb_total"] * 8192 == 512 << 20, f"{fault}: the save completed")
+        check(rep["ok"] and ram_bytes(rep) == 512 << 20, f"{fault}: the save completed")
     run([INSPECT, "verify", path], check_rc=0)
     # QEMU hung longer than halite-qemu waits (10 s): it cannot know what became
     # of its stop, and says so, loudly. (QEMU drops the requests of a client that
@@ -1293,7 +1313,7 @@ def case_4g(work):
     path = os.path.join(work, "guest.hlt")
     save(src, path)
     src.kill()
-    regions = {r["name"]: r for r in inspect_info(path)["regions"]}
+    regions = ram_regions(inspect_info(path))
     check(set(regions) == {"mem0", "mem0@0x80000000"} and
           regions["mem0"]["gpa"] == 0 and regions["mem0"]["length"] == 2 << 30 and
           regions["mem0@0x80000000"]["gpa"] == 4 << 30 and
@@ -1356,7 +1376,7 @@ def save_digest_restore(work, src, dsts, what):
     check(ok0, f"{what}: source digest {d0}")
     path = os.path.join(work, f"{src.name}.hlt")
     rep = save(src, path)
-    check(rep["faults_vcpu"] > 0 and rep["mb_total"] * 8192 == src.mem_mib << 20,
+    check(rep["faults_vcpu"] > 0 and ram_bytes(rep) == src.mem_mib << 20,
           f"{what}: saved {rep['mb_total']} blocks, {rep['faults_vcpu']} vCPU first touches")
     src.kill()
     for dst in dsts:
@@ -2015,6 +2035,168 @@ def case_recorded(work):
     src.kill()
 
 
+VRAM = "0000:00:01.0/vga.vram"  # q35's default VGA (std), 16 MiB
+
+
+def vram_pattern(tag, n):
+    """What /cgi-bin/vram?fill=TAG writes: "halite vram TAG\\n" repeated, cut at @n."""
+    unit = f"halite vram {tag}\n".encode()
+    return (unit * (n // len(unit) + 1))[:n]
+
+
+def vram_fill(guest, tag, at, n):
+    body = guest.http(f"/cgi-bin/vram?fill={tag}&at={at}&len={n}", timeout=120, per_try=120)
+    if not body.strip().endswith("filled"):
+        raise Fail(f"/cgi-bin/vram?fill={tag}: {body.strip()}")
+
+
+def vram_sum(guest, at, n):
+    """The guest's sha256 of [at, at + n) of its video memory, read now through its BAR."""
+    body = guest.http(f"/cgi-bin/vram?sum&at={at}&len={n}", timeout=120, per_try=120)
+    m = re.search(r"sha256 ([0-9a-f]{64})$", body.strip())
+    if not m:
+        raise Fail(f"/cgi-bin/vram?sum: {body.strip()}")
+    return m.group(1)
+
+
+def qemu_vram(guest):
+    """(BAR address, bytes) of QEMU's video memory, read from outside: the VGA's BAR 0
+    (query-pci), its host address (gpa2hva), /proc/PID/mem."""
+    q = guest.qmp()
+    vga = [d for d in q.cmd("query-pci")[0]["devices"] if d["class_info"]["class"] == 0x300]
+    bar = [r for r in vga[0]["regions"] if r["bar"] == 0][0]
+    text = q.cmd("human-monitor-command", **{"command-line": f"gpa2hva {bar['address']:#x}"})
+    q.close()
+    m = re.search(r"\(vga\.vram\) is (0x[0-9a-f]+)", text)
+    if not m:
+        raise Fail(f"gpa2hva of the VGA's BAR: {text!r}")
+    with open(f"/proc/{guest.pid}/mem", "rb") as f:
+        f.seek(int(m.group(1), 16))
+        return bar["address"], f.read(bar["size"])
+
+
+def first_diff(a, b):
+    return next((i for i in range(0, min(len(a), len(b)), 4096) if a[i:i + 4096] != b[i:i + 4096]),
+                None)
+
+
+def case_video(work):
+    """Video memory (the VGA's vga.vram, outside the memory backends) saved at the
+    snapshot instant and restored before the guest runs, byte for byte; what the
+    source writes after the snapshot is not in the restore; a file without video
+    memory restores as before; a QEMU whose video memory differs is refused."""
+    mib = 1 << 20
+    src = hg.Guest(work, "source").boot().wait_ready()
+    src.rewrites(False)
+    d0, _, ok = src.digest()
+    check(ok, f"source digest {d0}")
+    # A pattern in 4 MiB of video memory and another in its last 64 KiB, from inside.
+    vram_fill(src, "A", 1 * mib, 4 * mib)
+    vram_fill(src, "Z", 16 * mib - 65536, 65536)
+    bar, v = qemu_vram(src)
+    check(len(v) == 16 * mib and v[mib:5 * mib] == vram_pattern("A", 4 * mib) and
+          v[-65536:] == vram_pattern("Z", 65536),
+          f"the guest wrote its video memory (BAR {bar:#x}), as QEMU holds it")
+    path = os.path.join(work, "video.hlt")
+    rep = save(src, path)
+    check(rep["device_ram"] == [{"name": VRAM, "gpa": bar, "bytes": 16 * mib}] and
+          rep["device_ram_bytes"] == 16 * mib and not rep["device_ram_skipped"] and
+          rep["memory_bytes"] == 512 * mib and ram_bytes(rep) == 512 * mib,
+          f"the save copied {VRAM} (16 MiB at {bar:#x}) beside 512 MiB of RAM: "
+          f"{rep['device_ram_copied_bytes'] >> 10} KiB of pages QEMU has, in "
+          f"{rep['device_ram_ms']:.2f} ms of the {rep['pause_ms']:.1f} ms pause")
+    # After the snapshot instant: must not be in the restore.
+    vram_fill(src, "B", 2 * mib, 256 << 10)
+    check(vram_sum(src, 2 * mib, 256 << 10) ==
+          hashlib.sha256(vram_pattern("B", 256 << 10)).hexdigest(),
+          "the source overwrote 256 KiB of it after the save")
+    src.kill()
+
+    info = inspect_info(path)
+    regions = {r["name"]: r for r in info["regions"]}
+    check(regions.get(VRAM, {}).get("gpa") == bar and regions[VRAM]["length"] == 16 * mib and
+          info["metadata"].get("qemu.device-ram") == [VRAM] and set(ram_regions(info)) == {"mem0"},
+          f"halite-inspect info: region {VRAM} at {bar:#x}, 16 MiB, named in qemu.device-ram")
+    run([INSPECT, "verify", path], check_rc=0)
+    check(True, "halite-inspect verify: every checksum and block decodes")
+    raw = os.path.join(work, "vram.raw")
+    run([INSPECT, "extract", "--region", VRAM, "-o", raw, path], check_rc=0)
+    with open(raw, "rb") as f:
+        saved = f.read()
+    check(saved[mib:5 * mib] == vram_pattern("A", 4 * mib) and
+          saved[-65536:] == vram_pattern("Z", 65536) and saved[:mib] == v[:mib],
+          "the file holds the video memory of the snapshot instant (A, Z, and the BIOS's text "
+          "below them), not what came after (B)")
+
+    # Restored paused: QEMU's video memory is the file's, every byte, before the guest runs.
+    dst = hg.Guest(work, "restored")
+    rrep = restore(path, dst, "--paused")
+    check(rrep["paused"] and rrep["device_ram_bytes"] == 16 * mib and
+          rrep["device_ram_written_bytes"] >= 4 * mib + 65536,
+          f"restore: {rrep['device_ram_written_bytes'] >> 10} KiB of video memory written in "
+          f"{rrep['device_ram_ms']:.2f} ms once the devices were loaded")
+    bar2, v2 = qemu_vram(dst)
+    at = first_diff(v2, saved)
+    check(bar2 == bar and len(v2) == len(saved) and at is None,
+          "every byte of the restored QEMU's video memory equals the file's" +
+          (f" (first difference at {at:#x})" if at is not None else ""))
+    check(v2[2 * mib:2 * mib + (256 << 10)] == vram_pattern("A", 4 * mib)[mib:mib + (256 << 10)],
+          "what the source wrote after the snapshot (B) is not there: A is")
+    q = dst.qmp()
+    q.cmd("cont")
+    q.close()
+    check(vram_sum(dst, 1 * mib, 4 * mib) == hashlib.sha256(vram_pattern("A", 4 * mib)).hexdigest()
+          and vram_sum(dst, 16 * mib - 65536, 65536) ==
+          hashlib.sha256(vram_pattern("Z", 65536)).hexdigest(),
+          "the guest reads its video memory as it was at the snapshot instant")
+    d2, _, ok = dst.digest()
+    check(ok and d2 == d0, f"memory digest after the restore equals the snapshot's ({d2})")
+    dst.rewrites(True)
+    dst.wait_console(r"^verifier: pass \d+ ok", 60, after=len(dst.console_text()))
+    dst.check_console()
+    check(True, "the verifier keeps passing")
+    dst.kill()
+
+    # Video memory that differs: -vga none is refused by the command line, then by
+    # QEMU's devices; other video memory (same devices) by the video memory itself.
+    nov = hg.Guest(work, "novga")
+    nov.args += ["-vga", "none"]
+    p, _ = run(restore_cmd(path, nov, "--detach"))
+    msg = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+    check(p.returncode == 1 and "-vga none now" in msg, f"-vga none refused: {msg}")
+    p, _ = run(restore_cmd(path, nov, "--detach", "--no-cmdline-check"))
+    msg = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+    check(p.returncode == 1 and "device VGA addr=01.0 at save, not now" in msg,
+          f"and by QEMU's devices: {msg}")
+    small = hg.Guest(work, "small")
+    # (with a -global for it, QEMU adds no VGA of its own: -vga std asks for it)
+    small.args += ["-global", "VGA.vgamem_mb=8", "-vga", "std"]
+    p, _ = run(restore_cmd(path, small, "--detach", "--no-cmdline-check"))
+    msg = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+    check(p.returncode == 1 and f"the file's device RAM '{VRAM}' (16.0 MiB" in msg and
+          re.search(r"is 8\.0+ MiB in this QEMU", msg), f"8 MiB of video memory refused: {msg}")
+
+    # A VM without video memory: a file without it, restored as ever.
+    src = hg.Guest(work, "plain")
+    src.args += ["-vga", "none"]
+    src.boot().wait_ready()
+    src.rewrites(False)
+    d0, _, _ = src.digest()
+    path = os.path.join(work, "novideo.hlt")
+    rep = save(src, path)
+    src.kill()
+    info = inspect_info(path)
+    check(rep["device_ram"] == [] and "qemu.device-ram" not in info["metadata"] and
+          [r["name"] for r in info["regions"]] == ["mem0"],
+          "-vga none: no device RAM saved, the file holds guest RAM only")
+    dst = hg.Guest(work, "plain-restored")
+    dst.args += ["-vga", "none"]
+    restore(path, dst)
+    d2, _, ok = dst.digest()
+    check(ok and d2 == d0, f"and restores: digest {d2} equals the snapshot's")
+    dst.kill()
+
+
 CASES = {
     "cli": case_cli,
     "4g": case_4g,
@@ -2031,6 +2213,7 @@ CASES = {
     "network": case_network,
     "recorded": case_recorded,
     "libvirt": case_libvirt,
+    "video": case_video,
 }
 
 

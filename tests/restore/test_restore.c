@@ -41,6 +41,12 @@
  * SIGKILL of a restoring process leaves the owner's faulting thread blocked,
  * never reading zeros.
  *
+ * Copies (HALITE_MEM_COPY, as halite-qemu restores video memory): a region
+ * restored into memory of this process beside guest memory holds the
+ * snapshot once start returns, before any fault and with no prefetcher; a
+ * copy already written is refused, and an LB of it that fails its checksum
+ * fails the start, naming it.
+ *
  * Clones: three restores of one file at once, each exact. Bad arguments:
  * region mismatches, unknown flags and kinds, populated memory, damaged
  * files (refused at open with the reader's own code).
@@ -2265,6 +2271,125 @@ static void test_clones(void **state)
  * open must fail with @want and leave *r alone; with @msg, say why in the
  * log, naming @names if set.
  */
+/*
+ * The image's second region as a copy, beside the first as guest memory of
+ * @kind; @flags: the engine's. Returns start's result; on success the
+ * restore is checked exact and done.
+ */
+static int restore_copy(const char *path, const struct image *img, int kind, unsigned flags,
+			bool dirty, char *errmsg, size_t errlen)
+{
+	struct halite_restore_region reg[MAXREG];
+	HALITE_OPTS(halite_restore_opts, o);
+	struct halite_restore_stats st;
+	struct halite_restore *r;
+	struct halite_reader *file;
+	uint64_t len1 = img->reg[1].length, stored = 0;
+	struct mem m;
+	uint8_t *copy;
+	int ret;
+
+	assert_int_equal(halite_reader_open(&file, path, NULL), 0);
+	for (uint64_t mb = halite_reader_region(file, 1)->first_mb;
+	     mb < halite_reader_info(file)->mb_count; mb++) {
+		struct halite_mb_loc loc;
+
+		assert_int_equal(halite_reader_mb_lookup(file, mb, &loc), 0);
+		stored += loc.state == HALITE_MB_STORED;
+	}
+	mem_map(&m, img, kind);
+	/* The whole image mapped, the second region unused: the copy is ours. */
+	copy = mmap(NULL, len1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	assert_true(copy != MAP_FAILED);
+	assert_int_equal(madvise(copy, len1, MADV_NOHUGEPAGE), 0);
+	if (dirty)
+		copy[len1 / 2] = 1;
+	mem_regions(&m, img, reg);
+	reg[1] = (struct halite_restore_region){ img->reg[1].name, (uintptr_t)copy, len1,
+						 HALITE_MEM_COPY, -1, 0 };
+	o.flags = flags;
+	o.read_retries = 1;
+	o.log = r_log_fn;
+	o.log_ctx = &g_log;
+	o.log_level = HALITE_LOG_WARN;
+	assert_int_equal(halite_restore_open(&r, path, reg, 2, &o), 0);
+	ret = halite_restore_start(r);
+	snprintf(errmsg, errlen, "%s", halite_restore_errmsg(r));
+	if (ret)
+		goto out;
+	/* In before anything faulted, with no prefetcher. */
+	if (memcmp(copy, img->snap + img->off[1], len1))
+		fail_msg("the copy is not the snapshot once start returned");
+	halite_restore_stats(r, &st);
+	assert_int_equal(st.faults, 0);
+	assert_true(st.mb_prefetch >= stored);
+	/* The guest memory by faults (this thread's reads), then done. */
+	if (memcmp((void *)(uintptr_t)m.host[0], img->snap, img->reg[0].length))
+		fail_msg("guest memory beside the copy is not the snapshot");
+	assert_int_equal(halite_restore_wait(r, WAIT_MS), 0);
+	halite_restore_stats(r, &st);
+	assert_true(st.done);
+	assert_int_equal(st.mb_fault + st.mb_pool + st.mb_prefetch + st.mb_zero, st.mb_total);
+	assert_int_equal(st.lb_demand + st.lb_prefetch, st.lb_total);
+	assert_int_equal(st.bytes_read, st.lb_total * halite_reader_info(file)->lb_size);
+	assert_memory_equal(copy, img->snap + img->off[1], len1);
+	fprintf(stderr, "  copy beside %s memory%s: %" PRIu64 " faults, LBs %" PRIu64 " demand + %"
+		PRIu64 " prefetch, MBs %" PRIu64 " prefetch (%" PRIu64 " stored in the copy)\n",
+		kind == HALITE_MEM_ANON ? "anonymous" : "memfd",
+		flags & HALITE_RESTORE_TRACK_ACCESS ? ", tracked" : "", st.faults, st.lb_demand,
+		st.lb_prefetch, st.mb_prefetch, stored);
+out:
+	halite_restore_free(r);
+	munmap(copy, len1);
+	mem_unmap(&m);
+	halite_reader_free(file);
+	return ret;
+}
+
+static void test_copy_region(void **state)
+{
+	struct image img;
+	struct halite_reader *rd;
+	struct halite_mb_loc loc;
+	struct halite_lb_info li;
+	char *path = tmp_path("copy.hlt"), *bad = tmp_path("copy-bad.hlt"), msg[256], want[64];
+	uint64_t last;
+
+	/* Physical order: the LB where the first region ends holds the copy's first blocks. */
+	make_image(&img, 1u << 20, (256u << 10) + PAGE, g_seed + 11);
+	write_image(path, &img, HALITE_CODEC_LZ4, 2, 16384, NULL);
+	for (int kind = HALITE_MEM_ANON; kind <= HALITE_MEM_SHARED; kind++) {
+		assert_int_equal(restore_copy(path, &img, kind, HALITE_RESTORE_NO_PREFETCH, false,
+					      msg, sizeof(msg)), 0);
+		assert_int_equal(restore_copy(path, &img, kind, HALITE_RESTORE_NO_PREFETCH |
+					      HALITE_RESTORE_TRACK_ACCESS, false, msg, sizeof(msg)), 0);
+	}
+	assert_int_equal(restore_copy(path, &img, HALITE_MEM_ANON, 0, true, msg, sizeof(msg)),
+			 -EEXIST);
+	assert_non_null(strstr(msg, "already populated"));
+	/* The copy's last stored block, one byte of it flipped: start fails, naming its LB. */
+	assert_int_equal(halite_reader_open(&rd, path, NULL), 0);
+	last = halite_reader_info(rd)->mb_count;
+	do
+		assert_int_equal(halite_reader_mb_lookup(rd, --last, &loc), 0);
+	while (loc.state != HALITE_MB_STORED);
+	assert_true(last >= halite_reader_region(rd, 1)->first_mb);
+	assert_int_equal(halite_reader_lb_info(rd, loc.lb, &li), 0);
+	assert_int_equal(r_copy_file(path, bad), 0);
+	assert_int_equal(r_flip_byte(bad, li.offset + loc.offset + loc.length / 2, 0x10), 0);
+	assert_int_equal(restore_copy(bad, &img, HALITE_MEM_ANON, HALITE_RESTORE_NO_PREFETCH,
+				      false, msg, sizeof(msg)), -HALITE_E_LB_CHECKSUM);
+	snprintf(want, sizeof(want), "locality block %" PRIu64 " at offset", loc.lb);
+	if (!strstr(msg, want) || !strstr(msg, "checksum mismatch after 2 reads"))
+		fail_msg("corrupt copy LB: '%s'", msg);
+	halite_reader_free(rd);
+	unlink(bad);
+	unlink(path);
+	free(bad);
+	free(path);
+	free_image(&img);
+}
+
 static void expect_open_fails(const char *path, const struct halite_restore_region *reg,
 			      uint32_t n, const struct halite_restore_opts *o, int want, bool msg,
 			      const char *names, const char *what)
@@ -2460,6 +2585,7 @@ int main(void)
 		cmocka_unit_test(test_writer_file_geometry),
 		cmocka_unit_test(test_saved_synth_every_codec),
 		cmocka_unit_test(test_clones),
+		cmocka_unit_test(test_copy_region),
 		cmocka_unit_test(test_corrupt_lb),
 		cmocka_unit_test(test_truncated_mid_restore),
 		cmocka_unit_test(test_corrupt_lb_external),

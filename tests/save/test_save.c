@@ -17,6 +17,11 @@
  * from outside through a userfaultfd created in the child, as with QEMU);
  * and content and failure for a hugetlbfs memfd of 2 MiB pages (the test
  * reserves the huge pages it needs if it may, else skips that part).
+ * A copy (HALITE_MEM_COPY, as halite-qemu saves video memory) beside each
+ * kind of guest memory: saved exactly, its holes as never touched and its
+ * zero pages as zero, at the head of the physical stream, the caller's
+ * memory neither written nor dropped; with and without the background
+ * thread.
  *
  * Each vCPU owns a slice of memory and sweeps it page by page, writing a
  * per-page counter word; everything else in a page keeps its initial
@@ -719,6 +724,146 @@ static void run_save(enum mode mode, int codec, bool background, int fail)
 	guest_free(g);
 }
 
+/*
+ * Guest memory of @mode and a copy of 1 MiB in this process: random data,
+ * zero pages written, holes, and a last page of text. The copy's blocks
+ * are saved as they are, and its memory is left as it was.
+ */
+static void run_copy(enum mode mode, bool background)
+{
+	size_t len = 3 * 2 * 1024 * 1024, clen = 1u << 20;
+	size_t ws = background ? len / NVCPU / 8 * 7 : len / NVCPU;
+	struct guest *g;
+	uint64_t seed = g_seed ^ 0xc0b7, *phys;
+	int uffd = -1;
+	uint8_t *snap, *copy, *before, out[MB_SIZE];
+	unsigned char vec[(1u << 20) / PAGE];
+	char *path = tmp_path("copy.hlt");
+	struct halite_save_region reg[2];
+	HALITE_OPTS(halite_save_opts, o);
+	struct halite_save *s;
+	struct halite_save_stats st;
+	struct halite_reader *r;
+	const struct halite_file_info *fi;
+	uint64_t first, n_phys;
+
+	copy = mmap(NULL, clen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	assert_true(copy != MAP_FAILED);
+	assert_int_equal(madvise(copy, clen, MADV_NOHUGEPAGE), 0);
+	t_fill(copy, 256 << 10, 60, &seed);		 /* stored */
+	memset(copy + (256 << 10), 0, 64 << 10);	 /* zero, written */
+	memset(copy + clen - PAGE, 'v', PAGE);		 /* stored; holes before it */
+	before = calloc(1, clen);
+	snapshot_copy(before, copy, clen);
+
+	g = guest_init(mode, len, ws, &seed, &uffd);
+	guest_resume(g);
+	usleep(20000);
+	guest_pause(g);
+	snap = calloc(1, len);
+	snapshot_copy(snap, g->mem, len);
+	reg[0] = (struct halite_save_region){
+		.name = "pc.ram", .gpa = 0, .length = len, .host = (uintptr_t)g->mem,
+		.kind = mode == ANON ? HALITE_MEM_ANON : HALITE_MEM_SHARED, .fd = g->memfd,
+	};
+	reg[1] = (struct halite_save_region){
+		.name = "0000:00:01.0/vga.vram", .gpa = 0xfd000000, .length = clen,
+		.host = (uintptr_t)copy, .kind = HALITE_MEM_COPY, .fd = -1,
+	};
+	if (mode == EXTERNAL) {
+		o.owner_pid = g->child;
+		o.owner_uffd = uffd;
+		o.drop_ptes = child_drop_ptes;
+		o.drop_ctx = g;
+	}
+	o.vcpu_tids = g->tids;
+	o.nvcpus = NVCPU;
+	o.flags = HALITE_SAVE_NO_SYNC | (background ? 0 : HALITE_SAVE_NO_BACKGROUND);
+	o.workers = 2;
+	o.log = halite_log_stderr;
+	o.log_level = HALITE_LOG_WARN;
+	assert_int_equal(halite_save_create(&s, path, reg, 2, &o), 0);
+	if (uffd >= 0)
+		close(uffd);
+	assert_int_equal(halite_save_arm(s), 0);
+	guest_resume(g);
+	assert_int_equal(halite_save_wait(s, 60000), 0);
+	halite_save_stats(s, &st);
+	assert_true(st.done);
+	assert_int_equal(st.mb_saved, (len + clen) / MB_SIZE);
+	assert_int_equal(st.faults_vcpu + st.faults_other + st.mb_background, st.mb_saved);
+	/* The copies count as the background's, even when arm saved them. */
+	assert_true(st.mb_background >= clen / MB_SIZE);
+	halite_save_free(s);
+	guest_stop(g);
+
+	/*
+	 * The caller's memory as it was: not written, not dropped, and blocks
+	 * that are holes still holes (checked before the compare, whose reads
+	 * would map the zero page there; a block's compression reads the hole
+	 * beside the last page).
+	 */
+	assert_int_equal(mincore(copy, clen, vec), 0);
+	for (size_t p = 0; p < clen / PAGE; p++)
+		if ((vec[p] & 1) != (p < (320u << 10) / PAGE || p >= (clen - MB_SIZE) / PAGE))
+			fail_msg("%s: page %zu of the copy is %spresent", mode_name[mode], p,
+				 vec[p] & 1 ? "" : "not ");
+	assert_memory_equal(copy, before, clen);
+
+	assert_int_equal(halite_reader_open(&r, path, NULL), 0);
+	fi = halite_reader_info(r);
+	assert_int_equal(fi->region_count, 2);
+	assert_string_equal(halite_reader_region(r, 1)->name, "0000:00:01.0/vga.vram");
+	assert_int_equal(halite_reader_region(r, 1)->gpa, 0xfd000000);
+	first = halite_reader_region(r, 1)->first_mb;
+	assert_int_equal(first, len / MB_SIZE);
+	for (uint64_t mb = 0; mb < fi->mb_count; mb++) {
+		const uint8_t *want = mb < first ? snap + mb * MB_SIZE : before + (mb - first) * MB_SIZE;
+		struct halite_mb_loc loc;
+
+		assert_int_equal(halite_reader_read_mb(r, mb, out), 0);
+		if (memcmp(out, want, MB_SIZE))
+			fail_msg("%s: memory block %llu differs from the snapshot", mode_name[mode],
+				 (unsigned long long)mb);
+		if (mb < first)
+			continue;
+		assert_int_equal(halite_reader_mb_lookup(r, mb, &loc), 0);
+		{
+			uint64_t off = (mb - first) * MB_SIZE;
+			int want_state = off < (256u << 10) || off == clen - MB_SIZE ? HALITE_MB_STORED :
+					 off < (320u << 10) ? HALITE_MB_ZERO : HALITE_MB_UNTOUCHED;
+
+			assert_int_equal(loc.state, want_state);
+		}
+	}
+	/* The copy's stored blocks open the physical stream, in order. */
+	phys = calloc(fi->mb_count, sizeof(*phys));
+	n_phys = stream_mbs(r, HALITE_STREAM(HALITE_STREAM_PHYSICAL, 0), phys);
+	assert_true(n_phys >= (256u << 10) / MB_SIZE + 1);
+	for (uint64_t i = 0; i < (256u << 10) / MB_SIZE; i++)
+		assert_int_equal(phys[i], first + i);
+	assert_int_equal(phys[(256u << 10) / MB_SIZE], first + clen / MB_SIZE - 1);
+	free(phys);
+	halite_reader_free(r);
+	unlink(path);
+	fprintf(stderr, "copy beside %s memory, background %d: %llu faults, %llu background\n",
+		mode_name[mode], background, (unsigned long long)st.faults,
+		(unsigned long long)st.mb_background);
+	free(before);
+	free(snap);
+	free(path);
+	munmap(copy, clen);
+	guest_free(g);
+}
+
+static void test_copy_region(void **state)
+{
+	for (enum mode m = ANON; m <= EXTERNAL; m++) {
+		run_copy(m, true);
+		run_copy(m, false);
+	}
+}
+
 static void test_vcpu_locality_exact(void **state)
 {
 	for (enum mode m = ANON; m <= EXTERNAL; m++)
@@ -822,6 +967,7 @@ int main(void)
 		cmocka_unit_test(test_write_error_restores_guest),
 		cmocka_unit_test(test_cancel_restores_guest),
 		cmocka_unit_test(test_failed_check_restores_guest),
+		cmocka_unit_test(test_copy_region),
 		cmocka_unit_test(test_hugetlbfs),
 	};
 	int ret;

@@ -27,6 +27,7 @@ enum { EXIT_OK = 0, EXIT_FAIL = 1, EXIT_USAGE = 2, EXIT_UNSUPPORTED = 77 };
 #define HQ_QMP_TIMEOUT_MS 10000
 #define HQ_MAX_VCPUS 1024
 #define HQ_MAX_REGIONS 64
+#define HQ_MAX_DEVRAM 8
 
 /* One piece of guest RAM as a halite region: a contiguous run of a RAM block. */
 struct hq_region {
@@ -44,6 +45,18 @@ struct hq_region {
 			      no file, fd -1 */
 };
 
+/*
+ * Device RAM: a RAM block of QEMU's outside the memory backends that the
+ * guest writes, video memory in practice (vga.vram). Saved as a copy taken
+ * in the pause, restored by writing it into the new QEMU before it runs.
+ */
+struct hq_devram {
+	char name[64];	 /* the RAM block, and its region in the file: "0000:00:01.0/vga.vram" */
+	uint64_t gpa;	 /* where the guest sees it (the VGA's BAR) */
+	uint64_t length;
+	uint64_t host;	 /* its address in QEMU */
+};
+
 struct hq_vm {
 	struct hq_qmp *qmp;
 	pid_t pid;
@@ -53,6 +66,9 @@ struct hq_vm {
 	pid_t vcpu_tids[HQ_MAX_VCPUS];
 	uint32_t nregions;
 	struct hq_region regions[HQ_MAX_REGIONS];
+	uint32_t ndevram;
+	struct hq_devram devram[HQ_MAX_DEVRAM];
+	char devram_skipped[512]; /* device RAM that cannot be saved: "NAME: why; ..." */
 	/*
 	 * The run state QEMU's last answer to stop, cont or query-status gave:
 	 * 1 running, -1 paused, 0 unknown (no answer, or another state).
@@ -84,6 +100,37 @@ int hq_vm_vcpus(struct hq_vm *vm);
  * shared backend), with the fix in vm->err.
  */
 int hq_vm_ram(struct hq_vm *vm);
+/*
+ * Find the device RAM (hq_devram) where the guest sees it now: QEMU's RAM
+ * blocks outside the memory backends that are writable RAM in its
+ * guest-physical map (info mtree -f), each with its host address (gpa2hva).
+ * A block found but not usable is named in vm->devram_skipped; memory the
+ * guest cannot reach now (a BAR it switched off, or not yet programmed
+ * before the device state is loaded) is not found.
+ */
+int hq_vm_device_ram(struct hq_vm *vm);
+/* The used length of QEMU's RAM block @name (info ramblock); -ENOENT if none. */
+int hq_vm_ramblock(struct hq_vm *vm, const char *name, uint64_t *length);
+/*
+ * QEMU's [@host, @host + @len) into @dst (ours, fresh: reads as zeros),
+ * page-aligned: only the pages QEMU has (present or swapped: its pagemap),
+ * so the pages it never touched stay holes in @dst. *copied: bytes read.
+ */
+int hq_vm_read_pages(struct hq_vm *vm, uint64_t host, uint64_t len, uint8_t *dst,
+		     uint64_t *copied);
+/*
+ * Before hq_vm_read_pages() into @dst: populate the pages of @dst that QEMU
+ * has now, so that the read, in the pause, only copies (faulting fresh
+ * pages of ours in would double its time). Best effort: 0 or -errno.
+ */
+int hq_vm_prefault_pages(struct hq_vm *vm, uint64_t host, uint64_t len, uint8_t *dst);
+/*
+ * @src over QEMU's [@host, @host + @len): the pages @src has (mincore) and
+ * those QEMU has (pagemap), so that QEMU's range then reads exactly as
+ * @src, pages neither has left alone. *written: bytes written.
+ */
+int hq_vm_write_pages(struct hq_vm *vm, uint64_t host, uint64_t len, const uint8_t *src,
+		      uint64_t *written);
 /*
  * Before a save touches QEMU: -EBUSY when a userfaultfd already has some of
  * the guest's RAM (a save or restore of it running: /proc/PID/smaps), and

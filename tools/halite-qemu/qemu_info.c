@@ -258,6 +258,127 @@ int hq_split_block(const struct hq_gpa_range *rg, int n, uint64_t used, struct h
 	return k;
 }
 
+/* A "ram" range of the flat view of "memory", with the region's name. */
+struct named_range {
+	char name[128];
+	uint64_t gpa, len, offset;
+};
+
+/* Every writable RAM range of the flat view of "memory" (hq_parse_mtree()'s lines). */
+static int parse_flat_ram(const char *text, struct named_range **out, char *err, size_t errlen)
+{
+	struct named_range *v = NULL;
+	const char *p = text;
+	size_t n = 0, cap = 0;
+	int in_view = 0;
+	char buf[512];
+
+	while (next_line(&p, buf, sizeof(buf))) {
+		unsigned long long s, e, off = 0;
+		char kind[16], name[128];
+		const char *at;
+		int prio;
+
+		if (!strncmp(buf, "FlatView #", 10)) {
+			if (in_view)
+				break;
+			continue;
+		}
+		if (strstr(buf, " AS \"memory\"") == buf) {
+			in_view = 1;
+			continue;
+		}
+		if (!in_view ||
+		    sscanf(buf, " %llx-%llx (prio %d, %15[^)]): %127s", &s, &e, &prio, kind,
+			   name) != 5 || strcmp(kind, "ram"))
+			continue;
+		at = strstr(buf, "): ");
+		at = at ? strstr(at, " @") : NULL;
+		if ((at && sscanf(at, " @%llx", &off) != 1) || e < s) {
+			snprintf(err, errlen, "info mtree: range not understood: '%s'", buf);
+			free(v);
+			return -EINVAL;
+		}
+		if (n == MAX_ITEMS || !(v = grow(v, &cap, n, sizeof(*v)))) {
+			snprintf(err, errlen, "info mtree: too many ranges");
+			return -EINVAL;
+		}
+		snprintf(v[n].name, sizeof(v[n].name), "%s", name);
+		v[n].gpa = s;
+		v[n].len = e - s + 1;
+		v[n].offset = off;
+		n++;
+	}
+	if (!in_view) {
+		snprintf(err, errlen, "info mtree -f: no flat view of address space \"memory\"");
+		free(v);
+		return -EINVAL;
+	}
+	*out = v;
+	return (int)n;
+}
+
+/* Block @block is memory region @region: "DEVICE-PATH/REGION", or "REGION" alone. */
+static int block_is_region(const char *block, const char *region)
+{
+	size_t b = strlen(block), r = strlen(region);
+
+	return b == r ? !strcmp(block, region) :
+	       b > r && block[b - r - 1] == '/' && !strcmp(block + b - r, region);
+}
+
+int hq_find_device_ram(const char *mtree, const struct hq_ramblock *b, int nb,
+		       const char *const *backends, int nbackends, struct hq_devram_loc *out,
+		       int max, char *err, size_t errlen)
+{
+	struct named_range *rg = NULL;
+	int n = parse_flat_ram(mtree, &rg, err, errlen), k = 0;
+
+	if (n < 0)
+		return n;
+	for (int i = 0; i < nb && k < max; i++) {
+		struct hq_devram_loc *d = &out[k];
+		const struct named_range *first = NULL, *base = NULL;
+		const char *other = NULL;
+		int j, x;
+
+		for (j = 0; j < nbackends && strcmp(b[i].name, backends[j]); j++)
+			;
+		if (j < nbackends)
+			continue; /* guest RAM */
+		for (j = 0; j < n; j++) {
+			if (!block_is_region(b[i].name, rg[j].name))
+				continue;
+			/* Another block of this region's name: the ranges are whose? */
+			for (x = 0; x < nb && !other; x++)
+				if (x != i && block_is_region(b[x].name, rg[j].name))
+					other = b[x].name;
+			if (!first)
+				first = &rg[j];
+			if (!base && !rg[j].offset)
+				base = &rg[j];
+		}
+		if (!first)
+			continue; /* not writable RAM the guest sees: a ROM, or switched off */
+		memset(d, 0, sizeof(*d));
+		snprintf(d->name, sizeof(d->name), "%s", b[i].name);
+		d->length = b[i].used;
+		d->gpa = base ? base->gpa : first->gpa >= first->offset ? first->gpa - first->offset :
+			 first->gpa;
+		d->probe_gpa = first->gpa;
+		d->probe_offset = first->offset;
+		if (other)
+			snprintf(d->skip, sizeof(d->skip), "its memory region has the name of "
+				 "%.63s's: the guest-physical map cannot tell them apart", other);
+		else if (first->offset >= b[i].used)
+			snprintf(d->skip, sizeof(d->skip), "mapped at offset 0x%llx, past its end",
+				 (unsigned long long)first->offset);
+		k++;
+	}
+	free(rg);
+	return k;
+}
+
 int hq_parse_gpa2hva(const char *text, uint64_t *hva, char *err, size_t errlen)
 {
 	const char *p = strstr(text, " is 0x");

@@ -51,6 +51,31 @@ struct hq_piece {
 int hq_split_block(const struct hq_gpa_range *rg, int n, uint64_t used, struct hq_piece *out,
 		   int max);
 
+/*
+ * Device RAM: the RAM blocks of @b that no memory backend holds (@backends,
+ * @nbackends ids) and that the guest sees as writable RAM somewhere in the
+ * flat view of "memory" (@mtree, "info mtree -f": a "ram" range named after
+ * the block's memory region; block "0000:00:01.0/vga.vram" is region
+ * "vga.vram"): video memory, in practice. ROMs (mapped as "rom", or not at
+ * all) and memory the guest cannot reach now (a BAR switched off) are not.
+ * Each found gets its base as the guest sees it (@gpa: the range that maps
+ * its start, else the first range less its offset) and a probe for gpa2hva
+ * (its first range's GPA and that GPA's offset in the block). Blocks whose
+ * regions share a name cannot be told apart in the flat view: each is
+ * returned with @skip saying so. Returns how many were written to @out (at
+ * most @max), or -EINVAL with @err for text not understood.
+ */
+struct hq_devram_loc {
+	char name[64];	     /* the block: "0000:00:01.0/vga.vram" */
+	uint64_t length;     /* its used length */
+	uint64_t gpa;
+	uint64_t probe_gpa, probe_offset;
+	char skip[160];	     /* "" or why it cannot be saved */
+};
+int hq_find_device_ram(const char *mtree, const struct hq_ramblock *b, int nb,
+		       const char *const *backends, int nbackends, struct hq_devram_loc *out,
+		       int max, char *err, size_t errlen);
+
 /* "gpa2hva ADDR": "Host virtual address for 0x0 (mem0) is 0x7f..." -> 0 and *hva. */
 int hq_parse_gpa2hva(const char *text, uint64_t *hva, char *err, size_t errlen);
 

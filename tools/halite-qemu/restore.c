@@ -12,10 +12,13 @@
  *    created inside QEMU, whose copy QEMU keeps: if this process dies,
  *    QEMU's faults block rather than reading zeros.
  * 3. The restore engine starts (fault thread, demand readers, install
- *    pool, prefetcher), then the file's device state is fed to QEMU as a
- *    device-only incoming migration (header, CONFIGURATION, device
- *    sections, EOF: no RAM section). Loading it already touches RAM; those
- *    faults are served like any other.
+ *    pool, prefetcher; the file's device RAM, video memory, is read into
+ *    memory of ours before it returns: HALITE_MEM_COPY), then the file's
+ *    device state is fed to QEMU as a device-only incoming migration
+ *    (header, CONFIGURATION, device sections, EOF: no RAM section). Loading
+ *    it already touches RAM; those faults are served like any other. Once
+ *    it is loaded the device RAM is where the guest sees it (its BAR is
+ *    programmed), which tells its address in QEMU: it is written there.
  * 4. cont (hq_vm_settle: confirmed by query-status): the guest runs,
  *    milliseconds after QEMU was ready; the time is reported. A guest saved
  *    paused (the file's qemu.run-state) stays paused unless --running, as
@@ -41,6 +44,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -95,6 +99,15 @@ struct restore_run {
 	bool paused;		/* the run state to leave the guest in */
 	uint32_t file_nregions;
 	struct halite_region_info file_regions[HQ_MAX_REGIONS];
+	bool file_devram[HQ_MAX_REGIONS]; /* the region is device RAM (qemu.device-ram) */
+	/* The file's device RAM, read by the engine into @copy, written into QEMU after the load. */
+	uint32_t ndevram;
+	struct {
+		const char *name; /* the file region's, the RAM block's */
+		uint64_t length;
+		uint8_t *copy;
+	} devram[HQ_MAX_DEVRAM];
+	uint64_t devram_written, devram_ns;
 	uint64_t mem_bytes;
 	/* Times from the command's start. */
 	uint64_t t0, t_qmp, t_ready, t_loaded, t_forwarded, t_resume, t_done;
@@ -375,6 +388,44 @@ static int file_run_state(struct restore_run *r, const struct halite_reader *rd)
 	return 0;
 }
 
+/*
+ * Which of the file's regions are device RAM (qemu.device-ram: region
+ * names, each NUL-ended); files without it have guest RAM only.
+ */
+static int file_device_ram(struct restore_run *r, const struct halite_reader *rd)
+{
+	const char *k, *p;
+	const void *val = NULL;
+	uint32_t len = 0, i;
+
+	for (i = 0; i < halite_reader_meta_count(rd); i++)
+		if (!halite_reader_meta(rd, i, &k, &val, &len) && !strcmp(k, "qemu.device-ram"))
+			break;
+	if (i == halite_reader_meta_count(rd))
+		return 0;
+	if (!len || ((const char *)val)[len - 1]) {
+		snprintf(r->err, sizeof(r->err), "%s: its qemu.device-ram is not a list of regions",
+			 r->p.path);
+		return -HALITE_E_CORRUPT;
+	}
+	for (p = val; p < (const char *)val + len; p += strlen(p) + 1) {
+		uint32_t x;
+
+		for (x = 0; x < r->file_nregions && strcmp(r->file_regions[x].name, p); x++)
+			;
+		if (x == r->file_nregions || r->file_devram[x] || r->ndevram == HQ_MAX_DEVRAM) {
+			snprintf(r->err, sizeof(r->err), "%s: its qemu.device-ram names '%.64s', %s",
+				 r->p.path, p, x == r->file_nregions ? "which is no region of it" :
+				 r->file_devram[x] ? "twice" : "one too many");
+			return -HALITE_E_CORRUPT;
+		}
+		r->file_devram[x] = true;
+		r->devram[r->ndevram].name = r->file_regions[x].name;
+		r->devram[r->ndevram++].length = r->file_regions[x].length;
+	}
+	return 0;
+}
+
 /* What the file holds, checked before QEMU starts. */
 static int check_file(struct restore_run *r)
 {
@@ -427,7 +478,9 @@ static int check_file(struct restore_run *r)
 	}
 	for (uint32_t i = 0; i < r->file_nregions; i++)
 		r->file_regions[i] = *halite_reader_region(rd, i);
-	ret = hq_config_read(&r->cfg, rd, r->p.path, r->err, sizeof(r->err));
+	ret = file_device_ram(r, rd);
+	if (!ret)
+		ret = hq_config_read(&r->cfg, rd, r->p.path, r->err, sizeof(r->err));
 	if (!ret)
 		ret = file_run_state(r, rd);
 out:
@@ -650,12 +703,17 @@ static int attach_qemu(struct restore_run *r)
 /* Every region of the file has one in this QEMU, of the same length, and no more. */
 static int match_regions(struct restore_run *r)
 {
+	uint32_t file_ram = 0;
 	char a[32], b[32];
 
 	for (uint32_t i = 0; i < r->file_nregions; i++) {
 		const struct halite_region_info *f = &r->file_regions[i];
 		uint32_t k;
 
+		/* Device RAM is not guest RAM: check_device_ram(). */
+		if (r->file_devram[i])
+			continue;
+		file_ram++;
 		for (k = 0; k < r->vm.nregions; k++)
 			if (!strcmp(r->vm.regions[k].name, f->name))
 				break;
@@ -668,7 +726,7 @@ static int match_regions(struct restore_run *r)
 			bool taken = false;
 
 			for (uint32_t x = 0; x < r->file_nregions && !taken; x++)
-				taken = !strcmp(r->file_regions[x].name, g->name);
+				taken = !r->file_devram[x] && !strcmp(r->file_regions[x].name, g->name);
 			size_t n = strlen(f->name);
 
 			/* a name longer than ours is not one QEMU gave a RAM block */
@@ -692,10 +750,10 @@ static int match_regions(struct restore_run *r)
 			return -EINVAL;
 		}
 	}
-	if (r->vm.nregions != r->file_nregions) {
+	if (r->vm.nregions != file_ram) {
 		snprintf(r->err, sizeof(r->err), "this QEMU has %u pieces of guest RAM, the file "
 			 "%u: give the same -m and memory backends as at save", r->vm.nregions,
-			 r->file_nregions);
+			 file_ram);
 		return -EINVAL;
 	}
 	return 0;
@@ -713,6 +771,105 @@ static void engine_regions(const struct hq_vm *vm, struct halite_restore_region 
 			.fd_offset = g->fd_offset,
 		};
 	}
+}
+
+/*
+ * Each device RAM region of the file has a RAM block of its name and length
+ * in this QEMU (where the guest sees it is known only once the device state
+ * is loaded: write_device_ram()); @reg gets the engine's copies of them,
+ * memory of ours, after the guest RAM's @nram regions.
+ */
+/*
+ * The engine's regions for the file's device RAM, from @reg[@nram] on:
+ * memory of ours the engine fills at start (no QEMU needed: a take-over
+ * starts serving faults before it asks QEMU anything).
+ */
+static int devram_regions(struct restore_run *r, struct halite_restore_region *reg,
+			  uint32_t nram)
+{
+	for (uint32_t i = 0; i < r->ndevram; i++) {
+		uint64_t len = r->devram[i].length;
+
+		/* Fresh: the engine writes only what the file stores, the rest reads zeros. */
+		if (!r->devram[i].copy) {
+			void *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
+				       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+
+			if (p == MAP_FAILED)
+				return fail(r, -errno, "a copy of device RAM", strerror(errno));
+			madvise(p, len, MADV_NOHUGEPAGE);
+			r->devram[i].copy = p;
+		}
+		reg[nram + i] = (struct halite_restore_region){
+			.name = r->devram[i].name, .host = (uintptr_t)r->devram[i].copy,
+			.length = len, .kind = HALITE_MEM_COPY, .fd = -1,
+		};
+	}
+	return 0;
+}
+
+static int check_device_ram(struct restore_run *r, struct halite_restore_region *reg,
+			    uint32_t nram)
+{
+	char a[32], b[48];
+
+	for (uint32_t i = 0; i < r->ndevram; i++) {
+		uint64_t len = 0;
+		int ret = hq_vm_ramblock(&r->vm, r->devram[i].name, &len);
+
+		if (ret == -ENOENT || (!ret && len != r->devram[i].length)) {
+			if (ret)
+				snprintf(b, sizeof(b), "has no counterpart");
+			else
+				snprintf(b, sizeof(b), "is %s", hq_bytes(len, a, sizeof(a)));
+			snprintf(r->err, sizeof(r->err), "the file's device RAM '%s' (%s, video "
+				 "memory) %s in this QEMU: give the same display devices (-vga, "
+				 "-device) and their options as at save", r->devram[i].name,
+				 hq_bytes(r->devram[i].length, a, sizeof(a)), b);
+			return -EINVAL;
+		}
+		if (ret)
+			return fail(r, ret, r->vm.err, NULL);
+	}
+	return devram_regions(r, reg, nram);
+}
+
+/*
+ * Once the device state is loaded, before the guest runs: each device RAM
+ * region of the file (the engine filled its copy at start) written over
+ * its block in QEMU, found where the guest now sees it.
+ */
+static int write_device_ram(struct restore_run *r)
+{
+	uint64_t t0 = hq_now_ns();
+	int ret;
+
+	if (!r->ndevram)
+		return 0;
+	ret = hq_vm_device_ram(&r->vm);
+	if (ret)
+		return fail(r, ret, "finding device RAM", r->vm.err);
+	for (uint32_t i = 0; i < r->ndevram; i++) {
+		const struct hq_devram *d = NULL;
+		uint64_t n = 0;
+
+		for (uint32_t k = 0; k < r->vm.ndevram && !d; k++)
+			if (!strcmp(r->vm.devram[k].name, r->devram[i].name))
+				d = &r->vm.devram[k];
+		if (!d || d->length != r->devram[i].length) {
+			snprintf(r->err, sizeof(r->err), "the file's device RAM '%s' is not where the "
+				 "guest can reach it in this QEMU once the device state is loaded%s%s",
+				 r->devram[i].name, r->vm.devram_skipped[0] ? ": " : "",
+				 r->vm.devram_skipped);
+			return -EINVAL;
+		}
+		ret = hq_vm_write_pages(&r->vm, d->host, d->length, r->devram[i].copy, &n);
+		if (ret)
+			return fail(r, ret, "writing device RAM", r->vm.err);
+		r->devram_written += n;
+	}
+	r->devram_ns = hq_now_ns() - t0;
+	return 0;
 }
 
 /*
@@ -761,7 +918,7 @@ static int check_vm(struct restore_run *r, struct halite_restore_region *reg)
 		}
 	}
 	engine_regions(&r->vm, reg);
-	return 0;
+	return check_device_ram(r, reg, r->vm.nregions);
 }
 
 /* Match the file's regions with this QEMU's RAM and empty it. */
@@ -832,7 +989,7 @@ static int start_restore(struct restore_run *r, struct hq_vm *vm,
 	o.trace_path = r->p.trace;
 	o.log = hq_log;
 	o.log_level = r->p.out.verbose ? HALITE_LOG_DEBUG : HALITE_LOG_WARN;
-	ret = halite_restore_open(&r->rs, r->p.path, reg, vm->nregions, &o);
+	ret = halite_restore_open(&r->rs, r->p.path, reg, vm->nregions + r->ndevram, &o);
 	if (ret == -EINVAL)
 		return fail(r, ret, "the file's memory regions do not match this QEMU's "
 			    "(same -m and memory backend ids as at save?)", NULL);
@@ -1052,7 +1209,9 @@ static int take_over(struct restore_run *r, struct halite_restore_region *reg)
 		struct halite_restore_region hreg[HQ_MAX_REGIONS];
 
 		engine_regions(r->handed, hreg);
-		ret = start_restore(r, r->handed, hreg);
+		ret = devram_regions(r, hreg, r->handed->nregions);
+		if (!ret)
+			ret = start_restore(r, r->handed, hreg);
 		if (ret)
 			return ret;
 	}
@@ -1087,6 +1246,13 @@ static int take_over(struct restore_run *r, struct halite_restore_region *reg)
 		ret = same_ram(r);
 	else if (!ret)
 		ret = start_restore(r, &r->vm, reg);
+	/*
+	 * Loaded, and the guest never ran since (the dead handler writes device
+	 * RAM before cont): it may have died before it wrote it. Written again,
+	 * it is the same; once the guest runs it is the guest's.
+	 */
+	if (!ret && strcmp(st, "inmigrate") && strcmp(st, "running"))
+		return write_device_ram(r);
 	if (ret || strcmp(st, "inmigrate"))
 		return ret;
 	ret = hq_qmp_call(r->vm.qmp, "query-migrate", NULL, &mig, HQ_QMP_TIMEOUT_MS);
@@ -1098,12 +1264,14 @@ static int take_over(struct restore_run *r, struct halite_restore_region *reg)
 		fail(r, ret, "QEMU was loading the device state when the handler died, and cannot "
 		     "load it again: stop it, and restore anew", mst);
 	cJSON_Delete(mig);
-	return ret ? ret : load_devices(r);
+	if (!ret)
+		ret = load_devices(r);
+	return ret ? ret : write_device_ram(r);
 }
 
 static int run(struct restore_run *r)
 {
-	struct halite_restore_region reg[HQ_MAX_REGIONS];
+	struct halite_restore_region reg[HQ_MAX_REGIONS + HQ_MAX_DEVRAM];
 	uint64_t last_prog;
 	char tmpl[] = "/tmp/halite-qemu.XXXXXX";
 	int ret;
@@ -1148,6 +1316,8 @@ static int run(struct restore_run *r)
 			raise(SIGKILL);
 		if (!ret)
 			ret = load_devices(r);
+		if (!ret)
+			ret = write_device_ram(r);
 		/* Loaded and not yet running: connections from now on wait for the guest (hostfwd.c). */
 		if (!ret)
 			ret = hq_config_forward(&r->cfg, r->vm.qmp, r->err, sizeof(r->err));
@@ -1218,6 +1388,16 @@ static void report_disks_json(const struct restore_run *r)
 	printf("]");
 }
 
+/* The file's device RAM, in bytes (r->mem_bytes holds it too). */
+static uint64_t devram_bytes(const struct restore_run *r)
+{
+	uint64_t n = 0;
+
+	for (uint32_t i = 0; i < r->ndevram; i++)
+		n += r->devram[i].length;
+	return n;
+}
+
 static void report(const struct restore_run *r, int ret)
 {
 	const struct halite_restore_stats *st = &r->st;
@@ -1237,10 +1417,12 @@ static void report(const struct restore_run *r, int ret)
 		       ", \"mb_present\": %" PRIu64 ", \"attached\": %s"
 		       ", \"vm_access_pct\": %.2f, \"paused\": %s, \"run_state\": \"%s\", "
 		       "\"saved_run_state\": \"%s\", \"detached\": %s, \"cmdline\": \"%s\", "
-		       "\"forwards\": %d, \"forwarded_ms\": %.3f",
+		       "\"forwards\": %d, \"forwarded_ms\": %.3f, \"device_ram_bytes\": %" PRIu64
+		       ", \"device_ram_written_bytes\": %" PRIu64 ", \"device_ram_ms\": %.3f",
 		       ms(r->t0, r->t_qmp), ms(r->t0, r->t_ready),
 		       ms(r->t0, r->t_loaded), ms(r->t0, r->t_resume), ms(r->t_qmp, r->t_resume),
-		       ms(r->t_resume, r->t_done) / 1e3, r->mem_bytes, st->faults, st->faults_vcpu,
+		       ms(r->t_resume, r->t_done) / 1e3, r->mem_bytes - devram_bytes(r), st->faults,
+		       st->faults_vcpu,
 		       st->faults_zero, st->faults_cached, (double)st->fault_p50_ns / 1e3,
 		       (double)st->fault_p99_ns / 1e3, st->lb_total, st->lb_demand,
 		       st->lb_prefetch, st->lb_retries, st->bytes_read, st->mb_total, st->mb_fault,
@@ -1249,7 +1431,8 @@ static void report(const struct restore_run *r, int ret)
 		       r->paused ? "true" : "false", r->paused ? "paused" : "running",
 		       r->file_paused ? "paused" : "running", r->p.detach ? "true" : "false",
 		       r->p.attach ? "attached" : r->cfg.replayed ? "recorded" : "given",
-		       r->nforwards, ms(r->t0, r->t_forwarded));
+		       r->nforwards, ms(r->t0, r->t_forwarded), devram_bytes(r), r->devram_written,
+		       (double)r->devram_ns / 1e6);
 		report_disks_json(r);
 		printf("}\n");
 		fflush(stdout);
@@ -1275,6 +1458,13 @@ static void report(const struct restore_run *r, int ret)
 	if (r->nforwards)
 		printf("  host forwards  %d added %.1f ms after QEMU was ready, once the guest's "
 		       "state was loaded\n", r->nforwards, ms(r->t_qmp, r->t_forwarded));
+	for (uint32_t i = 0; i < r->ndevram; i++)
+		printf("  device RAM     %s, %s: in before the guest ran\n", r->devram[i].name,
+		       hq_bytes(r->devram[i].length, a, sizeof(a)));
+	if (r->ndevram)
+		printf("  device write   %s written into QEMU in %.2f ms, once the device state was "
+		       "loaded\n", hq_bytes(r->devram_written, a, sizeof(a)),
+		       (double)r->devram_ns / 1e6);
 	if (r->p.attach)
 		printf("  taken over     %" PRIu64 " memory blocks were in already and kept\n",
 		       st->mb_present);
@@ -1371,6 +1561,10 @@ int hq_cmd_restore(int argc, char **argv)
 		hq_vm_release(r->handed);
 		free(r->handed);
 	}
+	/* The engine is gone: the copies of device RAM are ours again. */
+	for (uint32_t i = 0; i < r->ndevram; i++)
+		if (r->devram[i].copy)
+			munmap(r->devram[i].copy, r->devram[i].length);
 	hq_config_free(&r->cfg);
 	if (r->uffd >= 0)
 		close(r->uffd);

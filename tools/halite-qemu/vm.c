@@ -15,9 +15,11 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "discard.h"
@@ -409,6 +411,274 @@ out:
 	free(text);
 	free(mtree);
 	cJSON_Delete(devs);
+	return ret;
+}
+
+/* --- device RAM --- */
+
+/* Append "NAME: why" to vm->devram_skipped. */
+static void devram_skip(struct hq_vm *vm, const char *name, const char *why)
+{
+	size_t n = strlen(vm->devram_skipped);
+
+	snprintf(vm->devram_skipped + n, sizeof(vm->devram_skipped) - n, "%s%s: %s",
+		 n ? "; " : "", name, why);
+}
+
+int hq_vm_device_ram(struct hq_vm *vm)
+{
+	struct hq_devram_loc loc[HQ_MAX_DEVRAM];
+	const char *ids[HQ_MAX_REGIONS];
+	struct hq_ramblock *b = NULL;
+	char *text = NULL, *mtree = NULL, err[256];
+	cJSON *devs = NULL, *d;
+	int n, nids = 0, ret;
+
+	vm->ndevram = 0;
+	vm->devram_skipped[0] = '\0';
+	ret = hq_qmp_hmp(vm->qmp, "info ramblock", &text, HQ_QMP_TIMEOUT_MS);
+	if (!ret)
+		ret = hq_qmp_hmp(vm->qmp, "info mtree -f", &mtree, HQ_QMP_TIMEOUT_MS);
+	if (!ret)
+		ret = hq_qmp_call(vm->qmp, "query-memdev", NULL, &devs, HQ_QMP_TIMEOUT_MS);
+	if (ret) {
+		hq_vmsetf(vm, "%s", hq_qmp_errmsg(vm->qmp));
+		goto out;
+	}
+	n = hq_parse_ramblocks(text, &b, err, sizeof(err));
+	if (n < 0) {
+		hq_vmsetf(vm, "info ramblock: %s", err);
+		ret = n;
+		goto out;
+	}
+	cJSON_ArrayForEach(d, devs) {
+		const char *id = cJSON_GetStringValue(cJSON_GetObjectItem(d, "id"));
+
+		if (id && nids < HQ_MAX_REGIONS)
+			ids[nids++] = id;
+	}
+	n = hq_find_device_ram(mtree, b, n, ids, nids, loc, HQ_MAX_DEVRAM, err, sizeof(err));
+	if (n < 0) {
+		hq_vmsetf(vm, "%s", err);
+		ret = n;
+		goto out;
+	}
+	for (int i = 0; i < n; i++) {
+		struct hq_devram *g = &vm->devram[vm->ndevram];
+		char cmd[64], *hva_text = NULL;
+		uint64_t hva = 0;
+		struct vma v;
+
+		if (loc[i].skip[0]) {
+			devram_skip(vm, loc[i].name, loc[i].skip);
+			continue;
+		}
+		/* The engine's memory blocks are whole (save.h). */
+		if (!loc[i].length || loc[i].length % (HALITE_DEFAULT_MB_PAGES * 4096u)) {
+			devram_skip(vm, loc[i].name, "its length is no multiple of the memory-block "
+				    "size");
+			continue;
+		}
+		snprintf(cmd, sizeof(cmd), "gpa2hva 0x%" PRIx64, loc[i].probe_gpa);
+		ret = hq_qmp_hmp(vm->qmp, cmd, &hva_text, HQ_QMP_TIMEOUT_MS);
+		if (ret) {
+			hq_vmsetf(vm, "%s", hq_qmp_errmsg(vm->qmp));
+			goto out;
+		}
+		ret = hq_parse_gpa2hva(hva_text, &hva, err, sizeof(err));
+		free(hva_text);
+		if (ret) {
+			hq_vmsetf(vm, "%s", err);
+			goto out;
+		}
+		*g = (struct hq_devram){ .gpa = loc[i].gpa, .length = loc[i].length,
+					 .host = hva - loc[i].probe_offset };
+		_Static_assert(sizeof(g->name) == sizeof(loc[i].name), "block names");
+		memcpy(g->name, loc[i].name, sizeof(g->name));
+		/* One mapping of QEMU's holds a RAM block (QEMU maps each whole). */
+		if (g->host % 4096 || find_vma(vm->pid, g->host, &v) ||
+		    v.end - g->host < g->length) {
+			devram_skip(vm, g->name, "not one mapping in QEMU");
+			continue;
+		}
+		vm->ndevram++;
+	}
+out:
+	free(b);
+	free(text);
+	free(mtree);
+	cJSON_Delete(devs);
+	return ret;
+}
+
+int hq_vm_ramblock(struct hq_vm *vm, const char *name, uint64_t *length)
+{
+	struct hq_ramblock *b = NULL;
+	char *text = NULL, err[256];
+	int n, ret;
+
+	ret = hq_qmp_hmp(vm->qmp, "info ramblock", &text, HQ_QMP_TIMEOUT_MS);
+	if (ret) {
+		hq_vmsetf(vm, "%s", hq_qmp_errmsg(vm->qmp));
+		return ret;
+	}
+	n = hq_parse_ramblocks(text, &b, err, sizeof(err));
+	free(text);
+	if (n < 0) {
+		hq_vmsetf(vm, "info ramblock: %s", err);
+		return n;
+	}
+	ret = -ENOENT;
+	for (int i = 0; i < n; i++)
+		if (!strcmp(b[i].name, name)) {
+			*length = b[i].used;
+			ret = 0;
+		}
+	free(b);
+	return ret;
+}
+
+#define PM_PRESENT (1ull << 63)
+#define PM_SWAPPED (1ull << 62)
+
+/*
+ * Pages of QEMU's [@host, @host + @len) that it has (pagemap: present or
+ * swapped), one bit each into @bits; with @local, also those @local has
+ * here (mincore). 0 or -errno.
+ */
+static int wanted_pages(struct hq_vm *vm, uint64_t host, uint64_t len, const uint8_t *local,
+			uint64_t *bits)
+{
+	uint64_t npages = len / 4096, e[512];
+	unsigned char vec[512];
+	char path[64];
+	int fd, ret = 0;
+
+	snprintf(path, sizeof(path), "/proc/%d/pagemap", (int)vm->pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	for (uint64_t p = 0; p < npages && !ret;) {
+		uint64_t n = npages - p < 512 ? npages - p : 512;
+		ssize_t got = pread(fd, e, n * sizeof(e[0]), (off_t)((host / 4096 + p) * sizeof(e[0])));
+
+		if (got != (ssize_t)(n * sizeof(e[0]))) {
+			ret = got < 0 ? -errno : -EIO;
+			break;
+		}
+		if (local && mincore((void *)(local + p * 4096), n * 4096, vec)) {
+			ret = -errno;
+			break;
+		}
+		for (uint64_t i = 0; i < n; i++, p++)
+			if ((e[i] & (PM_PRESENT | PM_SWAPPED)) || (local && (vec[i] & 1)))
+				bits[p / 64] |= 1ull << (p % 64);
+	}
+	close(fd);
+	return ret;
+}
+
+/* The pages of @bits between here and QEMU, runs at a time: *moved counts the bytes. */
+static int move_pages(struct hq_vm *vm, uint64_t host, uint64_t len, uint8_t *here, bool write,
+		      const uint64_t *bits, uint64_t *moved)
+{
+	struct iovec l[64], rm[64];
+	uint64_t npages = len / 4096, p = 0, want;
+	int n;
+
+	*moved = 0;
+	while (p < npages) {
+		want = 0;
+		for (n = 0; n < 64 && p < npages;) {
+			uint64_t q;
+
+			if (!(bits[p / 64] & (1ull << (p % 64)))) {
+				p++;
+				continue;
+			}
+			for (q = p; q < npages && (bits[q / 64] & (1ull << (q % 64))); q++)
+				;
+			l[n] = (struct iovec){ here + p * 4096, (q - p) * 4096 };
+			rm[n] = (struct iovec){ (void *)(uintptr_t)(host + p * 4096), (q - p) * 4096 };
+			want += (q - p) * 4096;
+			n++;
+			p = q;
+		}
+		if (!n)
+			break;
+		ssize_t got = write ? process_vm_writev(vm->pid, l, (unsigned long)n, rm,
+							(unsigned long)n, 0)
+				    : process_vm_readv(vm->pid, l, (unsigned long)n, rm,
+						       (unsigned long)n, 0);
+
+		if (got != (ssize_t)want) {
+			int e = got < 0 ? errno : EIO;
+
+			hq_vmsetf(vm, "%s QEMU's memory at 0x%" PRIx64 ": %s", write ? "writing" :
+				  "reading", host, got < 0 ? strerror(e) : "cut short");
+			return -e;
+		}
+		*moved += want;
+	}
+	return 0;
+}
+
+int hq_vm_read_pages(struct hq_vm *vm, uint64_t host, uint64_t len, uint8_t *dst,
+		     uint64_t *copied)
+{
+	uint64_t *bits = calloc(len / 4096 / 64 + 1, sizeof(*bits));
+	int ret;
+
+	if (!bits)
+		return -ENOMEM;
+	ret = wanted_pages(vm, host, len, NULL, bits);
+	if (ret)
+		hq_vmsetf(vm, "/proc/%d/pagemap: %s", (int)vm->pid, strerror(-ret));
+	else
+		ret = move_pages(vm, host, len, dst, false, bits, copied);
+	free(bits);
+	return ret;
+}
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
+
+int hq_vm_prefault_pages(struct hq_vm *vm, uint64_t host, uint64_t len, uint8_t *dst)
+{
+	uint64_t *bits = calloc(len / 4096 / 64 + 1, sizeof(*bits)), npages = len / 4096;
+	int ret;
+
+	if (!bits)
+		return -ENOMEM;
+	ret = wanted_pages(vm, host, len, NULL, bits);
+	for (uint64_t p = 0, q; !ret && p < npages; p = q) {
+		for (; p < npages && !(bits[p / 64] & (1ull << (p % 64))); p++)
+			;
+		for (q = p; q < npages && (bits[q / 64] & (1ull << (q % 64))); q++)
+			;
+		if (q > p && madvise(dst + p * 4096, (q - p) * 4096, MADV_POPULATE_WRITE))
+			for (uint64_t k = p; k < q; k++) /* an older kernel: by hand */
+				((volatile uint8_t *)dst)[k * 4096] = 0;
+	}
+	free(bits);
+	return ret;
+}
+
+int hq_vm_write_pages(struct hq_vm *vm, uint64_t host, uint64_t len, const uint8_t *src,
+		      uint64_t *written)
+{
+	uint64_t *bits = calloc(len / 4096 / 64 + 1, sizeof(*bits));
+	int ret;
+
+	if (!bits)
+		return -ENOMEM;
+	ret = wanted_pages(vm, host, len, src, bits);
+	if (ret)
+		hq_vmsetf(vm, "which pages to write (pagemap, mincore): %s", strerror(-ret));
+	else
+		ret = move_pages(vm, host, len, (uint8_t *)src, true, bits, written);
+	free(bits);
 	return ret;
 }
 

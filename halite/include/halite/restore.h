@@ -40,6 +40,14 @@
  *
  * Memory: each region must be mapped and never touched, private anonymous or
  * a shared mapping of memfd/tmpfs/hugetlbfs, host-page aligned.
+ * A copy (HALITE_MEM_COPY) is memory of this process outside the guest's
+ * RAM, whoever owns the rest (halite-qemu: video memory, which it then
+ * writes into QEMU itself): it is not registered, and it is filled before
+ * halite_restore_start() returns, every block read, verified and decoded,
+ * its zero and never-touched blocks left as they are (zeros). Its blocks
+ * count as prefetched, as does each LB read for them (the LB's other
+ * blocks are installed as for any prefetched LB: every LB is still read
+ * once).
  * halite_restore_start() refuses memory with a page already populated
  * (shared memory: data in the file range; anonymous memory: mincore() here,
  * /proc/PID/pagemap for another process's), since such a page would never
@@ -96,11 +104,11 @@ struct halite_restore;
 
 struct halite_restore_region {
 	const char *name; /* the file's region of that name; every one given exactly once */
-	uint64_t host;	  /* target in the owner's address space: mapped, never touched,
-			     host-page aligned */
+	uint64_t host;	  /* target in the owner's address space (COPY: in this process):
+			     mapped, never touched, host-page aligned */
 	uint64_t length;  /* must equal the file region's length */
-	int kind;	  /* enum halite_mem_kind: ANON (private) or SHARED (memfd, tmpfs,
-			     hugetlbfs) */
+	int kind;	  /* enum halite_mem_kind: ANON (private), SHARED (memfd, tmpfs,
+			     hugetlbfs) or COPY */
 	/*
 	 * SHARED: the file mapped at @host (not taken over), and where in it:
 	 * the engine checks it is empty, refuses hole punches (discards) in it
@@ -208,7 +216,8 @@ struct halite_restore_stats {
 				     blocks of the faulting huge page a demand read brought) */
 	uint64_t mb_pool;	  /* other blocks of demand-read LBs, installed by the pool
 				     (TRACK_ACCESS: staged blocks installed at the end) */
-	uint64_t mb_prefetch;	  /* other blocks of prefetched LBs, installed by the pool */
+	uint64_t mb_prefetch;	  /* other blocks of prefetched LBs, installed by the pool, and the
+				     copies' blocks, filled at start */
 	uint64_t mb_zero;	  /* zero or never-touched: zero page on fault, else left a hole;
 				     all of them from the start (never read) */
 	uint64_t faults;	  /* missing-page faults handled (not those after a failure) */
@@ -222,7 +231,7 @@ struct halite_restore_stats {
 	uint64_t lb_total;
 	uint64_t lb_demand;	  /* LBs read for a fault (each LB is read once: demand +
 				     prefetch == lb_total when done) */
-	uint64_t lb_prefetch;	  /* LBs read by the prefetcher */
+	uint64_t lb_prefetch;	  /* LBs read by the prefetcher (or at start, for the copies) */
 	uint64_t lb_retries;	  /* re-reads after a checksum or read failure */
 	uint64_t bytes_read;	  /* every LB read that returned its bytes, retries included */
 	/*
@@ -273,9 +282,10 @@ int halite_restore_device_state(struct halite_restore *r, const void **data, uin
 struct halite_reader *halite_restore_reader(struct halite_restore *r);
 
 /*
- * Register the regions (userfaultfd MISSING) and start the fault thread, the
- * pools and the prefetcher; returns so the caller can resume the guest at
- * once. Once only. -HALITE_E_UNSUPPORTED when the kernel lacks a needed
+ * Register the regions (userfaultfd MISSING), fill the copies (COPY regions:
+ * their LBs read, verified and decoded here, so a failing LB fails the
+ * start naming it), start the fault thread, the pools and the prefetcher;
+ * returns so the caller can resume the guest at once. Once only. -HALITE_E_UNSUPPORTED when the kernel lacks a needed
  * feature, -EEXIST when memory of this process is already populated,
  * -HALITE_E_STATE when called twice (or, from outside, when owner_uffd had
  * its handshake already). After a failed start only free (and wait, which

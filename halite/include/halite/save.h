@@ -33,6 +33,14 @@
  *   UFFDIO_COPY of zeros). For another process the caller supplies a
  *   userfaultfd created inside it and a way to drop its page-table entries
  *   (QEMU: ptrace injection; see docs/).
+ * - a copy (HALITE_MEM_COPY), in this process whoever owns the rest: memory
+ *   from outside the guest's RAM that the caller copied at the snapshot
+ *   instant (a device's video memory, read from the VMM), at @host. It is
+ *   not registered and never written: the engine reads it as it is, pages
+ *   the caller never wrote (holes) as never-touched blocks. The background
+ *   thread saves all of it first thing after arm (with
+ *   HALITE_SAVE_NO_BACKGROUND, arm does). The caller keeps it mapped and
+ *   unchanged until halite_save_wait() has returned (or halite_save_free()).
  *
  * Memory a save or restore is already working on (registered with another
  * userfaultfd) is refused at arm with -EBUSY, before anything changes.
@@ -88,7 +96,8 @@ struct halite_save_region {
 	const char *name;   /* as in the file: "pc.ram", ... */
 	uint64_t gpa;	    /* guest-physical base */
 	uint64_t length;    /* bytes, a multiple of the memory-block size */
-	uint64_t host;	    /* where the memory is mapped in the owner's address space */
+	uint64_t host;	    /* where the memory is mapped in the owner's address space
+			       (COPY: in this process) */
 	int kind;	    /* enum halite_mem_kind */
 	int fd;		    /* SHARED: the file; the engine maps it itself. Not taken over */
 	uint64_t fd_offset; /* SHARED: offset of the region in @fd */
@@ -176,7 +185,7 @@ struct halite_save_stats {
 	 */
 	uint64_t faults_vcpu;
 	uint64_t faults_other;
-	uint64_t mb_background;	    /* blocks saved by the background thread */
+	uint64_t mb_background;	    /* blocks saved by the background thread (and the copies) */
 	uint64_t fault_p50_ns;	    /* fault service time: message read to wake */
 	uint64_t fault_p99_ns;
 	uint64_t raw_bytes;	    /* bytes of stored memory blocks */
