@@ -354,25 +354,42 @@ int hq_region_open(struct hq_vm *vm, struct hq_region *g)
 	return 0;
 }
 
+/*
+ * What QEMU says of its memory: its RAM blocks (info ramblock, parsed into
+ * *@b), where the guest sees them (info mtree -f, *@mtree) and its memory
+ * backends (query-memdev, *@devs). How many blocks, or -errno with vm->err.
+ */
+static int memory_views(struct hq_vm *vm, struct hq_ramblock **b, char **mtree, cJSON **devs)
+{
+	char *text = NULL, err[256];
+	int n;
+
+	n = hq_qmp_hmp(vm->qmp, "info ramblock", &text, HQ_QMP_TIMEOUT_MS);
+	if (!n)
+		n = hq_qmp_hmp(vm->qmp, "info mtree -f", mtree, HQ_QMP_TIMEOUT_MS);
+	if (!n)
+		n = hq_qmp_call(vm->qmp, "query-memdev", NULL, devs, HQ_QMP_TIMEOUT_MS);
+	if (n) {
+		hq_vmsetf(vm, "%s", hq_qmp_errmsg(vm->qmp));
+		free(text);
+		return n;
+	}
+	n = hq_parse_ramblocks(text, b, err, sizeof(err));
+	if (n < 0)
+		hq_vmsetf(vm, "info ramblock: %s", err);
+	free(text);
+	return n;
+}
+
 int hq_vm_ram(struct hq_vm *vm)
 {
 	struct hq_ramblock *b = NULL;
-	char *text = NULL, *mtree = NULL, err[256];
+	char *mtree = NULL;
 	cJSON *devs = NULL, *d;
-	int n, ret;
+	int n, ret = 0;
 
-	ret = hq_qmp_hmp(vm->qmp, "info ramblock", &text, HQ_QMP_TIMEOUT_MS);
-	if (!ret)
-		ret = hq_qmp_hmp(vm->qmp, "info mtree -f", &mtree, HQ_QMP_TIMEOUT_MS);
-	if (!ret)
-		ret = hq_qmp_call(vm->qmp, "query-memdev", NULL, &devs, HQ_QMP_TIMEOUT_MS);
-	if (ret) {
-		hq_vmsetf(vm, "%s", hq_qmp_errmsg(vm->qmp));
-		goto out;
-	}
-	n = hq_parse_ramblocks(text, &b, err, sizeof(err));
+	n = memory_views(vm, &b, &mtree, &devs);
 	if (n < 0) {
-		hq_vmsetf(vm, "info ramblock: %s", err);
 		ret = n;
 		goto out;
 	}
@@ -408,7 +425,6 @@ int hq_vm_ram(struct hq_vm *vm)
 		ret = hq_region_open(vm, &vm->regions[i]);
 out:
 	free(b);
-	free(text);
 	free(mtree);
 	cJSON_Delete(devs);
 	return ret;
@@ -430,24 +446,14 @@ int hq_vm_device_ram(struct hq_vm *vm)
 	struct hq_devram_loc loc[HQ_MAX_DEVRAM];
 	const char *ids[HQ_MAX_REGIONS];
 	struct hq_ramblock *b = NULL;
-	char *text = NULL, *mtree = NULL, err[256];
+	char *mtree = NULL, err[256];
 	cJSON *devs = NULL, *d;
-	int n, nids = 0, ret;
+	int n, nids = 0, ret = 0;
 
 	vm->ndevram = 0;
 	vm->devram_skipped[0] = '\0';
-	ret = hq_qmp_hmp(vm->qmp, "info ramblock", &text, HQ_QMP_TIMEOUT_MS);
-	if (!ret)
-		ret = hq_qmp_hmp(vm->qmp, "info mtree -f", &mtree, HQ_QMP_TIMEOUT_MS);
-	if (!ret)
-		ret = hq_qmp_call(vm->qmp, "query-memdev", NULL, &devs, HQ_QMP_TIMEOUT_MS);
-	if (ret) {
-		hq_vmsetf(vm, "%s", hq_qmp_errmsg(vm->qmp));
-		goto out;
-	}
-	n = hq_parse_ramblocks(text, &b, err, sizeof(err));
+	n = memory_views(vm, &b, &mtree, &devs);
 	if (n < 0) {
-		hq_vmsetf(vm, "info ramblock: %s", err);
 		ret = n;
 		goto out;
 	}
@@ -505,7 +511,6 @@ int hq_vm_device_ram(struct hq_vm *vm)
 	}
 out:
 	free(b);
-	free(text);
 	free(mtree);
 	cJSON_Delete(devs);
 	return ret;
