@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -161,19 +162,25 @@ static int next_line(const char **p, char *buf, size_t len)
 	return 1;
 }
 
+/* A RAM range of the flat view of "memory", with the region's name. */
+struct named_range {
+	char name[128];
+	uint64_t gpa, len, offset;
+	bool rom; /* "rom": RAM mapped read-only (PAM and the like) */
+};
+
 /*
- * A flat view starts with "FlatView #N", lists the address spaces using it
- * (' AS "memory", root: system'), then its ranges:
- * "  0000000000100000-000000007fffffff (prio 0, ram): mem0 @0000000000100000"
- * (no "@" means offset 0; a trailing " KVM" or the like may follow).
+ * Every "ram" and "rom" range of the flat view of address space "memory"
+ * in "info mtree -f", e.g.
+ *   0000000000000000-000000000009ffff (prio 0, ram): pc.ram KVM
+ *   00000000000c0000-00000000000dffff (prio 1, rom): pc.ram @00000000000c0000 KVM
  */
-int hq_parse_mtree(const char *text, const char *ramname, struct hq_gpa_range **out, char *err,
-		   size_t errlen)
+static int parse_flat_ram(const char *text, struct named_range **out, char *err, size_t errlen)
 {
-	struct hq_gpa_range *v = NULL;
+	struct named_range *v = NULL;
 	const char *p = text;
 	size_t n = 0, cap = 0;
-	int in_view = 0, views = 0;
+	int in_view = 0;
 	char buf[512];
 
 	while (next_line(&p, buf, sizeof(buf))) {
@@ -185,7 +192,6 @@ int hq_parse_mtree(const char *text, const char *ramname, struct hq_gpa_range **
 		if (!strncmp(buf, "FlatView #", 10)) {
 			if (in_view)
 				break; /* the "memory" view is done */
-			views++;
 			continue;
 		}
 		if (strstr(buf, " AS \"memory\"") == buf) {
@@ -194,41 +200,70 @@ int hq_parse_mtree(const char *text, const char *ramname, struct hq_gpa_range **
 		}
 		if (!in_view ||
 		    sscanf(buf, " %llx-%llx (prio %d, %15[^)]): %127s", &s, &e, &prio, kind,
-			   name) != 5)
-			continue;
-		/* PAM and the like map parts of RAM read-only: "rom", same block. */
-		if ((strcmp(kind, "ram") && strcmp(kind, "rom")) || strcmp(name, ramname))
+			   name) != 5 || (strcmp(kind, "ram") && strcmp(kind, "rom")))
 			continue;
 		at = strstr(buf, "): ");
 		at = at ? strstr(at, " @") : NULL;
-		if (at && sscanf(at, " @%llx", &off) != 1) {
-			snprintf(err, errlen, "info mtree: offset not understood in '%s'", buf);
+		if ((at && sscanf(at, " @%llx", &off) != 1) || e < s) {
+			snprintf(err, errlen, "info mtree: range not understood: '%s'", buf);
 			free(v);
 			return -EINVAL;
-		}
-		if (e < s) {
-			snprintf(err, errlen, "info mtree: bad range in '%s'", buf);
-			free(v);
-			return -EINVAL;
-		}
-		if (n && v[n - 1].gpa + v[n - 1].len == s && v[n - 1].offset + v[n - 1].len == off) {
-			v[n - 1].len += e - s + 1;
-			continue;
 		}
 		if (n == MAX_ITEMS || !(v = grow(v, &cap, n, sizeof(*v)))) {
 			snprintf(err, errlen, "info mtree: too many ranges");
 			return -EINVAL;
 		}
+		snprintf(v[n].name, sizeof(v[n].name), "%s", name);
 		v[n].gpa = s;
 		v[n].len = e - s + 1;
 		v[n].offset = off;
+		v[n].rom = !strcmp(kind, "rom");
 		n++;
 	}
-	if (!views || !in_view) {
+	if (!in_view) {
 		snprintf(err, errlen, "info mtree -f: no flat view of address space \"memory\"");
 		free(v);
 		return -EINVAL;
 	}
+	*out = v;
+	return (int)n;
+}
+
+/*
+ * A flat view starts with "FlatView #N", lists the address spaces using it
+ * (' AS "memory", root: system'), then its ranges:
+ * "  0000000000100000-000000007fffffff (prio 0, ram): mem0 @0000000000100000"
+ * (no "@" means offset 0; a trailing " KVM" or the like may follow).
+ */
+int hq_parse_mtree(const char *text, const char *ramname, struct hq_gpa_range **out, char *err,
+		   size_t errlen)
+{
+	struct named_range *rg = NULL;
+	struct hq_gpa_range *v = NULL;
+	size_t n = 0, cap = 0;
+	int nr = parse_flat_ram(text, &rg, err, errlen);
+
+	if (nr < 0)
+		return nr;
+	/* PAM and the like map parts of RAM read-only: "rom", same block. */
+	for (int i = 0; i < nr; i++) {
+		const struct named_range *r = &rg[i];
+
+		if (strcmp(r->name, ramname))
+			continue;
+		if (n && v[n - 1].gpa + v[n - 1].len == r->gpa &&
+		    v[n - 1].offset + v[n - 1].len == r->offset) {
+			v[n - 1].len += r->len;
+			continue;
+		}
+		if (n == MAX_ITEMS || !(v = grow(v, &cap, n, sizeof(*v)))) {
+			snprintf(err, errlen, "info mtree: too many ranges");
+			free(rg);
+			return -EINVAL;
+		}
+		v[n++] = (struct hq_gpa_range){ .gpa = r->gpa, .len = r->len, .offset = r->offset };
+	}
+	free(rg);
 	*out = v;
 	return (int)n;
 }
@@ -256,66 +291,6 @@ int hq_split_block(const struct hq_gpa_range *rg, int n, uint64_t used, struct h
 		i = j;
 	}
 	return k;
-}
-
-/* A "ram" range of the flat view of "memory", with the region's name. */
-struct named_range {
-	char name[128];
-	uint64_t gpa, len, offset;
-};
-
-/* Every writable RAM range of the flat view of "memory" (hq_parse_mtree()'s lines). */
-static int parse_flat_ram(const char *text, struct named_range **out, char *err, size_t errlen)
-{
-	struct named_range *v = NULL;
-	const char *p = text;
-	size_t n = 0, cap = 0;
-	int in_view = 0;
-	char buf[512];
-
-	while (next_line(&p, buf, sizeof(buf))) {
-		unsigned long long s, e, off = 0;
-		char kind[16], name[128];
-		const char *at;
-		int prio;
-
-		if (!strncmp(buf, "FlatView #", 10)) {
-			if (in_view)
-				break;
-			continue;
-		}
-		if (strstr(buf, " AS \"memory\"") == buf) {
-			in_view = 1;
-			continue;
-		}
-		if (!in_view ||
-		    sscanf(buf, " %llx-%llx (prio %d, %15[^)]): %127s", &s, &e, &prio, kind,
-			   name) != 5 || strcmp(kind, "ram"))
-			continue;
-		at = strstr(buf, "): ");
-		at = at ? strstr(at, " @") : NULL;
-		if ((at && sscanf(at, " @%llx", &off) != 1) || e < s) {
-			snprintf(err, errlen, "info mtree: range not understood: '%s'", buf);
-			free(v);
-			return -EINVAL;
-		}
-		if (n == MAX_ITEMS || !(v = grow(v, &cap, n, sizeof(*v)))) {
-			snprintf(err, errlen, "info mtree: too many ranges");
-			return -EINVAL;
-		}
-		snprintf(v[n].name, sizeof(v[n].name), "%s", name);
-		v[n].gpa = s;
-		v[n].len = e - s + 1;
-		v[n].offset = off;
-		n++;
-	}
-	if (!in_view) {
-		snprintf(err, errlen, "info mtree -f: no flat view of address space \"memory\"");
-		free(v);
-		return -EINVAL;
-	}
-	*out = v;
-	return (int)n;
 }
 
 /* Block @block is memory region @region: "DEVICE-PATH/REGION", or "REGION" alone. */
@@ -347,7 +322,8 @@ int hq_find_device_ram(const char *mtree, const struct hq_ramblock *b, int nb,
 		if (j < nbackends)
 			continue; /* guest RAM */
 		for (j = 0; j < n; j++) {
-			if (!block_is_region(b[i].name, rg[j].name))
+			/* Writable RAM only: a ROM the guest cannot change is rebuilt by QEMU. */
+			if (rg[j].rom || !block_is_region(b[i].name, rg[j].name))
 				continue;
 			/* Another block of this region's name: the ranges are whose? */
 			for (x = 0; x < nb && !other; x++)
