@@ -376,21 +376,22 @@ static void *tiles(void *arg)
 	cfg.rows[0] = 16;
 	sh->tiles_tid = gettid();
 	for (uint64_t round = 1;; round++) {
-		register long rax __asm__("rax") = SYS_read;
-		register long rdi __asm__("rdi") = (long)(intptr_t)arg;
-		register long rsi __asm__("rsi");
-		register long rdx __asm__("rdx") = 1;
 		char c = 0;
+		long rax;
 
-		rsi = (long)(uintptr_t)&c;
 		for (size_t i = 0; i < sizeof(in); i++)
 			in[i] = (uint8_t)(round * 37 + i * 11 + 5);
 		memset(out, 0, sizeof(out));
 		__asm__ volatile("ldtilecfg %0" : : "m"(cfg));
 		__asm__ volatile("tileloadd (%0,%1,1), %%tmm0" : : "r"(in), "r"(stride) : "memory");
+		/*
+		 * The registers set right before the syscall: a register variable
+		 * holds its value only at the asm that uses it, and a call in
+		 * between (memset, a sanitizer's check at -O0) may clobber it.
+		 */
 		__asm__ volatile("syscall"
-				 : "+r"(rax)
-				 : "r"(rdi), "r"(rsi), "r"(rdx)
+				 : "=a"(rax)
+				 : "0"((long)SYS_read), "D"((long)(intptr_t)arg), "S"(&c), "d"(1L)
 				 : "rcx", "r11", "memory");
 		__asm__ volatile("tilestored %%tmm0, (%0,%1,1)" : : "r"(out), "r"(stride) : "memory");
 		__asm__ volatile("sttilecfg %0" : "=m"(cfg2));

@@ -833,6 +833,7 @@ int hq_inject_begin(struct hq_inject **ip, pid_t pid, pid_t tid, char *err, size
 		else
 			seterr(err, errlen, "ptrace(PTRACE_SEIZE) of thread %d of process %d: %s",
 			       (int)tid, (int)pid, ESTR(-ret));
+		free(in->maps);
 		free(in);
 		return ret;
 	}
