@@ -857,14 +857,6 @@ static void check_signal_during_session(void)
 	if (ret != -EPERM || !strstr(err2, "already traced"))
 		fail("a second hq_inject_begin on a held thread: %d, \"%s\"", ret, err2);
 	hq_inject_end(in);
-#if defined(__SANITIZE_THREAD__)
-	/*
-	 * ThreadSanitizer defers a signal handler until the interrupted
-	 * function returns; read() restarts in the kernel and never does.
-	 */
-	printf("ok 4b - skipped under ThreadSanitizer (it defers signal handlers)\n");
-	return;
-#endif
 	for (uint64_t end = now_ms() + 2000; !sh->usr1; sleep_ms(1))
 		if (now_ms() > end)
 			fail("SIGUSR1 sent during the session never arrived");
