@@ -16,6 +16,7 @@
  *   region NAME BLOCK HOST LENGTH GPA OFFSET PAGE-SIZE ANON     (hex, ANON 0|1)
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -35,6 +36,25 @@ static void handoff_path(pid_t pid, char *buf, size_t len)
 	snprintf(buf, len, HQ_ASIDE_DIR "/qemu-%d.restore", (int)pid);
 }
 
+void hq_records_prune(void)
+{
+	DIR *d = opendir(HQ_ASIDE_DIR);
+	struct dirent *e;
+
+	if (!d)
+		return;
+	while ((e = readdir(d))) {
+		int pid = 0, n = 0;
+
+		if (sscanf(e->d_name, "qemu-%d.%*[a-z]%n", &pid, &n) != 1 || !n ||
+		    (strcmp(e->d_name + n - 5, ".save") && strcmp(e->d_name + n - 8, ".restore")) ||
+		    e->d_name[n] || pid <= 0 || hq_proc_state(pid))
+			continue;
+		unlinkat(dirfd(d), e->d_name, 0);
+	}
+	closedir(d);
+}
+
 int hq_handoff_write(const struct hq_vm *vm, const char *file, char *err, size_t errlen)
 {
 	char path[128], tmp[160], abs[PATH_MAX];
@@ -47,6 +67,7 @@ int hq_handoff_write(const struct hq_vm *vm, const char *file, char *err, size_t
 		snprintf(err, errlen, "%s: %s", HQ_ASIDE_DIR, strerror(errno));
 		return -errno;
 	}
+	hq_records_prune();
 	handoff_path(vm->pid, path, sizeof(path));
 	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
 	f = fopen(tmp, "we");

@@ -262,6 +262,8 @@ int hq_handoff_write(const struct hq_vm *vm, const char *file, char *err, size_t
  */
 int hq_handoff_read(pid_t pid, const char *file, struct hq_vm *vm, char *err, size_t errlen);
 void hq_handoff_remove(pid_t pid);
+/* Remove the records (.save, .restore) of QEMUs that are gone. */
+void hq_records_prune(void);
 
 /* --- recover.c --- */
 int hq_cmd_recover(const char *qmp, bool json, bool quiet);

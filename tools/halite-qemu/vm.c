@@ -1161,6 +1161,7 @@ int hq_aside_record_create(struct hq_vm *vm, bool running)
 		hq_vmsetf(vm, "%s: %s", HQ_ASIDE_DIR, strerror(errno));
 		return -errno;
 	}
+	hq_records_prune();
 	vm->aside_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	if (vm->aside_fd < 0) {
 		hq_vmsetf(vm, "%s: %s", path, strerror(errno));
