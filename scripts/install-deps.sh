@@ -11,6 +11,8 @@ pkgs=(
 	build-essential cmake ninja-build pkg-config
 	# I/O backends, codecs, checksums, JSON
 	liburing-dev libaio-dev liblz4-dev zlib1g-dev libzstd-dev libxxhash-dev libcjson-dev
+	# the clone service's HTTP API
+	libmicrohttpd-dev
 	# benchmarks: delayfs (FUSE), the machine's I/O limits
 	libfuse3-dev fuse3
 	# tests, fuzzing, benchmarks
