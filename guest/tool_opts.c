@@ -259,7 +259,8 @@ int hs_parse(int argc, char **argv, enum hs_cmd cmd, struct hs_args *a)
 	}
 	if (optind != argc)
 		return bad(cmd, "unexpected argument '%s'", argv[optind]);
-	if (a->seconds_set && a->o.max_accesses)
+	/* run always let --accesses win; save says so. */
+	if (cmd == HS_CMD_SAVE && a->seconds_set && a->o.max_accesses)
 		return bad(cmd, "--accesses and --seconds: one or the other");
 	return 0;
 }
