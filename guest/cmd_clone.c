@@ -564,6 +564,20 @@ static int map_template(struct clone *c)
 			"size (%ld)\n", (unsigned long long)c->a.mem_offset, pg);
 		return -EINVAL;
 	}
+	if (c->a.anon) {
+		/* An ordinary restore's target: empty private memory, filled by UFFDIO_COPY. */
+		c->mem = mmap(NULL, (size_t)c->mem_bytes, PROT_READ | PROT_WRITE,
+			      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+		if (c->mem == MAP_FAILED) {
+			c->mem = NULL;
+			ret = -errno;
+			fprintf(stderr, HS_PROG " clone: mapping %llu bytes: %s\n",
+				(unsigned long long)c->mem_bytes, strerror(errno));
+			return ret;
+		}
+		(void)madvise(c->mem, (size_t)c->mem_bytes, MADV_NOHUGEPAGE);
+		return 0;
+	}
 	fd = open(c->a.mem_file, O_RDONLY | O_CLOEXEC);
 	if (fd < 0) {
 		ret = -errno;
@@ -669,9 +683,13 @@ int hs_cmd_clone(int argc, char **argv)
 	ret = hs_parse(argc, argv, HS_CMD_CLONE, &c.a);
 	if (ret)
 		return ret > 0 ? 0 : 2;
-	if (!c.a.mem_file || !c.a.control) {
+	if ((!c.a.mem_file && !c.a.anon) || !c.a.control) {
 		fprintf(stderr, HS_PROG " clone: missing %s (--help for usage)\n",
-			!c.a.mem_file ? "--mem-file PATH" : "--control SOCKPATH");
+			!c.a.control ? "--control SOCKPATH" : "--mem-file PATH (or --anon)");
+		return 2;
+	}
+	if (c.a.mem_file && c.a.anon) {
+		fprintf(stderr, HS_PROG " clone: --mem-file and --anon: one or the other\n");
 		return 2;
 	}
 	/* The daemon that started us may die: we live on, and the parent may close our stdio. */

@@ -36,6 +36,7 @@ struct hs_args {
 	const char *mem_file;	/* clone --mem-file */
 	uint64_t mem_offset;	/* clone --mem-offset */
 	const char *control;	/* clone --control */
+	bool anon;		/* clone --anon: anonymous memory, no --mem-file */
 };
 
 /*

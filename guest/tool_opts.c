@@ -25,7 +25,8 @@ void hs_usage(FILE *f)
 		"                    [--trace FILE] [--record FILE] [--loop] [--child]\n"
 		"       halite-synth save --out FILE [guest options] [workload options]\n"
 		"                    [--seconds S] [--codec lz4|zlib|zstd]\n"
-		"       halite-synth clone --mem-file PATH [--mem-offset BYTES] --control SOCKPATH\n"
+		"       halite-synth clone (--mem-file PATH [--mem-offset BYTES] | --anon)\n"
+		"                    --control SOCKPATH\n"
 		"                    [guest options] [workload options]\n"
 		"       halite-synth trace-dump FILE\n"
 		"\n"
@@ -37,7 +38,9 @@ void hs_usage(FILE *f)
 		"  privately as guest memory, attach a guest with the same options to it and\n"
 		"  serve its userfaultfd and controls on the unix socket SOCKPATH (one command a\n"
 		"  line: info, uffd, start, pause, resume, stats, wait-done MS, dump PATH,\n"
-		"  digest, quit); prints \"ready\" once listening. Runs until quit.\n"
+		"  digest, quit); prints \"ready\" once listening. Runs until quit. --anon:\n"
+		"  private anonymous memory instead of PATH (the target of an ordinary restore,\n"
+		"  to compare with).\n"
 		"\n"
 		"guest options (synth.args):\n"
 		"  --mem MIB          guest memory, a multiple of 2 (1024); MIB, or a size\n"
@@ -73,7 +76,7 @@ enum {
 	O_MEM = 256, O_VCPUS, O_WS, O_MAP, O_BACKING, O_LEVELS, O_STRIDE, O_SHARED_AS,
 	O_HUGE2M, O_HUGE1G, O_HOLES, O_JUNK, O_AD, O_COMPRESS, O_ZERO, O_UNTOUCHED,
 	O_WRITE, O_PATTERN, O_TRACE, O_RECORD, O_LOOP, O_SEED, O_TLB, O_ACCESSES,
-	O_SECONDS, O_CHILD, O_OUT, O_CODEC, O_MEM_FILE, O_MEM_OFFSET, O_CONTROL, O_HELP,
+	O_SECONDS, O_CHILD, O_OUT, O_CODEC, O_MEM_FILE, O_MEM_OFFSET, O_CONTROL, O_ANON, O_HELP,
 };
 
 #define RUN (1u << HS_CMD_RUN)
@@ -98,7 +101,8 @@ static const unsigned opt_cmds[] = {
 	[O_SECONDS - O_MEM] = RUN | SAVE, [O_CHILD - O_MEM] = RUN,
 	[O_OUT - O_MEM] = SAVE,		[O_CODEC - O_MEM] = SAVE,
 	[O_MEM_FILE - O_MEM] = CLONE,	[O_MEM_OFFSET - O_MEM] = CLONE,
-	[O_CONTROL - O_MEM] = CLONE,	[O_HELP - O_MEM] = ALL,
+	[O_CONTROL - O_MEM] = CLONE,	[O_ANON - O_MEM] = CLONE,
+	[O_HELP - O_MEM] = ALL,
 };
 
 static const struct option long_opts[] = {
@@ -117,7 +121,8 @@ static const struct option long_opts[] = {
 	{ "seconds", 1, 0, O_SECONDS },	{ "child", 0, 0, O_CHILD },
 	{ "out", 1, 0, O_OUT },		{ "codec", 1, 0, O_CODEC },
 	{ "mem-file", 1, 0, O_MEM_FILE }, { "mem-offset", 1, 0, O_MEM_OFFSET },
-	{ "control", 1, 0, O_CONTROL },	{ "help", 0, 0, O_HELP },
+	{ "control", 1, 0, O_CONTROL },	{ "anon", 0, 0, O_ANON },
+	{ "help", 0, 0, O_HELP },
 	{ 0 },
 };
 
@@ -253,6 +258,7 @@ int hs_parse(int argc, char **argv, enum hs_cmd cmd, struct hs_args *a)
 		case O_MEM_FILE: a->mem_file = v; break;
 		case O_MEM_OFFSET: ret = parse_u64(v, &a->mem_offset); break;
 		case O_CONTROL: a->control = v; break;
+		case O_ANON: a->anon = true; break;
 		}
 		if (ret)
 			return bad(cmd, "bad value '%s' for --%s", v, name);
