@@ -68,6 +68,7 @@
 #include <halite/halite.h>
 
 #include "bench_util.h"
+#include "clones.h"
 #include "fault.h"
 #include "peers.h"
 #include "relayout.h"
@@ -1458,7 +1459,8 @@ static int micro(int argc, char **argv)
 #define USAGE                                                                              \
 	"usage: " PROG " COMMAND [options]   (" PROG " COMMAND --help)\n"                       \
 	"  micro   the paper's microbenchmark: organisations and peers, restore overhead\n"     \
-	"  fault   the cost of one fault answered from storage against this machine's limit\n"
+	"  fault   the cost of one fault answered from storage against this machine's limit\n"   \
+	"  clones  N clones of one snapshot: the clone service against N independent restores\n"
 
 int main(int argc, char **argv)
 {
@@ -1466,6 +1468,8 @@ int main(int argc, char **argv)
 		return micro(argc - 1, argv + 1);
 	if (argc >= 2 && !strcmp(argv[1], "fault"))
 		return cmd_fault(argc - 1, argv + 1);
+	if (argc >= 2 && !strcmp(argv[1], "clones"))
+		return cmd_clones(argc - 1, argv + 1);
 	if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
 		printf(USAGE);
 		return 0;

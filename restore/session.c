@@ -12,6 +12,9 @@
  *                               it (UFFDIO_CONTINUE) and wakes the thread
  *     its LB failed          -> the session fails, naming the LB; the thread
  *                               stays blocked
+ *   then the other blocks of its LB that are in are mapped too (without
+ *   waking anyone): what the guest touched next during the save, as a
+ *   single restore installs a whole LB, so the clone does not fault on them.
  *
  * Installs go through gmem (halite/src/gmem.h), which applies the clone's
  * discards, unmaps and moves; the regions count as shared memory there (a
@@ -77,7 +80,11 @@ struct halite_session {
 	char errmsg[256];
 	struct halite_hist hist;
 
+	_Atomic uint8_t *mapped; /* per memory block: mapped in the clone by us */
+	uint64_t mb_total;
+
 	_Atomic uint64_t faults, faults_cached, faults_read, faults_zero, faults_vcpu, premapped;
+	_Atomic uint64_t mb_neighbours;
 };
 
 static int s_fail(struct halite_session *s, int err, const char *fmt, ...)
@@ -135,12 +142,35 @@ static int install(struct halite_session *s, uint64_t mb, int mode, unsigned fla
 	if (!mb_place(s, mb, &ri, &off, &len))
 		return -HALITE_E_INTERNAL;
 	ret = halite_gmem_fill(s->gm, ri, off, len, NULL, mode, flags);
+	if (!ret)
+		atomic_store_explicit(&s->mapped[mb], 1, memory_order_relaxed);
 	if (ret == -ESRCH)
 		return s_fail(s, ret, "the clone (pid %d) is gone", (int)s->o.owner_pid);
 	if (ret)
 		return s_fail(s, ret, "region '%s' offset %llu: installing memory block %llu",
 			      s->regs[ri].tr->name, (unsigned long long)off, (unsigned long long)mb);
 	return 0;
+}
+
+/* The other blocks of @mb's LB that are in, mapped without waking anyone. */
+static void map_neighbours(struct halite_session *s, uint64_t mb)
+{
+	const uint64_t *mbs;
+	uint32_t n, ri;
+	uint64_t off, len;
+
+	if (tpl_lb_members(s->t, mb, &mbs, &n))
+		return;
+	for (uint32_t i = 0; i < n; i++) {
+		uint64_t m = mbs[i];
+
+		if (m == mb || atomic_load_explicit(&s->mapped[m], memory_order_relaxed) ||
+		    tpl_mb_state(s->t, m) != TPL_MB_IN || !mb_place(s, m, &ri, &off, &len))
+			continue;
+		if (install(s, m, HALITE_GMEM_CONTINUE, HALITE_GMEM_DONTWAKE))
+			return;
+		atomic_fetch_add(&s->mb_neighbours, 1);
+	}
 }
 
 static void timed(struct halite_session *s, uint64_t t0)
@@ -163,8 +193,11 @@ void tpl_block_in(struct tpl_client *c, uint64_t mb, uint64_t tag, int err)
 		s_fail(s, err, "%s", msg);
 		return; /* its threads stay blocked: never an unverified byte */
 	}
-	if (!install(s, mb, HALITE_GMEM_CONTINUE, 0) && tag != TAG_PREMAP)
+	if (install(s, mb, HALITE_GMEM_CONTINUE, 0))
+		return;
+	if (tag != TAG_PREMAP)
 		timed(s, tag);
+	map_neighbours(s, mb);
 }
 
 static bool is_vcpu(const struct halite_session *s, pid_t tid)
@@ -203,8 +236,10 @@ static void serve(struct halite_session *s, const struct uffd_msg *m, uint64_t n
 		tpl_hot_note(s->t, mb);
 	if (ret == 1) {
 		atomic_fetch_add(&s->faults_cached, 1);
-		if (!install(s, mb, HALITE_GMEM_CONTINUE, 0))
+		if (!install(s, mb, HALITE_GMEM_CONTINUE, 0)) {
 			timed(s, now);
+			map_neighbours(s, mb);
+		}
 	} else if (ret == 0) {
 		atomic_fetch_add(&s->faults_read, 1);
 	} else {
@@ -324,7 +359,29 @@ static int register_regions(struct halite_session *s)
 	return 0;
 }
 
-/* Map the hot set before the clone runs: read what is not in, then map it all. */
+/* Wait until no request of this session is pending: 0, or its failure. */
+static int settle(struct halite_session *s)
+{
+	while (tpl_pending(s->t, &s->cl) && !failed(s))
+		usleep(200);
+	return failed(s) ? s->error : 0;
+}
+
+/* Ask for @mb and map it (now, or in tpl_block_in() once it is in): 0 or < 0. */
+static int premap_one(struct halite_session *s, uint64_t mb)
+{
+	int ret = tpl_request(s->t, &s->cl, mb, TAG_PREMAP);
+
+	if (ret == 1)
+		return install(s, mb, HALITE_GMEM_CONTINUE, HALITE_GMEM_DONTWAKE);
+	return ret;
+}
+
+/*
+ * Map the hot set before the clone runs: the hot blocks, then the rest of
+ * their LBs (the clone touched those too, without a fault of its own),
+ * reading what is not in yet.
+ */
 static int premap_hot(struct halite_session *s)
 {
 	uint64_t *mbs, n, mapped = 0;
@@ -332,15 +389,28 @@ static int premap_hot(struct halite_session *s)
 
 	if (ret)
 		return ret;
-	for (uint64_t i = 0; i < n && !ret; i++) {
-		ret = tpl_request(s->t, &s->cl, mbs[i], TAG_PREMAP);
-		if (ret == 1) {
-			ret = install(s, mbs[i], HALITE_GMEM_CONTINUE, HALITE_GMEM_DONTWAKE);
-			mapped++;
-		} else if (ret == 0) {
-			mapped++; /* mapped by tpl_block_in() */
+	for (uint64_t i = 0; i < n && ret >= 0; i++) {
+		ret = premap_one(s, mbs[i]);
+		mapped += ret >= 0;
+	}
+	if (ret >= 0)
+		ret = settle(s);
+	for (uint64_t i = 0; i < n && ret >= 0; i++) {
+		const uint64_t *lbm;
+		uint32_t k;
+
+		if (tpl_lb_members(s->t, mbs[i], &lbm, &k))
+			continue;
+		for (uint32_t j = 0; j < k && ret >= 0; j++) {
+			if (atomic_load_explicit(&s->mapped[lbm[j]], memory_order_relaxed))
+				continue;
+			ret = premap_one(s, lbm[j]);
+			if (ret >= 0)
+				atomic_fetch_add(&s->mb_neighbours, 1);
 		}
 	}
+	if (ret >= 0)
+		ret = settle(s);
 	free(mbs);
 	if (ret < 0) {
 		/* A failed hot LB fails this clone now, before it runs. */
@@ -348,10 +418,8 @@ static int premap_hot(struct halite_session *s)
 			s_fail(s, ret, "mapping the hot set");
 		return ret;
 	}
-	while (tpl_pending(s->t, &s->cl) && !failed(s))
-		usleep(200);
 	atomic_store(&s->premapped, mapped);
-	return failed(s) ? s->error : 0;
+	return 0;
 }
 
 static int check_regions(struct halite_session *s, const struct halite_session_region *r,
@@ -422,6 +490,12 @@ int halite_session_start(struct halite_session **sp, struct halite_template *t,
 		memcpy(s->vcpus, s->o.vcpu_tids, s->o.nvcpus * sizeof(*s->vcpus));
 	}
 	s->o.vcpu_tids = NULL;
+	s->mb_total = halite_reader_info(halite_template_reader(t))->mb_count;
+	s->mapped = calloc(s->mb_total ? s->mb_total : 1, 1);
+	if (!s->mapped) {
+		ret = -ENOMEM;
+		goto err;
+	}
 	ret = check_regions(s, regions, nregions);
 	if (!ret)
 		ret = open_uffd(s);
@@ -508,6 +582,7 @@ void halite_session_stats(struct halite_session *s, struct halite_session_stats 
 	st->faults_zero = atomic_load(&s->faults_zero);
 	st->faults_vcpu = atomic_load(&s->faults_vcpu);
 	st->mb_premapped = atomic_load(&s->premapped);
+	st->mb_neighbours = atomic_load(&s->mb_neighbours);
 	pthread_mutex_lock(&s->mu);
 	st->fault_p50_ns = halite_hist_quantile(&s->hist, 0.50);
 	st->fault_p99_ns = halite_hist_quantile(&s->hist, 0.99);
@@ -546,6 +621,7 @@ void halite_session_free(struct halite_session *s)
 		close(s->uffd);
 	free(s->regs);
 	free(s->vcpus);
+	free((void *)s->mapped);
 	pthread_cond_destroy(&s->cv);
 	pthread_mutex_destroy(&s->mu);
 	free(s);

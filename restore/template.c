@@ -189,6 +189,15 @@ int tpl_mb_state(const struct halite_template *t, uint64_t mb)
 	return TPL_MB_OUT;
 }
 
+int tpl_lb_members(const struct halite_template *t, uint64_t mb, const uint64_t **mbs, uint32_t *n)
+{
+	struct halite_mb_loc loc;
+
+	if (halite_reader_mb_lookup(t->rd, mb, &loc) || loc.state != HALITE_MB_STORED)
+		return -HALITE_E_NOT_FOUND;
+	return halite_reader_lb_members(t->rd, loc.lb, mbs, n);
+}
+
 bool tpl_complete(struct halite_template *t)
 {
 	return atomic_load(&t->mb_in) == t->mb_stored;

@@ -66,6 +66,9 @@ uint64_t tpl_pending(struct halite_template *t, const struct tpl_client *c);
 /* Withdraw every request of @c and wait for callbacks on it to end. */
 void tpl_detach(struct halite_template *t, struct tpl_client *c);
 
+/* The stored blocks of @mb's locality block (the reader's array), or -HALITE_E_NOT_FOUND. */
+int tpl_lb_members(const struct halite_template *t, uint64_t mb, const uint64_t **mbs, uint32_t *n);
+
 /* Note a fault for the hot set (first time wins). */
 void tpl_hot_note(struct halite_template *t, uint64_t mb);
 /* A copy of the hot set, in first-fault order (free() it). 0 or -ENOMEM. */

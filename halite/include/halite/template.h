@@ -22,7 +22,8 @@
  * is answered with UFFDIO_CONTINUE (the page cache page mapped read-only;
  * a write then copies it), on a zero or never-touched block with the zero
  * page, on any other block by asking the template for its LB and answering
- * once the block is in. Per clone there is only its descriptor, its waiting
+ * once the block is in; then the other blocks of that LB that are in are
+ * mapped as well (what the guest touched next during the save). Per clone there is only its descriptor, its waiting
  * faults and its statistics. When the template is complete every session
  * unregisters: its clone runs on without the engine.
  *
@@ -162,6 +163,7 @@ struct halite_session_stats {
 	uint64_t faults_zero;	/* ... on zero or never-touched blocks */
 	uint64_t faults_vcpu;	/* ... from the vCPU threads given */
 	uint64_t mb_premapped;	/* hot blocks mapped at start */
+	uint64_t mb_neighbours; /* blocks mapped because another block of their LB faulted */
 	uint64_t fault_p50_ns, fault_p99_ns; /* fault read to wake */
 	bool done;		/* template complete, ranges unregistered */
 	int error;
