@@ -8,6 +8,8 @@
 #                       1 ms per read, no VM access runs: Figure 4
 #   fio.json            bench/fio.sh: this machine's random-read limits
 #   fault.json          halite-bench fault --json, if this build has it
+#   clones.json         halite-bench clones --json: the clone service against
+#                       N independent restores, N = 1, 2, 4, 8, 16 (issue 14)
 #   runs.tsv            file, exit code, seconds, command, for each of them
 #   *.log               each command's stderr (progress)
 #   fig2-overhead.svg, table1.md, fig4-compress.svg, summary.md
@@ -59,7 +61,7 @@ say "build ($(rel "$build"))"
 
 # This run's files only: a fault.json left from an earlier run must not be
 # taken for this one's.
-rm -f "$out"/micro.json "$out"/compress-*.json "$out"/fio.json "$out"/fault.json \
+rm -f "$out"/micro.json "$out"/compress-*.json "$out"/fio.json "$out"/fault.json "$out"/clones.json \
 	"$out"/*.log "$out"/runs.tsv "$out"/fig2-overhead.svg "$out"/fig4-compress.svg \
 	"$out"/table1.md "$out"/summary.md
 printf '# file\texit\tseconds\tcommand\n' >"$out/runs.tsv"
@@ -112,6 +114,9 @@ else
 	say "halite-bench fault: not in this build, skipped"
 	rm -f "$out/fault.json"
 fi
+
+# (e) Many clones of one snapshot: the clone service against independent restores.
+run clones.json "$bench" clones --json "${q[@]}"
 
 say "plot"
 python3 bench/plot.py "$out" >/dev/null
