@@ -64,7 +64,7 @@ extern char **environ;
 
 struct params {
 	uint64_t mem_mib, accesses, save_accesses;
-	unsigned vcpus;
+	unsigned vcpus, runs;
 	unsigned counts[8], ncounts;
 	uint32_t latency_us;
 	const char *dir, *mem_dir;
@@ -99,7 +99,7 @@ struct bench {
 	unsigned nres;
 	struct {
 		uint64_t faults_without, faults_with, premapped, hot_mb;
-		double first_without, first_with;
+		double first_without, first_with, premap_s;
 	} hot;
 };
 
@@ -574,30 +574,70 @@ out:
 	return ret;
 }
 
+static double dmed(double *v, unsigned n)
+{
+	for (unsigned i = 1; i < n; i++)
+		for (unsigned j = i; j > 0 && v[j - 1] > v[j]; j--) {
+			double t = v[j];
+
+			v[j] = v[j - 1];
+			v[j - 1] = t;
+		}
+	return v[n / 2];
+}
+
+/* Each field the median over the runs (counts of bytes and LBs are the same in every run). */
+static void combine(struct result *out, const struct result *runs, unsigned n)
+{
+	double v[16];
+
+#define MED(f)                                  \
+	do {                                    \
+		for (unsigned i = 0; i < n; i++) \
+			v[i] = (double)runs[i].f; \
+		out->f = dmed(v, n);            \
+	} while (0)
+	*out = runs[0];
+	MED(ready_p50);
+	MED(ready_p95);
+	MED(attach_p50);
+	MED(attach_p95);
+	MED(first_p50);
+	MED(first_p95);
+	MED(done_s);
+	MED(faults);
+	MED(pss);
+	MED(pss_clones);
+	MED(cache_bytes);
+#undef MED
+}
+
 static int measure_counts(struct bench *b)
 {
 	struct clone c[MAX_CLONES];
+	struct result runs[16];
 
 	for (unsigned k = 0; k < b->p.ncounts; k++) {
 		unsigned n = b->p.counts[k];
 
 		for (int mode = 0; mode < 2; mode++) {
-			struct halite_template *t = NULL;
-			struct result *r = &b->res[b->nres];
-			int ret;
+			for (unsigned run = 0; run < b->p.runs; run++) {
+				struct halite_template *t = NULL;
+				int ret;
 
-			if (mode == 1 && !(t = open_template(b, NULL, 0)))
-				return -1;
-			if (!b->p.json)
-				fprintf(stderr, "%-11s %2u clones ...\n", mode ? "service" : "independent",
-					n);
-			ret = run_once(b, n, t, 0, r, c);
-			clones_end(c, n);
-			halite_template_free(t);
-			remove_mem(b);
-			if (ret)
-				return -1;
-			b->nres++;
+				if (mode == 1 && !(t = open_template(b, NULL, 0)))
+					return -1;
+				if (!b->p.json)
+					fprintf(stderr, "%-11s %2u clones, run %u of %u ...\n",
+						mode ? "service" : "independent", n, run + 1, b->p.runs);
+				ret = run_once(b, n, t, 0, &runs[run], c);
+				clones_end(c, n);
+				halite_template_free(t);
+				remove_mem(b);
+				if (ret)
+					return -1;
+			}
+			combine(&b->res[b->nres++], runs, b->p.runs);
 		}
 	}
 	return 0;
@@ -640,6 +680,7 @@ static int measure_hot(struct bench *b)
 		b->hot.first_with = r.first_p50;
 		halite_session_stats(c[0].s, &ss);
 		b->hot.premapped = ss.mb_premapped;
+		b->hot.premap_s = (double)ss.ready_ns / 1e9;
 	}
 	clones_end(c, 1);
 	halite_template_free(t);
@@ -669,8 +710,8 @@ static void print_json(const struct bench *b)
 	printf("{\"machine\": ");
 	bench_machine_json(b->p.dir);
 	printf(",\n \"params\": {\"mem_bytes\": %" PRIu64 ", \"vcpus\": %u, \"accesses\": %" PRIu64
-	       ", \"read_latency_us\": %u, \"synth_args\": ",
-	       b->p.mem_mib << 20, b->p.vcpus, b->p.accesses, b->p.latency_us);
+	       ", \"runs\": %u, \"read_latency_us\": %u, \"synth_args\": ",
+	       b->p.mem_mib << 20, b->p.vcpus, b->p.accesses, b->p.runs, b->p.latency_us);
 	bench_json_str(b->synth_args);
 	printf("},\n \"results\": [\n");
 	for (unsigned i = 0; i < b->nres; i++) {
@@ -703,6 +744,8 @@ static void print_json(const struct bench *b)
 	bench_json_num(b->hot.first_without, 6);
 	printf(", \"first_response_with_s\": ");
 	bench_json_num(b->hot.first_with, 6);
+	printf(", \"premap_s\": ");
+	bench_json_num(b->hot.premap_s, 6);
 	printf("},\n \"goals\": {\"clones\": %u", many ? many->n : 0);
 	if (one && many) {
 		printf(", \"ready_p95_ratio\": ");
@@ -755,6 +798,8 @@ static void usage(FILE *f)
 "  --counts LIST      clone counts, ascending, comma-separated, at most 8, each 1..%d\n"
 "                     (1,2,4,8,16)\n"
 "  --accesses N       per vCPU before a clone's first response (20000; --quick 5000)\n"
+"  --runs N           runs of each count and mode, each figure their median\n"
+"                     (3; --quick 1)\n"
 "  --latency US       added to every LB read (0)\n"
 "  --dir DIR          where the snapshot goes (/var/tmp)\n"
 "  --mem-dir DIR      tmpfs for the template memory file and sockets (/dev/shm)\n"
@@ -823,6 +868,11 @@ static int parse(int argc, char **argv, struct params *p)
 			p->accesses = x;
 			acc_set = true;
 			i++;
+		} else if (!strcmp(a, "--runs")) {
+			if (!bench_parse_u64(v, 1, 15, &x))
+				return bench_bad_arg(PROG, a, v, "1..15");
+			p->runs = (unsigned)x;
+			i++;
 		} else if (!strcmp(a, "--latency")) {
 			if (!bench_parse_u64(v, 0, 1000000, &x))
 				return bench_bad_arg(PROG, a, v, "0..1000000 microseconds");
@@ -843,6 +893,8 @@ static int parse(int argc, char **argv, struct params *p)
 		p->mem_mib = 64;
 	if (p->quick && !acc_set)
 		p->accesses = 5000;
+	if (!p->runs)
+		p->runs = p->quick ? 1 : 3;
 	p->save_accesses = p->accesses;
 	return 0;
 }
