@@ -331,7 +331,8 @@ int tpl_hot_list(struct halite_template *t, uint64_t **mbs, uint64_t *count)
 	pthread_mutex_lock(&t->mu);
 	copy = malloc((t->hot_n ? t->hot_n : 1) * sizeof(*copy));
 	if (copy) {
-		memcpy(copy, t->hot, t->hot_n * sizeof(*copy));
+		if (t->hot_n) /* t->hot is NULL until the first block */
+			memcpy(copy, t->hot, t->hot_n * sizeof(*copy));
 		*count = t->hot_n;
 		*mbs = copy;
 	}
