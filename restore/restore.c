@@ -1856,34 +1856,6 @@ static int check_unpopulated(struct halite_restore *r, const struct rregion *g)
 	return ret;
 }
 
-/*
- * The features a descriptor's UFFDIO_API gave it, from /proc/self/fdinfo
- * ("API:\t<api>:<features>:<ioctls>"); bit 31 is the kernel's own mark of a
- * handshake done. 0, or -errno.
- */
-static int uffd_features(int fd, uint64_t *features)
-{
-	char path[64], line[256];
-	unsigned long long api, feat;
-	FILE *f;
-	int ret = -EPROTO;
-
-	snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", fd);
-	f = fopen(path, "re");
-	if (!f)
-		return -errno;
-	while (fgets(line, sizeof(line), f))
-		if (sscanf(line, "API: %llx:%llx", &api, &feat) == 2) {
-			*features = feat;
-			ret = 0;
-			break;
-		}
-	fclose(f);
-	return ret;
-}
-
-#define UFFD_FEATURE_INITIALIZED_ (1ull << 31) /* fs/userfaultfd.c, not in the uapi */
-
 static int open_uffd(struct halite_restore *r)
 {
 	uint64_t want = UFFD_FEATURE_THREAD_ID | HALITE_GMEM_EVENTS, missing = 0, have = 0;
@@ -1908,8 +1880,8 @@ static int open_uffd(struct halite_restore *r)
 		r->uffd = fcntl(r->o.owner_uffd, F_DUPFD_CLOEXEC, 0);
 		if (r->uffd < 0)
 			return rs_fail(r, -errno, "owner_uffd %d", r->o.owner_uffd);
-		if ((r->o.flags & HALITE_RESTORE_ATTACH) && !uffd_features(r->uffd, &have) &&
-		    (have & UFFD_FEATURE_INITIALIZED_)) {
+		if ((r->o.flags & HALITE_RESTORE_ATTACH) &&
+		    halite_uffd_handshaken(r->uffd, &have) == 1) {
 			/* The dead handler's handshake stands; it must have asked for ours. */
 			missing = want & ~have;
 			ret = missing ? -HALITE_E_UNSUPPORTED : 0;

@@ -121,3 +121,27 @@ const char *halite_uffd_feature_names(uint64_t features, char *buf, size_t len)
 			 "%s0x%llx", pos ? "|" : "", (unsigned long long)features);
 	return buf;
 }
+
+#define UFFD_FEATURE_INITIALIZED_ (1ull << 31) /* fs/userfaultfd.c, not in the uapi */
+
+int halite_uffd_handshaken(int fd, uint64_t *features)
+{
+	char path[64], line[256];
+	unsigned long long api, feat;
+	FILE *f;
+	int ret = -EPROTO;
+
+	snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", fd);
+	f = fopen(path, "re");
+	if (!f)
+		return -errno;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "API: %llx:%llx", &api, &feat) == 2) {
+			ret = (feat & UFFD_FEATURE_INITIALIZED_) ? 1 : 0;
+			if (ret)
+				*features = feat & ~UFFD_FEATURE_INITIALIZED_;
+			break;
+		}
+	fclose(f);
+	return ret;
+}

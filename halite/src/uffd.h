@@ -70,6 +70,14 @@ int halite_uffd_open(uint64_t features, uint64_t *missing);
  */
 int halite_uffd_api(int fd, uint64_t features, uint64_t *missing);
 
+/*
+ * Has @fd had its UFFDIO_API handshake (a descriptor taken over from a dead
+ * handler)? From /proc/self/fdinfo ("API:\t<api>:<features>:<ioctls>"; bit
+ * 31 of the features is the kernel's own mark of a handshake done): 1 and
+ * *features (without that bit) when done, 0 when not, or -errno.
+ */
+int halite_uffd_handshaken(int fd, uint64_t *features);
+
 /* "THREAD_ID|MINOR_SHMEM|..." for @features into buf; returns buf. */
 const char *halite_uffd_feature_names(uint64_t features, char *buf, size_t len);
 

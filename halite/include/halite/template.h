@@ -182,7 +182,9 @@ void halite_session_stats(struct halite_session *s, struct halite_session_stats 
 const char *halite_session_errmsg(const struct halite_session *s);
 /*
  * Stop serving and free. Faults waiting stay blocked in the clone (take it
- * over with HALITE_SESSION_ATTACH, or kill the clone). NULL is fine.
+ * over with HALITE_SESSION_ATTACH, or kill the clone). A session of this
+ * process's memory (owner_pid 0) not done makes its regions PROT_NONE
+ * first, so a waiting thread gets SIGSEGV, never zeros. NULL is fine.
  */
 void halite_session_free(struct halite_session *s);
 

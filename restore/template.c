@@ -1,0 +1,1014 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The template source (template.h): one snapshot, read and decoded once for
+ * every clone, into the template memory file.
+ *
+ * Files, both on tmpfs, beside each other:
+ *   MEM_PATH       the snapshot's memory: region i at offset[i] (each region
+ *                  starts 2 MiB aligned), length[i] bytes; zero and
+ *                  never-touched blocks stay holes.
+ *   MEM_PATH.fill  the fill map: a 64-byte header, then one byte per memory
+ *                  block, 1 once the block's bytes are all in MEM_PATH.
+ *
+ *   fill header    off  size  field
+ *                    0     8  magic "HLTFILL1"
+ *                    8    16  snapshot uuid
+ *                   24     8  memory blocks (u64 LE)
+ *                   32     8  MEM_PATH size (u64 LE)
+ *                   40     4  memory block size (u32 LE)
+ *                   44    20  zero
+ *
+ * The fill map is a shared mapping, so its bytes outlive this process: a
+ * block's byte is set (release) only after the block is written, and a
+ * template reopened over the same files keeps every block whose byte is
+ * set. A block half written when the process died has no byte: it is
+ * decoded again, and no session ever mapped it (sessions map only blocks
+ * whose byte is set).
+ *
+ * Reading. Locality blocks move IDLE -> QUEUED (a session waits on one of
+ * its blocks) -> READING -> DONE or FAILED; the prefetcher takes IDLE ones
+ * straight to READING. Reader threads serve the demand queue first and
+ * prefetch only when no fault came for prefetch_idle_us or the prefetch
+ * has fallen below prefetch_min_rate. An LB is read and verified (re-read
+ * read_retries times), the blocks sessions wait for are decoded first and
+ * their sessions called back, then the rest. A failed LB is never decoded;
+ * its waiting sessions get the failure, later requests too.
+ *
+ * The hot set file (hotset_path):
+ *   "HLTHOT01" | uuid (16) | count (u64) | count x memory block (u64) |
+ *   XXH3-64 of everything before it (u64); all little-endian.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <linux/magic.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <halite/errors.h>
+#include <halite/template.h>
+
+#include "endian_util.h"
+#include "log_internal.h"
+#include "opts.h"
+#include "stats.h"
+#include "template_int.h"
+
+#define FILL_MAGIC "HLTFILL1"
+#define FILL_HDR 64u
+#define HOT_MAGIC "HLTHOT01"
+#define REGION_ALIGN (2ull << 20)
+#define ULL(x) ((unsigned long long)(x))
+
+enum { LB_IDLE, LB_QUEUED, LB_READING, LB_DONE, LB_FAILED };
+
+struct waiter {
+	struct waiter *next;
+	struct tpl_client *c;
+	uint64_t mb;
+	uint64_t tag;
+};
+
+struct lbstate {
+	uint8_t st;
+	bool demand;
+	int err;
+	struct waiter *waiters;
+};
+
+struct halite_template {
+	struct halite_template_opts o;
+	struct halite_logger log;
+	char *mem_path, *fill_path, *hot_path;
+	struct halite_reader *rd;
+	const struct halite_file_info *fi;
+	struct tpl_region *regions;
+	uint32_t nregions;
+	uint64_t mb_stored;
+
+	int memfd, ro_fd, fillfd;
+	uint8_t *mem;	   /* MEM_PATH, shared, read-write */
+	uint64_t mem_size;
+	uint8_t *fillmap;  /* MEM_PATH.fill */
+	_Atomic uint8_t *fill;
+
+	pthread_mutex_t mu;
+	pthread_cond_t work_cv;	 /* readers: work queued, or stop */
+	pthread_cond_t state_cv; /* completion, failure, callbacks ended */
+	struct lbstate *lbs;
+	uint64_t *dq;		 /* demand queue: a ring of lb_total + 1 */
+	uint64_t dq_head, dq_tail, dq_cap;
+	uint64_t *porder;	 /* prefetch order: hot set's LBs, then file order */
+	uint64_t pcount, pcursor;
+	_Atomic uint64_t last_fault_ns;
+	uint64_t open_ns, prefetch_bytes;
+	bool stop;
+	pthread_t *readers;
+	unsigned nreaders;
+
+	uint8_t *hot_bit;
+	uint64_t *hot;
+	uint64_t hot_n, hot_cap;
+
+	_Atomic uint64_t mb_in;
+	uint64_t mb_in_at_open;
+	_Atomic uint64_t lb_demand, lb_prefetch, lb_failed, lb_retries, bytes_read, mb_decoded;
+	_Atomic uint64_t requests, hits, joined;
+	int error;
+	char errmsg[256];
+};
+
+static int tpl_fail(struct halite_template *t, int err, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static int tpl_fail(struct halite_template *t, int err, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!t->errmsg[0]) {
+		va_start(ap, fmt);
+		halite_vformat_error(t->errmsg, sizeof(t->errmsg), err, fmt, ap);
+		va_end(ap);
+		halite_logf(&t->log, HALITE_LOG_ERROR, "%s", t->errmsg);
+	}
+	return err;
+}
+
+/* ---- geometry ---------------------------------------------------------- */
+
+uint32_t tpl_mb_size(const struct halite_template *t)
+{
+	return t->fi->mb_size;
+}
+
+uint32_t tpl_region_count(const struct halite_template *t)
+{
+	return t->nregions;
+}
+
+const struct tpl_region *tpl_region_at(const struct halite_template *t, uint32_t i)
+{
+	return i < t->nregions ? &t->regions[i] : NULL;
+}
+
+int tpl_find_region(const struct halite_template *t, const char *name)
+{
+	for (uint32_t i = 0; i < t->nregions; i++)
+		if (!strcmp(t->regions[i].name, name))
+			return (int)i;
+	return -HALITE_E_NOT_FOUND;
+}
+
+static const struct tpl_region *mb_region(const struct halite_template *t, uint64_t mb)
+{
+	for (uint32_t i = 0; i < t->nregions; i++)
+		if (mb >= t->regions[i].first_mb && mb - t->regions[i].first_mb < t->regions[i].mb_count)
+			return &t->regions[i];
+	return NULL;
+}
+
+int tpl_mb_state(const struct halite_template *t, uint64_t mb)
+{
+	struct halite_mb_loc loc;
+
+	if (atomic_load_explicit(&t->fill[mb], memory_order_acquire))
+		return TPL_MB_IN;
+	if (halite_reader_mb_lookup(t->rd, mb, &loc) || loc.state != HALITE_MB_STORED)
+		return TPL_MB_EMPTY;
+	return TPL_MB_OUT;
+}
+
+bool tpl_complete(struct halite_template *t)
+{
+	return atomic_load(&t->mb_in) == t->mb_stored;
+}
+
+uint32_t tpl_hot_window_ms(const struct halite_template *t)
+{
+	return t->o.hot_window_ms;
+}
+
+void tpl_fault_seen(struct halite_template *t)
+{
+	atomic_store_explicit(&t->last_fault_ns, halite_now_ns(), memory_order_relaxed);
+}
+
+/* ---- the memory and fill files ----------------------------------------- */
+
+static void fill_header(const struct halite_template *t, uint8_t *h)
+{
+	memset(h, 0, FILL_HDR);
+	memcpy(h, FILL_MAGIC, 8);
+	memcpy(h + 8, t->fi->uuid, 16);
+	halite_put_le64(h + 24, t->fi->mb_count);
+	halite_put_le64(h + 32, t->mem_size);
+	halite_put_le32(h + 40, t->fi->mb_size);
+}
+
+/* Reuse the files if they are this snapshot's (1), else start them over (0). */
+static int open_files(struct halite_template *t)
+{
+	uint64_t fill_size = FILL_HDR + t->fi->mb_count;
+	uint8_t want[FILL_HDR];
+	struct statfs sfs;
+	struct stat st;
+	bool reuse = false;
+
+	t->memfd = open(t->mem_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+	if (t->memfd < 0)
+		return tpl_fail(t, -errno, "template memory file %s", t->mem_path);
+	if (fstatfs(t->memfd, &sfs))
+		return tpl_fail(t, -errno, "%s", t->mem_path);
+	if (sfs.f_type != TMPFS_MAGIC)
+		return tpl_fail(t, -HALITE_E_UNSUPPORTED, "template memory file %s is not on tmpfs "
+				"(clones map it and fault on it as shared memory)", t->mem_path);
+	t->ro_fd = open(t->mem_path, O_RDONLY | O_CLOEXEC);
+	t->fillfd = open(t->fill_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+	if (t->ro_fd < 0 || t->fillfd < 0)
+		return tpl_fail(t, -errno, "%s", t->ro_fd < 0 ? t->mem_path : t->fill_path);
+
+	fill_header(t, want);
+	if (!fstat(t->fillfd, &st) && (uint64_t)st.st_size == fill_size && !fstat(t->memfd, &st) &&
+	    (uint64_t)st.st_size == t->mem_size) {
+		uint8_t have[FILL_HDR];
+
+		reuse = pread(t->fillfd, have, FILL_HDR, 0) == FILL_HDR &&
+			!memcmp(have, want, FILL_HDR);
+	}
+	if (!reuse) {
+		/* Start over: drop any old contents, then size both files. */
+		if (ftruncate(t->memfd, 0) || ftruncate(t->memfd, (off_t)t->mem_size) ||
+		    ftruncate(t->fillfd, 0) || ftruncate(t->fillfd, (off_t)fill_size) ||
+		    pwrite(t->fillfd, want, FILL_HDR, 0) != FILL_HDR)
+			return tpl_fail(t, -errno, "sizing %s and its fill map", t->mem_path);
+	}
+	t->mem = mmap(NULL, t->mem_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE,
+		      t->memfd, 0);
+	if (t->mem == MAP_FAILED) {
+		t->mem = NULL;
+		return tpl_fail(t, -errno, "mapping %s", t->mem_path);
+	}
+	t->fillmap = mmap(NULL, fill_size, PROT_READ | PROT_WRITE, MAP_SHARED, t->fillfd, 0);
+	if (t->fillmap == MAP_FAILED) {
+		t->fillmap = NULL;
+		return tpl_fail(t, -errno, "mapping %s", t->fill_path);
+	}
+	t->fill = (_Atomic uint8_t *)(t->fillmap + FILL_HDR);
+	return reuse ? 1 : 0;
+}
+
+/* Count what a reopened template has, and forget bytes of blocks that cannot be in. */
+static void count_in(struct halite_template *t)
+{
+	uint64_t in = 0;
+
+	for (uint64_t mb = 0; mb < t->fi->mb_count; mb++) {
+		struct halite_mb_loc loc;
+
+		if (!atomic_load_explicit(&t->fill[mb], memory_order_relaxed))
+			continue;
+		if (halite_reader_mb_lookup(t->rd, mb, &loc) || loc.state != HALITE_MB_STORED) {
+			atomic_store(&t->fill[mb], 0);
+			continue;
+		}
+		in++;
+	}
+	atomic_store(&t->mb_in, in);
+	t->mb_in_at_open = in;
+}
+
+/* ---- the hot set ------------------------------------------------------- */
+
+static int hot_add_locked(struct halite_template *t, uint64_t mb)
+{
+	if (t->hot_bit[mb])
+		return 0;
+	if (t->hot_n == t->hot_cap) {
+		uint64_t cap = t->hot_cap ? t->hot_cap * 2 : 1024;
+		uint64_t *h = realloc(t->hot, cap * sizeof(*h));
+
+		if (!h)
+			return -ENOMEM;
+		t->hot = h;
+		t->hot_cap = cap;
+	}
+	t->hot_bit[mb] = 1;
+	t->hot[t->hot_n++] = mb;
+	return 1;
+}
+
+void tpl_hot_note(struct halite_template *t, uint64_t mb)
+{
+	pthread_mutex_lock(&t->mu);
+	(void)hot_add_locked(t, mb);
+	pthread_mutex_unlock(&t->mu);
+}
+
+int tpl_hot_list(struct halite_template *t, uint64_t **mbs, uint64_t *count)
+{
+	uint64_t *copy;
+
+	pthread_mutex_lock(&t->mu);
+	copy = malloc((t->hot_n ? t->hot_n : 1) * sizeof(*copy));
+	if (copy) {
+		memcpy(copy, t->hot, t->hot_n * sizeof(*copy));
+		*count = t->hot_n;
+		*mbs = copy;
+	}
+	pthread_mutex_unlock(&t->mu);
+	return copy ? 0 : -ENOMEM;
+}
+
+/* Read the hot set file, if any; a bad one is ignored with a warning. */
+static void hot_load(struct halite_template *t)
+{
+	uint8_t *buf = NULL;
+	struct stat st;
+	uint64_t n;
+	int fd;
+
+	if (!t->hot_path)
+		return;
+	fd = open(t->hot_path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		if (errno != ENOENT)
+			halite_logf(&t->log, HALITE_LOG_WARN, "hot set %s: %s (ignored)", t->hot_path,
+				    strerror(errno));
+		return;
+	}
+	if (fstat(fd, &st) || st.st_size < 40 || (st.st_size - 40) % 8 ||
+	    (uint64_t)(st.st_size - 40) / 8 > t->fi->mb_count)
+		goto bad;
+	buf = malloc((size_t)st.st_size);
+	if (!buf || pread(fd, buf, (size_t)st.st_size, 0) != st.st_size)
+		goto bad;
+	n = halite_get_le64(buf + 24);
+	if (memcmp(buf, HOT_MAGIC, 8) || memcmp(buf + 8, t->fi->uuid, 16) ||
+	    n != (uint64_t)(st.st_size - 40) / 8 ||
+	    XXH3_64bits(buf, (size_t)st.st_size - 8) != halite_get_le64(buf + st.st_size - 8))
+		goto bad;
+	for (uint64_t i = 0; i < n; i++) {
+		uint64_t mb = halite_get_le64(buf + 32 + 8 * i);
+		struct halite_mb_loc loc;
+
+		if (halite_reader_mb_lookup(t->rd, mb, &loc) || loc.state != HALITE_MB_STORED)
+			goto bad;
+		if (hot_add_locked(t, mb) < 0)
+			break;
+	}
+	halite_logf(&t->log, HALITE_LOG_INFO, "hot set %s: %" PRIu64 " blocks", t->hot_path, n);
+	free(buf);
+	close(fd);
+	return;
+bad:
+	halite_logf(&t->log, HALITE_LOG_WARN, "hot set %s is not this snapshot's or is damaged "
+		    "(ignored)", t->hot_path);
+	t->hot_n = 0;
+	memset(t->hot_bit, 0, t->fi->mb_count);
+	free(buf);
+	close(fd);
+}
+
+int halite_template_hotset_save(struct halite_template *t)
+{
+	uint64_t *mbs, n;
+	size_t len;
+	uint8_t *buf;
+	char tmp[PATH_MAX];
+	int fd, ret;
+
+	if (!t || !t->hot_path)
+		return -EINVAL;
+	ret = tpl_hot_list(t, &mbs, &n);
+	if (ret)
+		return ret;
+	len = 40 + 8 * n;
+	buf = malloc(len);
+	if (!buf) {
+		free(mbs);
+		return -ENOMEM;
+	}
+	memcpy(buf, HOT_MAGIC, 8);
+	memcpy(buf + 8, t->fi->uuid, 16);
+	halite_put_le64(buf + 24, n);
+	for (uint64_t i = 0; i < n; i++)
+		halite_put_le64(buf + 32 + 8 * i, mbs[i]);
+	halite_put_le64(buf + len - 8, XXH3_64bits(buf, len - 8));
+	free(mbs);
+	if (snprintf(tmp, sizeof(tmp), "%s.XXXXXX", t->hot_path) >= (int)sizeof(tmp)) {
+		free(buf);
+		return -ENAMETOOLONG;
+	}
+	fd = mkostemp(tmp, O_CLOEXEC);
+	if (fd < 0) {
+		free(buf);
+		return -errno;
+	}
+	ret = write(fd, buf, len) == (ssize_t)len && !fsync(fd) ? 0 : -errno;
+	close(fd);
+	free(buf);
+	if (!ret && rename(tmp, t->hot_path))
+		ret = -errno;
+	if (ret)
+		unlink(tmp);
+	return ret;
+}
+
+/* Prefetch order: the hot set's LBs in first-fault order, then every LB in file order. */
+static int build_porder(struct halite_template *t)
+{
+	uint64_t lbn = t->fi->lb_count, n = 0;
+	uint8_t *seen = calloc(lbn ? lbn : 1, 1);
+
+	t->porder = malloc((lbn ? lbn : 1) * sizeof(*t->porder));
+	if (!seen || !t->porder) {
+		free(seen);
+		return -ENOMEM;
+	}
+	for (uint64_t i = 0; i < t->hot_n; i++) {
+		struct halite_mb_loc loc;
+
+		if (!halite_reader_mb_lookup(t->rd, t->hot[i], &loc) && !seen[loc.lb]) {
+			seen[loc.lb] = 1;
+			t->porder[n++] = loc.lb;
+		}
+	}
+	for (uint64_t lb = 0; lb < lbn; lb++)
+		if (!seen[lb])
+			t->porder[n++] = lb;
+	t->pcount = n;
+	free(seen);
+	return 0;
+}
+
+/* ---- requests and callbacks -------------------------------------------- */
+
+static void lb_errmsg(struct halite_template *t, uint64_t lb, int err, char *buf, size_t len)
+{
+	struct halite_lb_info li = { 0 };
+
+	(void)halite_reader_lb_info(t->rd, lb, &li);
+	snprintf(buf, len, "locality block %llu at offset %llu: %s", ULL(lb), ULL(li.offset),
+		 err == -HALITE_E_LB_CHECKSUM ? "checksum mismatch" : halite_strerror(err));
+}
+
+void tpl_errmsg_mb(struct halite_template *t, uint64_t mb, char *buf, size_t len)
+{
+	struct halite_mb_loc loc;
+	int err;
+
+	if (halite_reader_mb_lookup(t->rd, mb, &loc) || loc.state != HALITE_MB_STORED) {
+		snprintf(buf, len, "memory block %llu", ULL(mb));
+		return;
+	}
+	pthread_mutex_lock(&t->mu);
+	err = t->lbs[loc.lb].err;
+	pthread_mutex_unlock(&t->mu);
+	lb_errmsg(t, loc.lb, err ? err : -EIO, buf, len);
+}
+
+int tpl_request(struct halite_template *t, struct tpl_client *c, uint64_t mb, uint64_t tag)
+{
+	struct halite_mb_loc loc;
+	struct lbstate *l;
+	struct waiter *w = NULL;
+	int ret = 0;
+
+	atomic_fetch_add(&t->requests, 1);
+	if (atomic_load_explicit(&t->fill[mb], memory_order_acquire)) {
+		atomic_fetch_add(&t->hits, 1);
+		return 1;
+	}
+	if (halite_reader_mb_lookup(t->rd, mb, &loc) || loc.state != HALITE_MB_STORED)
+		return -EINVAL;
+	if (c && !(w = malloc(sizeof(*w))))
+		return -ENOMEM;
+	pthread_mutex_lock(&t->mu);
+	l = &t->lbs[loc.lb];
+	if (atomic_load_explicit(&t->fill[mb], memory_order_acquire)) {
+		atomic_fetch_add(&t->hits, 1);
+		ret = 1;
+	} else if (l->st == LB_FAILED) {
+		ret = l->err;
+	} else {
+		if (w) {
+			*w = (struct waiter){ .next = l->waiters, .c = c, .mb = mb, .tag = tag };
+			l->waiters = w;
+			c->pending++;
+			w = NULL;
+		}
+		if (l->st == LB_IDLE) {
+			l->st = LB_QUEUED;
+			l->demand = true;
+			t->dq[t->dq_tail] = loc.lb;
+			t->dq_tail = (t->dq_tail + 1) % t->dq_cap;
+			pthread_cond_signal(&t->work_cv);
+		} else {
+			atomic_fetch_add(&t->joined, 1);
+		}
+	}
+	pthread_mutex_unlock(&t->mu);
+	free(w);
+	return ret;
+}
+
+/*
+ * Take the waiters of @l whose block is in (all of them if @all): under the
+ * lock, each client's callback count is raised so tpl_detach() waits for it.
+ */
+static struct waiter *take_waiters(struct halite_template *t, struct lbstate *l, bool all)
+{
+	struct waiter *out = NULL, **pp = &l->waiters;
+
+	while (*pp) {
+		struct waiter *w = *pp;
+
+		if (all || atomic_load_explicit(&t->fill[w->mb], memory_order_relaxed)) {
+			*pp = w->next;
+			w->next = out;
+			out = w;
+			w->c->pending--;
+			w->c->callbacks++;
+		} else {
+			pp = &w->next;
+		}
+	}
+	return out;
+}
+
+static void call_waiters(struct halite_template *t, struct waiter *w, int err)
+{
+	while (w) {
+		struct waiter *next = w->next;
+		struct tpl_client *c = w->c;
+
+		tpl_block_in(c, w->mb, w->tag, err);
+		pthread_mutex_lock(&t->mu);
+		if (!--c->callbacks)
+			pthread_cond_broadcast(&t->state_cv);
+		pthread_mutex_unlock(&t->mu);
+		free(w);
+		w = next;
+	}
+}
+
+uint64_t tpl_pending(struct halite_template *t, const struct tpl_client *c)
+{
+	uint64_t n;
+
+	pthread_mutex_lock(&t->mu);
+	n = c->pending;
+	pthread_mutex_unlock(&t->mu);
+	return n;
+}
+
+void tpl_detach(struct halite_template *t, struct tpl_client *c)
+{
+	pthread_mutex_lock(&t->mu);
+	for (uint64_t lb = 0; c->pending && lb < t->fi->lb_count; lb++) {
+		struct waiter **pp = &t->lbs[lb].waiters;
+
+		while (*pp) {
+			struct waiter *w = *pp;
+
+			if (w->c == c) {
+				*pp = w->next;
+				c->pending--;
+				free(w);
+			} else {
+				pp = &w->next;
+			}
+		}
+	}
+	while (c->callbacks)
+		pthread_cond_wait(&t->state_cv, &t->mu);
+	pthread_mutex_unlock(&t->mu);
+}
+
+/* ---- reading and decoding ---------------------------------------------- */
+
+static int decode_mb(struct halite_template *t, uint64_t mb, const void *lbbuf)
+{
+	const struct tpl_region *g = mb_region(t, mb);
+	int ret;
+
+	if (!g)
+		return -HALITE_E_INTERNAL;
+	if (atomic_load_explicit(&t->fill[mb], memory_order_acquire))
+		return 0; /* in already (a reopened template) */
+	ret = halite_reader_decode_mb(t->rd, mb, lbbuf,
+				      t->mem + g->offset + (mb - g->first_mb) * t->fi->mb_size);
+	if (ret)
+		return ret;
+	atomic_store_explicit(&t->fill[mb], 1, memory_order_release);
+	atomic_fetch_add(&t->mb_in, 1);
+	atomic_fetch_add(&t->mb_decoded, 1);
+	return 0;
+}
+
+static int read_lb(struct halite_template *t, uint64_t lb, void *buf)
+{
+	unsigned tries = 1 + t->o.read_retries;
+	int ret = -EIO;
+
+	for (unsigned i = 0; i < tries; i++) {
+		if (i)
+			atomic_fetch_add(&t->lb_retries, 1);
+		ret = halite_reader_read_lb(t->rd, lb, buf);
+		if (!ret || ret == -HALITE_E_LB_CHECKSUM)
+			atomic_fetch_add(&t->bytes_read, t->fi->lb_size);
+		if (!ret)
+			break;
+	}
+	return ret;
+}
+
+static void process_lb(struct halite_template *t, uint64_t lb, void *buf)
+{
+	struct lbstate *l = &t->lbs[lb];
+	const uint64_t *mbs;
+	uint32_t n = 0;
+	struct waiter *w;
+	uint64_t *want = NULL;
+	size_t nwant = 0;
+	int ret;
+
+	ret = read_lb(t, lb, buf);
+	if (!ret)
+		ret = halite_reader_lb_members(t->rd, lb, &mbs, &n);
+	if (!ret) {
+		/* The blocks sessions wait for first. */
+		pthread_mutex_lock(&t->mu);
+		for (w = l->waiters; w; w = w->next)
+			nwant++;
+		want = nwant ? malloc(nwant * sizeof(*want)) : NULL;
+		nwant = 0;
+		for (w = l->waiters; want && w; w = w->next)
+			want[nwant++] = w->mb;
+		pthread_mutex_unlock(&t->mu);
+		for (size_t i = 0; !ret && i < nwant; i++)
+			ret = decode_mb(t, want[i], buf);
+		free(want);
+		if (!ret) {
+			pthread_mutex_lock(&t->mu);
+			w = take_waiters(t, l, false);
+			pthread_mutex_unlock(&t->mu);
+			call_waiters(t, w, 0);
+		}
+		for (uint32_t i = 0; !ret && i < n; i++)
+			ret = decode_mb(t, mbs[i], buf);
+	}
+
+	pthread_mutex_lock(&t->mu);
+	if (ret) {
+		char msg[200];
+
+		l->st = LB_FAILED;
+		l->err = ret;
+		atomic_fetch_add(&t->lb_failed, 1);
+		if (!t->error)
+			t->error = ret;
+		lb_errmsg(t, lb, ret, msg, sizeof(msg));
+		tpl_fail(t, ret, "%s", msg);
+	} else {
+		l->st = LB_DONE;
+	}
+	w = take_waiters(t, l, true);
+	pthread_cond_broadcast(&t->state_cv);
+	pthread_mutex_unlock(&t->mu);
+	/* A failure fails those still waiting; done, every block is in. */
+	call_waiters(t, w, ret);
+}
+
+static bool prefetch_allowed(struct halite_template *t, uint64_t now)
+{
+	uint64_t floor_bytes, last = atomic_load_explicit(&t->last_fault_ns, memory_order_relaxed);
+
+	if (t->o.flags & HALITE_TEMPLATE_NO_PREFETCH)
+		return false;
+	if (now > last && now - last >= (uint64_t)t->o.prefetch_idle_us * 1000)
+		return true;
+	floor_bytes = (uint64_t)((double)t->o.prefetch_min_rate * (double)(now - t->open_ns) / 1e9);
+	return t->prefetch_bytes < floor_bytes;
+}
+
+static void *reader_main(void *arg)
+{
+	struct halite_template *t = arg;
+	void *buf = halite_reader_alloc_lb(t->rd);
+
+	pthread_mutex_lock(&t->mu);
+	while (buf && !t->stop) {
+		uint64_t lb = UINT64_MAX, now = halite_now_ns();
+		bool demand = false;
+
+		if (t->dq_head != t->dq_tail) {
+			lb = t->dq[t->dq_head];
+			t->dq_head = (t->dq_head + 1) % t->dq_cap;
+			demand = true;
+		} else if (t->pcursor < t->pcount && prefetch_allowed(t, now)) {
+			while (t->pcursor < t->pcount && t->lbs[t->porder[t->pcursor]].st != LB_IDLE)
+				t->pcursor++;
+			if (t->pcursor < t->pcount)
+				lb = t->porder[t->pcursor++];
+		}
+		if (lb == UINT64_MAX) {
+			struct timespec ts;
+			uint64_t wait_ns = t->pcursor < t->pcount ?
+				(uint64_t)t->o.prefetch_idle_us * 1000 / 2 + 100000 : 50000000;
+
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_nsec += (long)wait_ns;
+			ts.tv_sec += ts.tv_nsec / 1000000000;
+			ts.tv_nsec %= 1000000000;
+			pthread_cond_timedwait(&t->work_cv, &t->mu, &ts);
+			continue;
+		}
+		t->lbs[lb].st = LB_READING;
+		if (!demand)
+			t->prefetch_bytes += t->fi->lb_size;
+		pthread_mutex_unlock(&t->mu);
+		atomic_fetch_add(demand ? &t->lb_demand : &t->lb_prefetch, 1);
+		process_lb(t, lb, buf);
+		pthread_mutex_lock(&t->mu);
+	}
+	pthread_mutex_unlock(&t->mu);
+	halite_reader_free_lb(buf);
+	return NULL;
+}
+
+/* ---- open, wait, stats, free ------------------------------------------- */
+
+static int layout_regions(struct halite_template *t)
+{
+	uint64_t off = 0;
+
+	t->nregions = t->fi->region_count;
+	t->regions = calloc(t->nregions ? t->nregions : 1, sizeof(*t->regions));
+	if (!t->regions)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < t->nregions; i++) {
+		const struct halite_region_info *ri = halite_reader_region(t->rd, i);
+		struct tpl_region *g = &t->regions[i];
+
+		snprintf(g->name, sizeof(g->name), "%s", ri->name);
+		g->offset = off;
+		g->length = ri->length;
+		g->first_mb = ri->first_mb;
+		g->mb_count = ri->mb_count;
+		off += (ri->length + REGION_ALIGN - 1) & ~(REGION_ALIGN - 1);
+	}
+	t->mem_size = off ? off : REGION_ALIGN;
+	return 0;
+}
+
+static char *suffixed(const char *path, const char *suffix)
+{
+	char *s;
+
+	return asprintf(&s, "%s%s", path, suffix) < 0 ? NULL : s;
+}
+
+int halite_template_open(struct halite_template **tp, const char *snapshot, const char *mem_path,
+			 const struct halite_template_opts *opts)
+{
+	struct halite_reader_opts ro = { .sz = sizeof(ro) };
+	struct halite_template *t;
+	char rerr[256] = "";
+	int ret;
+
+	if (!tp || !snapshot || !mem_path)
+		return -EINVAL;
+	t = calloc(1, sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	t->memfd = t->ro_fd = t->fillfd = -1;
+	pthread_mutex_init(&t->mu, NULL);
+	pthread_cond_init(&t->work_cv, NULL);
+	pthread_cond_init(&t->state_cv, NULL);
+	ret = halite_opts_copy(&t->o, sizeof(t->o), opts);
+	if (ret || (t->o.flags & ~HALITE_TEMPLATE_FLAGS_ALL) || t->o.readers > 64) {
+		ret = ret ? ret : -EINVAL;
+		goto err;
+	}
+	t->log = (struct halite_logger){ t->o.log, t->o.log_ctx, t->o.log_level };
+	if (!t->o.readers)
+		t->o.readers = 4;
+	if (!t->o.read_retries)
+		t->o.read_retries = 2;
+	if (!t->o.prefetch_idle_us)
+		t->o.prefetch_idle_us = 2000;
+	if (!t->o.prefetch_min_rate)
+		t->o.prefetch_min_rate = 64ull << 20;
+	if (!t->o.hot_window_ms)
+		t->o.hot_window_ms = 2000;
+	t->mem_path = strdup(mem_path);
+	t->fill_path = suffixed(mem_path, ".fill");
+	t->hot_path = t->o.hotset_path ? strdup(t->o.hotset_path) : NULL;
+	t->o.hotset_path = NULL;
+	if (!t->mem_path || !t->fill_path || (opts && opts->hotset_path && !t->hot_path)) {
+		ret = -ENOMEM;
+		goto err;
+	}
+
+	ro.read_latency_us = t->o.read_latency_us;
+	ro.errbuf = rerr;
+	ro.errbuf_len = sizeof(rerr);
+	ret = halite_reader_open(&t->rd, snapshot, &ro);
+	if (ret) {
+		if (rerr[0])
+			snprintf(t->errmsg, sizeof(t->errmsg), "%s", rerr);
+		goto err;
+	}
+	t->fi = halite_reader_info(t->rd);
+	t->mb_stored = t->fi->mb_stored;
+	ret = layout_regions(t);
+	if (ret)
+		goto err;
+	t->lbs = calloc(t->fi->lb_count ? t->fi->lb_count : 1, sizeof(*t->lbs));
+	t->dq_cap = t->fi->lb_count + 1;
+	t->dq = malloc(t->dq_cap * sizeof(*t->dq));
+	t->hot_bit = calloc(t->fi->mb_count ? t->fi->mb_count : 1, 1);
+	if (!t->lbs || !t->dq || !t->hot_bit) {
+		ret = -ENOMEM;
+		goto err;
+	}
+	ret = open_files(t);
+	if (ret < 0)
+		goto err;
+	if (ret == 1)
+		count_in(t);
+	hot_load(t);
+	ret = build_porder(t);
+	if (ret)
+		goto err;
+	t->open_ns = halite_now_ns();
+	atomic_store(&t->last_fault_ns, t->open_ns);
+	t->readers = calloc(t->o.readers, sizeof(*t->readers));
+	if (!t->readers) {
+		ret = -ENOMEM;
+		goto err;
+	}
+	for (; t->nreaders < t->o.readers; t->nreaders++) {
+		ret = -pthread_create(&t->readers[t->nreaders], NULL, reader_main, t);
+		if (ret)
+			goto err;
+	}
+	halite_logf(&t->log, HALITE_LOG_INFO, "template %s: %llu of %llu stored blocks in %s "
+		    "at open", snapshot, ULL(t->mb_in_at_open), ULL(t->mb_stored), t->mem_path);
+	*tp = t;
+	return 0;
+err:
+	if (!t->errmsg[0] && ret)
+		tpl_fail(t, ret, "template %s", snapshot);
+	halite_logf(&t->log, HALITE_LOG_ERROR, "%s", t->errmsg);
+	halite_template_free(t);
+	return ret;
+}
+
+int halite_template_memfd(const struct halite_template *t)
+{
+	return t ? t->ro_fd : -EINVAL;
+}
+
+int halite_template_region(const struct halite_template *t, const char *name, uint64_t *offset,
+			   uint64_t *length)
+{
+	int i;
+
+	if (!t || !name)
+		return -EINVAL;
+	i = tpl_find_region(t, name);
+	if (i < 0)
+		return i;
+	if (offset)
+		*offset = t->regions[i].offset;
+	if (length)
+		*length = t->regions[i].length;
+	return 0;
+}
+
+struct halite_reader *halite_template_reader(struct halite_template *t)
+{
+	return t ? t->rd : NULL;
+}
+
+int halite_template_wait(struct halite_template *t, int timeout_ms)
+{
+	struct timespec ts;
+	int ret = 0;
+
+	if (!t)
+		return -EINVAL;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	if (timeout_ms > 0) {
+		ts.tv_sec += timeout_ms / 1000;
+		ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
+		ts.tv_sec += ts.tv_nsec / 1000000000;
+		ts.tv_nsec %= 1000000000;
+	}
+	pthread_mutex_lock(&t->mu);
+	while (!tpl_complete(t) && !t->error) {
+		if (timeout_ms < 0) {
+			pthread_cond_wait(&t->state_cv, &t->mu);
+		} else if (pthread_cond_timedwait(&t->state_cv, &t->mu, &ts) == ETIMEDOUT) {
+			ret = -ETIMEDOUT;
+			break;
+		}
+	}
+	if (!ret && !tpl_complete(t))
+		ret = t->error;
+	pthread_mutex_unlock(&t->mu);
+	return ret;
+}
+
+void halite_template_stats(struct halite_template *t, struct halite_template_stats *st)
+{
+	struct stat sb;
+
+	memset(st, 0, sizeof(*st));
+	if (!t)
+		return;
+	st->mb_total = t->fi->mb_count;
+	st->mb_stored = t->mb_stored;
+	st->mb_in = atomic_load(&t->mb_in);
+	st->mb_in_at_open = t->mb_in_at_open;
+	st->lb_total = t->fi->lb_count;
+	st->lb_demand = atomic_load(&t->lb_demand);
+	st->lb_prefetch = atomic_load(&t->lb_prefetch);
+	st->lb_failed = atomic_load(&t->lb_failed);
+	st->lb_retries = atomic_load(&t->lb_retries);
+	st->bytes_read = atomic_load(&t->bytes_read);
+	st->mb_decoded = atomic_load(&t->mb_decoded);
+	st->requests = atomic_load(&t->requests);
+	st->hits = atomic_load(&t->hits);
+	st->joined = atomic_load(&t->joined);
+	if (!fstat(t->memfd, &sb))
+		st->mem_bytes = (uint64_t)sb.st_blocks * 512;
+	pthread_mutex_lock(&t->mu);
+	st->hot_mb = t->hot_n;
+	st->error = t->error;
+	pthread_mutex_unlock(&t->mu);
+	st->complete = st->mb_in == st->mb_stored;
+}
+
+const char *halite_template_errmsg(const struct halite_template *t)
+{
+	return t ? t->errmsg : "";
+}
+
+void halite_template_free(struct halite_template *t)
+{
+	if (!t)
+		return;
+	pthread_mutex_lock(&t->mu);
+	t->stop = true;
+	pthread_cond_broadcast(&t->work_cv);
+	pthread_mutex_unlock(&t->mu);
+	for (unsigned i = 0; i < t->nreaders; i++)
+		pthread_join(t->readers[i], NULL);
+	free(t->readers);
+	if (t->lbs)
+		for (uint64_t lb = 0; lb < t->fi->lb_count; lb++)
+			while (t->lbs[lb].waiters) {
+				struct waiter *w = t->lbs[lb].waiters;
+
+				t->lbs[lb].waiters = w->next;
+				free(w);
+			}
+	if (t->mem)
+		munmap(t->mem, t->mem_size);
+	if (t->fillmap)
+		munmap(t->fillmap, FILL_HDR + t->fi->mb_count);
+	if (t->memfd >= 0)
+		close(t->memfd);
+	if (t->ro_fd >= 0)
+		close(t->ro_fd);
+	if (t->fillfd >= 0)
+		close(t->fillfd);
+	halite_reader_free(t->rd);
+	free(t->lbs);
+	free(t->dq);
+	free(t->porder);
+	free(t->hot);
+	free(t->hot_bit);
+	free(t->regions);
+	free(t->mem_path);
+	free(t->fill_path);
+	free(t->hot_path);
+	pthread_cond_destroy(&t->work_cv);
+	pthread_cond_destroy(&t->state_cv);
+	pthread_mutex_destroy(&t->mu);
+	free(t);
+}

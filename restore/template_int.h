@@ -1,0 +1,83 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Private: what a session (session.c) asks of its template (template.c).
+ *
+ * A session that faults on a stored block not yet in the memory file asks
+ * for it with tpl_request(); the template reads and decodes the block's LB
+ * once, on its reader threads, and then calls tpl_block_in() on the
+ * session for each block it waited for (from a reader thread, never under
+ * the template's lock). A session being freed withdraws what it waits for
+ * with tpl_detach(), which returns only when no callback on it is running
+ * or can start.
+ */
+#ifndef HALITE_TEMPLATE_INT_H
+#define HALITE_TEMPLATE_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <halite/template.h>
+
+/* The file's memory-block geometry as sessions need it. */
+struct tpl_region {
+	char name[HALITE_MAX_REGION_NAME + 1];
+	uint64_t offset;   /* in the memory file */
+	uint64_t length;
+	uint64_t first_mb; /* the file's MB numbering */
+	uint64_t mb_count;
+};
+
+uint32_t tpl_mb_size(const struct halite_template *t);
+uint32_t tpl_region_count(const struct halite_template *t);
+const struct tpl_region *tpl_region_at(const struct halite_template *t, uint32_t i);
+int tpl_find_region(const struct halite_template *t, const char *name);
+
+/* What a block is: */
+enum { TPL_MB_EMPTY, TPL_MB_IN, TPL_MB_OUT };
+/* EMPTY (zero or never touched: the zero page), IN (in the memory file), OUT. */
+int tpl_mb_state(const struct halite_template *t, uint64_t mb);
+
+/*
+ * A session as the template sees it (embedded in the session): its
+ * requests not yet answered and its callbacks running, both under the
+ * template's lock.
+ */
+struct tpl_client {
+	uint64_t pending;
+	unsigned callbacks;
+};
+
+/*
+ * Ask for stored block @mb on behalf of @c: 1 when it is in already (the
+ * caller maps it), 0 when queued (tpl_block_in() comes later, exactly once,
+ * unless the client detaches first), or the failure of its LB
+ * (-HALITE_E_LB_CHECKSUM, -EIO, ...: tpl_errmsg_mb() says which). @tag comes
+ * back with the callback.
+ */
+int tpl_request(struct halite_template *t, struct tpl_client *c, uint64_t mb, uint64_t tag);
+
+/* The callback, implemented by session.c: block @mb is in (err 0) or failed. */
+void tpl_block_in(struct tpl_client *c, uint64_t mb, uint64_t tag, int err);
+
+/* Requests of @c not yet answered. */
+uint64_t tpl_pending(struct halite_template *t, const struct tpl_client *c);
+
+/* Withdraw every request of @c and wait for callbacks on it to end. */
+void tpl_detach(struct halite_template *t, struct tpl_client *c);
+
+/* Note a fault for the hot set (first time wins). */
+void tpl_hot_note(struct halite_template *t, uint64_t mb);
+/* A copy of the hot set, in first-fault order (free() it). 0 or -ENOMEM. */
+int tpl_hot_list(struct halite_template *t, uint64_t **mbs, uint64_t *count);
+uint32_t tpl_hot_window_ms(const struct halite_template *t);
+
+/* A fault came: demand is busy, the prefetcher holds back. */
+void tpl_fault_seen(struct halite_template *t);
+/* Every stored block is in. */
+bool tpl_complete(struct halite_template *t);
+
+/* The message of LB failure @err for block @mb ("locality block 3 at offset ...: ..."). */
+void tpl_errmsg_mb(struct halite_template *t, uint64_t mb, char *buf, size_t len);
+
+#endif
