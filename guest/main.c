@@ -2,12 +2,12 @@
 /*
  * halite-synth: run the synthetic guest by hand, e.g. to look at it with an
  * engine attached, to record a trace, or to time the paper's workload
- * ("time to access 100,000 pages": --accesses 100000).
+ * ("time to access 100,000 pages": --accesses 100000); save one with the
+ * lazy save engine (cmd_save.c) and serve clones of it (cmd_clone.c).
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,45 +17,7 @@
 #include "endian_util.h"
 #include "stats.h"
 #include "synth.h"
-
-static void usage(FILE *f)
-{
-	fprintf(f,
-		"usage: halite-synth [run] [options]\n"
-		"       halite-synth trace-dump FILE\n"
-		"\n"
-		"run: create a guest, run it, pause, print counters, stop.\n"
-		"  --mem MIB          guest memory, a multiple of 2 (1024)\n"
-		"  --vcpus N          1..16 (4)\n"
-		"  --ws MIB           working set per vCPU (mem / 4 / vcpus)\n"
-		"  --map MIB          mapped per vCPU (ws)\n"
-		"  --backing anon|shared\n"
-		"  --levels 4|5       paging levels (4)\n"
-		"  --stride N         frame allocation stride (16)\n"
-		"  --shared-as        one address space for all vCPUs\n"
-		"  --huge2m N --huge1g N   huge pages per vCPU\n"
-		"  --holes N          every N-th 4 KiB virtual page unmapped\n"
-		"  --junk             junk bits in non-present entries\n"
-		"  --ad-bits          the MMU sets A/D bits\n"
-		"  --compress PCT --zero PCT --untouched PCT --write PCT\n"
-		"  --pattern seq|random|trace   (seq)\n"
-		"  --trace FILE       replay FILE (implies --pattern trace)\n"
-		"  --record FILE      record every access to FILE\n"
-		"  --loop             replay the trace in a loop\n"
-		"  --seed N --tlb N\n"
-		"  --accesses N       per vCPU, then stop (else --seconds)\n"
-		"  --seconds S        run time without --accesses (5)\n"
-		"  --child            run the guest in a forked child\n");
-}
-
-static int parse_u64(const char *s, uint64_t *v)
-{
-	char *end;
-
-	errno = 0;
-	*v = strtoull(s, &end, 0);
-	return errno || end == s || *end ? -1 : 0;
-}
+#include "tool.h"
 
 static int trace_dump(const char *path)
 {
@@ -85,108 +47,20 @@ static int trace_dump(const char *path)
 	return 0;
 }
 
-int main(int argc, char **argv)
+static int cmd_run(int argc, char **argv)
 {
-	enum { O_MEM = 256, O_VCPUS, O_WS, O_MAP, O_BACKING, O_LEVELS, O_STRIDE, O_SHARED_AS,
-	       O_HUGE2M, O_HUGE1G, O_HOLES, O_JUNK, O_AD, O_COMPRESS, O_ZERO, O_UNTOUCHED,
-	       O_WRITE, O_PATTERN, O_TRACE, O_RECORD, O_LOOP, O_SEED, O_TLB, O_ACCESSES,
-	       O_SECONDS, O_CHILD, O_HELP };
-	static const struct option lo[] = {
-		{ "mem", 1, 0, O_MEM },		{ "vcpus", 1, 0, O_VCPUS },
-		{ "ws", 1, 0, O_WS },		{ "map", 1, 0, O_MAP },
-		{ "backing", 1, 0, O_BACKING },	{ "levels", 1, 0, O_LEVELS },
-		{ "stride", 1, 0, O_STRIDE },	{ "shared-as", 0, 0, O_SHARED_AS },
-		{ "huge2m", 1, 0, O_HUGE2M },	{ "huge1g", 1, 0, O_HUGE1G },
-		{ "holes", 1, 0, O_HOLES },	{ "junk", 0, 0, O_JUNK },
-		{ "ad-bits", 0, 0, O_AD },	{ "compress", 1, 0, O_COMPRESS },
-		{ "zero", 1, 0, O_ZERO },	{ "untouched", 1, 0, O_UNTOUCHED },
-		{ "write", 1, 0, O_WRITE },	{ "pattern", 1, 0, O_PATTERN },
-		{ "trace", 1, 0, O_TRACE },	{ "record", 1, 0, O_RECORD },
-		{ "loop", 0, 0, O_LOOP },	{ "seed", 1, 0, O_SEED },
-		{ "tlb", 1, 0, O_TLB },		{ "accesses", 1, 0, O_ACCESSES },
-		{ "seconds", 1, 0, O_SECONDS },	{ "child", 0, 0, O_CHILD },
-		{ "help", 0, 0, O_HELP },	{ 0 },
-	};
-	SYNTH_OPTS(o, .log_fn = halite_log_stderr);
+	struct hs_args a;
+	struct synth_opts o;
 	struct synth_guest *g;
 	struct synth_info info;
-	uint64_t v = 0, seconds = 5, t0, t1, total = 0;
-	int c, ret;
+	uint64_t seconds, t0, t1, total = 0;
+	int ret;
 
-	if (argc > 1 && !strcmp(argv[1], "trace-dump")) {
-		if (argc != 3) {
-			usage(stderr);
-			return 2;
-		}
-		return trace_dump(argv[2]);
-	}
-	if (argc > 1 && !strcmp(argv[1], "run")) {
-		argv++;
-		argc--;
-	}
-	while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
-		if (c == 'h' || c == O_HELP) {
-			usage(stdout);
-			return 0;
-		}
-		if (c == '?') {
-			usage(stderr);
-			return 2;
-		}
-		if (optarg && c != O_BACKING && c != O_PATTERN && c != O_TRACE && c != O_RECORD &&
-		    parse_u64(optarg, &v)) {
-			fprintf(stderr, "halite-synth: bad number '%s'\n", optarg);
-			return 2;
-		}
-		switch (c) {
-		case O_MEM: o.mem_bytes = v << 20; break;
-		case O_VCPUS: o.nvcpus = (unsigned)v; break;
-		case O_WS: o.ws_bytes = v << 20; break;
-		case O_MAP: o.map_bytes = v << 20; break;
-		case O_BACKING:
-			if (!strcmp(optarg, "anon"))
-				o.backing = SYNTH_MEM_ANON;
-			else if (!strcmp(optarg, "shared"))
-				o.backing = SYNTH_MEM_SHARED;
-			else
-				goto bad;
-			break;
-		case O_LEVELS: o.paging_levels = (unsigned)v; break;
-		case O_STRIDE: o.stride = (unsigned)v; break;
-		case O_SHARED_AS: o.flags |= SYNTH_F_SHARED_AS; break;
-		case O_HUGE2M: o.huge_2m = (unsigned)v; break;
-		case O_HUGE1G: o.huge_1g = (unsigned)v; break;
-		case O_HOLES: o.hole_every = (unsigned)v; break;
-		case O_JUNK: o.flags |= SYNTH_F_NP_JUNK; break;
-		case O_AD: o.flags |= SYNTH_F_AD_BITS; break;
-		case O_COMPRESS: o.compress_pct = (unsigned)v; break;
-		case O_ZERO: o.zero_pct = (unsigned)v; break;
-		case O_UNTOUCHED: o.untouched_pct = (unsigned)v; break;
-		case O_WRITE: o.write_pct = (unsigned)v; break;
-		case O_PATTERN:
-			if (!strcmp(optarg, "seq"))
-				o.pattern = SYNTH_PAT_SEQ;
-			else if (!strcmp(optarg, "random"))
-				o.pattern = SYNTH_PAT_RANDOM;
-			else if (!strcmp(optarg, "trace"))
-				o.pattern = SYNTH_PAT_TRACE;
-			else
-				goto bad;
-			break;
-		case O_TRACE: o.trace_in = optarg; o.pattern = SYNTH_PAT_TRACE; break;
-		case O_RECORD: o.trace_out = optarg; break;
-		case O_LOOP: o.flags |= SYNTH_F_TRACE_LOOP; break;
-		case O_SEED: o.seed = v; break;
-		case O_TLB: o.tlb_entries = (unsigned)v; break;
-		case O_ACCESSES: o.max_accesses = v; break;
-		case O_SECONDS: seconds = v; break;
-		case O_CHILD: o.flags |= SYNTH_F_CHILD; break;
-		}
-	}
-	if (optind != argc) {
-		usage(stderr);
-		return 2;
-	}
+	ret = hs_parse(argc, argv, HS_CMD_RUN, &a);
+	if (ret)
+		return ret > 0 ? 0 : 2;
+	o = a.o;
+	seconds = a.seconds;
 
 	t0 = halite_now_ns();
 	ret = synth_create(&g, &o);
@@ -240,7 +114,22 @@ int main(int argc, char **argv)
 		fprintf(stderr, "halite-synth: stop: %s\n", strerror(-ret));
 	synth_free(g);
 	return ret ? 1 : 0;
-bad:
-	fprintf(stderr, "halite-synth: bad value '%s'\n", optarg);
-	return 2;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc > 1 && !strcmp(argv[1], "trace-dump")) {
+		if (argc != 3) {
+			hs_usage(stderr);
+			return 2;
+		}
+		return trace_dump(argv[2]);
+	}
+	if (argc > 1 && !strcmp(argv[1], "save"))
+		return hs_cmd_save(argc - 1, argv + 1);
+	if (argc > 1 && !strcmp(argv[1], "clone"))
+		return hs_cmd_clone(argc - 1, argv + 1);
+	if (argc > 1 && !strcmp(argv[1], "run"))
+		return cmd_run(argc - 1, argv + 1);
+	return cmd_run(argc, argv);
 }
