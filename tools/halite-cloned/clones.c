@@ -20,6 +20,7 @@
  * start: a daemon that stops or dies leaves them all, blocked at worst.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -31,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -288,6 +290,50 @@ out:
 	return ret;
 }
 
+/*
+ * The clone's userfaultfd without its help: found among its descriptors
+ * and duplicated with pidfd_getfd(). For a re-attach when the control
+ * socket does not answer: the clone serves one connection at a time, and a
+ * command that touched memory nobody served (a dump while the daemon was
+ * dead) holds its server until the memory comes: only a session can bring
+ * it. Needs ptrace rights over the clone (the daemon runs as root).
+ */
+static int uffd_from_proc(pid_t pid, char *err, size_t errlen)
+{
+	char path[64], link[64];
+	int pfd, fd = -ENOENT;
+	struct dirent *e;
+	DIR *dir;
+
+	snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+	dir = opendir(path);
+	if (!dir) {
+		snprintf(err + strlen(err), errlen - strlen(err), "; %s: %s", path, strerror(errno));
+		return -errno;
+	}
+	pfd = (int)syscall(SYS_pidfd_open, pid, 0);
+	while (pfd >= 0 && fd < 0 && (e = readdir(dir))) {
+		ssize_t n;
+
+		if (e->d_name[0] == '.')
+			continue;
+		n = readlinkat(dirfd(dir), e->d_name, link, sizeof(link) - 1);
+		if (n <= 0)
+			continue;
+		link[n] = 0;
+		if (!strcmp(link, "anon_inode:[userfaultfd]"))
+			fd = (int)syscall(SYS_pidfd_getfd, pfd, atoi(e->d_name), 0);
+	}
+	if (pfd < 0 || fd < 0)
+		snprintf(err + strlen(err), errlen - strlen(err),
+			 "; its userfaultfd not taken from /proc: %s",
+			 strerror(pfd < 0 ? errno : fd == -ENOENT ? ENOENT : errno));
+	if (pfd >= 0)
+		close(pfd);
+	closedir(dir);
+	return fd >= 0 ? fd : -ENOENT;
+}
+
 /* `uffd`, then a session on it: @flags HALITE_SESSION_*. */
 static int clone_session(struct cloned *d, struct clone *c, const char *ctl, uint64_t host,
 			 const pid_t *tids, uint32_t nvcpus, unsigned flags,
@@ -299,7 +345,12 @@ static int clone_session(struct cloned *d, struct clone *c, const char *ctl, uin
 					  .vcpu_tids = tids, .nvcpus = nvcpus };
 	int fd = -1, ret;
 
-	ret = ctl_command(ctl, "uffd", NULL, &fd, CLONED_CTL_TIMEOUT_MS, err, errlen);
+	ret = ctl_command(ctl, "uffd", NULL, &fd,
+			  flags & HALITE_SESSION_ATTACH ? 1000 : CLONED_CTL_TIMEOUT_MS, err, errlen);
+	if (ret && (flags & HALITE_SESSION_ATTACH)) {
+		fd = uffd_from_proc(c->pid, err, errlen);
+		ret = fd < 0 ? fd : 0;
+	}
 	if (ret)
 		return ret;
 	if (!c->tp->hotset)

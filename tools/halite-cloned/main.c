@@ -325,9 +325,19 @@ int main(int argc, char **argv)
 	}
 	if (!d.o.synth_bin)
 		d.o.synth_bin = find_synth();
-	else if (access(d.o.synth_bin, X_OK)) {
-		fprintf(stderr, PROG ": --synth-bin %s: %s\n", d.o.synth_bin, strerror(errno));
-		return 2;
+	else {
+		/* absolute: clones are spawned from wherever the daemon runs */
+		char *abs = realpath(d.o.synth_bin, NULL);
+
+		if (!abs || access(abs, X_OK)) {
+			fprintf(stderr, PROG ": --synth-bin %s: %s\n", d.o.synth_bin,
+				strerror(errno));
+			free(abs);
+			free(d.o.synth_bin);
+			return 2;
+		}
+		free(d.o.synth_bin);
+		d.o.synth_bin = abs;
 	}
 	if (!d.o.synth_bin)
 		cl_log(&d, HALITE_LOG_WARN,

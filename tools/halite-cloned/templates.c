@@ -236,7 +236,10 @@ void tmpl_create(struct cloned *d, const cJSON *body, struct http_reply *r)
 				 strerror(-ret));
 	}
 	if (ret) {
-		char *mem = state_mem_file(d, tp->id), *fill = mem ? cl_path(mem, ".fill", NULL) : NULL;
+		char *mem = state_mem_file(d, tp->id), *fill = NULL;
+
+		if (mem && asprintf(&fill, "%s.fill", mem) < 0)
+			fill = NULL;
 
 		cl_log(d, HALITE_LOG_ERROR, "template from %s: %s", tp->snapshot, err);
 		halite_template_free(tp->t);
@@ -311,7 +314,8 @@ void tmpl_delete(struct cloned *d, const char *id, struct http_reply *r)
 	files[0] = state_template_file(d, id, ".json");
 	files[1] = state_template_file(d, id, ".hot");
 	files[2] = state_mem_file(d, id);
-	files[3] = files[2] ? cl_path(files[2], ".fill", NULL) : NULL;
+	if (!files[2] || asprintf(&files[3], "%s.fill", files[2]) < 0)
+		files[3] = NULL;
 	tmpl_destroy(tp);
 	for (int i = 0; i < 4; i++) {
 		if (files[i])
