@@ -303,7 +303,7 @@ static void load_clones(struct cloned *d)
 			 * DELETE ends it.
 			 */
 			c->state = CL_FAILED;
-			snprintf(c->error, sizeof(c->error), "re-attach: %s", err);
+			snprintf(c->error, sizeof(c->error), "re-attach: %.480s", err);
 			cl_log(d, HALITE_LOG_ERROR, "clone %s (pid %d) not re-attached: %s",
 			       c->id, (int)c->pid, err);
 		} else if (c) {
