@@ -13,6 +13,8 @@ pkgs=(
 	liburing-dev libaio-dev liblz4-dev zlib1g-dev libzstd-dev libxxhash-dev libcjson-dev
 	# the clone service's HTTP API
 	libmicrohttpd-dev
+	# halite-clone, its client
+	libcurl4-openssl-dev
 	# benchmarks: delayfs (FUSE), the machine's I/O limits
 	libfuse3-dev fuse3
 	# tests, fuzzing, benchmarks

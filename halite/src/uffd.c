@@ -30,7 +30,7 @@ int halite_uffd_api(int fd, uint64_t features, uint64_t *missing)
 		 * kernel: probe on a scratch descriptor to say which.
 		 */
 		int err = errno;
-		struct halite_uffd_caps caps;
+		struct halite_uffd_caps caps = { 0 };
 
 		if (err == EINVAL && !halite_uffd_probe(&caps) && (features & ~caps.features)) {
 			if (missing)

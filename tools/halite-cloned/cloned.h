@@ -1,0 +1,171 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Private to halite-cloned: the daemon's registry of templates and clones,
+ * and what its files share. One mutex (struct cloned.lock) guards both
+ * lists and every field of their entries that changes after creation; the
+ * engine handles (halite_template, halite_session) are thread-safe on their
+ * own and are used outside it. Slow work (opening a template, spawning and
+ * attaching clones) runs without the lock: an entry becomes visible in the
+ * registry only once it is usable, or, for a clone, as "starting".
+ */
+#ifndef HALITE_CLONED_H
+#define HALITE_CLONED_H
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <cjson/cJSON.h>
+#include <halite/template.h>
+
+#define PROG "halite-cloned"
+#define CLONED_ID_LEN 10	     /* "t-" or "c-" and 8 hex digits */
+#define CLONED_MAX_BODY (64 << 10)   /* request bodies above this: 413 */
+#define CLONED_MAX_COUNT 64	     /* clones per request */
+#define CLONED_REGION "pc.ram"	     /* the synthetic guest's one region */
+#define CLONED_READY_TIMEOUT_MS 10000 /* a clone's "ready" on stdout */
+#define CLONED_CTL_TIMEOUT_MS 5000   /* one control-socket command */
+
+struct cloned_opts {
+	const char *socket_path;
+	const char *listen;	 /* "127.0.0.1:PORT" or NULL */
+	const char *state_dir;
+	const char *mem_dir;
+	char *synth_bin;	 /* resolved at start */
+	unsigned readers;
+	uint32_t read_latency_us;
+	uint64_t prefetch_rate;
+	uint32_t hot_window_ms;
+	int log_level;
+};
+
+enum tmpl_kind { TMPL_SYNTHETIC };
+
+struct tmpl {
+	struct tmpl *next;
+	char id[CLONED_ID_LEN + 1];
+	char *snapshot;
+	char *synth_args;	 /* the snapshot's synth.args */
+	bool hotset;
+	int64_t created;	 /* unix seconds */
+	uint64_t memory_bytes, stored_bytes;
+	uint64_t region_offset, region_length;
+	struct halite_template *t;
+	unsigned nclones;	 /* clones in the registry that use it */
+	uint64_t hot_due_ns;	 /* save the hot set then: a session's hot window is over */
+};
+
+enum clone_state { CL_STARTING, CL_RUNNING, CL_DONE, CL_FAILED, CL_EXITED, CL_NSTATES };
+
+struct clone {
+	struct clone *next;
+	char id[CLONED_ID_LEN + 1];
+	struct tmpl *tp;
+	pid_t pid;
+	uint64_t starttime;	 /* field 22 of /proc/PID/stat: tells pid reuse */
+	bool child;		 /* our child: reap it with waitpid */
+	bool started;		 /* "start" acknowledged */
+	enum clone_state state;
+	int64_t created;
+	double ready_s;		 /* request received -> start acknowledged */
+	uint64_t host;		 /* the clone's mapping of the region */
+	uint32_t nvcpus;
+	pid_t *vcpu_tids;
+	/* the request's options, recorded for clone.json */
+	uint64_t accesses;
+	unsigned write_pct;
+	char pattern[8];
+	bool premap_hot;
+	struct halite_session *s;
+	struct halite_session_stats last; /* kept when the session is freed */
+	char error[512];
+};
+
+struct ready_hist {
+	uint64_t bucket[16];	 /* cumulative counts per upper bound below */
+	uint64_t count;
+	double sum;
+};
+
+struct cloned {
+	struct cloned_opts o;
+	pthread_mutex_t lock;
+	struct tmpl *templates;
+	struct clone *clones;
+	struct ready_hist ready;
+	/* faults of clones deleted: the counters stay monotonic */
+	uint64_t retired_cached, retired_read, retired_zero;
+};
+
+/* util.c */
+void cl_log(const struct cloned *d, int level, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+void cl_engine_log(void *ctx, int level, const char *msg);
+uint64_t cl_now_ns(void);
+int cl_random_id(char *out, char prefix);
+bool cl_valid_id(const char *s, char prefix);
+int cl_mkdir_p(const char *path, mode_t mode);
+int cl_rm_rf(const char *path);
+char *cl_path(const char *dir, const char *a, const char *b); /* dir/a[b]; NULL: ENOMEM */
+int cl_proc_starttime(pid_t pid, uint64_t *st);	/* 0, -ESRCH */
+char *cl_errstr(int err); /* halite_strerror or strerror, static */
+
+/* state.c: the state directory */
+int state_write_json(const char *path, const cJSON *j);
+cJSON *state_read_json(const char *path, char *err, size_t errlen);
+int state_save_template(struct cloned *d, const struct tmpl *tp);
+int state_save_clone(struct cloned *d, const struct clone *c);
+char *state_clone_dir(const struct cloned *d, const char *cid);
+char *state_template_file(const struct cloned *d, const char *tid, const char *ext);
+char *state_mem_file(const struct cloned *d, const char *tid);
+void state_load(struct cloned *d);
+
+/* templates.c */
+struct http_reply;
+void tmpl_create(struct cloned *d, const cJSON *body, struct http_reply *r);
+int tmpl_open(struct cloned *d, struct tmpl *tp, char *err, size_t errlen);
+void tmpl_destroy(struct tmpl *tp);
+struct tmpl *tmpl_find(struct cloned *d, const char *id); /* lock held */
+cJSON *tmpl_json(struct tmpl *tp, bool detail);		  /* lock held */
+void tmpl_list(struct cloned *d, struct http_reply *r);
+void tmpl_show(struct cloned *d, const char *id, struct http_reply *r);
+void tmpl_delete(struct cloned *d, const char *id, struct http_reply *r);
+void tmpl_save_hotsets(struct cloned *d, bool all);
+
+/* clones.c */
+void clones_create(struct cloned *d, const char *tid, const cJSON *body, uint64_t t_request,
+		   struct http_reply *r);
+void clones_list(struct cloned *d, struct http_reply *r);
+void clones_show(struct cloned *d, const char *id, struct http_reply *r);
+void clones_delete(struct cloned *d, const char *id, struct http_reply *r);
+void clones_poll(struct cloned *d);		 /* reap, states; lock held */
+void clone_stats(struct clone *c, struct halite_session_stats *st); /* lock held */
+int clone_reattach(struct cloned *d, struct clone *c, char *err, size_t errlen);
+void clone_destroy(struct clone *c);
+const char *clone_state_name(enum clone_state s);
+
+/* control.c: a clone's control socket */
+int ctl_connect(const char *path, int timeout_ms);
+int ctl_command(const char *sock, const char *cmd, cJSON **reply, int *fd, int timeout_ms,
+		char *err, size_t errlen);
+
+/* metrics.c */
+void metrics_observe_ready(struct cloned *d, double s); /* lock held */
+char *metrics_render(struct cloned *d);
+
+/* api.c */
+struct http_reply {
+	unsigned status;
+	cJSON *json;	/* body, or NULL with text */
+	char *text;	/* a text body (metrics) */
+	const char *allow; /* for 405 */
+};
+void reply_json(struct http_reply *r, unsigned status, cJSON *j);
+void reply_error(struct http_reply *r, unsigned status, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+int api_start(struct cloned *d, int unix_fd, int tcp_fd, void **mhd_unix, void **mhd_tcp);
+void api_stop(void *mhd);
+
+#endif

@@ -1,0 +1,820 @@
+// SPDX-License-Identifier: MIT
+/*
+ * halite-cloned: clones. A clone is a `halite-synth clone` process mapping
+ * the template memory file privately, in a session of its own (it outlives
+ * the daemon), served by a halite_session on the userfaultfd it hands over
+ * on its control socket.
+ *
+ * Start, per request: every clone is spawned first (cheap), then each is
+ * attached on a thread of its own (wait for "ready", `info`, `uffd`,
+ * halite_session_start, `start`), so N clones cost about one clone's time to
+ * ready. The attach threads work on their own copies and publish into the
+ * registry under the lock once done; while they run, the clones are
+ * "starting" (listed, not deletable). The template's clone count is taken
+ * before the spawn, so it cannot be deleted under them.
+ *
+ * Processes: our children are reaped with waitpid by the monitor; after a
+ * daemon restart they are not our children any more and are told alive by
+ * their pid and start time (/proc/PID/stat field 22), never by the pid
+ * alone. Nothing here kills a clone except DELETE and a clone that failed to
+ * start: a daemon that stops or dies leaves them all, blocked at worst.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <halite/errors.h>
+
+#include "cloned.h"
+
+extern char **environ;
+
+static const char *const state_names[CL_NSTATES] = { "starting", "running", "done", "failed",
+						     "exited" };
+
+const char *clone_state_name(enum clone_state s)
+{
+	return state_names[s];
+}
+
+void clone_destroy(struct clone *c)
+{
+	if (!c)
+		return;
+	halite_session_free(c->s);
+	free(c->vcpu_tids);
+	free(c);
+}
+
+void clone_stats(struct clone *c, struct halite_session_stats *st)
+{
+	if (c->s)
+		halite_session_stats(c->s, st);
+	else
+		*st = c->last;
+}
+
+/* running -> done or failed, from the session (lock held). */
+static void clone_refresh(struct clone *c)
+{
+	struct halite_session_stats st;
+
+	if (!c->s || c->state != CL_RUNNING)
+		return;
+	halite_session_stats(c->s, &st);
+	if (st.error) {
+		c->state = CL_FAILED;
+		snprintf(c->error, sizeof(c->error), "%s", halite_session_errmsg(c->s));
+	} else if (st.done) {
+		c->state = CL_DONE;
+	}
+}
+
+/* Is the process still the clone we started? Reaps our own children. */
+static bool clone_alive(struct clone *c)
+{
+	uint64_t st;
+
+	if (c->child) {
+		int status;
+		pid_t r = waitpid(c->pid, &status, WNOHANG);
+
+		if (r == 0)
+			return true;
+		c->child = false; /* reaped (or not ours after all): never waited on again */
+		if (r == c->pid && !c->error[0]) {
+			if (WIFSIGNALED(status))
+				snprintf(c->error, sizeof(c->error), "the clone was killed by signal %d",
+					 WTERMSIG(status));
+			else if (WEXITSTATUS(status))
+				snprintf(c->error, sizeof(c->error), "the clone exited with status %d",
+					 WEXITSTATUS(status));
+		}
+		return false;
+	}
+	return !cl_proc_starttime(c->pid, &st) && st == c->starttime;
+}
+
+void clones_poll(struct cloned *d)
+{
+	for (struct clone *c = d->clones; c; c = c->next) {
+		if (c->state == CL_STARTING || c->state == CL_EXITED)
+			continue;
+		clone_refresh(c);
+		if (clone_alive(c))
+			continue;
+		if (c->state != CL_FAILED)
+			c->state = CL_EXITED;
+		if (c->s) {
+			halite_session_stats(c->s, &c->last);
+			halite_session_free(c->s);
+			c->s = NULL;
+		}
+		cl_log(d, HALITE_LOG_INFO, "clone %s (pid %d) exited", c->id, (int)c->pid);
+	}
+}
+
+static void smaps_rollup(pid_t pid, uint64_t *rss, uint64_t *pss)
+{
+	char path[64], line[256];
+	unsigned long long kb;
+	FILE *f;
+
+	*rss = *pss = 0;
+	snprintf(path, sizeof(path), "/proc/%d/smaps_rollup", (int)pid);
+	f = fopen(path, "re");
+	if (!f)
+		return;
+	while (fgets(line, sizeof(line), f)) {
+		if (sscanf(line, "Rss: %llu kB", &kb) == 1)
+			*rss = kb << 10;
+		else if (sscanf(line, "Pss: %llu kB", &kb) == 1)
+			*pss = kb << 10;
+	}
+	fclose(f);
+}
+
+static cJSON *clone_json(struct cloned *d, struct clone *c)
+{
+	cJSON *j = cJSON_CreateObject();
+	struct halite_session_stats st;
+	uint64_t rss = 0, pss = 0;
+	char *dir = state_clone_dir(d, c->id), *ctl = dir ? cl_path(dir, "control.sock", NULL) : NULL;
+
+	clone_refresh(c);
+	clone_stats(c, &st);
+	if (c->state != CL_EXITED)
+		smaps_rollup(c->pid, &rss, &pss);
+	cJSON_AddStringToObject(j, "id", c->id);
+	cJSON_AddStringToObject(j, "template", c->tp->id);
+	cJSON_AddNumberToObject(j, "pid", c->pid);
+	cJSON_AddStringToObject(j, "state", state_names[c->state]);
+	cJSON_AddNumberToObject(j, "created", (double)c->created);
+	cJSON_AddNumberToObject(j, "ready_s", c->ready_s);
+	cJSON_AddNumberToObject(j, "faults", (double)st.faults);
+	cJSON_AddNumberToObject(j, "faults_cached", (double)st.faults_cached);
+	cJSON_AddNumberToObject(j, "faults_read", (double)st.faults_read);
+	cJSON_AddNumberToObject(j, "faults_zero", (double)st.faults_zero);
+	cJSON_AddNumberToObject(j, "faults_vcpu", (double)st.faults_vcpu);
+	cJSON_AddNumberToObject(j, "mb_premapped", (double)st.mb_premapped);
+	cJSON_AddNumberToObject(j, "fault_p50_us", (double)st.fault_p50_ns / 1e3);
+	cJSON_AddNumberToObject(j, "fault_p99_us", (double)st.fault_p99_ns / 1e3);
+	cJSON_AddNumberToObject(j, "restore_s", (double)st.duration_ns / 1e9);
+	cJSON_AddNumberToObject(j, "pss_bytes", (double)pss);
+	cJSON_AddNumberToObject(j, "rss_bytes", (double)rss);
+	cJSON_AddStringToObject(j, "control", ctl ? ctl : "");
+	cJSON_AddStringToObject(j, "error", c->error);
+	free(ctl);
+	free(dir);
+	return j;
+}
+
+/* --- start --------------------------------------------------------------- */
+
+struct attach_job {
+	struct cloned *d;
+	struct clone *c;	 /* read-only here: results go below */
+	char *ctl;		 /* control socket path */
+	int out_fd;		 /* the clone's stdout (read end) */
+	uint64_t t_request;
+	/* results, published under the lock */
+	int ret;
+	struct halite_session *s;
+	uint64_t host;
+	uint32_t nvcpus;
+	pid_t *tids;
+	double ready_s;
+	char err[512];
+};
+
+static int wait_ready(struct attach_job *j)
+{
+	uint64_t deadline = cl_now_ns() + (uint64_t)CLONED_READY_TIMEOUT_MS * 1000000u;
+	char buf[256];
+	size_t len = 0;
+
+	for (;;) {
+		struct pollfd p = { .fd = j->out_fd, .events = POLLIN };
+		uint64_t now = cl_now_ns();
+		ssize_t n;
+
+		if (now >= deadline) {
+			snprintf(j->err, sizeof(j->err), "no 'ready' from the clone within %d ms",
+				 CLONED_READY_TIMEOUT_MS);
+			return -ETIMEDOUT;
+		}
+		if (poll(&p, 1, (int)((deadline - now) / 1000000) + 1) < 0 && errno != EINTR)
+			return -errno;
+		n = read(j->out_fd, buf + len, sizeof(buf) - 1 - len);
+		if (n < 0 && (errno == EAGAIN || errno == EINTR))
+			continue;
+		if (n <= 0) {
+			snprintf(j->err, sizeof(j->err),
+				 "the clone exited before it was ready (see its clone.log)");
+			return -ECHILD;
+		}
+		len += (size_t)n;
+		buf[len] = 0;
+		if (strstr(buf, "ready\n"))
+			return 0;
+		if (len == sizeof(buf) - 1) {
+			snprintf(j->err, sizeof(j->err), "the clone printed '%.100s', not 'ready'",
+				 buf);
+			return -EPROTO;
+		}
+	}
+}
+
+/* `info`: where the clone mapped the region, its vCPU threads. */
+static int clone_info(const char *ctl, struct tmpl *tp, uint64_t *host, uint32_t *nvcpus,
+		      pid_t **tids, char *err, size_t errlen)
+{
+	const cJSON *h, *mem, *reg, *a, *t;
+	cJSON *info;
+	uint32_t n, i = 0;
+	int ret;
+
+	ret = ctl_command(ctl, "info", &info, NULL, CLONED_CTL_TIMEOUT_MS, err, errlen);
+	if (ret)
+		return ret;
+	h = cJSON_GetObjectItemCaseSensitive(info, "host");
+	mem = cJSON_GetObjectItemCaseSensitive(info, "mem_bytes");
+	reg = cJSON_GetObjectItemCaseSensitive(info, "region");
+	a = cJSON_GetObjectItemCaseSensitive(info, "vcpu_tids");
+	if (!cJSON_IsString(h) || !cJSON_IsNumber(mem) || !cJSON_IsArray(a)) {
+		snprintf(err, errlen, "the clone's 'info' lacks host, mem_bytes or vcpu_tids");
+		ret = -EPROTO;
+		goto out;
+	}
+	if (cJSON_IsString(reg) && strcmp(reg->valuestring, CLONED_REGION)) {
+		snprintf(err, errlen, "the clone maps region '%s', not %s", reg->valuestring,
+			 CLONED_REGION);
+		ret = -EPROTO;
+		goto out;
+	}
+	if ((uint64_t)mem->valuedouble != tp->region_length) {
+		snprintf(err, errlen,
+			 "the clone maps %.0f bytes, the template's %s has %" PRIu64
+			 " (wrong synth.args?)",
+			 mem->valuedouble, CLONED_REGION, tp->region_length);
+		ret = -EPROTO;
+		goto out;
+	}
+	n = (uint32_t)cJSON_GetArraySize(a);
+	*tids = n ? calloc(n, sizeof(pid_t)) : NULL;
+	if (n && !*tids) {
+		ret = -ENOMEM;
+		snprintf(err, errlen, "out of memory");
+		goto out;
+	}
+	cJSON_ArrayForEach(t, a)
+		(*tids)[i++] = cJSON_IsNumber(t) ? (pid_t)t->valuedouble : 0;
+	*nvcpus = n;
+	*host = strtoull(h->valuestring, NULL, 0);
+out:
+	cJSON_Delete(info);
+	return ret;
+}
+
+/*
+ * The clone's userfaultfd without its help: found among its descriptors
+ * and duplicated with pidfd_getfd(). For a re-attach when the control
+ * socket does not answer: the clone serves one connection at a time, and a
+ * command that touched memory nobody served (a dump while the daemon was
+ * dead) holds its server until the memory comes: only a session can bring
+ * it. Needs ptrace rights over the clone (the daemon runs as root).
+ */
+static int uffd_from_proc(pid_t pid, char *err, size_t errlen)
+{
+	char path[64], link[64];
+	int pfd, fd = -ENOENT;
+	struct dirent *e;
+	DIR *dir;
+
+	snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+	dir = opendir(path);
+	if (!dir) {
+		snprintf(err + strlen(err), errlen - strlen(err), "; %s: %s", path, strerror(errno));
+		return -errno;
+	}
+	pfd = (int)syscall(SYS_pidfd_open, pid, 0);
+	while (pfd >= 0 && fd < 0 && (e = readdir(dir))) {
+		ssize_t n;
+
+		if (e->d_name[0] == '.')
+			continue;
+		n = readlinkat(dirfd(dir), e->d_name, link, sizeof(link) - 1);
+		if (n <= 0)
+			continue;
+		link[n] = 0;
+		if (!strcmp(link, "anon_inode:[userfaultfd]"))
+			fd = (int)syscall(SYS_pidfd_getfd, pfd, atoi(e->d_name), 0);
+	}
+	if (pfd < 0 || fd < 0)
+		snprintf(err + strlen(err), errlen - strlen(err),
+			 "; its userfaultfd not taken from /proc: %s",
+			 strerror(pfd < 0 ? errno : fd == -ENOENT ? ENOENT : errno));
+	if (pfd >= 0)
+		close(pfd);
+	closedir(dir);
+	return fd >= 0 ? fd : -ENOENT;
+}
+
+/* `uffd`, then a session on it: @flags HALITE_SESSION_*. */
+static int clone_session(struct cloned *d, struct clone *c, const char *ctl, uint64_t host,
+			 const pid_t *tids, uint32_t nvcpus, unsigned flags,
+			 struct halite_session **s, char *err, size_t errlen)
+{
+	struct halite_session_region reg = { .name = CLONED_REGION, .host = host,
+					     .length = c->tp->region_length };
+	struct halite_session_opts so = { .sz = sizeof(so), .owner_pid = c->pid,
+					  .vcpu_tids = tids, .nvcpus = nvcpus };
+	int fd = -1, ret;
+
+	ret = ctl_command(ctl, "uffd", NULL, &fd,
+			  flags & HALITE_SESSION_ATTACH ? 1000 : CLONED_CTL_TIMEOUT_MS, err, errlen);
+	if (ret && (flags & HALITE_SESSION_ATTACH)) {
+		fd = uffd_from_proc(c->pid, err, errlen);
+		ret = fd < 0 ? fd : 0;
+	}
+	if (ret)
+		return ret;
+	if (!c->tp->hotset)
+		flags = (flags & ~HALITE_SESSION_PREMAP_HOT) | HALITE_SESSION_NO_HOT_RECORD;
+	so.owner_uffd = fd;
+	so.flags = flags;
+	ret = halite_session_start(s, c->tp->t, &reg, 1, &so);
+	if (ret == -HALITE_E_STATE && (flags & HALITE_SESSION_ATTACH)) {
+		/* killed before the first handshake: a fresh start */
+		so.flags &= ~HALITE_SESSION_ATTACH;
+		ret = halite_session_start(s, c->tp->t, &reg, 1, &so);
+	}
+	close(fd);
+	if (ret)
+		snprintf(err, errlen, "session: %s", cl_errstr(ret));
+	return ret;
+}
+
+static void *attach_thread(void *arg)
+{
+	struct attach_job *j = arg;
+	struct clone *c = j->c;
+	unsigned flags = c->premap_hot ? HALITE_SESSION_PREMAP_HOT : 0;
+
+	j->ret = wait_ready(j);
+	close(j->out_fd);
+	j->out_fd = -1;
+	if (!j->ret)
+		j->ret = clone_info(j->ctl, c->tp, &j->host, &j->nvcpus, &j->tids, j->err,
+				    sizeof(j->err));
+	if (!j->ret)
+		j->ret = clone_session(j->d, c, j->ctl, j->host, j->tids, j->nvcpus, flags, &j->s,
+				       j->err, sizeof(j->err));
+	if (!j->ret)
+		j->ret = ctl_command(j->ctl, "start", NULL, NULL, CLONED_CTL_TIMEOUT_MS, j->err,
+				     sizeof(j->err));
+	j->ready_s = (double)(cl_now_ns() - j->t_request) / 1e9;
+	return NULL;
+}
+
+static int spawn_clone(struct cloned *d, struct clone *c, const char *dir, const char *ctl,
+		       int *out_fd, char *err, size_t errlen)
+{
+	char *mem = state_mem_file(d, c->tp->id), *log = cl_path(dir, "clone.log", NULL);
+	char *args = strdup(c->tp->synth_args), off[32], wr[16], acc[32], *save = NULL;
+	char *argv[96];
+	int argc = 0, p[2] = { -1, -1 }, ret = -ENOMEM;
+	posix_spawn_file_actions_t fa;
+	posix_spawnattr_t at;
+	sigset_t none;
+	uint64_t st;
+	pid_t pid;
+
+	if (!mem || !log || !args) {
+		snprintf(err, errlen, "out of memory");
+		goto out;
+	}
+	snprintf(off, sizeof(off), "%" PRIu64, c->tp->region_offset);
+	snprintf(wr, sizeof(wr), "%u", c->write_pct);
+	snprintf(acc, sizeof(acc), "%" PRIu64, c->accesses);
+	argv[argc++] = d->o.synth_bin;
+	argv[argc++] = "clone";
+	argv[argc++] = "--mem-file";
+	argv[argc++] = mem;
+	argv[argc++] = "--mem-offset";
+	argv[argc++] = off;
+	argv[argc++] = "--control";
+	argv[argc++] = (char *)ctl;
+	for (char *w = strtok_r(args, " \t\n", &save); w; w = strtok_r(NULL, " \t\n", &save)) {
+		if (argc > 80) {
+			snprintf(err, errlen, "the template's synth.args has too many words");
+			ret = -E2BIG;
+			goto out;
+		}
+		argv[argc++] = w;
+	}
+	argv[argc++] = "--write";
+	argv[argc++] = wr;
+	argv[argc++] = "--pattern";
+	argv[argc++] = c->pattern;
+	if (c->accesses) {
+		argv[argc++] = "--accesses";
+		argv[argc++] = acc;
+	}
+	argv[argc] = NULL;
+
+	if (pipe2(p, O_CLOEXEC)) {
+		ret = -errno;
+		snprintf(err, errlen, "pipe: %s", strerror(errno));
+		goto out;
+	}
+	/*
+	 * stdin /dev/null, stdout our pipe (for "ready"; once we close it the
+	 * clone's writes fail with EPIPE: SIGPIPE is ignored here, and ignored
+	 * signals stay ignored across exec), stderr its log. Its own session:
+	 * a terminal's or a service manager's signals to the daemon's group
+	 * never reach it.
+	 */
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+	posix_spawn_file_actions_adddup2(&fa, p[1], 1);
+	posix_spawn_file_actions_addopen(&fa, 2, log, O_WRONLY | O_CREAT | O_APPEND, 0640);
+	posix_spawnattr_init(&at);
+	sigemptyset(&none);
+	posix_spawnattr_setsigmask(&at, &none);
+	posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK);
+	ret = -posix_spawn(&pid, d->o.synth_bin, &fa, &at, argv, environ);
+	posix_spawn_file_actions_destroy(&fa);
+	posix_spawnattr_destroy(&at);
+	close(p[1]);
+	if (ret) {
+		close(p[0]);
+		snprintf(err, errlen, "starting %s: %s", d->o.synth_bin, strerror(-ret));
+		goto out;
+	}
+	if (cl_proc_starttime(pid, &st))
+		st = 0; /* died at once: wait_ready() reports it */
+	pthread_mutex_lock(&d->lock);
+	c->pid = pid;
+	c->starttime = st;
+	c->child = true;
+	ret = state_save_clone(d, c);
+	pthread_mutex_unlock(&d->lock);
+	if (ret) /* it runs; only a restarted daemon would not find it */
+		cl_log(d, HALITE_LOG_WARN, "clone %s: writing clone.json: %s", c->id,
+		       strerror(-ret));
+	*out_fd = p[0];
+	ret = 0;
+out:
+	free(args);
+	free(log);
+	free(mem);
+	return ret;
+}
+
+/* A clone that did not start: ended, its files removed. */
+static void clone_abort(struct cloned *d, struct clone *c)
+{
+	char *dir = state_clone_dir(d, c->id);
+
+	halite_session_free(c->s);
+	c->s = NULL;
+	if (c->child) {
+		kill(c->pid, SIGKILL);
+		waitpid(c->pid, NULL, 0);
+		c->child = false;
+	}
+	if (dir)
+		cl_rm_rf(dir);
+	free(dir);
+}
+
+static int get_uint(const cJSON *body, const char *name, uint64_t lo, uint64_t hi, uint64_t *v,
+		    struct http_reply *r)
+{
+	const cJSON *f = cJSON_GetObjectItemCaseSensitive(body, name);
+
+	if (!f)
+		return 0;
+	if (!cJSON_IsNumber(f) || f->valuedouble != floor(f->valuedouble)) {
+		reply_error(r, 400, "field '%s' must be an integer", name);
+		return -1;
+	}
+	if (f->valuedouble < (double)lo || f->valuedouble > (double)hi) {
+		reply_error(r, 400, "field '%s' is %.0f: must be %" PRIu64 "..%" PRIu64, name,
+			    f->valuedouble, lo, hi);
+		return -1;
+	}
+	*v = (uint64_t)f->valuedouble;
+	return 0;
+}
+
+static void unregister(struct cloned *d, struct clone *c)
+{
+	for (struct clone **pp = &d->clones; *pp; pp = &(*pp)->next)
+		if (*pp == c) {
+			*pp = c->next;
+			c->tp->nclones--;
+			return;
+		}
+}
+
+void clones_create(struct cloned *d, const char *tid, const cJSON *body, uint64_t t_request,
+		   struct http_reply *r)
+{
+	static const char *const known[] = { "count", "accesses", "write_pct", "pattern",
+					     "premap_hot", NULL };
+	const cJSON *pat = cJSON_GetObjectItemCaseSensitive(body, "pattern");
+	const cJSON *pm = cJSON_GetObjectItemCaseSensitive(body, "premap_hot"), *f;
+	uint64_t count = 1, accesses = 0, write_pct = 0;
+	struct attach_job *jobs = NULL;
+	struct tmpl *tp;
+	unsigned ok = 0;
+	cJSON *out, *arr;
+	char first_err[600] = "";
+
+	if (!d->o.synth_bin)
+		return reply_error(r, 500, "halite-synth not found: start " PROG
+				   " with --synth-bin PATH");
+	cJSON_ArrayForEach(f, body) {
+		const char *const *k = known;
+
+		while (*k && strcmp(*k, f->string))
+			k++;
+		if (!*k)
+			return reply_error(r, 400,
+					   "unknown field '%s' (known: count, accesses, write_pct, "
+					   "pattern, premap_hot)",
+					   f->string);
+	}
+	if (get_uint(body, "count", 1, CLONED_MAX_COUNT, &count, r) ||
+	    get_uint(body, "accesses", 0, UINT32_MAX * 1024ull, &accesses, r) ||
+	    get_uint(body, "write_pct", 0, 100, &write_pct, r))
+		return;
+	if (pat && (!cJSON_IsString(pat) ||
+		    (strcmp(pat->valuestring, "seq") && strcmp(pat->valuestring, "random"))))
+		return reply_error(r, 400, "field 'pattern' must be \"seq\" or \"random\"");
+	if (pm && !cJSON_IsBool(pm))
+		return reply_error(r, 400, "field 'premap_hot' must be true or false");
+	jobs = calloc(count, sizeof(*jobs));
+	if (!jobs)
+		return reply_error(r, 500, "out of memory");
+
+	/* Registered as starting, the template held, before anything slow. */
+	pthread_mutex_lock(&d->lock);
+	tp = tmpl_find(d, tid);
+	if (!tp) {
+		pthread_mutex_unlock(&d->lock);
+		free(jobs);
+		return reply_error(r, 404, "no template '%s'", tid);
+	}
+	for (uint64_t i = 0; i < count; i++) {
+		struct clone *c = calloc(1, sizeof(*c));
+
+		if (!c || cl_random_id(c->id, 'c')) {
+			free(c);
+			break;
+		}
+		c->tp = tp;
+		c->state = CL_STARTING;
+		c->created = time(NULL);
+		c->accesses = accesses;
+		c->write_pct = (unsigned)write_pct;
+		snprintf(c->pattern, sizeof(c->pattern), "%s", pat ? pat->valuestring : "seq");
+		c->premap_hot = !pm || cJSON_IsTrue(pm);
+		c->next = d->clones;
+		d->clones = c;
+		tp->nclones++;
+		jobs[i].c = c;
+	}
+	pthread_mutex_unlock(&d->lock);
+
+	for (uint64_t i = 0; i < count; i++) {
+		struct attach_job *j = &jobs[i];
+		char *dir;
+
+		j->d = d;
+		j->out_fd = -1;
+		j->t_request = t_request;
+		if (!j->c) {
+			j->ret = -ENOMEM;
+			snprintf(j->err, sizeof(j->err), "out of memory");
+			continue;
+		}
+		dir = state_clone_dir(d, j->c->id);
+		j->ctl = dir ? cl_path(dir, "control.sock", NULL) : NULL;
+		if (!j->ctl) {
+			j->ret = -ENOMEM;
+			snprintf(j->err, sizeof(j->err), "out of memory");
+		} else if ((j->ret = cl_mkdir_p(dir, 0750))) {
+			snprintf(j->err, sizeof(j->err), "%s: %s", dir, strerror(-j->ret));
+		} else {
+			j->ret = spawn_clone(d, j->c, dir, j->ctl, &j->out_fd, j->err,
+					     sizeof(j->err));
+		}
+		free(dir);
+	}
+
+	pthread_t *th = calloc(count, sizeof(*th));
+	bool *run = calloc(count, sizeof(*run));
+
+	for (uint64_t i = 0; th && run && i < count; i++)
+		if (!jobs[i].ret && jobs[i].out_fd >= 0)
+			run[i] = !pthread_create(&th[i], NULL, attach_thread, &jobs[i]);
+	for (uint64_t i = 0; i < count; i++) {
+		if (run && run[i])
+			pthread_join(th[i], NULL);
+		else if (jobs[i].out_fd >= 0)
+			attach_thread(&jobs[i]); /* no thread: one at a time */
+	}
+	free(th);
+	free(run);
+
+	/* Published: states, sessions, ready times; failures ended. */
+	out = cJSON_CreateObject();
+	arr = cJSON_AddArrayToObject(out, "clones");
+	for (uint64_t i = 0; i < count; i++) {
+		struct attach_job *j = &jobs[i];
+		struct clone *c = j->c;
+
+		pthread_mutex_lock(&d->lock);
+		if (!c) {
+			pthread_mutex_unlock(&d->lock);
+		} else if (j->ret) {
+			unregister(d, c);
+			pthread_mutex_unlock(&d->lock);
+			c->s = j->s;
+			j->s = NULL;
+			cl_log(d, HALITE_LOG_ERROR, "clone %s of %s did not start: %s", c->id, tid,
+			       j->err);
+			clone_abort(d, c);
+			clone_destroy(c);
+		} else {
+			c->s = j->s;
+			c->host = j->host;
+			c->nvcpus = j->nvcpus;
+			c->vcpu_tids = j->tids;
+			j->tids = NULL;
+			c->ready_s = j->ready_s;
+			c->state = CL_RUNNING;
+			c->started = true;
+			state_save_clone(d, c);
+			metrics_observe_ready(d, c->ready_s);
+			tp->hot_due_ns = cl_now_ns() + (d->o.hot_window_ms ? d->o.hot_window_ms : 2000) *
+								1000000ull + 500000000ull;
+			cJSON *o = cJSON_CreateObject();
+
+			cJSON_AddStringToObject(o, "id", c->id);
+			cJSON_AddNumberToObject(o, "pid", c->pid);
+			cJSON_AddNumberToObject(o, "ready_s", c->ready_s);
+			cJSON_AddItemToArray(arr, o);
+			pthread_mutex_unlock(&d->lock);
+			ok++;
+			cl_log(d, HALITE_LOG_INFO, "clone %s of %s: pid %d, ready in %.1f ms", c->id,
+			       tid, (int)c->pid, c->ready_s * 1e3);
+		}
+		if (j->ret && !first_err[0])
+			snprintf(first_err, sizeof(first_err), "%s", j->err);
+		free(j->tids);
+		free(j->ctl);
+	}
+	free(jobs);
+	if (!ok) {
+		cJSON_Delete(out);
+		return reply_error(r, 500, "no clone started: %s", first_err);
+	}
+	if (ok < count) {
+		cJSON_AddStringToObject(out, "error", first_err);
+		cJSON_AddNumberToObject(out, "failed", (double)(count - ok));
+	}
+	reply_json(r, 201, out);
+}
+
+/* --- re-attach after a daemon restart ------------------------------------- */
+
+int clone_reattach(struct cloned *d, struct clone *c, char *err, size_t errlen)
+{
+	char *dir = state_clone_dir(d, c->id), *ctl = dir ? cl_path(dir, "control.sock", NULL) : NULL;
+	int ret = -ENOMEM;
+
+	if (!ctl) {
+		snprintf(err, errlen, "out of memory");
+		goto out;
+	}
+	if (!c->host) {
+		free(c->vcpu_tids);
+		c->vcpu_tids = NULL;
+		ret = clone_info(ctl, c->tp, &c->host, &c->nvcpus, &c->vcpu_tids, err, errlen);
+		if (ret)
+			goto out;
+	}
+	ret = clone_session(d, c, ctl, c->host, c->vcpu_tids, c->nvcpus, HALITE_SESSION_ATTACH,
+			    &c->s, err, errlen);
+	if (!ret && !c->started) {
+		ret = ctl_command(ctl, "start", NULL, NULL, CLONED_CTL_TIMEOUT_MS, err, errlen);
+		c->started = !ret;
+	}
+	if (!ret) {
+		c->state = CL_RUNNING;
+		state_save_clone(d, c);
+	}
+out:
+	free(ctl);
+	free(dir);
+	return ret;
+}
+
+/* --- list, show, delete ---------------------------------------------------- */
+
+void clones_list(struct cloned *d, struct http_reply *r)
+{
+	cJSON *j = cJSON_CreateObject(), *a = cJSON_AddArrayToObject(j, "clones");
+
+	pthread_mutex_lock(&d->lock);
+	clones_poll(d);
+	for (struct clone *c = d->clones; c; c = c->next)
+		cJSON_AddItemToArray(a, clone_json(d, c));
+	pthread_mutex_unlock(&d->lock);
+	reply_json(r, 200, j);
+}
+
+static struct clone *clone_find(struct cloned *d, const char *id)
+{
+	for (struct clone *c = d->clones; c; c = c->next)
+		if (!strcmp(c->id, id))
+			return c;
+	return NULL;
+}
+
+void clones_show(struct cloned *d, const char *id, struct http_reply *r)
+{
+	struct clone *c;
+
+	pthread_mutex_lock(&d->lock);
+	clones_poll(d);
+	c = clone_find(d, id);
+	if (c)
+		reply_json(r, 200, clone_json(d, c));
+	else
+		reply_error(r, 404, "no clone '%s'", id);
+	pthread_mutex_unlock(&d->lock);
+}
+
+void clones_delete(struct cloned *d, const char *id, struct http_reply *r)
+{
+	struct halite_session_stats st;
+	struct clone *c;
+	uint64_t t;
+	char *dir;
+
+	pthread_mutex_lock(&d->lock);
+	c = clone_find(d, id);
+	if (!c) {
+		pthread_mutex_unlock(&d->lock);
+		return reply_error(r, 404, "no clone '%s'", id);
+	}
+	if (c->state == CL_STARTING) {
+		pthread_mutex_unlock(&d->lock);
+		return reply_error(r, 409, "clone %s is starting: delete it once it runs", id);
+	}
+	clone_stats(c, &st);
+	d->retired_cached += st.faults_cached;
+	d->retired_read += st.faults_read;
+	d->retired_zero += st.faults_zero;
+	unregister(d, c);
+	pthread_mutex_unlock(&d->lock);
+
+	/* Not ours any more: the session first, so nothing serves a dying clone. */
+	halite_session_free(c->s);
+	c->s = NULL;
+	if (c->child) {
+		kill(c->pid, SIGKILL);
+		waitpid(c->pid, NULL, 0);
+	} else if (!cl_proc_starttime(c->pid, &t) && t == c->starttime) {
+		kill(c->pid, SIGKILL); /* not our child (a restart): init reaps it */
+	}
+	dir = state_clone_dir(d, c->id);
+	if (dir)
+		cl_rm_rf(dir);
+	free(dir);
+	cl_log(d, HALITE_LOG_INFO, "clone %s (pid %d) deleted", c->id, (int)c->pid);
+	clone_destroy(c);
+	cJSON *j = cJSON_CreateObject();
+
+	cJSON_AddStringToObject(j, "deleted", id);
+	reply_json(r, 200, j);
+}

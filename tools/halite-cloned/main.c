@@ -1,0 +1,405 @@
+// SPDX-License-Identifier: MIT
+/*
+ * halite-cloned: the template fast-clone service (issue 14). Options,
+ * directories, the listening sockets, reloading the state directory, the
+ * monitor loop and shutdown.
+ *
+ * The main thread is the monitor: with SIGTERM and SIGINT blocked in every
+ * thread, it waits for them with sigtimedwait() and, in between, reaps
+ * clones, moves their states on and saves learned hot sets. Stopping frees
+ * sessions and templates and leaves every clone running (they are in their
+ * own sessions; the systemd unit has KillMode=process): the next daemon
+ * re-attaches them.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+#include <linux/magic.h>
+
+#include "cloned.h"
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: " PROG " [options]\n"
+		"\n"
+		"The template fast-clone service: many guests from one snapshot, over an\n"
+		"HTTP/JSON API (see GET /healthz, /metrics, /templates, /clones).\n"
+		"\n"
+		"  --socket PATH        the API's unix socket (/run/halite-cloned/api.sock)\n"
+		"  --listen ADDR:PORT   also TCP, loopback only (127.0.0.1:PORT, [::1]:PORT)\n"
+		"  --state-dir DIR      templates and clones, kept across restarts\n"
+		"                       (/var/lib/halite-cloned)\n"
+		"  --mem-dir DIR        template memory files, on tmpfs (/dev/shm/halite-cloned)\n"
+		"  --synth-bin PATH     halite-synth (next to this program, else from PATH)\n"
+		"  --readers N          locality-block reader threads per template, 1..64 (4)\n"
+		"  --read-latency-us N  added to every locality-block read (tests, benchmarks)\n"
+		"  --prefetch-rate B/s  the prefetcher's least rate, bytes per second (64 MiB/s)\n"
+		"  --hot-window-ms N    a clone's faults this long after its start are hot (2000)\n"
+		"  --log-level LEVEL    error, warn, info (default) or debug\n"
+		"  -h, --help           this text\n");
+}
+
+static int parse_u64(const char *s, uint64_t *v)
+{
+	char *end;
+
+	errno = 0;
+	*v = strtoull(s, &end, 0);
+	return errno || end == s || *end || *s == '-' ? -1 : 0;
+}
+
+static char *find_synth(void)
+{
+	char self[PATH_MAX], *slash, *p = NULL, *path, *save = NULL;
+	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+
+	if (n > 0) {
+		self[n] = 0;
+		slash = strrchr(self, '/');
+		if (slash) {
+			*slash = 0;
+			if (asprintf(&p, "%s/halite-synth", self) > 0 && !access(p, X_OK))
+				return p;
+			free(p);
+			p = NULL;
+		}
+	}
+	path = getenv("PATH") ? strdup(getenv("PATH")) : NULL;
+	for (char *dir = path ? strtok_r(path, ":", &save) : NULL; dir;
+	     dir = strtok_r(NULL, ":", &save)) {
+		if (asprintf(&p, "%s/halite-synth", dir) > 0 && !access(p, X_OK))
+			break;
+		free(p);
+		p = NULL;
+	}
+	free(path);
+	return p;
+}
+
+/*
+ * The API socket: a stale socket file (no daemon answers on it) is
+ * replaced; a live one means another daemon: refused.
+ */
+static int bind_unix(struct cloned *d, const char *path)
+{
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	char dir[sizeof(a.sun_path)], *slash;
+	int fd, probe;
+
+	if (strlen(path) >= sizeof(a.sun_path)) {
+		cl_log(d, HALITE_LOG_ERROR, "--socket %s: path too long (at most %zu bytes)", path,
+		       sizeof(a.sun_path) - 1);
+		return -1;
+	}
+	strcpy(a.sun_path, path);
+	strcpy(dir, path);
+	slash = strrchr(dir, '/');
+	if (slash && slash != dir) {
+		*slash = 0;
+		if (cl_mkdir_p(dir, 0750)) {
+			cl_log(d, HALITE_LOG_ERROR, "--socket: creating %s: %s", dir,
+			       strerror(errno));
+			return -1;
+		}
+	}
+	probe = ctl_connect(path, 1000);
+	if (probe >= 0) {
+		close(probe);
+		cl_log(d, HALITE_LOG_ERROR, "--socket %s: another daemon is listening on it", path);
+		return -1;
+	}
+	unlink(path);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) || chmod(path, 0660) ||
+	    listen(fd, 128)) {
+		cl_log(d, HALITE_LOG_ERROR, "--socket %s: %s", path, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+static int bind_tcp(struct cloned *d, const char *spec)
+{
+	struct sockaddr_storage ss = { 0 };
+	struct sockaddr_in *in4 = (struct sockaddr_in *)&ss;
+	struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&ss;
+	char host[64];
+	const char *colon = strrchr(spec, ':');
+	uint64_t port;
+	socklen_t len;
+	int fd, one = 1;
+	size_t hl;
+
+	if (!colon || parse_u64(colon + 1, &port) || port == 0 || port > 65535 ||
+	    (hl = (size_t)(colon - spec)) >= sizeof(host)) {
+		cl_log(d, HALITE_LOG_ERROR, "--listen %s: expected ADDR:PORT", spec);
+		return -1;
+	}
+	memcpy(host, spec, hl);
+	host[hl] = 0;
+	if (hl > 2 && host[0] == '[' && host[hl - 1] == ']') {
+		host[hl - 1] = 0;
+		memmove(host, host + 1, hl - 1);
+	}
+	if (!strcmp(host, "localhost"))
+		strcpy(host, "127.0.0.1");
+	if (inet_pton(AF_INET, host, &in4->sin_addr) == 1) {
+		in4->sin_family = AF_INET;
+		in4->sin_port = htons((uint16_t)port);
+		len = sizeof(*in4);
+		if ((ntohl(in4->sin_addr.s_addr) >> 24) != 127)
+			goto not_loopback;
+	} else if (inet_pton(AF_INET6, host, &in6->sin6_addr) == 1) {
+		in6->sin6_family = AF_INET6;
+		in6->sin6_port = htons((uint16_t)port);
+		len = sizeof(*in6);
+		if (!IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr))
+			goto not_loopback;
+	} else {
+		cl_log(d, HALITE_LOG_ERROR, "--listen %s: '%s' is not an IP address", spec, host);
+		return -1;
+	}
+	fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd >= 0)
+		setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	if (fd < 0 || bind(fd, (struct sockaddr *)&ss, len) || listen(fd, 128)) {
+		cl_log(d, HALITE_LOG_ERROR, "--listen %s: %s", spec, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	return fd;
+not_loopback:
+	cl_log(d, HALITE_LOG_ERROR,
+	       "--listen %s: loopback addresses only (the API has no authentication)", spec);
+	return -1;
+}
+
+static int prepare_dirs(struct cloned *d)
+{
+	const char *sub[] = { "templates", "clones" };
+	struct statfs fs;
+	int ret;
+
+	for (int i = 0; i < 2; i++) {
+		char *p = cl_path(d->o.state_dir, sub[i], NULL);
+
+		ret = p ? cl_mkdir_p(p, 0750) : -ENOMEM;
+		if (ret) {
+			cl_log(d, HALITE_LOG_ERROR, "--state-dir %s: %s", p ? p : d->o.state_dir,
+			       strerror(-ret));
+			free(p);
+			return -1;
+		}
+		free(p);
+	}
+	ret = cl_mkdir_p(d->o.mem_dir, 0700);
+	if (ret || statfs(d->o.mem_dir, &fs)) {
+		cl_log(d, HALITE_LOG_ERROR, "--mem-dir %s: %s", d->o.mem_dir,
+		       strerror(ret ? -ret : errno));
+		return -1;
+	}
+	if (fs.f_type != TMPFS_MAGIC) {
+		cl_log(d, HALITE_LOG_ERROR,
+		       "--mem-dir %s is not on tmpfs: template memory files must be (their page "
+		       "cache is the clones' shared memory); use e.g. /dev/shm/halite-cloned",
+		       d->o.mem_dir);
+		return -1;
+	}
+	return 0;
+}
+
+static void shutdown_registry(struct cloned *d)
+{
+	tmpl_save_hotsets(d, true);
+	pthread_mutex_lock(&d->lock);
+	while (d->clones) {
+		struct clone *c = d->clones;
+
+		d->clones = c->next;
+		clone_destroy(c); /* its session only: the clone runs on */
+	}
+	while (d->templates) {
+		struct tmpl *tp = d->templates;
+
+		d->templates = tp->next;
+		tmpl_destroy(tp);
+	}
+	pthread_mutex_unlock(&d->lock);
+}
+
+int main(int argc, char **argv)
+{
+	enum { O_SOCKET = 256, O_LISTEN, O_STATE, O_MEM, O_SYNTH, O_READERS, O_LAT, O_RATE,
+	       O_HOT, O_LOG };
+	static const struct option lo[] = {
+		{ "socket", 1, 0, O_SOCKET },	   { "listen", 1, 0, O_LISTEN },
+		{ "state-dir", 1, 0, O_STATE },	   { "mem-dir", 1, 0, O_MEM },
+		{ "synth-bin", 1, 0, O_SYNTH },	   { "readers", 1, 0, O_READERS },
+		{ "read-latency-us", 1, 0, O_LAT }, { "prefetch-rate", 1, 0, O_RATE },
+		{ "hot-window-ms", 1, 0, O_HOT },  { "log-level", 1, 0, O_LOG },
+		{ "help", 0, 0, 'h' },		   { 0 },
+	};
+	static struct cloned d = {
+		.o = { .socket_path = "/run/halite-cloned/api.sock",
+		       .state_dir = "/var/lib/halite-cloned",
+		       .mem_dir = "/dev/shm/halite-cloned",
+		       .log_level = HALITE_LOG_INFO },
+		.lock = PTHREAD_MUTEX_INITIALIZER,
+	};
+	void *mhd_unix = NULL, *mhd_tcp = NULL;
+	int c, ufd, tfd = -1, sig;
+	uint64_t v;
+	sigset_t set;
+
+	while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+		switch (c) {
+		case O_SOCKET: d.o.socket_path = optarg; break;
+		case O_LISTEN: d.o.listen = optarg; break;
+		case O_STATE: d.o.state_dir = optarg; break;
+		case O_MEM: d.o.mem_dir = optarg; break;
+		case O_SYNTH: d.o.synth_bin = strdup(optarg); break;
+		case O_READERS:
+			if (parse_u64(optarg, &v) || v < 1 || v > 64)
+				goto bad;
+			d.o.readers = (unsigned)v;
+			break;
+		case O_LAT:
+			if (parse_u64(optarg, &v) || v > 10000000)
+				goto bad;
+			d.o.read_latency_us = (uint32_t)v;
+			break;
+		case O_RATE:
+			if (parse_u64(optarg, &v))
+				goto bad;
+			d.o.prefetch_rate = v;
+			break;
+		case O_HOT:
+			if (parse_u64(optarg, &v) || v > 3600000)
+				goto bad;
+			d.o.hot_window_ms = (uint32_t)v;
+			break;
+		case O_LOG:
+			if (!strcmp(optarg, "error"))
+				d.o.log_level = HALITE_LOG_ERROR;
+			else if (!strcmp(optarg, "warn"))
+				d.o.log_level = HALITE_LOG_WARN;
+			else if (!strcmp(optarg, "info"))
+				d.o.log_level = HALITE_LOG_INFO;
+			else if (!strcmp(optarg, "debug"))
+				d.o.log_level = HALITE_LOG_DEBUG;
+			else
+				goto bad;
+			break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (optind != argc) {
+		fprintf(stderr, PROG ": unexpected argument '%s'\n", argv[optind]);
+		usage(stderr);
+		return 2;
+	}
+	if (d.o.mem_dir[0] != '/' || d.o.state_dir[0] != '/') {
+		fprintf(stderr, PROG ": --state-dir and --mem-dir must be absolute paths\n");
+		return 2;
+	}
+	if (!d.o.synth_bin)
+		d.o.synth_bin = find_synth();
+	else {
+		/* absolute: clones are spawned from wherever the daemon runs */
+		char *abs = realpath(d.o.synth_bin, NULL);
+
+		if (!abs || access(abs, X_OK)) {
+			fprintf(stderr, PROG ": --synth-bin %s: %s\n", d.o.synth_bin,
+				strerror(errno));
+			free(abs);
+			free(d.o.synth_bin);
+			return 2;
+		}
+		free(d.o.synth_bin);
+		d.o.synth_bin = abs;
+	}
+	if (!d.o.synth_bin)
+		cl_log(&d, HALITE_LOG_WARN,
+		       "halite-synth is neither next to " PROG " nor in PATH: synthetic clones "
+		       "cannot start (give --synth-bin)");
+
+	/* Before any thread: every thread inherits the mask; the monitor waits for them. */
+	sigemptyset(&set);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGHUP);
+	pthread_sigmask(SIG_BLOCK, &set, NULL);
+	signal(SIGPIPE, SIG_IGN);
+
+	if (prepare_dirs(&d))
+		return 1;
+	ufd = bind_unix(&d, d.o.socket_path);
+	if (ufd < 0)
+		return 1;
+	if (d.o.listen && (tfd = bind_tcp(&d, d.o.listen)) < 0) {
+		close(ufd);
+		unlink(d.o.socket_path);
+		return 1;
+	}
+	state_load(&d);
+	if (api_start(&d, ufd, tfd, &mhd_unix, &mhd_tcp)) {
+		cl_log(&d, HALITE_LOG_ERROR, "the HTTP server did not start");
+		shutdown_registry(&d);
+		close(ufd);
+		if (tfd >= 0)
+			close(tfd);
+		unlink(d.o.socket_path);
+		free(d.o.synth_bin);
+		return 1;
+	}
+	cl_log(&d, HALITE_LOG_INFO, "listening on %s%s%s (state %s, memory %s, synth %s)",
+	       d.o.socket_path, d.o.listen ? " and " : "", d.o.listen ? d.o.listen : "",
+	       d.o.state_dir, d.o.mem_dir, d.o.synth_bin ? d.o.synth_bin : "none");
+
+	for (;;) {
+		struct timespec tick = { 0, 250 * 1000000 };
+
+		sig = sigtimedwait(&set, NULL, &tick);
+		if (sig == SIGTERM || sig == SIGINT)
+			break;
+		pthread_mutex_lock(&d.lock);
+		clones_poll(&d);
+		pthread_mutex_unlock(&d.lock);
+		tmpl_save_hotsets(&d, false);
+	}
+	cl_log(&d, HALITE_LOG_INFO, "%s: stopping; clones run on for the next daemon",
+	       strsignal(sig));
+	api_stop(mhd_tcp);
+	api_stop(mhd_unix);
+	close(ufd);
+	if (tfd >= 0)
+		close(tfd);
+	unlink(d.o.socket_path);
+	shutdown_registry(&d);
+	free(d.o.synth_bin);
+	return 0;
+bad:
+	fprintf(stderr, PROG ": bad value '%s' for --%s\n", optarg, lo[c - O_SOCKET].name);
+	return 2;
+}

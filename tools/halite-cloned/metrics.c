@@ -1,0 +1,126 @@
+// SPDX-License-Identifier: MIT
+/*
+ * halite-cloned: GET /metrics, the Prometheus text format 0.0.4. Clones by
+ * state, the time-to-ready histogram, per template what its engine read,
+ * decoded and holds, and the clones' faults by kind (clones deleted stay
+ * counted: counters never go down while the daemon runs).
+ */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cloned.h"
+
+/* Upper bounds of the time-to-ready buckets, seconds; +Inf is the count. */
+static const double ready_le[] = { 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+				   0.25,  0.5,	  1,	 2.5,  5,     10 };
+#define NLE (sizeof(ready_le) / sizeof(ready_le[0]))
+
+void metrics_observe_ready(struct cloned *d, double s)
+{
+	for (size_t i = 0; i < NLE; i++)
+		if (s <= ready_le[i])
+			d->ready.bucket[i]++;
+	d->ready.count++;
+	d->ready.sum += s;
+}
+
+static void head(FILE *f, const char *name, const char *type, const char *help)
+{
+	fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+char *metrics_render(struct cloned *d)
+{
+	uint64_t by_state[CL_NSTATES] = { 0 }, cached, read, zero;
+	char *text = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&text, &len);
+
+	if (!f)
+		return NULL;
+	pthread_mutex_lock(&d->lock);
+	clones_poll(d);
+	cached = d->retired_cached;
+	read = d->retired_read;
+	zero = d->retired_zero;
+	for (struct clone *c = d->clones; c; c = c->next) {
+		struct halite_session_stats st;
+
+		by_state[c->state]++;
+		clone_stats(c, &st);
+		cached += st.faults_cached;
+		read += st.faults_read;
+		zero += st.faults_zero;
+	}
+
+	head(f, "halite_clones", "gauge", "Clones by state.");
+	for (int s = 0; s < CL_NSTATES; s++)
+		fprintf(f, "halite_clones{state=\"%s\"} %llu\n", clone_state_name(s),
+			(unsigned long long)by_state[s]);
+
+	head(f, "halite_clone_ready_seconds", "histogram",
+	     "Time from a clone request to the clone running.");
+	for (size_t i = 0; i < NLE; i++)
+		fprintf(f, "halite_clone_ready_seconds_bucket{le=\"%g\"} %llu\n", ready_le[i],
+			(unsigned long long)d->ready.bucket[i]);
+	fprintf(f, "halite_clone_ready_seconds_bucket{le=\"+Inf\"} %llu\n",
+		(unsigned long long)d->ready.count);
+	fprintf(f, "halite_clone_ready_seconds_sum %.9g\n", d->ready.sum);
+	fprintf(f, "halite_clone_ready_seconds_count %llu\n", (unsigned long long)d->ready.count);
+
+	head(f, "halite_clone_faults_total", "counter", "Clone page faults served, by kind.");
+	fprintf(f, "halite_clone_faults_total{kind=\"cached\"} %llu\n", (unsigned long long)cached);
+	fprintf(f, "halite_clone_faults_total{kind=\"read\"} %llu\n", (unsigned long long)read);
+	fprintf(f, "halite_clone_faults_total{kind=\"zero\"} %llu\n", (unsigned long long)zero);
+
+	/* Per template: one family at a time, as the format wants. */
+	static const struct {
+		const char *name, *type, *help;
+	} fam[] = {
+		{ "halite_template_bytes_read_total", "counter",
+		  "Bytes of locality blocks read from the snapshot file." },
+		{ "halite_template_lb_read_total", "counter",
+		  "Locality blocks read, for a waiting fault (demand) or ahead (prefetch)." },
+		{ "halite_template_mb_decoded_total", "counter",
+		  "Memory blocks decoded into the template memory file." },
+		{ "halite_template_cache_hits_total", "counter",
+		  "Block requests from clones that found the block in already." },
+		{ "halite_template_cache_requests_total", "counter", "Block requests from clones." },
+		{ "halite_template_cache_bytes", "gauge",
+		  "Resident bytes of the template memory file (the shared decoded-block cache)." },
+		{ "halite_template_complete", "gauge",
+		  "1 once every stored block is in the template memory file." },
+	};
+	for (size_t k = 0; k < sizeof(fam) / sizeof(fam[0]); k++) {
+		head(f, fam[k].name, fam[k].type, fam[k].help);
+		for (struct tmpl *tp = d->templates; tp; tp = tp->next) {
+			struct halite_template_stats st;
+			unsigned long long v;
+
+			halite_template_stats(tp->t, &st);
+			switch (k) {
+			case 0: v = st.bytes_read; break;
+			case 1:
+				fprintf(f, "%s{template=\"%s\",kind=\"demand\"} %llu\n",
+					fam[k].name, tp->id, (unsigned long long)st.lb_demand);
+				fprintf(f, "%s{template=\"%s\",kind=\"prefetch\"} %llu\n",
+					fam[k].name, tp->id, (unsigned long long)st.lb_prefetch);
+				continue;
+			case 2: v = st.mb_decoded; break;
+			case 3: v = st.hits; break;
+			case 4: v = st.requests; break;
+			case 5: v = st.mem_bytes; break;
+			default: v = st.complete; break;
+			}
+			fprintf(f, "%s{template=\"%s\"} %llu\n", fam[k].name, tp->id, v);
+		}
+	}
+	pthread_mutex_unlock(&d->lock);
+	if (fclose(f)) {
+		free(text);
+		return NULL;
+	}
+	return text;
+}

@@ -1,0 +1,333 @@
+// SPDX-License-Identifier: MIT
+/*
+ * halite-cloned: the state directory, what a restarted daemon finds.
+ *
+ *   STATE/templates/ID.json   {id, kind, snapshot, hotset, created}
+ *   STATE/templates/ID.hot    the template's learned hot set (the engine's)
+ *   STATE/clones/CID/clone.json {id, template, pid, starttime, created, ready_s,
+ *                              started, host, vcpu_tids, options}
+ *   STATE/clones/CID/control.sock, clone.log (the clone's stderr)
+ *   MEM/ID.mem, ID.mem.fill  the template memory file (tmpfs) and its fill map
+ *
+ * Every JSON file is written to a temporary name and renamed: a daemon
+ * killed mid-write leaves the old file or the new one. Records are written
+ * under the registry's lock (they read the entry). At start, templates
+ * are loaded first, then each clone whose process is still the one
+ * recorded (pid and start time) is re-attached; the rest are dropped.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cloned.h"
+
+char *state_clone_dir(const struct cloned *d, const char *cid)
+{
+	char *p;
+
+	if (asprintf(&p, "%s/clones/%s", d->o.state_dir, cid) < 0)
+		return NULL;
+	return p;
+}
+
+char *state_template_file(const struct cloned *d, const char *tid, const char *ext)
+{
+	char *p;
+
+	if (asprintf(&p, "%s/templates/%s%s", d->o.state_dir, tid, ext) < 0)
+		return NULL;
+	return p;
+}
+
+char *state_mem_file(const struct cloned *d, const char *tid)
+{
+	return cl_path(d->o.mem_dir, tid, ".mem");
+}
+
+int state_write_json(const char *path, const cJSON *j)
+{
+	char *text = cJSON_Print(j), *tmp = NULL;
+	size_t n;
+	int fd, ret = 0;
+
+	if (!text || asprintf(&tmp, "%s.tmp", path) < 0) {
+		free(text);
+		return -ENOMEM;
+	}
+	n = strlen(text);
+	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+	if (fd < 0) {
+		ret = -errno;
+	} else {
+		/*
+		 * No fsync: the rename is atomic against the daemon's death, which
+		 * is what the records are for; a host crash ends the clones too.
+		 */
+		if (write(fd, text, n) != (ssize_t)n || write(fd, "\n", 1) != 1)
+			ret = errno ? -errno : -EIO;
+		close(fd);
+		if (!ret && rename(tmp, path))
+			ret = -errno;
+		if (ret)
+			unlink(tmp);
+	}
+	free(tmp);
+	free(text);
+	return ret;
+}
+
+cJSON *state_read_json(const char *path, char *err, size_t errlen)
+{
+	char buf[CLONED_MAX_BODY];
+	ssize_t n;
+	cJSON *j;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0) {
+		snprintf(err, errlen, "%s: %s", path, strerror(errno));
+		return NULL;
+	}
+	n = read(fd, buf, sizeof(buf));
+	close(fd);
+	if (n < 0 || n == (ssize_t)sizeof(buf)) {
+		snprintf(err, errlen, "%s: %s", path, n < 0 ? strerror(errno) : "too large");
+		return NULL;
+	}
+	j = cJSON_ParseWithLength(buf, (size_t)n);
+	if (!cJSON_IsObject(j)) {
+		cJSON_Delete(j);
+		snprintf(err, errlen, "%s: not a JSON object", path);
+		return NULL;
+	}
+	return j;
+}
+
+int state_save_template(struct cloned *d, const struct tmpl *tp)
+{
+	cJSON *j = cJSON_CreateObject();
+	char *path = state_template_file(d, tp->id, ".json");
+	int ret = -ENOMEM;
+
+	if (j && path && cJSON_AddStringToObject(j, "id", tp->id) &&
+	    cJSON_AddStringToObject(j, "kind", "synthetic") &&
+	    cJSON_AddStringToObject(j, "snapshot", tp->snapshot) &&
+	    cJSON_AddBoolToObject(j, "hotset", tp->hotset) &&
+	    cJSON_AddNumberToObject(j, "created", (double)tp->created))
+		ret = state_write_json(path, j);
+	cJSON_Delete(j);
+	free(path);
+	return ret;
+}
+
+int state_save_clone(struct cloned *d, const struct clone *c)
+{
+	cJSON *j = cJSON_CreateObject(), *tids = cJSON_AddArrayToObject(j, "vcpu_tids");
+	char *dir = state_clone_dir(d, c->id), *path = dir ? cl_path(dir, "clone.json", NULL) : NULL;
+	char host[32], st[32];
+	int ret = -ENOMEM;
+
+	snprintf(host, sizeof(host), "0x%" PRIx64, c->host);
+	snprintf(st, sizeof(st), "%" PRIu64, c->starttime);
+	for (uint32_t i = 0; tids && i < c->nvcpus; i++)
+		cJSON_AddItemToArray(tids, cJSON_CreateNumber(c->vcpu_tids[i]));
+	if (j && tids && path && cJSON_AddStringToObject(j, "id", c->id) &&
+	    cJSON_AddStringToObject(j, "template", c->tp->id) &&
+	    cJSON_AddNumberToObject(j, "pid", c->pid) &&
+	    /* a string: a 64-bit count of clock ticks is more than a double holds exactly */
+	    cJSON_AddStringToObject(j, "starttime", st) &&
+	    cJSON_AddNumberToObject(j, "created", (double)c->created) &&
+	    cJSON_AddNumberToObject(j, "ready_s", c->ready_s) &&
+	    cJSON_AddBoolToObject(j, "started", c->started) &&
+	    cJSON_AddStringToObject(j, "host", host) &&
+	    cJSON_AddNumberToObject(j, "accesses", (double)c->accesses) &&
+	    cJSON_AddNumberToObject(j, "write_pct", c->write_pct) &&
+	    cJSON_AddStringToObject(j, "pattern", c->pattern) &&
+	    cJSON_AddBoolToObject(j, "premap_hot", c->premap_hot))
+		ret = state_write_json(path, j);
+	cJSON_Delete(j);
+	free(path);
+	free(dir);
+	return ret;
+}
+
+static const char *jstr(const cJSON *j, const char *k)
+{
+	const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, k);
+
+	return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+static double jnum(const cJSON *j, const char *k, double def)
+{
+	const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, k);
+
+	return cJSON_IsNumber(v) ? v->valuedouble : def;
+}
+
+static void load_templates(struct cloned *d)
+{
+	char *dir = cl_path(d->o.state_dir, "templates", NULL);
+	DIR *dh = dir ? opendir(dir) : NULL;
+	struct dirent *e;
+
+	while (dh && (e = readdir(dh))) {
+		char id[CLONED_ID_LEN + 1], err[1024] = "", *path;
+		size_t n = strlen(e->d_name);
+		struct tmpl *tp;
+		const char *snap;
+		cJSON *j;
+
+		if (n != CLONED_ID_LEN + 5 || strcmp(e->d_name + CLONED_ID_LEN, ".json"))
+			continue;
+		memcpy(id, e->d_name, CLONED_ID_LEN);
+		id[CLONED_ID_LEN] = 0;
+		if (!cl_valid_id(id, 't'))
+			continue;
+		path = cl_path(dir, e->d_name, NULL);
+		j = path ? state_read_json(path, err, sizeof(err)) : NULL;
+		free(path);
+		snap = j ? jstr(j, "snapshot") : NULL;
+		tp = calloc(1, sizeof(*tp));
+		if (!j || !snap || !tp || !(tp->snapshot = strdup(snap))) {
+			cl_log(d, HALITE_LOG_ERROR, "template %s not loaded: %s", id,
+			       err[0] ? err : "no snapshot in its record");
+			cJSON_Delete(j);
+			tmpl_destroy(tp);
+			continue;
+		}
+		memcpy(tp->id, id, sizeof(tp->id));
+		tp->hotset = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "hotset"));
+		tp->created = (int64_t)jnum(j, "created", 0);
+		cJSON_Delete(j);
+		if (tmpl_open(d, tp, err, sizeof(err))) {
+			cl_log(d, HALITE_LOG_ERROR, "template %s (%s) not loaded: %s", id,
+			       tp->snapshot, err);
+			tmpl_destroy(tp);
+			continue;
+		}
+		tp->next = d->templates;
+		d->templates = tp;
+		cl_log(d, HALITE_LOG_INFO, "template %s loaded: %s", id, tp->snapshot);
+	}
+	if (dh)
+		closedir(dh);
+	free(dir);
+}
+
+static struct clone *clone_from_json(struct cloned *d, const char *cid, const cJSON *j, char *err,
+				     size_t errlen)
+{
+	const char *tid = jstr(j, "template"), *st = jstr(j, "starttime"), *host = jstr(j, "host");
+	const char *pat = jstr(j, "pattern");
+	const cJSON *tids = cJSON_GetObjectItemCaseSensitive(j, "vcpu_tids"), *t;
+	struct clone *c;
+	struct tmpl *tp;
+
+	tp = tid ? tmpl_find(d, tid) : NULL;
+	if (!tp) {
+		snprintf(err, errlen, "its template %s is not loaded", tid ? tid : "(none)");
+		return NULL;
+	}
+	if (!st || !host || jnum(j, "pid", 0) < 1) {
+		snprintf(err, errlen, "clone.json lacks pid, starttime or host");
+		return NULL;
+	}
+	c = calloc(1, sizeof(*c));
+	if (!c) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	memcpy(c->id, cid, sizeof(c->id));
+	c->tp = tp;
+	c->pid = (pid_t)jnum(j, "pid", 0);
+	c->starttime = strtoull(st, NULL, 10);
+	c->host = strtoull(host, NULL, 0);
+	c->created = (int64_t)jnum(j, "created", 0);
+	c->ready_s = jnum(j, "ready_s", 0);
+	c->started = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "started"));
+	c->accesses = (uint64_t)jnum(j, "accesses", 0);
+	c->write_pct = (unsigned)jnum(j, "write_pct", 0);
+	snprintf(c->pattern, sizeof(c->pattern), "%s", pat ? pat : "seq");
+	c->premap_hot = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "premap_hot"));
+	c->state = CL_STARTING;
+	c->nvcpus = (uint32_t)cJSON_GetArraySize(tids);
+	c->vcpu_tids = c->nvcpus ? calloc(c->nvcpus, sizeof(pid_t)) : NULL;
+	if (c->nvcpus && !c->vcpu_tids) {
+		free(c);
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	uint32_t i = 0;
+	cJSON_ArrayForEach(t, tids)
+		c->vcpu_tids[i++] = cJSON_IsNumber(t) ? (pid_t)t->valuedouble : 0;
+	return c;
+}
+
+static void load_clones(struct cloned *d)
+{
+	char *dir = cl_path(d->o.state_dir, "clones", NULL);
+	DIR *dh = dir ? opendir(dir) : NULL;
+	struct dirent *e;
+
+	while (dh && (e = readdir(dh))) {
+		char err[1024] = "", *cdir, *path;
+		struct clone *c = NULL;
+		uint64_t st;
+		cJSON *j;
+
+		if (!cl_valid_id(e->d_name, 'c'))
+			continue;
+		cdir = cl_path(dir, e->d_name, NULL);
+		path = cdir ? cl_path(cdir, "clone.json", NULL) : NULL;
+		j = path ? state_read_json(path, err, sizeof(err)) : NULL;
+		if (j)
+			c = clone_from_json(d, e->d_name, j, err, sizeof(err));
+		cJSON_Delete(j);
+		free(path);
+		if (c && (cl_proc_starttime(c->pid, &st) || st != c->starttime)) {
+			snprintf(err, sizeof(err), "its process %d is gone", (int)c->pid);
+			clone_destroy(c);
+			c = NULL;
+		}
+		if (c && clone_reattach(d, c, err, sizeof(err))) {
+			/*
+			 * Alive but not attachable: kept as failed, so that its
+			 * process (blocked, never reading zeros) is visible and
+			 * DELETE ends it.
+			 */
+			c->state = CL_FAILED;
+			snprintf(c->error, sizeof(c->error), "re-attach: %.480s", err);
+			cl_log(d, HALITE_LOG_ERROR, "clone %s (pid %d) not re-attached: %s",
+			       c->id, (int)c->pid, err);
+		} else if (c) {
+			cl_log(d, HALITE_LOG_INFO, "clone %s (pid %d) re-attached", c->id,
+			       (int)c->pid);
+		}
+		if (!c) {
+			cl_log(d, HALITE_LOG_WARN, "clone %s dropped: %s", e->d_name, err);
+			if (cdir)
+				cl_rm_rf(cdir);
+		} else {
+			c->tp->nclones++;
+			c->next = d->clones;
+			d->clones = c;
+		}
+		free(cdir);
+	}
+	if (dh)
+		closedir(dh);
+	free(dir);
+}
+
+void state_load(struct cloned *d)
+{
+	load_templates(d);
+	load_clones(d);
+}

@@ -1,0 +1,352 @@
+// SPDX-License-Identifier: MIT
+/*
+ * halite-cloned: templates. A template is a snapshot file opened with
+ * halite_template_open() on its memory file MEM/ID.mem, with its hot set
+ * at STATE/templates/ID.hot. What kind of guest a snapshot holds is read
+ * from its metadata: `synth.args` (halite-synth save) is a synthetic guest,
+ * `qemu.*` (halite-qemu save) a QEMU guest, which this daemon cannot clone
+ * yet.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <halite/errors.h>
+#include <halite/format.h>
+
+#include "cloned.h"
+
+void tmpl_destroy(struct tmpl *tp)
+{
+	if (!tp)
+		return;
+	halite_template_free(tp->t);
+	free(tp->snapshot);
+	free(tp->synth_args);
+	free(tp);
+}
+
+struct tmpl *tmpl_find(struct cloned *d, const char *id)
+{
+	for (struct tmpl *tp = d->templates; tp; tp = tp->next)
+		if (!strcmp(tp->id, id))
+			return tp;
+	return NULL;
+}
+
+/*
+ * What the snapshot is, from its metadata. 0 (synthetic: *args set), or an
+ * HTTP status with @err: 400 for a file that is not a snapshot or not one
+ * this daemon knows, 501 for a QEMU guest's.
+ */
+static unsigned classify(const char *snapshot, char **args, char *err, size_t errlen)
+{
+	struct halite_reader *r;
+	bool qemu = false;
+	int ret;
+
+	ret = halite_reader_open(&r, snapshot, NULL);
+	if (ret) {
+		snprintf(err, errlen, "snapshot %s: %s", snapshot, cl_errstr(ret));
+		return 400;
+	}
+	*args = NULL;
+	for (uint32_t i = 0; i < halite_reader_meta_count(r); i++) {
+		const char *key;
+		const void *val;
+		uint32_t len;
+
+		if (halite_reader_meta(r, i, &key, &val, &len))
+			continue;
+		if (!strcmp(key, "synth.args") && !*args)
+			*args = strndup(val, len);
+		if (!strncmp(key, "qemu.", 5))
+			qemu = true;
+	}
+	if (!*args && qemu) {
+		snprintf(err, errlen,
+			 "QEMU templates are not supported by halite-cloned yet (%s was saved by "
+			 "halite-qemu; restore it with halite-qemu restore)",
+			 snapshot);
+		halite_reader_free(r);
+		return 501;
+	}
+	if (!*args) {
+		snprintf(err, errlen,
+			 "snapshot %s has no synth.args metadata: not a synthetic guest's snapshot "
+			 "(halite-synth save) nor a QEMU guest's",
+			 snapshot);
+		halite_reader_free(r);
+		return 400;
+	}
+	if (halite_reader_find_region(r, CLONED_REGION) < 0) {
+		snprintf(err, errlen, "snapshot %s has no region %s", snapshot, CLONED_REGION);
+		free(*args);
+		*args = NULL;
+		halite_reader_free(r);
+		return 400;
+	}
+	halite_reader_free(r);
+	return 0;
+}
+
+int tmpl_open(struct cloned *d, struct tmpl *tp, char *err, size_t errlen)
+{
+	char *mem = state_mem_file(d, tp->id);
+	char *hot = tp->hotset ? state_template_file(d, tp->id, ".hot") : NULL;
+	struct halite_template_opts o = {
+		.sz = sizeof(o),
+		.readers = d->o.readers,
+		.read_latency_us = d->o.read_latency_us,
+		.prefetch_min_rate = d->o.prefetch_rate,
+		.hotset_path = hot,
+		.hot_window_ms = d->o.hot_window_ms,
+		.log = cl_engine_log,
+		.log_ctx = d,
+		.log_level = d->o.log_level,
+	};
+	const struct halite_file_info *fi;
+	unsigned status;
+	int ret = -ENOMEM;
+
+	if (!mem || (tp->hotset && !hot)) {
+		snprintf(err, errlen, "out of memory");
+		goto out;
+	}
+	if (!tp->synth_args) {
+		status = classify(tp->snapshot, &tp->synth_args, err, errlen);
+		if (status) {
+			ret = status == 501 ? -ENOTSUP : -EINVAL;
+			goto out;
+		}
+	}
+	ret = halite_template_open(&tp->t, tp->snapshot, mem, &o);
+	if (ret) {
+		snprintf(err, errlen, "snapshot %s: %s", tp->snapshot, cl_errstr(ret));
+		goto out;
+	}
+	ret = halite_template_region(tp->t, CLONED_REGION, &tp->region_offset, &tp->region_length);
+	if (ret) {
+		snprintf(err, errlen, "snapshot %s has no region %s", tp->snapshot, CLONED_REGION);
+		halite_template_free(tp->t);
+		tp->t = NULL;
+		goto out;
+	}
+	fi = halite_reader_info(halite_template_reader(tp->t));
+	tp->memory_bytes = fi->memory_bytes;
+	tp->stored_bytes = fi->stored_bytes;
+out:
+	free(mem);
+	free(hot);
+	return ret;
+}
+
+cJSON *tmpl_json(struct tmpl *tp, bool detail)
+{
+	cJSON *j = cJSON_CreateObject();
+	struct halite_template_stats st;
+
+	cJSON_AddStringToObject(j, "id", tp->id);
+	cJSON_AddStringToObject(j, "kind", "synthetic");
+	cJSON_AddStringToObject(j, "snapshot", tp->snapshot);
+	cJSON_AddNumberToObject(j, "memory_bytes", (double)tp->memory_bytes);
+	cJSON_AddNumberToObject(j, "stored_bytes", (double)tp->stored_bytes);
+	cJSON_AddBoolToObject(j, "hotset", tp->hotset);
+	cJSON_AddNumberToObject(j, "created", (double)tp->created);
+	cJSON_AddNumberToObject(j, "clones", tp->nclones);
+	cJSON_AddStringToObject(j, "synth_args", tp->synth_args);
+	if (!detail)
+		return j;
+	halite_template_stats(tp->t, &st);
+	cJSON *s = cJSON_AddObjectToObject(j, "stats");
+	cJSON_AddNumberToObject(s, "mb_total", (double)st.mb_total);
+	cJSON_AddNumberToObject(s, "mb_stored", (double)st.mb_stored);
+	cJSON_AddNumberToObject(s, "mb_in", (double)st.mb_in);
+	cJSON_AddNumberToObject(s, "mb_in_at_open", (double)st.mb_in_at_open);
+	cJSON_AddNumberToObject(s, "lb_total", (double)st.lb_total);
+	cJSON_AddNumberToObject(s, "lb_demand", (double)st.lb_demand);
+	cJSON_AddNumberToObject(s, "lb_prefetch", (double)st.lb_prefetch);
+	cJSON_AddNumberToObject(s, "lb_failed", (double)st.lb_failed);
+	cJSON_AddNumberToObject(s, "lb_retries", (double)st.lb_retries);
+	cJSON_AddNumberToObject(s, "bytes_read", (double)st.bytes_read);
+	cJSON_AddNumberToObject(s, "mb_decoded", (double)st.mb_decoded);
+	cJSON_AddNumberToObject(s, "requests", (double)st.requests);
+	cJSON_AddNumberToObject(s, "hits", (double)st.hits);
+	cJSON_AddNumberToObject(s, "joined", (double)st.joined);
+	cJSON_AddNumberToObject(s, "mem_bytes", (double)st.mem_bytes);
+	cJSON_AddNumberToObject(s, "hot_mb", (double)st.hot_mb);
+	cJSON_AddBoolToObject(s, "complete", st.complete);
+	cJSON_AddStringToObject(s, "error", st.error ? halite_template_errmsg(tp->t) : "");
+	return j;
+}
+
+static bool field_known(const char *k, const char *const *known)
+{
+	for (; *known; known++)
+		if (!strcmp(k, *known))
+			return true;
+	return false;
+}
+
+void tmpl_create(struct cloned *d, const cJSON *body, struct http_reply *r)
+{
+	static const char *const known[] = { "snapshot", "hotset", NULL };
+	const cJSON *snap = cJSON_GetObjectItemCaseSensitive(body, "snapshot");
+	const cJSON *hot = cJSON_GetObjectItemCaseSensitive(body, "hotset"), *f;
+	char err[1024] = "";
+	struct tmpl *tp;
+	unsigned status;
+	int ret;
+
+	cJSON_ArrayForEach(f, body)
+		if (!field_known(f->string, known))
+			return reply_error(r, 400, "unknown field '%s' (known: snapshot, hotset)",
+					   f->string);
+	if (!snap)
+		return reply_error(r, 400, "missing field 'snapshot' (an absolute path)");
+	if (!cJSON_IsString(snap) || snap->valuestring[0] != '/')
+		return reply_error(r, 400, "field 'snapshot' must be an absolute path (a string)");
+	if (hot && !cJSON_IsBool(hot))
+		return reply_error(r, 400, "field 'hotset' must be true or false");
+	if (access(snap->valuestring, R_OK))
+		return reply_error(r, 400, "snapshot %s: %s", snap->valuestring, strerror(errno));
+	tp = calloc(1, sizeof(*tp));
+	if (!tp || !(tp->snapshot = strdup(snap->valuestring))) {
+		tmpl_destroy(tp);
+		return reply_error(r, 500, "out of memory");
+	}
+	tp->hotset = !hot || cJSON_IsTrue(hot);
+	tp->created = time(NULL);
+	status = classify(tp->snapshot, &tp->synth_args, err, sizeof(err));
+	if (status) {
+		tmpl_destroy(tp);
+		return reply_error(r, status, "%s", err);
+	}
+	ret = cl_random_id(tp->id, 't');
+	if (!ret)
+		ret = tmpl_open(d, tp, err, sizeof(err));
+	if (!ret) {
+		ret = state_save_template(d, tp);
+		if (ret)
+			snprintf(err, sizeof(err), "writing the template's record: %s",
+				 strerror(-ret));
+	}
+	if (ret) {
+		char *mem = state_mem_file(d, tp->id), *fill = NULL;
+
+		if (mem && asprintf(&fill, "%s.fill", mem) < 0)
+			fill = NULL;
+
+		cl_log(d, HALITE_LOG_ERROR, "template from %s: %s", tp->snapshot, err);
+		halite_template_free(tp->t);
+		tp->t = NULL;
+		if (fill) {
+			unlink(mem);
+			unlink(fill);
+		}
+		free(fill);
+		free(mem);
+		tmpl_destroy(tp);
+		/* the reader refused the file: the request's fault */
+		return reply_error(r, ret <= -HALITE_E_BASE && ret > -HALITE_E_STATE ? 400 : 500,
+				   "%s", err[0] ? err : cl_errstr(ret));
+	}
+	pthread_mutex_lock(&d->lock);
+	tp->next = d->templates;
+	d->templates = tp;
+	reply_json(r, 201, tmpl_json(tp, false));
+	pthread_mutex_unlock(&d->lock);
+	cl_log(d, HALITE_LOG_INFO, "template %s created from %s (%llu MiB)", tp->id, tp->snapshot,
+	       (unsigned long long)(tp->memory_bytes >> 20));
+}
+
+void tmpl_list(struct cloned *d, struct http_reply *r)
+{
+	cJSON *j = cJSON_CreateObject(), *a = cJSON_AddArrayToObject(j, "templates");
+
+	pthread_mutex_lock(&d->lock);
+	for (struct tmpl *tp = d->templates; tp; tp = tp->next)
+		cJSON_AddItemToArray(a, tmpl_json(tp, false));
+	pthread_mutex_unlock(&d->lock);
+	reply_json(r, 200, j);
+}
+
+void tmpl_show(struct cloned *d, const char *id, struct http_reply *r)
+{
+	struct tmpl *tp;
+
+	pthread_mutex_lock(&d->lock);
+	tp = tmpl_find(d, id);
+	if (tp)
+		reply_json(r, 200, tmpl_json(tp, true));
+	else
+		reply_error(r, 404, "no template '%s'", id);
+	pthread_mutex_unlock(&d->lock);
+}
+
+void tmpl_delete(struct cloned *d, const char *id, struct http_reply *r)
+{
+	struct tmpl **pp, *tp = NULL;
+	char *files[4];
+
+	pthread_mutex_lock(&d->lock);
+	for (pp = &d->templates; *pp; pp = &(*pp)->next)
+		if (!strcmp((*pp)->id, id)) {
+			tp = *pp;
+			break;
+		}
+	if (!tp) {
+		pthread_mutex_unlock(&d->lock);
+		return reply_error(r, 404, "no template '%s'", id);
+	}
+	if (tp->nclones) {
+		pthread_mutex_unlock(&d->lock);
+		return reply_error(r, 409, "template %s has %u clone(s): delete them first", id,
+				   tp->nclones);
+	}
+	*pp = tp->next;
+	pthread_mutex_unlock(&d->lock);
+
+	files[0] = state_template_file(d, id, ".json");
+	files[1] = state_template_file(d, id, ".hot");
+	files[2] = state_mem_file(d, id);
+	if (!files[2] || asprintf(&files[3], "%s.fill", files[2]) < 0)
+		files[3] = NULL;
+	tmpl_destroy(tp);
+	for (int i = 0; i < 4; i++) {
+		if (files[i])
+			unlink(files[i]);
+		free(files[i]);
+	}
+	cl_log(d, HALITE_LOG_INFO, "template %s deleted", id);
+	cJSON *j = cJSON_CreateObject();
+
+	cJSON_AddStringToObject(j, "deleted", id);
+	reply_json(r, 200, j);
+}
+
+/*
+ * The hot set, written by the monitor once the hot window of the last session
+ * started is over (@all: every template, at shutdown). The engine copies what it
+ * learned under its own lock; the registry's lock only keeps the template.
+ */
+void tmpl_save_hotsets(struct cloned *d, bool all)
+{
+	pthread_mutex_lock(&d->lock);
+	for (struct tmpl *tp = d->templates; tp; tp = tp->next) {
+		int ret;
+
+		if (!tp->hotset || (!all && (!tp->hot_due_ns || cl_now_ns() < tp->hot_due_ns)))
+			continue;
+		tp->hot_due_ns = 0;
+		ret = halite_template_hotset_save(tp->t);
+		if (ret)
+			cl_log(d, HALITE_LOG_WARN, "template %s: saving its hot set: %s", tp->id,
+			       cl_errstr(ret));
+	}
+	pthread_mutex_unlock(&d->lock);
+}
