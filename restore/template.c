@@ -122,7 +122,7 @@ struct halite_template {
 	uint64_t hot_n, hot_cap;
 
 	_Atomic uint64_t mb_in;
-	uint64_t mb_in_at_open;
+	uint64_t mb_in_at_open, lb_in_at_open;
 	_Atomic uint64_t lb_demand, lb_prefetch, lb_failed, lb_retries, bytes_read, mb_decoded;
 	_Atomic uint64_t requests, hits, joined;
 	int error;
@@ -295,6 +295,19 @@ static void count_in(struct halite_template *t)
 	}
 	atomic_store(&t->mb_in, in);
 	t->mb_in_at_open = in;
+	/* An LB all of whose blocks are in is never read again. */
+	for (uint64_t lb = 0; lb < t->fi->lb_count; lb++) {
+		const uint64_t *mbs;
+		uint32_t n;
+		bool all = !halite_reader_lb_members(t->rd, lb, &mbs, &n);
+
+		for (uint32_t i = 0; all && i < n; i++)
+			all = atomic_load_explicit(&t->fill[mbs[i]], memory_order_relaxed);
+		if (all) {
+			t->lbs[lb].st = LB_DONE;
+			t->lb_in_at_open++;
+		}
+	}
 }
 
 /* ---- the hot set ------------------------------------------------------- */
@@ -578,7 +591,7 @@ uint64_t tpl_pending(struct halite_template *t, const struct tpl_client *c)
 	uint64_t n;
 
 	pthread_mutex_lock(&t->mu);
-	n = c->pending;
+	n = c->pending + c->callbacks;
 	pthread_mutex_unlock(&t->mu);
 	return n;
 }
@@ -954,6 +967,7 @@ void halite_template_stats(struct halite_template *t, struct halite_template_sta
 	st->mb_stored = t->mb_stored;
 	st->mb_in = atomic_load(&t->mb_in);
 	st->mb_in_at_open = t->mb_in_at_open;
+	st->lb_in_at_open = t->lb_in_at_open;
 	st->lb_total = t->fi->lb_count;
 	st->lb_demand = atomic_load(&t->lb_demand);
 	st->lb_prefetch = atomic_load(&t->lb_prefetch);

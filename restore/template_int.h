@@ -60,7 +60,7 @@ int tpl_request(struct halite_template *t, struct tpl_client *c, uint64_t mb, ui
 /* The callback, implemented by session.c: block @mb is in (err 0) or failed. */
 void tpl_block_in(struct tpl_client *c, uint64_t mb, uint64_t tag, int err);
 
-/* Requests of @c not yet answered. */
+/* Requests of @c not yet answered, or being answered (a callback running). */
 uint64_t tpl_pending(struct halite_template *t, const struct tpl_client *c);
 
 /* Withdraw every request of @c and wait for callbacks on it to end. */

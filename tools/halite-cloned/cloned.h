@@ -18,6 +18,8 @@
 #include <sys/types.h>
 
 #include <cjson/cJSON.h>
+
+#include "clone_ctl.h"
 #include <halite/template.h>
 
 #define PROG "halite-cloned"
@@ -146,10 +148,7 @@ int clone_reattach(struct cloned *d, struct clone *c, char *err, size_t errlen);
 void clone_destroy(struct clone *c);
 const char *clone_state_name(enum clone_state s);
 
-/* control.c: a clone's control socket */
-int ctl_connect(const char *path, int timeout_ms);
-int ctl_command(const char *sock, const char *cmd, cJSON **reply, int *fd, int timeout_ms,
-		char *err, size_t errlen);
+/* a clone's control socket: guest/clone_ctl.h */
 
 /* metrics.c */
 void metrics_observe_ready(struct cloned *d, double s); /* lock held */

@@ -109,6 +109,9 @@ struct halite_template_stats {
 	uint64_t mb_in;		      /* stored blocks in the memory file */
 	uint64_t mb_in_at_open;	      /* of which found there at open (a reopened template) */
 	uint64_t lb_total;
+	uint64_t lb_in_at_open;	      /* LBs all of whose blocks were in at open: never read
+					 (lb_demand + lb_prefetch + lb_in_at_open == lb_total
+					 once complete) */
 	uint64_t lb_demand;	      /* LBs read because a session waited for one of their blocks */
 	uint64_t lb_prefetch;	      /* LBs read by the prefetcher */
 	uint64_t lb_failed;	      /* LBs that failed for good */
