@@ -43,7 +43,8 @@ static void usage(FILE *f)
 		"  --state-dir DIR      templates and clones, kept across restarts\n"
 		"                       (/var/lib/halite-cloned)\n"
 		"  --mem-dir DIR        template memory files, on tmpfs (/dev/shm/halite-cloned)\n"
-		"  --synth-bin PATH     halite-synth (next to this program, else from PATH)\n"
+		"  --synth-bin PATH     halite-synth (next to this program, the build tree's,\n"
+		"                       else from PATH)\n"
 		"  --readers N          locality-block reader threads per template, 1..64 (4)\n"
 		"  --read-latency-us N  added to every locality-block read (tests, benchmarks)\n"
 		"  --prefetch-rate B/s  the prefetcher's least rate, bytes per second (64 MiB/s)\n"
@@ -72,6 +73,10 @@ static char *find_synth(void)
 		if (slash) {
 			*slash = 0;
 			if (asprintf(&p, "%s/halite-synth", self) > 0 && !access(p, X_OK))
+				return p;
+			free(p);
+			/* The build tree: build/tools/halite-cloned -> build/guest. */
+			if (asprintf(&p, "%s/../../guest/halite-synth", self) > 0 && !access(p, X_OK))
 				return p;
 			free(p);
 			p = NULL;
