@@ -8,7 +8,7 @@
  *     in the memory file     -> UFFDIO_CONTINUE (the shared page cache page,
  *                               read-only in the clone; a write copies it)
  *     not yet                -> tpl_request(): the template reads its LB once
- *                               for every clone, then tpl_block_in() here maps
+ *                               for every clone, then block_in() here maps
  *                               it (UFFDIO_CONTINUE) and wakes the thread
  *     its LB failed          -> the session fails, naming the LB; the thread
  *                               stays blocked
@@ -182,7 +182,8 @@ static void timed(struct halite_session *s, uint64_t t0)
 	pthread_mutex_unlock(&s->mu);
 }
 
-void tpl_block_in(struct tpl_client *c, uint64_t mb, uint64_t tag, int err)
+/* The template's answer to tpl_request() (tpl_client.block_in), from a reader thread. */
+static void block_in(struct tpl_client *c, uint64_t mb, uint64_t tag, int err)
 {
 	struct halite_session *s = (struct halite_session *)((char *)c -
 							     offsetof(struct halite_session, cl));
@@ -367,7 +368,7 @@ static int settle(struct halite_session *s)
 	return failed(s) ? s->error : 0;
 }
 
-/* Ask for @mb and map it (now, or in tpl_block_in() once it is in): 0 or < 0. */
+/* Ask for @mb and map it (now, or in block_in() once it is in): 0 or < 0. */
 static int premap_one(struct halite_session *s, uint64_t mb)
 {
 	int ret = tpl_request(s->t, &s->cl, mb, TAG_PREMAP);
@@ -469,6 +470,7 @@ int halite_session_start(struct halite_session **sp, struct halite_template *t,
 	s->start_ns = halite_now_ns();
 	s->uffd = -1;
 	s->t = t;
+	s->cl.block_in = block_in;
 	s->mb_size = tpl_mb_size(t);
 	pthread_mutex_init(&s->mu, NULL);
 	pthread_cond_init(&s->cv, NULL);
@@ -548,13 +550,7 @@ int halite_session_wait(struct halite_session *s, int timeout_ms)
 
 	if (!s)
 		return -EINVAL;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	if (timeout_ms > 0) {
-		ts.tv_sec += timeout_ms / 1000;
-		ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
-		ts.tv_sec += ts.tv_nsec / 1000000000;
-		ts.tv_nsec %= 1000000000;
-	}
+	halite_deadline(&ts, timeout_ms > 0 ? (uint64_t)timeout_ms * 1000000 : 0);
 	pthread_mutex_lock(&s->mu);
 	while (!s->done && !s->error) {
 		if (timeout_ms < 0) {

@@ -576,7 +576,7 @@ static void call_waiters(struct halite_template *t, struct waiter *w, int err)
 		struct waiter *next = w->next;
 		struct tpl_client *c = w->c;
 
-		tpl_block_in(c, w->mb, w->tag, err);
+		c->block_in(c, w->mb, w->tag, err);
 		pthread_mutex_lock(&t->mu);
 		if (!--c->callbacks)
 			pthread_cond_broadcast(&t->state_cv);
@@ -748,13 +748,9 @@ static void *reader_main(void *arg)
 		}
 		if (lb == UINT64_MAX) {
 			struct timespec ts;
-			uint64_t wait_ns = t->pcursor < t->pcount ?
-				(uint64_t)t->o.prefetch_idle_us * 1000 / 2 + 100000 : 50000000;
 
-			clock_gettime(CLOCK_REALTIME, &ts);
-			ts.tv_nsec += (long)wait_ns;
-			ts.tv_sec += ts.tv_nsec / 1000000000;
-			ts.tv_nsec %= 1000000000;
+			halite_deadline(&ts, t->pcursor < t->pcount ?
+				(uint64_t)t->o.prefetch_idle_us * 1000 / 2 + 100000 : 50000000);
 			pthread_cond_timedwait(&t->work_cv, &t->mu, &ts);
 			continue;
 		}
@@ -934,13 +930,7 @@ int halite_template_wait(struct halite_template *t, int timeout_ms)
 
 	if (!t)
 		return -EINVAL;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	if (timeout_ms > 0) {
-		ts.tv_sec += timeout_ms / 1000;
-		ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
-		ts.tv_sec += ts.tv_nsec / 1000000000;
-		ts.tv_nsec %= 1000000000;
-	}
+	halite_deadline(&ts, timeout_ms > 0 ? (uint64_t)timeout_ms * 1000000 : 0);
 	pthread_mutex_lock(&t->mu);
 	while (!tpl_complete(t) && !t->error) {
 		if (timeout_ms < 0) {

@@ -4,9 +4,9 @@
  *
  * A session that faults on a stored block not yet in the memory file asks
  * for it with tpl_request(); the template reads and decodes the block's LB
- * once, on its reader threads, and then calls tpl_block_in() on the
- * session for each block it waited for (from a reader thread, never under
- * the template's lock). A session being freed withdraws what it waits for
+ * once, on its reader threads, and then calls the session's block_in for
+ * each block it waited for (from a reader thread, never under the
+ * template's lock). A session being freed withdraws what it waits for
  * with tpl_detach(), which returns only when no callback on it is running
  * or can start.
  */
@@ -44,21 +44,20 @@ int tpl_mb_state(const struct halite_template *t, uint64_t mb);
  * template's lock.
  */
 struct tpl_client {
+	/* Block @mb is in (err 0) or its LB failed: called once per request answered. */
+	void (*block_in)(struct tpl_client *c, uint64_t mb, uint64_t tag, int err);
 	uint64_t pending;
 	unsigned callbacks;
 };
 
 /*
  * Ask for stored block @mb on behalf of @c: 1 when it is in already (the
- * caller maps it), 0 when queued (tpl_block_in() comes later, exactly once,
+ * caller maps it), 0 when queued (c->block_in comes later, exactly once,
  * unless the client detaches first), or the failure of its LB
  * (-HALITE_E_LB_CHECKSUM, -EIO, ...: tpl_errmsg_mb() says which). @tag comes
  * back with the callback.
  */
 int tpl_request(struct halite_template *t, struct tpl_client *c, uint64_t mb, uint64_t tag);
-
-/* The callback, implemented by session.c: block @mb is in (err 0) or failed. */
-void tpl_block_in(struct tpl_client *c, uint64_t mb, uint64_t tag, int err);
 
 /* Requests of @c not yet answered, or being answered (a callback running). */
 uint64_t tpl_pending(struct halite_template *t, const struct tpl_client *c);

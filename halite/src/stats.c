@@ -144,3 +144,11 @@ void halite_hist_merge(struct halite_hist *dst, const struct halite_hist *src)
 	atomic_min(&dst->min, __atomic_load_n(&src->min, __ATOMIC_RELAXED));
 	atomic_max(&dst->max, __atomic_load_n(&src->max, __ATOMIC_RELAXED));
 }
+
+void halite_deadline(struct timespec *ts, uint64_t ns)
+{
+	clock_gettime(CLOCK_REALTIME, ts);
+	ns += (uint64_t)ts->tv_nsec;
+	ts->tv_sec += (time_t)(ns / 1000000000);
+	ts->tv_nsec = (long)(ns % 1000000000);
+}

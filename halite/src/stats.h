@@ -13,6 +13,7 @@
 #define HALITE_STATS_H
 
 #include <stdint.h>
+#include <time.h>
 
 #define HALITE_HIST_SUB_BITS 5
 #define HALITE_HIST_BUCKETS ((64 - HALITE_HIST_SUB_BITS + 1) << HALITE_HIST_SUB_BITS)
@@ -27,6 +28,9 @@ struct halite_hist {
 
 /* CLOCK_MONOTONIC in nanoseconds. */
 uint64_t halite_now_ns(void);
+
+/* *ts = CLOCK_REALTIME now + @ns: a deadline for pthread_cond_timedwait(). */
+void halite_deadline(struct timespec *ts, uint64_t ns);
 
 void halite_hist_init(struct halite_hist *h);
 

@@ -34,26 +34,6 @@ struct req {
 	uint64_t t0; /* request received: a clone's time to ready starts here */
 };
 
-void reply_json(struct http_reply *r, unsigned status, cJSON *j)
-{
-	cJSON_Delete(r->json);
-	r->status = status;
-	r->json = j;
-}
-
-void reply_error(struct http_reply *r, unsigned status, const char *fmt, ...)
-{
-	char msg[1024];
-	va_list ap;
-	cJSON *j = cJSON_CreateObject();
-
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	cJSON_AddStringToObject(j, "error", msg);
-	reply_json(r, status, j);
-}
-
 static void healthz(struct cloned *d, struct http_reply *r)
 {
 	cJSON *j = cJSON_CreateObject();

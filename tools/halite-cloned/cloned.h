@@ -85,6 +85,9 @@ struct clone {
 	char error[512];
 };
 
+/* Upper bounds of the time-to-ready buckets, seconds; +Inf is the count. */
+#define CLONED_READY_LE { 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10 }
+
 struct ready_hist {
 	uint64_t bucket[16];	 /* cumulative counts per upper bound below */
 	uint64_t count;
@@ -122,7 +125,8 @@ int state_save_clone(struct cloned *d, const struct clone *c);
 char *state_clone_dir(const struct cloned *d, const char *cid);
 char *state_template_file(const struct cloned *d, const char *tid, const char *ext);
 char *state_mem_file(const struct cloned *d, const char *tid);
-void state_load(struct cloned *d);
+const char *state_jstr(const cJSON *j, const char *k);
+double state_jnum(const cJSON *j, const char *k, double def);
 
 /* templates.c */
 struct http_reply;
@@ -135,6 +139,7 @@ void tmpl_list(struct cloned *d, struct http_reply *r);
 void tmpl_show(struct cloned *d, const char *id, struct http_reply *r);
 void tmpl_delete(struct cloned *d, const char *id, struct http_reply *r);
 void tmpl_save_hotsets(struct cloned *d, bool all);
+void tmpl_load_all(struct cloned *d);
 
 /* clones.c */
 void clones_create(struct cloned *d, const char *tid, const cJSON *body, uint64_t t_request,
@@ -146,12 +151,12 @@ void clones_poll(struct cloned *d);		 /* reap, states; lock held */
 void clone_stats(struct clone *c, struct halite_session_stats *st); /* lock held */
 int clone_reattach(struct cloned *d, struct clone *c, char *err, size_t errlen);
 void clone_destroy(struct clone *c);
+void clones_load_all(struct cloned *d); /* after tmpl_load_all() */
 const char *clone_state_name(enum clone_state s);
 
 /* a clone's control socket: guest/clone_ctl.h */
 
 /* metrics.c */
-void metrics_observe_ready(struct cloned *d, double s); /* lock held */
 char *metrics_render(struct cloned *d);
 
 /* api.c */

@@ -533,6 +533,18 @@ static void unregister(struct cloned *d, struct clone *c)
 		}
 }
 
+/* The time-to-ready histogram (GET /metrics): lock held. */
+static void observe_ready(struct cloned *d, double s)
+{
+	static const double le[] = CLONED_READY_LE;
+
+	for (size_t i = 0; i < sizeof(le) / sizeof(le[0]); i++)
+		if (s <= le[i])
+			d->ready.bucket[i]++;
+	d->ready.count++;
+	d->ready.sum += s;
+}
+
 void clones_create(struct cloned *d, const char *tid, const cJSON *body, uint64_t t_request,
 		   struct http_reply *r)
 {
@@ -673,7 +685,7 @@ void clones_create(struct cloned *d, const char *tid, const cJSON *body, uint64_
 			c->state = CL_RUNNING;
 			c->started = true;
 			state_save_clone(d, c);
-			metrics_observe_ready(d, c->ready_s);
+			observe_ready(d, c->ready_s);
 			tp->hot_due_ns = cl_now_ns() + (d->o.hot_window_ms ? d->o.hot_window_ms : 2000) *
 								1000000ull + 500000000ull;
 			cJSON *o = cJSON_CreateObject();
@@ -817,4 +829,110 @@ void clones_delete(struct cloned *d, const char *id, struct http_reply *r)
 
 	cJSON_AddStringToObject(j, "deleted", id);
 	reply_json(r, 200, j);
+}
+
+static struct clone *clone_from_json(struct cloned *d, const char *cid, const cJSON *j, char *err,
+				     size_t errlen)
+{
+	const char *tid = state_jstr(j, "template"), *st = state_jstr(j, "starttime"), *host = state_jstr(j, "host");
+	const char *pat = state_jstr(j, "pattern");
+	const cJSON *tids = cJSON_GetObjectItemCaseSensitive(j, "vcpu_tids"), *t;
+	struct clone *c;
+	struct tmpl *tp;
+
+	tp = tid ? tmpl_find(d, tid) : NULL;
+	if (!tp) {
+		snprintf(err, errlen, "its template %s is not loaded", tid ? tid : "(none)");
+		return NULL;
+	}
+	if (!st || !host || state_jnum(j, "pid", 0) < 1) {
+		snprintf(err, errlen, "clone.json lacks pid, starttime or host");
+		return NULL;
+	}
+	c = calloc(1, sizeof(*c));
+	if (!c) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	memcpy(c->id, cid, sizeof(c->id));
+	c->tp = tp;
+	c->pid = (pid_t)state_jnum(j, "pid", 0);
+	c->starttime = strtoull(st, NULL, 10);
+	c->host = strtoull(host, NULL, 0);
+	c->created = (int64_t)state_jnum(j, "created", 0);
+	c->ready_s = state_jnum(j, "ready_s", 0);
+	c->started = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "started"));
+	c->accesses = (uint64_t)state_jnum(j, "accesses", 0);
+	c->write_pct = (unsigned)state_jnum(j, "write_pct", 0);
+	snprintf(c->pattern, sizeof(c->pattern), "%s", pat ? pat : "seq");
+	c->premap_hot = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "premap_hot"));
+	c->state = CL_STARTING;
+	c->nvcpus = (uint32_t)cJSON_GetArraySize(tids);
+	c->vcpu_tids = c->nvcpus ? calloc(c->nvcpus, sizeof(pid_t)) : NULL;
+	if (c->nvcpus && !c->vcpu_tids) {
+		free(c);
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	uint32_t i = 0;
+	cJSON_ArrayForEach(t, tids)
+		c->vcpu_tids[i++] = cJSON_IsNumber(t) ? (pid_t)t->valuedouble : 0;
+	return c;
+}
+
+/* At start, after the templates: every clone still alive, re-attached; the rest dropped. */
+void clones_load_all(struct cloned *d)
+{
+	char *dir = cl_path(d->o.state_dir, "clones", NULL);
+	DIR *dh = dir ? opendir(dir) : NULL;
+	struct dirent *e;
+
+	while (dh && (e = readdir(dh))) {
+		char err[1024] = "", *cdir, *path;
+		struct clone *c = NULL;
+		uint64_t st;
+		cJSON *j;
+
+		if (!cl_valid_id(e->d_name, 'c'))
+			continue;
+		cdir = cl_path(dir, e->d_name, NULL);
+		path = cdir ? cl_path(cdir, "clone.json", NULL) : NULL;
+		j = path ? state_read_json(path, err, sizeof(err)) : NULL;
+		if (j)
+			c = clone_from_json(d, e->d_name, j, err, sizeof(err));
+		cJSON_Delete(j);
+		free(path);
+		if (c && (cl_proc_starttime(c->pid, &st) || st != c->starttime)) {
+			snprintf(err, sizeof(err), "its process %d is gone", (int)c->pid);
+			clone_destroy(c);
+			c = NULL;
+		}
+		if (c && clone_reattach(d, c, err, sizeof(err))) {
+			/*
+			 * Alive but not attachable: kept as failed, so that its
+			 * process (blocked, never reading zeros) is visible and
+			 * DELETE ends it.
+			 */
+			c->state = CL_FAILED;
+			snprintf(c->error, sizeof(c->error), "re-attach: %.480s", err);
+			cl_log(d, HALITE_LOG_ERROR, "clone %s (pid %d) not re-attached: %s",
+			       c->id, (int)c->pid, err);
+		} else if (c) {
+			cl_log(d, HALITE_LOG_INFO, "clone %s (pid %d) re-attached", c->id,
+			       (int)c->pid);
+		}
+		if (!c) {
+			cl_log(d, HALITE_LOG_WARN, "clone %s dropped: %s", e->d_name, err);
+			if (cdir)
+				cl_rm_rf(cdir);
+		} else {
+			c->tp->nclones++;
+			c->next = d->clones;
+			d->clones = c;
+		}
+		free(cdir);
+	}
+	if (dh)
+		closedir(dh);
+	free(dir);
 }

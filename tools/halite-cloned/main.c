@@ -367,7 +367,8 @@ int main(int argc, char **argv)
 		unlink(d.o.socket_path);
 		return 1;
 	}
-	state_load(&d);
+	tmpl_load_all(&d);
+	clones_load_all(&d);
 	if (api_start(&d, ufd, tfd, &mhd_unix, &mhd_tcp)) {
 		cl_log(&d, HALITE_LOG_ERROR, "the HTTP server did not start");
 		shutdown_registry(&d);

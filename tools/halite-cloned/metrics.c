@@ -12,19 +12,8 @@
 
 #include "cloned.h"
 
-/* Upper bounds of the time-to-ready buckets, seconds; +Inf is the count. */
-static const double ready_le[] = { 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-				   0.25,  0.5,	  1,	 2.5,  5,     10 };
+static const double ready_le[] = CLONED_READY_LE;
 #define NLE (sizeof(ready_le) / sizeof(ready_le[0]))
-
-void metrics_observe_ready(struct cloned *d, double s)
-{
-	for (size_t i = 0; i < NLE; i++)
-		if (s <= ready_le[i])
-			d->ready.bucket[i]++;
-	d->ready.count++;
-	d->ready.sum += s;
-}
 
 static void head(FILE *f, const char *name, const char *type, const char *help)
 {

@@ -8,6 +8,7 @@
  * yet.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -349,4 +350,55 @@ void tmpl_save_hotsets(struct cloned *d, bool all)
 			       cl_errstr(ret));
 	}
 	pthread_mutex_unlock(&d->lock);
+}
+
+/* At start: every template the state directory records, opened again. */
+void tmpl_load_all(struct cloned *d)
+{
+	char *dir = cl_path(d->o.state_dir, "templates", NULL);
+	DIR *dh = dir ? opendir(dir) : NULL;
+	struct dirent *e;
+
+	while (dh && (e = readdir(dh))) {
+		char id[CLONED_ID_LEN + 1], err[1024] = "", *path;
+		size_t n = strlen(e->d_name);
+		struct tmpl *tp;
+		const char *snap;
+		cJSON *j;
+
+		if (n != CLONED_ID_LEN + 5 || strcmp(e->d_name + CLONED_ID_LEN, ".json"))
+			continue;
+		memcpy(id, e->d_name, CLONED_ID_LEN);
+		id[CLONED_ID_LEN] = 0;
+		if (!cl_valid_id(id, 't'))
+			continue;
+		path = cl_path(dir, e->d_name, NULL);
+		j = path ? state_read_json(path, err, sizeof(err)) : NULL;
+		free(path);
+		snap = j ? state_jstr(j, "snapshot") : NULL;
+		tp = calloc(1, sizeof(*tp));
+		if (!j || !snap || !tp || !(tp->snapshot = strdup(snap))) {
+			cl_log(d, HALITE_LOG_ERROR, "template %s not loaded: %s", id,
+			       err[0] ? err : "no snapshot in its record");
+			cJSON_Delete(j);
+			tmpl_destroy(tp);
+			continue;
+		}
+		memcpy(tp->id, id, sizeof(tp->id));
+		tp->hotset = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "hotset"));
+		tp->created = (int64_t)state_jnum(j, "created", 0);
+		cJSON_Delete(j);
+		if (tmpl_open(d, tp, err, sizeof(err))) {
+			cl_log(d, HALITE_LOG_ERROR, "template %s (%s) not loaded: %s", id,
+			       tp->snapshot, err);
+			tmpl_destroy(tp);
+			continue;
+		}
+		tp->next = d->templates;
+		d->templates = tp;
+		cl_log(d, HALITE_LOG_INFO, "template %s loaded: %s", id, tp->snapshot);
+	}
+	if (dh)
+		closedir(dh);
+	free(dir);
 }

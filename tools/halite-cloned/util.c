@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
+#include <stdarg.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -165,4 +166,25 @@ char *cl_errstr(int err)
 	if (err < 0)
 		err = -err;
 	return (char *)(err >= HALITE_E_BASE ? halite_strerror(err) : strerror(err));
+}
+
+/* The handlers' replies (api.c sends them). */
+void reply_json(struct http_reply *r, unsigned status, cJSON *j)
+{
+	cJSON_Delete(r->json);
+	r->status = status;
+	r->json = j;
+}
+
+void reply_error(struct http_reply *r, unsigned status, const char *fmt, ...)
+{
+	char msg[1024];
+	va_list ap;
+	cJSON *j = cJSON_CreateObject();
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	cJSON_AddStringToObject(j, "error", msg);
+	reply_json(r, status, j);
 }
