@@ -466,6 +466,32 @@ def case_delete(e):
     check(total == 2 and m[("halite_clones", (("state", "done"),))] == 2, "metrics after delete: %s clones" % total)
 
 
+def case_cache_limit(e):
+    # The operator's bound on the templates' decoded blocks: one fits, two do not.
+    e.start()
+    snap = e.snapshot()
+    need = e.ok("POST", "/templates", {"snapshot": snap}, want=201)
+    st = e.ok("GET", "/templates/" + need["id"])["stats"]
+    one = st["mb_stored"] * (need["memory_bytes"] // st["mb_total"])
+    e.ok("DELETE", "/templates/" + need["id"])
+    stop_daemon(e)
+    e.start("--cache-max", str(one + one // 2))
+    t1 = e.template(snap)
+    st, j = e.req("POST", "/templates", {"snapshot": snap})
+    check(st == 507, "second template past --cache-max: status %s (%s)" % (st, j))
+    check("--cache-max" in j["error"], "507 error does not name --cache-max: %r" % j["error"])
+    check(len(e.ok("GET", "/templates")["templates"]) == 1, "the refused template is listed")
+    check(sorted(os.listdir(e.mem)) == sorted([t1["id"] + ".mem", t1["id"] + ".mem.fill"]),
+          "the refused template left files: %s" % os.listdir(e.mem))
+    m = parse_metrics(e.req("GET", "/metrics")[1])
+    check(m[("halite_template_cache_limit_bytes", ())] == one + one // 2, "metrics: cache limit")
+    e.ok("DELETE", "/templates/" + t1["id"])
+    t2 = e.template(snap)
+    cid = e.clones(t2["id"], 1)[0]
+    e.wait_state(cid, ("done",))
+    e.check_exact(cid, e.extract(snap))
+
+
 def flip_byte_in_lb(snap, out):
     r = subprocess.run([INSPECT, "blocks", "--json", snap], check=True, capture_output=True, text=True)
     lbs = [b for b in json.loads(r.stdout)["lbs"] if b["used"] > 1024 and b["mbs"] > 0]
@@ -506,7 +532,8 @@ def case_corrupt(e):
 
 
 CASES = {"api": case_api, "bad-requests": case_bad_requests, "exact": case_exact,
-         "kill-restart": case_kill_restart, "delete": case_delete, "corrupt": case_corrupt}
+         "kill-restart": case_kill_restart, "delete": case_delete, "corrupt": case_corrupt,
+         "cache-limit": case_cache_limit}
 
 
 def main():

@@ -40,6 +40,7 @@ struct cloned_opts {
 	uint32_t read_latency_us;
 	uint64_t prefetch_rate;
 	uint32_t hot_window_ms;
+	uint64_t cache_max;	 /* --cache-max: 0 = no limit */
 	int log_level;
 };
 
@@ -53,6 +54,7 @@ struct tmpl {
 	bool hotset;
 	int64_t created;	 /* unix seconds */
 	uint64_t memory_bytes, stored_bytes;
+	uint64_t cache_need;	 /* its decoded blocks: stored blocks x block size */
 	uint64_t region_offset, region_length;
 	struct halite_template *t;
 	unsigned nclones;	 /* clones in the registry that use it */

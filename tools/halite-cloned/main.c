@@ -49,6 +49,9 @@ static void usage(FILE *f)
 		"  --read-latency-us N  added to every locality-block read (tests, benchmarks)\n"
 		"  --prefetch-rate B/s  the prefetcher's least rate, bytes per second (64 MiB/s)\n"
 		"  --hot-window-ms N    a clone's faults this long after its start are hot (2000)\n"
+		"  --cache-max SIZE     the most the templates' decoded blocks may take in\n"
+		"                       --mem-dir, all templates together (bytes, or K/M/G);\n"
+		"                       a template that would go beyond is refused (no limit)\n"
 		"  --log-level LEVEL    error, warn, info (default) or debug\n"
 		"  -h, --help           this text\n");
 }
@@ -60,6 +63,30 @@ static int parse_u64(const char *s, uint64_t *v)
 	errno = 0;
 	*v = strtoull(s, &end, 0);
 	return errno || end == s || *end || *s == '-' ? -1 : 0;
+}
+
+/* Bytes, or a number with K, M or G (binary). */
+static int parse_size(const char *s, uint64_t *v)
+{
+	char *end;
+	unsigned shift = 0;
+
+	errno = 0;
+	*v = strtoull(s, &end, 10);
+	if (errno || end == s || *s == '-')
+		return -1;
+	if (*end == 'K' || *end == 'k')
+		shift = 10;
+	else if (*end == 'M' || *end == 'm')
+		shift = 20;
+	else if (*end == 'G' || *end == 'g')
+		shift = 30;
+	else if (*end)
+		return -1;
+	if (shift && (end[1] || *v > (UINT64_MAX >> shift)))
+		return -1;
+	*v <<= shift;
+	return 0;
 }
 
 static char *find_synth(void)
@@ -251,13 +278,14 @@ static void shutdown_registry(struct cloned *d)
 int main(int argc, char **argv)
 {
 	enum { O_SOCKET = 256, O_LISTEN, O_STATE, O_MEM, O_SYNTH, O_READERS, O_LAT, O_RATE,
-	       O_HOT, O_LOG };
+	       O_HOT, O_LOG, O_CACHE };
 	static const struct option lo[] = {
 		{ "socket", 1, 0, O_SOCKET },	   { "listen", 1, 0, O_LISTEN },
 		{ "state-dir", 1, 0, O_STATE },	   { "mem-dir", 1, 0, O_MEM },
 		{ "synth-bin", 1, 0, O_SYNTH },	   { "readers", 1, 0, O_READERS },
 		{ "read-latency-us", 1, 0, O_LAT }, { "prefetch-rate", 1, 0, O_RATE },
 		{ "hot-window-ms", 1, 0, O_HOT },  { "log-level", 1, 0, O_LOG },
+		{ "cache-max", 1, 0, O_CACHE },
 		{ "help", 0, 0, 'h' },		   { 0 },
 	};
 	static struct cloned d = {
@@ -293,6 +321,11 @@ int main(int argc, char **argv)
 			if (parse_u64(optarg, &v))
 				goto bad;
 			d.o.prefetch_rate = v;
+			break;
+		case O_CACHE:
+			if (parse_size(optarg, &v))
+				goto bad;
+			d.o.cache_max = v;
 			break;
 		case O_HOT:
 			if (parse_u64(optarg, &v) || v > 3600000)

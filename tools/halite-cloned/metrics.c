@@ -64,6 +64,10 @@ char *metrics_render(struct cloned *d)
 	fprintf(f, "halite_clone_faults_total{kind=\"read\"} %llu\n", (unsigned long long)read);
 	fprintf(f, "halite_clone_faults_total{kind=\"zero\"} %llu\n", (unsigned long long)zero);
 
+	head(f, "halite_template_cache_limit_bytes", "gauge",
+	     "--cache-max: the most all templates' decoded blocks may take (0: no limit).");
+	fprintf(f, "halite_template_cache_limit_bytes %llu\n", (unsigned long long)d->o.cache_max);
+
 	/* Per template: one family at a time, as the format wants. */
 	static const struct {
 		const char *name, *type, *help;

@@ -140,6 +140,7 @@ int tmpl_open(struct cloned *d, struct tmpl *tp, char *err, size_t errlen)
 	fi = halite_reader_info(halite_template_reader(tp->t));
 	tp->memory_bytes = fi->memory_bytes;
 	tp->stored_bytes = fi->stored_bytes;
+	tp->cache_need = fi->mb_stored * fi->mb_size;
 out:
 	free(mem);
 	free(hot);
@@ -193,6 +194,28 @@ static bool field_known(const char *k, const char *const *known)
 	return false;
 }
 
+/* A template that will not be: its engine, its files (memory, fill map, record), its entry. */
+static void tmpl_drop(struct cloned *d, struct tmpl *tp)
+{
+	char *mem = state_mem_file(d, tp->id), *fill = NULL, *rec;
+
+	if (mem && asprintf(&fill, "%s.fill", mem) < 0)
+		fill = NULL;
+	halite_template_free(tp->t);
+	tp->t = NULL;
+	if (fill) {
+		unlink(mem);
+		unlink(fill);
+	}
+	rec = state_template_file(d, tp->id, ".json");
+	if (rec)
+		unlink(rec);
+	free(rec);
+	free(fill);
+	free(mem);
+	tmpl_destroy(tp);
+}
+
 void tmpl_create(struct cloned *d, const cJSON *body, struct http_reply *r)
 {
 	static const char *const known[] = { "snapshot", "hotset", NULL };
@@ -237,26 +260,31 @@ void tmpl_create(struct cloned *d, const cJSON *body, struct http_reply *r)
 				 strerror(-ret));
 	}
 	if (ret) {
-		char *mem = state_mem_file(d, tp->id), *fill = NULL;
-
-		if (mem && asprintf(&fill, "%s.fill", mem) < 0)
-			fill = NULL;
-
 		cl_log(d, HALITE_LOG_ERROR, "template from %s: %s", tp->snapshot, err);
-		halite_template_free(tp->t);
-		tp->t = NULL;
-		if (fill) {
-			unlink(mem);
-			unlink(fill);
-		}
-		free(fill);
-		free(mem);
-		tmpl_destroy(tp);
+		tmpl_drop(d, tp);
 		/* the reader refused the file: the request's fault */
 		return reply_error(r, ret <= -HALITE_E_BASE && ret > -HALITE_E_STATE ? 400 : 500,
 				   "%s", err[0] ? err : cl_errstr(ret));
 	}
 	pthread_mutex_lock(&d->lock);
+	if (d->o.cache_max) {
+		uint64_t used = 0;
+		unsigned n = 0;
+
+		for (struct tmpl *o = d->templates; o; o = o->next, n++)
+			used += o->cache_need;
+		if (used + tp->cache_need > d->o.cache_max) {
+			pthread_mutex_unlock(&d->lock);
+			snprintf(err, sizeof(err), "the template cache would exceed --cache-max: "
+				 "%llu MiB held by %u template(s), this one needs %llu MiB of %llu MiB "
+				 "(delete a template, or start the daemon with a larger --cache-max)",
+				 (unsigned long long)(used >> 20), n,
+				 (unsigned long long)(tp->cache_need >> 20),
+				 (unsigned long long)(d->o.cache_max >> 20));
+			tmpl_drop(d, tp);
+			return reply_error(r, 507, "%s", err);
+		}
+	}
 	tp->next = d->templates;
 	d->templates = tp;
 	reply_json(r, 201, tmpl_json(tp, false));
