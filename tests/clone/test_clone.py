@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """End-to-end tests of halite-cloned, the template fast-clone service (issue 14).
 
-  test_clone.py CASE     CASE: api, bad-requests, exact, kill-restart, delete, corrupt
+  test_clone.py CASE     CASE: api, bad-requests, exact, kill-restart, delete, corrupt,
+                         qemu
 
 Each case starts its own daemon (temporary --socket, --state-dir, and a
 --mem-dir under /dev/shm), makes a small synthetic template with
@@ -25,6 +26,12 @@ every process it started at the end, clones included, even when it fails.
 - corrupt: a byte flipped in one locality block of a template: a clone that
   reads all its memory fails with the block named; the daemon stays healthy
   and another template's clone is exact.
+- qemu: the QEMU test guest (scripts/make-guest.sh) saved by halite-qemu save
+  while its verifier runs becomes a template of kind "qemu"; 2 clones
+  (halite-qemu clone, each QEMU on the template memory file mapped
+  privately) run at once, each on its own forwarded port, QMP socket, serial
+  file and MAC, and the verifier inside each re-reads its 64 MiB and finds
+  the snapshot's digest. Skipped (77) without QEMU or the guest image.
 """
 import http.client
 import json
@@ -43,6 +50,11 @@ CLONED = os.environ.get("HALITE_CLONED_BIN")
 CLIENT = os.environ.get("HALITE_CLONE_BIN")
 SYNTH = os.environ.get("HALITE_SYNTH_BIN")
 INSPECT = os.environ.get("HALITE_INSPECT_BIN")
+QEMU_BIN = os.environ.get("HALITE_QEMU_BIN")
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "scripts"))
+import halite_guest as hg  # noqa: E402
 
 
 class Fail(Exception):
@@ -531,9 +543,113 @@ def case_corrupt(e):
     e.check_exact(cg, want)
 
 
+class Skip(Exception):
+    pass
+
+
+def case_qemu(e):
+    if not hg.qemu_available() or not hg.image_ready() or not QEMU_BIN:
+        raise Skip("no qemu-system-x86_64, test guest (scripts/make-guest.sh) or halite-qemu")
+    image = os.path.join(e.tmp, "disk.qcow2")
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", image, "64M"], check=True,
+                   timeout=60)
+    src = hg.Guest(e.tmp, "source").with_disk("drive", image)
+    src.args += ["-device", "vmgenid,guid=c0ffee00-1234-4321-8765-0123456789ab"]
+    src.boot()
+    e.pids.add(src.pid)
+    src.wait_ready()
+    d_disk, _, _, ok = src.disklog()
+    check(ok and d_disk > 0, "the source guest's disklog counts on its disk (%d)" % d_disk)
+    # The verifier's rewrites frozen: the digest stays put across the snapshot.
+    src.rewrites(False)
+    d0, _, ok0 = src.digest()
+    check(ok0, "source guest digest %s as expected" % d0)
+    snap = os.path.join(e.tmp, "guest.hlt")
+    p = subprocess.run([QEMU_BIN, "save", "--qmp", src.qmp_path, "--json", "-q", snap],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
+    check(p.returncode == 0, "halite-qemu save: exit %d: %s" % (p.returncode, p.stderr[-2000:]))
+    q = src.qmp()
+    q.cmd("quit")
+    src.proc.wait(timeout=30)
+    log("  saved the test guest (digest %s)" % d0)
+
+    e.start("--qemu-bin", QEMU_BIN)
+    t = e.template(snap)
+    check(t["kind"] == "qemu", "the template is of kind qemu: %s" % t)
+    t0 = time.time()
+    ids = e.clones(t["id"], 2)
+    log("  2 clones started in %.2f s" % (time.time() - t0))
+    mem_file = os.path.join(e.mem, t["id"] + ".mem")
+    guests, ports, macs, genids, overlays = [], set(), set(), set(), set()
+    for cid in ids:
+        c = e.wait_state(cid, ("running", "done"), timeout=120)
+        e.pids.add(c["qemu_pid"])
+        check(c["qemu_pid"] != c["pid"] and c["forwards"] and c["macs"] and c["qmp"],
+              "clone %s: its QEMU, forwards, MAC and QMP socket: %s" % (cid, c))
+        g = hg.Guest(e.tmp, cid)
+        g.adopt(c["qemu_pid"])
+        g.port = c["forwards"][0]["host_port"]
+        g.console = c["serial"]
+        g.qmp_path = c["qmp"]
+        guests.append(g)
+        ports.add(g.port)
+        macs.add(c["macs"][0])
+        overlays.update(c["disks"])
+        with open("/proc/%d/maps" % c["qemu_pid"]) as f:
+            check(any(l.split()[1].startswith("rw-p") and l.split()[-1] == mem_file
+                      for l in f if len(l.split()) >= 6),
+                  "clone %s: QEMU maps the template memory file privately" % cid)
+        q = g.qmp()
+        genids.add(q.cmd("query-vm-generation-id")["guid"])
+        net = q.cmd("human-monitor-command", **{"command-line": "info network"})
+        q.close()
+        log("  clone %s: forwards %s, MAC %s (QEMU says: %s)" % (
+            cid, c["forwards"], c["macs"],
+            " ".join(l.strip() for l in net.splitlines() if "macaddr" in l)))
+    check(len(ports) == 2 and len(macs) == 2 and len({g.qmp_path for g in guests}) == 2,
+          "each clone has its own host port %s, MAC %s and QMP socket" % (ports, macs))
+    check(len(genids) == 2 and "c0ffee00-1234-4321-8765-0123456789ab" not in genids,
+          "each clone has a new vmgenid: %s" % genids)
+    check(len(overlays) == 2 and all(os.path.exists(o) for o in overlays),
+          "each clone runs on its own disk overlay: %s" % overlays)
+    for g in guests:
+        d, up, ok = g.digest()
+        check(ok and d == d0, "clone on port %d: the verifier's digest %s is the snapshot's %s"
+              % (g.port, d, d0))
+        st = g.status()
+        check(st["mismatches"] == "0", "clone on port %d: 0 mismatches" % g.port)
+        dk, mk, _, ok = g.disklog()
+        check(ok and dk >= d_disk, "clone on port %d: its disk's count %d agrees with its "
+              "memory's %d" % (g.port, dk, mk))
+        q = g.qmp()
+        check(q.cmd("query-status")["status"] == "running", "its own QMP answers: running")
+        q.close()
+        g.check_console()
+        log("  clone on port %d: digest %s, uptime %.1f s, %s passes" % (g.port, d, up,
+                                                                         st["passes"]))
+    for cid in ids:
+        c = e.wait_state(cid, ("done",), timeout=120)
+        check(not c["error"], "clone %s done: %s" % (cid, c))
+        log("  clone %s done: %d faults (%d vCPU), %d blocks premapped, QEMU's RSS %d MiB, "
+            "PSS %d MiB" % (cid, c["faults"], c["faults_vcpu"], c["mb_premapped"],
+                            c["rss_bytes"] >> 20, c["pss_bytes"] >> 20))
+    # A restarted daemon finds its QEMU clones again (their info, their userfaultfds).
+    e.kill_daemon()
+    e.start()
+    for cid in ids:
+        c = e.clone(cid)
+        check(c["state"] in ("running", "done") and not c["error"],
+              "after a daemon restart clone %s is %s: %s" % (cid, c["state"], c))
+    for g in guests:
+        d, _, ok = g.digest()
+        check(ok and d == d0, "all memory in: the digest is still the snapshot's")
+    for cid in ids:
+        e.ok("DELETE", "/clones/%s" % cid)
+
+
 CASES = {"api": case_api, "bad-requests": case_bad_requests, "exact": case_exact,
          "kill-restart": case_kill_restart, "delete": case_delete, "corrupt": case_corrupt,
-         "cache-limit": case_cache_limit}
+         "cache-limit": case_cache_limit, "qemu": case_qemu}
 
 
 def main():
@@ -553,6 +669,9 @@ def main():
         CASES[sys.argv[1]](e)
         log("%s: ok" % sys.argv[1])
         return 0
+    except Skip as x:
+        log("skip: %s" % x)
+        return 77
     except Exception as x:  # a Fail, or anything else: the daemon's log helps
         log("%s: FAIL: %s: %s" % (sys.argv[1], type(x).__name__, x))
         log("--- daemon log ---\n" + e.log_text())

@@ -29,6 +29,10 @@
 #define CLONED_REGION "pc.ram"	     /* the synthetic guest's one region */
 #define CLONED_READY_TIMEOUT_MS 10000 /* a clone's "ready" on stdout */
 #define CLONED_CTL_TIMEOUT_MS 5000   /* one control-socket command */
+/* A QEMU clone: QEMU starts (TCG: seconds on a loaded host); start loads its devices. */
+#define CLONED_QEMU_READY_TIMEOUT_MS 60000
+#define CLONED_QEMU_START_TIMEOUT_MS 120000
+#define CLONED_MAX_REGIONS 8	     /* guest RAM pieces of a QEMU clone */
 
 struct cloned_opts {
 	const char *socket_path;
@@ -36,6 +40,7 @@ struct cloned_opts {
 	const char *state_dir;
 	const char *mem_dir;
 	char *synth_bin;	 /* resolved at start */
+	char *qemu_bin;		 /* halite-qemu, for QEMU templates; resolved at start */
 	unsigned readers;
 	uint32_t read_latency_us;
 	uint64_t prefetch_rate;
@@ -44,13 +49,15 @@ struct cloned_opts {
 	int log_level;
 };
 
-enum tmpl_kind { TMPL_SYNTHETIC };
+enum tmpl_kind { TMPL_SYNTHETIC, TMPL_QEMU };
 
 struct tmpl {
 	struct tmpl *next;
 	char id[CLONED_ID_LEN + 1];
+	enum tmpl_kind kind;
 	char *snapshot;
-	char *synth_args;	 /* the snapshot's synth.args */
+	char *synth_args;	 /* the snapshot's synth.args (synthetic) */
+	char region[HALITE_MAX_REGION_NAME + 1]; /* its (first) guest RAM region: pc.ram, or a QEMU backend's id */
 	bool hotset;
 	int64_t created;	 /* unix seconds */
 	uint64_t memory_bytes, stored_bytes;
@@ -75,6 +82,11 @@ struct clone {
 	int64_t created;
 	double ready_s;		 /* request received -> start acknowledged */
 	uint64_t host;		 /* the clone's mapping of the region */
+	pid_t vm_pid;		 /* the process whose memory the session serves (QEMU's) */
+	uint32_t nregs;		 /* a QEMU clone's guest RAM pieces (info "regions"); 0: one */
+	struct halite_session_region regs[CLONED_MAX_REGIONS];
+	char reg_names[CLONED_MAX_REGIONS][96];
+	char *info;		 /* a QEMU clone's `info` (forwards, MACs, sockets), JSON */
 	uint32_t nvcpus;
 	pid_t *vcpu_tids;
 	/* the request's options, recorded for clone.json */

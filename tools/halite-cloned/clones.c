@@ -1,9 +1,13 @@
 // SPDX-License-Identifier: MIT
 /*
- * halite-cloned: clones. A clone is a `halite-synth clone` process mapping
- * the template memory file privately, in a session of its own (it outlives
- * the daemon), served by a halite_session on the userfaultfd it hands over
- * on its control socket.
+ * halite-cloned: clones. A clone is a `halite-synth clone` process (a
+ * synthetic template's) or a `halite-qemu clone` process and its QEMU (a
+ * QEMU template's) mapping the template memory file privately, in a
+ * session of its own (it outlives the daemon), served by a halite_session
+ * on the userfaultfd it hands over on its control socket. Both speak the
+ * same protocol; a QEMU clone's `info` names the process whose memory is
+ * served (QEMU's pid), its RAM pieces and where they sit in the template
+ * file, checked here against the template's layout.
  *
  * Start, per request: every clone is spawned first (cheap), then each is
  * attached on a thread of its own (wait for "ready", `info`, `uffd`,
@@ -57,6 +61,7 @@ void clone_destroy(struct clone *c)
 		return;
 	halite_session_free(c->s);
 	free(c->vcpu_tids);
+	free(c->info);
 	free(c);
 }
 
@@ -158,7 +163,7 @@ static cJSON *clone_json(struct cloned *d, struct clone *c)
 	clone_refresh(c);
 	clone_stats(c, &st);
 	if (c->state != CL_EXITED)
-		smaps_rollup(c->pid, &rss, &pss);
+		smaps_rollup(c->vm_pid ? c->vm_pid : c->pid, &rss, &pss); /* a QEMU clone: QEMU's */
 	cJSON_AddStringToObject(j, "id", c->id);
 	cJSON_AddStringToObject(j, "template", c->tp->id);
 	cJSON_AddNumberToObject(j, "pid", c->pid);
@@ -178,6 +183,20 @@ static cJSON *clone_json(struct cloned *d, struct clone *c)
 	cJSON_AddNumberToObject(j, "rss_bytes", (double)rss);
 	cJSON_AddStringToObject(j, "control", ctl ? ctl : "");
 	cJSON_AddStringToObject(j, "error", c->error);
+	if (c->tp->kind == TMPL_QEMU) {
+		cJSON *info = c->info ? cJSON_Parse(c->info) : NULL;
+		static const char *const keep[] = { "forwards", "macs", "qmp", "serial", "disks",
+						     NULL };
+
+		cJSON_AddNumberToObject(j, "qemu_pid", c->vm_pid);
+		for (int k = 0; info && keep[k]; k++) {
+			cJSON *v = cJSON_DetachItemFromObjectCaseSensitive(info, keep[k]);
+
+			if (v)
+				cJSON_AddItemToObject(j, keep[k], v);
+		}
+		cJSON_Delete(info);
+	}
 	free(ctl);
 	free(dir);
 	return j;
@@ -197,13 +216,20 @@ struct attach_job {
 	uint64_t host;
 	uint32_t nvcpus;
 	pid_t *tids;
+	pid_t vm_pid;
+	uint32_t nregs;
+	struct halite_session_region regs[CLONED_MAX_REGIONS];
+	char reg_names[CLONED_MAX_REGIONS][96];
+	char *info;
 	double ready_s;
 	char err[512];
 };
 
 static int wait_ready(struct attach_job *j)
 {
-	uint64_t deadline = cl_now_ns() + (uint64_t)CLONED_READY_TIMEOUT_MS * 1000000u;
+	int ms = j->c->tp->kind == TMPL_QEMU ? CLONED_QEMU_READY_TIMEOUT_MS :
+		 CLONED_READY_TIMEOUT_MS;
+	uint64_t deadline = cl_now_ns() + (uint64_t)ms * 1000000u;
 	char buf[256];
 	size_t len = 0;
 
@@ -214,7 +240,7 @@ static int wait_ready(struct attach_job *j)
 
 		if (now >= deadline) {
 			snprintf(j->err, sizeof(j->err), "no 'ready' from the clone within %d ms",
-				 CLONED_READY_TIMEOUT_MS);
+				 ms);
 			return -ETIMEDOUT;
 		}
 		if (poll(&p, 1, (int)((deadline - now) / 1000000) + 1) < 0 && errno != EINTR)
@@ -239,11 +265,91 @@ static int wait_ready(struct attach_job *j)
 	}
 }
 
-/* `info`: where the clone mapped the region, its vCPU threads. */
-static int clone_info(const char *ctl, struct tmpl *tp, uint64_t *host, uint32_t *nvcpus,
-		      pid_t **tids, char *err, size_t errlen)
+/* What `info` says about a clone's memory, its owner and its vCPUs. */
+struct clone_mem {
+	uint64_t host;
+	uint32_t nvcpus;
+	pid_t *tids;
+	pid_t vm_pid;
+	uint32_t nregs; /* 0: the one region at host */
+	struct halite_session_region *regs; /* CLONED_MAX_REGIONS of them */
+	char (*names)[96];
+	char *info;	/* a QEMU clone's whole answer */
+};
+
+static uint64_t hex_field(const cJSON *o, const char *k, bool *ok)
 {
-	const cJSON *h, *mem, *reg, *a, *t;
+	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+
+	*ok &= cJSON_IsString(v);
+	return cJSON_IsString(v) ? strtoull(v->valuestring, NULL, 0) : 0;
+}
+
+static uint64_t num_field(const cJSON *o, const char *k, bool *ok)
+{
+	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+
+	*ok &= cJSON_IsNumber(v) && v->valuedouble >= 0;
+	return cJSON_IsNumber(v) && v->valuedouble >= 0 ? (uint64_t)v->valuedouble : 0;
+}
+
+/*
+ * A QEMU clone's RAM pieces ("regions", or the one "region"): each a region
+ * of the template, of its length, at its offset in the template file (the
+ * clone's RAM block maps the file from 0, so its offset in the block must be
+ * the template's).
+ */
+static int qemu_regions(const cJSON *info, struct tmpl *tp, struct clone_mem *m, char *err,
+			size_t errlen)
+{
+	const cJSON *a = cJSON_GetObjectItemCaseSensitive(info, "regions"), *e;
+	cJSON *one = NULL;
+	int ret = 0;
+
+	if (!a) {
+		one = cJSON_CreateArray();
+		if (!one)
+			return -ENOMEM;
+		cJSON_AddItemToArray(one, cJSON_Duplicate(info, true));
+		a = one;
+	}
+	m->nregs = 0;
+	cJSON_ArrayForEach(e, a) {
+		const cJSON *nm = cJSON_GetObjectItemCaseSensitive(e, one ? "region" : "name");
+		uint64_t off, len, toff = 0, tlen = 0;
+		bool ok = cJSON_IsString(nm);
+		uint64_t host = hex_field(e, "host", &ok);
+
+		off = num_field(e, "offset", &ok);
+		len = num_field(e, one ? "mem_bytes" : "length", &ok);
+		if (!ok || m->nregs == CLONED_MAX_REGIONS) {
+			snprintf(err, errlen, "the clone's 'info' has %s", ok ? "too many regions" :
+				 "a region without name, host, offset or length");
+			ret = -EPROTO;
+			break;
+		}
+		if (halite_template_region(tp->t, nm->valuestring, &toff, &tlen) ||
+		    toff != off || tlen != len) {
+			snprintf(err, errlen, "the clone's RAM '%.96s' (%" PRIu64 " bytes at offset %"
+				 PRIu64 " of the memory file) is not the template's region (%" PRIu64
+				 " bytes at %" PRIu64 ")", nm->valuestring, len, off, tlen, toff);
+			ret = -EPROTO;
+			break;
+		}
+		snprintf(m->names[m->nregs], sizeof(m->names[0]), "%s", nm->valuestring);
+		m->regs[m->nregs] = (struct halite_session_region){
+			.name = m->names[m->nregs], .host = host, .length = len };
+		m->nregs++;
+	}
+	cJSON_Delete(one);
+	return ret;
+}
+
+/* `info`: where the clone mapped the region(s), whose memory it is, its vCPU threads. */
+static int clone_info(const char *ctl, struct tmpl *tp, struct clone_mem *m, char *err,
+		      size_t errlen)
+{
+	const cJSON *h, *mem, *reg, *a, *t, *pid;
 	cJSON *info;
 	uint32_t n, i = 0;
 	int ret;
@@ -255,36 +361,54 @@ static int clone_info(const char *ctl, struct tmpl *tp, uint64_t *host, uint32_t
 	mem = cJSON_GetObjectItemCaseSensitive(info, "mem_bytes");
 	reg = cJSON_GetObjectItemCaseSensitive(info, "region");
 	a = cJSON_GetObjectItemCaseSensitive(info, "vcpu_tids");
+	pid = cJSON_GetObjectItemCaseSensitive(info, "pid");
 	if (!cJSON_IsString(h) || !cJSON_IsNumber(mem) || !cJSON_IsArray(a)) {
 		snprintf(err, errlen, "the clone's 'info' lacks host, mem_bytes or vcpu_tids");
 		ret = -EPROTO;
 		goto out;
 	}
-	if (cJSON_IsString(reg) && strcmp(reg->valuestring, CLONED_REGION)) {
-		snprintf(err, errlen, "the clone maps region '%s', not %s", reg->valuestring,
-			 CLONED_REGION);
-		ret = -EPROTO;
-		goto out;
-	}
-	if ((uint64_t)mem->valuedouble != tp->region_length) {
-		snprintf(err, errlen,
-			 "the clone maps %.0f bytes, the template's %s has %" PRIu64
-			 " (wrong synth.args?)",
-			 mem->valuedouble, CLONED_REGION, tp->region_length);
-		ret = -EPROTO;
-		goto out;
+	if (tp->kind == TMPL_QEMU) {
+		if (!cJSON_IsNumber(pid) || pid->valuedouble < 1) {
+			snprintf(err, errlen, "the QEMU clone's 'info' lacks QEMU's pid");
+			ret = -EPROTO;
+			goto out;
+		}
+		ret = qemu_regions(info, tp, m, err, errlen);
+		if (ret)
+			goto out;
+		m->vm_pid = (pid_t)pid->valuedouble;
+		free(m->info);
+		m->info = cJSON_PrintUnformatted(info);
+	} else {
+		if (cJSON_IsString(reg) && strcmp(reg->valuestring, tp->region)) {
+			snprintf(err, errlen, "the clone maps region '%s', not %s", reg->valuestring,
+				 tp->region);
+			ret = -EPROTO;
+			goto out;
+		}
+		if ((uint64_t)mem->valuedouble != tp->region_length) {
+			snprintf(err, errlen,
+				 "the clone maps %.0f bytes, the template's %s has %" PRIu64
+				 " (wrong synth.args?)",
+				 mem->valuedouble, tp->region, tp->region_length);
+			ret = -EPROTO;
+			goto out;
+		}
+		m->nregs = 0;
+		m->vm_pid = 0; /* the clone's own process */
 	}
 	n = (uint32_t)cJSON_GetArraySize(a);
-	*tids = n ? calloc(n, sizeof(pid_t)) : NULL;
-	if (n && !*tids) {
+	free(m->tids);
+	m->tids = n ? calloc(n, sizeof(pid_t)) : NULL;
+	if (n && !m->tids) {
 		ret = -ENOMEM;
 		snprintf(err, errlen, "out of memory");
 		goto out;
 	}
 	cJSON_ArrayForEach(t, a)
-		(*tids)[i++] = cJSON_IsNumber(t) ? (pid_t)t->valuedouble : 0;
-	*nvcpus = n;
-	*host = strtoull(h->valuestring, NULL, 0);
+		m->tids[i++] = cJSON_IsNumber(t) ? (pid_t)t->valuedouble : 0;
+	m->nvcpus = n;
+	m->host = strtoull(h->valuestring, NULL, 0);
 out:
 	cJSON_Delete(info);
 	return ret;
@@ -335,14 +459,17 @@ static int uffd_from_proc(pid_t pid, char *err, size_t errlen)
 }
 
 /* `uffd`, then a session on it: @flags HALITE_SESSION_*. */
-static int clone_session(struct cloned *d, struct clone *c, const char *ctl, uint64_t host,
-			 const pid_t *tids, uint32_t nvcpus, unsigned flags,
-			 struct halite_session **s, char *err, size_t errlen)
+static int clone_session(struct cloned *d, struct clone *c, const char *ctl,
+			 const struct clone_mem *m, unsigned flags, struct halite_session **s,
+			 char *err, size_t errlen)
 {
-	struct halite_session_region reg = { .name = CLONED_REGION, .host = host,
+	struct halite_session_region one = { .name = c->tp->region, .host = m->host,
 					     .length = c->tp->region_length };
-	struct halite_session_opts so = { .sz = sizeof(so), .owner_pid = c->pid,
-					  .vcpu_tids = tids, .nvcpus = nvcpus };
+	const struct halite_session_region *reg = m->nregs ? m->regs : &one;
+	uint32_t nreg = m->nregs ? m->nregs : 1;
+	struct halite_session_opts so = { .sz = sizeof(so),
+					  .owner_pid = m->vm_pid ? m->vm_pid : c->pid,
+					  .vcpu_tids = m->tids, .nvcpus = m->nvcpus };
 	int fd = -1, ret;
 
 	ret = ctl_command(ctl, "uffd", NULL, &fd,
@@ -357,11 +484,11 @@ static int clone_session(struct cloned *d, struct clone *c, const char *ctl, uin
 		flags = (flags & ~HALITE_SESSION_PREMAP_HOT) | HALITE_SESSION_NO_HOT_RECORD;
 	so.owner_uffd = fd;
 	so.flags = flags;
-	ret = halite_session_start(s, c->tp->t, &reg, 1, &so);
+	ret = halite_session_start(s, c->tp->t, reg, nreg, &so);
 	if (ret == -HALITE_E_STATE && (flags & HALITE_SESSION_ATTACH)) {
 		/* killed before the first handshake: a fresh start */
 		so.flags &= ~HALITE_SESSION_ATTACH;
-		ret = halite_session_start(s, c->tp->t, &reg, 1, &so);
+		ret = halite_session_start(s, c->tp->t, reg, nreg, &so);
 	}
 	close(fd);
 	if (ret)
@@ -375,17 +502,25 @@ static void *attach_thread(void *arg)
 	struct clone *c = j->c;
 	unsigned flags = c->premap_hot ? HALITE_SESSION_PREMAP_HOT : 0;
 
+	struct clone_mem m = { .regs = j->regs, .names = j->reg_names };
+
 	j->ret = wait_ready(j);
 	close(j->out_fd);
 	j->out_fd = -1;
 	if (!j->ret)
-		j->ret = clone_info(j->ctl, c->tp, &j->host, &j->nvcpus, &j->tids, j->err,
-				    sizeof(j->err));
+		j->ret = clone_info(j->ctl, c->tp, &m, j->err, sizeof(j->err));
+	j->host = m.host;
+	j->nvcpus = m.nvcpus;
+	j->tids = m.tids;
+	j->vm_pid = m.vm_pid;
+	j->nregs = m.nregs;
+	j->info = m.info;
 	if (!j->ret)
-		j->ret = clone_session(j->d, c, j->ctl, j->host, j->tids, j->nvcpus, flags, &j->s,
-				       j->err, sizeof(j->err));
+		j->ret = clone_session(j->d, c, j->ctl, &m, flags, &j->s, j->err, sizeof(j->err));
+	/* A QEMU clone's start loads its device state, its faults served meanwhile. */
 	if (!j->ret)
-		j->ret = ctl_command(j->ctl, "start", NULL, NULL, CLONED_CTL_TIMEOUT_MS, j->err,
+		j->ret = ctl_command(j->ctl, "start", NULL, NULL, c->tp->kind == TMPL_QEMU ?
+				     CLONED_QEMU_START_TIMEOUT_MS : CLONED_CTL_TIMEOUT_MS, j->err,
 				     sizeof(j->err));
 	j->ready_s = (double)(cl_now_ns() - j->t_request) / 1e9;
 	return NULL;
@@ -395,7 +530,8 @@ static int spawn_clone(struct cloned *d, struct clone *c, const char *dir, const
 		       int *out_fd, char *err, size_t errlen)
 {
 	char *mem = state_mem_file(d, c->tp->id), *log = cl_path(dir, "clone.log", NULL);
-	char *args = strdup(c->tp->synth_args), off[32], wr[16], acc[32], *save = NULL;
+	char *args = c->tp->synth_args ? strdup(c->tp->synth_args) : NULL, *bin = d->o.synth_bin;
+	char off[32], wr[16], acc[32], *save = NULL;
 	char *argv[96];
 	int argc = 0, p[2] = { -1, -1 }, ret = -ENOMEM;
 	posix_spawn_file_actions_t fa;
@@ -404,9 +540,24 @@ static int spawn_clone(struct cloned *d, struct clone *c, const char *dir, const
 	uint64_t st;
 	pid_t pid;
 
-	if (!mem || !log || !args) {
+	if (!mem || !log || (c->tp->kind == TMPL_SYNTHETIC && !args)) {
 		snprintf(err, errlen, "out of memory");
 		goto out;
+	}
+	if (c->tp->kind == TMPL_QEMU) {
+		/* QEMU's command line is the snapshot's, made the clone's own by halite-qemu. */
+		bin = d->o.qemu_bin;
+		argv[argc++] = bin;
+		argv[argc++] = "clone";
+		argv[argc++] = "--mem-file";
+		argv[argc++] = mem;
+		argv[argc++] = "--control";
+		argv[argc++] = (char *)ctl;
+		argv[argc++] = "--dir";
+		argv[argc++] = (char *)dir;
+		argv[argc++] = c->tp->snapshot;
+		argv[argc] = NULL;
+		goto spawn;
 	}
 	snprintf(off, sizeof(off), "%" PRIu64, c->tp->region_offset);
 	snprintf(wr, sizeof(wr), "%u", c->write_pct);
@@ -436,7 +587,7 @@ static int spawn_clone(struct cloned *d, struct clone *c, const char *dir, const
 		argv[argc++] = acc;
 	}
 	argv[argc] = NULL;
-
+spawn:
 	if (pipe2(p, O_CLOEXEC)) {
 		ret = -errno;
 		snprintf(err, errlen, "pipe: %s", strerror(errno));
@@ -457,13 +608,13 @@ static int spawn_clone(struct cloned *d, struct clone *c, const char *dir, const
 	sigemptyset(&none);
 	posix_spawnattr_setsigmask(&at, &none);
 	posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK);
-	ret = -posix_spawn(&pid, d->o.synth_bin, &fa, &at, argv, environ);
+	ret = -posix_spawn(&pid, bin, &fa, &at, argv, environ);
 	posix_spawn_file_actions_destroy(&fa);
 	posix_spawnattr_destroy(&at);
 	close(p[1]);
 	if (ret) {
 		close(p[0]);
-		snprintf(err, errlen, "starting %s: %s", d->o.synth_bin, strerror(-ret));
+		snprintf(err, errlen, "starting %s: %s", bin, strerror(-ret));
 		goto out;
 	}
 	if (cl_proc_starttime(pid, &st))
@@ -559,9 +710,6 @@ void clones_create(struct cloned *d, const char *tid, const cJSON *body, uint64_
 	cJSON *out, *arr;
 	char first_err[600] = "";
 
-	if (!d->o.synth_bin)
-		return reply_error(r, 500, "halite-synth not found: start " PROG
-				   " with --synth-bin PATH");
 	cJSON_ArrayForEach(f, body) {
 		const char *const *k = known;
 
@@ -593,6 +741,20 @@ void clones_create(struct cloned *d, const char *tid, const cJSON *body, uint64_
 		pthread_mutex_unlock(&d->lock);
 		free(jobs);
 		return reply_error(r, 404, "no template '%s'", tid);
+	}
+	if (tp->kind == TMPL_QEMU && (accesses || write_pct || pat)) {
+		pthread_mutex_unlock(&d->lock);
+		free(jobs);
+		return reply_error(r, 400, "template %s is a QEMU guest's: its clones run the "
+				   "guest, not synthetic accesses (no accesses, write_pct, pattern)",
+				   tid);
+	}
+	if (!(tp->kind == TMPL_QEMU ? d->o.qemu_bin : d->o.synth_bin)) {
+		pthread_mutex_unlock(&d->lock);
+		free(jobs);
+		return reply_error(r, 500, tp->kind == TMPL_QEMU ?
+				   "halite-qemu not found: start " PROG " with --qemu-bin PATH" :
+				   "halite-synth not found: start " PROG " with --synth-bin PATH");
 	}
 	for (uint64_t i = 0; i < count; i++) {
 		struct clone *c = calloc(1, sizeof(*c));
@@ -681,6 +843,15 @@ void clones_create(struct cloned *d, const char *tid, const cJSON *body, uint64_
 			c->nvcpus = j->nvcpus;
 			c->vcpu_tids = j->tids;
 			j->tids = NULL;
+			c->vm_pid = j->vm_pid;
+			c->nregs = j->nregs;
+			for (uint32_t k = 0; k < j->nregs; k++) {
+				memcpy(c->reg_names[k], j->reg_names[k], sizeof(c->reg_names[k]));
+				c->regs[k] = j->regs[k];
+				c->regs[k].name = c->reg_names[k];
+			}
+			c->info = j->info;
+			j->info = NULL;
 			c->ready_s = j->ready_s;
 			c->state = CL_RUNNING;
 			c->started = true;
@@ -702,6 +873,7 @@ void clones_create(struct cloned *d, const char *tid, const cJSON *body, uint64_
 		if (j->ret && !first_err[0])
 			snprintf(first_err, sizeof(first_err), "%s", j->err);
 		free(j->tids);
+		free(j->info);
 		free(j->ctl);
 	}
 	free(jobs);
@@ -727,15 +899,25 @@ int clone_reattach(struct cloned *d, struct clone *c, char *err, size_t errlen)
 		snprintf(err, errlen, "out of memory");
 		goto out;
 	}
-	if (!c->host) {
-		free(c->vcpu_tids);
-		c->vcpu_tids = NULL;
-		ret = clone_info(ctl, c->tp, &c->host, &c->nvcpus, &c->vcpu_tids, err, errlen);
+	struct clone_mem m = { .host = c->host, .nvcpus = c->nvcpus, .tids = c->vcpu_tids,
+			       .regs = c->regs, .names = c->reg_names };
+
+	/* A QEMU clone's pid and RAM pieces are not in clone.json: asked again. */
+	if (!c->host || c->tp->kind == TMPL_QEMU) {
+		ret = clone_info(ctl, c->tp, &m, err, errlen);
+		c->vcpu_tids = m.tids;
+		if (!m.tids)
+			c->nvcpus = 0;
 		if (ret)
 			goto out;
+		c->host = m.host;
+		c->nvcpus = m.nvcpus;
+		c->vm_pid = m.vm_pid;
+		c->nregs = m.nregs;
+		free(c->info);
+		c->info = m.info;
 	}
-	ret = clone_session(d, c, ctl, c->host, c->vcpu_tids, c->nvcpus, HALITE_SESSION_ATTACH,
-			    &c->s, err, errlen);
+	ret = clone_session(d, c, ctl, &m, HALITE_SESSION_ATTACH, &c->s, err, errlen);
 	if (!ret && !c->started) {
 		ret = ctl_command(ctl, "start", NULL, NULL, CLONED_CTL_TIMEOUT_MS, err, errlen);
 		c->started = !ret;

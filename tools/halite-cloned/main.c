@@ -45,6 +45,7 @@ static void usage(FILE *f)
 		"  --mem-dir DIR        template memory files, on tmpfs (/dev/shm/halite-cloned)\n"
 		"  --synth-bin PATH     halite-synth (next to this program, the build tree's,\n"
 		"                       else from PATH)\n"
+		"  --qemu-bin PATH      halite-qemu, for QEMU templates (the same way)\n"
 		"  --readers N          locality-block reader threads per template, 1..64 (4)\n"
 		"  --read-latency-us N  added to every locality-block read (tests, benchmarks)\n"
 		"  --prefetch-rate B/s  the prefetcher's least rate, bytes per second (64 MiB/s)\n"
@@ -89,7 +90,8 @@ static int parse_size(const char *s, uint64_t *v)
 	return 0;
 }
 
-static char *find_synth(void)
+/* @name next to this program, in the build tree's @tree_dir, else from PATH; NULL if none. */
+static char *find_prog(const char *name, const char *tree_dir)
 {
 	char self[PATH_MAX], *slash, *p = NULL, *path, *save = NULL;
 	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
@@ -99,11 +101,12 @@ static char *find_synth(void)
 		slash = strrchr(self, '/');
 		if (slash) {
 			*slash = 0;
-			if (asprintf(&p, "%s/halite-synth", self) > 0 && !access(p, X_OK))
+			if (asprintf(&p, "%s/%s", self, name) > 0 && !access(p, X_OK))
 				return p;
 			free(p);
-			/* The build tree: build/tools/halite-cloned -> build/guest. */
-			if (asprintf(&p, "%s/../../guest/halite-synth", self) > 0 && !access(p, X_OK))
+			/* The build tree: build/tools/halite-cloned -> build/@tree_dir. */
+			if (asprintf(&p, "%s/../../%s/%s", self, tree_dir, name) > 0 &&
+			    !access(p, X_OK))
 				return p;
 			free(p);
 			p = NULL;
@@ -112,13 +115,34 @@ static char *find_synth(void)
 	path = getenv("PATH") ? strdup(getenv("PATH")) : NULL;
 	for (char *dir = path ? strtok_r(path, ":", &save) : NULL; dir;
 	     dir = strtok_r(NULL, ":", &save)) {
-		if (asprintf(&p, "%s/halite-synth", dir) > 0 && !access(p, X_OK))
+		if (asprintf(&p, "%s/%s", dir, name) > 0 && !access(p, X_OK))
 			break;
 		free(p);
 		p = NULL;
 	}
 	free(path);
 	return p;
+}
+
+/* *@bin given (@opt): made absolute, clones are spawned from wherever the daemon runs; else found. */
+static int resolve_bin(char **bin, const char *name, const char *tree_dir, const char *opt)
+{
+	char *abs;
+
+	if (!*bin) {
+		*bin = find_prog(name, tree_dir);
+		if (!*bin)
+			return 0;
+	}
+	abs = realpath(*bin, NULL);
+	if (!abs || access(abs, X_OK)) {
+		fprintf(stderr, PROG ": %s %s: %s\n", opt, *bin, strerror(errno));
+		free(abs);
+		return -1;
+	}
+	free(*bin);
+	*bin = abs;
+	return 0;
 }
 
 /*
@@ -277,15 +301,15 @@ static void shutdown_registry(struct cloned *d)
 
 int main(int argc, char **argv)
 {
-	enum { O_SOCKET = 256, O_LISTEN, O_STATE, O_MEM, O_SYNTH, O_READERS, O_LAT, O_RATE,
-	       O_HOT, O_LOG, O_CACHE };
+	enum { O_SOCKET = 256, O_LISTEN, O_STATE, O_MEM, O_SYNTH, O_QEMU, O_READERS, O_LAT,
+	       O_RATE, O_HOT, O_LOG, O_CACHE };
 	static const struct option lo[] = {
 		{ "socket", 1, 0, O_SOCKET },	   { "listen", 1, 0, O_LISTEN },
 		{ "state-dir", 1, 0, O_STATE },	   { "mem-dir", 1, 0, O_MEM },
 		{ "synth-bin", 1, 0, O_SYNTH },	   { "readers", 1, 0, O_READERS },
 		{ "read-latency-us", 1, 0, O_LAT }, { "prefetch-rate", 1, 0, O_RATE },
 		{ "hot-window-ms", 1, 0, O_HOT },  { "log-level", 1, 0, O_LOG },
-		{ "cache-max", 1, 0, O_CACHE },
+		{ "cache-max", 1, 0, O_CACHE },	   { "qemu-bin", 1, 0, O_QEMU },
 		{ "help", 0, 0, 'h' },		   { 0 },
 	};
 	static struct cloned d = {
@@ -307,6 +331,7 @@ int main(int argc, char **argv)
 		case O_STATE: d.o.state_dir = optarg; break;
 		case O_MEM: d.o.mem_dir = optarg; break;
 		case O_SYNTH: d.o.synth_bin = strdup(optarg); break;
+		case O_QEMU: d.o.qemu_bin = strdup(optarg); break;
 		case O_READERS:
 			if (parse_u64(optarg, &v) || v < 1 || v > 64)
 				goto bad;
@@ -361,26 +386,20 @@ int main(int argc, char **argv)
 		fprintf(stderr, PROG ": --state-dir and --mem-dir must be absolute paths\n");
 		return 2;
 	}
-	if (!d.o.synth_bin)
-		d.o.synth_bin = find_synth();
-	else {
-		/* absolute: clones are spawned from wherever the daemon runs */
-		char *abs = realpath(d.o.synth_bin, NULL);
-
-		if (!abs || access(abs, X_OK)) {
-			fprintf(stderr, PROG ": --synth-bin %s: %s\n", d.o.synth_bin,
-				strerror(errno));
-			free(abs);
-			free(d.o.synth_bin);
-			return 2;
-		}
+	if (resolve_bin(&d.o.synth_bin, "halite-synth", "guest", "--synth-bin") ||
+	    resolve_bin(&d.o.qemu_bin, "halite-qemu", "tools/halite-qemu", "--qemu-bin")) {
 		free(d.o.synth_bin);
-		d.o.synth_bin = abs;
+		free(d.o.qemu_bin);
+		return 2;
 	}
 	if (!d.o.synth_bin)
 		cl_log(&d, HALITE_LOG_WARN,
 		       "halite-synth is neither next to " PROG " nor in PATH: synthetic clones "
 		       "cannot start (give --synth-bin)");
+	if (!d.o.qemu_bin)
+		cl_log(&d, HALITE_LOG_WARN,
+		       "halite-qemu is neither next to " PROG " nor in PATH: QEMU clones "
+		       "cannot start (give --qemu-bin)");
 
 	/* Before any thread: every thread inherits the mask; the monitor waits for them. */
 	sigemptyset(&set);
@@ -410,11 +429,13 @@ int main(int argc, char **argv)
 			close(tfd);
 		unlink(d.o.socket_path);
 		free(d.o.synth_bin);
+		free(d.o.qemu_bin);
 		return 1;
 	}
 	cl_log(&d, HALITE_LOG_INFO, "listening on %s%s%s (state %s, memory %s, synth %s)",
 	       d.o.socket_path, d.o.listen ? " and " : "", d.o.listen ? d.o.listen : "",
 	       d.o.state_dir, d.o.mem_dir, d.o.synth_bin ? d.o.synth_bin : "none");
+	cl_log(&d, HALITE_LOG_INFO, "halite-qemu: %s", d.o.qemu_bin ? d.o.qemu_bin : "none");
 
 	for (;;) {
 		struct timespec tick = { 0, 250 * 1000000 };
@@ -437,6 +458,7 @@ int main(int argc, char **argv)
 	unlink(d.o.socket_path);
 	shutdown_registry(&d);
 	free(d.o.synth_bin);
+	free(d.o.qemu_bin);
 	return 0;
 bad:
 	fprintf(stderr, PROG ": bad value '%s' for --%s\n", optarg, lo[c - O_SOCKET].name);

@@ -116,7 +116,7 @@ int state_save_template(struct cloned *d, const struct tmpl *tp)
 	int ret = -ENOMEM;
 
 	if (j && path && cJSON_AddStringToObject(j, "id", tp->id) &&
-	    cJSON_AddStringToObject(j, "kind", "synthetic") &&
+	    cJSON_AddStringToObject(j, "kind", tp->kind == TMPL_QEMU ? "qemu" : "synthetic") &&
 	    cJSON_AddStringToObject(j, "snapshot", tp->snapshot) &&
 	    cJSON_AddBoolToObject(j, "hotset", tp->hotset) &&
 	    cJSON_AddNumberToObject(j, "created", (double)tp->created))

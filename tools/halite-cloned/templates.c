@@ -3,9 +3,9 @@
  * halite-cloned: templates. A template is a snapshot file opened with
  * halite_template_open() on its memory file MEM/ID.mem, with its hot set
  * at STATE/templates/ID.hot. What kind of guest a snapshot holds is read
- * from its metadata: `synth.args` (halite-synth save) is a synthetic guest,
- * `qemu.*` (halite-qemu save) a QEMU guest, which this daemon cannot clone
- * yet.
+ * from its metadata: `synth.args` (halite-synth save) is a synthetic guest
+ * (clones: halite-synth clone), `qemu.*` (halite-qemu save) a QEMU guest
+ * (clones: halite-qemu clone).
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -39,13 +39,27 @@ struct tmpl *tmpl_find(struct cloned *d, const char *id)
 	return NULL;
 }
 
-/*
- * What the snapshot is, from its metadata. 0 (synthetic: *args set), or an
- * HTTP status with @err: 400 for a file that is not a snapshot or not one
- * this daemon knows, 501 for a QEMU guest's.
- */
-static unsigned classify(const char *snapshot, char **args, char *err, size_t errlen)
+/* Whether @name is listed in the NUL-separated @list (qemu.device-ram). */
+static bool in_list(const char *list, uint32_t len, const char *name)
 {
+	for (const char *p = list; list && p < list + len; p += strlen(p) + 1)
+		if (!strcmp(p, name)) /* the list's last byte is a NUL: checked */
+			return true;
+	return false;
+}
+
+/*
+ * What the snapshot is, from its metadata: synth.args (halite-synth save)
+ * is a synthetic guest, *args set, region pc.ram; qemu.* (halite-qemu save)
+ * a QEMU guest, whose guest RAM is every region but its device RAM
+ * (qemu.device-ram, video memory the clone writes itself): tp->region is
+ * the first. 0, or an HTTP status with @err: 400 for a file that is not a
+ * snapshot or not one this daemon knows.
+ */
+static unsigned classify(struct tmpl *tp, char *err, size_t errlen)
+{
+	const char *snapshot = tp->snapshot, *devram = NULL;
+	uint32_t devram_len = 0;
 	struct halite_reader *r;
 	bool qemu = false;
 	int ret;
@@ -55,7 +69,8 @@ static unsigned classify(const char *snapshot, char **args, char *err, size_t er
 		snprintf(err, errlen, "snapshot %s: %s", snapshot, cl_errstr(ret));
 		return 400;
 	}
-	*args = NULL;
+	free(tp->synth_args);
+	tp->synth_args = NULL;
 	for (uint32_t i = 0; i < halite_reader_meta_count(r); i++) {
 		const char *key;
 		const void *val;
@@ -63,31 +78,47 @@ static unsigned classify(const char *snapshot, char **args, char *err, size_t er
 
 		if (halite_reader_meta(r, i, &key, &val, &len))
 			continue;
-		if (!strcmp(key, "synth.args") && !*args)
-			*args = strndup(val, len);
+		if (!strcmp(key, "synth.args") && !tp->synth_args)
+			tp->synth_args = strndup(val, len);
 		if (!strncmp(key, "qemu.", 5))
 			qemu = true;
+		if (!strcmp(key, "qemu.device-ram") && len && !((const char *)val)[len - 1]) {
+			devram = val;
+			devram_len = len;
+		}
 	}
-	if (!*args && qemu) {
-		snprintf(err, errlen,
-			 "QEMU templates are not supported by halite-cloned yet (%s was saved by "
-			 "halite-qemu; restore it with halite-qemu restore)",
-			 snapshot);
+	if (!tp->synth_args && qemu) {
+		tp->kind = TMPL_QEMU;
+		tp->region[0] = '\0';
+		for (uint32_t i = 0; i < halite_reader_info(r)->region_count; i++) {
+			const struct halite_region_info *ri = halite_reader_region(r, i);
+
+			if (!in_list(devram, devram_len, ri->name)) {
+				snprintf(tp->region, sizeof(tp->region), "%s", ri->name);
+				break;
+			}
+		}
 		halite_reader_free(r);
-		return 501;
+		if (!tp->region[0]) {
+			snprintf(err, errlen, "snapshot %s has no guest RAM region", snapshot);
+			return 400;
+		}
+		return 0;
 	}
-	if (!*args) {
+	if (!tp->synth_args) {
 		snprintf(err, errlen,
 			 "snapshot %s has no synth.args metadata: not a synthetic guest's snapshot "
-			 "(halite-synth save) nor a QEMU guest's",
+			 "(halite-synth save) nor a QEMU guest's (halite-qemu save)",
 			 snapshot);
 		halite_reader_free(r);
 		return 400;
 	}
+	tp->kind = TMPL_SYNTHETIC;
+	snprintf(tp->region, sizeof(tp->region), "%s", CLONED_REGION);
 	if (halite_reader_find_region(r, CLONED_REGION) < 0) {
 		snprintf(err, errlen, "snapshot %s has no region %s", snapshot, CLONED_REGION);
-		free(*args);
-		*args = NULL;
+		free(tp->synth_args);
+		tp->synth_args = NULL;
 		halite_reader_free(r);
 		return 400;
 	}
@@ -118,10 +149,10 @@ int tmpl_open(struct cloned *d, struct tmpl *tp, char *err, size_t errlen)
 		snprintf(err, errlen, "out of memory");
 		goto out;
 	}
-	if (!tp->synth_args) {
-		status = classify(tp->snapshot, &tp->synth_args, err, errlen);
+	if (!tp->region[0]) {
+		status = classify(tp, err, errlen);
 		if (status) {
-			ret = status == 501 ? -ENOTSUP : -EINVAL;
+			ret = -EINVAL;
 			goto out;
 		}
 	}
@@ -130,9 +161,9 @@ int tmpl_open(struct cloned *d, struct tmpl *tp, char *err, size_t errlen)
 		snprintf(err, errlen, "snapshot %s: %s", tp->snapshot, cl_errstr(ret));
 		goto out;
 	}
-	ret = halite_template_region(tp->t, CLONED_REGION, &tp->region_offset, &tp->region_length);
+	ret = halite_template_region(tp->t, tp->region, &tp->region_offset, &tp->region_length);
 	if (ret) {
-		snprintf(err, errlen, "snapshot %s has no region %s", tp->snapshot, CLONED_REGION);
+		snprintf(err, errlen, "snapshot %s has no region %s", tp->snapshot, tp->region);
 		halite_template_free(tp->t);
 		tp->t = NULL;
 		goto out;
@@ -153,14 +184,16 @@ cJSON *tmpl_json(struct tmpl *tp, bool detail)
 	struct halite_template_stats st;
 
 	cJSON_AddStringToObject(j, "id", tp->id);
-	cJSON_AddStringToObject(j, "kind", "synthetic");
+	cJSON_AddStringToObject(j, "kind", tp->kind == TMPL_QEMU ? "qemu" : "synthetic");
 	cJSON_AddStringToObject(j, "snapshot", tp->snapshot);
 	cJSON_AddNumberToObject(j, "memory_bytes", (double)tp->memory_bytes);
 	cJSON_AddNumberToObject(j, "stored_bytes", (double)tp->stored_bytes);
 	cJSON_AddBoolToObject(j, "hotset", tp->hotset);
 	cJSON_AddNumberToObject(j, "created", (double)tp->created);
 	cJSON_AddNumberToObject(j, "clones", tp->nclones);
-	cJSON_AddStringToObject(j, "synth_args", tp->synth_args);
+	if (tp->synth_args)
+		cJSON_AddStringToObject(j, "synth_args", tp->synth_args);
+	cJSON_AddStringToObject(j, "region", tp->region);
 	if (!detail)
 		return j;
 	halite_template_stats(tp->t, &st);
@@ -245,7 +278,7 @@ void tmpl_create(struct cloned *d, const cJSON *body, struct http_reply *r)
 	}
 	tp->hotset = !hot || cJSON_IsTrue(hot);
 	tp->created = time(NULL);
-	status = classify(tp->snapshot, &tp->synth_args, err, sizeof(err));
+	status = classify(tp, err, sizeof(err));
 	if (status) {
 		tmpl_destroy(tp);
 		return reply_error(r, status, "%s", err);

@@ -295,7 +295,9 @@ void hq_log(void *ctx, int level, const char *msg);
 /* --- commands --- */
 int hq_cmd_save(int argc, char **argv);
 int hq_cmd_restore(int argc, char **argv);
+int hq_cmd_clone(int argc, char **argv);
 void hq_help_save(FILE *f);
 void hq_help_restore(FILE *f);
+void hq_help_clone(FILE *f);
 
 #endif

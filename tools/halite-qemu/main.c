@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
  * halite-qemu: save a running stock QEMU guest lazily and restore it lazily.
- * This file only dispatches: save.c and restore.c hold the commands, vm.c
+ * This file only dispatches: save.c, restore.c and clone.c hold the commands, vm.c
  * what they do to QEMU.
  */
 #include <stdio.h>
@@ -16,6 +16,7 @@ static void usage(FILE *f)
 		"Commands:\n"
 		"  save     save a running QEMU guest lazily (copy-on-access) to a file\n"
 		"  restore  start QEMU from a file; the guest runs at once, memory comes lazily\n"
+		"  clone    one clone of a saved guest for a clone service (halite-cloned)\n"
 		"  help     describe a command\n\n"
 		"'" PROG " COMMAND --help' for each.\n");
 }
@@ -49,11 +50,15 @@ int main(int argc, char **argv)
 		hq_fault_end();
 		return code;
 	}
+	if (strcmp(argv[1], "clone") == 0)
+		return hq_cmd_clone(argc - 1, argv + 1);
 	if (strcmp(argv[1], "help") == 0) {
 		if (argc > 2 && strcmp(argv[2], "save") == 0)
 			hq_help_save(stdout);
 		else if (argc > 2 && strcmp(argv[2], "restore") == 0)
 			hq_help_restore(stdout);
+		else if (argc > 2 && strcmp(argv[2], "clone") == 0)
+			hq_help_clone(stdout);
 		else
 			usage(stdout);
 		return EXIT_OK;
