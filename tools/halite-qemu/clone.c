@@ -851,7 +851,9 @@ static int check_vm(struct qclone *c)
 			return fail(c, -EINVAL, "the file's guest RAM has no counterpart of its "
 				    "size in the clone's QEMU", f->name);
 		/* the name the template knows it by (a backend renamed: pc.ram for mem0) */
-		snprintf(c->vm.regions[k].name, sizeof(c->vm.regions[k].name), "%s", f->name);
+		if (strlen(f->name) >= sizeof(c->vm.regions[k].name))
+			return fail(c, -EINVAL, "the file's RAM region name is too long", f->name);
+		memcpy(c->vm.regions[k].name, f->name, strlen(f->name) + 1);
 	}
 	if (file_ram != c->vm.nregions)
 		return fail(c, -EINVAL, "the clone's QEMU has other guest RAM than the file", NULL);
