@@ -232,9 +232,10 @@ static void serve(struct halite_session *s, const struct uffd_msg *m, uint64_t n
 			timed(s, now);
 		return;
 	}
-	ret = tpl_request(s->t, &s->cl, mb, now);
+	/* Noted before the request: once it is answered the clone runs on. */
 	if (hot_time && !(s->o.flags & HALITE_SESSION_NO_HOT_RECORD))
 		tpl_hot_note(s->t, mb);
+	ret = tpl_request(s->t, &s->cl, mb, now);
 	if (ret == 1) {
 		atomic_fetch_add(&s->faults_cached, 1);
 		if (!install(s, mb, HALITE_GMEM_CONTINUE, 0)) {
