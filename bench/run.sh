@@ -10,6 +10,10 @@
 #   fault.json          halite-bench fault --json, if this build has it
 #   clones.json         halite-bench clones --json: the clone service against
 #                       N independent restores, N = 1, 2, 4, 8, 16 (issue 14)
+#   clones-qemu.json    bench/clones_qemu.py --json: the same for N clones of
+#                       the QEMU test guest, N = 1, 2, 4 (--quick: 1, 2);
+#                       skipped with a message without QEMU, the test guest
+#                       (scripts/make-guest.sh) or root
 #   runs.tsv            file, exit code, seconds, command, for each of them
 #   *.log               each command's stderr (progress)
 #   fig2-overhead.svg, table1.md, fig4-compress.svg, summary.md
@@ -62,6 +66,7 @@ say "build ($(rel "$build"))"
 # This run's files only: a fault.json left from an earlier run must not be
 # taken for this one's.
 rm -f "$out"/micro.json "$out"/compress-*.json "$out"/fio.json "$out"/fault.json "$out"/clones.json \
+	"$out"/clones-qemu.json \
 	"$out"/*.log "$out"/runs.tsv "$out"/fig2-overhead.svg "$out"/fig4-compress.svg \
 	"$out"/table1.md "$out"/summary.md
 printf '# file\texit\tseconds\tcommand\n' >"$out/runs.tsv"
@@ -117,6 +122,21 @@ fi
 
 # (e) Many clones of one snapshot: the clone service against independent restores.
 run clones.json "$bench" clones --json "${q[@]}"
+
+# (f) The same with QEMU clones of the test guest, when it can run here (its
+# own exit 77 would read as "no userfaultfd" below, so it is checked first).
+if ! command -v qemu-system-x86_64 >/dev/null; then
+	say "clones-qemu.json: skipped, qemu-system-x86_64 not installed (scripts/install-deps.sh --guest)"
+elif [[ ! -e $build/guest-image/initrd.img || ! -e $build/guest-image/append ]]; then
+	say "clones-qemu.json: skipped, no test guest in $(rel "$build")/guest-image (scripts/make-guest.sh)"
+elif [[ $(id -u) != 0 ]]; then
+	say "clones-qemu.json: skipped, needs root (halite-qemu ptraces QEMU)"
+else
+	HALITE_QEMU_BIN=$build/tools/halite-qemu/halite-qemu \
+		HALITE_CLONED_BIN=$build/tools/halite-cloned/halite-cloned \
+		run clones-qemu.json python3 bench/clones_qemu.py --json "${q[@]}" \
+		--image "$(rel "$build")/guest-image"
+fi
 
 say "plot"
 python3 bench/plot.py "$out" >/dev/null
