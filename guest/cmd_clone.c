@@ -33,26 +33,24 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
 #include <linux/userfaultfd.h>
 #include <xxhash.h>
 
+#include "clone_srv.h"
 #include "internal.h"
 #include "tool.h"
 
-#define LINE_MAX_BYTES 4096
 #define COPY_CHUNK (1u << 20)
 
 enum clone_state { CL_CREATED, CL_RUNNING, CL_PAUSED };
@@ -67,95 +65,9 @@ struct clone {
 	int uffd;
 	int lfd;
 	enum clone_state state;
-	bool quit;
 };
 
 static const char *const state_names[] = { "created", "running", "paused" };
-
-/* --- replies --- */
-
-static cJSON *reply_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-static cJSON *reply_error(const char *fmt, ...)
-{
-	char msg[512];
-	va_list ap;
-	cJSON *r = cJSON_CreateObject();
-
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	if (r)
-		cJSON_AddStringToObject(r, "error", msg);
-	return r;
-}
-
-static cJSON *reply_ok(void)
-{
-	cJSON *r = cJSON_CreateObject();
-
-	if (r)
-		cJSON_AddTrueToObject(r, "ok");
-	return r;
-}
-
-/* One JSON line to @fd, with @pass_fd attached (SCM_RIGHTS) if >= 0. */
-static int send_reply(int fd, cJSON *r, int pass_fd)
-{
-	char *s = r ? cJSON_PrintUnformatted(r) : NULL;
-	size_t n, off = 0;
-	int ret = 0;
-
-	if (!s) {
-		/* Out of memory: still one line, the client keeps in step. */
-		static const char oom[] = "{\"error\":\"out of memory\"}";
-
-		s = strdup(oom);
-		if (!s)
-			return -ENOMEM;
-	}
-	n = strlen(s);
-	s[n] = '\n'; /* over the NUL: the length is known */
-	n++;
-	if (pass_fd >= 0) {
-		union {
-			char buf[CMSG_SPACE(sizeof(int))];
-			struct cmsghdr align;
-		} ctl;
-		struct iovec iov = { s, n };
-		struct msghdr mh = {
-			.msg_iov = &iov, .msg_iovlen = 1,
-			.msg_control = ctl.buf, .msg_controllen = sizeof(ctl.buf),
-		};
-		struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-		ssize_t w;
-
-		memset(&ctl, 0, sizeof(ctl));
-		cm->cmsg_level = SOL_SOCKET;
-		cm->cmsg_type = SCM_RIGHTS;
-		cm->cmsg_len = CMSG_LEN(sizeof(int));
-		memcpy(CMSG_DATA(cm), &pass_fd, sizeof(int));
-		do
-			w = sendmsg(fd, &mh, MSG_NOSIGNAL);
-		while (w < 0 && errno == EINTR);
-		if (w < 0)
-			ret = -errno;
-		else
-			off = (size_t)w;
-	}
-	while (!ret && off < n) {
-		ssize_t w = send(fd, s + off, n - off, MSG_NOSIGNAL);
-
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w < 0)
-			ret = -errno;
-		else
-			off += (size_t)w;
-	}
-	cJSON_free(s);
-	return ret;
-}
 
 /* --- the guest's memory, read through the mapping --- */
 
@@ -194,13 +106,13 @@ static cJSON *cmd_dump(struct clone *c, const char *path)
 	int fd = -1, ret;
 
 	if (!path || !*path)
-		return reply_error("dump: missing PATH");
+		return clone_srv_error("dump: missing PATH");
 	ret = quiesce(c, &was_running);
 	if (ret)
-		return reply_error("dump: pausing the guest: %s", strerror(-ret));
+		return clone_srv_error("dump: pausing the guest: %s", strerror(-ret));
 	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	if (fd < 0) {
-		r = reply_error("dump: %s: %s", path, strerror(errno));
+		r = clone_srv_error("dump: %s: %s", path, strerror(errno));
 		goto out;
 	}
 	/*
@@ -210,7 +122,7 @@ static cJSON *cmd_dump(struct clone *c, const char *path)
 	 */
 	buf = malloc(COPY_CHUNK);
 	if (!buf) {
-		r = reply_error("dump: out of memory");
+		r = clone_srv_error("dump: out of memory");
 		goto out;
 	}
 	while (off < c->mem_bytes) {
@@ -224,7 +136,7 @@ static cJSON *cmd_dump(struct clone *c, const char *path)
 			if (w < 0 && errno == EINTR)
 				continue;
 			if (w <= 0) {
-				r = reply_error("dump: writing %s: %s", path,
+				r = clone_srv_error("dump: writing %s: %s", path,
 						w < 0 ? strerror(errno) : "short write");
 				goto out;
 			}
@@ -234,11 +146,11 @@ static cJSON *cmd_dump(struct clone *c, const char *path)
 	}
 	if (close(fd)) {
 		fd = -1;
-		r = reply_error("dump: closing %s: %s", path, strerror(errno));
+		r = clone_srv_error("dump: closing %s: %s", path, strerror(errno));
 		goto out;
 	}
 	fd = -1;
-	r = reply_ok();
+	r = clone_srv_ok();
 	if (r)
 		cJSON_AddNumberToObject(r, "bytes", (double)c->mem_bytes);
 out:
@@ -248,7 +160,7 @@ out:
 	ret = unquiesce(c, was_running);
 	if (ret) {
 		cJSON_Delete(r);
-		r = reply_error("dump: resuming the guest: %s", strerror(-ret));
+		r = clone_srv_error("dump: resuming the guest: %s", strerror(-ret));
 	}
 	return r;
 }
@@ -262,11 +174,11 @@ static cJSON *cmd_digest(struct clone *c)
 	int ret;
 
 	if (!st)
-		return reply_error("digest: out of memory");
+		return clone_srv_error("digest: out of memory");
 	ret = quiesce(c, &was_running);
 	if (ret) {
 		XXH3_freeState(st);
-		return reply_error("digest: pausing the guest: %s", strerror(-ret));
+		return clone_srv_error("digest: pausing the guest: %s", strerror(-ret));
 	}
 	XXH3_64bits_reset(st);
 	for (uint64_t off = 0; off < c->mem_bytes; off += COPY_CHUNK) {
@@ -278,7 +190,7 @@ static cJSON *cmd_digest(struct clone *c)
 	XXH3_freeState(st);
 	ret = unquiesce(c, was_running);
 	if (ret)
-		return reply_error("digest: resuming the guest: %s", strerror(-ret));
+		return clone_srv_error("digest: resuming the guest: %s", strerror(-ret));
 	r = cJSON_CreateObject();
 	if (r)
 		cJSON_AddStringToObject(r, "xxh3", hex);
@@ -324,7 +236,7 @@ static cJSON *cmd_stats(struct clone *c)
 		if (ret) {
 			cJSON_Delete(arr);
 			cJSON_Delete(r);
-			return reply_error("stats: vCPU %u: %s", v, strerror(-ret));
+			return clone_srv_error("stats: vCPU %u: %s", v, strerror(-ret));
 		}
 		acc += st.accesses;
 		faults += st.faults;
@@ -351,25 +263,25 @@ static cJSON *cmd_control(struct clone *c, const char *cmd)
 	if (!strcmp(cmd, "start")) {
 		ret = synth_start(c->g);
 		if (ret == -EALREADY)
-			return reply_error("start: already started (resume to run a paused guest)");
+			return clone_srv_error("start: already started (resume to run a paused guest)");
 		if (!ret)
 			c->state = CL_RUNNING;
 	} else if (!strcmp(cmd, "pause")) {
 		if (c->state == CL_CREATED)
-			return reply_error("pause: not started");
+			return clone_srv_error("pause: not started");
 		ret = synth_pause(c->g);
 		if (!ret)
 			c->state = CL_PAUSED;
 	} else {
 		if (c->state == CL_CREATED)
-			return reply_error("resume: not started (start first)");
+			return clone_srv_error("resume: not started (start first)");
 		ret = synth_resume(c->g);
 		if (!ret)
 			c->state = CL_RUNNING;
 	}
 	if (ret)
-		return reply_error("%s: %s", cmd, strerror(-ret));
-	return reply_ok();
+		return clone_srv_error("%s: %s", cmd, strerror(-ret));
+	return clone_srv_ok();
 }
 
 static cJSON *cmd_wait_done(struct clone *c, const char *arg)
@@ -379,27 +291,28 @@ static cJSON *cmd_wait_done(struct clone *c, const char *arg)
 	int ret;
 
 	if (!arg || !*arg)
-		return reply_error("wait-done: missing MS (milliseconds, 0 = forever)");
+		return clone_srv_error("wait-done: missing MS (milliseconds, 0 = forever)");
 	errno = 0;
 	ms = strtoull(arg, &end, 10);
 	if (errno || *end || *arg < '0' || *arg > '9' || ms > 0xffffffffull)
-		return reply_error("wait-done: bad MS '%s'", arg);
+		return clone_srv_error("wait-done: bad MS '%s'", arg);
 	if (c->state == CL_CREATED)
-		return reply_error("wait-done: not started");
+		return clone_srv_error("wait-done: not started");
 	ret = synth_wait_done(c->g, (unsigned)ms);
 	if (ret == -ETIMEDOUT)
-		return reply_error("timed out");
+		return clone_srv_error("timed out");
 	if (ret == -EINVAL)
-		return reply_error("wait-done: the vCPUs never finish (the clone runs without "
+		return clone_srv_error("wait-done: the vCPUs never finish (the clone runs without "
 				   "--accesses)");
 	if (ret)
-		return reply_error("wait-done: %s", strerror(-ret));
-	return reply_ok();
+		return clone_srv_error("wait-done: %s", strerror(-ret));
+	return clone_srv_ok();
 }
 
 /* One command line (NUL-terminated, no newline) -> its reply; *pass_fd set for uffd. */
-static cJSON *handle(struct clone *c, char *line, int *pass_fd)
+static cJSON *handle(void *ctx, char *line, int *pass_fd, bool *quit)
 {
+	struct clone *c = ctx;
 	char *arg = strchr(line, ' ');
 	size_t n;
 
@@ -416,7 +329,7 @@ static cJSON *handle(struct clone *c, char *line, int *pass_fd)
 		return cmd_info(c);
 	if (!strcmp(line, "uffd") && !arg) {
 		*pass_fd = c->uffd;
-		return reply_ok();
+		return clone_srv_ok();
 	}
 	if ((!strcmp(line, "start") || !strcmp(line, "pause") || !strcmp(line, "resume")) && !arg)
 		return cmd_control(c, line);
@@ -429,110 +342,17 @@ static cJSON *handle(struct clone *c, char *line, int *pass_fd)
 	if (!strcmp(line, "digest") && !arg)
 		return cmd_digest(c);
 	if (!strcmp(line, "quit") && !arg) {
-		c->quit = true;
-		return reply_ok();
+		*quit = true;
+		return clone_srv_ok();
 	}
 	if (arg && (!strcmp(line, "info") || !strcmp(line, "uffd") || !strcmp(line, "start") ||
 		    !strcmp(line, "pause") || !strcmp(line, "resume") || !strcmp(line, "stats") ||
 		    !strcmp(line, "digest") || !strcmp(line, "quit")))
-		return reply_error("%s takes no argument (got '%s')", line, arg);
-	return reply_error("unknown command: %s", line);
-}
-
-/* Serve one connection until EOF, an I/O error or quit. */
-static void serve(struct clone *c, int cfd)
-{
-	char buf[LINE_MAX_BYTES + 1];
-	size_t have = 0;
-	bool skipping = false; /* in a line too long: dropping it up to its newline */
-
-	while (!c->quit) {
-		ssize_t rd = recv(cfd, buf + have, LINE_MAX_BYTES - have, 0);
-		char *nl;
-
-		if (rd < 0 && errno == EINTR)
-			continue;
-		if (rd <= 0)
-			return;
-		have += (size_t)rd;
-		while (!c->quit && (nl = memchr(buf, '\n', have))) {
-			size_t len = (size_t)(nl - buf);
-			int pass_fd = -1;
-			cJSON *r;
-
-			*nl = '\0';
-			if (skipping) {
-				skipping = false;
-				r = reply_error("command too long (over %u bytes)", LINE_MAX_BYTES);
-			} else if (memchr(buf, '\0', len)) {
-				r = reply_error("a NUL byte in the command");
-			} else {
-				r = handle(c, buf, &pass_fd);
-			}
-			if (send_reply(cfd, r, pass_fd)) {
-				cJSON_Delete(r);
-				return;
-			}
-			cJSON_Delete(r);
-			memmove(buf, nl + 1, have - len - 1);
-			have -= len + 1;
-		}
-		if (have == LINE_MAX_BYTES) {
-			skipping = true;
-			have = 0;
-		}
-	}
+		return clone_srv_error("%s takes no argument (got '%s')", line, arg);
+	return clone_srv_error("unknown command: %s", line);
 }
 
 /* --- setup --- */
-
-static int listen_on(const char *path)
-{
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	struct stat st;
-	mode_t old;
-	int fd, ret;
-
-	if (strlen(path) >= sizeof(sa.sun_path)) {
-		fprintf(stderr, HS_PROG " clone: --control %s: longer than %zu bytes\n", path,
-			sizeof(sa.sun_path) - 1);
-		return -ENAMETOOLONG;
-	}
-	memcpy(sa.sun_path, path, strlen(path) + 1);
-	/* A stale socket of an earlier clone goes; anything else is not ours to remove. */
-	if (!lstat(path, &st)) {
-		if (!S_ISSOCK(st.st_mode)) {
-			fprintf(stderr, HS_PROG " clone: --control %s exists and is not a socket\n",
-				path);
-			return -EEXIST;
-		}
-		if (unlink(path) && errno != ENOENT) {
-			ret = -errno;
-			fprintf(stderr, HS_PROG " clone: removing the stale socket %s: %s\n", path,
-				strerror(errno));
-			return ret;
-		}
-	}
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0) {
-		ret = -errno;
-		fprintf(stderr, HS_PROG " clone: socket: %s\n", strerror(errno));
-		return ret;
-	}
-	old = umask(077); /* created 0600 (0700 & ~x is what bind gives unix sockets) */
-	ret = bind(fd, (struct sockaddr *)&sa, sizeof(sa)) ? -errno : 0;
-	umask(old);
-	if (!ret && chmod(path, 0600))
-		ret = -errno;
-	if (!ret && listen(fd, 4))
-		ret = -errno;
-	if (ret) {
-		fprintf(stderr, HS_PROG " clone: --control %s: %s\n", path, strerror(-ret));
-		close(fd);
-		return ret;
-	}
-	return fd;
-}
 
 /* A userfaultfd of this process, handshake left to the engine. */
 static int make_uffd(void)
@@ -618,6 +438,7 @@ static int map_template(struct clone *c)
 static int setup(struct clone *c)
 {
 	struct synth_opts o = c->a.o;
+	char err[PATH_MAX + 64];
 	int ret;
 
 	ret = map_template(c);
@@ -644,7 +465,9 @@ static int setup(struct clone *c)
 		fprintf(stderr, HS_PROG " clone: userfaultfd: %s\n", strerror(-ret));
 		return ret;
 	}
-	c->lfd = listen_on(c->a.control);
+	c->lfd = clone_srv_listen(c->a.control, err, sizeof(err));
+	if (c->lfd < 0)
+		fprintf(stderr, HS_PROG " clone: %s\n", err);
 	return c->lfd < 0 ? c->lfd : 0;
 }
 
@@ -704,19 +527,9 @@ int hs_cmd_clone(int argc, char **argv)
 	printf("ready\n");
 	fflush(stdout);
 
-	while (!c.quit) {
-		int cfd = accept4(c.lfd, NULL, NULL, SOCK_CLOEXEC);
-
-		if (cfd < 0) {
-			if (errno == EINTR || errno == ECONNABORTED)
-				continue;
-			fprintf(stderr, HS_PROG " clone: accept: %s\n", strerror(errno));
-			teardown(&c);
-			return 1;
-		}
-		serve(&c, cfd);
-		close(cfd);
-	}
+	ret = clone_srv_run(c.lfd, -1, handle, &c);
+	if (ret < 0)
+		fprintf(stderr, HS_PROG " clone: accept: %s\n", strerror(-ret));
 	teardown(&c);
-	return 0;
+	return ret < 0 ? 1 : 0;
 }

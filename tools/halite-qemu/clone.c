@@ -49,37 +49,30 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
-#include <sys/un.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
 
+#include "clone_srv.h"
 #include "disks.h"
 #include "hq.h"
-#include "vmconfig.h"
+#include "incoming.h"
 
 #define QEMU_DEFAULT "qemu-system-x86_64"
 #define QMP_START_TIMEOUT_MS 60000
 #define LOAD_TIMEOUT_MS 120000
-#define LINE_MAX_BYTES 4096
 #define MAX_NICS 16
 
 struct clone_params {
@@ -103,19 +96,7 @@ struct qclone {
 	pid_t qemu;
 	int qemu_pidfd;
 	int uffd, remote_uffd, lfd;
-	uint8_t *dev;
-	uint64_t devlen;
-	uint32_t file_vcpus;
-	char file_machine[64];
-	uint32_t file_nregions;
-	struct halite_region_info file_regions[HQ_MAX_REGIONS];
-	bool file_devram[HQ_MAX_REGIONS];
-	uint32_t ndevram;
-	struct {
-		const char *name;
-		uint64_t length;
-		uint8_t *copy; /* decoded from the snapshot before QEMU starts */
-	} devram[HQ_MAX_DEVRAM];
+	struct hq_snapfile f; /* its device RAM decoded before QEMU starts */
 	char macs[MAX_NICS][18];
 	int nmacs;
 	char user_qmp[PATH_MAX];   /* the first QMP/monitor socket the recorded line had, rewritten */
@@ -193,130 +174,19 @@ static int fail(struct qclone *c, int ret, const char *what, const char *detail)
 
 /* --- the snapshot ------------------------------------------------------- */
 
-/* A region's memory as saved, decoded into @out (zeros where nothing is stored). */
-static int decode_region(struct qclone *c, struct halite_reader *rd,
-			 const struct halite_region_info *ri, uint8_t *out)
-{
-	const struct halite_file_info *fi = halite_reader_info(rd);
-	void *lb = halite_reader_alloc_lb(rd);
-	uint64_t have = UINT64_MAX;
-	int ret = 0;
-
-	if (!lb)
-		return fail(c, -ENOMEM, "out of memory", NULL);
-	for (uint64_t m = ri->first_mb; m < ri->first_mb + ri->mb_count && !ret; m++) {
-		struct halite_mb_loc loc;
-
-		ret = halite_reader_mb_lookup(rd, m, &loc);
-		if (ret || loc.state != HALITE_MB_STORED)
-			continue;
-		/* A region's blocks mostly share LBs: read each once in a row. */
-		if (loc.lb != have) {
-			ret = halite_reader_read_lb(rd, loc.lb, lb);
-			have = ret ? UINT64_MAX : loc.lb;
-		}
-		if (!ret)
-			ret = halite_reader_decode_mb(rd, m, lb,
-						      out + (m - ri->first_mb) * fi->mb_size);
-	}
-	halite_reader_free_lb(lb);
-	if (ret)
-		fail(c, ret, ri->name, halite_reader_errmsg(rd)[0] ? halite_reader_errmsg(rd) :
-		     halite_strerror(ret));
-	return ret;
-}
-
-/* qemu.device-ram: which regions are device RAM, written by us, not served. */
-static int read_device_ram(struct qclone *c, struct halite_reader *rd)
-{
-	const char *k, *p;
-	const void *val = NULL;
-	uint32_t len = 0, i;
-	int ret;
-
-	for (i = 0; i < halite_reader_meta_count(rd); i++)
-		if (!halite_reader_meta(rd, i, &k, &val, &len) && !strcmp(k, "qemu.device-ram"))
-			break;
-	if (i == halite_reader_meta_count(rd))
-		return 0;
-	if (!len || ((const char *)val)[len - 1])
-		return fail(c, -HALITE_E_CORRUPT, c->p.path, "qemu.device-ram is no region list");
-	for (p = val; p < (const char *)val + len; p += strlen(p) + 1) {
-		uint32_t x;
-
-		for (x = 0; x < c->file_nregions && strcmp(c->file_regions[x].name, p); x++)
-			;
-		if (x == c->file_nregions || c->file_devram[x] || c->ndevram == HQ_MAX_DEVRAM)
-			return fail(c, -HALITE_E_CORRUPT, c->p.path, "bad qemu.device-ram");
-		c->file_devram[x] = true;
-		c->devram[c->ndevram].name = c->file_regions[x].name;
-		c->devram[c->ndevram].length = c->file_regions[x].length;
-		/*
-		 * Fresh pages, page-aligned: only what the file stores is written
-		 * (the rest stays unpopulated, and hq_vm_write_pages() sees it so).
-		 */
-		void *m = mmap(NULL, c->file_regions[x].length, PROT_READ | PROT_WRITE,
-			       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-
-		if (m == MAP_FAILED)
-			return fail(c, -errno, "a copy of device RAM", strerror(errno));
-		madvise(m, c->file_regions[x].length, MADV_NOHUGEPAGE);
-		c->devram[c->ndevram].copy = m;
-		ret = decode_region(c, rd, &c->file_regions[x], c->devram[c->ndevram].copy);
-		if (ret)
-			return ret;
-		c->ndevram++;
-	}
-	return 0;
-}
-
 static int check_file(struct qclone *c)
 {
-	HALITE_OPTS(halite_reader_opts, o);
 	struct halite_reader *rd = NULL;
-	const struct halite_root *roots;
-	uint32_t nroots;
-	const void *dev;
-	char err[512] = "";
 	int ret;
 
-	o.errbuf = err;
-	o.errbuf_len = sizeof(err);
-	ret = halite_reader_open(&rd, c->p.path, &o);
+	ret = hq_snapfile_read(&c->f, c->p.path, &rd, c->err, sizeof(c->err));
 	if (ret)
-		return fail(c, ret, c->p.path, err[0] ? err : halite_strerror(ret));
-	ret = halite_reader_device_state(rd, &dev, &c->devlen);
-	if (ret) {
-		fail(c, ret, c->p.path, "no device state: not saved by " PROG);
-		goto out;
-	}
-	ret = hq_device_stream_check(dev, c->devlen, c->file_machine, sizeof(c->file_machine),
-				     err, sizeof(err));
-	if (ret) {
-		fail(c, ret, c->p.path, err);
-		goto out;
-	}
-	c->dev = malloc(c->devlen);
-	if (!c->dev) {
-		ret = fail(c, -ENOMEM, "out of memory", NULL);
-		goto out;
-	}
-	memcpy(c->dev, dev, c->devlen);
-	if (halite_reader_vcpus(rd, &c->file_vcpus, &roots, &nroots))
-		c->file_vcpus = 0;
-	c->file_nregions = halite_reader_info(rd)->region_count;
-	if (c->file_nregions > HQ_MAX_REGIONS) {
-		ret = fail(c, -HALITE_E_LIMIT, c->p.path, "more regions than halite-qemu handles");
-		goto out;
-	}
-	for (uint32_t i = 0; i < c->file_nregions; i++)
-		c->file_regions[i] = *halite_reader_region(rd, i);
-	ret = read_device_ram(c, rd);
+		return ret;
+	ret = hq_snapfile_devram_decode(&c->f, rd, c->err, sizeof(c->err));
 	if (!ret)
 		ret = hq_config_read(&c->cfg, rd, c->p.path, c->err, sizeof(c->err));
 	if (!ret && !c->cfg.rec.argc)
 		ret = fail(c, -EINVAL, c->p.path, "records no QEMU command line to clone");
-out:
 	halite_reader_free(rd);
 	return ret;
 }
@@ -684,116 +554,30 @@ static int prepare_disks(struct qclone *c)
 
 static int spawn_qemu(struct qclone *c)
 {
-	int argc = 0, pfd[2], e = 0, nenv = 0;
-	char qmp[PATH_MAX + 64], log[PATH_MAX + 16], **argv, **envp, *own_env;
-	pid_t parent = getpid();
-	extern char **environ;
-	ssize_t n;
+	struct hq_spawn s = { .cfg = &c->cfg, .qmp = c->qmp, .log_mode = 0640,
+			      .die_with_us = true };
+	char log[PATH_MAX + 16];
+	int ret;
 
-	while (environ[nenv])
-		nenv++;
-	argv = calloc((size_t)c->cfg.run.argc + 8, sizeof(*argv));
-	envp = calloc((size_t)nenv + 2, sizeof(*envp));
-	own_env = hq_config_env(&c->cfg);
-	if (!argv || !envp || !own_env || pipe2(pfd, O_CLOEXEC)) {
-		free(argv);
-		free(envp);
-		free(own_env);
-		return fail(c, -ENOMEM, "out of memory", NULL);
-	}
-	for (int i = 0, k = 0; i <= nenv; i++) {
-		size_t name = (size_t)(strchr(own_env, '=') - own_env) + 1;
-
-		if (i == nenv)
-			envp[k] = own_env;
-		else if (strncmp(environ[i], own_env, name))
-			envp[k++] = environ[i];
-	}
-	for (int i = 0; i < c->cfg.run.argc; i++)
-		argv[argc++] = c->cfg.run.argv[i];
-	snprintf(qmp, sizeof(qmp), "unix:%s,server=on,wait=off", c->qmp);
 	snprintf(log, sizeof(log), "%s/qemu.log", c->dir);
-	argv[argc++] = "-S";
-	argv[argc++] = "-incoming";
-	argv[argc++] = "defer";
-	argv[argc++] = "-qmp";
-	argv[argc++] = qmp;
-	argv[argc] = NULL;
-	c->qemu = fork();
-	if (c->qemu == 0) {
-		int f;
-
-		/* This process is the clone: QEMU goes with it (a deleted clone is killed). */
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		if (getppid() != parent)
-			_exit(127);
-		f = open("/dev/null", O_RDONLY);
-		if (f >= 0)
-			dup2(f, STDIN_FILENO);
-		f = open(log, O_WRONLY | O_CREAT | O_APPEND, 0640);
-		if (f >= 0) {
-			dup2(f, STDOUT_FILENO);
-			dup2(f, STDERR_FILENO);
-		}
-		if (!c->cfg.cwd || !chdir(c->cfg.cwd))
-			execvpe(argv[0], argv, envp);
-		e = errno;
-		if (write(pfd[1], &e, sizeof(e)) < 0)
-			_exit(127);
-		_exit(127);
-	}
-	close(pfd[1]);
-	if (c->qemu < 0) {
-		close(pfd[0]);
-		free(argv);
-		free(envp);
-		free(own_env);
-		return fail(c, -errno, "fork", strerror(errno));
-	}
-	n = read(pfd[0], &e, sizeof(e));
-	close(pfd[0]);
-	if (n == sizeof(e)) {
-		waitpid(c->qemu, NULL, 0);
-		c->qemu = 0;
-		snprintf(c->err, sizeof(c->err), "cannot run %s: %s", argv[0], strerror(e));
-	}
-	free(argv);
-	free(envp);
-	free(own_env);
-	if (e)
-		return -e;
+	s.log = log;
+	ret = hq_qemu_spawn(&s, &c->qemu, c->err, sizeof(c->err));
+	if (ret)
+		return ret;
+	/* Watched while serving: QEMU's exit ends this process. */
 	c->qemu_pidfd = (int)syscall(SYS_pidfd_open, c->qemu, 0);
+	if (c->qemu_pidfd < 0)
+		return fail(c, -errno, "pidfd_open", strerror(errno));
 	return 0;
 }
 
 static int attach_qemu(struct qclone *c)
 {
-	static const char *const need[] = { "query-cpus-fast", "human-monitor-command",
-					    "migrate-incoming", "query-migrate", "cont", NULL };
-	uint64_t end = hq_now_ns() + QMP_START_TIMEOUT_MS * 1000000ull;
-	int ret, st;
+	char see[PATH_MAX + 16];
 
-	for (;;) {
-		ret = hq_vm_attach(&c->vm, c->qmp, 200, need);
-		if (ret != -ETIMEDOUT && ret != -ENOENT && ret != -ECONNREFUSED)
-			break;
-		hq_vm_release(&c->vm);
-		if (waitpid(c->qemu, &st, WNOHANG) == c->qemu) {
-			c->qemu = 0;
-			snprintf(c->err, sizeof(c->err), "QEMU exited (%s %d) before its QMP socket "
-				 "came up: see %.1000s/qemu.log", WIFEXITED(st) ? "status" : "signal",
-				 WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), c->dir);
-			return -ECHILD;
-		}
-		if (hq_now_ns() > end)
-			return fail(c, -ETIMEDOUT, "QEMU's QMP socket did not come up", c->qmp);
-		usleep(20000);
-	}
-	if (ret)
-		return fail(c, ret, c->vm.err, NULL);
-	if (c->vm.pid != c->qemu)
-		return fail(c, -EPROTO, "QMP socket answered by another process", c->qmp);
-	return 0;
+	snprintf(see, sizeof(see), "%.1000s/qemu.log", c->dir);
+	return hq_qemu_attach(&c->vm, &c->qemu, c->qmp, QMP_START_TIMEOUT_MS, 20000, see, NULL,
+			      NULL, c->err, sizeof(c->err));
 }
 
 /*
@@ -811,9 +595,9 @@ static int check_vm(struct qclone *c)
 		return fail(c, ret, c->vm.err, NULL);
 	if (strcmp(st, "inmigrate"))
 		return fail(c, -HALITE_E_STATE, "QEMU is not waiting for an incoming state", st);
-	if (strcmp(c->vm.machine, c->file_machine))
+	if (strcmp(c->vm.machine, c->f.machine))
 		return fail(c, -EINVAL, "QEMU's machine type is not the file's", c->vm.machine);
-	if (c->file_vcpus && c->file_vcpus != c->vm.nvcpus)
+	if (c->f.vcpus && c->f.vcpus != c->vm.nvcpus)
 		return fail(c, -EINVAL, "QEMU's vCPU count is not the file's", NULL);
 	ret = hq_config_check_devices(&c->cfg, c->vm.qmp, c->p.path, c->err, sizeof(c->err));
 	if (ret)
@@ -836,11 +620,11 @@ static int check_vm(struct qclone *c)
 	ret = hq_vm_ram(&c->vm);
 	if (ret)
 		return fail(c, ret, c->vm.err, NULL);
-	for (uint32_t i = 0; i < c->file_nregions; i++) {
-		const struct halite_region_info *f = &c->file_regions[i];
+	for (uint32_t i = 0; i < c->f.nregions; i++) {
+		const struct halite_region_info *f = &c->f.regions[i];
 		uint32_t k;
 
-		if (c->file_devram[i])
+		if (c->f.devram_of[i])
 			continue;
 		file_ram++;
 		for (k = 0; k < c->vm.nregions; k++)
@@ -857,129 +641,39 @@ static int check_vm(struct qclone *c)
 	}
 	if (file_ram != c->vm.nregions)
 		return fail(c, -EINVAL, "the clone's QEMU has other guest RAM than the file", NULL);
-	for (uint32_t i = 0; i < c->ndevram; i++) {
-		uint64_t len = 0;
-
-		ret = hq_vm_ramblock(&c->vm, c->devram[i].name, &len);
-		if (ret || len != c->devram[i].length)
-			return fail(c, ret ? ret : -EINVAL, "the file's device RAM has no "
-				    "counterpart of its size in the clone's QEMU", c->devram[i].name);
-	}
-	return 0;
+	return hq_qemu_check_devram(&c->vm, &c->f, c->err, sizeof(c->err));
 }
 
 /* Nothing QEMU wrote or mapped while starting stays: the file's pages come through the session. */
 static int empty_ram(struct qclone *c)
 {
 	for (uint32_t i = 0; i < c->vm.nregions; i++) {
-		const struct hq_region *g = &c->vm.regions[i];
-		int ret = hq_drop_ptes(&c->vm, g->host, g->length);
+		int ret = hq_qemu_drop_region(&c->vm, &c->vm.regions[i], c->err, sizeof(c->err));
 
-		if (ret) {
-			snprintf(c->err, sizeof(c->err), "emptying guest RAM %.90s: madvise inside "
-				 "QEMU: %.900s", g->name, ret < 0 && c->vm.err[0] ? c->vm.err : strerror(-ret));
-			return ret < 0 ? ret : -EIO;
-		}
+		if (ret)
+			return ret;
 	}
 	return 0;
 }
 
-/* The device state through a unix socket QEMU listens on; wait for the load. */
+/* The device state to QEMU (its RAM faults served by the session); wait for the load. */
 static int load_devices(struct qclone *c)
 {
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	uint64_t end = hq_now_ns() + LOAD_TIMEOUT_MS * 1000000ull;
-	cJSON *args, *ret_obj = NULL;
-	char uri[sizeof(sa.sun_path) + 8];
-	const uint8_t *p = c->dev;
-	uint64_t left = c->devlen;
-	int fd, ret;
+	int ret = hq_qemu_load_devices(&c->vm, c->dir, c->f.dev, c->f.devlen, LOAD_TIMEOUT_MS,
+				       NULL, NULL, "(see its qemu.log)", c->err, sizeof(c->err));
+	char sock[PATH_MAX + 16];
 
-	if ((size_t)snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/in.sock", c->dir) >=
-	    sizeof(sa.sun_path))
-		return fail(c, -ENAMETOOLONG, "the clone's directory", c->dir);
-	snprintf(uri, sizeof(uri), "unix:%s", sa.sun_path);
-	args = cJSON_CreateObject();
-	cJSON_AddStringToObject(args, "uri", uri);
-	ret = hq_qmp_call(c->vm.qmp, "migrate-incoming", args, NULL, HQ_QMP_TIMEOUT_MS);
-	if (ret)
-		return fail(c, ret, "migrate-incoming", hq_qmp_errmsg(c->vm.qmp));
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa))) {
-		ret = -errno;
-		if (fd >= 0)
-			close(fd);
-		return fail(c, ret, "connecting to QEMU's incoming socket", strerror(-ret));
-	}
-	/* Blocking: QEMU reads it as it loads, its faults served by the session. */
-	while (left) {
-		ssize_t w = send(fd, p, left, MSG_NOSIGNAL);
-
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0) {
-			ret = w < 0 ? -errno : -EIO;
-			close(fd);
-			return fail(c, ret, "sending the device state", strerror(-ret));
-		}
-		p += w;
-		left -= (uint64_t)w;
-	}
-	close(fd);
-	unlink(sa.sun_path);
-	for (;;) {
-		const char *st, *desc;
-
-		ret = hq_qmp_call(c->vm.qmp, "query-migrate", NULL, &ret_obj, HQ_QMP_TIMEOUT_MS);
-		if (ret)
-			return fail(c, ret, "query-migrate", hq_qmp_errmsg(c->vm.qmp));
-		st = cJSON_GetStringValue(cJSON_GetObjectItem(ret_obj, "status"));
-		if (st && !strcmp(st, "completed")) {
-			cJSON_Delete(ret_obj);
-			c->vm.run_seen = -1; /* as restore.c's load_devices() says */
-			return 0;
-		}
-		if (st && !strcmp(st, "failed")) {
-			desc = cJSON_GetStringValue(cJSON_GetObjectItem(ret_obj, "error-desc"));
-			fail(c, -EIO, "QEMU could not load the device state",
-			     desc ? desc : "(see its qemu.log)");
-			cJSON_Delete(ret_obj);
-			return -EIO;
-		}
-		cJSON_Delete(ret_obj);
-		ret_obj = NULL;
-		if (hq_now_ns() > end)
-			return fail(c, -ETIMEDOUT, "QEMU did not finish loading the device state",
-				    NULL);
-		usleep(500);
-	}
+	snprintf(sock, sizeof(sock), "%s/in.sock", c->dir);
+	unlink(sock);
+	return ret;
 }
 
 /* The file's video memory over its block, where the guest sees it once loaded. */
 static int write_device_ram(struct qclone *c)
 {
-	int ret;
+	uint64_t n;
 
-	if (!c->ndevram)
-		return 0;
-	ret = hq_vm_device_ram(&c->vm);
-	if (ret)
-		return fail(c, ret, "finding device RAM", c->vm.err);
-	for (uint32_t i = 0; i < c->ndevram; i++) {
-		const struct hq_devram *d = NULL;
-		uint64_t n = 0;
-
-		for (uint32_t k = 0; k < c->vm.ndevram && !d; k++)
-			if (!strcmp(c->vm.devram[k].name, c->devram[i].name))
-				d = &c->vm.devram[k];
-		if (!d || d->length != c->devram[i].length)
-			return fail(c, -EINVAL, "the file's device RAM is not where the guest can "
-				    "reach it once the device state is loaded", c->devram[i].name);
-		ret = hq_vm_write_pages(&c->vm, d->host, d->length, c->devram[i].copy, &n);
-		if (ret)
-			return fail(c, ret, "writing device RAM", c->vm.err);
-	}
-	return 0;
+	return hq_qemu_write_devram(&c->vm, &c->f, &n, c->err, sizeof(c->err));
 }
 
 static int setup(struct qclone *c)
@@ -1035,77 +729,6 @@ static int setup(struct qclone *c)
 }
 
 /* --- the control socket --------------------------------------------------- */
-
-static cJSON *reply_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static cJSON *reply_error(const char *fmt, ...)
-{
-	char msg[1400];
-	va_list ap;
-	cJSON *r = cJSON_CreateObject();
-
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	if (r)
-		cJSON_AddStringToObject(r, "error", msg);
-	return r;
-}
-
-static cJSON *reply_ok(void)
-{
-	cJSON *r = cJSON_CreateObject();
-
-	if (r)
-		cJSON_AddTrueToObject(r, "ok");
-	return r;
-}
-
-static int send_reply(int fd, cJSON *r, int pass_fd)
-{
-	char *s = r ? cJSON_PrintUnformatted(r) : strdup("{\"error\":\"out of memory\"}");
-	union {
-		char buf[CMSG_SPACE(sizeof(int))];
-		struct cmsghdr align;
-	} ctl;
-	struct iovec iov;
-	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
-	size_t n, off = 0;
-	int ret = 0;
-
-	if (!s)
-		return -ENOMEM;
-	n = strlen(s);
-	s[n++] = '\n'; /* over the NUL: the length is known */
-	if (pass_fd >= 0) {
-		struct cmsghdr *cm;
-
-		memset(&ctl, 0, sizeof(ctl));
-		mh.msg_control = ctl.buf;
-		mh.msg_controllen = sizeof(ctl.buf);
-		cm = CMSG_FIRSTHDR(&mh);
-		cm->cmsg_level = SOL_SOCKET;
-		cm->cmsg_type = SCM_RIGHTS;
-		cm->cmsg_len = CMSG_LEN(sizeof(int));
-		memcpy(CMSG_DATA(cm), &pass_fd, sizeof(int));
-	}
-	while (!ret && off < n) {
-		ssize_t w;
-
-		iov.iov_base = s + off;
-		iov.iov_len = n - off;
-		w = sendmsg(fd, &mh, MSG_NOSIGNAL);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w < 0)
-			ret = -errno;
-		else
-			off += (size_t)w;
-		mh.msg_control = NULL; /* the descriptor goes with the first bytes only */
-		mh.msg_controllen = 0;
-	}
-	free(s);
-	return ret;
-}
 
 static const char *const state_names[] = { "created", "running", "paused" };
 
@@ -1167,7 +790,7 @@ static cJSON *cmd_start(struct qclone *c)
 	int ret;
 
 	if (c->state != QC_CREATED)
-		return reply_error("start: already started (resume to run a paused guest)");
+		return clone_srv_error("start: already started (resume to run a paused guest)");
 	c->err[0] = '\0';
 	ret = load_devices(c);
 	if (!ret)
@@ -1182,9 +805,9 @@ static cJSON *cmd_start(struct qclone *c)
 			fail(c, ret, "resuming the guest", c->vm.err);
 	}
 	if (ret)
-		return reply_error("start: %s", c->err[0] ? c->err : halite_strerror(ret));
+		return clone_srv_error("start: %s", c->err[0] ? c->err : halite_strerror(ret));
 	c->state = QC_RUNNING;
-	return reply_ok();
+	return clone_srv_ok();
 }
 
 static cJSON *cmd_runstate(struct qclone *c, bool run)
@@ -1192,12 +815,12 @@ static cJSON *cmd_runstate(struct qclone *c, bool run)
 	int ret;
 
 	if (c->state == QC_CREATED)
-		return reply_error("%s: not started", run ? "resume" : "pause");
+		return clone_srv_error("%s: not started", run ? "resume" : "pause");
 	ret = hq_vm_settle(&c->vm, run, HQ_QMP_TIMEOUT_MS, NULL);
 	if (ret)
-		return reply_error("%s: %s", run ? "resume" : "pause", c->vm.err);
+		return clone_srv_error("%s: %s", run ? "resume" : "pause", c->vm.err);
 	c->state = run ? QC_RUNNING : QC_PAUSED;
-	return reply_ok();
+	return clone_srv_ok();
 }
 
 static cJSON *cmd_stats(struct qclone *c)
@@ -1212,8 +835,9 @@ static cJSON *cmd_stats(struct qclone *c)
 	return r;
 }
 
-static cJSON *handle(struct qclone *c, char *line, int *pass_fd)
+static cJSON *handle(void *ctx, char *line, int *pass_fd, bool *quit)
 {
+	struct qclone *c = ctx;
 	size_t n = strlen(line);
 
 	while (n && (line[n - 1] == '\r' || line[n - 1] == ' ' || line[n - 1] == '\t'))
@@ -1222,7 +846,7 @@ static cJSON *handle(struct qclone *c, char *line, int *pass_fd)
 		return cmd_info(c);
 	if (!strcmp(line, "uffd")) {
 		*pass_fd = c->uffd;
-		return reply_ok();
+		return clone_srv_ok();
 	}
 	if (!strcmp(line, "start"))
 		return cmd_start(c);
@@ -1231,88 +855,13 @@ static cJSON *handle(struct qclone *c, char *line, int *pass_fd)
 	if (!strcmp(line, "stats"))
 		return cmd_stats(c);
 	if (!strcmp(line, "digest") || !strncmp(line, "dump", 4) || !strncmp(line, "wait-done", 9))
-		return reply_error("%s: not for a QEMU clone (check its memory from inside the "
+		return clone_srv_error("%s: not for a QEMU clone (check its memory from inside the "
 				   "guest)", line);
 	if (!strcmp(line, "quit")) {
-		c->quit = true;
-		return reply_ok();
+		*quit = c->quit = true;
+		return clone_srv_ok();
 	}
-	return reply_error("unknown command: %s", line);
-}
-
-/* Serve one connection until EOF, quit, or QEMU's exit. */
-static void serve(struct qclone *c, int cfd)
-{
-	char buf[LINE_MAX_BYTES + 1];
-	size_t have = 0;
-
-	while (!c->quit) {
-		struct pollfd p[2] = { { cfd, POLLIN, 0 }, { c->qemu_pidfd, POLLIN, 0 } };
-		ssize_t rd;
-		char *nl;
-
-		if (poll(p, c->qemu_pidfd >= 0 ? 2 : 1, -1) < 0) {
-			if (errno == EINTR)
-				continue;
-			return;
-		}
-		if (p[1].revents)
-			return; /* QEMU is gone */
-		rd = recv(cfd, buf + have, LINE_MAX_BYTES - have, 0);
-		if (rd < 0 && errno == EINTR)
-			continue;
-		if (rd <= 0)
-			return;
-		have += (size_t)rd;
-		while (!c->quit && (nl = memchr(buf, '\n', have))) {
-			size_t len = (size_t)(nl - buf);
-			int pass_fd = -1;
-			cJSON *r;
-
-			*nl = '\0';
-			r = memchr(buf, '\0', len) ? reply_error("a NUL byte in the command") :
-			    handle(c, buf, &pass_fd);
-			if (send_reply(cfd, r, pass_fd)) {
-				cJSON_Delete(r);
-				return;
-			}
-			cJSON_Delete(r);
-			memmove(buf, nl + 1, have - len - 1);
-			have -= len + 1;
-		}
-		if (have == LINE_MAX_BYTES)
-			have = 0; /* a line too long: dropped */
-	}
-}
-
-static int listen_on(struct qclone *c, const char *path)
-{
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	struct stat st;
-	mode_t old;
-	int fd, ret;
-
-	if (strlen(path) >= sizeof(sa.sun_path))
-		return fail(c, -ENAMETOOLONG, "--control", path);
-	memcpy(sa.sun_path, path, strlen(path) + 1);
-	if (!lstat(path, &st)) {
-		if (!S_ISSOCK(st.st_mode))
-			return fail(c, -EEXIST, "--control exists and is not a socket", path);
-		unlink(path);
-	}
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return fail(c, -errno, "socket", strerror(errno));
-	old = umask(077);
-	ret = bind(fd, (struct sockaddr *)&sa, sizeof(sa)) ? -errno : 0;
-	umask(old);
-	if (!ret && listen(fd, 4))
-		ret = -errno;
-	if (ret) {
-		close(fd);
-		return fail(c, ret, path, strerror(-ret));
-	}
-	return fd;
+	return clone_srv_error("unknown command: %s", line);
 }
 
 /* QEMU asked to quit, then waited for (killed if it will not). 0 when it quit. */
@@ -1358,7 +907,7 @@ int hq_cmd_clone(int argc, char **argv)
 	setsid();
 	ret = setup(c);
 	if (!ret) {
-		c->lfd = listen_on(c, c->p.control);
+		c->lfd = clone_srv_listen(c->p.control, c->err, sizeof(c->err));
 		ret = c->lfd < 0 ? c->lfd : 0;
 	}
 	if (ret) {
@@ -1368,28 +917,16 @@ int hq_cmd_clone(int argc, char **argv)
 	}
 	printf("ready\n");
 	fflush(stdout);
-	while (!c->quit) {
-		struct pollfd p[2] = { { c->lfd, POLLIN, 0 }, { c->qemu_pidfd, POLLIN, 0 } };
-		int cfd;
-
-		if (poll(p, c->qemu_pidfd >= 0 ? 2 : 1, -1) < 0 && errno != EINTR)
-			break;
-		if (p[1].revents)
-			break;
-		if (!(p[0].revents & POLLIN))
-			continue;
-		cfd = accept4(c->lfd, NULL, NULL, SOCK_CLOEXEC);
-		if (cfd < 0)
-			continue;
-		serve(c, cfd);
-		close(cfd);
-		if (c->qemu > 0 && waitpid(c->qemu, &st, WNOHANG) == c->qemu) {
-			c->qemu = 0;
-			break;
-		}
-	}
+	/* Until quit, or QEMU's exit (its pidfd readable), or accept() fails. */
+	ret = clone_srv_run(c->lfd, c->qemu_pidfd, handle, c);
+	if (ret < 0)
+		hq_errorf("clone: accept: %s", strerror(-ret));
 	if (!c->quit) {
-		hq_errorf("clone: QEMU (pid %d) exited; see %s/qemu.log", (int)c->vm.pid, c->dir);
+		if (c->qemu > 0 && waitpid(c->qemu, &st, WNOHANG) == c->qemu)
+			c->qemu = 0;
+		if (ret > 0)
+			hq_errorf("clone: QEMU (pid %d) exited; see %s/qemu.log", (int)c->vm.pid,
+				  c->dir);
 		code = EXIT_FAIL;
 	}
 out:
@@ -1407,12 +944,10 @@ out:
 		close(c->uffd);
 	if (c->qemu_pidfd >= 0)
 		close(c->qemu_pidfd);
-	for (uint32_t i = 0; i < c->ndevram; i++)
-		munmap(c->devram[i].copy, c->devram[i].length);
+	hq_snapfile_free(&c->f);
 	hq_config_free(&c->cfg);
 	hq_vm_release(&c->vm);
 	unlink(c->qmp);
-	free(c->dev);
 	free(c);
 	return code;
 }

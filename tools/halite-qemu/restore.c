@@ -39,14 +39,11 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
-#include <poll.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
-#include <sys/mman.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -54,7 +51,7 @@
 #include "cli.h"
 #include "disks.h"
 #include "hq.h"
-#include "vmconfig.h"
+#include "incoming.h"
 
 #define QEMU_DEFAULT "qemu-system-x86_64"
 #define QMP_START_TIMEOUT_MS 60000
@@ -91,24 +88,10 @@ struct restore_run {
 	int uffd, remote_uffd;
 	int lock_fd; /* the file, LOCK_SH held from the check to the end */
 	char dir[64];
-	uint8_t *dev;
-	uint64_t devlen;
-	uint32_t file_vcpus;
-	char file_machine[64];
+	struct hq_snapfile f; /* what the file says; its device RAM read by the engine into copies */
 	bool file_paused;	/* its qemu.run-state: "paused" (none: running) */
 	bool paused;		/* the run state to leave the guest in */
-	uint32_t file_nregions;
-	struct halite_region_info file_regions[HQ_MAX_REGIONS];
-	bool file_devram[HQ_MAX_REGIONS]; /* the region is device RAM (qemu.device-ram) */
-	/* The file's device RAM, read by the engine into @copy, written into QEMU after the load. */
-	uint32_t ndevram;
-	struct {
-		const char *name; /* the file region's, the RAM block's */
-		uint64_t length;
-		uint8_t *copy;
-	} devram[HQ_MAX_DEVRAM];
 	uint64_t devram_written, devram_ns;
-	uint64_t mem_bytes;
 	/* Times from the command's start. */
 	uint64_t t0, t_qmp, t_ready, t_loaded, t_forwarded, t_resume, t_done;
 	int nforwards; /* host forwards added here, once the state was loaded */
@@ -388,53 +371,10 @@ static int file_run_state(struct restore_run *r, const struct halite_reader *rd)
 	return 0;
 }
 
-/*
- * Which of the file's regions are device RAM (qemu.device-ram: region
- * names, each NUL-ended); files without it have guest RAM only.
- */
-static int file_device_ram(struct restore_run *r, const struct halite_reader *rd)
-{
-	const char *k, *p;
-	const void *val = NULL;
-	uint32_t len = 0, i;
-
-	for (i = 0; i < halite_reader_meta_count(rd); i++)
-		if (!halite_reader_meta(rd, i, &k, &val, &len) && !strcmp(k, "qemu.device-ram"))
-			break;
-	if (i == halite_reader_meta_count(rd))
-		return 0;
-	if (!len || ((const char *)val)[len - 1]) {
-		snprintf(r->err, sizeof(r->err), "%s: its qemu.device-ram is not a list of regions",
-			 r->p.path);
-		return -HALITE_E_CORRUPT;
-	}
-	for (p = val; p < (const char *)val + len; p += strlen(p) + 1) {
-		uint32_t x;
-
-		for (x = 0; x < r->file_nregions && strcmp(r->file_regions[x].name, p); x++)
-			;
-		if (x == r->file_nregions || r->file_devram[x] || r->ndevram == HQ_MAX_DEVRAM) {
-			snprintf(r->err, sizeof(r->err), "%s: its qemu.device-ram names '%.64s', %s",
-				 r->p.path, p, x == r->file_nregions ? "which is no region of it" :
-				 r->file_devram[x] ? "twice" : "one too many");
-			return -HALITE_E_CORRUPT;
-		}
-		r->file_devram[x] = true;
-		r->devram[r->ndevram].name = r->file_regions[x].name;
-		r->devram[r->ndevram++].length = r->file_regions[x].length;
-	}
-	return 0;
-}
-
 /* What the file holds, checked before QEMU starts. */
 static int check_file(struct restore_run *r)
 {
-	HALITE_OPTS(halite_reader_opts, o);
 	struct halite_reader *rd = NULL;
-	const struct halite_root *roots;
-	uint32_t nroots;
-	const void *dev;
-	char err[512] = "";
 	int ret;
 
 	/*
@@ -446,57 +386,14 @@ static int check_file(struct restore_run *r)
 	r->lock_fd = open(r->p.path, O_RDONLY | O_CLOEXEC);
 	if (r->lock_fd >= 0 && flock(r->lock_fd, LOCK_SH | LOCK_NB) && r->p.out.verbose)
 		hq_errorf("restore: %s: flock: %s", r->p.path, strerror(errno));
-	o.errbuf = err;
-	o.errbuf_len = sizeof(err);
-	ret = halite_reader_open(&rd, r->p.path, &o);
+	ret = hq_snapfile_read(&r->f, r->p.path, &rd, r->err, sizeof(r->err));
 	if (ret)
-		return err[0] ? fail(r, ret, err, NULL) : fail(r, ret, r->p.path, halite_strerror(ret));
-	ret = halite_reader_device_state(rd, &dev, &r->devlen);
-	if (ret) {
-		fail(r, ret, r->p.path, "no device state: not saved by " PROG);
-		goto out;
-	}
-	ret = hq_device_stream_check(dev, r->devlen, r->file_machine, sizeof(r->file_machine),
-				     err, sizeof(err));
-	if (ret) {
-		fail(r, ret, r->p.path, err);
-		goto out;
-	}
-	r->dev = malloc(r->devlen);
-	if (!r->dev) {
-		ret = fail(r, -ENOMEM, "out of memory", NULL);
-		goto out;
-	}
-	memcpy(r->dev, dev, r->devlen);
-	if (halite_reader_vcpus(rd, &r->file_vcpus, &roots, &nroots))
-		r->file_vcpus = 0;
-	r->mem_bytes = halite_reader_info(rd)->memory_bytes;
-	r->file_nregions = halite_reader_info(rd)->region_count;
-	if (r->file_nregions > HQ_MAX_REGIONS) {
-		ret = fail(r, -HALITE_E_LIMIT, r->p.path, "more regions than halite-qemu handles");
-		goto out;
-	}
-	for (uint32_t i = 0; i < r->file_nregions; i++)
-		r->file_regions[i] = *halite_reader_region(rd, i);
-	ret = file_device_ram(r, rd);
-	if (!ret)
-		ret = hq_config_read(&r->cfg, rd, r->p.path, r->err, sizeof(r->err));
+		return ret;
+	ret = hq_config_read(&r->cfg, rd, r->p.path, r->err, sizeof(r->err));
 	if (!ret)
 		ret = file_run_state(r, rd);
-out:
 	halite_reader_free(rd);
 	return ret;
-}
-
-/* In the child, before exec: @fd from @path (a failure leaves @fd as it was). */
-static void redirect(int fd, const char *path, int flags)
-{
-	int f = open(path, flags, 0644);
-
-	if (f >= 0 && f != fd) {
-		dup2(f, fd);
-		close(f);
-	}
 }
 
 /*
@@ -564,140 +461,30 @@ static int prepare_disks(struct restore_run *r)
 
 static int spawn_qemu(struct restore_run *r)
 {
-	int argc = 0, pfd[2], e = 0, nenv = 0;
-	char qmp[160], **argv, **envp, *own_env;
-	extern char **environ;
-	ssize_t n;
+	struct hq_spawn s = { .cfg = &r->cfg, .log = r->p.qemu_log, .detach = r->p.detach };
+	char qmp[128], own[96];
 
-	while (environ[nenv])
-		nenv++;
-	argv = calloc((size_t)r->cfg.run.argc + 8, sizeof(*argv));
-	envp = calloc((size_t)nenv + 2, sizeof(*envp));
-	/* The user's command line rides in QEMU's environment: a save of it records it. */
-	own_env = hq_config_env(&r->cfg);
-	if (!argv || !envp || !own_env) {
-		free(argv);
-		free(envp);
-		free(own_env);
-		return fail(r, -ENOMEM, "out of memory", NULL);
+	snprintf(qmp, sizeof(qmp), "%s/qmp.sock", r->dir);
+	s.qmp = qmp;
+	/* Ours until we detach: its last lines explain a failure. */
+	if (!s.log && r->p.detach) {
+		snprintf(own, sizeof(own), "%s/qemu.log", r->dir);
+		s.log = own;
 	}
-	for (int i = 0, k = 0; i <= nenv; i++) {
-		size_t name = (size_t)(strchr(own_env, '=') - own_env) + 1;
-
-		/* Ours replaces one inherited (halite-qemu run from a restored QEMU's child). */
-		if (i == nenv)
-			envp[k] = own_env;
-		else if (strncmp(environ[i], own_env, name))
-			envp[k++] = environ[i];
-	}
-	for (int i = 0; i < r->cfg.run.argc; i++)
-		argv[argc++] = r->cfg.run.argv[i];
-	snprintf(qmp, sizeof(qmp), "unix:%s/qmp.sock,server=on,wait=off", r->dir);
-	argv[argc++] = "-S";
-	argv[argc++] = "-incoming";
-	argv[argc++] = "defer";
-	argv[argc++] = "-qmp";
-	argv[argc++] = qmp;
-	argv[argc] = NULL;
-	if (pipe2(pfd, O_CLOEXEC)) {
-		free(argv);
-		free(envp);
-		free(own_env);
-		return fail(r, -errno, "pipe", strerror(errno));
-	}
-	r->qemu = fork();
-	if (r->qemu < 0) {
-		free(argv);
-		free(envp);
-		free(own_env);
-		return fail(r, -errno, "fork", strerror(errno));
-	}
-	if (r->qemu == 0) {
-		/*
-		 * Detached, QEMU outlives us: it takes no signals from our
-		 * terminal and holds none of our output (a caller reading our
-		 * stdout to its end would wait for QEMU too).
-		 */
-		if (r->p.detach) {
-			setsid();
-			redirect(STDIN_FILENO, "/dev/null", O_RDONLY);
-		}
-		if (r->p.qemu_log || r->p.detach) {
-			char own[96];
-			const char *log = r->p.qemu_log;
-
-			/* Ours until we detach: its last lines explain a failure. */
-			if (!log) {
-				snprintf(own, sizeof(own), "%s/qemu.log", r->dir);
-				log = own;
-			}
-
-			redirect(STDOUT_FILENO, log, O_WRONLY | O_CREAT | O_APPEND);
-			dup2(STDOUT_FILENO, STDERR_FILENO);
-		}
-		/* A replayed command line's relative paths are relative to where it ran. */
-		if (!r->cfg.cwd || !chdir(r->cfg.cwd))
-			execvpe(argv[0], argv, envp);
-		e = errno;
-		if (write(pfd[1], &e, sizeof(e)) < 0)
-			_exit(127);
-		_exit(127);
-	}
-	close(pfd[1]);
-	n = read(pfd[0], &e, sizeof(e));
-	close(pfd[0]);
-	if (n == sizeof(e)) {
-		waitpid(r->qemu, NULL, 0);
-		r->qemu = 0;
-		snprintf(r->err, sizeof(r->err), "cannot run %s%s%s: %s", argv[0],
-			 r->cfg.cwd ? " in " : "", r->cfg.cwd ? r->cfg.cwd : "", strerror(e));
-		free(argv);
-		free(envp);
-		free(own_env);
-		return -e;
-	}
-	free(argv);
-	free(envp);
-	free(own_env);
-	return 0;
+	return hq_qemu_spawn(&s, &r->qemu, r->err, sizeof(r->err));
 }
 
 /* Connect to our QMP socket while watching that QEMU has not died starting. */
 static int attach_qemu(struct restore_run *r)
 {
-	static const char *const need[] = { "query-cpus-fast", "human-monitor-command",
-					    "migrate-incoming", "query-migrate", "cont", NULL };
-	uint64_t end = hq_now_ns() + QMP_START_TIMEOUT_MS * 1000000ull;
-	char sock[128];
-	int ret, st;
+	char sock[128], see[PATH_MAX + 32];
 
 	snprintf(sock, sizeof(sock), "%s/qmp.sock", r->dir);
-	for (;;) {
-		ret = hq_vm_attach(&r->vm, sock, 200, need);
-		if (ret != -ETIMEDOUT && ret != -ENOENT && ret != -ECONNREFUSED)
-			break;
-		hq_vm_release(&r->vm);
-		if (waitpid(r->qemu, &st, WNOHANG) == r->qemu) {
-			r->qemu = 0;
-			snprintf(r->err, sizeof(r->err), "QEMU exited (%s %d) before its QMP "
-				 "socket came up: see its messages %s%s",
-				 WIFEXITED(st) ? "status" : "signal",
-				 WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st),
-				 r->p.qemu_log ? "in " : r->p.detach ? "below" : "above",
-				 r->p.qemu_log ? r->p.qemu_log : "");
-			return -ECHILD;
-		}
-		if (hq_now_ns() > end)
-			return fail(r, -ETIMEDOUT, "QEMU's QMP socket did not come up", sock);
-		if (give_up(r))
-			return give_up(r);
-	}
-	if (ret)
-		return fail(r, ret, r->vm.err, NULL);
-	if (r->vm.pid != r->qemu)
-		return fail(r, -EPROTO, "QMP socket answered by another process", sock);
-	hq_qmp_set_abort(r->vm.qmp, give_up, r);
-	return 0;
+	snprintf(see, sizeof(see), "its messages %s%s",
+		 r->p.qemu_log ? "in " : r->p.detach ? "below" : "above",
+		 r->p.qemu_log ? r->p.qemu_log : "");
+	return hq_qemu_attach(&r->vm, &r->qemu, sock, QMP_START_TIMEOUT_MS, 0, see, give_up, r,
+			      r->err, sizeof(r->err));
 }
 
 /* Every region of the file has one in this QEMU, of the same length, and no more. */
@@ -706,12 +493,12 @@ static int match_regions(struct restore_run *r)
 	uint32_t file_ram = 0;
 	char a[32], b[32];
 
-	for (uint32_t i = 0; i < r->file_nregions; i++) {
-		const struct halite_region_info *f = &r->file_regions[i];
+	for (uint32_t i = 0; i < r->f.nregions; i++) {
+		const struct halite_region_info *f = &r->f.regions[i];
 		uint32_t k;
 
-		/* Device RAM is not guest RAM: check_device_ram(). */
-		if (r->file_devram[i])
+		/* Device RAM is not guest RAM: hq_qemu_check_devram(). */
+		if (r->f.devram_of[i])
 			continue;
 		file_ram++;
 		for (k = 0; k < r->vm.nregions; k++)
@@ -725,8 +512,8 @@ static int match_regions(struct restore_run *r)
 			struct hq_region *g = &r->vm.regions[j];
 			bool taken = false;
 
-			for (uint32_t x = 0; x < r->file_nregions && !taken; x++)
-				taken = !r->file_devram[x] && !strcmp(r->file_regions[x].name, g->name);
+			for (uint32_t x = 0; x < r->f.nregions && !taken; x++)
+				taken = !r->f.devram_of[x] && !strcmp(r->f.regions[x].name, g->name);
 			size_t n = strlen(f->name);
 
 			/* a name longer than ours is not one QEMU gave a RAM block */
@@ -787,51 +574,18 @@ static void engine_regions(const struct hq_vm *vm, struct halite_restore_region 
 static int devram_regions(struct restore_run *r, struct halite_restore_region *reg,
 			  uint32_t nram)
 {
-	for (uint32_t i = 0; i < r->ndevram; i++) {
-		uint64_t len = r->devram[i].length;
-
+	for (uint32_t i = 0; i < r->f.ndevram; i++) {
 		/* Fresh: the engine writes only what the file stores, the rest reads zeros. */
-		if (!r->devram[i].copy) {
-			void *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
-				       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+		int ret = hq_snapfile_devram_map(&r->f, i, r->err, sizeof(r->err));
 
-			if (p == MAP_FAILED)
-				return fail(r, -errno, "a copy of device RAM", strerror(errno));
-			madvise(p, len, MADV_NOHUGEPAGE);
-			r->devram[i].copy = p;
-		}
+		if (ret)
+			return ret;
 		reg[nram + i] = (struct halite_restore_region){
-			.name = r->devram[i].name, .host = (uintptr_t)r->devram[i].copy,
-			.length = len, .kind = HALITE_MEM_COPY, .fd = -1,
+			.name = r->f.devram[i].name, .host = (uintptr_t)r->f.devram[i].copy,
+			.length = r->f.devram[i].length, .kind = HALITE_MEM_COPY, .fd = -1,
 		};
 	}
 	return 0;
-}
-
-static int check_device_ram(struct restore_run *r, struct halite_restore_region *reg,
-			    uint32_t nram)
-{
-	char a[32], b[48];
-
-	for (uint32_t i = 0; i < r->ndevram; i++) {
-		uint64_t len = 0;
-		int ret = hq_vm_ramblock(&r->vm, r->devram[i].name, &len);
-
-		if (ret == -ENOENT || (!ret && len != r->devram[i].length)) {
-			if (ret)
-				snprintf(b, sizeof(b), "has no counterpart");
-			else
-				snprintf(b, sizeof(b), "is %s", hq_bytes(len, a, sizeof(a)));
-			snprintf(r->err, sizeof(r->err), "the file's device RAM '%s' (%s, video "
-				 "memory) %s in this QEMU: give the same display devices (-vga, "
-				 "-device) and their options as at save", r->devram[i].name,
-				 hq_bytes(r->devram[i].length, a, sizeof(a)), b);
-			return -EINVAL;
-		}
-		if (ret)
-			return fail(r, ret, r->vm.err, NULL);
-	}
-	return devram_regions(r, reg, nram);
 }
 
 /*
@@ -844,30 +598,11 @@ static int write_device_ram(struct restore_run *r)
 	uint64_t t0 = hq_now_ns();
 	int ret;
 
-	if (!r->ndevram)
+	if (!r->f.ndevram)
 		return 0;
-	ret = hq_vm_device_ram(&r->vm);
+	ret = hq_qemu_write_devram(&r->vm, &r->f, &r->devram_written, r->err, sizeof(r->err));
 	if (ret)
-		return fail(r, ret, "finding device RAM", r->vm.err);
-	for (uint32_t i = 0; i < r->ndevram; i++) {
-		const struct hq_devram *d = NULL;
-		uint64_t n = 0;
-
-		for (uint32_t k = 0; k < r->vm.ndevram && !d; k++)
-			if (!strcmp(r->vm.devram[k].name, r->devram[i].name))
-				d = &r->vm.devram[k];
-		if (!d || d->length != r->devram[i].length) {
-			snprintf(r->err, sizeof(r->err), "the file's device RAM '%s' is not where the "
-				 "guest can reach it in this QEMU once the device state is loaded%s%s",
-				 r->devram[i].name, r->vm.devram_skipped[0] ? ": " : "",
-				 r->vm.devram_skipped);
-			return -EINVAL;
-		}
-		ret = hq_vm_write_pages(&r->vm, d->host, d->length, r->devram[i].copy, &n);
-		if (ret)
-			return fail(r, ret, "writing device RAM", r->vm.err);
-		r->devram_written += n;
-	}
+		return ret;
 	r->devram_ns = hq_now_ns() - t0;
 	return 0;
 }
@@ -883,15 +618,15 @@ static int check_vm(struct restore_run *r, struct halite_restore_region *reg)
 	bool dev_checked = false;
 	int ret;
 
-	if (strcmp(r->vm.machine, r->file_machine)) {
+	if (strcmp(r->vm.machine, r->f.machine)) {
 		snprintf(r->err, sizeof(r->err), "the file was saved on machine type %s, this "
-			 "QEMU runs %s: give the same -machine as at save", r->file_machine,
+			 "QEMU runs %s: give the same -machine as at save", r->f.machine,
 			 r->vm.machine);
 		return -EINVAL;
 	}
-	if (r->file_vcpus && r->file_vcpus != r->vm.nvcpus) {
+	if (r->f.vcpus && r->f.vcpus != r->vm.nvcpus) {
 		snprintf(r->err, sizeof(r->err), "the file has %u vCPUs, this QEMU %u: give the "
-			 "same -smp as at save", r->file_vcpus, r->vm.nvcpus);
+			 "same -smp as at save", r->f.vcpus, r->vm.nvcpus);
 		return -EINVAL;
 	}
 	ret = hq_vm_ram(&r->vm);
@@ -918,7 +653,8 @@ static int check_vm(struct restore_run *r, struct halite_restore_region *reg)
 		}
 	}
 	engine_regions(&r->vm, reg);
-	return check_device_ram(r, reg, r->vm.nregions);
+	ret = hq_qemu_check_devram(&r->vm, &r->f, r->err, sizeof(r->err));
+	return ret ? ret : devram_regions(r, reg, r->vm.nregions);
 }
 
 /* Match the file's regions with this QEMU's RAM and empty it. */
@@ -944,13 +680,9 @@ static int prepare_ram(struct restore_run *r, struct halite_restore_region *reg)
 		 * discard.
 		 */
 		if (g->anon) {
-			ret = hq_drop_ptes(&r->vm, g->host, g->length);
-			if (ret) {
-				snprintf(r->err, sizeof(r->err), "emptying guest RAM %s: madvise inside "
-					 "QEMU: %s", g->name, ret < 0 && r->vm.err[0] ? r->vm.err :
-					 strerror(-ret));
-				return ret < 0 ? ret : -EIO;
-			}
+			ret = hq_qemu_drop_region(&r->vm, g, r->err, sizeof(r->err));
+			if (ret)
+				return ret;
 			continue;
 		}
 		if (fallocate(g->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
@@ -989,7 +721,7 @@ static int start_restore(struct restore_run *r, struct hq_vm *vm,
 	o.trace_path = r->p.trace;
 	o.log = hq_log;
 	o.log_level = r->p.out.verbose ? HALITE_LOG_DEBUG : HALITE_LOG_WARN;
-	ret = halite_restore_open(&r->rs, r->p.path, reg, vm->nregions + r->ndevram, &o);
+	ret = halite_restore_open(&r->rs, r->p.path, reg, vm->nregions + r->f.ndevram, &o);
 	if (ret == -EINVAL)
 		return fail(r, ret, "the file's memory regions do not match this QEMU's "
 			    "(same -m and memory backend ids as at save?)", NULL);
@@ -1013,107 +745,16 @@ static int start_restore(struct restore_run *r, struct hq_vm *vm,
 	return 0;
 }
 
-/*
- * All of @p to @fd (non-blocking), giving up with give_up()'s reason, or
- * -ETIMEDOUT after @end (ns).
- */
-static int write_all(struct restore_run *r, int fd, const uint8_t *p, uint64_t len, uint64_t end)
-{
-	while (len) {
-		struct pollfd pf = { fd, POLLOUT, 0 };
-		ssize_t n;
-		int ret = give_up(r);
-
-		if (ret)
-			return ret;
-		if (hq_now_ns() > end)
-			return -ETIMEDOUT;
-		ret = poll(&pf, 1, HQ_QMP_POLL_MS);
-		if (ret < 0 && errno != EINTR)
-			return -errno;
-		if (ret <= 0)
-			continue;
-		/* QEMU may have closed it (a load that failed): EPIPE, not SIGPIPE. */
-		n = send(fd, p, len, MSG_NOSIGNAL);
-		if (n < 0 && (errno == EINTR || errno == EAGAIN))
-			continue;
-		if (n <= 0)
-			return n < 0 ? -errno : -EIO;
-		p += n;
-		len -= (uint64_t)n;
-	}
-	return 0;
-}
-
-/* Feed the device state through a unix socket QEMU listens on, wait for the load. */
+/* Feed the device state to QEMU, wait for the load. */
 static int load_devices(struct restore_run *r)
 {
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	uint64_t end;
-	char uri[160];
-	cJSON *args, *ret_obj = NULL;
-	int fd = -1, ret;
+	int ret = hq_qemu_load_devices(&r->vm, r->dir, r->f.dev, r->f.devlen, INCOMING_TIMEOUT_MS,
+				       give_up, r, "(no reason given; see QEMU's messages)", r->err,
+				       sizeof(r->err));
 
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/in.sock", r->dir);
-	snprintf(uri, sizeof(uri), "unix:%s", sa.sun_path);
-	args = cJSON_CreateObject();
-	cJSON_AddStringToObject(args, "uri", uri);
-	ret = hq_qmp_call(r->vm.qmp, "migrate-incoming", args, NULL, HQ_QMP_TIMEOUT_MS);
-	if (ret)
-		return fail(r, ret, "migrate-incoming", hq_qmp_errmsg(r->vm.qmp));
-	/* QEMU listens once migrate-incoming has returned. */
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa))) {
-		ret = -errno;
-		if (fd >= 0)
-			close(fd);
-		return fail(r, ret, "connecting to QEMU's incoming socket", strerror(-ret));
-	}
-	/* QEMU reads it as it loads: a load blocked on memory stops reading. */
-	end = hq_now_ns() + INCOMING_TIMEOUT_MS * 1000000ull;
-	ret = write_all(r, fd, r->dev, r->devlen, end);
-	close(fd);
-	if (ret)
-		return fail(r, ret, "sending the device state", ret == -ETIMEDOUT ?
-			    "QEMU did not read it in time" : strerror(-ret));
-	for (;;) {
-		const char *st, *desc;
-
-		ret = hq_qmp_call(r->vm.qmp, "query-migrate", NULL, &ret_obj, HQ_QMP_TIMEOUT_MS);
-		if (ret)
-			return fail(r, ret, "query-migrate", hq_qmp_errmsg(r->vm.qmp));
-		st = cJSON_GetStringValue(cJSON_GetObjectItem(ret_obj, "status"));
-		if (st && !strcmp(st, "completed")) {
-			cJSON_Delete(ret_obj);
-			/*
-			 * QEMU's answer says paused: with -S, migration.c's
-			 * process_incoming_migration_bh sets the run state (paused:
-			 * xen-save-devices-state stores "running" as the global state)
-			 * before it marks the migration completed. So hq_vm_settle()
-			 * sends cont at once and confirms after, the guest not waiting.
-			 */
-			r->vm.run_seen = -1;
-			break;
-		}
-		if (st && !strcmp(st, "failed")) {
-			desc = cJSON_GetStringValue(cJSON_GetObjectItem(ret_obj, "error-desc"));
-			fail(r, -EIO, "QEMU could not load the device state",
-			     desc ? desc : "(no reason given; see QEMU's messages)");
-			cJSON_Delete(ret_obj);
-			return -EIO;
-		}
-		cJSON_Delete(ret_obj);
-		ret_obj = NULL;
-		if (hq_now_ns() > end)
-			return fail(r, -ETIMEDOUT, "QEMU did not finish loading the device state",
-				    NULL);
-		ret = give_up(r);
-		if (ret)
-			return ret;
-		usleep(500);
-	}
-	r->t_loaded = hq_now_ns();
-	return 0;
+	if (!ret)
+		r->t_loaded = hq_now_ns();
+	return ret;
 }
 
 static void progress(struct restore_run *r, bool final)
@@ -1128,8 +769,8 @@ static void progress(struct restore_run *r, bool final)
 	in = st.mb_fault + st.mb_pool + st.mb_prefetch + st.mb_zero;
 	hq_progressf(r->p.out.quiet, "restore: %3" PRIu64 "%%  %s of %s  %" PRIu64 " faults  %"
 		     PRIu64 "/%" PRIu64 " LBs  %.1f s%s", st.mb_total ? 100 * in / st.mb_total : 0,
-		     hq_bytes(st.mb_total ? r->mem_bytes / st.mb_total * in : 0, a, sizeof(a)),
-		     hq_bytes(r->mem_bytes, b, sizeof(b)), st.faults, st.lb_demand + st.lb_prefetch,
+		     hq_bytes(st.mb_total ? r->f.mem_bytes / st.mb_total * in : 0, a, sizeof(a)),
+		     hq_bytes(r->f.mem_bytes, b, sizeof(b)), st.faults, st.lb_demand + st.lb_prefetch,
 		     st.lb_total, (double)(hq_now_ns() - r->t_ready) / 1e9, final ? "\n" : "");
 }
 
@@ -1388,16 +1029,6 @@ static void report_disks_json(const struct restore_run *r)
 	printf("]");
 }
 
-/* The file's device RAM, in bytes (r->mem_bytes holds it too). */
-static uint64_t devram_bytes(const struct restore_run *r)
-{
-	uint64_t n = 0;
-
-	for (uint32_t i = 0; i < r->ndevram; i++)
-		n += r->devram[i].length;
-	return n;
-}
-
 static void report(const struct restore_run *r, int ret)
 {
 	const struct halite_restore_stats *st = &r->st;
@@ -1421,7 +1052,7 @@ static void report(const struct restore_run *r, int ret)
 		       ", \"device_ram_written_bytes\": %" PRIu64 ", \"device_ram_ms\": %.3f",
 		       ms(r->t0, r->t_qmp), ms(r->t0, r->t_ready),
 		       ms(r->t0, r->t_loaded), ms(r->t0, r->t_resume), ms(r->t_qmp, r->t_resume),
-		       ms(r->t_resume, r->t_done) / 1e3, r->mem_bytes - devram_bytes(r), st->faults,
+		       ms(r->t_resume, r->t_done) / 1e3, r->f.mem_bytes - hq_snapfile_devram_bytes(&r->f), st->faults,
 		       st->faults_vcpu,
 		       st->faults_zero, st->faults_cached, (double)st->fault_p50_ns / 1e3,
 		       (double)st->fault_p99_ns / 1e3, st->lb_total, st->lb_demand,
@@ -1431,7 +1062,7 @@ static void report(const struct restore_run *r, int ret)
 		       r->paused ? "true" : "false", r->paused ? "paused" : "running",
 		       r->file_paused ? "paused" : "running", r->p.detach ? "true" : "false",
 		       r->p.attach ? "attached" : r->cfg.replayed ? "recorded" : "given",
-		       r->nforwards, ms(r->t0, r->t_forwarded), devram_bytes(r), r->devram_written,
+		       r->nforwards, ms(r->t0, r->t_forwarded), hq_snapfile_devram_bytes(&r->f), r->devram_written,
 		       (double)r->devram_ns / 1e6);
 		report_disks_json(r);
 		printf("}\n");
@@ -1450,7 +1081,7 @@ static void report(const struct restore_run *r, int ret)
 	       "; left paused (cont runs it)");
 	printf("  all memory in  %.2f s after resume: %s, %" PRIu64 " LBs (%" PRIu64 " demand, %"
 	       PRIu64 " prefetch), %s read\n", ms(r->t_resume, r->t_done) / 1e3,
-	       hq_bytes(r->mem_bytes, a, sizeof(a)), st->lb_total, st->lb_demand, st->lb_prefetch,
+	       hq_bytes(r->f.mem_bytes, a, sizeof(a)), st->lb_total, st->lb_demand, st->lb_prefetch,
 	       hq_bytes(st->bytes_read, (char[32]){ 0 }, 32));
 	if (r->cfg.replayed)
 		printf("  command line   the one the file records, run in %s\n",
@@ -1458,10 +1089,10 @@ static void report(const struct restore_run *r, int ret)
 	if (r->nforwards)
 		printf("  host forwards  %d added %.1f ms after QEMU was ready, once the guest's "
 		       "state was loaded\n", r->nforwards, ms(r->t_qmp, r->t_forwarded));
-	for (uint32_t i = 0; i < r->ndevram; i++)
-		printf("  device RAM     %s, %s: in before the guest ran\n", r->devram[i].name,
-		       hq_bytes(r->devram[i].length, a, sizeof(a)));
-	if (r->ndevram)
+	for (uint32_t i = 0; i < r->f.ndevram; i++)
+		printf("  device RAM     %s, %s: in before the guest ran\n", r->f.devram[i].name,
+		       hq_bytes(r->f.devram[i].length, a, sizeof(a)));
+	if (r->f.ndevram)
 		printf("  device write   %s written into QEMU in %.2f ms, once the device state was "
 		       "loaded\n", hq_bytes(r->devram_written, a, sizeof(a)),
 		       (double)r->devram_ns / 1e6);
@@ -1562,9 +1193,7 @@ int hq_cmd_restore(int argc, char **argv)
 		free(r->handed);
 	}
 	/* The engine is gone: the copies of device RAM are ours again. */
-	for (uint32_t i = 0; i < r->ndevram; i++)
-		if (r->devram[i].copy)
-			munmap(r->devram[i].copy, r->devram[i].length);
+	hq_snapfile_free(&r->f);
 	hq_config_free(&r->cfg);
 	if (r->uffd >= 0)
 		close(r->uffd);
@@ -1582,7 +1211,6 @@ int hq_cmd_restore(int argc, char **argv)
 		unlink(p);
 		rmdir(r->dir);
 	}
-	free(r->dev);
 	code = ret == -HALITE_E_UNSUPPORTED ? EXIT_UNSUPPORTED : ret ? EXIT_FAIL : EXIT_OK;
 	if (!ret && !r->p.detach && r->qemu > 0) {
 		/* Like running QEMU: its exit is ours. */
