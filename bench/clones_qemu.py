@@ -56,13 +56,11 @@ killed on the way out, error and Ctrl-C included: their command lines name
 its work, snapshot and memory directories.
 """
 import argparse
-import http.client
 import importlib.util
 import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -115,18 +113,6 @@ def pss(pid, field="Pss"):
 
 # --- the daemon's API ------------------------------------------------------------
 
-class UnixHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, path, timeout):
-        super().__init__("localhost", timeout=timeout)
-        self.unix_path = path
-
-    def connect(self):
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(self.timeout)
-        s.connect(self.unix_path)
-        self.sock = s
-
-
 class Daemon:
     """One halite-cloned with its own socket, state and memory directories."""
 
@@ -165,7 +151,7 @@ class Daemon:
             return ""
 
     def req(self, method, path, body=None, timeout=600):
-        c = UnixHTTPConnection(self.sock, timeout)
+        c = hg.UnixHTTPConnection(self.sock, timeout)
         try:
             data = json.dumps(body).encode() if body is not None else None
             c.request(method, path, body=data,

@@ -7,6 +7,7 @@ Every wait has a deadline and every failure raises GuestError with what was
 seen (the console's last lines), so a broken guest fails a test instead of
 hanging it.
 """
+import http.client
 import json
 import os
 import re
@@ -19,6 +20,20 @@ import time
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP over a unix socket (halite-cloned's API): one request per connection."""
+
+    def __init__(self, path, timeout=60):
+        super().__init__("localhost", timeout=timeout)
+        self.unix_path = path
+
+    def connect(self):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(self.timeout)
+        s.connect(self.unix_path)
+        self.sock = s
 
 
 class GuestError(Exception):

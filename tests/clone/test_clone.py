@@ -33,7 +33,6 @@ every process it started at the end, clones included, even when it fails.
   file and MAC, and the verifier inside each re-reads its 64 MiB and finds
   the snapshot's digest. Skipped (77) without QEMU or the guest image.
 """
-import http.client
 import json
 import os
 import re
@@ -68,18 +67,6 @@ def check(cond, msg):
 
 def log(msg):
     print(msg, flush=True)
-
-
-class UnixHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, path, timeout=60):
-        super().__init__("localhost", timeout=timeout)
-        self.unix_path = path
-
-    def connect(self):
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(self.timeout)
-        s.connect(self.unix_path)
-        self.sock = s
 
 
 class Env:
@@ -131,7 +118,7 @@ class Env:
         return out
 
     def req(self, method, path, body=None, raw=None, timeout=120):
-        c = UnixHTTPConnection(self.sock, timeout)
+        c = hg.UnixHTTPConnection(self.sock, timeout)
         try:
             data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
             headers = {"Content-Type": "application/json"} if data is not None else {}
