@@ -99,6 +99,7 @@ import hashlib
 import json
 import re
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -1586,9 +1587,14 @@ def case_attach(work):
     blocked = False
     for mib in range(dst.mem_mib // 2, dst.mem_mib, 16):
         q.send("human-monitor-command", **{"command-line": f"xp /1xg {mib << 20:#x}"})
-        time.sleep(0.3)
-        with open(f"/proc/{qemu_pid}/wchan") as f:
-            blocked = f.read().strip() == "handle_userfault"
+        # Until QEMU's main loop waits in a fault, or its reply comes (that page
+        # was in): a loaded machine may take a while for either.
+        deadline = time.monotonic() + 5
+        while not blocked and time.monotonic() < deadline:
+            with open(f"/proc/{qemu_pid}/wchan") as f:
+                blocked = f.read().strip() == "handle_userfault"
+            if not blocked and select.select([q.s], [], [], 0.05)[0]:
+                break
         if blocked:
             break
         q.cmd("query-status")  # that page was in: its reply, then the next
