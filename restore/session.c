@@ -580,6 +580,8 @@ void halite_session_stats(struct halite_session *s, struct halite_session_stats 
 	st->faults_vcpu = atomic_load(&s->faults_vcpu);
 	st->mb_premapped = atomic_load(&s->premapped);
 	st->mb_neighbours = atomic_load(&s->mb_neighbours);
+	st->lb_read = tpl_lb_asked(s->t, &s->cl);
+	st->bytes_read = st->lb_read * tpl_lb_size(s->t);
 	pthread_mutex_lock(&s->mu);
 	st->fault_p50_ns = halite_hist_quantile(&s->hist, 0.50);
 	st->fault_p99_ns = halite_hist_quantile(&s->hist, 0.99);

@@ -152,6 +152,11 @@ uint32_t tpl_mb_size(const struct halite_template *t)
 	return t->fi->mb_size;
 }
 
+uint32_t tpl_lb_size(const struct halite_template *t)
+{
+	return t->fi->lb_size;
+}
+
 uint32_t tpl_region_count(const struct halite_template *t)
 {
 	return t->nregions;
@@ -534,6 +539,8 @@ int tpl_request(struct halite_template *t, struct tpl_client *c, uint64_t mb, ui
 		if (l->st == LB_IDLE) {
 			l->st = LB_QUEUED;
 			l->demand = true;
+			if (c)
+				c->lb_asked++;
 			t->dq[t->dq_tail] = loc.lb;
 			t->dq_tail = (t->dq_tail + 1) % t->dq_cap;
 			pthread_cond_signal(&t->work_cv);
@@ -584,6 +591,16 @@ static void call_waiters(struct halite_template *t, struct waiter *w, int err)
 		free(w);
 		w = next;
 	}
+}
+
+uint64_t tpl_lb_asked(struct halite_template *t, const struct tpl_client *c)
+{
+	uint64_t n;
+
+	pthread_mutex_lock(&t->mu);
+	n = c->lb_asked;
+	pthread_mutex_unlock(&t->mu);
+	return n;
 }
 
 uint64_t tpl_pending(struct halite_template *t, const struct tpl_client *c)

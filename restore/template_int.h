@@ -29,6 +29,7 @@ struct tpl_region {
 };
 
 uint32_t tpl_mb_size(const struct halite_template *t);
+uint32_t tpl_lb_size(const struct halite_template *t);
 uint32_t tpl_region_count(const struct halite_template *t);
 const struct tpl_region *tpl_region_at(const struct halite_template *t, uint32_t i);
 int tpl_find_region(const struct halite_template *t, const char *name);
@@ -48,6 +49,7 @@ struct tpl_client {
 	void (*block_in)(struct tpl_client *c, uint64_t mb, uint64_t tag, int err);
 	uint64_t pending;
 	unsigned callbacks;
+	uint64_t lb_asked; /* LBs read because this client asked first */
 };
 
 /*
@@ -58,6 +60,9 @@ struct tpl_client {
  * back with the callback.
  */
 int tpl_request(struct halite_template *t, struct tpl_client *c, uint64_t mb, uint64_t tag);
+
+/* LBs read because @c asked first (its share of the template's reads). */
+uint64_t tpl_lb_asked(struct halite_template *t, const struct tpl_client *c);
 
 /* Requests of @c not yet answered, or being answered (a callback running). */
 uint64_t tpl_pending(struct halite_template *t, const struct tpl_client *c);

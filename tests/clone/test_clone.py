@@ -280,10 +280,15 @@ def case_api(e):
     for cid in ids:
         c = e.wait_state(cid, ("done",))
         for k in ("id", "template", "pid", "state", "ready_s", "faults", "faults_cached", "faults_read",
-                  "faults_zero", "mb_premapped", "fault_p99_us", "pss_bytes", "rss_bytes", "error"):
+                  "faults_zero", "mb_premapped", "fault_p99_us", "pss_bytes", "rss_bytes", "error",
+                  "lb_read", "bytes_read"):
             check(k in c, "GET /clones/ID lacks %s: %s" % (k, c))
         check(c["template"] == t["id"] and c["ready_s"] > 0 and c["rss_bytes"] > 0, "clone: %s" % c)
         check(c["faults"] >= c["faults_cached"] + c["faults_read"] + c["faults_zero"] - 0, "faults: %s" % c)
+    # Each clone's reads are those it asked for first: together at most the template's demand reads.
+    tst = e.ok("GET", "/templates/" + t["id"])["stats"]
+    asked = sum(e.clone(cid)["lb_read"] for cid in ids)
+    check(asked <= tst["lb_demand"], "clones' lb_read %d > the template's demand reads %d" % (asked, tst["lb_demand"]))
     h = e.ok("GET", "/healthz")
     check(h["templates"] == 1 and h["clones"] == 2, "healthz: %s" % h)
 

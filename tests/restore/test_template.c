@@ -218,7 +218,7 @@ static void test_clones_exact(void **state)
 	pthread_t th[4];
 	uint8_t *mem[4];
 	struct halite_template_stats ts;
-	uint64_t nempty = 0, zero_faults = 0, neighbours = 0;
+	uint64_t nempty = 0, zero_faults = 0, neighbours = 0, asked = 0;
 
 	for (uint32_t mb = 0; mb < NMB; mb++)
 		nempty += g_kind[mb] != 2;
@@ -245,6 +245,8 @@ static void test_clones_exact(void **state)
 		assert_true(ss.faults_zero <= nempty);
 		zero_faults += ss.faults_zero;
 		neighbours += ss.mb_neighbours;
+		asked += ss.lb_read;
+		assert_int_equal(ss.bytes_read, ss.lb_read * 65536);
 		assert_int_equal(memcmp(mem[i], g_image, LEN), 0);
 	}
 	/* Zero blocks got the zero page; blocks were mapped beside faulting ones. */
@@ -252,6 +254,8 @@ static void test_clones_exact(void **state)
 	check_tpl_once(t);
 	halite_template_stats(t, &ts);
 	assert_int_equal(ts.lb_prefetch, 0);
+	/* No prefetch: every LB read was asked for first by exactly one clone. */
+	assert_int_equal(asked, ts.lb_demand);
 	/* The later clones found blocks in, or joined a read in flight. */
 	assert_true(ts.hits > 0);
 	for (int i = 0; i < 4; i++) {

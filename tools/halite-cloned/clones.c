@@ -173,6 +173,8 @@ static cJSON *clone_json(struct cloned *d, struct clone *c)
 	cJSON_AddNumberToObject(j, "faults", (double)st.faults);
 	cJSON_AddNumberToObject(j, "faults_cached", (double)st.faults_cached);
 	cJSON_AddNumberToObject(j, "faults_read", (double)st.faults_read);
+	cJSON_AddNumberToObject(j, "lb_read", (double)st.lb_read);
+	cJSON_AddNumberToObject(j, "bytes_read", (double)st.bytes_read);
 	cJSON_AddNumberToObject(j, "faults_zero", (double)st.faults_zero);
 	cJSON_AddNumberToObject(j, "faults_vcpu", (double)st.faults_vcpu);
 	cJSON_AddNumberToObject(j, "mb_premapped", (double)st.mb_premapped);

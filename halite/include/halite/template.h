@@ -167,6 +167,10 @@ struct halite_session_stats {
 	uint64_t faults_vcpu;	/* ... from the vCPU threads given */
 	uint64_t mb_premapped;	/* hot blocks mapped at start */
 	uint64_t mb_neighbours; /* blocks mapped because another block of their LB faulted */
+	uint64_t lb_read;	/* LBs the template read because this session asked first (its
+				   share of the template's demand reads; prefetched ones are no
+				   one's) */
+	uint64_t bytes_read;	/* ... their bytes */
 	uint64_t fault_p50_ns, fault_p99_ns; /* fault read to wake */
 	bool done;		/* template complete, ranges unregistered */
 	int error;
