@@ -23,6 +23,7 @@
 
 #include "internal.h"
 #include "opts.h"
+#include "stats.h"
 
 #define DEFAULT_LOG_ENTRIES 65536ull
 #define MAX_TLB (1u << 20)
@@ -350,29 +351,6 @@ static int map_memory(struct synth_guest *g)
 	return 0;
 }
 
-static int cond_init_mono(pthread_cond_t *cv)
-{
-	pthread_condattr_t a;
-	int ret;
-
-	pthread_condattr_init(&a);
-	pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-	ret = pthread_cond_init(cv, &a);
-	pthread_condattr_destroy(&a);
-	return -ret;
-}
-
-static void deadline_in(struct timespec *ts, unsigned ms)
-{
-	clock_gettime(CLOCK_MONOTONIC, ts);
-	ts->tv_sec += ms / 1000;
-	ts->tv_nsec += (long)(ms % 1000) * 1000000;
-	if (ts->tv_nsec >= 1000000000) {
-		ts->tv_sec++;
-		ts->tv_nsec -= 1000000000;
-	}
-}
-
 /* A vCPU's random state at step 0. */
 static uint64_t vcpu_seed(const struct synth_opts *o, unsigned v)
 {
@@ -431,9 +409,9 @@ int synth_local_create(struct synth_guest **gp, const struct synth_opts *o)
 	pthread_mutex_init(&g->ctl_mu, NULL);
 	pthread_mutex_init(&g->mu, NULL);
 	pthread_mutex_init(&g->trace_mu, NULL);
-	ret = cond_init_mono(&g->cv_run);
+	ret = halite_cond_init_mono(&g->cv_run);
 	if (!ret)
-		ret = cond_init_mono(&g->cv_parked);
+		ret = halite_cond_init_mono(&g->cv_parked);
 	if (ret) {
 		free(g);
 		return ret;
@@ -585,7 +563,7 @@ static int local_pause(struct synth_guest *g, long timeout_ms)
 	int ret = 0;
 
 	if (timeout_ms >= 0)
-		deadline_in(&dl, (unsigned)timeout_ms);
+		halite_deadline(&dl, (uint64_t)timeout_ms * 1000000);
 	pthread_mutex_lock(&g->ctl_mu);
 	pthread_mutex_lock(&g->mu);
 	if (g->state == ST_STOP) {
@@ -643,7 +621,7 @@ static int local_wait_done(struct synth_guest *g, unsigned timeout_ms)
 	    (g->o.pattern != SYNTH_PAT_TRACE || (g->o.flags & SYNTH_F_TRACE_LOOP)))
 		return -EINVAL;
 	if (timeout_ms)
-		deadline_in(&dl, timeout_ms);
+		halite_deadline(&dl, (uint64_t)timeout_ms * 1000000);
 	pthread_mutex_lock(&g->mu);
 	while (g->ndone < g->nvcpus && !ret) {
 		if (!timeout_ms)

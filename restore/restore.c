@@ -1619,7 +1619,6 @@ HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *pa
 	HALITE_OPTS(halite_reader_opts, ro);
 	HALITE_OPTS(halite_io_opts, io);
 	struct halite_restore *r;
-	pthread_condattr_t ca;
 	char rerr[256] = "";
 	bool want_trace;
 	int ret;
@@ -1634,10 +1633,7 @@ HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *pa
 	pthread_mutex_init(&r->lk, NULL);
 	pthread_cond_init(&r->q_cond, NULL);
 	pthread_mutex_init(&r->st_lock, NULL);
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&r->st_cond, &ca);
-	pthread_condattr_destroy(&ca);
+	halite_cond_init_mono(&r->st_cond);
 	halite_hist_init(&r->hist);
 	ret = halite_opts_copy(&r->o, sizeof(r->o), opts);
 	if (ret || (r->o.flags & ~HALITE_RESTORE_FLAGS_ALL) || (r->o.nvcpus && !r->o.vcpu_tids) ||
@@ -2334,15 +2330,8 @@ HALITE_EXPORT int halite_restore_wait(struct halite_restore *r, int timeout_ms)
 	struct timespec dl;
 	int ret = 0, state, err;
 
-	clock_gettime(CLOCK_MONOTONIC, &dl);
-	if (timeout_ms >= 0) {
-		dl.tv_sec += timeout_ms / 1000;
-		dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
-		if (dl.tv_nsec >= 1000000000) {
-			dl.tv_sec++;
-			dl.tv_nsec -= 1000000000;
-		}
-	}
+	if (timeout_ms >= 0)
+		halite_deadline(&dl, (uint64_t)timeout_ms * 1000000);
 	pthread_mutex_lock(&r->st_lock);
 	if (!r->started) {
 		pthread_mutex_unlock(&r->st_lock);

@@ -474,7 +474,7 @@ int halite_session_start(struct halite_session **sp, struct halite_template *t,
 	s->cl.block_in = block_in;
 	s->mb_size = tpl_mb_size(t);
 	pthread_mutex_init(&s->mu, NULL);
-	pthread_cond_init(&s->cv, NULL);
+	halite_cond_init_mono(&s->cv);
 	halite_hist_init(&s->hist);
 	ret = halite_opts_copy(&s->o, sizeof(s->o), opts);
 	if (!ret && ((s->o.flags & ~HALITE_SESSION_FLAGS_ALL) ||

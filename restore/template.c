@@ -831,8 +831,8 @@ int halite_template_open(struct halite_template **tp, const char *snapshot, cons
 		return -ENOMEM;
 	t->memfd = t->ro_fd = t->fillfd = -1;
 	pthread_mutex_init(&t->mu, NULL);
-	pthread_cond_init(&t->work_cv, NULL);
-	pthread_cond_init(&t->state_cv, NULL);
+	halite_cond_init_mono(&t->work_cv);
+	halite_cond_init_mono(&t->state_cv);
 	ret = halite_opts_copy(&t->o, sizeof(t->o), opts);
 	if (ret || (t->o.flags & ~HALITE_TEMPLATE_FLAGS_ALL) || t->o.readers > 64) {
 		ret = ret ? ret : -EINVAL;

@@ -1539,7 +1539,7 @@ HALITE_EXPORT int halite_save_create(struct halite_save **sp, const char *path,
 	pthread_mutex_init(&s->q_lock, NULL);
 	pthread_cond_init(&s->q_cond, NULL);
 	pthread_mutex_init(&s->st_lock, NULL);
-	pthread_cond_init(&s->st_cond, NULL);
+	halite_cond_init_mono(&s->st_cond);
 	pthread_mutex_init(&s->roots_lock, NULL);
 	halite_hist_init(&s->fault_hist);
 	ret = halite_opts_copy(&s->o, sizeof(s->o), opts);
@@ -2098,15 +2098,8 @@ HALITE_EXPORT int halite_save_wait(struct halite_save *s, int timeout_ms)
 	struct timespec dl;
 	int ret = 0, state;
 
-	clock_gettime(CLOCK_REALTIME, &dl);
-	if (timeout_ms >= 0) {
-		dl.tv_sec += timeout_ms / 1000;
-		dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
-		if (dl.tv_nsec >= 1000000000) {
-			dl.tv_sec++;
-			dl.tv_nsec -= 1000000000;
-		}
-	}
+	if (timeout_ms >= 0)
+		halite_deadline(&dl, (uint64_t)timeout_ms * 1000000);
 	pthread_mutex_lock(&s->st_lock);
 	if (s->state == S_CREATED) {
 		pthread_mutex_unlock(&s->st_lock);

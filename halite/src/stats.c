@@ -145,9 +145,21 @@ void halite_hist_merge(struct halite_hist *dst, const struct halite_hist *src)
 	atomic_max(&dst->max, __atomic_load_n(&src->max, __ATOMIC_RELAXED));
 }
 
+int halite_cond_init_mono(pthread_cond_t *cv)
+{
+	pthread_condattr_t a;
+	int ret;
+
+	pthread_condattr_init(&a);
+	pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+	ret = pthread_cond_init(cv, &a);
+	pthread_condattr_destroy(&a);
+	return -ret;
+}
+
 void halite_deadline(struct timespec *ts, uint64_t ns)
 {
-	clock_gettime(CLOCK_REALTIME, ts);
+	clock_gettime(CLOCK_MONOTONIC, ts);
 	ns += (uint64_t)ts->tv_nsec;
 	ts->tv_sec += (time_t)(ns / 1000000000);
 	ts->tv_nsec = (long)(ns % 1000000000);

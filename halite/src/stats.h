@@ -12,6 +12,7 @@
 #ifndef HALITE_STATS_H
 #define HALITE_STATS_H
 
+#include <pthread.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -29,7 +30,12 @@ struct halite_hist {
 /* CLOCK_MONOTONIC in nanoseconds. */
 uint64_t halite_now_ns(void);
 
-/* *ts = CLOCK_REALTIME now + @ns: a deadline for pthread_cond_timedwait(). */
+/*
+ * Waits with a timeout, immune to the wall clock being set: condition
+ * variables made by halite_cond_init_mono() and deadlines from
+ * halite_deadline() (CLOCK_MONOTONIC now + @ns) for pthread_cond_timedwait().
+ */
+int halite_cond_init_mono(pthread_cond_t *cv);
 void halite_deadline(struct timespec *ts, uint64_t ns);
 
 void halite_hist_init(struct halite_hist *h);
