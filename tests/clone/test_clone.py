@@ -417,7 +417,8 @@ def slow_daemon_args():
     return ["--readers", "1", "--read-latency-us", "20000", "--hot-window-ms", "100"]
 
 
-def case_kill_restart(e):
+def mid_restore(e):
+    """A slow daemon, a template and 3 clones still being restored: (their ids, the memory they must end with)."""
     e.start(*slow_daemon_args())
     snap = e.snapshot()
     want = e.extract(snap)
@@ -425,7 +426,12 @@ def case_kill_restart(e):
     ids = e.clones(t["id"], 3, pattern="random", premap_hot=False)
     time.sleep(0.3)
     states = [e.clone(cid)["state"] for cid in ids]
-    check(all(s == "running" for s in states), "clones not mid-restore before the kill: %s" % states)
+    check(all(s == "running" for s in states), "clones not mid-restore: %s" % states)
+    return ids, want
+
+
+def case_kill_restart(e):
+    ids, want = mid_restore(e)
     e.kill_daemon(signal.SIGKILL)
     for cid in ids:
         check(os.path.exists(e.ctl_path(cid)), "clone %s's directory gone with the daemon" % cid)
@@ -445,14 +451,8 @@ def case_kill_restart(e):
 
 
 def case_delete(e):
-    e.start(*slow_daemon_args())
-    snap = e.snapshot()
-    want = e.extract(snap)
-    t = e.template(snap, hotset=False)
-    ids = e.clones(t["id"], 3, pattern="random", premap_hot=False)
-    time.sleep(0.3)
+    ids, want = mid_restore(e)
     victim = e.clone(ids[0])
-    check(victim["state"] == "running", "clone not mid-restore: %s" % victim)
     j = e.ok("DELETE", "/clones/" + ids[0])
     check(j == {"deleted": ids[0]}, "DELETE reply: %s" % j)
     check(e.req("GET", "/clones/" + ids[0])[0] == 404, "deleted clone still listed")

@@ -472,6 +472,16 @@ static int ext_answer(struct ext *e, int ms, uint64_t *h)
 	return read(e->sock, h, sizeof(*h)) == sizeof(*h);
 }
 
+/* Block @mb as the clone reads it: answered within 10 s, and exactly the snapshot's. */
+static void ext_check_mb(struct ext *e, uint64_t mb)
+{
+	uint64_t h;
+
+	ext_ask(e, mb * MB_SIZE, MB_SIZE);
+	assert_int_equal(ext_answer(e, 10000, &h), 1);
+	assert_int_equal(h, XXH3_64bits(g_image + mb * MB_SIZE, MB_SIZE));
+}
+
 static void ext_end(struct ext *e)
 {
 	int st;
@@ -526,11 +536,8 @@ static void test_attach(void **state)
 	assert_int_equal(h, XXH3_64bits(g_image + mb * MB_SIZE, MB_SIZE));
 	/* The rest of that LB, now in: served exactly by the new session. */
 	assert_int_equal(halite_reader_lb_members(halite_template_reader(t), lb, &mbs, &n), 0);
-	for (uint32_t i = 0; i < n; i++) {
-		ext_ask(&e, mbs[i] * MB_SIZE, MB_SIZE);
-		assert_int_equal(ext_answer(&e, 10000, &h), 1);
-		assert_int_equal(h, XXH3_64bits(g_image + mbs[i] * MB_SIZE, MB_SIZE));
-	}
+	for (uint32_t i = 0; i < n; i++)
+		ext_check_mb(&e, mbs[i]);
 	halite_session_free(s);
 	ext_end(&e);
 	halite_template_free(t);
@@ -571,9 +578,7 @@ static void test_corrupt_lb(void **state)
 		assert_int_equal(halite_reader_mb_lookup(halite_template_reader(t), mb, &loc), 0);
 		if (loc.state == HALITE_MB_STORED && loc.lb == lb)
 			continue;
-		ext_ask(&b, (uint64_t)mb * MB_SIZE, MB_SIZE);
-		assert_int_equal(ext_answer(&b, 10000, &h), 1);
-		assert_int_equal(h, XXH3_64bits(g_image + (uint64_t)mb * MB_SIZE, MB_SIZE));
+		ext_check_mb(&b, mb);
 	}
 	assert_int_equal(halite_session_wait(sb, 100), -ETIMEDOUT); /* never complete */
 	x ^= 0x40;
