@@ -574,9 +574,7 @@ def main():
     args = parse_args()
     why = prerequisites(args)
     if why:
-        need = os.environ.get("HALITE_REQUIRE_QEMU") == "1"
-        log(("FAIL: " if need else "SKIP: ") + why)
-        return 1 if need else 77
+        return qb.unmet(why)
     why = memory_check(args)
     if why:
         log("FAIL: " + why)

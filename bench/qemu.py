@@ -655,13 +655,18 @@ def prerequisites(args):
     return None
 
 
+def unmet(why):
+    """What the run lacks: skipped (77), or a failure when $HALITE_REQUIRE_QEMU=1."""
+    need = os.environ.get("HALITE_REQUIRE_QEMU") == "1"
+    log(("FAIL: " if need else "SKIP: ") + why)
+    return 1 if need else 77
+
+
 def main():
     args = parse_args()
     why = prerequisites(args)
     if why:
-        need = os.environ.get("HALITE_REQUIRE_QEMU") == "1"
-        log(("FAIL: " if need else "SKIP: ") + why)
-        return 1 if need else 77
+        return unmet(why)
     workdir = tempfile.mkdtemp(prefix="halite-bench-qemu.")
     os.makedirs(args.dir, exist_ok=True)
     filedir = tempfile.mkdtemp(prefix="halite-bench-qemu.", dir=args.dir)
