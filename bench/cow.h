@@ -19,6 +19,7 @@ struct cow_stats {
 	uint64_t faults;	/* write faults served */
 	uint64_t fault_p50_ns;	/* message read to wake */
 	uint64_t fault_p99_ns;
+	uint64_t fault_max_ns;
 	uint64_t pages_fault;	/* pages saved by the fault thread */
 	uint64_t pages_bg;	/* pages saved by the background thread */
 	bool done;
