@@ -14,6 +14,9 @@
 #                       the QEMU test guest, N = 1, 2, 4 (--quick: 1, 2);
 #                       skipped with a message without QEMU, the test guest
 #                       (scripts/make-guest.sh) or root
+#   save-qemu.json      bench/save_qemu.py --json: the QEMU test guest's
+#                       slowdown while halite-qemu saves it, against no save
+#                       (issue 15); skipped as clones-qemu.json is
 #   runs.tsv            file, exit code, seconds, command, for each of them
 #   *.log               each command's stderr (progress)
 #   fig2-overhead.svg, table1.md, fig4-compress.svg, summary.md
@@ -123,18 +126,34 @@ fi
 # (e) Many clones of one snapshot: the clone service against independent restores.
 run clones.json "$bench" clones --json "${q[@]}"
 
-# (f) The same with QEMU clones of the test guest, when it can run here (its
-# own exit 77 would read as "no userfaultfd" below, so it is checked first).
-if ! command -v qemu-system-x86_64 >/dev/null; then
-	say "clones-qemu.json: skipped, qemu-system-x86_64 not installed (scripts/install-deps.sh --guest)"
-elif [[ ! -e $build/guest-image/initrd.img || ! -e $build/guest-image/append ]]; then
-	say "clones-qemu.json: skipped, no test guest in $(rel "$build")/guest-image (scripts/make-guest.sh)"
-elif [[ $(id -u) != 0 ]]; then
-	say "clones-qemu.json: skipped, needs root (halite-qemu ptraces QEMU)"
-else
+# Can the QEMU test guest run here? If not, say why FILE is skipped and fail.
+# (The QEMU benches' own exit 77 would read as "no userfaultfd" below, so
+# this is checked first.)
+qemu_ready() {
+	if ! command -v qemu-system-x86_64 >/dev/null; then
+		say "$1: skipped, qemu-system-x86_64 not installed (scripts/install-deps.sh --guest)"
+	elif [[ ! -e $build/guest-image/initrd.img || ! -e $build/guest-image/append ]]; then
+		say "$1: skipped, no test guest in $(rel "$build")/guest-image (scripts/make-guest.sh)"
+	elif [[ $(id -u) != 0 ]]; then
+		say "$1: skipped, needs root (halite-qemu ptraces QEMU)"
+	else
+		return 0
+	fi
+	return 1
+}
+
+# (f) The same with QEMU clones of the test guest, when it can run here.
+if qemu_ready clones-qemu.json; then
 	HALITE_QEMU_BIN=$build/tools/halite-qemu/halite-qemu \
 		HALITE_CLONED_BIN=$build/tools/halite-cloned/halite-cloned \
 		run clones-qemu.json python3 bench/clones_qemu.py --json "${q[@]}" \
+		--image "$(rel "$build")/guest-image"
+fi
+
+# (g) The QEMU test guest's own slowdown while it is saved (issue 15).
+if qemu_ready save-qemu.json; then
+	HALITE_QEMU_BIN=$build/tools/halite-qemu/halite-qemu \
+		run save-qemu.json python3 bench/save_qemu.py --json "${q[@]}" \
 		--image "$(rel "$build")/guest-image"
 fi
 
