@@ -248,7 +248,7 @@ struct halite_save {
 	_Atomic bool walk_done;	/* no page-table page will be read any more */
 	_Atomic uint64_t last_fault_ns;
 	_Atomic bool in_fault;	/* the fault thread is serving one */
-	bool fault_rt;		/* the fault thread runs SCHED_FIFO */
+	_Atomic bool fault_rt;	/* the fault thread runs SCHED_FIFO */
 	_Atomic uint64_t test_check_after; /* halite_save_test_fail_check() */
 	bool test_no_refusal;		    /* halite_save_test_no_discard_refusal() */
 
@@ -797,8 +797,9 @@ static int serve_fault(struct halite_save *s, const struct uffd_msg *m, uint64_t
 /*
  * Where allowed (CAP_SYS_NICE or RLIMIT_RTPRIO), the fault thread runs
  * SCHED_FIFO at the lowest real-time priority: measured on 2 cores with 4
- * vCPUs, nearly every fault slower than 50 us had spent 5 us on the CPU and
- * the rest preempted (one involuntary switch), most inside the give-back.
+ * vCPUs, 99% of the faults slower than 50 us had spent about 6 us on the
+ * CPU and the rest preempted (one involuntary switch), most inside the
+ * give-back (docs/benchmarks.md, "Lazy save").
  * It sleeps in poll() between faults and each block faults once, so the
  * CPU it can take is bounded by the faults; its waits on other threads
  * sleep after a few turns (backoff()). HALITE_SAVE_NO_REALTIME leaves it an
@@ -812,7 +813,7 @@ static void fault_thread_sched(struct halite_save *s)
 	if (s->o.flags & HALITE_SAVE_NO_REALTIME)
 		return;
 	ret = pthread_setschedparam(pthread_self(), SCHED_FIFO, &sp);
-	s->fault_rt = !ret;
+	atomic_store(&s->fault_rt, !ret);
 	if (ret)
 		halite_logf(&s->log, HALITE_LOG_INFO, "fault thread: SCHED_FIFO refused (%s): it "
 			    "runs as an ordinary thread, and can be preempted while serving",
@@ -2242,7 +2243,7 @@ HALITE_EXPORT void halite_save_stats(struct halite_save *s, struct halite_save_s
 	st->fault_p50_ns = halite_hist_quantile(&s->fault_hist, 0.5);
 	st->fault_p99_ns = halite_hist_quantile(&s->fault_hist, 0.99);
 	st->fault_max_ns = halite_hist_quantile(&s->fault_hist, 1.0);
-	st->fault_realtime = s->fault_rt;
+	st->fault_realtime = atomic_load(&s->fault_rt);
 }
 
 HALITE_EXPORT void halite_save_free(struct halite_save *s)
