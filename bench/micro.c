@@ -510,14 +510,22 @@ static int run_source(struct bench *b)
 		}
 	}
 
-	ret = synth_start(g);
+	/*
+	 * A trace may last a millisecond: each vCPU is stopped at its exact
+	 * midpoint (and let go on after the pause) rather than watched.
+	 */
+	for (unsigned v = 0; b->p.trace && !ret && v < b->p.vcpus; v++)
+		ret = synth_vcpu_limit(g, v, b->half[v]);
+	ret = ret ? ret : synth_start(g);
 	if (ret) {
 		set_err(b, "synth_start: %s", strerror(-ret));
 		goto out;
 	}
 	/* The snapshot instant: the slowest vCPU half-way through its run. */
 	tw = now_s();
-	while (!past_half(b, g) && now_s() - tw < b->p.timeout_s)
+	if (b->p.trace)
+		synth_wait_done(g, b->p.timeout_s * 1000u);
+	while (!b->p.trace && !past_half(b, g) && now_s() - tw < b->p.timeout_s)
 		sleep_us(100);
 	ret = synth_pause(g);
 	if (ret) {
@@ -528,6 +536,15 @@ static int run_source(struct bench *b)
 		struct synth_vcpu_stats st;
 
 		synth_vcpu_stats(g, v, &st);
+		if (b->p.trace) {
+			/* Done at the midpoint, not at the end: the rest is after the snapshot. */
+			ret = synth_vcpu_limit(g, v, 0);
+			if (ret) {
+				set_err(b, "synth_vcpu_limit: %s", strerror(-ret));
+				goto out;
+			}
+			st.done = 0;
+		}
 		b->pos[v] = st.accesses;
 		ndone += st.done != 0;
 		if (ndone == b->p.vcpus) {
