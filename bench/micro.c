@@ -1380,23 +1380,18 @@ static int parse_args(struct params *p, int argc, char **argv)
 
 /* --- main --- */
 
-/* The largest guest --trace sizes itself to; more does not fit this bench. */
-#define TRACE_MAX_MEM ((uint64_t)8 << 30)
-
 /*
- * --trace: the guest from the trace. As the paper's microbenchmark, a
- * quarter of memory is mapped: each vCPU maps the largest vCPU's extent (its
- * highest page + 1), memory is 4 x that over the vCPUs (at least 16 MiB, in
- * 2 MiB), unless --mem-mib says otherwise. Each vCPU runs its records once;
- * the snapshot is when every vCPU is past half of its own.
+ * --trace: the guest from the trace (trace_guest_mem). Each vCPU runs its
+ * records once; the snapshot is when every vCPU is at half of its own.
  */
 static int size_from_trace(struct bench *b)
 {
 	struct params *p = &b->p;
 	char err[400];
 	int ret = trace_file_scan(p->trace, &b->ti, err, sizeof(err));
-	uint64_t mapped;
 
+	if (!ret)
+		ret = trace_guest_mem(&b->ti, p->trace, p->mem_mib, &b->mem_bytes, err, sizeof(err));
 	if (ret) {
 		fprintf(stderr, PROG ": %s\n", err);
 		return ret;
@@ -1404,24 +1399,6 @@ static int size_from_trace(struct bench *b)
 	p->vcpus = b->ti.nvcpus;
 	b->ws_units = b->ti.map_bytes / SYNTH_PAGE_SIZE;
 	b->max_accesses = 0;
-	mapped = b->ti.map_bytes * p->vcpus;
-	b->mem_bytes = p->mem_mib ? p->mem_mib * MIB : (4 * mapped + (2 * MIB - 1)) / (2 * MIB) * (2 * MIB);
-	if (b->mem_bytes < 16 * MIB)
-		b->mem_bytes = 16 * MIB;
-	if (!p->mem_mib && b->mem_bytes > TRACE_MAX_MEM) {
-		fprintf(stderr, PROG ": the trace %s does not fit: %u vCPUs x %" PRIu64 " MiB mapped "
-			"need a %" PRIu64 " MiB guest, more than this bench's %" PRIu64 " MiB\n",
-			p->trace, p->vcpus, b->ti.map_bytes / MIB, b->mem_bytes / MIB,
-			TRACE_MAX_MEM / MIB);
-		return -EINVAL;
-	}
-	/* Room for the page tables and the frame allocator's stride: half of memory. */
-	if (mapped > b->mem_bytes / 2) {
-		fprintf(stderr, PROG ": the trace %s does not fit in --mem-mib %" PRIu64 ": %u vCPUs x "
-			"%" PRIu64 " KiB mapped need at least %" PRIu64 " MiB\n", p->trace, p->mem_mib,
-			p->vcpus, b->ti.map_bytes >> 10, (2 * mapped + MIB - 1) / MIB);
-		return -EINVAL;
-	}
 	for (unsigned v = 0; v < p->vcpus; v++)
 		b->half[v] = b->ti.nrec[v] / 2;
 	progress(b, "trace %s: %u vCPUs, %" PRIu64 " records, %" PRIu64 " KiB mapped per vCPU",

@@ -145,6 +145,75 @@ static int walk(const char *path, struct trace_info *ti, trace_fn fn, void *ctx,
 	return 0;
 }
 
+#define MIB ((uint64_t)1 << 20)
+/* The largest guest a trace is given; more does not fit the benchmarks' machine. */
+#define TRACE_MAX_MEM ((uint64_t)8 << 30)
+
+int trace_guest_mem(const struct trace_info *ti, const char *path, uint64_t mem_mib,
+		    uint64_t *mem_bytes, char *err, size_t errlen)
+{
+	uint64_t mapped = ti->map_bytes * ti->nvcpus, mem;
+
+	mem = mem_mib ? mem_mib * MIB : (4 * mapped + 2 * MIB - 1) / (2 * MIB) * (2 * MIB);
+	if (mem < 16 * MIB)
+		mem = 16 * MIB;
+	if (!mem_mib && mem > TRACE_MAX_MEM) {
+		snprintf(err, errlen, "the trace %s does not fit: %u vCPUs x %" PRIu64 " MiB mapped "
+			 "need a %" PRIu64 " MiB guest, more than %" PRIu64 " MiB", path,
+			 ti->nvcpus, ti->map_bytes / MIB, mem / MIB, TRACE_MAX_MEM / MIB);
+		return -EINVAL;
+	}
+	if (mapped > mem / 2) {
+		snprintf(err, errlen, "the trace %s does not fit in %" PRIu64 " MiB: %u vCPUs x "
+			 "%" PRIu64 " KiB mapped need at least %" PRIu64 " MiB", path, mem_mib,
+			 ti->nvcpus, ti->map_bytes >> 10, (2 * mapped + MIB - 1) / MIB);
+		return -EINVAL;
+	}
+	*mem_bytes = mem;
+	return 0;
+}
+
+int trace_file_readonly(const char *src, const char *dst)
+{
+	uint8_t *buf = malloc((size_t)CHUNK * SYNTH_TRACE_REC);
+	int in = open(src, O_RDONLY | O_CLOEXEC), out = -1, ret = 0;
+	uint64_t off = 0;
+
+	if (!buf || in < 0) {
+		ret = !buf ? -ENOMEM : -errno;
+		goto out;
+	}
+	out = open(dst, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (out < 0) {
+		ret = -errno;
+		goto out;
+	}
+	for (;;) {
+		ssize_t n = bench_pread_full(in, buf, (size_t)CHUNK * SYNTH_TRACE_REC, off);
+
+		if (n <= 0) {
+			ret = (int)n;
+			break;
+		}
+		/* Records start at 32 and are 16 bytes: chunks from 0 keep them aligned. */
+		for (ssize_t i = off ? 0 : SYNTH_TRACE_HDR; i + (ssize_t)SYNTH_TRACE_REC <= n;
+		     i += SYNTH_TRACE_REC)
+			halite_put_le32(buf + i + 12, 0);
+		if (pwrite(out, buf, (size_t)n, (off_t)off) != n) {
+			ret = -EIO;
+			break;
+		}
+		off += (uint64_t)n;
+	}
+out:
+	if (out >= 0 && close(out) && !ret)
+		ret = -EIO;
+	if (in >= 0)
+		close(in);
+	free(buf);
+	return ret;
+}
+
 int trace_file_scan(const char *path, struct trace_info *ti, char *err, size_t errlen)
 {
 	*ti = (struct trace_info){ 0 };

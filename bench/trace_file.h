@@ -39,6 +39,23 @@ int trace_file_scan(const char *path, struct trace_info *ti, char *err, size_t e
  * the page's offset in the vCPU's window in pages, word the 8-byte word in
  * the page. The file must have passed trace_file_scan. 0 or -errno.
  */
+/*
+ * The guest that replays @ti: as the paper's microbenchmark, a quarter of
+ * memory mapped: memory is 4 x what the vCPUs map (ti->map_bytes each), at
+ * least 16 MiB, in 2 MiB; or @mem_mib if not 0. 0 and *mem_bytes; -EINVAL
+ * with one sentence in @err when it does not fit: more than 8 GiB, or the
+ * mapping over half of @mem_mib (room for page tables and the stride).
+ */
+int trace_guest_mem(const struct trace_info *ti, const char *path, uint64_t mem_mib,
+		    uint64_t *mem_bytes, char *err, size_t errlen);
+
+/*
+ * Copy the trace @src to @dst with every write flag cleared: the same
+ * accesses, reads only (a restored guest that must end up equal to the
+ * snapshot). 0 or -errno.
+ */
+int trace_file_readonly(const char *src, const char *dst);
+
 typedef void (*trace_fn)(void *ctx, unsigned vcpu, uint64_t rec, uint64_t unit, unsigned word,
 			 int write);
 int trace_file_each(const char *path, trace_fn fn, void *ctx);

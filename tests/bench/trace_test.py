@@ -11,14 +11,16 @@
 # 3. Traces micro must refuse with exit 2 and the reason: not fitting (an
 #    address outside its vCPU's window, too few records), malformed (magic,
 #    size, flags, version).
-#   trace_test.py HALITE_BENCH HALITE_TRACE_LACKEY TMPDIR
+# 4. halite-cycle --trace on the same trace: snapshot at the exact midpoint,
+#    the rest replayed read-only, memory equal to the snapshot page for page.
+#   trace_test.py HALITE_BENCH HALITE_TRACE_LACKEY HALITE_CYCLE TMPDIR
 import json
 import os
 import struct
 import subprocess
 import sys
 
-bench, conv, tmp = sys.argv[1:4]
+bench, conv, cycle, tmp = sys.argv[1:5]
 here = os.path.dirname(os.path.abspath(__file__))
 VBASE = 0x7f0000000000
 GIB = 1 << 30
@@ -183,3 +185,20 @@ p = subprocess.run([bench, "micro", "--trace", tr, "--vcpus", "2"], capture_outp
 if p.returncode != 2 or "the trace decides" not in p.stderr:
     fail(f"--trace with --vcpus: exit {p.returncode}, {p.stderr!r}")
 print("refused: not fitting, malformed, conflicting options (exit 2)")
+
+# --- 4. halite-cycle --trace ---
+p = subprocess.run([cycle, "--trace", tr, "--json", "--dir", tmp], capture_output=True, text=True)
+if p.returncode != 0:
+    fail(f"halite-cycle --trace exited {p.returncode}:\n{p.stderr}")
+d = json.loads(p.stdout)
+g = d["guest"]
+if g["pattern"] != "trace" or g["vcpus"] != 2 or g["mem_bytes"] != 16 << 20 or \
+        g["trace"]["snapshot_positions"] != [N // 2, N // 2]:
+    fail(f"halite-cycle --trace guest {g}")
+if d["ok"] is not True or d["content"] != {"pages": 4096, "pages_wrong": 0, "exact": True}:
+    fail(f"halite-cycle --trace: ok {d['ok']}, content {d['content']}")
+p = subprocess.run([cycle, "--trace", os.path.join(tmp, "outside.trace")], capture_output=True,
+                   text=True)
+if p.returncode != 2 or "does not fit" not in p.stderr:
+    fail(f"halite-cycle on a trace that does not fit: exit {p.returncode}, {p.stderr!r}")
+print("halite-cycle --trace: midpoint, 4096 pages exact; a trace that does not fit refused")
