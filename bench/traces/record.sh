@@ -11,8 +11,10 @@
 # python-json (python3 running a script of json, re, csv, collections,
 # hashlib, datetime, statistics), xz-compress (xz -6 compressing a 60 KB
 # text). Default: all. Needs valgrind, sqlite3, python3, xz
-# (scripts/install-deps.sh). Takes minutes per program: lackey runs a
-# program 50 to 100 times slower.
+# (scripts/install-deps.sh). Takes 2 to 10 minutes per program on the shared
+# 2-core machine. A new recording is similar, not equal: ASLR moves the
+# regions (packing keeps only offsets inside them), the programs' versions
+# and xz-compress's input (the head of docs/benchmarks.md) change.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
