@@ -80,6 +80,7 @@ struct params {
 	int codec;
 	const char *dir;
 	const char *trace;	/* --trace: the workload */
+	const char *restore_trace; /* --restore-trace: the engine's trace_path */
 	bool json;
 	bool keep;
 	uint64_t seed;
@@ -638,6 +639,7 @@ static int run_restore(struct cycle *c)
 		o.nvcpus = c->p.vcpus;
 		o.log = halite_log_stderr;
 		o.log_level = HALITE_LOG_WARN;
+		o.trace_path = c->p.restore_trace;
 		t_open = halite_now_ns();
 		ret = halite_restore_open(&r, c->path, &reg, 1, &o);
 		t1 = halite_now_ns();
@@ -968,6 +970,9 @@ static void usage(FILE *f)
 		"  --trace FILE   the workload is this access trace (docs/trace-format.md):\n"
 		"                 the guest sized from it (--size and --vcpus refused), the\n"
 		"                 snapshot at each vCPU's midpoint, the rest replayed read-only\n"
+		"  --restore-trace PATH  the restore engine writes what it read and why there\n"
+		"                 (docs/restore-trace.md; halite-inspect restore FILE PATH,\n"
+		"                 with --keep for FILE)\n"
 		"Exit: 0 exact, 1 failed or memory differs, 2 usage, 77 kernel lacks a\n"
 		"userfaultfd feature.\n",
 		SYNTH_MAX_VCPUS);
@@ -991,6 +996,7 @@ int main(int argc, char **argv)
 		{ "timeout", required_argument, NULL, 't' },
 		{ "json", no_argument, NULL, 'j' },
 		{ "trace", required_argument, NULL, 'T' },
+		{ "restore-trace", required_argument, NULL, 'R' },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
@@ -1035,6 +1041,7 @@ int main(int argc, char **argv)
 			break;
 		case 'j': c.p.json = true; break;
 		case 'T': c.p.trace = optarg; break;
+		case 'R': c.p.restore_trace = optarg; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}

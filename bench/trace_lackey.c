@@ -26,11 +26,21 @@
  *    0x7f..., the stack near 0x7ffe...), too far apart for a guest mapping.
  *    Touched pages are grouped into regions: sorted, a gap of more than
  *    --gap untouched pages starts a new region. Regions are placed in
- *    address order, each at the next 64 KiB boundary after the previous
- *    one, from vbase + vcpu x 1 GiB; inside a region every page keeps its
- *    offset (and every access its offset in the page), so the locality the
- *    program had inside a region is the locality the guest has. A program
- *    whose packed regions exceed 1 GiB does not fit (exit 2).
+ *    address order, each at the next --align pages boundary after the
+ *    previous one, from vbase + vcpu x 1 GiB; inside a region every page
+ *    keeps its offset (and every access its offset in the page), so the
+ *    locality the program had inside a region is the locality the guest
+ *    has. A program whose packed regions exceed 1 GiB does not fit (exit 2).
+ *
+ *    The defaults, --gap 0 --align 1, pack the touched pages densely in
+ *    address order (a region is then a run of contiguous touched pages):
+ *    the synthetic guest maps and fills every page of its mapping, while a
+ *    real guest's page tables map only the pages a process populated. An
+ *    untouched page kept inside a region would be a mapped page the save's
+ *    background copier walks (its guest-virtual stream) between touched
+ *    ones, which no real guest has; with --gap 16 --align 16 such pages
+ *    (22-30% of the mapping of the committed traces) lowered the
+ *    locality organisation's VM access % (docs/benchmarks.md).
  *
  *	halite-trace-lackey [options] OUT [LACKEY_LOG | -]
  *
@@ -54,7 +64,6 @@
 #define PROG "halite-trace-lackey"
 #define PG 4096ull
 #define GIB (1ull << 30)
-#define REGION_ALIGN (64ull << 10)
 #define MAX_WINDOW 4096
 
 struct rec {
@@ -64,7 +73,7 @@ struct rec {
 
 struct conv {
 	/* options */
-	unsigned window, gap, vcpu;
+	unsigned window, gap, align, vcpu;
 	uint64_t vbase, max_records;
 	bool data_only;
 	/* the LRU: lru[0] most recent; written: a kept record wrote it since it entered */
@@ -252,7 +261,7 @@ static int pack(struct conv *c, struct region **out, uint64_t *nout, uint64_t *p
 		r[nr++] = (struct region){ pg[i], pg[i], 0 };
 	}
 	for (uint64_t i = 0; i < nr; i++) {
-		off = (off + REGION_ALIGN - 1) / REGION_ALIGN * REGION_ALIGN;
+		off = (off + c->align * PG - 1) / (c->align * PG) * (c->align * PG);
 		r[i].off = off;
 		off += (r[i].last - r[i].first + 1) * PG;
 	}
@@ -321,7 +330,8 @@ static void usage(FILE *f)
 "\n"
 "  --window N       LRU of recently used pages whose repeat reads are dropped (64)\n"
 "  --gap N          untouched pages that still keep two touched pages in one\n"
-"                   region (16); regions are packed 64 KiB aligned\n"
+"                   region (0: dense, see the top of trace_lackey.c)\n"
+"  --align N        regions start at multiples of N pages (1)\n"
 "  --data-only      drop instruction fetches\n"
 "  --max-records N  stop after N kept records (0: no limit)\n"
 "  --vcpu N         the vCPU the records are for (0); header nvcpus = N + 1\n"
@@ -332,7 +342,7 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
-	struct conv c = { .window = 64, .gap = 16, .vbase = 0x7f0000000000ull };
+	struct conv c = { .window = 64, .gap = 0, .align = 1, .vbase = 0x7f0000000000ull };
 	struct region *r = NULL;
 	uint64_t nr = 0, pages = 0, bytes = 0, v;
 	const char *out = NULL, *in = NULL;
@@ -347,19 +357,22 @@ int main(int argc, char **argv)
 			return 0;
 		} else if (!strcmp(a, "--data-only")) {
 			c.data_only = true;
-		} else if (!strcmp(a, "--window") || !strcmp(a, "--gap") ||
+		} else if (!strcmp(a, "--window") || !strcmp(a, "--gap") || !strcmp(a, "--align") ||
 			   !strcmp(a, "--max-records") || !strcmp(a, "--vcpu")) {
 			uint64_t max = !strcmp(a, "--window") ? MAX_WINDOW :
-				       !strcmp(a, "--gap") ? 1u << 20 :
+				       !strcmp(a, "--gap") || !strcmp(a, "--align") ? 1u << 20 :
 				       !strcmp(a, "--vcpu") ? SYNTH_MAX_VCPUS - 1 : UINT64_MAX;
 
-			if (!val || !bench_parse_u64(val, !strcmp(a, "--window"), max, &v))
+			if (!val || !bench_parse_u64(val, !strcmp(a, "--window") ||
+							  !strcmp(a, "--align"), max, &v))
 				return bench_bad_arg(PROG, a, val ? val : "(none)",
 						     "a number in range (see --help)");
 			if (!strcmp(a, "--window"))
 				c.window = (unsigned)v;
 			else if (!strcmp(a, "--gap"))
 				c.gap = (unsigned)v;
+			else if (!strcmp(a, "--align"))
+				c.align = (unsigned)v;
 			else if (!strcmp(a, "--vcpu"))
 				c.vcpu = (unsigned)v;
 			else

@@ -54,7 +54,8 @@ def read_trace(path):
 # --- 1. the converter ---
 lk = os.path.join(here, "lackey-small.txt")
 out = os.path.join(tmp, "small.trace")
-p = subprocess.run([conv, "--window", "2", out, lk], capture_output=True, text=True)
+p = subprocess.run([conv, "--window", "2", "--gap", "16", "--align", "16", out, lk],
+                   capture_output=True, text=True)
 if p.returncode != 0:
     fail(f"halite-trace-lackey exited {p.returncode}: {p.stderr}")
 hdr, recs = read_trace(out)
@@ -73,15 +74,17 @@ want = [(VBASE + 0x000, 0, 0),      # I 04001000: first touch
 if recs != want:
     fail("converter records:\n  got  %s\n  want %s" % (
         [(hex(a), v, w) for a, v, w in recs], [(hex(a), v, w) for a, v, w in want]))
-if "17 lines, 11 accesses, 8 records kept" not in p.stderr or "4 pages in 2 regions" not in p.stderr:
+if "17 lines, 11 accesses, 8 records kept" not in p.stderr or \
+        "4 pages in 2 regions, packed into 68 KiB" not in p.stderr:
     fail(f"converter summary: {p.stderr}")
-# The default window (64) keeps only first touches and first writes here.
+# The default window (64) keeps only first touches and first writes here, and
+# the default packing is dense: 0x4001-0x4003 at pages 0-2, 0x1ffefff at page 3.
 p = subprocess.run([conv, "--vcpu", "2", out, lk], capture_output=True, text=True)
 hdr, recs = read_trace(out)
-w2 = [(VBASE + 2 * GIB + 0x000, 2, 0), (VBASE + 2 * GIB + 0x10000, 2, 1),
+w2 = [(VBASE + 2 * GIB + 0x000, 2, 0), (VBASE + 2 * GIB + 0x3000, 2, 1),
       (VBASE + 2 * GIB + 0x1ff8, 2, 0), (VBASE + 2 * GIB + 0x2000, 2, 0),
       (VBASE + 2 * GIB + 0x010, 2, 1)]
-if p.returncode != 0 or hdr[2] != 3 or recs != w2:
+if p.returncode != 0 or hdr[2] != 3 or recs != w2 or "packed into 16 KiB" not in p.stderr:
     fail(f"converter --vcpu 2: exit {p.returncode}, header {hdr}, records "
          f"{[(hex(a), v, w) for a, v, w in recs]}")
 bad = os.path.join(tmp, "bad-lackey.txt")
