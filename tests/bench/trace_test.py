@@ -12,7 +12,8 @@
 #    address outside its vCPU's window, too few records), malformed (magic,
 #    size, flags, version).
 # 4. halite-cycle --trace on the same trace: snapshot at the exact midpoint,
-#    the rest replayed read-only, memory equal to the snapshot page for page.
+#    the rest replayed read-only, memory equal to the snapshot page for page;
+#    --restore-trace writes the engine's trace, a line per LB read.
 #   trace_test.py HALITE_BENCH HALITE_TRACE_LACKEY HALITE_CYCLE TMPDIR
 import json
 import os
@@ -190,10 +191,17 @@ if p.returncode != 2 or "the trace decides" not in p.stderr:
 print("refused: not fitting, malformed, conflicting options (exit 2)")
 
 # --- 4. halite-cycle --trace ---
-p = subprocess.run([cycle, "--trace", tr, "--json", "--dir", tmp], capture_output=True, text=True)
+rt = os.path.join(tmp, "restore.rtrace")
+p = subprocess.run([cycle, "--trace", tr, "--json", "--dir", tmp, "--restore-trace", rt],
+                   capture_output=True, text=True)
 if p.returncode != 0:
     fail(f"halite-cycle --trace exited {p.returncode}:\n{p.stderr}")
 d = json.loads(p.stdout)
+# --restore-trace: the engine's trace (docs/restore-trace.md), one line per LB it read.
+lines = open(rt).read().splitlines()
+lbs = [ln for ln in lines if ln.startswith("lb ")]
+if lines[0] != "halite-restore-trace 1" or len(lbs) != d["restore"]["lb_total"]:
+    fail(f"--restore-trace: {lines[:1]}, {len(lbs)} lb lines, lb_total {d['restore'].get('lb_total')}")
 g = d["guest"]
 if g["pattern"] != "trace" or g["vcpus"] != 2 or g["mem_bytes"] != 16 << 20 or \
         g["trace"]["snapshot_positions"] != [N // 2, N // 2]:
