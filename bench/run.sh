@@ -6,6 +6,10 @@
 #   compress-P.json     halite-bench micro --json --only locality,halite
 #                       --compress P for P = 10 30 50 70 90, cold cache,
 #                       1 ms per read, no VM access runs: Figure 4
+#   trace-NAME.json     halite-bench micro --json --trace NAME.trace for every
+#                       real program's trace in bench/traces/ (NAME.trace.xz,
+#                       decompressed into DIR/traces/): Figure 2 and Table 1
+#                       on real programs (issue 15)
 #   fio.json            bench/fio.sh: this machine's random-read limits
 #   fault.json          halite-bench fault --json, if this build has it
 #   clones.json         halite-bench clones --json: the clone service against
@@ -19,7 +23,8 @@
 #                       (issue 15); skipped as clones-qemu.json is
 #   runs.tsv            file, exit code, seconds, command, for each of them
 #   *.log               each command's stderr (progress)
-#   fig2-overhead.svg, table1.md, fig4-compress.svg, summary.md
+#   fig2-overhead.svg, table1.md, fig4-compress.svg, fig2-trace-NAME.svg,
+#   table-traces.md, summary.md
 #
 #   bench/run.sh [--quick] [--out DIR] [--build DIR]
 #
@@ -41,7 +46,7 @@ while [[ $# -gt 0 ]]; do
 	--quick) quick=1 ;;
 	--out) out=$2; shift ;;
 	--build) build=$2; shift ;;
-	-h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+	-h|--help) sed -n '2,27p' "$0"; exit 0 ;;
 	*) echo "run.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 	esac
 	shift
@@ -69,7 +74,7 @@ say "build ($(rel "$build"))"
 # This run's files only: a fault.json left from an earlier run must not be
 # taken for this one's.
 rm -f "$out"/micro.json "$out"/compress-*.json "$out"/fio.json "$out"/fault.json "$out"/clones.json \
-	"$out"/clones-qemu.json \
+	"$out"/clones-qemu.json "$out"/trace-*.json "$out"/fig2-trace-*.svg "$out"/table-traces.md \
 	"$out"/*.log "$out"/runs.tsv "$out"/fig2-overhead.svg "$out"/fig4-compress.svg \
 	"$out"/table1.md "$out"/summary.md
 printf '# file\texit\tseconds\tcommand\n' >"$out/runs.tsv"
@@ -106,6 +111,19 @@ if [[ $skipped == 0 ]]; then
 	for p in 10 30 50 70 90; do
 		run "compress-$p.json" "$bench" micro --json "${q[@]}" --only locality,halite \
 			--compress "$p" --cache cold --latency 1000 --no-track
+	done
+fi
+
+# (b2) Real programs' access traces (bench/traces/, docs/trace-format.md):
+# every organisation and peer as in (a), the workload the program's recorded
+# accesses, saved at the trace's midpoint.
+if [[ $skipped == 0 ]]; then
+	mkdir -p "$out/traces"
+	for t in bench/traces/*.trace.xz; do
+		[[ -e $t ]] || continue
+		name=$(basename "$t" .trace.xz)
+		xz -dc "$t" >"$out/traces/$name.trace"
+		run "trace-$name.json" "$bench" micro --json "${q[@]}" --trace "$dir/traces/$name.trace"
 	done
 fi
 
