@@ -74,6 +74,10 @@ HALITE_EXPORT const char *halite_section_name(uint32_t type)
 		return "mb-map";
 	case HALITE_SECTION_LB_TABLE:
 		return "lb-table";
+	case HALITE_SECTION_INDEX:
+		return "index";
+	case HALITE_SECTION_LB_MEMBERS:
+		return "lb-members";
 	case HALITE_SECTION_VCPUS:
 		return "vcpus";
 	case HALITE_SECTION_DEVICE_STATE:
