@@ -698,7 +698,7 @@ int rs_queue_push(struct halite_restore *r, uint64_t lb)
 size_t rs_ra_push(struct halite_restore *r, uint64_t lb)
 {
 	for (unsigned i = 0; i < r->o.readahead && r->ra_next; i++) {
-		lb = r->ra_next[lb];
+		lb = rs_ra_next(r, lb);
 		if (lb == UINT64_MAX)
 			break;
 		if (atomic_load(&r->lbs[lb].state) != LB_IDLE)
@@ -1029,7 +1029,13 @@ static void serve_fault(struct halite_restore *r, const struct uffd_msg *m, uint
 	atomic_fetch_add(&r->n_faults, 1);
 	if (is_vcpu(r, m->arg.pagefault.feat.ptid))
 		atomic_fetch_add(&r->n_faults_vcpu, 1);
-	halite_reader_mb_lookup(r->rd, mb, &loc);
+	/* A 1.1 file's index chunks come in here on first use; damaged, it fails. */
+	ret = halite_reader_mb_lookup(r->rd, mb, &loc);
+	if (ret) {
+		rs_set_failed(r, rs_fail(r, ret, "memory block %llu: %s", ULL(mb),
+					 halite_reader_errmsg(r->rd)));
+		return;
+	}
 	if (g->hpage)
 		rs_huge_fault(r, mb, &f);
 	else if (loc.state != HALITE_MB_STORED)
@@ -1128,9 +1134,17 @@ static uint64_t pf_next(struct halite_restore *r, uint64_t *cursor)
 static int pf_submit(struct halite_restore *r, struct pf_slot *s, unsigned tag)
 {
 	struct halite_lb_info li;
+	const uint64_t *mbs;
+	uint32_t n;
 	int ret;
 
-	halite_reader_lb_info(r->rd, s->lb, &li);
+	/* Its index entries first (a 1.1 file's chunks load here, off the fault path). */
+	ret = halite_reader_lb_members(r->rd, s->lb, &mbs, &n);
+	if (!ret)
+		ret = halite_reader_lb_info(r->rd, s->lb, &li);
+	if (ret)
+		return rs_fail(r, ret, "locality block %llu: %s", ULL(s->lb),
+			       halite_reader_errmsg(r->rd));
 	ret = halite_io_submit_read(r->pf_io, s->buf, r->lb_size, li.offset, tag);
 	if (ret)
 		return rs_fail(r, ret, "locality block %llu at offset %llu: submitting a read",
@@ -1570,46 +1584,38 @@ static int match_regions(struct halite_restore *r, const struct halite_restore_r
 
 /*
  * ra_next: each LB's successor in its stream. The writer fills a stream's
- * LBs in order, so in file order each stream's LBs come by rising seq; a
- * file has a few streams (one per vCPU, virtual, physical, other).
+ * LBs in order, so in file order each stream's LBs come by rising seq, and
+ * a file has a few streams (one per vCPU, virtual, physical, other) that
+ * interleave: the successor is a few LBs on. It is looked up when first
+ * needed, scanning at most RA_SCAN entries (none found: no readahead, a
+ * hint), and kept. Open only allocates (calloc: pages appear as used), so it
+ * does not read the whole LB table (a 1.1 file's chunks come in on use).
  */
-struct ra_stream {
-	uint32_t id;
-	uint64_t last; /* its latest LB so far */
-};
+#define RA_SCAN 256u
 
 static int ra_build(struct halite_restore *r)
 {
-	struct ra_stream st[64];
-	unsigned nst = 0;
-
 	if (!r->o.readahead || !r->lb_total)
 		return 0;
-	r->ra_next = malloc(r->lb_total * sizeof(*r->ra_next));
-	if (!r->ra_next)
-		return -ENOMEM;
-	for (uint64_t lb = 0; lb < r->lb_total; lb++) {
-		struct halite_lb_info li;
-		unsigned i;
+	r->ra_next = calloc(r->lb_total, sizeof(*r->ra_next));
+	return r->ra_next ? 0 : -ENOMEM;
+}
 
-		r->ra_next[lb] = UINT64_MAX;
-		halite_reader_lb_info(r->rd, lb, &li);
-		for (i = 0; i < nst && st[i].id != li.stream; i++)
-			;
-		if (i == nst) {
-			if (nst == HALITE_ARRAY_SIZE(st)) {
-				/* More streams than that: no readahead (a hint, not a need). */
-				free(r->ra_next);
-				r->ra_next = NULL;
-				return 0;
+uint64_t rs_ra_next(struct halite_restore *r, uint64_t lb)
+{
+	struct halite_lb_info li, ln;
+	uint64_t next = UINT64_MAX;
+
+	if (r->ra_next[lb])
+		return r->ra_next[lb] == UINT64_MAX ? UINT64_MAX : r->ra_next[lb] - 1;
+	if (!halite_reader_lb_info(r->rd, lb, &li))
+		for (uint64_t k = lb + 1; k < r->lb_total && k <= lb + RA_SCAN; k++)
+			if (!halite_reader_lb_info(r->rd, k, &ln) && ln.stream == li.stream) {
+				next = k;
+				break;
 			}
-			st[nst++] = (struct ra_stream){ li.stream, UINT64_MAX };
-		}
-		if (st[i].last != UINT64_MAX)
-			r->ra_next[st[i].last] = lb;
-		st[i].last = lb;
-	}
-	return 0;
+	r->ra_next[lb] = next == UINT64_MAX ? UINT64_MAX : next + 1;
+	return next;
 }
 
 HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *path,
@@ -2144,7 +2150,12 @@ static int fill_copies(struct halite_restore *r)
 			unsigned reads;
 			bool mine = false;
 
-			halite_reader_mb_lookup(r->rd, mb, &loc);
+			ret = halite_reader_mb_lookup(r->rd, mb, &loc);
+			if (ret) {
+				ret = rs_fail(r, ret, "%s", halite_reader_errmsg(r->rd));
+				rs_set_failed(r, ret);
+				break;
+			}
 			if (loc.state != HALITE_MB_STORED)
 				continue;
 			pthread_mutex_lock(&r->lk);
