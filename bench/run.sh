@@ -14,6 +14,9 @@
 #                       the QEMU test guest, N = 1, 2, 4 (--quick: 1, 2);
 #                       skipped with a message without QEMU, the test guest
 #                       (scripts/make-guest.sh) or root
+#   open.json           halite-bench-open --json: open to guest running at 1, 4,
+#                       16, 64 GiB (--quick: 1, 4), format 1.0 against 1.1
+#                       (issue 15 part 4); files in /var/tmp, removed after
 #   runs.tsv            file, exit code, seconds, command, for each of them
 #   *.log               each command's stderr (progress)
 #   fig2-overhead.svg, table1.md, fig4-compress.svg, summary.md
@@ -66,7 +69,7 @@ say "build ($(rel "$build"))"
 # This run's files only: a fault.json left from an earlier run must not be
 # taken for this one's.
 rm -f "$out"/micro.json "$out"/compress-*.json "$out"/fio.json "$out"/fault.json "$out"/clones.json \
-	"$out"/clones-qemu.json \
+	"$out"/clones-qemu.json "$out"/open.json \
 	"$out"/*.log "$out"/runs.tsv "$out"/fig2-overhead.svg "$out"/fig4-compress.svg \
 	"$out"/table1.md "$out"/summary.md
 printf '# file\texit\tseconds\tcommand\n' >"$out/runs.tsv"
@@ -122,6 +125,9 @@ fi
 
 # (e) Many clones of one snapshot: the clone service against independent restores.
 run clones.json "$bench" clones --json "${q[@]}"
+
+# (g) Open to guest running against memory size, format 1.0 against 1.1.
+run open.json "$(rel "$build")/bench/halite-bench-open" --json "${q[@]}"
 
 # (f) The same with QEMU clones of the test guest, when it can run here (its
 # own exit 77 would read as "no userfaultfd" below, so it is checked first).

@@ -151,6 +151,13 @@ static inline uint64_t hlt_mb_encode_stored(unsigned lb_shift, uint64_t lb, uint
  */
 int hlt_mb_decode(uint64_t e, unsigned lb_shift, struct halite_mb_loc *loc);
 
+/* qsort_r order of MB indices by their map entries' offsets in the LB (stored MBs). */
+struct hlt_offset_key {
+	const uint64_t *map;
+	unsigned lb_shift;
+};
+int hlt_cmp_offset(const void *a, const void *b, void *key);
+
 /* XXH3(uuid, 0): the seed of every LB, section and directory checksum. */
 uint64_t hlt_file_seed(const uint8_t uuid[16]);
 uint64_t hlt_hash(const void *p, size_t len, uint64_t seed);

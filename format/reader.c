@@ -629,20 +629,11 @@ static int check_stream_seqs(struct halite_reader *r)
 	return ret;
 }
 
-static int cmp_member(const void *a, const void *b, void *arg)
-{
-	const struct halite_reader *r = arg;
-	uint64_t mask = ((uint64_t)1 << r->lb_shift) - 1;
-	uint64_t x = (r->map[*(const uint64_t *)a] >> 3) & mask;
-	uint64_t y = (r->map[*(const uint64_t *)b] >> 3) & mask;
-
-	return x < y ? -1 : x > y;
-}
-
 static int parse_map(struct halite_reader *r, const uint8_t *p, uint64_t len)
 {
 	struct halite_file_info *fi = &r->info;
 	uint64_t n = fi->mb_count, nlb = fi->lb_count;
+	struct hlt_offset_key key;
 	uint64_t *fill;
 
 	if (len / 8 != n || len % 8)
@@ -691,12 +682,13 @@ static int parse_map(struct halite_reader *r, const uint8_t *p, uint64_t len)
 	free(fill);
 
 	/* Members must tile each LB's used bytes exactly (docs/format.md 5.2). */
+	key = (struct hlt_offset_key){ r->map, r->lb_shift };
 	for (uint64_t i = 0; i < nlb; i++) {
 		uint64_t *mb = r->members + r->lb_first[i];
 		uint64_t cnt = r->lb_first[i + 1] - r->lb_first[i];
 		uint64_t expect = 0;
 
-		qsort_r(mb, cnt, sizeof(*mb), cmp_member, r);
+		qsort_r(mb, cnt, sizeof(*mb), hlt_cmp_offset, &key);
 		for (uint64_t j = 0; j < cnt; j++) {
 			struct halite_mb_loc loc;
 

@@ -1096,21 +1096,26 @@ static int put_regions(struct tail *t)
 	return ret;
 }
 
-static int put_map(struct tail *t)
+/* @n u64 entries (the mb-map, lb-members), little-endian, into the chunks being gathered. */
+static int put_u64s(struct tail *t, const uint64_t *v, uint64_t n)
 {
-	struct halite_writer *w = t->w;
 	uint8_t chunk[4096];
 	int ret = 0;
 
-	for (uint64_t i = 0; !ret && i < w->mb_count; i += sizeof(chunk) / 8) {
-		uint64_t n = HALITE_MIN((uint64_t)sizeof(chunk) / 8, w->mb_count - i);
+	for (uint64_t i = 0; !ret && i < n; i += sizeof(chunk) / 8) {
+		uint64_t k = HALITE_MIN((uint64_t)sizeof(chunk) / 8, n - i);
 
-		for (uint64_t j = 0; j < n; j++)
-			halite_put_le64(chunk + 8 * j, w->map[i + j]);
-		ret = tail_entries(t, chunk, n, 8);
+		for (uint64_t j = 0; j < k; j++)
+			halite_put_le64(chunk + 8 * j, v[i + j]);
+		ret = tail_entries(t, chunk, k, 8);
 	}
 	chunks_end(t->ck);
 	return ret;
+}
+
+static int put_map(struct tail *t)
+{
+	return put_u64s(t, t->w->map, t->w->mb_count);
 }
 
 static int put_lb_table(struct tail *t)
@@ -1129,16 +1134,6 @@ static int put_lb_table(struct tail *t)
 	}
 	chunks_end(t->ck);
 	return ret;
-}
-
-static int cmp_offset(const void *a, const void *b, void *arg)
-{
-	const struct halite_writer *w = arg;
-	uint64_t mask = ((uint64_t)1 << w->lb_shift) - 1;
-	uint64_t x = (w->map[*(const uint64_t *)a] >> 3) & mask;
-	uint64_t y = (w->map[*(const uint64_t *)b] >> 3) & mask;
-
-	return x < y ? -1 : x > y;
 }
 
 static int chunks_alloc(struct wchunks *k, uint32_t type, uint64_t per, uint64_t entries)
@@ -1165,6 +1160,7 @@ static void index_free(struct windex *x)
 static int index_build(struct halite_writer *w, struct windex *x)
 {
 	uint64_t *fill, nlbt = (w->lb_count + HLT_LBT_CHUNK - 1) / HLT_LBT_CHUNK, at = 0;
+	struct hlt_offset_key key = { w->map, w->lb_shift };
 
 	for (uint64_t m = 0; m < w->mb_count; m++) {
 		struct halite_mb_loc loc;
@@ -1199,25 +1195,14 @@ static int index_build(struct halite_writer *w, struct windex *x)
 			x->members[fill[w->map[m] >> (3 + 2 * w->lb_shift)]++] = m;
 	for (uint64_t i = 0; i < w->lb_count; i++)
 		qsort_r(x->members + fill[i] - w->lbs[i].mb_count, w->lbs[i].mb_count,
-			sizeof(*x->members), cmp_offset, w);
+			sizeof(*x->members), hlt_cmp_offset, &key);
 	free(fill);
 	return 0;
 }
 
 static int put_members(struct tail *t, const struct windex *x)
 {
-	uint8_t chunk[4096];
-	int ret = 0;
-
-	for (uint64_t i = 0; !ret && i < x->stored; i += sizeof(chunk) / 8) {
-		uint64_t n = HALITE_MIN((uint64_t)sizeof(chunk) / 8, x->stored - i);
-
-		for (uint64_t j = 0; j < n; j++)
-			halite_put_le64(chunk + 8 * j, x->members[i + j]);
-		ret = tail_entries(t, chunk, n, 8);
-	}
-	chunks_end(t->ck);
-	return ret;
+	return put_u64s(t, x->members, x->stored);
 }
 
 static int put_index(struct tail *t, const struct windex *x)
