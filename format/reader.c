@@ -26,7 +26,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <stdatomic.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -37,6 +36,7 @@
 #include "log_internal.h"
 #include "opts.h"
 #include "reader_test.h"
+#include "zalloc.h"
 
 struct rlb {
 	uint32_t stream, seq, used, mb_count;
@@ -145,38 +145,12 @@ void halite_reader_test_known_incompat(uint64_t mask)
 }
 
 /*
- * The arrays sized by memory (map, LB table, member lists) come from mmap:
- * their pages cost nothing until touched, so a 1.1 open that touches none of
- * them takes the same time at 1 GiB and 1 TiB (calloc may memset a reused
- * heap block).
+ * The arrays sized by memory (map, LB table, member lists) come from
+ * zalloc.h: a 1.1 open that touches none of them takes the same time at
+ * 1 GiB and 1 TiB.
  */
-#define ZHDR 64u
-
-static void *zalloc(uint64_t n)
-{
-	uint8_t *p;
-
-	if (n > SIZE_MAX - ZHDR)
-		return NULL;
-	p = mmap(NULL, n + ZHDR, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-		 -1, 0);
-	if (p == MAP_FAILED)
-		return NULL;
-	memcpy(p, &n, sizeof(n));
-	return p + ZHDR;
-}
-
-static void zfree(void *q)
-{
-	uint8_t *p = q;
-	uint64_t n;
-
-	if (!p)
-		return;
-	p -= ZHDR;
-	memcpy(&n, p, sizeof(n));
-	munmap(p, n + ZHDR);
-}
+#define zalloc halite_zalloc
+#define zfree halite_zfree
 
 /* ---- header, footer, directory ---- */
 

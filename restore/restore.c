@@ -5,8 +5,11 @@
  * Open reads the file's header, sections and index (halite_reader_open) and
  * allocates one state byte per memory block (MB) and one small record per
  * locality block (LB); nothing is read from the LBs and nothing registered,
- * so open-to-ready costs the same for 1 GiB as for 1 TiB beyond those arrays
- * (calloc'ed, so their pages appear only as they are used).
+ * so open-to-ready costs the same for 1 GiB as for 1 TiB: those arrays are
+ * mmap'ed (zalloc.h), their pages appearing only as they are used, and a
+ * format 1.1 file's index (MB map, LB table, member lists) is read chunk by
+ * chunk as lookups need it (docs/format.md 5.7; the first fault of a chunk
+ * pays for it, about 64 KiB read and hashed).
  *
  * MB states (one atomic byte each):
  *   NONE      not installed, nobody working on it
@@ -168,6 +171,7 @@
 #include "restore_int.h"
 #include "stats.h"
 #include "uffd.h"
+#include "zalloc.h"
 
 #define FAULT_BATCH 64
 #define QUEUE_DEPTH_DEFAULT 8u
@@ -1598,7 +1602,7 @@ static int ra_build(struct halite_restore *r)
 {
 	if (!r->o.readahead || !r->lb_total)
 		return 0;
-	r->ra_next = calloc(r->lb_total, sizeof(*r->ra_next));
+	r->ra_next = halite_zalloc(r->lb_total * sizeof(*r->ra_next));
 	return r->ra_next ? 0 : -ENOMEM;
 }
 
@@ -1729,8 +1733,9 @@ HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *pa
 		ret = rs_huge_init(r);
 	if (ret)
 		goto err;
-	r->mb = calloc(r->mb_total ? r->mb_total : 1, 1);
-	r->lbs = calloc(r->lb_total ? r->lb_total : 1, sizeof(*r->lbs));
+	/* O(1) whatever the memory size (zalloc.h); pages appear as used. */
+	r->mb = halite_zalloc(r->mb_total);
+	r->lbs = halite_zalloc(r->lb_total * sizeof(*r->lbs));
 	r->fault_tmp = halite_io_alloc(r->mb_size);
 	r->rd_thr = calloc(r->o.demand_readers, sizeof(*r->rd_thr));
 	if (!r->mb || !r->lbs || !r->fault_tmp || !r->rd_thr) {
@@ -2489,10 +2494,10 @@ HALITE_EXPORT void halite_restore_free(struct halite_restore *r)
 	}
 	free(r->regions);
 	free(r->by_host);
-	free((void *)r->mb);
-	free(r->lbs);
+	halite_zfree((void *)r->mb);
+	halite_zfree(r->lbs);
 	free(r->q);
-	free(r->ra_next);
+	halite_zfree(r->ra_next);
 	free(r->rd_thr);
 	halite_io_free(r->fault_tmp);
 	free((void *)r->o.vcpu_tids);
