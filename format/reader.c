@@ -83,6 +83,7 @@ struct rlazy {
 	uint8_t *index;		/* the index section, verified at open */
 	atomic_uchar *lb_ok;	/* lb_count: member list checked against the map */
 	atomic_ullong *mb_ok;	/* mb_count bits: a member of the LB its entry names */
+	bool locks;		/* the chunks' locks are initialised */
 };
 
 struct halite_reader {
@@ -860,13 +861,14 @@ static void chunks_init(struct rchunks *ch, uint32_t type, const struct rdir *s,
 static void lazy_free(struct halite_reader *r)
 {
 	struct rlazy *lz = r->lz;
-	struct rchunks *all[] = { &lz->map, &lz->lbt, &lz->mem };
 
 	if (!lz)
 		return;
+	struct rchunks *all[] = { &lz->map, &lz->lbt, &lz->mem };
+
 	for (size_t i = 0; i < HALITE_ARRAY_SIZE(all); i++) {
 		free(all[i]->ok);
-		for (unsigned k = 0; k < CHUNK_LOCKS; k++)
+		for (unsigned k = 0; lz->locks && k < CHUNK_LOCKS; k++)
 			pthread_mutex_destroy(&all[i]->lock[k]);
 	}
 	free(lz->index);
@@ -939,6 +941,7 @@ static int parse_index(struct halite_reader *r, uint8_t *p, uint64_t len)
 		    parse_lbt_chunk);
 	chunks_init(&lz->mem, HALITE_SECTION_LB_MEMBERS, smem, 8, pe, fi->mb_stored,
 		    parse_mem_chunk);
+	lz->locks = true;
 	nmap = lz->map.n;
 	nlbt = lz->lbt.n;
 	nmem = lz->mem.n;
