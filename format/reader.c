@@ -821,12 +821,15 @@ static int need_members(struct halite_reader *r, uint64_t lb)
 		if (ret)
 			return ret;
 		hlt_mb_decode(r->map[m], r->lb_shift, &loc); /* checked when its chunk came in */
-		if (loc.state != HALITE_MB_STORED || loc.lb != lb || loc.offset != expect)
+		if (loc.state != HALITE_MB_STORED)
+			return rfail(r, HALITE_E_CORRUPT, "%s: lb-members: locality block %llu: "
+				     "member %u is memory block %llu, which the map says is not stored",
+				     r->path, ULL(lb), j, ULL(m));
+		if (loc.lb != lb || loc.offset != expect)
 			return rfail(r, HALITE_E_CORRUPT, "%s: lb-members: locality block %llu: "
 				     "member %u is memory block %llu, expected at offset %llu, but the "
-				     "map says %s LB %llu offset %u", r->path, ULL(lb), j, ULL(m),
-				     ULL(expect), loc.state == HALITE_MB_STORED ? "stored in" :
-				     "not stored:", ULL(loc.lb), loc.offset);
+				     "map puts it in LB %llu at offset %u", r->path, ULL(lb), j, ULL(m),
+				     ULL(expect), ULL(loc.lb), loc.offset);
 		expect += loc.length;
 	}
 	if (expect != r->lbs[lb].used)
