@@ -21,6 +21,9 @@
 #   save-qemu.json      bench/save_qemu.py --json: the QEMU test guest's
 #                       slowdown while halite-qemu saves it, against no save
 #                       (issue 15); skipped as clones-qemu.json is
+#   open.json           halite-bench-open --json: open to guest running at 1, 4,
+#                       16, 64 GiB (--quick: 1, 4), format 1.0 against 1.1
+#                       (issue 15 part 4); files in /var/tmp, removed after
 #   runs.tsv            file, exit code, seconds, command, for each of them
 #   *.log               each command's stderr (progress)
 #   fig2-overhead.svg, table1.md, fig4-compress.svg, fig2-trace-NAME.svg,
@@ -75,6 +78,7 @@ say "build ($(rel "$build"))"
 # taken for this one's.
 rm -f "$out"/micro.json "$out"/compress-*.json "$out"/fio.json "$out"/fault.json "$out"/clones.json \
 	"$out"/clones-qemu.json "$out"/trace-*.json "$out"/fig2-trace-*.svg "$out"/table-traces.md \
+	"$out"/open.json "$out"/save-qemu.json \
 	"$out"/*.log "$out"/runs.tsv "$out"/fig2-overhead.svg "$out"/fig4-compress.svg \
 	"$out"/table1.md "$out"/summary.md
 printf '# file\texit\tseconds\tcommand\n' >"$out/runs.tsv"
@@ -143,6 +147,9 @@ fi
 
 # (e) Many clones of one snapshot: the clone service against independent restores.
 run clones.json "$bench" clones --json "${q[@]}"
+
+# (e2) Open to guest running against memory size, format 1.0 against 1.1.
+run open.json "$(rel "$build")/bench/halite-bench-open" --json "${q[@]}"
 
 # Can the QEMU test guest run here? If not, say why FILE is skipped and fail.
 # (The QEMU benches' own exit 77 would read as "no userfaultfd" below, so

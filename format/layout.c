@@ -41,6 +41,16 @@ int hlt_mb_decode(uint64_t e, unsigned lb_shift, struct halite_mb_loc *loc)
 	return 0;
 }
 
+int hlt_cmp_offset(const void *a, const void *b, void *key)
+{
+	const struct hlt_offset_key *k = key;
+	uint64_t mask = ((uint64_t)1 << k->lb_shift) - 1;
+	uint64_t x = (k->map[*(const uint64_t *)a] >> 3) & mask;
+	uint64_t y = (k->map[*(const uint64_t *)b] >> 3) & mask;
+
+	return x < y ? -1 : x > y;
+}
+
 HALITE_EXPORT const char *halite_stream_name(uint32_t stream, char *buf, size_t len)
 {
 	uint32_t index = HALITE_STREAM_INDEX(stream);
@@ -74,6 +84,10 @@ HALITE_EXPORT const char *halite_section_name(uint32_t type)
 		return "mb-map";
 	case HALITE_SECTION_LB_TABLE:
 		return "lb-table";
+	case HALITE_SECTION_INDEX:
+		return "index";
+	case HALITE_SECTION_LB_MEMBERS:
+		return "lb-members";
 	case HALITE_SECTION_VCPUS:
 		return "vcpus";
 	case HALITE_SECTION_DEVICE_STATE:

@@ -75,6 +75,38 @@
 #define HLT_LBT_MB_COUNT 12
 #define HLT_LBT_CHECKSUM 16
 
+/*
+ * Format 1.1's chunked index (5.7, 5.8). Files with the flag carry the index
+ * and lb-members sections; the mb-map, lb-table and lb-members sections are
+ * read and verified chunk by chunk on first use, not at open.
+ */
+#define HLT_INCOMPAT_CHUNKED_INDEX 0x1ull
+#define HLT_INCOMPAT_KNOWN HLT_INCOMPAT_CHUNKED_INDEX
+#define HLT_IDX_MAP_CHUNK 0    /* u32: entries per mb-map chunk */
+#define HLT_IDX_LBT_CHUNK 4    /* u32: entries per lb-table chunk */
+#define HLT_IDX_MEM_CHUNK 8    /* u32: entries per lb-members chunk */
+#define HLT_IDX_RESERVED 12    /* u32 */
+#define HLT_IDX_MB_STORED 16
+#define HLT_IDX_MB_ZERO 24
+#define HLT_IDX_MB_COMPRESSED 32
+#define HLT_IDX_STORED_BYTES 40
+#define HLT_IDX_HDR_SIZE 48u
+#define HLT_IDX_MAP_ENTRY 8u   /* checksum */
+#define HLT_IDX_LBT_ENTRY 16u  /* u64 first member, checksum */
+#define HLT_IDX_MEM_ENTRY 8u   /* checksum */
+#define HLT_IDX_MIN_CHUNK 64u
+#define HLT_IDX_MAX_CHUNK (1u << 20)
+/* What this writer uses: 64 KiB mb-map and lb-members chunks, 48 KiB lb-table chunks. */
+#define HLT_MAP_CHUNK 8192u
+#define HLT_LBT_CHUNK 2048u
+#define HLT_MEM_CHUNK 8192u
+
+/* Seed of chunk @c of section @type: unlike any other chunk's or LB's of the file. */
+static inline uint64_t hlt_chunk_seed(uint64_t file_seed, uint32_t type, uint64_t c)
+{
+	return file_seed + ((uint64_t)type << 48) + c;
+}
+
 /* vcpus (5.4) */
 #define HLT_VCPU_HDR_SIZE 8u
 #define HLT_VCPU_ROOT_SIZE 16u
@@ -118,6 +150,13 @@ static inline uint64_t hlt_mb_encode_stored(unsigned lb_shift, uint64_t lb, uint
  * bits set in a zero/untouched entry.
  */
 int hlt_mb_decode(uint64_t e, unsigned lb_shift, struct halite_mb_loc *loc);
+
+/* qsort_r order of MB indices by their map entries' offsets in the LB (stored MBs). */
+struct hlt_offset_key {
+	const uint64_t *map;
+	unsigned lb_shift;
+};
+int hlt_cmp_offset(const void *a, const void *b, void *key);
 
 /* XXH3(uuid, 0): the seed of every LB, section and directory checksum. */
 uint64_t hlt_file_seed(const uint8_t uuid[16]);

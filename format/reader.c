@@ -8,6 +8,13 @@
  * every checksum is verified before the bytes it covers are parsed. Open
  * validates all metadata; a locality block's bytes are verified when it is
  * read, before anything is decoded from it.
+ *
+ * Format 1.1 files (chunked index) open in time independent of memory size:
+ * open verifies the index section (a checksum per chunk of the mb-map,
+ * lb-table and lb-members sections), and each chunk is read, verified and
+ * parsed into its place in the same arrays a 1.0 open fills when a lookup
+ * first needs it. An LB's member list is checked against the map (the tiling
+ * rule, docs/format.md 5.2) the first time it or one of its MBs is looked up.
  */
 #define _GNU_SOURCE /* O_DIRECT, qsort_r */
 #include <errno.h>
@@ -18,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdatomic.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -27,6 +35,8 @@
 #include "layout.h"
 #include "log_internal.h"
 #include "opts.h"
+#include "reader_test.h"
+#include "zalloc.h"
 
 struct rlb {
 	uint32_t stream, seq, used, mb_count;
@@ -51,6 +61,31 @@ struct rkvs {
 	uint32_t n;
 };
 
+/*
+ * One chunked section of a 1.1 file: chunk c holds entries
+ * [c << shift, (c + 1) << shift) and is in place once ok[c] is set (release,
+ * after its entries are written; readers load it with acquire).
+ */
+#define CHUNK_LOCKS 16
+struct rchunks {
+	uint32_t type, esize, shift;
+	uint64_t off, entries, n;
+	const uint8_t *sum;	/* n checksums, little-endian, stride sum_stride */
+	uint32_t sum_stride;
+	atomic_uchar *ok;
+	int (*parse)(struct halite_reader *r, uint64_t c, uint64_t first, uint64_t cnt,
+		     const uint8_t *p);
+	pthread_mutex_t lock[CHUNK_LOCKS];
+};
+
+struct rlazy {
+	struct rchunks map, lbt, mem;
+	uint8_t *index;		/* the index section, verified at open */
+	atomic_uchar *lb_ok;	/* lb_count: member list checked against the map */
+	atomic_ullong *mb_ok;	/* mb_count bits: a member of the LB its entry names */
+	bool locks;		/* the chunks' locks are initialised */
+};
+
 struct halite_reader {
 	char *path;
 	struct halite_io *meta_io; /* buffered: header, footer, sections */
@@ -68,6 +103,7 @@ struct halite_reader {
 	struct rlb *lbs;
 	uint64_t *members;  /* stored MBs grouped by LB, each group in offset order */
 	uint64_t *lb_first; /* lb_count + 1 prefix sums into members */
+	struct rlazy *lz;   /* 1.1 files: what of the four arrays above is in place */
 
 	uint8_t *device_state;
 	uint64_t device_state_len;
@@ -101,6 +137,22 @@ static int rfail(struct halite_reader *r, int err, const char *fmt, ...)
 
 #define ULL(x) ((unsigned long long)(x))
 
+/* Incompatible features this build reads (tests narrow it: reader_test.h). */
+static uint64_t known_incompat = HLT_INCOMPAT_KNOWN;
+
+void halite_reader_test_known_incompat(uint64_t mask)
+{
+	known_incompat = mask;
+}
+
+/*
+ * The arrays sized by memory (map, LB table, member lists) come from
+ * zalloc.h: a 1.1 open that touches none of them takes the same time at
+ * 1 GiB and 1 TiB.
+ */
+#define zalloc halite_zalloc
+#define zfree halite_zfree
+
 /* ---- header, footer, directory ---- */
 
 static int parse_header(struct halite_reader *r, const uint8_t *h)
@@ -123,9 +175,11 @@ static int parse_header(struct halite_reader *r, const uint8_t *h)
 			     halite_get_le32(h + HLT_HDR_HEADER_SIZE), HLT_HDR_SIZE);
 	fi->incompat_flags = halite_get_le64(h + HLT_HDR_INCOMPAT);
 	fi->compat_flags = halite_get_le64(h + HLT_HDR_COMPAT);
-	if (fi->incompat_flags)
-		return rfail(r, HALITE_E_INCOMPAT, "%s: unknown incompatible features 0x%llx",
-			     r->path, ULL(fi->incompat_flags));
+	if (fi->incompat_flags & ~known_incompat)
+		return rfail(r, HALITE_E_INCOMPAT, "%s: unknown incompatible features 0x%llx "
+			     "(format %u.%u; this build reads up to %u.%u)", r->path,
+			     ULL(fi->incompat_flags & ~known_incompat), fi->version_major,
+			     fi->version_minor, HALITE_FORMAT_MAJOR, HALITE_FORMAT_MINOR);
 	if (halite_get_le16(h + HLT_HDR_RESERVED0) ||
 	    !halite_all_zero(h + HLT_HDR_RESERVED1, HLT_HDR_RESERVED1_LEN))
 		return rfail(r, HALITE_E_RESERVED, "%s: reserved header bytes are not zero", r->path);
@@ -234,7 +288,8 @@ static int cmp_dir_offset(const void *a, const void *b)
 static int parse_directory(struct halite_reader *r, const uint8_t *d, uint64_t want_sum)
 {
 	struct rdir *sorted[HLT_MAX_SECTIONS];
-	bool have[4] = { false };
+	bool have[HALITE_SECTION_LB_MEMBERS + 1] = { false };
+	bool chunked = r->info.incompat_flags & HLT_INCOMPAT_CHUNKED_INDEX;
 
 	if (hlt_hash(d, (size_t)r->ndir * HLT_DIR_ENTRY_SIZE, r->file_seed) != want_sum)
 		return rfail(r, HALITE_E_CHECKSUM, "%s: section directory checksum mismatch",
@@ -265,11 +320,17 @@ static int parse_directory(struct halite_reader *r, const uint8_t *d, uint64_t w
 				return rfail(r, HALITE_E_UNKNOWN_SECTION,
 					     "%s: required section type 0x%x is unknown to this build",
 					     r->path, s->type);
+			if (!chunked && (s->type == HALITE_SECTION_INDEX ||
+					 s->type == HALITE_SECTION_LB_MEMBERS))
+				return rfail(r, HALITE_E_CORRUPT, "%s: section %s in a file without "
+					     "the chunked-index flag", r->path,
+					     halite_section_name(s->type));
 			have[s->type] = true;
 		}
 		sorted[i] = s;
 	}
-	for (uint32_t t = HALITE_SECTION_REGIONS; t <= HALITE_SECTION_LB_TABLE; t++)
+	for (uint32_t t = HALITE_SECTION_REGIONS;
+	     t <= (chunked ? HALITE_SECTION_LB_MEMBERS : HALITE_SECTION_LB_TABLE); t++)
 		if (!have[t])
 			return rfail(r, HALITE_E_CORRUPT, "%s: required section %s is missing",
 				     r->path, halite_section_name(t));
@@ -438,6 +499,52 @@ HALITE_EXPORT uint32_t halite_reader_mb_bytes(const struct halite_reader *r, uin
 	return (uint32_t)HALITE_MIN((uint64_t)r->info.mb_size, ri->length - off);
 }
 
+/* LB table entry @i from @e into r->lbs[i], checked (5.3). */
+static int lbt_entry(struct halite_reader *r, uint64_t i, const uint8_t *e)
+{
+	struct rlb *lb = &r->lbs[i];
+
+	lb->stream = halite_get_le32(e + HLT_LBT_STREAM);
+	lb->seq = halite_get_le32(e + HLT_LBT_SEQ);
+	lb->used = halite_get_le32(e + HLT_LBT_USED);
+	lb->mb_count = halite_get_le32(e + HLT_LBT_MB_COUNT);
+	lb->checksum = halite_get_le64(e + HLT_LBT_CHECKSUM);
+	if (!lb->used || lb->used > r->info.lb_size || !lb->mb_count)
+		return rfail(r, HALITE_E_CORRUPT,
+			     "%s: locality block %llu: %u bytes used, %u memory blocks",
+			     r->path, ULL(i), lb->used, lb->mb_count);
+	return 0;
+}
+
+/*
+ * MB map entry @e of MB @m into r->map[m], checked against everything but
+ * the LB table's used bytes (@lbs_in: when the table is in place to check
+ * those, as in a 1.0 open; a 1.1 reader checks them with the LB's tiling).
+ */
+static int map_entry(struct halite_reader *r, uint64_t m, uint64_t e, bool lbs_in,
+		     struct halite_mb_loc *loc)
+{
+	uint32_t bytes;
+	int ret = hlt_mb_decode(e, r->lb_shift, loc);
+
+	if (ret)
+		return rfail(r, ret, "%s: memory block %llu: map entry 0x%016llx", r->path, ULL(m),
+			     ULL(e));
+	r->map[m] = e;
+	if (loc->state != HALITE_MB_STORED)
+		return 0;
+	bytes = halite_reader_mb_bytes(r, m); /* a region lookup: stored blocks only */
+	if (loc->lb >= r->info.lb_count ||
+	    (lbs_in && loc->offset + (uint64_t)loc->length > r->lbs[loc->lb].used) ||
+	    (loc->compressed ? loc->length >= bytes : loc->length != bytes) ||
+	    (loc->compressed && r->info.codec == HALITE_CODEC_NONE))
+		return rfail(r, HALITE_E_CORRUPT,
+			     "%s: memory block %llu: LB %llu offset %u length %u%s is invalid",
+			     r->path, ULL(m), ULL(loc->lb), loc->offset, loc->length,
+			     loc->compressed ? " (compressed)" : "");
+	return 0;
+}
+
 static int parse_lb_table(struct halite_reader *r, const uint8_t *p, uint64_t len)
 {
 	uint64_t n = r->info.lb_count;
@@ -445,22 +552,14 @@ static int parse_lb_table(struct halite_reader *r, const uint8_t *p, uint64_t le
 	if (len / HLT_LBT_ENTRY_SIZE != n || len % HLT_LBT_ENTRY_SIZE)
 		return rfail(r, HALITE_E_CORRUPT, "%s: LB table of %llu bytes for %llu blocks",
 			     r->path, ULL(len), ULL(n));
-	r->lbs = calloc(n ? n : 1, sizeof(*r->lbs));
+	r->lbs = zalloc((n ? n : 1) * sizeof(*r->lbs));
 	if (!r->lbs)
 		return -ENOMEM;
 	for (uint64_t i = 0; i < n; i++) {
-		const uint8_t *e = p + i * HLT_LBT_ENTRY_SIZE;
-		struct rlb *lb = &r->lbs[i];
+		int ret = lbt_entry(r, i, p + i * HLT_LBT_ENTRY_SIZE);
 
-		lb->stream = halite_get_le32(e + HLT_LBT_STREAM);
-		lb->seq = halite_get_le32(e + HLT_LBT_SEQ);
-		lb->used = halite_get_le32(e + HLT_LBT_USED);
-		lb->mb_count = halite_get_le32(e + HLT_LBT_MB_COUNT);
-		lb->checksum = halite_get_le64(e + HLT_LBT_CHECKSUM);
-		if (!lb->used || lb->used > r->info.lb_size || !lb->mb_count)
-			return rfail(r, HALITE_E_CORRUPT,
-				     "%s: locality block %llu: %u bytes used, %u memory blocks",
-				     r->path, ULL(i), lb->used, lb->mb_count);
+		if (ret)
+			return ret;
 	}
 	return 0;
 }
@@ -505,39 +604,26 @@ static int check_stream_seqs(struct halite_reader *r)
 	return ret;
 }
 
-static int cmp_member(const void *a, const void *b, void *arg)
-{
-	const struct halite_reader *r = arg;
-	uint64_t mask = ((uint64_t)1 << r->lb_shift) - 1;
-	uint64_t x = (r->map[*(const uint64_t *)a] >> 3) & mask;
-	uint64_t y = (r->map[*(const uint64_t *)b] >> 3) & mask;
-
-	return x < y ? -1 : x > y;
-}
-
 static int parse_map(struct halite_reader *r, const uint8_t *p, uint64_t len)
 {
 	struct halite_file_info *fi = &r->info;
 	uint64_t n = fi->mb_count, nlb = fi->lb_count;
+	struct hlt_offset_key key;
 	uint64_t *fill;
 
 	if (len / 8 != n || len % 8)
 		return rfail(r, HALITE_E_CORRUPT, "%s: MB map of %llu bytes for %llu memory blocks",
 			     r->path, ULL(len), ULL(n));
-	r->map = malloc((n ? n : 1) * sizeof(*r->map));
-	r->lb_first = calloc(nlb + 1, sizeof(*r->lb_first));
+	r->map = zalloc((n ? n : 1) * sizeof(*r->map));
+	r->lb_first = zalloc((nlb + 1) * sizeof(*r->lb_first));
 	if (!r->map || !r->lb_first)
 		return -ENOMEM;
 	for (uint64_t m = 0; m < n; m++) {
-		uint64_t e = halite_get_le64(p + 8 * m);
 		struct halite_mb_loc loc;
-		uint32_t bytes;
-		int ret = hlt_mb_decode(e, r->lb_shift, &loc);
+		int ret = map_entry(r, m, halite_get_le64(p + 8 * m), true, &loc);
 
 		if (ret)
-			return rfail(r, ret, "%s: memory block %llu: map entry 0x%016llx", r->path,
-				     ULL(m), ULL(e));
-		r->map[m] = e;
+			return ret;
 		if (loc.state == HALITE_MB_UNTOUCHED) {
 			fi->mb_untouched++;
 			continue;
@@ -546,14 +632,6 @@ static int parse_map(struct halite_reader *r, const uint8_t *p, uint64_t len)
 			fi->mb_zero++;
 			continue;
 		}
-		bytes = halite_reader_mb_bytes(r, m); /* a region lookup: stored blocks only */
-		if (loc.lb >= nlb || loc.offset + (uint64_t)loc.length > r->lbs[loc.lb].used ||
-		    (loc.compressed ? loc.length >= bytes : loc.length != bytes) ||
-		    (loc.compressed && fi->codec == HALITE_CODEC_NONE))
-			return rfail(r, HALITE_E_CORRUPT,
-				     "%s: memory block %llu: LB %llu offset %u length %u%s is invalid",
-				     r->path, ULL(m), ULL(loc.lb), loc.offset, loc.length,
-				     loc.compressed ? " (compressed)" : "");
 		fi->mb_stored++;
 		fi->mb_compressed += loc.compressed;
 		fi->stored_bytes += loc.length;
@@ -566,7 +644,7 @@ static int parse_map(struct halite_reader *r, const uint8_t *p, uint64_t len)
 				     r->path, ULL(i), ULL(r->lb_first[i + 1]), r->lbs[i].mb_count);
 		r->lb_first[i + 1] += r->lb_first[i];
 	}
-	r->members = malloc((fi->mb_stored ? fi->mb_stored : 1) * sizeof(*r->members));
+	r->members = zalloc((fi->mb_stored ? fi->mb_stored : 1) * sizeof(*r->members));
 	fill = malloc((nlb ? nlb : 1) * sizeof(*fill));
 	if (!r->members || !fill) {
 		free(fill);
@@ -579,12 +657,13 @@ static int parse_map(struct halite_reader *r, const uint8_t *p, uint64_t len)
 	free(fill);
 
 	/* Members must tile each LB's used bytes exactly (docs/format.md 5.2). */
+	key = (struct hlt_offset_key){ r->map, r->lb_shift };
 	for (uint64_t i = 0; i < nlb; i++) {
 		uint64_t *mb = r->members + r->lb_first[i];
 		uint64_t cnt = r->lb_first[i + 1] - r->lb_first[i];
 		uint64_t expect = 0;
 
-		qsort_r(mb, cnt, sizeof(*mb), cmp_member, r);
+		qsort_r(mb, cnt, sizeof(*mb), hlt_cmp_offset, &key);
 		for (uint64_t j = 0; j < cnt; j++) {
 			struct halite_mb_loc loc;
 
@@ -601,6 +680,370 @@ static int parse_map(struct halite_reader *r, const uint8_t *p, uint64_t len)
 				     r->path, ULL(i), ULL(expect), r->lbs[i].used);
 	}
 	return 0;
+}
+
+/* ---- format 1.1: the chunked index, read on first use ---- */
+
+static uint64_t chunk_sum(const struct rchunks *ch, uint64_t c)
+{
+	return halite_get_le64(ch->sum + c * ch->sum_stride);
+}
+
+/*
+ * Chunk @c of @ch in place: read, verified against the index and parsed the
+ * first time, by whichever thread needs it first (the others wait for it on
+ * the chunk's lock). A chunk that fails is not marked, so every use reports
+ * it again, and nothing from it is ever returned.
+ */
+static int need_chunk(struct halite_reader *r, struct rchunks *ch, uint64_t c)
+{
+	const char *name = halite_section_name(ch->type);
+	pthread_mutex_t *lk = &ch->lock[c % CHUNK_LOCKS];
+	uint64_t first, cnt, len;
+	uint8_t *buf;
+	int ret = 0;
+
+	if (atomic_load_explicit(&ch->ok[c], memory_order_acquire))
+		return 0;
+	pthread_mutex_lock(lk);
+	if (atomic_load_explicit(&ch->ok[c], memory_order_relaxed))
+		goto out;
+	first = c << ch->shift;
+	cnt = HALITE_MIN(ch->entries - first, (uint64_t)1 << ch->shift);
+	len = cnt * ch->esize;
+	buf = malloc(len);
+	if (!buf) {
+		ret = rfail(r, -ENOMEM, "%s: %s chunk %llu", r->path, name, ULL(c));
+		goto out;
+	}
+	ret = read_at(r, buf, len, ch->off + first * ch->esize, name);
+	if (!ret && hlt_hash(buf, len, hlt_chunk_seed(r->file_seed, ch->type, c)) !=
+			    chunk_sum(ch, c))
+		ret = rfail(r, HALITE_E_CHECKSUM,
+			    "%s: %s chunk %llu (entries %llu..%llu, %llu bytes at offset %llu): "
+			    "checksum mismatch", r->path, name, ULL(c), ULL(first),
+			    ULL(first + cnt - 1), ULL(len), ULL(ch->off + first * ch->esize));
+	if (!ret)
+		ret = ch->parse(r, c, first, cnt, buf);
+	free(buf);
+	if (!ret)
+		atomic_store_explicit(&ch->ok[c], 1, memory_order_release);
+out:
+	pthread_mutex_unlock(lk);
+	return ret;
+}
+
+static int parse_map_chunk(struct halite_reader *r, uint64_t c, uint64_t first, uint64_t cnt,
+			   const uint8_t *p)
+{
+	for (uint64_t j = 0; j < cnt; j++) {
+		struct halite_mb_loc loc;
+		int ret = map_entry(r, first + j, halite_get_le64(p + 8 * j), false, &loc);
+
+		if (ret)
+			return ret;
+	}
+	return 0;
+}
+
+static int parse_lbt_chunk(struct halite_reader *r, uint64_t c, uint64_t first, uint64_t cnt,
+			   const uint8_t *p)
+{
+	const struct rchunks *ch = &r->lz->lbt;
+	uint64_t at = halite_get_le64(ch->sum + c * ch->sum_stride - 8);
+	uint64_t end = c + 1 < ch->n ? halite_get_le64(ch->sum + (c + 1) * ch->sum_stride - 8)
+				     : r->info.mb_stored;
+
+	for (uint64_t j = 0; j < cnt; j++) {
+		int ret = lbt_entry(r, first + j, p + j * HLT_LBT_ENTRY_SIZE);
+
+		if (ret)
+			return ret;
+		r->lb_first[first + j] = at;
+		at += r->lbs[first + j].mb_count;
+	}
+	if (at != end)
+		return rfail(r, HALITE_E_CORRUPT,
+			     "%s: lb-table chunk %llu: its blocks hold %llu memory blocks, the "
+			     "index says %llu", r->path, ULL(c), ULL(at - r->lb_first[first]),
+			     ULL(end - r->lb_first[first]));
+	return 0;
+}
+
+static int parse_mem_chunk(struct halite_reader *r, uint64_t c, uint64_t first, uint64_t cnt,
+			   const uint8_t *p)
+{
+	for (uint64_t j = 0; j < cnt; j++)
+		r->members[first + j] = halite_get_le64(p + 8 * j);
+	return 0;
+}
+
+static bool mb_ok(const struct rlazy *lz, uint64_t mb)
+{
+	return (atomic_load_explicit(&lz->mb_ok[mb / 64], memory_order_acquire) >> (mb % 64)) & 1;
+}
+
+/*
+ * LB @lb's member list in place and checked against the map: every member a
+ * stored MB the map puts in @lb, at offsets tiling its used bytes (5.2). Then
+ * its members are marked, so that a lookup of an MB the map puts in an LB
+ * whose list does not hold it is caught. No lock: threads that check the
+ * same LB at once find the same and set the same bits.
+ */
+static int need_members(struct halite_reader *r, uint64_t lb)
+{
+	struct rlazy *lz = r->lz;
+	uint64_t start, expect = 0;
+	uint32_t cnt;
+	int ret;
+
+	if (!lz || atomic_load_explicit(&lz->lb_ok[lb], memory_order_acquire))
+		return 0;
+	ret = need_chunk(r, &lz->lbt, lb >> lz->lbt.shift);
+	if (ret)
+		return ret;
+	start = r->lb_first[lb];
+	cnt = r->lbs[lb].mb_count; /* start + cnt <= mb_stored: parse_lbt_chunk */
+	for (uint64_t k = start >> lz->mem.shift; k <= (start + cnt - 1) >> lz->mem.shift; k++) {
+		ret = need_chunk(r, &lz->mem, k);
+		if (ret)
+			return ret;
+	}
+	for (uint32_t j = 0; j < cnt; j++) {
+		uint64_t m = r->members[start + j];
+		struct halite_mb_loc loc;
+
+		if (m >= r->info.mb_count)
+			return rfail(r, HALITE_E_CORRUPT, "%s: lb-members: locality block %llu: "
+				     "member %u is memory block %llu, past the last (%llu)", r->path,
+				     ULL(lb), j, ULL(m), ULL(r->info.mb_count - 1));
+		ret = need_chunk(r, &lz->map, m >> lz->map.shift);
+		if (ret)
+			return ret;
+		hlt_mb_decode(r->map[m], r->lb_shift, &loc); /* checked when its chunk came in */
+		if (loc.state != HALITE_MB_STORED)
+			return rfail(r, HALITE_E_CORRUPT, "%s: lb-members: locality block %llu: "
+				     "member %u is memory block %llu, which the map says is not stored",
+				     r->path, ULL(lb), j, ULL(m));
+		if (loc.lb != lb || loc.offset != expect)
+			return rfail(r, HALITE_E_CORRUPT, "%s: lb-members: locality block %llu: "
+				     "member %u is memory block %llu, expected at offset %llu, but the "
+				     "map puts it in LB %llu at offset %u", r->path, ULL(lb), j, ULL(m),
+				     ULL(expect), ULL(loc.lb), loc.offset);
+		expect += loc.length;
+	}
+	if (expect != r->lbs[lb].used)
+		return rfail(r, HALITE_E_CORRUPT,
+			     "%s: locality block %llu: memory blocks end at %llu, %u bytes used",
+			     r->path, ULL(lb), ULL(expect), r->lbs[lb].used);
+	for (uint32_t j = 0; j < cnt; j++) {
+		uint64_t m = r->members[start + j];
+
+		atomic_fetch_or_explicit(&lz->mb_ok[m / 64], 1ull << (m % 64), memory_order_release);
+	}
+	atomic_store_explicit(&lz->lb_ok[lb], 1, memory_order_release);
+	return 0;
+}
+
+static void chunks_init(struct rchunks *ch, uint32_t type, const struct rdir *s, uint32_t esize,
+			uint32_t per, uint64_t entries,
+			int (*parse)(struct halite_reader *, uint64_t, uint64_t, uint64_t,
+				     const uint8_t *))
+{
+	ch->type = type;
+	ch->off = s->offset;
+	ch->esize = esize;
+	ch->shift = (uint32_t)__builtin_ctz(per);
+	ch->entries = entries;
+	ch->n = (entries + per - 1) / per;
+	ch->parse = parse;
+	for (unsigned i = 0; i < CHUNK_LOCKS; i++)
+		pthread_mutex_init(&ch->lock[i], NULL);
+}
+
+static void lazy_free(struct halite_reader *r)
+{
+	struct rlazy *lz = r->lz;
+
+	if (!lz)
+		return;
+	struct rchunks *all[] = { &lz->map, &lz->lbt, &lz->mem };
+
+	for (size_t i = 0; i < HALITE_ARRAY_SIZE(all); i++) {
+		free(all[i]->ok);
+		for (unsigned k = 0; lz->locks && k < CHUNK_LOCKS; k++)
+			pthread_mutex_destroy(&all[i]->lock[k]);
+	}
+	free(lz->index);
+	zfree(lz->lb_ok);
+	zfree(lz->mb_ok);
+	free(lz);
+}
+
+static bool chunk_entries_ok(uint32_t v)
+{
+	return halite_is_pow2(v) && v >= HLT_IDX_MIN_CHUNK && v <= HLT_IDX_MAX_CHUNK;
+}
+
+/*
+ * The index section (5.7), verified: chunk sizes, totals and the lengths of
+ * the sections it covers; nothing of those is read. Allocates the arrays a
+ * 1.0 open fills, zero until their chunks come in (zalloc: O(1)).
+ */
+static int parse_index(struct halite_reader *r, uint8_t *p, uint64_t len)
+{
+	struct halite_file_info *fi = &r->info;
+	const struct rdir *smap = find_dir(r, HALITE_SECTION_MB_MAP);
+	const struct rdir *slbt = find_dir(r, HALITE_SECTION_LB_TABLE);
+	const struct rdir *smem = find_dir(r, HALITE_SECTION_LB_MEMBERS);
+	uint32_t pm, pl, pe;
+	uint64_t nmap, nlbt, nmem, prev = 0;
+	struct rlazy *lz;
+
+	r->lz = lz = calloc(1, sizeof(*lz));
+	if (!lz) {
+		free(p);
+		return -ENOMEM;
+	}
+	lz->index = p; /* owned from here on */
+	if (len < HLT_IDX_HDR_SIZE)
+		return rfail(r, HALITE_E_CORRUPT, "%s: index section too short", r->path);
+	pm = halite_get_le32(p + HLT_IDX_MAP_CHUNK);
+	pl = halite_get_le32(p + HLT_IDX_LBT_CHUNK);
+	pe = halite_get_le32(p + HLT_IDX_MEM_CHUNK);
+	if (halite_get_le32(p + HLT_IDX_RESERVED))
+		return rfail(r, HALITE_E_RESERVED, "%s: index: reserved field not zero", r->path);
+	if (!chunk_entries_ok(pm) || !chunk_entries_ok(pl) || !chunk_entries_ok(pe))
+		return rfail(r, HALITE_E_CORRUPT, "%s: index: chunks of %u, %u, %u entries (powers "
+			     "of two, %u to %u)", r->path, pm, pl, pe, HLT_IDX_MIN_CHUNK,
+			     HLT_IDX_MAX_CHUNK);
+	fi->mb_stored = halite_get_le64(p + HLT_IDX_MB_STORED);
+	fi->mb_zero = halite_get_le64(p + HLT_IDX_MB_ZERO);
+	fi->mb_compressed = halite_get_le64(p + HLT_IDX_MB_COMPRESSED);
+	fi->stored_bytes = halite_get_le64(p + HLT_IDX_STORED_BYTES);
+	/* Each LB holds 1 .. lb_size bytes of at least one MB (5.3). */
+	if (fi->mb_stored > fi->mb_count || fi->mb_zero > fi->mb_count - fi->mb_stored ||
+	    fi->mb_compressed > fi->mb_stored || fi->mb_stored < fi->lb_count ||
+	    (fi->mb_stored && !fi->lb_count) || fi->stored_bytes < fi->lb_count ||
+	    fi->stored_bytes > fi->lb_count << r->lb_shift)
+		return rfail(r, HALITE_E_CORRUPT, "%s: index: %llu stored (%llu compressed, %llu "
+			     "bytes), %llu zero of %llu memory blocks in %llu locality blocks",
+			     r->path, ULL(fi->mb_stored), ULL(fi->mb_compressed),
+			     ULL(fi->stored_bytes), ULL(fi->mb_zero), ULL(fi->mb_count),
+			     ULL(fi->lb_count));
+	fi->mb_untouched = fi->mb_count - fi->mb_stored - fi->mb_zero;
+	if (smap->length / 8 != fi->mb_count || smap->length % 8 ||
+	    slbt->length / HLT_LBT_ENTRY_SIZE != fi->lb_count || slbt->length % HLT_LBT_ENTRY_SIZE ||
+	    smem->length / 8 != fi->mb_stored || smem->length % 8)
+		return rfail(r, HALITE_E_CORRUPT, "%s: mb-map, lb-table, lb-members of %llu, %llu, "
+			     "%llu bytes for %llu memory blocks (%llu stored) in %llu locality blocks",
+			     r->path, ULL(smap->length), ULL(slbt->length), ULL(smem->length),
+			     ULL(fi->mb_count), ULL(fi->mb_stored), ULL(fi->lb_count));
+	chunks_init(&lz->map, HALITE_SECTION_MB_MAP, smap, 8, pm, fi->mb_count, parse_map_chunk);
+	chunks_init(&lz->lbt, HALITE_SECTION_LB_TABLE, slbt, HLT_LBT_ENTRY_SIZE, pl, fi->lb_count,
+		    parse_lbt_chunk);
+	chunks_init(&lz->mem, HALITE_SECTION_LB_MEMBERS, smem, 8, pe, fi->mb_stored,
+		    parse_mem_chunk);
+	lz->locks = true;
+	nmap = lz->map.n;
+	nlbt = lz->lbt.n;
+	nmem = lz->mem.n;
+	/* Counts are bounded by the file's size (the section lengths above). */
+	if (len != HLT_IDX_HDR_SIZE + nmap * HLT_IDX_MAP_ENTRY + nlbt * HLT_IDX_LBT_ENTRY +
+		   nmem * HLT_IDX_MEM_ENTRY)
+		return rfail(r, HALITE_E_CORRUPT, "%s: index of %llu bytes for %llu + %llu + %llu "
+			     "chunks", r->path, ULL(len), ULL(nmap), ULL(nlbt), ULL(nmem));
+	lz->map.sum = p + HLT_IDX_HDR_SIZE;
+	lz->map.sum_stride = HLT_IDX_MAP_ENTRY;
+	lz->lbt.sum = lz->map.sum + nmap * HLT_IDX_MAP_ENTRY + 8; /* after the first member */
+	lz->lbt.sum_stride = HLT_IDX_LBT_ENTRY;
+	lz->mem.sum = lz->lbt.sum - 8 + nlbt * HLT_IDX_LBT_ENTRY;
+	lz->mem.sum_stride = HLT_IDX_MEM_ENTRY;
+	/* First members: 0, then up by at least one per LB, to at most mb_stored. */
+	for (uint64_t c = 0; c < nlbt; c++) {
+		uint64_t v = halite_get_le64(lz->lbt.sum + c * HLT_IDX_LBT_ENTRY - 8);
+		uint64_t lbs = HALITE_MIN(fi->lb_count - (c << lz->lbt.shift), (uint64_t)pl);
+
+		if (c ? v < prev : v != 0)
+			return rfail(r, HALITE_E_CORRUPT, "%s: index: lb-table chunk %llu starts at "
+				     "member %llu", r->path, ULL(c), ULL(v));
+		if (v > fi->mb_stored || fi->mb_stored - v < lbs)
+			return rfail(r, HALITE_E_CORRUPT, "%s: index: lb-table chunk %llu starts at "
+				     "member %llu of %llu", r->path, ULL(c), ULL(v),
+				     ULL(fi->mb_stored));
+		prev = v;
+	}
+	lz->map.ok = calloc(nmap + 1, 1);
+	lz->lbt.ok = calloc(nlbt + 1, 1);
+	lz->mem.ok = calloc(nmem + 1, 1);
+	lz->lb_ok = zalloc(fi->lb_count + 1);
+	lz->mb_ok = zalloc((fi->mb_count / 64 + 1) * 8);
+	r->map = zalloc((fi->mb_count + 1) * 8);
+	r->lbs = zalloc((fi->lb_count + 1) * sizeof(*r->lbs));
+	r->lb_first = zalloc((fi->lb_count + 1) * 8);
+	r->members = zalloc((fi->mb_stored + 1) * 8);
+	if (!lz->map.ok || !lz->lbt.ok || !lz->mem.ok || !lz->lb_ok || !lz->mb_ok || !r->map ||
+	    !r->lbs || !r->lb_first || !r->members)
+		return rfail(r, -ENOMEM, "%s: index of %llu memory blocks", r->path,
+			     ULL(fi->mb_count));
+	r->lb_first[fi->lb_count] = fi->mb_stored;
+	return 0;
+}
+
+/* A stored MB's entry is used only once its LB's member list vouches for it. */
+static int lazy_lookup(struct halite_reader *r, uint64_t mb, struct halite_mb_loc *loc)
+{
+	struct rlazy *lz = r->lz;
+	int ret = need_chunk(r, &lz->map, mb >> lz->map.shift);
+
+	if (ret)
+		return ret;
+	hlt_mb_decode(r->map[mb], r->lb_shift, loc); /* checked when its chunk came in */
+	if (loc->state != HALITE_MB_STORED || mb_ok(lz, mb))
+		return 0;
+	ret = need_members(r, loc->lb);
+	if (!ret && !mb_ok(lz, mb))
+		ret = rfail(r, HALITE_E_CORRUPT, "%s: memory block %llu: the map puts it in "
+			    "locality block %llu at offset %u, whose member list does not hold it",
+			    r->path, ULL(mb), ULL(loc->lb), loc->offset);
+	return ret;
+}
+
+HALITE_EXPORT int halite_reader_verify_index(struct halite_reader *r)
+{
+	struct halite_file_info *fi = &r->info;
+	uint64_t stored = 0, zero = 0, compressed = 0, bytes = 0;
+	int ret = 0;
+
+	if (!r->lz)
+		return 0; /* a 1.0 open checked it all */
+	for (uint64_t lb = 0; lb < fi->lb_count && !ret; lb++)
+		ret = need_members(r, lb);
+	for (uint64_t c = 0; c < r->lz->map.n && !ret; c++)
+		ret = need_chunk(r, &r->lz->map, c);
+	for (uint64_t m = 0; m < fi->mb_count && !ret; m++) {
+		struct halite_mb_loc loc;
+
+		hlt_mb_decode(r->map[m], r->lb_shift, &loc);
+		zero += loc.state == HALITE_MB_ZERO;
+		if (loc.state != HALITE_MB_STORED)
+			continue;
+		if (!mb_ok(r->lz, m))
+			ret = rfail(r, HALITE_E_CORRUPT, "%s: memory block %llu: the map puts it in "
+				    "locality block %llu, whose member list does not hold it",
+				    r->path, ULL(m), ULL(loc.lb));
+		stored++;
+		compressed += loc.compressed;
+		bytes += loc.length;
+	}
+	if (!ret && (stored != fi->mb_stored || zero != fi->mb_zero ||
+		     compressed != fi->mb_compressed || bytes != fi->stored_bytes))
+		ret = rfail(r, HALITE_E_CORRUPT, "%s: index totals (%llu stored, %llu zero, %llu "
+			    "compressed, %llu bytes) do not match the map (%llu, %llu, %llu, %llu)",
+			    r->path, ULL(fi->mb_stored), ULL(fi->mb_zero), ULL(fi->mb_compressed),
+			    ULL(fi->stored_bytes), ULL(stored), ULL(zero), ULL(compressed),
+			    ULL(bytes));
+	return ret ? ret : check_stream_seqs(r);
 }
 
 /* ---- optional sections ---- */
@@ -699,8 +1142,8 @@ static int parse_kvs(struct halite_reader *r, struct rkvs *kv, uint8_t *p, uint6
 static int load_sections(struct halite_reader *r)
 {
 	static const uint32_t order[] = {
-		HALITE_SECTION_REGIONS, HALITE_SECTION_LB_TABLE, HALITE_SECTION_MB_MAP,
-		HALITE_SECTION_VCPUS, HALITE_SECTION_DEVICE_STATE, HALITE_SECTION_METADATA,
+		HALITE_SECTION_REGIONS, HALITE_SECTION_INDEX, HALITE_SECTION_LB_TABLE,
+		HALITE_SECTION_MB_MAP, HALITE_SECTION_VCPUS, HALITE_SECTION_DEVICE_STATE, HALITE_SECTION_METADATA,
 		HALITE_SECTION_SAVE_STATS,
 	};
 	int ret = 0;
@@ -709,7 +1152,9 @@ static int load_sections(struct halite_reader *r)
 		const struct rdir *s = find_dir(r, order[i]);
 		uint8_t *buf = NULL;
 
-		if (!s)
+		/* With a chunked index (1.1), those come in chunk by chunk when used. */
+		if (!s || (r->lz && (s->type == HALITE_SECTION_LB_TABLE ||
+				     s->type == HALITE_SECTION_MB_MAP)))
 			continue;
 		ret = load_section(r, s, &buf);
 		if (ret)
@@ -718,6 +1163,9 @@ static int load_sections(struct halite_reader *r)
 		case HALITE_SECTION_REGIONS:
 			ret = parse_regions(r, buf, s->length);
 			break;
+		case HALITE_SECTION_INDEX:
+			ret = parse_index(r, buf, s->length);
+			continue;
 		case HALITE_SECTION_LB_TABLE:
 			ret = parse_lb_table(r, buf, s->length);
 			if (!ret)
@@ -864,10 +1312,11 @@ HALITE_EXPORT void halite_reader_free(struct halite_reader *r)
 	halite_io_close(r->meta_io);
 	halite_io_close(r->lb_io);
 	free(r->regions);
-	free(r->map);
-	free(r->lbs);
-	free(r->members);
-	free(r->lb_first);
+	zfree(r->map);
+	zfree(r->lbs);
+	zfree(r->members);
+	zfree(r->lb_first);
+	lazy_free(r);
 	free(r->device_state);
 	free(r->roots);
 	kvs_free(&r->meta);
@@ -901,20 +1350,44 @@ HALITE_EXPORT int halite_reader_find_region(const struct halite_reader *r, const
 	return -HALITE_E_NOT_FOUND;
 }
 
+/*
+ * The lookups take a const reader but may bring in a 1.1 file's chunks: the
+ * arrays they fill are the reader's cache, not its state as the caller sees it.
+ */
+static struct halite_reader *cache_of(const struct halite_reader *r)
+{
+	return (struct halite_reader *)r;
+}
+
 HALITE_EXPORT int halite_reader_mb_lookup(const struct halite_reader *r, uint64_t mb, struct halite_mb_loc *loc)
 {
 	if (mb >= r->info.mb_count)
 		return -ERANGE;
+	if (r->lz)
+		return lazy_lookup(cache_of(r), mb, loc);
 	/* Validated at open. */
 	return hlt_mb_decode(r->map[mb], r->lb_shift, loc);
+}
+
+/* LB @lb's table entry in place (a 1.1 file's chunk of it). */
+static int need_lbt(const struct halite_reader *r, uint64_t lb)
+{
+	return r->lz ? need_chunk(cache_of(r), &r->lz->lbt, lb >> r->lz->lbt.shift) : 0;
 }
 
 HALITE_EXPORT int halite_reader_lb_info(const struct halite_reader *r, uint64_t lb, struct halite_lb_info *info)
 {
 	const struct rlb *e;
 
+	int ret;
+
 	if (lb >= r->info.lb_count)
 		return -ERANGE;
+	ret = need_lbt(r, lb);
+	if (ret) {
+		memset(info, 0, sizeof(*info));
+		return ret;
+	}
 	e = &r->lbs[lb];
 	*info = (struct halite_lb_info){
 		.stream = e->stream,
@@ -930,10 +1403,17 @@ HALITE_EXPORT int halite_reader_lb_info(const struct halite_reader *r, uint64_t 
 HALITE_EXPORT int halite_reader_lb_members(const struct halite_reader *r, uint64_t lb, const uint64_t **mbs,
 			     uint32_t *count)
 {
+	int ret;
+
 	if (lb >= r->info.lb_count)
 		return -ERANGE;
+	ret = need_members(cache_of(r), lb);
+	if (ret) {
+		*count = 0;
+		return ret;
+	}
 	*mbs = r->members + r->lb_first[lb];
-	*count = (uint32_t)(r->lb_first[lb + 1] - r->lb_first[lb]);
+	*count = r->lbs[lb].mb_count; /* lb_first[lb + 1] - lb_first[lb] */
 	return 0;
 }
 
@@ -941,9 +1421,13 @@ HALITE_EXPORT int halite_reader_verify_lb(struct halite_reader *r, uint64_t lb, 
 {
 	uint64_t got;
 	char sn[32];
+	int ret;
 
 	if (lb >= r->info.lb_count)
 		return -ERANGE;
+	ret = need_lbt(r, lb);
+	if (ret)
+		return ret;
 	got = hlt_hash(buf, r->info.lb_size, r->file_seed + lb);
 	if (got != r->lbs[lb].checksum)
 		return rfail(r, HALITE_E_LB_CHECKSUM,

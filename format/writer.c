@@ -283,6 +283,12 @@ static int copy_regions(struct halite_writer *w, const struct halite_region *reg
 	return 0;
 }
 
+/* Format 1.0 asked for: no chunked index, minor 0, no incompat flag. */
+static bool v1_0(const struct halite_writer *w)
+{
+	return w->flags & HALITE_WRITER_V1_0;
+}
+
 static int write_header(struct halite_writer *w, int level)
 {
 	uint8_t *h = halite_io_alloc(HLT_DATA_OFFSET);
@@ -295,8 +301,9 @@ static int write_header(struct halite_writer *w, int level)
 	clock_gettime(CLOCK_REALTIME, &ts);
 	memcpy(h, HLT_HDR_MAGIC, 8);
 	halite_put_le16(h + HLT_HDR_VERSION_MAJOR, HALITE_FORMAT_MAJOR);
-	halite_put_le16(h + HLT_HDR_VERSION_MINOR, HALITE_FORMAT_MINOR);
+	halite_put_le16(h + HLT_HDR_VERSION_MINOR, v1_0(w) ? 0 : HALITE_FORMAT_MINOR);
 	halite_put_le32(h + HLT_HDR_HEADER_SIZE, HLT_HDR_SIZE);
+	halite_put_le64(h + HLT_HDR_INCOMPAT, v1_0(w) ? 0 : HLT_INCOMPAT_CHUNKED_INDEX);
 	halite_put_le32(h + HLT_HDR_PAGE_SIZE, w->page_size);
 	halite_put_le32(h + HLT_HDR_MB_PAGES, w->mb_pages);
 	halite_put_le32(h + HLT_HDR_LB_SIZE, w->lb_size);
@@ -924,6 +931,27 @@ struct tail {
 	uint64_t sec_start;
 	struct wdirent dir[HLT_MAX_SECTIONS];
 	uint32_t ndir;
+	/* 1.1: the chunk checksums of the section being written, for the index. */
+	struct wchunks *ck;
+};
+
+/*
+ * Format 1.1's chunked index (docs/format.md 5.7): what the index section
+ * says of the mb-map, lb-table and lb-members sections, gathered as they
+ * are written.
+ */
+struct wchunks {
+	XXH3_state_t h;
+	uint32_t type, esize;
+	uint64_t per, in, c; /* entries per chunk, entries in chunk c so far */
+	uint64_t *sum;
+};
+
+struct windex {
+	struct wchunks map, lbt, mem;
+	uint64_t *lbt_first; /* first member of each lb-table chunk */
+	uint64_t *members;   /* stored MBs by LB, each LB's in offset order */
+	uint64_t stored, zero, compressed, bytes;
 };
 
 static uint64_t tail_pos(const struct tail *t)
@@ -971,6 +999,41 @@ static int tail_put(struct tail *t, const void *p, size_t n)
 {
 	XXH3_64bits_update(&t->hash, p, n);
 	return tail_raw(t, p, n);
+}
+
+/*
+ * @n whole entries of @esize bytes: tail_put, and with a 1.1 index being
+ * gathered (t->ck), into the checksums of the chunks they fall in.
+ */
+static int tail_entries(struct tail *t, const uint8_t *p, uint64_t n, uint32_t esize)
+{
+	struct wchunks *k = t->ck;
+	int ret = tail_put(t, p, n * esize);
+
+	while (!ret && k && n) {
+		uint64_t take = HALITE_MIN(n, k->per - k->in);
+
+		if (!k->in)
+			XXH3_64bits_reset_withSeed(&k->h, hlt_chunk_seed(t->w->file_seed, k->type, k->c));
+		XXH3_64bits_update(&k->h, p, take * esize);
+		k->in += take;
+		if (k->in == k->per) {
+			k->sum[k->c++] = XXH3_64bits_digest(&k->h);
+			k->in = 0;
+		}
+		n -= take;
+		p += take * esize;
+	}
+	return ret;
+}
+
+/* The last, partial chunk's checksum. */
+static void chunks_end(struct wchunks *k)
+{
+	if (k && k->in) {
+		k->sum[k->c++] = XXH3_64bits_digest(&k->h);
+		k->in = 0;
+	}
 }
 
 static int tail_zeros(struct tail *t, size_t n, bool hashed)
@@ -1033,20 +1096,26 @@ static int put_regions(struct tail *t)
 	return ret;
 }
 
-static int put_map(struct tail *t)
+/* @n u64 entries (the mb-map, lb-members), little-endian, into the chunks being gathered. */
+static int put_u64s(struct tail *t, const uint64_t *v, uint64_t n)
 {
-	struct halite_writer *w = t->w;
 	uint8_t chunk[4096];
 	int ret = 0;
 
-	for (uint64_t i = 0; !ret && i < w->mb_count; i += sizeof(chunk) / 8) {
-		uint64_t n = HALITE_MIN((uint64_t)sizeof(chunk) / 8, w->mb_count - i);
+	for (uint64_t i = 0; !ret && i < n; i += sizeof(chunk) / 8) {
+		uint64_t k = HALITE_MIN((uint64_t)sizeof(chunk) / 8, n - i);
 
-		for (uint64_t j = 0; j < n; j++)
-			halite_put_le64(chunk + 8 * j, w->map[i + j]);
-		ret = tail_put(t, chunk, n * 8);
+		for (uint64_t j = 0; j < k; j++)
+			halite_put_le64(chunk + 8 * j, v[i + j]);
+		ret = tail_entries(t, chunk, k, 8);
 	}
+	chunks_end(t->ck);
 	return ret;
+}
+
+static int put_map(struct tail *t)
+{
+	return put_u64s(t, t->w->map, t->w->mb_count);
 }
 
 static int put_lb_table(struct tail *t)
@@ -1061,7 +1130,106 @@ static int put_lb_table(struct tail *t)
 		halite_put_le32(e + HLT_LBT_USED, w->lbs[i].used);
 		halite_put_le32(e + HLT_LBT_MB_COUNT, w->lbs[i].mb_count);
 		halite_put_le64(e + HLT_LBT_CHECKSUM, w->lbs[i].checksum);
-		ret = tail_put(t, e, sizeof(e));
+		ret = tail_entries(t, e, 1, sizeof(e));
+	}
+	chunks_end(t->ck);
+	return ret;
+}
+
+static int chunks_alloc(struct wchunks *k, uint32_t type, uint64_t per, uint64_t entries)
+{
+	k->type = type;
+	k->per = per;
+	k->sum = calloc((entries + per - 1) / per + 1, sizeof(*k->sum));
+	return k->sum ? 0 : -ENOMEM;
+}
+
+static void index_free(struct windex *x)
+{
+	free(x->map.sum);
+	free(x->lbt.sum);
+	free(x->mem.sum);
+	free(x->lbt_first);
+	free(x->members);
+}
+
+/*
+ * What a 1.1 index needs beyond the map and LB table: the totals, and each
+ * LB's members in offset order (the seal that packed them is long gone).
+ */
+static int index_build(struct halite_writer *w, struct windex *x)
+{
+	uint64_t *fill, nlbt = (w->lb_count + HLT_LBT_CHUNK - 1) / HLT_LBT_CHUNK, at = 0;
+	struct hlt_offset_key key = { w->map, w->lb_shift };
+
+	for (uint64_t m = 0; m < w->mb_count; m++) {
+		struct halite_mb_loc loc;
+
+		hlt_mb_decode(w->map[m], w->lb_shift, &loc);
+		x->zero += loc.state == HALITE_MB_ZERO;
+		if (loc.state != HALITE_MB_STORED)
+			continue;
+		x->stored++;
+		x->compressed += loc.compressed;
+		x->bytes += loc.length;
+	}
+	x->members = malloc((x->stored + 1) * sizeof(*x->members));
+	x->lbt_first = calloc(nlbt + 1, sizeof(*x->lbt_first));
+	fill = malloc((w->lb_count + 1) * sizeof(*fill));
+	if (!x->members || !x->lbt_first || !fill ||
+	    chunks_alloc(&x->map, HALITE_SECTION_MB_MAP, HLT_MAP_CHUNK, w->mb_count) ||
+	    chunks_alloc(&x->lbt, HALITE_SECTION_LB_TABLE, HLT_LBT_CHUNK, w->lb_count) ||
+	    chunks_alloc(&x->mem, HALITE_SECTION_LB_MEMBERS, HLT_MEM_CHUNK, x->stored)) {
+		free(fill);
+		return wfail_io(w, -ENOMEM, "chunked index of %llu memory blocks",
+				(unsigned long long)w->mb_count);
+	}
+	for (uint64_t i = 0; i < w->lb_count; i++) {
+		if (i % HLT_LBT_CHUNK == 0)
+			x->lbt_first[i / HLT_LBT_CHUNK] = at;
+		fill[i] = at;
+		at += w->lbs[i].mb_count;
+	}
+	for (uint64_t m = 0; m < w->mb_count; m++)
+		if ((w->map[m] & HLT_MB_STATE_MASK) == HALITE_MB_STORED)
+			x->members[fill[w->map[m] >> (3 + 2 * w->lb_shift)]++] = m;
+	for (uint64_t i = 0; i < w->lb_count; i++)
+		qsort_r(x->members + fill[i] - w->lbs[i].mb_count, w->lbs[i].mb_count,
+			sizeof(*x->members), hlt_cmp_offset, &key);
+	free(fill);
+	return 0;
+}
+
+static int put_members(struct tail *t, const struct windex *x)
+{
+	return put_u64s(t, x->members, x->stored);
+}
+
+static int put_index(struct tail *t, const struct windex *x)
+{
+	uint8_t h[HLT_IDX_HDR_SIZE] = { 0 }, e[HLT_IDX_LBT_ENTRY];
+	int ret;
+
+	halite_put_le32(h + HLT_IDX_MAP_CHUNK, HLT_MAP_CHUNK);
+	halite_put_le32(h + HLT_IDX_LBT_CHUNK, HLT_LBT_CHUNK);
+	halite_put_le32(h + HLT_IDX_MEM_CHUNK, HLT_MEM_CHUNK);
+	halite_put_le64(h + HLT_IDX_MB_STORED, x->stored);
+	halite_put_le64(h + HLT_IDX_MB_ZERO, x->zero);
+	halite_put_le64(h + HLT_IDX_MB_COMPRESSED, x->compressed);
+	halite_put_le64(h + HLT_IDX_STORED_BYTES, x->bytes);
+	ret = tail_put(t, h, sizeof(h));
+	for (uint64_t c = 0; !ret && c < x->map.c; c++) {
+		halite_put_le64(e, x->map.sum[c]);
+		ret = tail_put(t, e, HLT_IDX_MAP_ENTRY);
+	}
+	for (uint64_t c = 0; !ret && c < x->lbt.c; c++) {
+		halite_put_le64(e, x->lbt_first[c]);
+		halite_put_le64(e + 8, x->lbt.sum[c]);
+		ret = tail_put(t, e, HLT_IDX_LBT_ENTRY);
+	}
+	for (uint64_t c = 0; !ret && c < x->mem.c; c++) {
+		halite_put_le64(e, x->mem.sum[c]);
+		ret = tail_put(t, e, HLT_IDX_MEM_ENTRY);
 	}
 	return ret;
 }
@@ -1126,6 +1294,8 @@ static int fn_map(struct tail *t, const void *arg) { return put_map(t); }
 static int fn_lbt(struct tail *t, const void *arg) { return put_lb_table(t); }
 static int fn_vcpus(struct tail *t, const void *arg) { return put_vcpus(t); }
 static int fn_kvs(struct tail *t, const void *arg) { return put_kvs(t, arg); }
+static int fn_members(struct tail *t, const void *arg) { return put_members(t, arg); }
+static int fn_index(struct tail *t, const void *arg) { return put_index(t, arg); }
 
 static int fn_device(struct tail *t, const void *arg)
 {
@@ -1222,6 +1392,7 @@ static int commit(struct halite_writer *w)
 HALITE_EXPORT int halite_writer_finish(struct halite_writer *w)
 {
 	struct tail t = { .w = w };
+	struct windex x = { 0 };
 	int ret = 0, fd;
 
 	if (w->state != W_OPEN)
@@ -1243,11 +1414,22 @@ HALITE_EXPORT int halite_writer_finish(struct halite_writer *w)
 		return wfail_io(w, -ENOMEM, "section buffer");
 	t.off = HLT_DATA_OFFSET + w->lb_count * w->lb_size;
 
-	ret = put_section(&t, HALITE_SECTION_REGIONS, fn_regions, NULL);
+	if (!v1_0(w))
+		ret = index_build(w, &x);
+	if (!ret)
+		ret = put_section(&t, HALITE_SECTION_REGIONS, fn_regions, NULL);
+	t.ck = v1_0(w) ? NULL : &x.map;
 	if (!ret)
 		ret = put_section(&t, HALITE_SECTION_MB_MAP, fn_map, NULL);
+	t.ck = v1_0(w) ? NULL : &x.lbt;
 	if (!ret)
 		ret = put_section(&t, HALITE_SECTION_LB_TABLE, fn_lbt, NULL);
+	t.ck = &x.mem;
+	if (!ret && !v1_0(w))
+		ret = put_section(&t, HALITE_SECTION_LB_MEMBERS, fn_members, &x);
+	t.ck = NULL;
+	if (!ret && !v1_0(w))
+		ret = put_section(&t, HALITE_SECTION_INDEX, fn_index, &x);
 	if (!ret && (w->vcpu_count || w->nroots))
 		ret = put_section(&t, HALITE_SECTION_VCPUS, fn_vcpus, NULL);
 	if (!ret && w->has_device_state)
@@ -1259,6 +1441,7 @@ HALITE_EXPORT int halite_writer_finish(struct halite_writer *w)
 	if (!ret)
 		ret = put_dir_footer(&t);
 	free(t.buf);
+	index_free(&x);
 	return ret ? ret : commit(w);
 }
 

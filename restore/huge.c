@@ -338,8 +338,9 @@ int rs_huge_write(struct halite_restore *r, uint64_t mb, const uint8_t *lb_buf, 
  */
 static bool ra_end(struct halite_restore *r, uint64_t lb)
 {
-	return r->ra_next && (r->ra_next[lb] == UINT64_MAX ||
-			      atomic_load(&r->lbs[r->ra_next[lb]].state) == LB_IDLE);
+	uint64_t next = r->ra_next ? rs_ra_next(r, lb) : UINT64_MAX;
+
+	return r->ra_next && (next == UINT64_MAX || atomic_load(&r->lbs[next].state) == LB_IDLE);
 }
 
 void rs_huge_fault(struct halite_restore *r, uint64_t mb, const struct fault *f)

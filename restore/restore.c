@@ -5,8 +5,11 @@
  * Open reads the file's header, sections and index (halite_reader_open) and
  * allocates one state byte per memory block (MB) and one small record per
  * locality block (LB); nothing is read from the LBs and nothing registered,
- * so open-to-ready costs the same for 1 GiB as for 1 TiB beyond those arrays
- * (calloc'ed, so their pages appear only as they are used).
+ * so open-to-ready costs the same for 1 GiB as for 1 TiB: those arrays are
+ * mmap'ed (zalloc.h), their pages appearing only as they are used, and a
+ * format 1.1 file's index (MB map, LB table, member lists) is read chunk by
+ * chunk as lookups need it (docs/format.md 5.7; the first fault of a chunk
+ * pays for it, about 64 KiB read and hashed).
  *
  * MB states (one atomic byte each):
  *   NONE      not installed, nobody working on it
@@ -148,6 +151,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/file.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -167,6 +171,7 @@
 #include "restore_int.h"
 #include "stats.h"
 #include "uffd.h"
+#include "zalloc.h"
 
 #define FAULT_BATCH 64
 #define QUEUE_DEPTH_DEFAULT 8u
@@ -698,7 +703,7 @@ int rs_queue_push(struct halite_restore *r, uint64_t lb)
 size_t rs_ra_push(struct halite_restore *r, uint64_t lb)
 {
 	for (unsigned i = 0; i < r->o.readahead && r->ra_next; i++) {
-		lb = r->ra_next[lb];
+		lb = rs_ra_next(r, lb);
 		if (lb == UINT64_MAX)
 			break;
 		if (atomic_load(&r->lbs[lb].state) != LB_IDLE)
@@ -1029,7 +1034,13 @@ static void serve_fault(struct halite_restore *r, const struct uffd_msg *m, uint
 	atomic_fetch_add(&r->n_faults, 1);
 	if (is_vcpu(r, m->arg.pagefault.feat.ptid))
 		atomic_fetch_add(&r->n_faults_vcpu, 1);
-	halite_reader_mb_lookup(r->rd, mb, &loc);
+	/* A 1.1 file's index chunks come in here on first use; damaged, it fails. */
+	ret = halite_reader_mb_lookup(r->rd, mb, &loc);
+	if (ret) {
+		rs_set_failed(r, rs_fail(r, ret, "memory block %llu: %s", ULL(mb),
+					 halite_reader_errmsg(r->rd)));
+		return;
+	}
 	if (g->hpage)
 		rs_huge_fault(r, mb, &f);
 	else if (loc.state != HALITE_MB_STORED)
@@ -1128,9 +1139,17 @@ static uint64_t pf_next(struct halite_restore *r, uint64_t *cursor)
 static int pf_submit(struct halite_restore *r, struct pf_slot *s, unsigned tag)
 {
 	struct halite_lb_info li;
+	const uint64_t *mbs;
+	uint32_t n;
 	int ret;
 
-	halite_reader_lb_info(r->rd, s->lb, &li);
+	/* Its index entries first (a 1.1 file's chunks load here, off the fault path). */
+	ret = halite_reader_lb_members(r->rd, s->lb, &mbs, &n);
+	if (!ret)
+		ret = halite_reader_lb_info(r->rd, s->lb, &li);
+	if (ret)
+		return rs_fail(r, ret, "locality block %llu: %s", ULL(s->lb),
+			       halite_reader_errmsg(r->rd));
 	ret = halite_io_submit_read(r->pf_io, s->buf, r->lb_size, li.offset, tag);
 	if (ret)
 		return rs_fail(r, ret, "locality block %llu at offset %llu: submitting a read",
@@ -1570,46 +1589,38 @@ static int match_regions(struct halite_restore *r, const struct halite_restore_r
 
 /*
  * ra_next: each LB's successor in its stream. The writer fills a stream's
- * LBs in order, so in file order each stream's LBs come by rising seq; a
- * file has a few streams (one per vCPU, virtual, physical, other).
+ * LBs in order, so in file order each stream's LBs come by rising seq, and
+ * a file has a few streams (one per vCPU, virtual, physical, other) that
+ * interleave: the successor is a few LBs on. It is looked up when first
+ * needed, scanning at most RA_SCAN entries (none found: no readahead, a
+ * hint), and kept. Open only allocates (calloc: pages appear as used), so it
+ * does not read the whole LB table (a 1.1 file's chunks come in on use).
  */
-struct ra_stream {
-	uint32_t id;
-	uint64_t last; /* its latest LB so far */
-};
+#define RA_SCAN 256u
 
 static int ra_build(struct halite_restore *r)
 {
-	struct ra_stream st[64];
-	unsigned nst = 0;
-
 	if (!r->o.readahead || !r->lb_total)
 		return 0;
-	r->ra_next = malloc(r->lb_total * sizeof(*r->ra_next));
-	if (!r->ra_next)
-		return -ENOMEM;
-	for (uint64_t lb = 0; lb < r->lb_total; lb++) {
-		struct halite_lb_info li;
-		unsigned i;
+	r->ra_next = halite_zalloc(r->lb_total * sizeof(*r->ra_next));
+	return r->ra_next ? 0 : -ENOMEM;
+}
 
-		r->ra_next[lb] = UINT64_MAX;
-		halite_reader_lb_info(r->rd, lb, &li);
-		for (i = 0; i < nst && st[i].id != li.stream; i++)
-			;
-		if (i == nst) {
-			if (nst == HALITE_ARRAY_SIZE(st)) {
-				/* More streams than that: no readahead (a hint, not a need). */
-				free(r->ra_next);
-				r->ra_next = NULL;
-				return 0;
+uint64_t rs_ra_next(struct halite_restore *r, uint64_t lb)
+{
+	struct halite_lb_info li, ln;
+	uint64_t next = UINT64_MAX;
+
+	if (r->ra_next[lb])
+		return r->ra_next[lb] == UINT64_MAX ? UINT64_MAX : r->ra_next[lb] - 1;
+	if (!halite_reader_lb_info(r->rd, lb, &li))
+		for (uint64_t k = lb + 1; k < r->lb_total && k <= lb + RA_SCAN; k++)
+			if (!halite_reader_lb_info(r->rd, k, &ln) && ln.stream == li.stream) {
+				next = k;
+				break;
 			}
-			st[nst++] = (struct ra_stream){ li.stream, UINT64_MAX };
-		}
-		if (st[i].last != UINT64_MAX)
-			r->ra_next[st[i].last] = lb;
-		st[i].last = lb;
-	}
-	return 0;
+	r->ra_next[lb] = next == UINT64_MAX ? UINT64_MAX : next + 1;
+	return next;
 }
 
 HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *path,
@@ -1722,8 +1733,9 @@ HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *pa
 		ret = rs_huge_init(r);
 	if (ret)
 		goto err;
-	r->mb = calloc(r->mb_total ? r->mb_total : 1, 1);
-	r->lbs = calloc(r->lb_total ? r->lb_total : 1, sizeof(*r->lbs));
+	/* O(1) whatever the memory size (zalloc.h); pages appear as used. */
+	r->mb = halite_zalloc(r->mb_total);
+	r->lbs = halite_zalloc(r->lb_total * sizeof(*r->lbs));
 	r->fault_tmp = halite_io_alloc(r->mb_size);
 	r->rd_thr = calloc(r->o.demand_readers, sizeof(*r->rd_thr));
 	if (!r->mb || !r->lbs || !r->fault_tmp || !r->rd_thr) {
@@ -1791,6 +1803,47 @@ HALITE_EXPORT struct halite_reader *halite_restore_reader(struct halite_restore 
  */
 static int present_pages(struct halite_restore *r, const struct rregion *g, uint64_t *bits);
 
+/* PAGEMAP_SCAN (linux/fs.h since 6.7; Debian 12's headers predate it). */
+#ifndef PAGEMAP_SCAN
+struct page_region {
+	uint64_t start, end, categories;
+};
+
+struct pm_scan_arg {
+	uint64_t size, flags, start, end, walk_end, vec, vec_len, max_pages;
+	uint64_t category_inverted, category_mask, category_anyof_mask, return_mask;
+};
+#define PAGEMAP_SCAN _IOWR('f', 16, struct pm_scan_arg)
+#define PAGE_IS_PRESENT (1 << 3)
+#endif
+
+/*
+ * The first page of [@start, @start + @len) mapped in this process (what
+ * mincore() sees), by PAGEMAP_SCAN, which walks only the page tables there
+ * are: an untouched range costs the same at 1 GiB and 64 GiB, where
+ * mincore() fills a byte per page (16 MiB at 64 GiB, ~10 ms). 0 none, 1 with
+ * *@first, -errno when the kernel cannot (the caller uses mincore()).
+ */
+static int first_present(uint64_t start, uint64_t len, uint64_t *first)
+{
+	struct page_region reg;
+	struct pm_scan_arg a = {
+		.size = sizeof(a), .start = start, .end = start + len,
+		.vec = (uint64_t)(uintptr_t)&reg, .vec_len = 1, .max_pages = 1,
+		.category_anyof_mask = PAGE_IS_PRESENT, .return_mask = PAGE_IS_PRESENT,
+	};
+	int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC), n;
+
+	if (fd < 0)
+		return -errno;
+	n = ioctl(fd, PAGEMAP_SCAN, &a);
+	n = n < 0 ? -errno : n;
+	close(fd);
+	if (n > 0)
+		*first = reg.start;
+	return n < 0 ? n : n > 0;
+}
+
 static int check_unpopulated(struct halite_restore *r, const struct rregion *g)
 {
 	size_t vlen = MINCORE_CHUNK_PAGES;
@@ -1827,6 +1880,17 @@ static int check_unpopulated(struct halite_restore *r, const struct rregion *g)
 		free(bits);
 		return ret2 < 0 && ret2 != -EEXIST ? rs_fail(r, ret2, "region '%s': which pages are "
 							  "populated (pagemap)", g->name) : ret2;
+	}
+	{
+		uint64_t first = 0;
+		int n = first_present(g->host, g->length, &first);
+
+		if (n > 0)
+			return rs_fail(r, -EEXIST, "region '%s': the page at offset %llu is already "
+				       "populated; a restore needs mapped memory that was never touched",
+				       g->name, ULL(first - g->host));
+		if (!n)
+			return 0;
 	}
 	vec = malloc(vlen);
 	if (!vec)
@@ -2144,7 +2208,12 @@ static int fill_copies(struct halite_restore *r)
 			unsigned reads;
 			bool mine = false;
 
-			halite_reader_mb_lookup(r->rd, mb, &loc);
+			ret = halite_reader_mb_lookup(r->rd, mb, &loc);
+			if (ret) {
+				ret = rs_fail(r, ret, "%s", halite_reader_errmsg(r->rd));
+				rs_set_failed(r, ret);
+				break;
+			}
 			if (loc.state != HALITE_MB_STORED)
 				continue;
 			pthread_mutex_lock(&r->lk);
@@ -2425,10 +2494,10 @@ HALITE_EXPORT void halite_restore_free(struct halite_restore *r)
 	}
 	free(r->regions);
 	free(r->by_host);
-	free((void *)r->mb);
-	free(r->lbs);
+	halite_zfree((void *)r->mb);
+	halite_zfree(r->lbs);
 	free(r->q);
-	free(r->ra_next);
+	halite_zfree(r->ra_next);
 	free(r->rd_thr);
 	halite_io_free(r->fault_tmp);
 	free((void *)r->o.vcpu_tids);

@@ -119,8 +119,9 @@ struct halite_restore {
 	uint64_t *q;		 /* demand queue: a ring of LB indices */
 	size_t q_cap, q_head, q_len;
 	/*
-	 * Stream readahead: ra_next[lb] is the next LB of lb's stream (file
-	 * order; UINT64_MAX at its end); raq a ring of LBs to read ahead,
+	 * Stream readahead: ra_next[lb] is 1 + the next LB of lb's stream (file
+	 * order), 0 until looked up, UINT64_MAX for none (rs_ra_next()); raq a
+	 * ring of LBs to read ahead,
 	 * oldest dropped when full; ra_busy readers reading one now.
 	 */
 	uint64_t *ra_next;
@@ -181,6 +182,8 @@ void rs_fault_served(struct halite_restore *r, uint64_t t0);
 int rs_queue_push(struct halite_restore *r, uint64_t lb);
 /* Under lk: stream readahead after a demand read of @lb; how many readers to signal. */
 size_t rs_ra_push(struct halite_restore *r, uint64_t lb);
+/* Under lk: @lb's successor in its stream, or UINT64_MAX (looked up on first use). */
+uint64_t rs_ra_next(struct halite_restore *r, uint64_t lb);
 /* The fault thread reads @lb (READING) itself if all of it is in the page cache. */
 bool rs_read_cached(struct halite_restore *r, uint64_t lb);
 

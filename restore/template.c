@@ -64,6 +64,7 @@
 #include "opts.h"
 #include "stats.h"
 #include "template_int.h"
+#include "zalloc.h"
 
 #define FILL_MAGIC "HLTFILL1"
 #define FILL_HDR 64u
@@ -109,8 +110,8 @@ struct halite_template {
 	struct lbstate *lbs;
 	uint64_t *dq;		 /* demand queue: a ring of lb_total + 1 */
 	uint64_t dq_head, dq_tail, dq_cap;
-	uint64_t *porder;	 /* prefetch order: hot set's LBs, then file order */
-	uint64_t pcount, pcursor;
+	uint64_t *porder;	 /* prefetch order: hot set's LBs (nhot), then file order */
+	uint64_t pcount, pcursor, nhot;
 	_Atomic uint64_t last_fault_ns;
 	uint64_t open_ns, prefetch_bytes;
 	bool stop;
@@ -453,15 +454,25 @@ int halite_template_hotset_save(struct halite_template *t)
 	return ret;
 }
 
-/* Prefetch order: the hot set's LBs in first-fault order, then every LB in file order. */
+/*
+ * Prefetch order: the hot set's LBs in first-fault order, then every LB in
+ * file order (porder_at(): not stored, so that open does not take time in
+ * the number of LBs; a hot LB comes again there, taken already, and is
+ * skipped as any LB that is not idle).
+ */
+static uint64_t porder_at(const struct halite_template *t, uint64_t i)
+{
+	return i < t->nhot ? t->porder[i] : i - t->nhot;
+}
+
 static int build_porder(struct halite_template *t)
 {
 	uint64_t lbn = t->fi->lb_count, n = 0;
-	uint8_t *seen = calloc(lbn ? lbn : 1, 1);
+	uint8_t *seen = halite_zalloc(lbn);
 
-	t->porder = malloc((lbn ? lbn : 1) * sizeof(*t->porder));
+	t->porder = malloc((t->hot_n ? t->hot_n : 1) * sizeof(*t->porder));
 	if (!seen || !t->porder) {
-		free(seen);
+		halite_zfree(seen);
 		return -ENOMEM;
 	}
 	for (uint64_t i = 0; i < t->hot_n; i++) {
@@ -472,11 +483,9 @@ static int build_porder(struct halite_template *t)
 			t->porder[n++] = loc.lb;
 		}
 	}
-	for (uint64_t lb = 0; lb < lbn; lb++)
-		if (!seen[lb])
-			t->porder[n++] = lb;
-	t->pcount = n;
-	free(seen);
+	t->nhot = n;
+	t->pcount = n + lbn;
+	halite_zfree(seen);
 	return 0;
 }
 
@@ -758,10 +767,10 @@ static void *reader_main(void *arg)
 			t->dq_head = (t->dq_head + 1) % t->dq_cap;
 			demand = true;
 		} else if (t->pcursor < t->pcount && prefetch_allowed(t, now)) {
-			while (t->pcursor < t->pcount && t->lbs[t->porder[t->pcursor]].st != LB_IDLE)
+			while (t->pcursor < t->pcount && t->lbs[porder_at(t, t->pcursor)].st != LB_IDLE)
 				t->pcursor++;
 			if (t->pcursor < t->pcount)
-				lb = t->porder[t->pcursor++];
+				lb = porder_at(t, t->pcursor++);
 		}
 		if (lb == UINT64_MAX) {
 			struct timespec ts;
@@ -872,10 +881,11 @@ int halite_template_open(struct halite_template **tp, const char *snapshot, cons
 	ret = layout_regions(t);
 	if (ret)
 		goto err;
-	t->lbs = calloc(t->fi->lb_count ? t->fi->lb_count : 1, sizeof(*t->lbs));
+	/* O(1) whatever the memory size (zalloc.h). */
+	t->lbs = halite_zalloc(t->fi->lb_count * sizeof(*t->lbs));
 	t->dq_cap = t->fi->lb_count + 1;
 	t->dq = malloc(t->dq_cap * sizeof(*t->dq));
-	t->hot_bit = calloc(t->fi->mb_count ? t->fi->mb_count : 1, 1);
+	t->hot_bit = halite_zalloc(t->fi->mb_count);
 	if (!t->lbs || !t->dq || !t->hot_bit) {
 		ret = -ENOMEM;
 		goto err;
@@ -1029,11 +1039,11 @@ void halite_template_free(struct halite_template *t)
 	if (t->fillfd >= 0)
 		close(t->fillfd);
 	halite_reader_free(t->rd);
-	free(t->lbs);
+	halite_zfree(t->lbs);
 	free(t->dq);
 	free(t->porder);
 	free(t->hot);
-	free(t->hot_bit);
+	halite_zfree(t->hot_bit);
 	free(t->regions);
 	free(t->mem_path);
 	free(t->fill_path);

@@ -15,3 +15,7 @@ halite_test(test_golden SOURCES test_golden.c
 add_executable(golden_gen golden_gen.c)
 target_link_libraries(golden_gen PRIVATE halite_format)
 target_include_directories(golden_gen PRIVATE ${CMAKE_SOURCE_DIR}/tests)
+
+# Format 1.1's chunked index: lazy reads, refusal by 1.0, damage on first use, threads.
+halite_test(test_index SOURCES test_index.c corrupt_util.c
+  LIBS halite_format PkgConfig::XXHASH PkgConfig::CMOCKA LABELS format TIMEOUT 120)

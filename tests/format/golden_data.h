@@ -37,13 +37,19 @@ struct golden_codec {
 	const char *file;
 	int codec;
 	int level;
+	int minor; /* format 1.minor (1.1: the chunked index); 0 for the 1.0 files */
 };
 
 static const struct golden_codec golden_codecs[] = {
-	{ "v1.0-none.hlt", HALITE_CODEC_NONE, 0 },
-	{ "v1.0-lz4.hlt", HALITE_CODEC_LZ4, 1 },
-	{ "v1.0-zlib.hlt", HALITE_CODEC_ZLIB, 6 },
-	{ "v1.0-zstd.hlt", HALITE_CODEC_ZSTD, 3 },
+	{ "v1.0-none.hlt", HALITE_CODEC_NONE, 0, 0 },
+	{ "v1.0-lz4.hlt", HALITE_CODEC_LZ4, 1, 0 },
+	{ "v1.0-zlib.hlt", HALITE_CODEC_ZLIB, 6, 0 },
+	{ "v1.0-zstd.hlt", HALITE_CODEC_ZSTD, 3, 0 },
+	/* Format 1.1 (2026-11): the same content, with the chunked index. */
+	{ "v1.1-none.hlt", HALITE_CODEC_NONE, 0, 1 },
+	{ "v1.1-lz4.hlt", HALITE_CODEC_LZ4, 1, 1 },
+	{ "v1.1-zlib.hlt", HALITE_CODEC_ZLIB, 6, 1 },
+	{ "v1.1-zstd.hlt", HALITE_CODEC_ZSTD, 3, 1 },
 };
 #define GOLDEN_NFILES (sizeof(golden_codecs) / sizeof(golden_codecs[0]))
 

@@ -1,12 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Write the golden v1.0 files (one per codec) into a directory:
+ * Write the golden files (one per codec and format version) into a directory:
  *
  *   golden_gen DIR
  *
- * Run once, when format 1.0 was released; the output is committed in
- * tests/golden/ and must never be regenerated (see the README there). It
- * refuses to overwrite an existing file. Content: golden_data.h.
+ * Run once per format version, when it was released; the output is
+ * committed in tests/golden/ and must never be regenerated (see the README
+ * there). A file that exists is left alone (never overwritten): run on
+ * tests/golden, it writes only a new version's files. Content: golden_data.h.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -39,8 +40,10 @@ static void write_one(const char *dir, const struct golden_codec *gc)
 	if (asprintf(&path, "%s/%s", dir, gc->file) < 0)
 		exit(1);
 	if (access(path, F_OK) == 0) {
-		fprintf(stderr, "golden_gen: %s exists; golden files are never regenerated\n", path);
-		exit(1);
+		fprintf(stderr, "golden_gen: %s exists, kept; golden files are never regenerated\n",
+			path);
+		free(path);
+		return;
 	}
 	o.page_size = GOLDEN_PAGE;
 	o.mb_pages = GOLDEN_MB_PAGES;
@@ -48,6 +51,7 @@ static void write_one(const char *dir, const struct golden_codec *gc)
 	o.codec = gc->codec;
 	o.level = gc->level;
 	o.vcpu_count = GOLDEN_VCPUS;
+	o.flags = gc->minor == 0 ? HALITE_WRITER_V1_0 : 0;
 	CHECK(halite_writer_create(&w, path, golden_regions, GOLDEN_NREGIONS, &o));
 	if (halite_writer_mb_count(w) != GOLDEN_NMB)
 		exit(1);

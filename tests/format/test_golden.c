@@ -36,6 +36,10 @@ static const struct {
 	{ 96056, 11, 10, 55386, 0xf267b59df4af9b3eull },   /* v1.0-lz4.hlt */
 	{ 79632, 9, 10, 45441, 0x81716dc185298183ull },	   /* v1.0-zlib.hlt */
 	{ 79632, 9, 10, 46095, 0x3424882be79dd18dull },	   /* v1.0-zstd.hlt */
+	{ 112744, 13, 0, 102400, 0x1cbc13f9a1fd86afull },  /* v1.1-none.hlt */
+	{ 96304, 11, 10, 55386, 0x921c3f16cb20ed2cull },   /* v1.1-lz4.hlt */
+	{ 79880, 9, 10, 45441, 0x2e2331ecffd6baf5ull },	   /* v1.1-zlib.hlt */
+	{ 79880, 9, 10, 46095, 0x0c9ee273472fe68aull },	   /* v1.1-zstd.hlt */
 };
 
 static const char *golden_dir;
@@ -78,8 +82,9 @@ static void check_header(size_t i, struct halite_reader *r)
 	uint64_t mem = 0;
 
 	assert_int_equal(fi->version_major, 1);
-	assert_int_equal(fi->version_minor, 0);
-	assert_int_equal(fi->incompat_flags, 0);
+	assert_int_equal(fi->version_minor, golden_codecs[i].minor);
+	/* 1.1: bit 0, the chunked index */
+	assert_int_equal(fi->incompat_flags, golden_codecs[i].minor ? 1 : 0);
 	assert_int_equal(fi->compat_flags, 0);
 	assert_memory_not_equal(fi->uuid, zero_uuid, 16);
 	/* Written in 2025 or later, before 2100. */
@@ -231,11 +236,18 @@ static void check_streams(struct halite_reader *r)
 
 static void check_sections(size_t i, struct halite_reader *r)
 {
-	static const uint32_t types[] = {
+	static const uint32_t types_1_0[] = {
 		HALITE_SECTION_REGIONS, HALITE_SECTION_MB_MAP, HALITE_SECTION_LB_TABLE,
 		HALITE_SECTION_VCPUS, HALITE_SECTION_DEVICE_STATE, HALITE_SECTION_METADATA,
 		HALITE_SECTION_SAVE_STATS,
 	};
+	static const uint32_t types_1_1[] = {
+		HALITE_SECTION_REGIONS, HALITE_SECTION_MB_MAP, HALITE_SECTION_LB_TABLE,
+		HALITE_SECTION_LB_MEMBERS, HALITE_SECTION_INDEX, HALITE_SECTION_VCPUS,
+		HALITE_SECTION_DEVICE_STATE, HALITE_SECTION_METADATA, HALITE_SECTION_SAVE_STATS,
+	};
+	const uint32_t *types = golden_codecs[i].minor ? types_1_1 : types_1_0;
+	uint32_t nsec = golden_codecs[i].minor ? 9 : 7;
 	uint8_t dev[GOLDEN_DEV_LEN];
 	const struct halite_root *roots;
 	uint32_t vcpus, nroots, n, type, len;
@@ -243,8 +255,9 @@ static void check_sections(size_t i, struct halite_reader *r)
 	const char *key;
 	uint64_t dlen, off, slen, v;
 
-	assert_int_equal(halite_reader_section_count(r), 7);
-	for (uint32_t k = 0; k < 7; k++) {
+	assert_int_equal(halite_reader_section_count(r), nsec);
+	assert_int_equal(halite_reader_verify_index(r), 0);
+	for (uint32_t k = 0; k < nsec; k++) {
 		assert_int_equal(halite_reader_section(r, k, &type, &off, &slen), 0);
 		assert_int_equal(type, types[k]);
 		assert_int_equal(halite_reader_verify_section(r, k), 0);

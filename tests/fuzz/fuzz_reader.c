@@ -108,6 +108,40 @@ static void exercise_regions(struct halite_reader *r, const struct halite_file_i
 	CHECK(halite_reader_find_region(r, "") == -HALITE_E_NOT_FOUND);
 }
 
+/*
+ * A 1.1 file's chunks, before anything checked them: a lookup gives an entry
+ * in range or fails with a format error, never anything else.
+ */
+static void exercise_lazy(struct halite_reader *r, const struct halite_file_info *fi)
+{
+	uint64_t n = fi->mb_count < MAX_MB_LOOKUPS ? fi->mb_count : MAX_MB_LOOKUPS;
+	struct halite_mb_loc loc;
+	const uint64_t *mbs;
+	uint32_t count;
+
+	for (uint64_t m = 0; m < n; m++) {
+		int ret = halite_reader_mb_lookup(r, m, &loc);
+
+		if (ret) {
+			check_error(ret);
+			continue;
+		}
+		CHECK(loc.state <= HALITE_MB_STORED);
+		if (loc.state == HALITE_MB_STORED)
+			CHECK(loc.lb < fi->lb_count && loc.offset + (uint64_t)loc.length <= fi->lb_size);
+	}
+	for (uint64_t lb = 0; lb < fi->lb_count && lb < 16; lb++) {
+		int ret = halite_reader_lb_members(r, lb, &mbs, &count);
+
+		if (ret) {
+			check_error(ret);
+			continue;
+		}
+		for (uint32_t j = 0; j < count; j++)
+			CHECK(mbs[j] < fi->mb_count);
+	}
+}
+
 static void exercise_map(struct halite_reader *r, const struct halite_file_info *fi)
 {
 	uint64_t n = fi->mb_count < MAX_MB_LOOKUPS ? fi->mb_count : MAX_MB_LOOKUPS;
@@ -297,6 +331,18 @@ static void one(const uint8_t *data, size_t size)
 	CHECK(fi->mb_size == fi->page_size * fi->mb_pages && fi->mb_size <= fi->lb_size);
 	CHECK(halite_codec_name(fi->codec));
 	exercise_regions(r, fi);
+	/* 1.1: chunks on first use; once the full check passes, all holds as for 1.0. */
+	if (fi->incompat_flags) {
+		exercise_lazy(r, fi);
+		ret = halite_reader_verify_index(r);
+		if (ret) {
+			check_error(ret);
+			CHECK(halite_reader_errmsg(r)[0]);
+			halite_reader_free(r);
+			return;
+		}
+	}
+	CHECK(halite_reader_verify_index(r) == 0);
 	exercise_map(r, fi);
 	exercise_lbs(r, fi);
 	exercise_sections(r);

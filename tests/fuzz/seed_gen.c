@@ -65,8 +65,11 @@ static void fill(uint8_t *p, size_t len, unsigned kind, uint64_t *s)
 
 /*
  * A valid file: two regions, MBs of every state, two streams, every optional
- * section. Returns its bytes.
+ * section. Returns its bytes. Format 1.0 (the seeds written before 1.1 were),
+ * or 1.1 (chunked index) with @v11.
  */
+static bool v11;
+
 static uint8_t *make_valid(int codec, uint32_t mb_pages, uint32_t lb_size, bool with_lbs,
 			   size_t *len)
 {
@@ -83,7 +86,7 @@ static uint8_t *make_valid(int codec, uint32_t mb_pages, uint32_t lb_size, bool 
 	o.codec = codec;
 	o.mb_pages = mb_pages;
 	o.lb_size = lb_size;
-	o.flags = HALITE_WRITER_NO_SYNC;
+	o.flags = HALITE_WRITER_NO_SYNC | (v11 ? 0 : HALITE_WRITER_V1_0);
 	o.vcpu_count = 1;
 	CHECK(halite_writer_create(&w, path, regions, 2, &o));
 	/*
@@ -138,6 +141,18 @@ int main(int argc, char **argv)
 	b = make_valid(HALITE_CODEC_LZ4, 2, 8192, true, &len);
 	save("valid-lz4-mb2", b, len);
 	free(b);
+	/* Format 1.1: the chunked index (lazy lookups, then the full check). */
+	v11 = true;
+	b = make_valid(HALITE_CODEC_LZ4, 1, 4096, true, &len);
+	save("v1.1-valid-lz4", b, len);
+	free(b);
+	b = make_valid(HALITE_CODEC_ZSTD, 2, 8192, true, &len);
+	save("v1.1-valid-zstd-mb2", b, len);
+	free(b);
+	b = make_valid(HALITE_CODEC_NONE, 1, 4096, false, &len);
+	save("v1.1-valid-no-lbs", b, len);
+	free(b);
+	v11 = false;
 	b = make_valid(HALITE_CODEC_ZSTD, 1, 4096, false, &len);
 	save("valid-no-lbs", b, len);
 	free(b);

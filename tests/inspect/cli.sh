@@ -3,7 +3,7 @@
 . "$(dirname "$0")/lib.sh"
 
 expect 0 "$HI" --version
-grep -q "^halite-inspect [0-9]*\.[0-9]*\.[0-9]* (file format 1\.0)$" "$T/out" || fail "version: $(cat "$T/out")"
+grep -q "^halite-inspect [0-9]*\.[0-9]*\.[0-9]* (file format 1\.1)$" "$T/out" || fail "version: $(cat "$T/out")"
 expect 0 "$HI" help
 for c in info verify blocks map extract import restore; do
 	grep -q "^  $c " "$T/out" || fail "help does not list $c"
@@ -69,12 +69,12 @@ eq "params" "$(js "$T/i.json" '(d["page_size"], d["mb_pages"], d["mb_size"], d["
 eq "gpa" "$(js "$T/i.json" 'd["regions"][0]["gpa"]')" 1073741824
 eq "metadata" "$(js "$T/i.json" 'sorted(d["metadata"].items())')" \
 	"[('empty', ''), ('import.order', 'physical'), ('owner', 'test suite'), ('source', 'import'), ('tab', {'hex': '610962'})]"
-eq "version" "$(js "$T/i.json" 'd["version"]')" "1.0"
+eq "version" "$(js "$T/i.json" 'd["version"]')" "1.1"
 eq "uuid" "$(js "$T/i.json" 'len(d["uuid"]) == 32 and int(d["uuid"], 16) >= 0')" True
 eq "created" "$(js "$T/i.json" 'd["created"].endswith("Z") and d["created"][:2] == "20"')" True
 eq "file size" "$(js "$T/i.json" 'd["file_size"]')" "$(stat -c %s "$T/m.hlt")"
 eq "sections" "$(js "$T/i.json" 'sorted(s["name"] for s in d["sections"])')" \
-	"['lb-table', 'mb-map', 'metadata', 'regions']"
+	"['index', 'lb-members', 'lb-table', 'mb-map', 'metadata', 'regions']"
 
 # Human output: the parts are there, metadata is shown.
 expect 0 "$HI" info "$T/m.hlt"

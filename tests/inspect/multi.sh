@@ -24,7 +24,7 @@ eq "metadata" "$(js "$T/i.json" 'd["metadata"]')" \
 # 2^60 + 1 survives exactly (a double would make it 2^60).
 eq "stats" "$(js "$T/i.json" 'd["save_stats"]')" "{'faults': 1234, 'big': 1152921504606846977}"
 eq "sections" "$(js "$T/i.json" 'sorted(s["name"] for s in d["sections"])')" \
-	"['device-state', 'lb-table', 'mb-map', 'metadata', 'regions', 'save-stats', 'vcpus']"
+	"['device-state', 'index', 'lb-members', 'lb-table', 'mb-map', 'metadata', 'regions', 'save-stats', 'vcpus']"
 
 # Each stream's LBs are numbered 0, 1, 2, ... in file order.
 expect 0 "$HI" blocks --json "$F"

@@ -8,7 +8,9 @@
  *
  * sets LENGTH bytes at OFFSET inside locality block LB to BYTE, then
  * recomputes the LB's checksum in the lb-table, the lb-table's checksum in
- * the directory, the directory checksum and the footer checksum.
+ * the directory, the directory checksum and the footer checksum; in a
+ * format 1.1 file also the checksum of the lb-table chunk holding the entry
+ * in the index (section 5.7) and the index's in the directory.
  *
  * Written from docs/format.md alone, on purpose: it does not share code with
  * format/, so it also checks that the library writes what the spec says.
@@ -51,6 +53,7 @@ int main(int argc, char **argv)
 {
 	uint64_t lb, off, len, file_size, data_offset, lb_count, dir_off, seed;
 	uint64_t lbt_off = 0, lbt_len = 0, lbt_dirent = 0;
+	uint64_t idx_off = 0, idx_len = 0, idx_dirent = 0, mb_count = 0;
 	uint32_t lb_size, nsec;
 	uint8_t *f, *foot, *dir;
 	struct stat st;
@@ -92,6 +95,13 @@ int main(int argc, char **argv)
 			lbt_off = le64(dir + 32 * i + 8);
 			lbt_len = le64(dir + 32 * i + 16);
 		}
+		if (le32(dir + 32 * i) == 2)
+			mb_count = le64(dir + 32 * i + 16) / 8;
+		if (le32(dir + 32 * i) == 4) {
+			idx_dirent = 32 * i;
+			idx_off = le64(dir + 32 * i + 8);
+			idx_len = le64(dir + 32 * i + 16);
+		}
 	}
 	if (!lbt_off || lbt_len < 24 * lb_count)
 		die("no lb-table");
@@ -101,6 +111,18 @@ int main(int argc, char **argv)
 	put64(f + lbt_off + 24 * lb + 16,
 	      XXH3_64bits_withSeed(f + data_offset + lb * lb_size, lb_size, seed + lb));
 	put64(dir + lbt_dirent + 24, XXH3_64bits_withSeed(f + lbt_off, lbt_len, seed));
+	if (idx_off) {
+		/* 5.7: E entries per chunk; seed file_seed + 3 * 2^48 + c; after the map's sums. */
+		uint64_t map_e = le32(f + idx_off), lbt_e = le32(f + idx_off + 4);
+		uint64_t c = lb / lbt_e, n = lb_count - c * lbt_e < lbt_e ? lb_count - c * lbt_e : lbt_e;
+		uint64_t at = idx_off + 48 + 8 * ((mb_count + map_e - 1) / map_e) + 16 * c + 8;
+
+		if (!map_e || !lbt_e || at + 8 > idx_off + idx_len)
+			die("index out of bounds");
+		put64(f + at, XXH3_64bits_withSeed(f + lbt_off + 24 * c * lbt_e, 24 * n,
+						   seed + (3ull << 48) + c));
+		put64(dir + idx_dirent + 24, XXH3_64bits_withSeed(f + idx_off, idx_len, seed));
+	}
 	put64(foot + 48, XXH3_64bits_withSeed(dir, 32 * (size_t)nsec, seed));
 	put64(foot + 56, XXH3_64bits_withSeed(foot, 56, 0));
 

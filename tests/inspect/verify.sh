@@ -105,6 +105,19 @@ truncate -s $((DO + 3 * 16384)) "$T/trunc2.hlt"
 expect 1 "$HI" verify "$T/trunc2.hlt"
 grep -qi "incomplete" "$T/err" || fail "cut file not called incomplete: $(cat "$T/err")"
 
+# Format 1.1: one byte of the mb-map. It opens (open reads only the index);
+# a restore would meet it at the first use of its chunk; info, which reads
+# every entry, and verify, which checks every chunk, name it.
+MAP=$(js "$T/i.json" '[s["offset"] for s in d["sections"] if s["name"] == "mb-map"][0]')
+cp "$T/good.hlt" "$T/map.hlt"
+flip "$T/map.hlt" $((MAP + 8 * 3 + 1))
+expect 1 "$HI" info "$T/map.hlt"
+grep -q "mb-map chunk 0 " "$T/err" || fail "info: mb-map chunk not named: $(cat "$T/err")"
+expect 1 "$HI" verify "$T/map.hlt"
+grep -q "index: .*mb-map chunk 0 (entries 0\.\..*checksum mismatch" "$T/err" ||
+	fail "mb-map chunk not named: $(cat "$T/err")"
+grep -q "section .*mb-map" "$T/err" || fail "mb-map section not named: $(cat "$T/err")"
+
 # Usage and I/O errors: exit 2.
 expect 2 "$HI" verify "$T/does-not-exist.hlt"
 grep -q "^halite-inspect: .*does-not-exist.hlt" "$T/err" || fail "missing file not named"

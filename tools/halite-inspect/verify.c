@@ -130,6 +130,29 @@ static void problem(struct verify *v, cJSON *obj, const char *what, const char *
 	}
 }
 
+/*
+ * A 1.1 file's index chunks: a restore checks each when it first uses it;
+ * verify checks them all, and everything a 1.0 open checks of the map.
+ */
+static void check_index(struct verify *v)
+{
+	int ret = halite_reader_verify_index(v->r);
+	char msg[300];
+	cJSON *o;
+
+	if (!ret)
+		return;
+	snprintf(msg, sizeof(msg), "index: %s", halite_reader_errmsg(v->r));
+	if (exit_code_for(ret) == EXIT_BAD)
+		v->sec_bad++;
+	else
+		v->io_error = true;
+	o = v->json ? cJSON_CreateObject() : NULL;
+	if (o)
+		cJSON_AddStringToObject(o, "error", halite_strerror(ret));
+	problem(v, o, "index", msg);
+}
+
 static void check_sections(struct verify *v)
 {
 	uint32_t n = halite_reader_section_count(v->r);
@@ -165,6 +188,7 @@ static void check_sections(struct verify *v)
 		}
 		problem(v, o, "section", msg);
 	}
+	check_index(v);
 }
 
 static cJSON *lb_json(struct verify *v, uint64_t lb)

@@ -34,7 +34,7 @@ extern "C" {
 #endif
 
 #define HALITE_FORMAT_MAJOR 1
-#define HALITE_FORMAT_MINOR 0
+#define HALITE_FORMAT_MINOR 1
 
 #define HALITE_DEFAULT_PAGE_SIZE 4096u
 #define HALITE_DEFAULT_MB_PAGES 2u
@@ -73,6 +73,8 @@ enum halite_section_type {
 	HALITE_SECTION_REGIONS = 1,
 	HALITE_SECTION_MB_MAP = 2,
 	HALITE_SECTION_LB_TABLE = 3,
+	HALITE_SECTION_INDEX = 4,      /* format 1.1: chunk checksums of 2, 3 and 5 */
+	HALITE_SECTION_LB_MEMBERS = 5, /* format 1.1: each LB's memory blocks */
 	HALITE_SECTION_VCPUS = HALITE_SECTION_OPTIONAL | 1,
 	HALITE_SECTION_DEVICE_STATE = HALITE_SECTION_OPTIONAL | 2,
 	HALITE_SECTION_METADATA = HALITE_SECTION_OPTIONAL | 3,
@@ -123,7 +125,8 @@ struct halite_writer;
 
 #define HALITE_WRITER_DIRECT 0x1u	   /* write locality blocks with O_DIRECT */
 #define HALITE_WRITER_NO_SYNC 0x2u	   /* skip fdatasync at finish (tests, scratch files) */
-#define HALITE_WRITER_FLAGS_ALL 0x3u
+#define HALITE_WRITER_V1_0 0x4u	   /* write format 1.0 (no chunked index): tests, old readers */
+#define HALITE_WRITER_FLAGS_ALL 0x7u
 
 /*
  * I/O backends for the writer's locality-block writes (io_backend). The
@@ -335,6 +338,13 @@ struct halite_region_info {
  * MB map against the LB table (no two blocks overlap, every block lies inside
  * its LB's used bytes). A file without a valid footer fails with
  * -HALITE_E_INCOMPLETE. Allocation is bounded by the file's size.
+ *
+ * Format 1.1 files (chunked index, docs/format.md 5.7) are opened in time
+ * independent of memory size: open verifies the small index, and each chunk
+ * of the MB map, LB table and member lists is read and verified when first
+ * used, by whichever call needs it (thread-safe). The lookups below can then
+ * fail: -HALITE_E_CHECKSUM or -HALITE_E_CORRUPT naming the chunk, or an I/O
+ * error; they never return an entry that was not verified.
  */
 int halite_reader_open(struct halite_reader **r, const char *path,
 		       const struct halite_reader_opts *opts);
@@ -351,7 +361,11 @@ int halite_reader_find_region(const struct halite_reader *r, const char *name);
 
 /* Bytes in memory block @mb; 0 when out of range. */
 uint32_t halite_reader_mb_bytes(const struct halite_reader *r, uint64_t mb);
-/* Where memory block @mb is. -ERANGE when @mb >= mb_count. */
+/*
+ * Where memory block @mb is. -ERANGE when @mb >= mb_count; with a 1.1 file, a
+ * failure of the chunk holding it, or of its LB's member list (stored MBs are
+ * checked against it before they are returned).
+ */
 int halite_reader_mb_lookup(const struct halite_reader *r, uint64_t mb, struct halite_mb_loc *loc);
 
 int halite_reader_lb_info(const struct halite_reader *r, uint64_t lb, struct halite_lb_info *info);
@@ -412,6 +426,15 @@ int halite_reader_section(const struct halite_reader *r, uint32_t idx, uint32_t 
  * this build knows the type: 0, -HALITE_E_CHECKSUM, or an I/O error.
  */
 int halite_reader_verify_section(struct halite_reader *r, uint32_t idx);
+
+/*
+ * Everything a format 1.0 open checks of the MB map, LB table and (1.1)
+ * member lists, for the whole file: a 1.1 reader checks each chunk only when
+ * it is first used, so tools that vouch for a file (halite-inspect verify)
+ * call this. 0, or the first problem (-HALITE_E_CORRUPT, -HALITE_E_CHECKSUM,
+ * an I/O error) named in errmsg.
+ */
+int halite_reader_verify_index(struct halite_reader *r);
 
 #ifdef __cplusplus
 }
