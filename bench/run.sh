@@ -14,6 +14,10 @@
 #                       the QEMU test guest, N = 1, 2, 4 (--quick: 1, 2);
 #                       skipped with a message without QEMU, the test guest
 #                       (scripts/make-guest.sh) or root
+#   qemu.json           bench/qemu.py --json: halite-qemu's lazy restore of the
+#                       test guest against QEMU's eager one: first answer to a
+#                       client, then 1000 page requests (--quick: one run of
+#                       each, else 3); skipped like clones-qemu.json
 #   runs.tsv            file, exit code, seconds, command, for each of them
 #   *.log               each command's stderr (progress)
 #   fig2-overhead.svg, table1.md, fig4-compress.svg, summary.md
@@ -38,7 +42,7 @@ while [[ $# -gt 0 ]]; do
 	--quick) quick=1 ;;
 	--out) out=$2; shift ;;
 	--build) build=$2; shift ;;
-	-h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+	-h|--help) sed -n '2,32p' "$0"; exit 0 ;;
 	*) echo "run.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 	esac
 	shift
@@ -66,7 +70,7 @@ say "build ($(rel "$build"))"
 # This run's files only: a fault.json left from an earlier run must not be
 # taken for this one's.
 rm -f "$out"/micro.json "$out"/compress-*.json "$out"/fio.json "$out"/fault.json "$out"/clones.json \
-	"$out"/clones-qemu.json \
+	"$out"/clones-qemu.json "$out"/qemu.json \
 	"$out"/*.log "$out"/runs.tsv "$out"/fig2-overhead.svg "$out"/fig4-compress.svg \
 	"$out"/table1.md "$out"/summary.md
 printf '# file\texit\tseconds\tcommand\n' >"$out/runs.tsv"
@@ -123,18 +127,36 @@ fi
 # (e) Many clones of one snapshot: the clone service against independent restores.
 run clones.json "$bench" clones --json "${q[@]}"
 
-# (f) The same with QEMU clones of the test guest, when it can run here (its
-# own exit 77 would read as "no userfaultfd" below, so it is checked first).
-if ! command -v qemu-system-x86_64 >/dev/null; then
-	say "clones-qemu.json: skipped, qemu-system-x86_64 not installed (scripts/install-deps.sh --guest)"
-elif [[ ! -e $build/guest-image/initrd.img || ! -e $build/guest-image/append ]]; then
-	say "clones-qemu.json: skipped, no test guest in $(rel "$build")/guest-image (scripts/make-guest.sh)"
-elif [[ $(id -u) != 0 ]]; then
-	say "clones-qemu.json: skipped, needs root (halite-qemu ptraces QEMU)"
+# The QEMU benches run when they can here; else why not (their own exit 77
+# would read as "no userfaultfd" below, so it is checked first).
+qemu_unmet() {
+	if ! command -v qemu-system-x86_64 >/dev/null; then
+		echo "qemu-system-x86_64 not installed (scripts/install-deps.sh --guest)"
+	elif [[ ! -e $build/guest-image/initrd.img || ! -e $build/guest-image/append ]]; then
+		echo "no test guest in $(rel "$build")/guest-image (scripts/make-guest.sh)"
+	elif [[ $(id -u) != 0 ]]; then
+		echo "needs root (halite-qemu ptraces QEMU)"
+	fi
+}
+why=$(qemu_unmet)
+
+# (f) The same with QEMU clones of the test guest.
+if [[ -n $why ]]; then
+	say "clones-qemu.json: skipped, $why"
 else
 	HALITE_QEMU_BIN=$build/tools/halite-qemu/halite-qemu \
 		HALITE_CLONED_BIN=$build/tools/halite-cloned/halite-cloned \
 		run clones-qemu.json python3 bench/clones_qemu.py --json "${q[@]}" \
+		--image "$(rel "$build")/guest-image"
+fi
+
+# (g) A client of the restored QEMU guest: lazy against QEMU's eager restore.
+if [[ -n $why ]]; then
+	say "qemu.json: skipped, $why"
+else
+	HALITE_QEMU_BIN=$build/tools/halite-qemu/halite-qemu \
+		HALITE_INSPECT_BIN=$build/tools/halite-inspect/halite-inspect \
+		run qemu.json python3 bench/qemu.py --json "${q[@]}" \
 		--image "$(rel "$build")/guest-image"
 fi
 
