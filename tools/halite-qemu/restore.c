@@ -175,6 +175,21 @@ void hq_help_restore(FILE *f)
 		"77 the kernel or QEMU lacks a needed feature.\n");
 }
 
+/* A number option in [@min, @max] (@max < 2^32); 0, or -1 with a message naming the range. */
+static int opt_u32(const char *arg, const char *name, uint64_t min, uint64_t max,
+		   const char *unit, uint32_t *out)
+{
+	uint64_t v;
+
+	if (hq_parse_size(arg, &v) || v < min || v > max) {
+		hq_errorf("restore: --%s '%s': %llu..%llu %s", name, arg,
+			  (unsigned long long)min, (unsigned long long)max, unit);
+		return -1;
+	}
+	*out = (uint32_t)v;
+	return 0;
+}
+
 static int parse_args(int argc, char **argv, struct restore_params *p)
 {
 	static const struct option lo[] = {
@@ -226,25 +241,16 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 			p->no_prefetch = true;
 			break;
 		case 'L':
-			if (hq_parse_size(optarg, &v) || v > 1000000) {
-				hq_errorf("restore: --read-latency '%s': 0..1000000 us", optarg);
+			if (opt_u32(optarg, "read-latency", 0, 1000000, "us", &p->read_latency_us))
 				return -1;
-			}
-			p->read_latency_us = (uint32_t)v;
 			break;
 		case 'I':
-			if (hq_parse_size(optarg, &v) || !v || v > 10000000) {
-				hq_errorf("restore: --prefetch-idle '%s': 1..10000000 us", optarg);
+			if (opt_u32(optarg, "prefetch-idle", 1, 10000000, "us", &p->prefetch_idle_us))
 				return -1;
-			}
-			p->prefetch_idle_us = (uint32_t)v;
 			break;
 		case 'M':
-			if (hq_parse_size(optarg, &v) || !v || v > 1000000) {
-				hq_errorf("restore: --prefetch-rate '%s': 1..1000000 MiB/s", optarg);
+			if (opt_u32(optarg, "prefetch-rate", 1, 1000000, "MiB/s", &p->prefetch_rate_mib))
 				return -1;
-			}
-			p->prefetch_rate_mib = (uint32_t)v;
 			break;
 		case 'T':
 			p->trace = optarg;
