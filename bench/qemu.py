@@ -345,6 +345,11 @@ def page_requests(args, guest, t0, deadline):
     out = hg.latency_summary(lat)
     out.update(start_s=rnd(start - t0), end_s=rnd(now() - t0), bytes=got["bytes"],
                distinct_pages=len(set(pages)))
+    # The mean of each tenth of the requests, in order: whether the early ones
+    # (while memory still comes in) or all of them are slower.
+    tenth = max(1, len(lat) // 10)
+    out["mean_by_tenth_s"] = [rnd(statistics.fmean(lat[k:k + tenth]), 6)
+                              for k in range(0, len(lat), tenth)]
     # Where the slow ones were: when each started (from t0) and which page.
     at, slow = start, []
     for k, x in enumerate(lat):
@@ -512,7 +517,12 @@ def restore_run(args, reaper, method, run, cache, files, src_digest):
             cmd = ["qemu-system-x86_64"] + g.args + [
                 "-incoming", f"exec:cat {shlex.quote(path)}"]
         t0 = now()
-        proc = reaper.popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+        # Each QEMU in a session of its own, as halite-qemu restore --detach
+        # starts its QEMU: with the kernel's autogroup scheduling a session is
+        # a scheduling group, and on a loaded host a QEMU that shared ours
+        # was scheduled differently from the detached one (docs/benchmarks.md).
+        proc = reaper.popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                            start_new_session=True)
         if method == "qemu-eager":
             qemu_pid = proc.pid
         deadline = t0 + args.timeout
