@@ -336,6 +336,8 @@ def page_requests(args, guest, t0, deadline):
     new connection each, every body checked). Returns the latency summary,
     when they started and ended (from t0) and the slowest five."""
     pages = hg.gaussian_pages(args.requests, args.seed, sigma=args.sigma)
+    if args.requests_after:  # not before then: both methods' requests as long after the start
+        time.sleep(max(0.0, t0 + args.requests_after - now()))
     start = now()
     try:
         got = hg.page_requests(guest.port, pages, deadline)
@@ -713,6 +715,9 @@ def parse_args():
     ap.add_argument("--sigma", type=float, default=300,
                     help="the Gaussian's sigma over the 2000 page numbers (300; mean 1000)")
     ap.add_argument("--seed", type=int, default=15, help="the page numbers' random seed (15)")
+    ap.add_argument("--requests-after", type=float, default=0, metavar="S",
+                    help="start the requests no sooner than S seconds after the restore "
+                    "started (0: right after the first answer, as a client would)")
     ap.add_argument("--quick", action="store_true", help="one restore per method (--runs 1)")
     ap.add_argument("--mem-mib", type=int, default=512, help="guest RAM in MiB (512)")
     ap.add_argument("--smp", type=int, default=2, help="vCPUs (2)")
@@ -832,7 +837,7 @@ def main():
         "methods": args.methods,
         "variants": {k: " ".join(v) for k, v in args.variants.items()},
         "requests": args.requests, "pages": hg.PAGES, "pages_mean": hg.PAGES // 2,
-        "pages_sigma": args.sigma, "seed": args.seed,
+        "pages_sigma": args.sigma, "seed": args.seed, "requests_after_s": args.requests_after,
         "connections": "a new one per request (busybox httpd does not keep alive)",
         "order": "alternating: run 1 halite first, run 2 qemu-eager first, ...",
         "command": " ".join(shlex.quote(a) for a in sys.argv)},
