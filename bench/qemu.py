@@ -331,6 +331,32 @@ def held_http(guest, t0, deadline, alive):
     return t_ans - t0, t_conn - t0
 
 
+def qemu_of(guest):
+    """The pid of the QEMU running @guest (its command line names the guest's
+    console file, which is unique), or None."""
+    mark = guest.console.encode()
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    cmd = f.read().split(b"\0")
+            except OSError:
+                continue
+            if cmd and cmd[0].endswith(b"qemu-system-x86_64") and any(mark in a for a in cmd):
+                return int(d)
+    return None
+
+
+def cpu_seconds(pid):
+    """User + system CPU seconds of process @pid so far, or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            st = f.read().split(")")[-1].split()
+        return (int(st[11]) + int(st[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def page_requests(args, guest, t0, deadline):
     """The client's requests after its first answer (hg.page_requests: one
     new connection each, every body checked). Returns the latency summary,
@@ -338,15 +364,23 @@ def page_requests(args, guest, t0, deadline):
     pages = hg.gaussian_pages(args.requests, args.seed, sigma=args.sigma)
     if args.requests_after:  # not before then: both methods' requests as long after the start
         time.sleep(max(0.0, t0 + args.requests_after - now()))
+    qpid = qemu_of(guest)
+    cpu0 = cpu_seconds(qpid) if qpid else None
     start = now()
     try:
         got = hg.page_requests(guest.port, pages, deadline)
     except hg.GuestError as e:
         raise BenchError(str(e))
+    wall = now() - start
+    cpu1 = cpu_seconds(qpid) if qpid else None
     lat = got["latencies_s"]
     out = hg.latency_summary(lat)
     out.update(start_s=rnd(start - t0), end_s=rnd(now() - t0), bytes=got["bytes"],
                distinct_pages=len(set(pages)))
+    # How much CPU the host gave the guest's QEMU meanwhile (cores' worth): a
+    # QEMU that gets less serves more slowly, whatever restored it.
+    out["qemu_cpu_s"] = rnd(cpu1 - cpu0) if cpu0 is not None and cpu1 is not None else None
+    out["qemu_cpu_share"] = rnd((cpu1 - cpu0) / wall) if out["qemu_cpu_s"] is not None else None
     # The mean of each tenth of the requests, in order: whether the early ones
     # (while memory still comes in) or all of them are slower.
     tenth = max(1, len(lat) // 10)
