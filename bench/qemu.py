@@ -33,7 +33,9 @@ One run of this script:
                    another, each on a new connection (busybox httpd closes
                    every connection after one answer: no keep-alive), every
                    answer's bytes compared with the page's known content;
-                   latency = connect to close: mean, p50, p99, max
+                   latency = connect to close: mean, p50, p99, max, the
+                   mean of each tenth in order, and the CPU the guest's
+                   QEMU got meanwhile (--requests-after S: not before S s)
      workload_s    the answer to GET /cgi-bin/digest, asked right after: the
                    verifier re-reads its whole region, so all of it must be in;
                    the answer must say "expected" (else the run failed)
