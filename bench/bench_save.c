@@ -58,6 +58,7 @@ struct params {
 	bool quick;
 	uint64_t seed;
 	int io_backend; /* the engine's LB writes: HALITE_IO_BACKEND_* */
+	bool no_rt;	/* HALITE_SAVE_NO_REALTIME */
 };
 
 struct result {
@@ -65,7 +66,8 @@ struct result {
 	bool ok;
 	double baseline_rate;
 	uint64_t pause_ns, arm_ns;
-	uint64_t fault_p50_ns, fault_p99_ns, faults;
+	uint64_t fault_p50_ns, fault_p99_ns, fault_max_ns, faults;
+	bool fault_realtime; /* halite: its fault thread ran SCHED_FIFO */
 	uint64_t save_ns;
 	double rate_during;
 	uint64_t file_bytes;
@@ -78,7 +80,8 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: halite-bench-save [--mem-mib N] [--vcpus N] [--duration S] [--dir DIR]\n"
-		"                         [--map-mib N] [--seed N] [--io BACKEND] [--quick]\n"
+		"                         [--map-mib N] [--seed N] [--io BACKEND] [--no-realtime]\n"
+		"                         [--quick]\n"
 		"                         [--json|--no-json]\n"
 		"  --mem-mib N    guest memory (default 1024)\n"
 		"  --vcpus N      vCPU threads (default 4)\n"
@@ -86,6 +89,8 @@ static void usage(FILE *f)
 		"  --duration S   unsaved baseline run, seconds (default 2)\n"
 		"  --dir DIR      where the snapshot files go (default /var/tmp); removed after\n"
 		"  --io BACKEND   the engine's writes: io_uring (default), libaio or psync\n"
+		"  --no-realtime  the engine's fault thread stays an ordinary thread\n"
+		"                 (HALITE_SAVE_NO_REALTIME; default: SCHED_FIFO where allowed)\n"
 		"  --quick        128 MiB, 2 vCPUs\n"
 		"  --json         JSON on stdout (default); --no-json: summary only\n");
 }
@@ -258,6 +263,8 @@ static int run_peer(const struct params *p, enum peer peer, struct result *res)
 		o.log = halite_log_stderr;
 		o.log_level = HALITE_LOG_WARN;
 		o.io_backend = p->io_backend;
+		if (p->no_rt)
+			o.flags |= HALITE_SAVE_NO_REALTIME;
 		ret = halite_save_create(&s, path, &reg, 1, &o);
 		if (ret) {
 			fprintf(stderr, "halite_save_create: %s\n", halite_strerror(ret));
@@ -321,6 +328,8 @@ static int run_peer(const struct params *p, enum peer peer, struct result *res)
 		}
 		res->fault_p50_ns = st.fault_p50_ns;
 		res->fault_p99_ns = st.fault_p99_ns;
+		res->fault_max_ns = st.fault_max_ns;
+		res->fault_realtime = st.fault_realtime;
 		res->faults = st.faults;
 		res->save_ns = st.duration_ns;
 		res->extra_bg = st.mb_background;
@@ -340,6 +349,7 @@ static int run_peer(const struct params *p, enum peer peer, struct result *res)
 		}
 		res->fault_p50_ns = st.fault_p50_ns;
 		res->fault_p99_ns = st.fault_p99_ns;
+		res->fault_max_ns = st.fault_max_ns;
 		res->faults = st.faults;
 		res->save_ns = st.duration_ns;
 		res->extra_bg = st.pages_bg;
@@ -385,12 +395,13 @@ static void print_json(const struct params *p, const struct result *res, size_t 
 	       "\"map_bytes_per_vcpu\": %llu, \"ws_bytes_per_vcpu\": %llu, \"compress_pct\": %u, "
 	       "\"write_pct\": %u, \"pattern\": \"seq\", \"backing\": \"anon\", "
 	       "\"duration_s\": %.3f, \"dir\": \"%s\", \"seed\": %llu, \"quick\": %s, "
-	       "\"io\": \"%s\"},\n",
+	       "\"io\": \"%s\", \"no_realtime\": %s},\n",
 	       (unsigned long long)p->mem_mib, p->vcpus, p->stride,
 	       (unsigned long long)p->map_bytes, (unsigned long long)p->map_bytes,
 	       p->compress_pct, p->write_pct, p->duration_s, p->dir,
 	       (unsigned long long)p->seed, p->quick ? "true" : "false",
-	       p->io_backend ? halite_io_backend_name(p->io_backend) : "default");
+	       p->io_backend ? halite_io_backend_name(p->io_backend) : "default",
+	       p->no_rt ? "true" : "false");
 	/* The top-level baseline is the first peer's guest; each result has its own. */
 	printf(" \"baseline\": {\"accesses_per_s\": %.0f},\n", n ? res[0].baseline_rate : 0.0);
 	printf(" \"results\": [");
@@ -400,14 +411,16 @@ static void print_json(const struct params *p, const struct result *res, size_t 
 
 		printf("%s\n  {\"name\": \"%s\", \"ok\": %s, \"pause_us\": %.1f, "
 		       "\"pause_to_arm_us\": %.1f, \"arm_us\": %.1f, \"fault_p50_us\": %.2f, "
-		       "\"fault_p99_us\": %.2f, \"faults\": %llu, \"save_s\": %.4f, "
+		       "\"fault_p99_us\": %.2f, \"fault_max_us\": %.2f, \"fault_realtime\": %s, "
+		       "\"faults\": %llu, \"save_s\": %.4f, "
 		       "\"throughput_mib_s\": %.1f, \"baseline_accesses_per_s\": %.0f, "
 		       "\"guest_rate_during_save\": %.0f, \"slowdown_pct\": %.1f, "
 		       "\"file_bytes\": %llu, \"background_units\": %llu, \"total_units\": %llu, "
 		       "\"content_ok\": %s}",
 		       i ? "," : "", r->name, r->ok ? "true" : "false", us(r->pause_ns),
 		       us(r->pause_ns + r->arm_ns), us(r->arm_ns), us(r->fault_p50_ns),
-		       us(r->fault_p99_ns), (unsigned long long)r->faults, secs,
+		       us(r->fault_p99_ns), us(r->fault_max_ns), r->fault_realtime ? "true" : "false",
+		       (unsigned long long)r->faults, secs,
 		       secs > 0 ? (double)(p->mem_mib) / secs : 0.0, r->baseline_rate,
 		       r->rate_during,
 		       r->baseline_rate > 0 ? 100.0 * (1.0 - r->rate_during / r->baseline_rate) : 0.0,
@@ -420,16 +433,16 @@ static void print_json(const struct params *p, const struct result *res, size_t 
 
 static void print_summary(const struct params *p, const struct result *res, size_t n)
 {
-	fprintf(stderr, "\n%llu MiB, %u vCPUs:\n%-16s %10s %10s %9s %9s %8s %8s %9s %8s %s\n",
+	fprintf(stderr, "\n%llu MiB, %u vCPUs:\n%-16s %10s %10s %9s %9s %9s %8s %8s %9s %8s %s\n",
 		(unsigned long long)p->mem_mib, p->vcpus, "peer", "pause->arm", "arm us",
-		"p50 us", "p99 us", "faults", "save s", "MiB/s", "slowdn%", "content");
+		"p50 us", "p99 us", "max us", "faults", "save s", "MiB/s", "slowdn%", "content");
 	for (size_t i = 0; i < n; i++) {
 		const struct result *r = &res[i];
 		double secs = (double)r->save_ns / 1e9;
 
-		fprintf(stderr, "%-16s %10.1f %10.1f %9.2f %9.2f %8llu %8.3f %9.1f %8.1f %s\n",
+		fprintf(stderr, "%-16s %10.1f %10.1f %9.2f %9.2f %9.1f %8llu %8.3f %9.1f %8.1f %s\n",
 			r->name, us(r->pause_ns + r->arm_ns), us(r->arm_ns), us(r->fault_p50_ns),
-			us(r->fault_p99_ns), (unsigned long long)r->faults, secs,
+			us(r->fault_p99_ns), us(r->fault_max_ns), (unsigned long long)r->faults, secs,
 			secs > 0 ? (double)p->mem_mib / secs : 0.0,
 			r->baseline_rate > 0 ? 100.0 * (1.0 - r->rate_during / r->baseline_rate) : 0.0,
 			!r->ok ? "FAILED" : r->content_ok ? "ok" : "MISMATCH");
@@ -447,6 +460,7 @@ int main(int argc, char **argv)
 		{ "seed", required_argument, NULL, 's' },
 		{ "quick", no_argument, NULL, 'q' },
 		{ "io", required_argument, NULL, 'i' },
+		{ "no-realtime", no_argument, NULL, 'R' },
 		{ "json", no_argument, NULL, 'j' },
 		{ "no-json", no_argument, NULL, 'J' },
 		{ "help", no_argument, NULL, 'h' },
@@ -479,6 +493,7 @@ int main(int argc, char **argv)
 				return 2;
 			}
 			break;
+		case 'R': p.no_rt = true; break;
 		case 'j': p.json = true; break;
 		case 'J': p.json = false; break;
 		case 'h': usage(stdout); return 0;

@@ -17,8 +17,9 @@ struct cow_stats {
 	uint64_t arm_ns;	/* register + write-protect everything */
 	uint64_t duration_ns;	/* arm start to every page saved and unregistered */
 	uint64_t faults;	/* write faults served */
-	uint64_t fault_p50_ns;	/* message read to wake */
+	uint64_t fault_p50_ns;	/* the message's turn in its batch to wake */
 	uint64_t fault_p99_ns;
+	uint64_t fault_max_ns;
 	uint64_t pages_fault;	/* pages saved by the fault thread */
 	uint64_t pages_bg;	/* pages saved by the background thread */
 	bool done;

@@ -26,6 +26,12 @@
  * 4. Once the restore is done the vCPUs are stopped and the memory compared
  *    with the ground truth, page by page.
  *
+ * With --trace FILE the workload is that access trace (docs/trace-format.md)
+ * instead: the guest sized from it, the snapshot at each vCPU's exact
+ * midpoint instead of after a warm-up, and the restored vCPUs replaying the
+ * rest of it with its writes turned into reads (a copy of the trace, made
+ * next to the snapshot file), so the memory must still equal the snapshot.
+ *
  * Output: a short report on stdout, or with --json one JSON object. Progress
  * on stderr for phases that last more than a second. Exit 0 when the cycle
  * completed and the memory is exact, 1 when anything failed or differs, 2 on
@@ -57,6 +63,7 @@
 #include "endian_util.h"
 #include "stats.h"
 #include "synth.h"
+#include "trace_file.h"
 #include "uffd.h"
 
 #define PROG "halite-cycle"
@@ -72,6 +79,8 @@ struct params {
 	unsigned vcpus;
 	int codec;
 	const char *dir;
+	const char *trace;	/* --trace: the workload */
+	const char *restore_trace; /* --restore-trace: the engine's trace_path */
 	bool json;
 	bool keep;
 	uint64_t seed;
@@ -101,6 +110,8 @@ struct restore_res {
 struct cycle {
 	struct params p;
 	char *path;
+	char *ro_trace;		/* --trace without its writes: the restored guest's */
+	struct trace_info ti;
 	uint8_t *snap;
 	uint64_t mem_bytes;
 	uint64_t ws_bytes;   /* per vCPU */
@@ -202,8 +213,10 @@ static void phase_end(struct phase *ph)
 
 /* --- the guest --- */
 
-static void guest_opts(const struct params *p, struct synth_opts *so, bool attach)
+static void guest_opts(const struct cycle *c, struct synth_opts *so, bool attach)
 {
+	const struct params *p = &c->p;
+
 	/* Everything that shapes memory is the same for both guests. */
 	*so = (struct synth_opts){
 		.sz = sizeof(*so), .mem_bytes = p->size_mib * MIB, .nvcpus = p->vcpus,
@@ -211,6 +224,11 @@ static void guest_opts(const struct params *p, struct synth_opts *so, bool attac
 		.backing = SYNTH_MEM_ANON, .seed = p->seed, .log_fn = halite_log_stderr,
 		.write_pct = attach ? 0 : SAVE_WRITE_PCT, .flags = attach ? SYNTH_F_ATTACH : 0,
 	};
+	if (p->trace) {
+		so->pattern = SYNTH_PAT_TRACE;
+		so->trace_in = attach ? c->ro_trace : p->trace;
+		so->map_bytes = so->ws_bytes = c->ti.map_bytes;
+	}
 }
 
 static int make_guest(struct cycle *c, bool attach, struct synth_guest **g,
@@ -219,7 +237,7 @@ static int make_guest(struct cycle *c, bool attach, struct synth_guest **g,
 	struct synth_opts so;
 	int ret;
 
-	guest_opts(&c->p, &so, attach);
+	guest_opts(c, &so, attach);
 	ret = synth_create(g, &so);
 	if (ret) {
 		set_err(c, "creating the %sguest (synth_create): %s", attach ? "restore's " : "",
@@ -373,12 +391,18 @@ static int run_save(struct cycle *c)
 		}
 	}
 
-	ret = synth_start(g);
+	/* A trace: each vCPU stopped at its exact midpoint, let go on after the pause. */
+	for (unsigned v = 0; c->p.trace && !ret && v < c->p.vcpus; v++)
+		ret = synth_vcpu_limit(g, v, c->ti.nrec[v] / 2);
+	ret = ret ? ret : synth_start(g);
 	if (ret) {
 		set_err(c, "synth_start: %s", strerror(-ret));
 		goto out;
 	}
-	sleep_ms(WARMUP_MS);
+	if (c->p.trace)
+		synth_wait_done(g, c->p.timeout_s * 1000u);
+	else
+		sleep_ms(WARMUP_MS);
 
 	/* The snapshot instant. */
 	t0 = halite_now_ns();
@@ -394,6 +418,8 @@ static int run_save(struct cycle *c)
 		goto out;
 	}
 	ret = save_vcpu_state(c, g, s);
+	for (unsigned v = 0; c->p.trace && !ret && v < c->p.vcpus; v++)
+		ret = synth_vcpu_limit(g, v, 0);
 	if (ret)
 		goto out;
 	t0 = halite_now_ns();
@@ -613,6 +639,7 @@ static int run_restore(struct cycle *c)
 		o.nvcpus = c->p.vcpus;
 		o.log = halite_log_stderr;
 		o.log_level = HALITE_LOG_WARN;
+		o.trace_path = c->p.restore_trace;
 		t_open = halite_now_ns();
 		ret = halite_restore_open(&r, c->path, &reg, 1, &o);
 		t1 = halite_now_ns();
@@ -718,10 +745,21 @@ static void print_json(const struct cycle *c)
 	else
 		printf("null");
 	printf(",\n \"guest\": {\"mem_bytes\": %" PRIu64 ", \"vcpus\": %u, \"stride\": 16, "
-	       "\"compress_pct\": 50, \"pattern\": \"seq\", \"backing\": \"anon\", "
+	       "\"compress_pct\": 50, \"pattern\": \"%s\", \"backing\": \"anon\", "
 	       "\"ws_bytes_per_vcpu\": %" PRIu64 ", \"save_write_pct\": %u, "
-	       "\"restore_write_pct\": 0, \"warmup_ms\": %u, \"seed\": %" PRIu64 "},\n",
-	       p->size_mib * MIB, p->vcpus, c->ws_bytes, SAVE_WRITE_PCT, WARMUP_MS, p->seed);
+	       "\"restore_write_pct\": 0, \"warmup_ms\": %u, \"seed\": %" PRIu64 ", \"trace\": ",
+	       p->size_mib * MIB, p->vcpus, p->trace ? "trace" : "seq", c->ws_bytes,
+	       p->trace ? 0 : SAVE_WRITE_PCT, p->trace ? 0 : WARMUP_MS, p->seed);
+	if (p->trace) {
+		printf("{\"path\": ");
+		bench_json_str(p->trace);
+		printf(", \"records\": %" PRIu64 ", \"snapshot_positions\": [", c->ti.records);
+		for (unsigned v = 0; v < p->vcpus; v++)
+			printf("%s%" PRIu64, v ? ", " : "", c->pos[v]);
+		printf("]}},\n");
+	} else {
+		printf("null},\n");
+	}
 	printf(" \"file\": {\"path\": ");
 	bench_json_str(c->path);
 	printf(", \"kept\": %s, \"codec\": \"%s\"},\n", p->keep && c->saved ? "true" : "false",
@@ -825,12 +863,17 @@ static void print_report(const struct cycle *c)
 	char a[32], b[32], d[32];
 
 	printf("guest                %" PRIu64 " MiB, %u vCPU%s, %" PRIu64 " MiB working set each "
-	       "(sequential, stride 16), seed %" PRIu64 "\n",
-	       p->size_mib, p->vcpus, p->vcpus == 1 ? "" : "s", c->ws_bytes / MIB, p->seed);
+	       "(%s, stride 16), seed %" PRIu64 "\n",
+	       p->size_mib, p->vcpus, p->vcpus == 1 ? "" : "s", c->ws_bytes / MIB,
+	       p->trace ? "the trace's" : "sequential", p->seed);
 	if (!c->saved)
 		return;
-	printf("save                 %s, while the guest runs (%u%% of its accesses write)\n",
-	       halite_codec_name(p->codec), SAVE_WRITE_PCT);
+	if (p->trace)
+		printf("trace                %s: %" PRIu64 " records, snapshot at each vCPU's "
+		       "midpoint\n", p->trace, c->ti.records);
+	printf("save                 %s, while the guest runs (%s)\n",
+	       halite_codec_name(p->codec), p->trace ? "the trace's writes" :
+	       "30% of its accesses write");
 	printf("  pause              %s\n", dur(a, sizeof(a), sv->pause_ns));
 	printf("  pause->arm         %s (pause %s + arm %s: the guest stood still)\n",
 	       dur(a, sizeof(a), sv->pause_ns + sv->arm_ns), dur(b, sizeof(b), sv->pause_ns),
@@ -924,6 +967,12 @@ static void usage(FILE *f)
 		"  --seed N       guest data and access seed, >= 1 (default 1)\n"
 		"  --timeout S    give up on a save or restore after S seconds (default 300)\n"
 		"  --json         one JSON object on stdout instead of the report\n"
+		"  --trace FILE   the workload is this access trace (docs/trace-format.md):\n"
+		"                 the guest sized from it (--size and --vcpus refused), the\n"
+		"                 snapshot at each vCPU's midpoint, the rest replayed read-only\n"
+		"  --restore-trace PATH  the restore engine writes what it read and why there\n"
+		"                 (docs/restore-trace.md; halite-inspect restore FILE PATH,\n"
+		"                 with --keep for FILE)\n"
 		"Exit: 0 exact, 1 failed or memory differs, 2 usage, 77 kernel lacks a\n"
 		"userfaultfd feature.\n",
 		SYNTH_MAX_VCPUS);
@@ -946,6 +995,8 @@ int main(int argc, char **argv)
 		{ "seed", required_argument, NULL, 's' },
 		{ "timeout", required_argument, NULL, 't' },
 		{ "json", no_argument, NULL, 'j' },
+		{ "trace", required_argument, NULL, 'T' },
+		{ "restore-trace", required_argument, NULL, 'R' },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
@@ -953,6 +1004,7 @@ int main(int argc, char **argv)
 		.p = { .size_mib = 256, .vcpus = 2, .codec = HALITE_CODEC_LZ4, .dir = "/var/tmp",
 		       .seed = 1, .timeout_s = 300 },
 	};
+	bool shape_set = false;
 	uint64_t v;
 	int opt, ret;
 
@@ -962,11 +1014,13 @@ int main(int argc, char **argv)
 			if (!bench_parse_u64(optarg, 4, 65536, &v) || v % 2)
 				return bad_arg("--size", optarg, "MiB of guest memory, even, 4 .. 65536");
 			c.p.size_mib = v;
+			shape_set = true;
 			break;
 		case 'v':
 			if (!bench_parse_u64(optarg, 1, SYNTH_MAX_VCPUS, &v))
 				return bad_arg("--vcpus", optarg, "1 .. 16 vCPUs");
 			c.p.vcpus = (unsigned)v;
+			shape_set = true;
 			break;
 		case 'c':
 			c.p.codec = halite_codec_parse(optarg);
@@ -986,6 +1040,8 @@ int main(int argc, char **argv)
 			c.p.timeout_s = (unsigned)v;
 			break;
 		case 'j': c.p.json = true; break;
+		case 'T': c.p.trace = optarg; break;
+		case 'R': c.p.restore_trace = optarg; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
@@ -994,17 +1050,49 @@ int main(int argc, char **argv)
 		fprintf(stderr, PROG ": unexpected argument '%s' (see --help)\n", argv[optind]);
 		return 2;
 	}
+	if (c.p.trace && shape_set) {
+		fprintf(stderr, PROG ": --size and --vcpus: with --trace the trace decides them\n");
+		return 2;
+	}
+	if (c.p.trace) {
+		char err[400];
+		uint64_t mem;
+
+		ret = trace_file_scan(c.p.trace, &c.ti, err, sizeof(err));
+		if (!ret)
+			ret = trace_guest_mem(&c.ti, c.p.trace, 0, &mem, err, sizeof(err));
+		if (ret) {
+			fprintf(stderr, PROG ": %s\n", err);
+			return ret == -EINVAL ? 2 : 1;
+		}
+		c.p.vcpus = c.ti.nvcpus;
+		c.p.size_mib = mem / MIB;
+	}
 	ret = bench_preflight(PROG, c.p.dir);
 	if (ret)
 		return ret;
-	if (asprintf(&c.path, "%s/" PROG "-%d.hlt", c.p.dir, (int)getpid()) < 0) {
+	if (asprintf(&c.path, "%s/" PROG "-%d.hlt", c.p.dir, (int)getpid()) < 0 ||
+	    (c.p.trace && asprintf(&c.ro_trace, "%s/" PROG "-%d.trace", c.p.dir,
+				   (int)getpid()) < 0)) {
 		fprintf(stderr, PROG ": out of memory\n");
 		return 1;
+	}
+	if (c.p.trace) {
+		ret = trace_file_readonly(c.p.trace, c.ro_trace);
+		if (ret) {
+			fprintf(stderr, PROG ": writing %s: %s\n", c.ro_trace, strerror(-ret));
+			free(c.path);
+			free(c.ro_trace);
+			return 1;
+		}
 	}
 
 	ret = run_save(&c);
 	if (!ret)
 		ret = run_restore(&c);
+	if (c.ro_trace)
+		unlink(c.ro_trace);
+	free(c.ro_trace);
 	if (ret == -HALITE_E_UNSUPPORTED) {
 		fprintf(stderr, PROG ": %s: skipped\n", c.err);
 		unlink(c.path);

@@ -74,6 +74,7 @@
 #include "relayout.h"
 #include "stats.h"
 #include "synth.h"
+#include "trace_file.h"
 #include "uffd.h"
 
 #define PROG "halite-bench"
@@ -117,6 +118,7 @@ struct params {
 	bool no_readahead;		/* the engine's stream readahead off (ablation) */
 	unsigned selected;		/* bit per defs[] entry */
 	const char *dir;
+	const char *trace;		/* --trace: a recorded workload instead of seq */
 	bool keep, json, quick;
 	uint64_t seed;
 	unsigned timeout_s;
@@ -141,7 +143,13 @@ struct bench {
 	struct params p;
 	char *work, *fuse_dir, *src;
 	uint64_t mem_bytes, ws_units, max_accesses, nframes;
-	/* the snapshot */
+	/* --trace: the file's counts; per (vCPU, unit) visited after the snapshot,
+	 * per (vCPU, unit, word) writes after it */
+	struct trace_info ti;
+	uint8_t *tvisit;
+	uint32_t *twrites;
+	/* the snapshot: when each vCPU is past half[v], where each was */
+	uint64_t half[SYNTH_MAX_VCPUS];
 	uint64_t pos[SYNTH_MAX_VCPUS];
 	uint8_t *snap;
 	uint8_t *fcls;			/* per frame: FC_* */
@@ -229,7 +237,8 @@ static void guest_opts(const struct bench *b, struct synth_opts *so, void *attac
 		.ws_bytes = b->ws_units * SYNTH_PAGE_SIZE,
 		.compress_pct = p->compress_pct, .zero_pct = p->zero_pct,
 		.untouched_pct = p->untouched_pct, .write_pct = p->write_pct,
-		.pattern = SYNTH_PAT_SEQ, .backing = SYNTH_MEM_ANON, .seed = p->seed,
+		.pattern = p->trace ? SYNTH_PAT_TRACE : SYNTH_PAT_SEQ, .trace_in = p->trace,
+		.backing = SYNTH_MEM_ANON, .seed = p->seed,
 		.max_accesses = b->max_accesses, .log_fn = halite_log_stderr,
 		.flags = attach_mem ? SYNTH_F_ATTACH : 0, .mem_host = attach_mem,
 	};
@@ -260,37 +269,72 @@ static int seek_all(struct bench *b, struct synth_guest *g)
 	return 0;
 }
 
-static uint64_t min_accesses(struct synth_guest *g, unsigned n, bool *any_done)
+/* Every vCPU past its half-way mark (or any done): the snapshot instant. */
+static bool past_half(const struct bench *b, struct synth_guest *g)
 {
-	uint64_t m = UINT64_MAX;
+	bool all = true;
 
-	*any_done = false;
-	for (unsigned v = 0; v < n; v++) {
+	for (unsigned v = 0; v < b->p.vcpus; v++) {
 		struct synth_vcpu_stats st;
 
 		if (synth_vcpu_stats(g, v, &st))
 			continue;
-		if (st.accesses < m)
-			m = st.accesses;
-		*any_done |= st.done != 0;
+		if (st.done)
+			return true;
+		all &= st.accesses >= b->half[v];
 	}
-	return m;
+	return all;
 }
 
 /* --- 1. the source guest and its lazy save --- */
 
-/* Laps [*l0, *l1] in which @vcpu visited @unit after the snapshot; false if none. */
+/*
+ * seq: laps [*l0, *l1] in which @vcpu visited @unit after the snapshot;
+ * false if none. trace: whether it did (*l0, *l1 unset).
+ */
 static bool unit_laps(const struct bench *b, unsigned vcpu, uint64_t unit, uint64_t *l0,
 		      uint64_t *l1)
 {
 	uint64_t s = b->pos[vcpu], m = b->max_accesses, w = b->ws_units;
 
+	if (b->p.trace)
+		return b->tvisit[(uint64_t)vcpu * w + unit];
 	/* Accesses i = L * w + unit with s <= i < m. */
 	if (m <= unit || m <= s)
 		return false;
 	*l0 = s > unit ? (s - unit + w - 1) / w : 0;
 	*l1 = (m - 1 - unit) / w;
 	return *l0 <= *l1;
+}
+
+static void after_one(void *ctx, unsigned vcpu, uint64_t rec, uint64_t unit, unsigned word,
+		      int write)
+{
+	struct bench *b = ctx;
+	uint64_t u = (uint64_t)vcpu * b->ws_units + unit;
+
+	if (rec < b->pos[vcpu])
+		return;
+	b->tvisit[u] = 1;
+	b->twrites[u * WORDS_PER_PAGE + word] += write != 0;
+}
+
+/* --trace: what the restored guest will visit and write, from the snapshot positions on. */
+static int trace_after_snapshot(struct bench *b)
+{
+	uint64_t units = (uint64_t)b->p.vcpus * b->ws_units;
+	int ret;
+
+	b->tvisit = calloc(units, 1);
+	b->twrites = calloc(units * WORDS_PER_PAGE, sizeof(*b->twrites));
+	if (!b->tvisit || !b->twrites) {
+		set_err(b, "out of memory for the trace's write counts");
+		return -ENOMEM;
+	}
+	ret = trace_file_each(b->p.trace, after_one, b);
+	if (ret)
+		set_err(b, "reading the trace %s again: %s", b->p.trace, strerror(-ret));
+	return ret;
 }
 
 #define PTE_PRESENT 0x1ull
@@ -412,13 +456,13 @@ static int run_source(struct bench *b)
 	struct synth_info info;
 	pid_t tids[SYNTH_MAX_VCPUS];
 	uint8_t devstate[8 * SYNTH_MAX_VCPUS];
-	uint64_t half = b->max_accesses / 2, t0;
+	uint64_t t0;
 	double tw;
-	bool any_done;
 	int ret;
 
-	progress(b, "source guest: %" PRIu64 " MiB, %u vCPUs, %" PRIu64 " accesses per vCPU",
-		 b->mem_bytes / MIB, b->p.vcpus, b->max_accesses);
+	progress(b, "source guest: %" PRIu64 " MiB, %u vCPUs, %" PRIu64 " accesses per vCPU%s",
+		 b->mem_bytes / MIB, b->p.vcpus, b->max_accesses ? b->max_accesses : b->ti.records,
+		 b->p.trace ? " (the trace's, over all vCPUs)" : "");
 	ret = create_guest(b, NULL, &g);
 	if (ret)
 		return ret;
@@ -466,15 +510,22 @@ static int run_source(struct bench *b)
 		}
 	}
 
-	ret = synth_start(g);
+	/*
+	 * A trace may last a millisecond: each vCPU is stopped at its exact
+	 * midpoint (and let go on after the pause) rather than watched.
+	 */
+	for (unsigned v = 0; b->p.trace && !ret && v < b->p.vcpus; v++)
+		ret = synth_vcpu_limit(g, v, b->half[v]);
+	ret = ret ? ret : synth_start(g);
 	if (ret) {
 		set_err(b, "synth_start: %s", strerror(-ret));
 		goto out;
 	}
 	/* The snapshot instant: the slowest vCPU half-way through its run. */
 	tw = now_s();
-	while (min_accesses(g, b->p.vcpus, &any_done) < half && !any_done &&
-	       now_s() - tw < b->p.timeout_s)
+	if (b->p.trace)
+		synth_wait_done(g, b->p.timeout_s * 1000u);
+	while (!b->p.trace && !past_half(b, g) && now_s() - tw < b->p.timeout_s)
 		sleep_us(100);
 	ret = synth_pause(g);
 	if (ret) {
@@ -485,6 +536,15 @@ static int run_source(struct bench *b)
 		struct synth_vcpu_stats st;
 
 		synth_vcpu_stats(g, v, &st);
+		if (b->p.trace) {
+			/* Done at the midpoint, not at the end: the rest is after the snapshot. */
+			ret = synth_vcpu_limit(g, v, 0);
+			if (ret) {
+				set_err(b, "synth_vcpu_limit: %s", strerror(-ret));
+				goto out;
+			}
+			st.done = 0;
+		}
 		b->pos[v] = st.accesses;
 		ndone += st.done != 0;
 		if (ndone == b->p.vcpus) {
@@ -496,7 +556,7 @@ static int run_source(struct bench *b)
 		}
 		for (int k = 0; k < 8; k++)
 			devstate[8 * v + k] = (uint8_t)(st.accesses >> (8 * k));
-		if (st.done || st.accesses + b->ws_units > b->max_accesses)
+		if (!b->p.trace && (st.done || st.accesses + b->ws_units > b->max_accesses))
 			fprintf(stderr, PROG ": warning: vCPU %u is at %" PRIu64 " of %" PRIu64
 				" accesses at the snapshot: less than one lap left\n", v,
 				st.accesses, b->max_accesses);
@@ -535,7 +595,9 @@ static int run_source(struct bench *b)
 		 PRIu64 " by the background", b->src, (double)b->save.duration_ns / 1e9,
 		 b->save.faults_vcpu, b->save.mb_total, b->save.mb_background);
 	synth_stop(g);
-	ret = classify_frames(b, g);
+	ret = b->p.trace ? trace_after_snapshot(b) : 0;
+	if (!ret)
+		ret = classify_frames(b, g);
 out:
 	halite_save_free(s);
 	synth_free(g);
@@ -622,11 +684,12 @@ static bool ws_page_ok(const struct bench *b, uint64_t f, const uint8_t *got, co
 
 		memcpy(&x, got + 8 * w, 8);
 		memcpy(&y, want + 8 * w, 8);
-		if (x == y)
-			continue;
-		/* Each write adds SYNTH_WRITE_ADD: k writes since the snapshot, k <= visits. */
+		/* Each write adds SYNTH_WRITE_ADD: k writes since the snapshot. */
 		k = (x - y) * inv;
-		if (k > count_cong(l0, l1, w, WORDS_PER_PAGE))
+		/* A trace says exactly how many; seq writes a visit at random, k <= visits. */
+		if (b->p.trace ? k != b->twrites[((uint64_t)b->fvcpu[f] * b->ws_units +
+						  b->funit[f]) * WORDS_PER_PAGE + w] :
+				 k > count_cong(l0, l1, w, WORDS_PER_PAGE))
 			return false;
 	}
 	return true;
@@ -867,14 +930,29 @@ static void print_json(const struct bench *b)
 	printf(" \"params\": {\"quick\": %s, \"mem_bytes\": %" PRIu64 ", \"vcpus\": %u, "
 	       "\"stride\": 16, \"ws_bytes_per_vcpu\": %" PRIu64 ", \"map_bytes_per_vcpu\": %" PRIu64
 	       ", \"compress_pct\": %u, \"write_pct\": %u, \"zero_pct\": %u, \"untouched_pct\": %u, "
-	       "\"pattern\": \"seq\", \"backing\": \"anon\", \"passes\": %" PRIu64
+	       "\"pattern\": \"%s\", \"backing\": \"anon\", \"passes\": %" PRIu64
 	       ", \"max_accesses_per_vcpu\": %" PRIu64 ", \"snapshot_positions\": [",
 	       p->quick ? "true" : "false", b->mem_bytes, p->vcpus,
 	       b->ws_units * SYNTH_PAGE_SIZE, b->ws_units * SYNTH_PAGE_SIZE, p->compress_pct,
-	       p->write_pct, p->zero_pct, p->untouched_pct, p->passes, b->max_accesses);
+	       p->write_pct, p->zero_pct, p->untouched_pct, p->trace ? "trace" : "seq", p->passes,
+	       b->max_accesses);
 	for (unsigned v = 0; v < p->vcpus; v++)
 		printf("%s%" PRIu64, v ? ", " : "", b->pos[v]);
-	printf("], \"codec\": \"%s\", \"mb_bytes\": %u, \"lb_bytes\": %u, \"seed\": %" PRIu64
+	printf("], \"trace\": ");
+	if (p->trace) {
+		printf("{\"path\": ");
+		bench_json_str(p->trace);
+		printf(", \"records\": %" PRIu64 ", \"records_per_vcpu\": [", b->ti.records);
+		for (unsigned v = 0; v < p->vcpus; v++)
+			printf("%s%" PRIu64, v ? ", " : "", b->ti.nrec[v]);
+		printf("], \"writes_per_vcpu\": [");
+		for (unsigned v = 0; v < p->vcpus; v++)
+			printf("%s%" PRIu64, v ? ", " : "", b->ti.writes[v]);
+		printf("]}");
+	} else {
+		printf("null");
+	}
+	printf(", \"codec\": \"%s\", \"mb_bytes\": %u, \"lb_bytes\": %u, \"seed\": %" PRIu64
 	       ", \"caches\": [", halite_codec_name(p->codec), b->rl.mb_size, b->rl.lb_size, p->seed);
 	{
 		bool first = true;
@@ -1105,6 +1183,11 @@ static void usage(FILE *f)
 "  --seed N           guest data and writes, random order (1)\n"
 "  --timeout S        per wait (600)\n"
 "  --json             one JSON object on stdout instead of the table\n"
+"  --trace FILE       the workload is this access trace (docs/trace-format.md)\n"
+"                     instead of seq: its vCPUs, each replaying its records once,\n"
+"                     the snapshot when each is half-way; memory 4 x what the\n"
+"                     vCPUs map unless --mem-mib; --vcpus, --passes, --write-pct\n"
+"                     refused. A trace that does not fit: exit 2\n"
 "\n"
 "Expected duration on the 2-core development machine: --quick 45 s. The full\n"
 "run (1 GiB, 8 conditions) about 30-35 minutes: 30 s to save and re-lay out,\n"
@@ -1145,7 +1228,7 @@ static int parse_args(struct params *p, int argc, char **argv)
 {
 	enum { O_MEM = 256, O_VCPUS, O_COMPRESS, O_WRITE, O_ZERO, O_UNTOUCHED, O_PASSES, O_CACHE,
 	       O_LAT, O_TRACK_LAT, O_NO_TRACK, O_NO_RA, O_ONLY, O_BASE, O_CODEC, O_DIR, O_KEEP, O_SEED,
-	       O_TIMEOUT, O_JSON, O_QUICK };
+	       O_TIMEOUT, O_JSON, O_QUICK, O_TRACE };
 	static const struct option lo[] = {
 		{ "mem-mib", required_argument, NULL, O_MEM },
 		{ "vcpus", required_argument, NULL, O_VCPUS },
@@ -1168,10 +1251,11 @@ static int parse_args(struct params *p, int argc, char **argv)
 		{ "timeout", required_argument, NULL, O_TIMEOUT },
 		{ "json", no_argument, NULL, O_JSON },
 		{ "quick", no_argument, NULL, O_QUICK },
+		{ "trace", required_argument, NULL, O_TRACE },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
-	bool mem_set = false, cache_set = false, lat_set = false;
+	bool mem_set = false, cache_set = false, lat_set = false, shape_set = false;
 	uint64_t v;
 	int opt;
 
@@ -1188,6 +1272,7 @@ static int parse_args(struct params *p, int argc, char **argv)
 			if (!bench_parse_u64(optarg, 1, SYNTH_MAX_VCPUS, &v))
 				return bench_bad_arg(PROG, "--vcpus", optarg, "1 .. 16");
 			p->vcpus = (unsigned)v;
+			shape_set = true;
 			break;
 		case O_COMPRESS:
 			if (!bench_parse_u64(optarg, 10, 90, &v))
@@ -1198,6 +1283,7 @@ static int parse_args(struct params *p, int argc, char **argv)
 			if (!bench_parse_u64(optarg, 0, 100, &v))
 				return bench_bad_arg(PROG, "--write-pct", optarg, "percent, 0 .. 100");
 			p->write_pct = (unsigned)v;
+			shape_set = true;
 			break;
 		case O_ZERO:
 			if (!bench_parse_u64(optarg, 0, 90, &v))
@@ -1213,6 +1299,7 @@ static int parse_args(struct params *p, int argc, char **argv)
 			if (!bench_parse_u64(optarg, 2, 1000000, &v))
 				return bench_bad_arg(PROG, "--passes", optarg, "2 .. 1000000");
 			p->passes = v;
+			shape_set = true;
 			break;
 		case O_CACHE:
 			if (bench_parse_caches(optarg, p->cache, &p->cache_cold_first))
@@ -1261,6 +1348,7 @@ static int parse_args(struct params *p, int argc, char **argv)
 			break;
 		case O_JSON: p->json = true; break;
 		case O_QUICK: p->quick = true; break;
+		case O_TRACE: p->trace = optarg; break;
 		case 'h': usage(stdout); return 1;
 		default: usage(stderr); return 2;
 		}
@@ -1269,8 +1357,15 @@ static int parse_args(struct params *p, int argc, char **argv)
 		fprintf(stderr, PROG ": unexpected argument '%s' (see --help)\n", argv[optind]);
 		return 2;
 	}
+	if (p->trace && shape_set) {
+		fprintf(stderr, PROG ": --vcpus, --passes and --write-pct describe the seq workload; "
+			"with --trace the trace decides them\n");
+		return 2;
+	}
+	if (p->trace && !mem_set)
+		p->mem_mib = 0; /* sized from the trace */
 	if (p->quick) {
-		if (!mem_set)
+		if (!mem_set && !p->trace)
 			p->mem_mib = 128;
 		if (!cache_set)
 			p->cache[0] = p->cache[1] = true;
@@ -1284,6 +1379,32 @@ static int parse_args(struct params *p, int argc, char **argv)
 }
 
 /* --- main --- */
+
+/*
+ * --trace: the guest from the trace (trace_guest_mem). Each vCPU runs its
+ * records once; the snapshot is when every vCPU is at half of its own.
+ */
+static int size_from_trace(struct bench *b)
+{
+	struct params *p = &b->p;
+	char err[400];
+	int ret = trace_file_scan(p->trace, &b->ti, err, sizeof(err));
+
+	if (!ret)
+		ret = trace_guest_mem(&b->ti, p->trace, p->mem_mib, &b->mem_bytes, err, sizeof(err));
+	if (ret) {
+		fprintf(stderr, PROG ": %s\n", err);
+		return ret;
+	}
+	p->vcpus = b->ti.nvcpus;
+	b->ws_units = b->ti.map_bytes / SYNTH_PAGE_SIZE;
+	b->max_accesses = 0;
+	for (unsigned v = 0; v < p->vcpus; v++)
+		b->half[v] = b->ti.nrec[v] / 2;
+	progress(b, "trace %s: %u vCPUs, %" PRIu64 " records, %" PRIu64 " KiB mapped per vCPU",
+		 p->trace, p->vcpus, b->ti.records, b->ti.map_bytes >> 10);
+	return 0;
+}
 
 /* Every condition x every selected row, then the VM access runs. True if any failed. */
 static bool run_all(struct bench *b, size_t nconds)
@@ -1358,6 +1479,8 @@ static int bench_end(struct bench *b, int code)
 	free(b->fvcpu);
 	free(b->funit);
 	free(b->ftouched);
+	free(b->tvisit);
+	free(b->twrites);
 	free(b->work);
 	free(b->fuse_dir);
 	free(b->src);
@@ -1388,11 +1511,19 @@ static int micro(int argc, char **argv)
 	/* Precise short sleeps for the first-access watch. */
 	prctl(PR_SET_TIMERSLACK, 1ul);
 	b.t_start = now_s();
-	b.mem_bytes = p->mem_mib * MIB;
+	if (p->trace) {
+		ret = size_from_trace(&b);
+		if (ret)
+			return bench_end(&b, ret == -EINVAL ? 2 : 1);
+	} else {
+		b.mem_bytes = p->mem_mib * MIB;
+		/* The paper's microbenchmark: a quarter of memory mapped over the vCPUs, all accessed. */
+		b.ws_units = b.mem_bytes / 4 / p->vcpus / SYNTH_PAGE_SIZE;
+		b.max_accesses = p->passes * b.ws_units;
+		for (unsigned v = 0; v < p->vcpus; v++)
+			b.half[v] = b.max_accesses / 2;
+	}
 	b.nframes = b.mem_bytes / SYNTH_PAGE_SIZE;
-	/* The paper's microbenchmark: a quarter of memory mapped over the vCPUs, all accessed. */
-	b.ws_units = b.mem_bytes / 4 / p->vcpus / SYNTH_PAGE_SIZE;
-	b.max_accesses = p->passes * b.ws_units;
 	if (asprintf(&b.work, "%s/halite-bench.%d", p->dir, (int)getpid()) < 0 ||
 	    asprintf(&b.fuse_dir, "%s/fuse", b.work) < 0 ||
 	    asprintf(&b.src, "%s/halite.hlt", b.work) < 0) {

@@ -6,6 +6,10 @@
 #   compress-P.json     halite-bench micro --json --only locality,halite
 #                       --compress P for P = 10 30 50 70 90, cold cache,
 #                       1 ms per read, no VM access runs: Figure 4
+#   trace-NAME.json     halite-bench micro --json --trace NAME.trace for every
+#                       real program's trace in bench/traces/ (NAME.trace.xz,
+#                       decompressed into DIR/traces/): Figure 2 and Table 1
+#                       on real programs (issue 15)
 #   fio.json            bench/fio.sh: this machine's random-read limits
 #   fault.json          halite-bench fault --json, if this build has it
 #   clones.json         halite-bench clones --json: the clone service against
@@ -14,13 +18,17 @@
 #                       the QEMU test guest, N = 1, 2, 4 (--quick: 1, 2);
 #                       skipped with a message without QEMU, the test guest
 #                       (scripts/make-guest.sh) or root
+#   save-qemu.json      bench/save_qemu.py --json: the QEMU test guest's
+#                       slowdown while halite-qemu saves it, against no save
+#                       (issue 15); skipped as clones-qemu.json is
 #   qemu.json           bench/qemu.py --json: halite-qemu's lazy restore of the
 #                       test guest against QEMU's eager one: first answer to a
 #                       client, then 1000 page requests (--quick: one run of
-#                       each, else 3); skipped like clones-qemu.json
+#                       each, else 3); skipped as clones-qemu.json is
 #   runs.tsv            file, exit code, seconds, command, for each of them
 #   *.log               each command's stderr (progress)
-#   fig2-overhead.svg, table1.md, fig4-compress.svg, summary.md
+#   fig2-overhead.svg, table1.md, fig4-compress.svg, fig2-trace-NAME.svg,
+#   table-traces.md, summary.md
 #
 #   bench/run.sh [--quick] [--out DIR] [--build DIR]
 #
@@ -42,7 +50,7 @@ while [[ $# -gt 0 ]]; do
 	--quick) quick=1 ;;
 	--out) out=$2; shift ;;
 	--build) build=$2; shift ;;
-	-h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+	-h|--help) sed -n '2,40p' "$0"; exit 0 ;;
 	*) echo "run.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 	esac
 	shift
@@ -70,7 +78,7 @@ say "build ($(rel "$build"))"
 # This run's files only: a fault.json left from an earlier run must not be
 # taken for this one's.
 rm -f "$out"/micro.json "$out"/compress-*.json "$out"/fio.json "$out"/fault.json "$out"/clones.json \
-	"$out"/clones-qemu.json "$out"/qemu.json \
+	"$out"/clones-qemu.json "$out"/qemu.json "$out"/trace-*.json "$out"/fig2-trace-*.svg "$out"/table-traces.md \
 	"$out"/*.log "$out"/runs.tsv "$out"/fig2-overhead.svg "$out"/fig4-compress.svg \
 	"$out"/table1.md "$out"/summary.md
 printf '# file\texit\tseconds\tcommand\n' >"$out/runs.tsv"
@@ -110,6 +118,19 @@ if [[ $skipped == 0 ]]; then
 	done
 fi
 
+# (b2) Real programs' access traces (bench/traces/, docs/trace-format.md):
+# every organisation and peer as in (a), the workload the program's recorded
+# accesses, saved at the trace's midpoint.
+if [[ $skipped == 0 ]]; then
+	mkdir -p "$out/traces"
+	for t in bench/traces/*.trace.xz; do
+		[[ -e $t ]] || continue
+		name=$(basename "$t" .trace.xz)
+		xz -dc "$t" >"$out/traces/$name.trace"
+		run "trace-$name.json" "$bench" micro --json "${q[@]}" --trace "$dir/traces/$name.trace"
+	done
+fi
+
 # (c) This machine's random-read limits, on the storage the benches use
 # (halite-bench micro's --dir default), not in DIR, which may be a tmpfs.
 run fio.json bench/fio.sh /var/tmp "${q[@]}"
@@ -127,33 +148,40 @@ fi
 # (e) Many clones of one snapshot: the clone service against independent restores.
 run clones.json "$bench" clones --json "${q[@]}"
 
-# The QEMU benches run when they can here; else why not (their own exit 77
-# would read as "no userfaultfd" below, so it is checked first).
-qemu_unmet() {
+# Can the QEMU test guest run here? If not, say why FILE is skipped and fail.
+# (The QEMU benches' own exit 77 would read as "no userfaultfd" below, so
+# this is checked first.)
+qemu_ready() {
 	if ! command -v qemu-system-x86_64 >/dev/null; then
-		echo "qemu-system-x86_64 not installed (scripts/install-deps.sh --guest)"
+		say "$1: skipped, qemu-system-x86_64 not installed (scripts/install-deps.sh --guest)"
 	elif [[ ! -e $build/guest-image/initrd.img || ! -e $build/guest-image/append ]]; then
-		echo "no test guest in $(rel "$build")/guest-image (scripts/make-guest.sh)"
+		say "$1: skipped, no test guest in $(rel "$build")/guest-image (scripts/make-guest.sh)"
 	elif [[ $(id -u) != 0 ]]; then
-		echo "needs root (halite-qemu ptraces QEMU)"
+		say "$1: skipped, needs root (halite-qemu ptraces QEMU)"
+	else
+		return 0
 	fi
+	return 1
 }
-why=$(qemu_unmet)
 
-# (f) The same with QEMU clones of the test guest.
-if [[ -n $why ]]; then
-	say "clones-qemu.json: skipped, $why"
-else
+# (f) The same with QEMU clones of the test guest, when it can run here.
+if qemu_ready clones-qemu.json; then
 	HALITE_QEMU_BIN=$build/tools/halite-qemu/halite-qemu \
 		HALITE_CLONED_BIN=$build/tools/halite-cloned/halite-cloned \
 		run clones-qemu.json python3 bench/clones_qemu.py --json "${q[@]}" \
 		--image "$(rel "$build")/guest-image"
 fi
 
-# (g) A client of the restored QEMU guest: lazy against QEMU's eager restore.
-if [[ -n $why ]]; then
-	say "qemu.json: skipped, $why"
-else
+# (g) The QEMU test guest's own slowdown while it is saved (issue 15).
+if qemu_ready save-qemu.json; then
+	HALITE_QEMU_BIN=$build/tools/halite-qemu/halite-qemu \
+		run save-qemu.json python3 bench/save_qemu.py --json "${q[@]}" \
+		--image "$(rel "$build")/guest-image"
+fi
+
+# (h) A client of the restored QEMU guest: lazy against QEMU's eager restore
+# (issue 15).
+if qemu_ready qemu.json; then
 	HALITE_QEMU_BIN=$build/tools/halite-qemu/halite-qemu \
 		HALITE_INSPECT_BIN=$build/tools/halite-inspect/halite-inspect \
 		run qemu.json python3 bench/qemu.py --json "${q[@]}" \

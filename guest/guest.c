@@ -295,7 +295,8 @@ static void *vcpu_main(void *arg)
 	snprintf(name, sizeof(name), "synth-vcpu%u", vc->idx);
 	pthread_setname_np(pthread_self(), name);
 	for (;;) {
-		bool done = g->o.max_accesses && i >= g->o.max_accesses;
+		uint64_t lim = __atomic_load_n(&vc->limit, __ATOMIC_RELAXED);
+		bool done = lim && i >= lim;
 
 		if (done || __atomic_load_n(&g->state, __ATOMIC_RELAXED) != ST_RUN) {
 			if (vcpu_park(vc, done) == ST_STOP)
@@ -367,6 +368,7 @@ static int alloc_vcpus(struct synth_guest *g)
 
 		vc->g = g;
 		vc->idx = v;
+		vc->limit = o->max_accesses;
 		vc->vbase = o->vbase + v * span;
 		vc->vspan = span;
 		vc->map_units = o->map_bytes / PG_SIZE;
@@ -728,6 +730,31 @@ int synth_vcpu_seek(struct synth_guest *g, unsigned vcpu, uint64_t accesses)
 	}
 	pthread_mutex_unlock(&g->mu);
 	return ret;
+}
+
+int synth_vcpu_limit(struct synth_guest *g, unsigned vcpu, uint64_t accesses)
+{
+	struct synth_vcpu *vc;
+	int ret;
+
+	if (g->rem)
+		return -ENOTSUP;
+	if (vcpu >= g->nvcpus)
+		return -EINVAL;
+	vc = &g->vcpu[vcpu];
+	ret = lock_quiet(g);
+	if (ret)
+		return ret;
+	pthread_mutex_lock(&g->mu);
+	__atomic_store_n(&vc->limit, accesses, __ATOMIC_RELAXED);
+	/* Done only by the old limit: it runs again once resumed (a finished trace ends it again). */
+	if (vc->done && (!accesses || accesses > vc->accesses)) {
+		vc->done = false;
+		g->ndone--;
+	}
+	pthread_mutex_unlock(&g->mu);
+	pthread_mutex_unlock(&g->ctl_mu);
+	return 0;
 }
 
 int synth_resume(struct synth_guest *g)

@@ -56,6 +56,8 @@ struct synth_vcpu {
 	uint64_t *rep_va;
 	uint8_t *rep_wr;
 	uint64_t rep_n;
+	/* Done after this many accesses (0: never); set under g->mu while quiet. */
+	uint64_t limit;
 
 	/* Written by the vCPU thread; read by others with __atomic loads. */
 	_Alignas(64) uint64_t accesses;

@@ -224,6 +224,15 @@ int synth_start(struct synth_guest *g);
  * 0, -EINVAL (no such vCPU), -EBUSY once started, -ENOTSUP in child mode.
  */
 int synth_vcpu_seek(struct synth_guest *g, unsigned vcpu, uint64_t accesses);
+/*
+ * While the guest is not running (created or paused):
+ * @vcpu is done once it has made @accesses accesses (0: no limit), instead
+ * of max_accesses. A vCPU done by its old limit runs on when resumed, so a
+ * run can be stopped at an exact step and continued (halite-bench micro
+ * --trace snapshots a trace at its exact midpoint). 0, -EINVAL (no such
+ * vCPU), -EBUSY while running, -ENOTSUP in child mode.
+ */
+int synth_vcpu_limit(struct synth_guest *g, unsigned vcpu, uint64_t accesses);
 int synth_pause(struct synth_guest *g);
 int synth_pause_timed(struct synth_guest *g, unsigned timeout_ms);
 int synth_resume(struct synth_guest *g);

@@ -19,6 +19,9 @@ pkgs=(
 	libfuse3-dev fuse3
 	# tests, fuzzing, benchmarks
 	libcmocka-dev clang libclang-rt-14-dev llvm fio python3
+	# bench/run.sh decompresses the real programs' traces; bench/traces/record.sh
+	# records them again (valgrind's lackey, and the programs themselves)
+	xz-utils valgrind sqlite3
 )
 if [[ "${1:-}" == "--guest" ]]; then
 	# qemu-utils: qemu-img, which makes the overlays of frozen disks;

@@ -7,7 +7,9 @@
  * mem_host: an attach guest runs on memory the caller mapped (here a
  * MAP_PRIVATE mapping of an image of the other guest's memory, as a restore
  * through the kernel's paging would give it), without translation faults,
- * and leaves the mapping to the caller. Bad uses are refused by code.
+ * and leaves the mapping to the caller. synth_vcpu_limit(): vCPUs stopped at
+ * exact steps and let go on make the same accesses as a run never stopped.
+ * Bad uses are refused by code.
  */
 #include "gtest.h" /* first: it defines _GNU_SOURCE */
 
@@ -128,6 +130,56 @@ static void mem_host(uint64_t seed)
 		K);
 }
 
+/* Stopped at steps 1000 and 2500 (a snapshot at a trace's midpoint), then run on to K. */
+static void limit_resume(uint64_t seed)
+{
+	SYNTH_OPTS(o, .mem_bytes = 16 << 20, .nvcpus = NV, .map_bytes = 1 << 20,
+		   .ws_bytes = 512 << 10, .write_pct = 40, .max_accesses = K,
+		   .log_mode = SYNTH_LOG_ALL, .log_entries = K, .seed = seed,
+		   .log_fn = capture_log);
+	const uint64_t stop[NV] = { 1000, 2500 };
+	struct run a = { 0 };
+	struct synth_guest *g;
+
+	run(&o, 0, &a);
+	CHECK_OK(synth_create(&g, &o));
+	for (unsigned v = 0; v < NV; v++)
+		CHECK_OK(synth_vcpu_limit(g, v, stop[v]));
+	CHECK_EQ(synth_vcpu_limit(g, NV, 1), -EINVAL);
+	CHECK_OK(synth_start(g));
+	CHECK_EQ(synth_vcpu_limit(g, 0, K), -EBUSY);
+	CHECK_OK(synth_wait_done(g, 30000));
+	CHECK_OK(synth_pause(g));
+	for (unsigned v = 0; v < NV; v++) {
+		struct synth_vcpu_stats st;
+
+		CHECK_OK(synth_vcpu_stats(g, v, &st));
+		CHECK_EQ(st.accesses, stop[v]);
+		CHECK(st.done);
+		CHECK_OK(synth_vcpu_limit(g, v, K));
+		CHECK_OK(synth_vcpu_stats(g, v, &st));
+		CHECK(!st.done);
+	}
+	CHECK_OK(synth_resume(g));
+	CHECK_OK(synth_wait_done(g, 30000));
+	CHECK_OK(synth_pause(g));
+	for (unsigned v = 0; v < NV; v++) {
+		struct synth_vcpu_stats st;
+		uint64_t *log = xmalloc(K * 8);
+
+		CHECK_OK(synth_vcpu_stats(g, v, &st));
+		CHECK_EQ(st.accesses, K);
+		CHECK_EQ(synth_log_read(g, v, 0, log, K), K);
+		for (unsigned i = 0; i < K; i++)
+			CHECK_EQ(log[i], a.log[v][i]);
+		free(log);
+		free(a.log[v]);
+	}
+	synth_free(g);
+	fprintf(stderr, "limit: vCPUs stopped at steps 1000 and 2500 and let go on made the "
+		"unstopped run's %u accesses\n", K);
+}
+
 static void seek_refused(uint64_t seed)
 {
 	SYNTH_OPTS(o, .mem_bytes = 8 << 20, .nvcpus = 1, .seed = seed, .flags = SYNTH_F_CHILD,
@@ -136,6 +188,7 @@ static void seek_refused(uint64_t seed)
 
 	CHECK_OK(synth_create(&g, &o));
 	CHECK_EQ(synth_vcpu_seek(g, 0, 5), -ENOTSUP);
+	CHECK_EQ(synth_vcpu_limit(g, 0, 5), -ENOTSUP);
 	synth_free(g);
 	o.flags = 0;
 	CHECK_OK(synth_create(&g, &o));
@@ -150,6 +203,7 @@ int main(void)
 	seek_pattern(SYNTH_PAT_SEQ, seed);
 	seek_pattern(SYNTH_PAT_RANDOM, seed);
 	mem_host(seed);
+	limit_resume(seed);
 	seek_refused(seed);
 	rmdir(t_tmpdir());
 	return 0;

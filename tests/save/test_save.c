@@ -17,6 +17,11 @@
  * from outside through a userfaultfd created in the child, as with QEMU);
  * and content and failure for a hugetlbfs memfd of 2 MiB pages (the test
  * reserves the huge pages it needs if it may, else skips that part).
+ * The fault thread's scheduling: with every thread on one CPU, a save whose
+ * fault thread is SCHED_FIFO (where this process may) still finishes exactly
+ * (its waits on the background thread's copies must let it run), and the
+ * stats say which the fault thread was; HALITE_SAVE_NO_REALTIME keeps it
+ * ordinary.
  * A copy (HALITE_MEM_COPY, as halite-qemu saves video memory) beside each
  * kind of guest memory: saved exactly, its holes as never touched and its
  * zero pages as zero, at the head of the physical stream, the caller's
@@ -31,6 +36,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -59,6 +65,9 @@
 #define NVCPU 3
 
 static uint64_t g_seed;
+/* run_save(): more flags, and what stats.fault_realtime must say (-1: anything). */
+static unsigned g_flags;
+static int g_expect_rt = -1;
 
 enum mode { ANON, SHARED, EXTERNAL, HUGETLB };
 static const char *const mode_name[] = { "anonymous", "shared", "external", "hugetlbfs" };
@@ -537,7 +546,7 @@ static void run_save(enum mode mode, int codec, bool background, int fail)
 	o.codec = codec;
 	o.vcpu_tids = g->tids;
 	o.nvcpus = NVCPU;
-	o.flags = HALITE_SAVE_NO_SYNC | (background ? 0 : HALITE_SAVE_NO_BACKGROUND);
+	o.flags = g_flags | HALITE_SAVE_NO_SYNC | (background ? 0 : HALITE_SAVE_NO_BACKGROUND);
 	/* One failure keeps its partial file, to see the reader refuse it. */
 	if (fail == EIO)
 		o.flags |= HALITE_SAVE_KEEP_INCOMPLETE;
@@ -608,6 +617,9 @@ static void run_save(enum mode mode, int codec, bool background, int fail)
 		assert_int_equal(st.faults_vcpu + st.mb_background, st.mb_saved);
 		if (!background)
 			assert_int_equal(st.mb_background, 0);
+		if (g_expect_rt >= 0)
+			assert_int_equal(st.fault_realtime, g_expect_rt);
+		assert_true(st.fault_max_ns >= st.fault_p99_ns);
 	}
 	halite_save_free(s);
 
@@ -947,6 +959,47 @@ static void test_hugetlbfs(void **state)
 	put_huge_pages(old);
 }
 
+/* May a thread of this process become SCHED_FIFO? */
+static void *try_fifo(void *arg)
+{
+	struct sched_param sp = { .sched_priority = sched_get_priority_min(SCHED_FIFO) };
+
+	*(bool *)arg = !pthread_setschedparam(pthread_self(), SCHED_FIFO, &sp);
+	return NULL;
+}
+
+static void test_realtime_fault_thread_one_cpu(void **state)
+{
+	cpu_set_t one, all;
+	pthread_t t;
+	bool may = false;
+
+	assert_int_equal(pthread_create(&t, NULL, try_fifo, &may), 0);
+	pthread_join(t, NULL);
+	/* Threads inherit this one's CPU: the vCPUs' and the engine's. */
+	assert_int_equal(sched_getaffinity(0, sizeof(all), &all), 0);
+	CPU_ZERO(&one);
+	for (int c = 0; c < CPU_SETSIZE; c++)
+		if (CPU_ISSET(c, &all)) {
+			CPU_SET(c, &one);
+			break;
+		}
+	assert_int_equal(sched_setaffinity(0, sizeof(one), &one), 0);
+	for (enum mode m = ANON; m <= EXTERNAL; m++) {
+		g_expect_rt = may;
+		run_save(m, HALITE_CODEC_LZ4, true, 0);
+		g_flags = HALITE_SAVE_NO_REALTIME;
+		g_expect_rt = 0;
+		run_save(m, HALITE_CODEC_LZ4, true, 0);
+		g_flags = 0;
+	}
+	g_expect_rt = -1;
+	assert_int_equal(sched_setaffinity(0, sizeof(all), &all), 0);
+	if (!may)
+		fprintf(stderr, "note: SCHED_FIFO not allowed here; only the ordinary fault "
+			"thread was run\n");
+}
+
 static void test_cancel_restores_guest(void **state)
 {
 	for (enum mode m = ANON; m <= EXTERNAL; m++)
@@ -969,6 +1022,7 @@ int main(void)
 		cmocka_unit_test(test_failed_check_restores_guest),
 		cmocka_unit_test(test_copy_region),
 		cmocka_unit_test(test_hugetlbfs),
+		cmocka_unit_test(test_realtime_fault_thread_one_cpu),
 	};
 	int ret;
 

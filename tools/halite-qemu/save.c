@@ -116,6 +116,9 @@ void hq_help_save(FILE *f)
 		"  --bg-rate SIZE     background save never slower than SIZE per second (64M)\n"
 		"  --root-interval MS sample the vCPUs' page-table roots every MS ms (100)\n"
 		"  --keep-incomplete  keep the partial file of a failed save as FILE.incomplete\n"
+		"  --no-realtime      the fault thread stays an ordinary thread (by default it\n"
+		"                     runs SCHED_FIFO where allowed, so that the vCPUs it wakes\n"
+		"                     do not preempt it mid-service)\n"
 		"  --disk-dir DIR     put the disks' overlays in DIR (default: beside each image)\n"
 		"  --no-disks         memory only, disks not frozen: restorable only with the\n"
 		"                     disks as they were at the snapshot (unsafe once they moved on)\n"
@@ -141,6 +144,7 @@ static int parse_args(int argc, char **argv, struct save_params *p)
 		{ "bg-rate", required_argument, NULL, 'r' },
 		{ "root-interval", required_argument, NULL, 'i' },
 		{ "keep-incomplete", no_argument, NULL, 'k' },
+		{ "no-realtime", no_argument, NULL, 'T' },
 		{ "recover", no_argument, NULL, 'R' },
 		{ "no-disks", no_argument, NULL, 'D' },
 		{ "disk-dir", required_argument, NULL, 'd' },
@@ -204,6 +208,9 @@ static int parse_args(int argc, char **argv, struct save_params *p)
 			break;
 		case 'k':
 			p->flags |= HALITE_SAVE_KEEP_INCOMPLETE;
+			break;
+		case 'T':
+			p->flags |= HALITE_SAVE_NO_REALTIME;
 			break;
 		case 'R':
 			p->recover = true;
@@ -709,13 +716,15 @@ static void report(const struct save_run *r, int ret)
 		       "\"save_s\": %.3f, \"memory_bytes\": %" PRIu64 ", \"file_bytes\": %" PRIu64
 		       ", \"ratio\": %.4f, \"device_state_bytes\": %" PRIu64 ", \"faults\": %" PRIu64
 		       ", \"faults_vcpu\": %" PRIu64 ", \"faults_other\": %" PRIu64
-		       ", \"fault_p50_us\": %.1f, \"fault_p99_us\": %.1f, \"mb_total\": %" PRIu64
+		       ", \"fault_p50_us\": %.1f, \"fault_p99_us\": %.1f, \"fault_max_us\": %.1f"
+		       ", \"fault_realtime\": %s, \"mb_total\": %" PRIu64
 		       ", \"mb_stored\": %" PRIu64 ", \"mb_zero\": %" PRIu64 ", \"mb_untouched\": %"
 		       PRIu64 ", \"mb_background\": %" PRIu64 ", \"root_samples\": %" PRIu64,
 		       pause_ms, (double)st->arm_ns / 1e6,
 		       (double)st->duration_ns / 1e9, r->mem_bytes, st->file_bytes, ratio,
 		       r->devstate_bytes, st->faults, st->faults_vcpu, st->faults_other,
 		       (double)st->fault_p50_ns / 1e3, (double)st->fault_p99_ns / 1e3,
+		       (double)st->fault_max_ns / 1e3, st->fault_realtime ? "true" : "false",
 		       st->mb_total, st->mb_stored, st->mb_zero, st->mb_untouched,
 		       st->mb_background, r->root_samples);
 		report_devram_json(r);

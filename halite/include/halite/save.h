@@ -124,7 +124,9 @@ typedef int (*halite_unmap_fn)(void *ctx, uint64_t addr, uint64_t len);
 #define HALITE_SAVE_KEEP_INCOMPLETE 0x1u /* keep a failed save's partial file as PATH.incomplete */
 #define HALITE_SAVE_NO_SYNC 0x2u	 /* no fdatasync at the end (tests) */
 #define HALITE_SAVE_NO_BACKGROUND 0x4u	 /* only faults save (tests); finish needs every block touched */
-#define HALITE_SAVE_FLAGS_ALL 0x7u
+/* The fault thread stays an ordinary thread (by default SCHED_FIFO where allowed). */
+#define HALITE_SAVE_NO_REALTIME 0x8u
+#define HALITE_SAVE_FLAGS_ALL 0xfu
 
 struct halite_save_opts {
 	size_t sz;
@@ -193,6 +195,8 @@ struct halite_save_stats {
 	uint64_t file_bytes;	    /* size of the complete file, once done (0 before) */
 	bool done;
 	int error;		    /* 0, or why the save failed */
+	uint64_t fault_max_ns;	    /* the slowest fault service */
+	bool fault_realtime;	    /* the fault thread ran SCHED_FIFO */
 };
 
 /*
