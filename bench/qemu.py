@@ -46,7 +46,8 @@ One run of this script:
             "qemu-eager" = `qemu ARGS -incoming "exec:cat FILE"` (no -S: QEMU
             starts the guest once the stream is loaded).
             "halite-NAME" = halite with `--variant NAME=ARGS`: ARGS added to
-            halite-qemu restore (e.g. nopf=--no-prefetch), in the same runs.
+            halite-qemu restore (e.g. idle20="--prefetch-idle 20000"), in
+            the same runs.
    Each restored QEMU is killed after its measurement.
 5. prints one JSON object on stdout with --json (machine, params, save,
    runs, summary: per cache state, medians per method, speedup =
@@ -790,7 +791,8 @@ def parse_args():
                     "build/tools/halite-qemu/halite-qemu)")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=ARGS",
                     help="also restore with `halite-qemu restore ARGS` as method halite-NAME, in "
-                    "the same runs (e.g. nopf=--no-prefetch); repeatable")
+                    "the same runs (e.g. idle20=\"--prefetch-idle 20000\"); repeatable; not "
+                    "--no-prefetch, whose restore never ends")
     ap.add_argument("--trace", action="store_true",
                     help="halite restores write a trace (kept in the work directory with "
                     "--keep); each run's JSON then says what was read before the first answer "
