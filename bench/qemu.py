@@ -687,7 +687,8 @@ def trace_summary(args, path, trace, rep, res):
         if t <= first:
             out[b["fate"] + "_before_first_answer"] += 1
             if b["fate"] == "demand":
-                out["streams_demanded"][b["stream"]] = out["streams_demanded"].get(b["stream"], 0) + 1
+                sd = out["streams_demanded"]
+                sd[b["stream"]] = sd.get(b["stream"], 0) + 1
                 out["last_demand_before_first_answer_s"] = max(
                     out["last_demand_before_first_answer_s"] or 0, t)
         elif rq and t <= rq["end_s"]:

@@ -1,6 +1,6 @@
 """The QEMU test guest from Python: boot it, watch its console, talk HTTP and
-QMP, fetch and check its numbered pages, run halite-qemu on it. Shared by tests/qemu, bench/qemu.py and
-scripts/demo_qemu.py; the guest itself is built by scripts/make-guest.sh
+QMP, fetch and check its numbered pages, run halite-qemu on it. Shared by
+tests/qemu, bench/qemu.py and scripts/demo_qemu.py; the guest itself is built by scripts/make-guest.sh
 (guest-image/README.md).
 
 Every wait has a deadline and every failure raises GuestError with what was
@@ -446,7 +446,8 @@ def get_page(port, i, deadline, host="127.0.0.1"):
         raise GuestError(f"GET /p/{i}.txt: not a 200 answer: {head[:80]!r}")
     want = page_bytes(i)
     if body != want:
-        at = next((k for k, (a, b) in enumerate(zip(body, want)) if a != b), min(len(body), len(want)))
+        at = next((k for k, (a, b) in enumerate(zip(body, want)) if a != b),
+                  min(len(body), len(want)))
         raise GuestError(f"GET /p/{i}.txt: {len(body)} bytes, want {len(want)}; first "
                          f"difference at byte {at}")
     return took
