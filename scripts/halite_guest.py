@@ -1,7 +1,7 @@
 """The QEMU test guest from Python: boot it, watch its console, talk HTTP and
 QMP, fetch and check its numbered pages, run halite-qemu on it. Shared by
-tests/qemu, bench/qemu.py and scripts/demo_qemu.py; the guest itself is built by scripts/make-guest.sh
-(guest-image/README.md).
+tests/qemu, bench/qemu.py and scripts/demo_qemu.py; the guest itself is
+built by scripts/make-guest.sh (guest-image/README.md).
 
 Every wait has a deadline and every failure raises GuestError with what was
 seen (the console's last lines), so a broken guest fails a test instead of
