@@ -2,7 +2,7 @@
 """Issue 6's QEMU benchmark: halite-qemu's lazy restore of a real guest against
 QEMU's own eager restore of the same guest, in the same run.
 
-    bench/qemu.py [--runs N] [--quick] [--cache cold,warm] [--dir DIR] ...   (--help)
+    bench/qemu.py [--runs N] [--quick] [--json] [--cache cold,warm] [--dir DIR] ...   (--help)
 
 One run of this script:
 1. boots the test guest (scripts/make-guest.sh built it: Debian's kernel, the
@@ -25,6 +25,17 @@ One run of this script:
                    polled with short tries instead, --http-try each, as
                    before)
      connected_s   when that connection was accepted
+     requests      right after that answer, --requests (1000) GETs of the
+                   guest's numbered pages (/p/I.txt, 4-16 KiB each, written
+                   into its memory at boot by guest-image/pages.c), I drawn
+                   from a Gaussian over 0..1999 (mean 1000, --sigma 300,
+                   rounded and clipped; --seed, in the JSON), one after
+                   another, each on a new connection (busybox httpd closes
+                   every connection after one answer: no keep-alive), every
+                   answer's bytes compared with the page's known content;
+                   latency = connect to close: mean, p50, p99, max, the
+                   mean of each tenth in order, and the CPU the guest's
+                   QEMU got meanwhile (--requests-after S: not before S s)
      workload_s    the answer to GET /cgi-bin/digest, asked right after: the
                    verifier re-reads its whole region, so all of it must be in;
                    the answer must say "expected" (else the run failed)
@@ -34,10 +45,15 @@ One run of this script:
    methods: "halite" = `halite-qemu restore --detach FILE -- qemu ARGS`;
             "qemu-eager" = `qemu ARGS -incoming "exec:cat FILE"` (no -S: QEMU
             starts the guest once the stream is loaded).
+            "halite-NAME" = halite with `--variant NAME=ARGS`: ARGS added to
+            halite-qemu restore (e.g. idle20="--prefetch-idle 20000"), in
+            the same runs.
    Each restored QEMU is killed after its measurement.
-5. prints one JSON object on stdout (machine, params, save, runs, summary:
-   per cache state, medians per method and speedup = qemu-eager's median /
-   halite's); progress on stderr. Nothing asserts timings.
+5. prints one JSON object on stdout with --json (machine, params, save,
+   runs, summary: per cache state, medians per method, speedup =
+   qemu-eager's median / halite's, and issue 15's goals: halite's first
+   answer <= 1/3 of eager's, its request mean and max <= eager's), a short
+   table otherwise; progress on stderr. Nothing asserts timings.
 
 Exit status: 0 every run answered with the expected digest, 1 a run or a save
 failed (a wrong digest included), 2 usage, 77 missing prerequisites (QEMU, the
@@ -69,7 +85,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "scripts"))
 import halite_guest as hg  # noqa: E402
 
-METHODS = ["halite", "qemu-eager"]
 # What bench/qemu.py keeps of halite-qemu restore's report, per run.
 HALITE_KEYS = ["qmp_ready_ms", "engine_ready_ms", "devices_loaded_ms", "resumed_ms",
                "ready_to_resume_ms", "done_s", "faults", "faults_vcpu", "faults_zero",
@@ -319,6 +334,71 @@ def held_http(guest, t0, deadline, alive):
     return t_ans - t0, t_conn - t0
 
 
+def qemu_of(guest):
+    """The pid of the QEMU running @guest (its command line names the guest's
+    console file, which is unique), or None."""
+    mark = guest.console.encode()
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    cmd = f.read().split(b"\0")
+            except OSError:
+                continue
+            if cmd and cmd[0].endswith(b"qemu-system-x86_64") and any(mark in a for a in cmd):
+                return int(d)
+    return None
+
+
+def cpu_seconds(pid):
+    """User + system CPU seconds of process @pid so far, or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            st = f.read().split(")")[-1].split()
+        return (int(st[11]) + int(st[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def page_requests(args, guest, t0, deadline):
+    """The client's requests after its first answer (hg.page_requests: one
+    new connection each, every body checked). Returns the latency summary,
+    when they started and ended (from t0) and the slowest five."""
+    pages = hg.gaussian_pages(args.requests, args.seed, sigma=args.sigma)
+    if args.requests_after:  # not before then: both methods' requests as long after the start
+        time.sleep(max(0.0, t0 + args.requests_after - now()))
+    qpid = qemu_of(guest)
+    cpu0 = cpu_seconds(qpid) if qpid else None
+    start = now()
+    try:
+        got = hg.page_requests(guest.port, pages, deadline)
+    except hg.GuestError as e:
+        raise BenchError(str(e))
+    wall = now() - start
+    cpu1 = cpu_seconds(qpid) if qpid else None
+    lat = got["latencies_s"]
+    out = hg.latency_summary(lat)
+    out.update(start_s=rnd(start - t0), end_s=rnd(now() - t0), bytes=got["bytes"],
+               distinct_pages=len(set(pages)))
+    # How much CPU the host gave the guest's QEMU meanwhile (cores' worth): a
+    # QEMU that gets less serves more slowly, whatever restored it.
+    out["qemu_cpu_s"] = rnd(cpu1 - cpu0) if cpu0 is not None and cpu1 is not None else None
+    out["qemu_cpu_share"] = rnd((cpu1 - cpu0) / wall) if out["qemu_cpu_s"] is not None else None
+    # The mean of each tenth of the requests, in order: whether the early ones
+    # (while memory still comes in) or all of them are slower.
+    tenth = max(1, len(lat) // 10)
+    out["mean_by_tenth_s"] = [rnd(statistics.fmean(lat[k:k + tenth]), 6)
+                              for k in range(0, len(lat), tenth)]
+    # Where the slow ones were: when each started (from t0) and which page.
+    at, slow = start, []
+    for k, x in enumerate(lat):
+        slow.append((x, k, pages[k], at - t0))
+        at += x
+    out["slowest"] = [{"request": k, "page": i, "start_s": rnd(t, 4), "latency_s": rnd(x, 6)}
+                      for x, k, i, t in sorted(slow, reverse=True)[:5]]
+    return out
+
+
 def first_http(guest, t0, deadline, per_try, watch, alive):
     """Poll GET /hello.txt until answered. Tries are @per_try long; once QMP says
     the guest runs, a try that times out lengthens the next (up to 2 s), so a
@@ -440,13 +520,13 @@ def save_qemu(args, src, path):
 # --- restores -----------------------------------------------------------------
 
 def restore_run(args, reaper, method, run, cache, files, src_digest):
-    g = hg.Guest(reaper.workdir, f"{method}-{cache}-{run}", mem_mib=args.mem_mib, smp=args.smp,
-                 verifier_mib=args.verifier_mib)
+    g = hg.Guest(reaper.workdir, f"{method}-{cache}-{run}", image=args.image, mem_mib=args.mem_mib,
+                 smp=args.smp, verifier_mib=args.verifier_mib)
     res = {"method": method, "run": run, "cache": cache, "first_http_s": None,
            "first_http": args.first_http, "connected_s": None, "http_tries": None,
            "running_s": None, "workload_s": None, "all_in_s": None, "digest_ok": False,
            "digest": None, "digest_same_as_source": None, "console_ok": None,
-           "cached_bytes_before": None, "error": None}
+           "cached_bytes_before": None, "requests": None, "error": None}
     for f in files.values():
         if cache == "cold":
             drop_cache(f)
@@ -454,23 +534,34 @@ def restore_run(args, reaper, method, run, cache, files, src_digest):
             with open(f, "rb") as fh:  # warm: every byte in the page cache
                 while fh.read(1 << 24):
                     pass
-    res["cached_bytes_before"] = cached_bytes(files[method])
+    path = files["qemu-eager" if method == "qemu-eager" else "halite"]
+    res["cached_bytes_before"] = cached_bytes(path)
+    trace = None
     out = open(os.path.join(reaper.workdir, f"{g.name}.out"), "w+")
     err = open(os.path.join(reaper.workdir, f"{g.name}.err"), "w+")
     proc = None
     qemu_pid = None
     watch = None
     try:
-        if method == "halite":
+        if method != "qemu-eager":
             cmd = [args.halite_qemu, "restore", "--detach", "--json", "-q"]
             if args.track_access:
                 cmd.append("--track-access")
-            cmd += [files[method], "--", "qemu-system-x86_64"] + g.args
+            if args.trace:
+                trace = os.path.join(reaper.workdir, f"{g.name}.trace")
+                cmd += ["--trace", trace]
+            cmd += args.variants.get(method, [])
+            cmd += [path, "--", "qemu-system-x86_64"] + g.args
         else:
             cmd = ["qemu-system-x86_64"] + g.args + [
-                "-incoming", f"exec:cat {shlex.quote(files[method])}"]
+                "-incoming", f"exec:cat {shlex.quote(path)}"]
         t0 = now()
-        proc = reaper.popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+        # Each QEMU in a session of its own, as halite-qemu restore --detach
+        # starts its QEMU: with the kernel's autogroup scheduling a session is
+        # a scheduling group, and on a loaded host a QEMU that shared ours
+        # was scheduled differently from the detached one (docs/benchmarks.md).
+        proc = reaper.popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                            start_new_session=True)
         if method == "qemu-eager":
             qemu_pid = proc.pid
         deadline = t0 + args.timeout
@@ -481,7 +572,7 @@ def restore_run(args, reaper, method, run, cache, files, src_digest):
             rc = proc.poll()
             if method == "qemu-eager" and rc is not None:
                 return f"QEMU exited ({rc})"
-            if method == "halite" and rc not in (None, 0):
+            if method != "qemu-eager" and rc not in (None, 0):
                 return f"halite-qemu restore exited {rc}"
             return None
 
@@ -491,13 +582,15 @@ def restore_run(args, reaper, method, run, cache, files, src_digest):
         else:
             res["first_http_s"], res["http_tries"] = first_http(g, t0, deadline,
                                                                 args.http_try, watch, alive)
+        if args.requests:
+            res["requests"] = page_requests(args, g, t0, deadline)
         wl, digest, expected, body = workload(g, t0, deadline, alive)
         res["workload_s"], res["digest"], res["digest_ok"] = wl, digest, expected
         if src_digest is not None:
             res["digest_same_as_source"] = digest == src_digest
         watch.join(max(0.0, min(5.0, deadline - now())))
         res["running_s"] = watch.running_s
-        if method == "halite":
+        if method != "qemu-eager":
             try:
                 proc.wait(timeout=max(1.0, deadline - now()))
             except subprocess.TimeoutExpired:
@@ -517,6 +610,8 @@ def restore_run(args, reaper, method, run, cache, files, src_digest):
             res["halite"] = {k: rep.get(k) for k in HALITE_KEYS}
             if rep.get("resumed_ms") is not None and rep.get("done_s") is not None:
                 res["all_in_s"] = rep["resumed_ms"] / 1e3 + rep["done_s"]
+            if trace:
+                res["trace"] = trace_summary(args, path, trace, rep, res)
         else:
             res["all_in_s"] = res["running_s"]
         try:
@@ -550,22 +645,62 @@ def restore_run(args, reaper, method, run, cache, files, src_digest):
         res[k] = rnd(res[k])
     if res["error"] is None:
         extra = ""
-        if method == "halite":
+        if method != "qemu-eager":
             h = res["halite"]
             extra = (f", resumed {h['ready_to_resume_ms']:.0f} ms after QEMU was ready, all in "
                      f"{res['all_in_s']} s, {h['faults']} faults, {h['lb_demand']} demand / "
                      f"{h['lb_prefetch']} prefetched LBs")
         how = (f"held, connected at {res['connected_s']} s" if args.first_http == "held" else
                f"{res['http_tries']} tries")
+        rq = res["requests"]
+        if rq:
+            how += (f"; {rq['n']} requests from {rq['start_s']} s: mean "
+                    f"{rq['mean_s'] * 1e3:.1f} ms, p99 {rq['p99_s'] * 1e3:.1f} ms, max "
+                    f"{rq['max_s'] * 1e3:.1f} ms")
         log(f"  {method} {cache} run {run}: first HTTP {res['first_http_s']} s ({how}), "
             f"running {res['running_s']} s, workload {res['workload_s']} s, digest "
             f"{'expected' if res['digest_ok'] else 'DIFFERS'}{extra}")
     return res
 
 
-def summarize(runs, cache):
+def trace_summary(args, path, trace, rep, res):
+    """When the restore read what, against the client's timeline (--trace):
+    halite-inspect restore --blocks over the engine's trace. Each LB's time
+    is from the engine's ready, which the report places engine_ready_ms
+    after the command started (t0)."""
+    p = subprocess.run([args.halite_inspect, "restore", "--blocks", "--json", path, trace],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+    if p.returncode != 0:
+        raise BenchError(f"halite-inspect restore: exit {p.returncode}: {p.stderr.strip()}")
+    lbs = json.loads(p.stdout)["lbs"]
+    ready = rep["engine_ready_ms"] / 1e3
+    first = res["first_http_s"]
+    rq = res["requests"] or {}
+    out = {"demand_before_first_answer": 0, "prefetch_before_first_answer": 0,
+           "last_demand_before_first_answer_s": None, "demand_during_requests": 0,
+           "prefetch_during_requests": 0, "last_read_s": None, "streams_demanded": {}}
+    for b in lbs:
+        if b["fate"] not in ("demand", "prefetch"):
+            continue
+        t = ready + b["t_ns"] / 1e9
+        out["last_read_s"] = max(out["last_read_s"] or 0, t)
+        if t <= first:
+            out[b["fate"] + "_before_first_answer"] += 1
+            if b["fate"] == "demand":
+                sd = out["streams_demanded"]
+                sd[b["stream"]] = sd.get(b["stream"], 0) + 1
+                out["last_demand_before_first_answer_s"] = max(
+                    out["last_demand_before_first_answer_s"] or 0, t)
+        elif rq and t <= rq["end_s"]:
+            out[b["fate"] + "_during_requests"] += 1
+    for k in ("last_demand_before_first_answer_s", "last_read_s"):
+        out[k] = rnd(out[k], 4)
+    return out
+
+
+def summarize(runs, cache, methods):
     s = {}
-    for m in METHODS:
+    for m in methods:
         ok = [r for r in runs if r["method"] == m and r["cache"] == cache and r["error"] is None]
         s[m] = {"runs_ok": len(ok),
                 "first_http_s_median": rnd(median([r["first_http_s"] for r in ok])),
@@ -577,6 +712,10 @@ def summarize(runs, cache):
             xs = [r[k] for r in ok if r[k] is not None]
             s[m][k + "_min"] = rnd(min(xs)) if xs else None
             s[m][k + "_max"] = rnd(max(xs)) if xs else None
+        rq = [r["requests"] for r in ok if r["requests"]]
+        for k in ("mean_s", "p50_s", "p99_s", "max_s"):
+            s[m]["requests_" + k.replace("_s", "") + "_s_median"] = (
+                rnd(median([q[k] for q in rq]), 6) if rq else None)
 
     def ratio(k):
         a, b = s["qemu-eager"][k], s["halite"][k]
@@ -584,7 +723,19 @@ def summarize(runs, cache):
 
     s["speedup_first_http"] = ratio("first_http_s_median")
     s["speedup_workload"] = ratio("workload_s_median")
+    s["speedup_requests_mean"] = ratio("requests_mean_s_median")
+    s["speedup_requests_max"] = ratio("requests_max_s_median")
     s["speedup_note"] = "qemu-eager's median / halite's: above 1, halite is faster"
+
+    def goal(k, factor):
+        a, b = s["halite"][k], s["qemu-eager"][k]
+        return None if a is None or b is None else a <= b * factor
+
+    # Issue 15: the first answer within a third of the eager restore's; the
+    # requests' mean and max latency no worse than eager's.
+    s["goals"] = {"first_http_third_of_eager": goal("first_http_s_median", 1 / 3),
+                  "requests_mean_le_eager": goal("requests_mean_s_median", 1),
+                  "requests_max_le_eager": goal("requests_max_s_median", 1)}
     return s
 
 
@@ -595,6 +746,16 @@ def parse_args():
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  usage="%(prog)s [OPTIONS]")
     ap.add_argument("--runs", type=int, default=3, help="restores per method (3)")
+    ap.add_argument("--json", action="store_true",
+                    help="print the whole result as one JSON object (else a short table)")
+    ap.add_argument("--requests", type=int, default=1000,
+                    help="page requests after the first answer, each run (1000; 0: none)")
+    ap.add_argument("--sigma", type=float, default=300,
+                    help="the Gaussian's sigma over the 2000 page numbers (300; mean 1000)")
+    ap.add_argument("--seed", type=int, default=15, help="the page numbers' random seed (15)")
+    ap.add_argument("--requests-after", type=float, default=0, metavar="S",
+                    help="start the requests no sooner than S seconds after the restore "
+                    "started (0: right after the first answer, as a client would)")
     ap.add_argument("--quick", action="store_true", help="one restore per method (--runs 1)")
     ap.add_argument("--mem-mib", type=int, default=512, help="guest RAM in MiB (512)")
     ap.add_argument("--smp", type=int, default=2, help="vCPUs (2)")
@@ -629,6 +790,21 @@ def parse_args():
                         hg.ROOT, "build", "tools", "halite-qemu", "halite-qemu"),
                     help="the halite-qemu binary ($HALITE_QEMU_BIN, else "
                     "build/tools/halite-qemu/halite-qemu)")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=ARGS",
+                    help="also restore with `halite-qemu restore ARGS` as method halite-NAME, in "
+                    "the same runs (e.g. idle20=\"--prefetch-idle 20000\"); repeatable; not "
+                    "--no-prefetch, whose restore never ends")
+    ap.add_argument("--trace", action="store_true",
+                    help="halite restores write a trace (kept in the work directory with "
+                    "--keep); each run's JSON then says what was read before the first answer "
+                    "and during the requests (halite-inspect restore)")
+    ap.add_argument("--halite-inspect", metavar="PATH",
+                    default=os.environ.get("HALITE_INSPECT_BIN") or os.path.join(
+                        hg.ROOT, "build", "tools", "halite-inspect", "halite-inspect"),
+                    help="the halite-inspect binary, for --trace ($HALITE_INSPECT_BIN, else "
+                    "build/tools/halite-inspect/halite-inspect)")
+    ap.add_argument("--image", default=os.path.join(hg.ROOT, "build", "guest-image"),
+                    help="the test guest (scripts/make-guest.sh's OUTDIR; build/guest-image)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory and files")
     a = ap.parse_args()
     if a.quick:
@@ -636,22 +812,34 @@ def parse_args():
     if a.warm:
         a.cache = "warm"
     a.caches = [c for c in a.cache.split(",") if c]
+    a.variants = {}
+    for v in a.variant:
+        name, eq, rest = v.partition("=")
+        if not eq or not re.fullmatch(r"[a-z0-9_]+", name) or f"halite-{name}" in a.variants:
+            ap.error(f"--variant {v!r}: NAME=ARGS, NAME lower-case letters, digits or _, "
+                     "each NAME once")
+        a.variants[f"halite-{name}"] = shlex.split(rest)
+    a.methods = ["halite"] + list(a.variants) + ["qemu-eager"]
     if not a.caches or any(c not in ("cold", "warm") for c in a.caches):
         ap.error("--cache: cold, warm or cold,warm")
-    if a.runs < 1 or a.verifier_mib < 1 or a.verifier_mib >= a.mem_mib or a.http_try <= 0:
-        ap.error("--runs >= 1, 0 < --verifier-mib < --mem-mib, --http-try > 0")
+    if (a.runs < 1 or a.verifier_mib < 1 or a.verifier_mib >= a.mem_mib or a.http_try <= 0 or
+            a.requests < 0 or a.sigma <= 0):
+        ap.error("--runs >= 1, 0 < --verifier-mib < --mem-mib, --http-try > 0, --requests >= 0, "
+                 "--sigma > 0")
     return a
 
 
 def prerequisites(args):
     if not hg.qemu_available():
         return "qemu-system-x86_64 not installed (scripts/install-deps.sh --guest)"
-    if not hg.image_ready():
-        return "test guest not built (scripts/make-guest.sh)"
+    if not hg.image_ready(args.image):
+        return f"test guest not built in {args.image} (scripts/make-guest.sh)"
     if os.geteuid() != 0:
         return "needs root (halite-qemu ptraces QEMU)"
     if not os.access(args.halite_qemu, os.X_OK):
         return f"{args.halite_qemu} not built (scripts/build.sh)"
+    if args.trace and not os.access(args.halite_inspect, os.X_OK):
+        return f"{args.halite_inspect} not built (scripts/build.sh)"
     return None
 
 
@@ -685,6 +873,11 @@ def main():
         "http_try_s": args.http_try if args.first_http == "poll" else None,
         "rewrites_frozen": not args.rewrites, "qemu_max_bandwidth": args.qemu_bandwidth or None,
         "track_access": args.track_access, "timeout_s": args.timeout,
+        "methods": args.methods,
+        "variants": {k: " ".join(v) for k, v in args.variants.items()},
+        "requests": args.requests, "pages": hg.PAGES, "pages_mean": hg.PAGES // 2,
+        "pages_sigma": args.sigma, "seed": args.seed, "requests_after_s": args.requests_after,
+        "connections": "a new one per request (busybox httpd does not keep alive)",
         "order": "alternating: run 1 halite first, run 2 qemu-eager first, ...",
         "command": " ".join(shlex.quote(a) for a in sys.argv)},
         "save": {}, "runs": [], "summary": None, "errors": []}
@@ -692,7 +885,7 @@ def main():
     t_start = now()
     try:
         log(f"work dir {workdir}, files in {filedir} ({result['params']['fs']})")
-        src = hg.Guest(workdir, "source", mem_mib=args.mem_mib, smp=args.smp,
+        src = hg.Guest(workdir, "source", image=args.image, mem_mib=args.mem_mib, smp=args.smp,
                        verifier_mib=args.verifier_mib)
         reaper.procs.append(src.boot().proc)
         log(f"boot: {args.mem_mib} MiB, {args.smp} vCPUs, verifier {args.verifier_mib} MiB")
@@ -716,7 +909,7 @@ def main():
         src.kill()
         drop_cache(files["halite"])
         for run in range(1, args.runs + 1):
-            order = METHODS if run % 2 else list(reversed(METHODS))
+            order = args.methods if run % 2 else list(reversed(args.methods))
             for cache in args.caches:
                 for m in order:
                     log(f"run {run}/{args.runs}: {m} ({cache})")
@@ -739,9 +932,12 @@ def main():
                 subprocess.run(["rm", "-rf", "--", d])
         else:
             log(f"kept {workdir} and {filedir}")
-    result["summary"] = {c: summarize(result["runs"], c) for c in args.caches}
+    result["summary"] = {c: summarize(result["runs"], c, args.methods) for c in args.caches}
     result["elapsed_s"] = rnd(now() - t_start, 1)
-    print(json.dumps(result, indent=2))
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print_table(result)
     for c, s in result["summary"].items():
         log(f"medians, {c}: first HTTP ({args.first_http}) halite "
             f"{s['halite']['first_http_s_median']} s, qemu-eager "
@@ -749,6 +945,25 @@ def main():
             f"workload halite {s['halite']['workload_s_median']} s, qemu-eager "
             f"{s['qemu-eager']['workload_s_median']} s (x{s['speedup_workload']})")
     return code
+
+
+def print_table(result):
+    """The medians per cache state and method, and the goals, for a reader."""
+    def ms(x):
+        return "-" if x is None else f"{x * 1e3:.1f} ms"
+    print(f"{'cache':5} {'method':14} {'runs':>4} {'first answer':>13} {'req mean':>10} "
+          f"{'req p50':>10} {'req p99':>10} {'req max':>10} {'workload':>10}")
+    for c, s in result["summary"].items():
+        for m in result["params"]["methods"]:
+            x = s[m]
+            print(f"{c:5} {m:14} {x['runs_ok']:>4} {ms(x['first_http_s_median']):>13} "
+                  f"{ms(x['requests_mean_s_median']):>10} {ms(x['requests_p50_s_median']):>10} "
+                  f"{ms(x['requests_p99_s_median']):>10} {ms(x['requests_max_s_median']):>10} "
+                  f"{ms(x['workload_s_median']):>10}")
+        print(f"{c:5} goals: " + ", ".join(f"{k} {'met' if v else 'NOT met' if v is False else '-'}"
+                                           for k, v in s["goals"].items()))
+    for e in result["errors"]:
+        print(f"error: {e}")
 
 
 if __name__ == "__main__":

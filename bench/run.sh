@@ -24,6 +24,10 @@
 #   open.json           halite-bench-open --json: open to guest running at 1, 4,
 #                       16, 64 GiB (--quick: 1, 4), format 1.0 against 1.1
 #                       (issue 15 part 4); files in /var/tmp, removed after
+#   qemu.json           bench/qemu.py --json: halite-qemu's lazy restore of the
+#                       test guest against QEMU's eager one: first answer to a
+#                       client, then 1000 page requests (--quick: one run of
+#                       each, else 3); skipped as clones-qemu.json is
 #   runs.tsv            file, exit code, seconds, command, for each of them
 #   *.log               each command's stderr (progress)
 #   fig2-overhead.svg, table1.md, fig4-compress.svg, fig2-trace-NAME.svg,
@@ -49,7 +53,7 @@ while [[ $# -gt 0 ]]; do
 	--quick) quick=1 ;;
 	--out) out=$2; shift ;;
 	--build) build=$2; shift ;;
-	-h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+	-h|--help) sed -n '2,40p' "$0"; exit 0 ;;
 	*) echo "run.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 	esac
 	shift
@@ -77,7 +81,7 @@ say "build ($(rel "$build"))"
 # This run's files only: a fault.json left from an earlier run must not be
 # taken for this one's.
 rm -f "$out"/micro.json "$out"/compress-*.json "$out"/fio.json "$out"/fault.json "$out"/clones.json \
-	"$out"/clones-qemu.json "$out"/trace-*.json "$out"/fig2-trace-*.svg "$out"/table-traces.md \
+	"$out"/clones-qemu.json "$out"/qemu.json "$out"/trace-*.json "$out"/fig2-trace-*.svg "$out"/table-traces.md \
 	"$out"/open.json "$out"/save-qemu.json \
 	"$out"/*.log "$out"/runs.tsv "$out"/fig2-overhead.svg "$out"/fig4-compress.svg \
 	"$out"/table1.md "$out"/summary.md
@@ -179,6 +183,15 @@ fi
 if qemu_ready save-qemu.json; then
 	HALITE_QEMU_BIN=$build/tools/halite-qemu/halite-qemu \
 		run save-qemu.json python3 bench/save_qemu.py --json "${q[@]}" \
+		--image "$(rel "$build")/guest-image"
+fi
+
+# (h) A client of the restored QEMU guest: lazy against QEMU's eager restore
+# (issue 15).
+if qemu_ready qemu.json; then
+	HALITE_QEMU_BIN=$build/tools/halite-qemu/halite-qemu \
+		HALITE_INSPECT_BIN=$build/tools/halite-inspect/halite-inspect \
+		run qemu.json python3 bench/qemu.py --json "${q[@]}" \
 		--image "$(rel "$build")/guest-image"
 fi
 

@@ -2,7 +2,8 @@
 # The main job: boot the QEMU test guest (stock QEMU, TCG, 2 vCPUs, 512 MiB),
 # save it lazily while it runs (halite-qemu save), restore it lazily into a
 # new QEMU (halite-qemu restore), check from inside the guest that its memory
-# digest equals the snapshot's and its verifier keeps passing, and print a
+# digest equals the snapshot's and its verifier keeps passing, measure what a
+# client sees (first answer, then 1000 page requests: mean, p99, max), print a
 # short report (scripts/demo_qemu.py); then verify the snapshot file and show
 # what is in it (halite-inspect).
 #

@@ -1,19 +1,24 @@
 """The QEMU test guest from Python: boot it, watch its console, talk HTTP and
-QMP, run halite-qemu on it. Shared by tests/qemu, bench/qemu.py and
-scripts/demo_qemu.py; the guest itself is built by scripts/make-guest.sh
-(guest-image/README.md).
+QMP, fetch and check its numbered pages, run halite-qemu on it. Shared by
+tests/qemu, bench/qemu.py and scripts/demo_qemu.py; the guest itself is
+built by scripts/make-guest.sh (guest-image/README.md).
 
 Every wait has a deadline and every failure raises GuestError with what was
 seen (the console's last lines), so a broken guest fails a test instead of
 hanging it.
 """
+import functools
 import http.client
 import json
+import math
 import os
+import random
 import re
 import shutil
 import signal
 import socket
+import statistics
+import struct
 import subprocess
 import tempfile
 import time
@@ -382,6 +387,91 @@ def held_get(port, path, deadline, alive=None, host="127.0.0.1"):
     if len(parts) < 2 or not parts[0].startswith(b"HTTP/") or not parts[1].isdigit():
         raise GuestError(f"GET {path}: not an HTTP answer: {data[:100]!r}")
     return t_conn, t_ans, int(parts[1]), body.decode(errors="replace")
+
+
+# --- the guest's numbered pages (guest-image/pages.c writes them at boot) ---
+
+PAGES = 2000  # what /init asks pages.c for: /www/p/0.txt .. /www/p/1999.txt
+_ALPHABET = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 \n"
+_BYTE_TO_CHAR = bytes(_ALPHABET[b & 63] for b in range(256))
+_M64 = (1 << 64) - 1
+
+
+def _mix(x):
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+@functools.lru_cache(maxsize=PAGES)
+def page_bytes(i):
+    """The exact content of the guest's page @i (/p/I.txt), as pages.c writes it."""
+    size = 4096 + _mix(i) % 12289
+    words = (size + 7) // 8
+    raw = struct.pack(f"<{words}Q", *(_mix(i << 32 | w) for w in range(words)))
+    head = b"halite page %d\n" % i
+    return head + raw[len(head):size].translate(_BYTE_TO_CHAR)
+
+
+def gaussian_pages(n, seed, mean=PAGES // 2, sigma=300, count=PAGES):
+    """@n page indices drawn from a Gaussian (@mean, @sigma), rounded and
+    clipped to [0, @count): a client whose interest centres on some pages."""
+    rng = random.Random(seed)
+    return [min(count - 1, max(0, round(rng.gauss(mean, sigma)))) for _ in range(n)]
+
+
+def get_page(port, i, deadline, host="127.0.0.1"):
+    """GET /p/I.txt on a new connection (busybox httpd closes each after one
+    answer: no keep-alive), the answer read to the close and its body checked
+    byte for byte. Returns seconds from just before the connect to the close;
+    raises GuestError on a refusal, a timeout, a status other than 200 or a
+    wrong body."""
+    t = time.monotonic()
+    data = b""
+    try:
+        with socket.create_connection((host, port), timeout=max(0.1, deadline - t)) as s:
+            s.sendall(b"GET /p/%d.txt HTTP/1.0\r\nHost: %s\r\n\r\n" % (i, host.encode()))
+            while True:
+                s.settimeout(max(0.01, deadline - time.monotonic()))
+                d = s.recv(65536)
+                if not d:
+                    break
+                data += d
+    except OSError as e:
+        raise GuestError(f"GET /p/{i}.txt: {e} ({len(data)} bytes read)")
+    took = time.monotonic() - t
+    head, _, body = data.partition(b"\r\n\r\n")
+    if not head.startswith((b"HTTP/1.0 200", b"HTTP/1.1 200")):
+        raise GuestError(f"GET /p/{i}.txt: not a 200 answer: {head[:80]!r}")
+    want = page_bytes(i)
+    if body != want:
+        at = next((k for k, (a, b) in enumerate(zip(body, want)) if a != b),
+                  min(len(body), len(want)))
+        raise GuestError(f"GET /p/{i}.txt: {len(body)} bytes, want {len(want)}; first "
+                         f"difference at byte {at}")
+    return took
+
+
+def page_requests(port, indices, deadline):
+    """GET each page of @indices one after another (get_page: a new connection
+    each, every body checked). Returns {"latencies_s": [...], "bytes": N}."""
+    lat = []
+    total = 0
+    for i in indices:
+        lat.append(get_page(port, i, deadline))
+        total += len(page_bytes(i))
+    return {"latencies_s": lat, "bytes": total}
+
+
+def latency_summary(lat):
+    """mean, p50, p99 and max of @lat (seconds), rounded to microseconds."""
+    s = sorted(lat)
+
+    def pct(p):  # nearest rank
+        return s[max(0, math.ceil(p / 100 * len(s)) - 1)]
+    return {"n": len(s), "mean_s": round(statistics.fmean(s), 6), "p50_s": round(pct(50), 6),
+            "p99_s": round(pct(99), 6), "max_s": round(s[-1], 6)}
 
 
 def halite_qemu():

@@ -15,7 +15,8 @@
 # --boot-test  then boot the guest under QEMU (TCG, 2 vCPUs, 512 MiB on a
 #              shared memfd, user network, QMP), wait for the verifier's ok
 #              lines on the serial console, fetch /status over HTTP, ask for a
-#              digest, list the vCPU threads over QMP, quit QEMU, summarise
+#              digest, fetch and check page 1000 (pages.c), list the vCPU
+#              threads over QMP, quit QEMU, summarise
 # --mib N      verifier memory for the boot test (default 64)
 # --timeout S  seconds to wait for the verifier in the boot test (default 60)
 # --append P   more kernel parameters for the boot test (e.g. verifier.seed=7)
@@ -47,7 +48,7 @@ while [[ $# -gt 0 ]]; do
 	--no-deps) deps=0 ;;
 	--bzimage) bzimage=1 ;;
 	--boot-test) boot=1 ;;
-	-h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+	-h|--help) sed -n '2,26p' "$0"; exit 0 ;;
 	-*) echo "make-guest.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
 	*) out=$1 ;;
 	esac
@@ -128,6 +129,9 @@ install -m 0755 "$out/disklog" "$stage/bin/disklog"
 gcc "${cflags[@]}" -o "$out/bario" "$root/guest-image/bario.c" ||
 	die "cannot build bario"
 install -m 0755 "$out/bario" "$stage/bin/bario"
+gcc "${cflags[@]}" -o "$out/pages" "$root/guest-image/pages.c" ||
+	die "cannot build pages"
+install -m 0755 "$out/pages" "$stage/bin/pages"
 install -m 0755 "$root/guest-image/init" "$stage/init"
 cp -r "$root/guest-image/www/." "$stage/www/"
 chmod 0755 "$stage"/www/cgi-bin/*
@@ -294,7 +298,7 @@ import json, os, socket, sys, time, urllib.request
 
 port, qmp_path, qpid, scripts = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 sys.path.insert(0, scripts)
-from halite_guest import QMP, GuestError
+from halite_guest import QMP, GuestError, page_bytes
 # A QMP error (GuestError) is a failure like the others: its message on the last line.
 sys.excepthook = lambda t, e, tb: (print(f"{t.__name__}: {e}"), sys.exit(1))
 
@@ -323,6 +327,10 @@ print(f"http_ms {(time.monotonic() - t) * 1000:.0f}")
 status, body = get("/hello.txt")
 if status != 200 or "halite" not in body:
     fail(f"HTTP /hello.txt: unexpected answer {status}: {body!r}")
+with urllib.request.urlopen(f"http://127.0.0.1:{port}/p/1000.txt", timeout=30) as r:
+    if r.read() != page_bytes(1000):
+        fail("HTTP /p/1000.txt: not the bytes pages.c writes")
+print("http_page /p/1000.txt, %d bytes as expected" % len(page_bytes(1000)))
 status, body = get("/cgi-bin/digest", tries=3)
 if status != 200 or " digest " not in body or not body.strip().endswith("expected"):
     fail(f"HTTP /cgi-bin/digest: unexpected answer {status}: {body.strip()!r}")
@@ -381,5 +389,6 @@ echo "  verifier ok         $(secs "$t0" "$t_ok") s after QEMU start; $oks ok li
 echo "  guest link up       $(secs "$t0" "$t_link") s after QEMU start"
 echo "  HTTP /status        ok in $(val http_ms) ms: $(val http_status)"
 echo "  HTTP /cgi-bin/digest $(val http_digest)"
+echo "  HTTP page           $(val http_page)"
 echo "  vCPU threads        $(val vcpu_threads) (QEMU pid $qemu_pid)"
 echo "  QEMU quit           cleanly (status 0); whole test $(secs "$t0" "$t_end") s, with build $(secs "$t_start" "$t_end") s"

@@ -1691,6 +1691,10 @@ def case_cli(work):
     expect(["restore", "--running", "--paused", "x.hlt", "--", "-m", "1G"], 2, "not both")
     expect(["restore", "--running", "x.hlt", "--", "-S"], 2, "contradict each other")
     expect(["restore", "/etc/passwd", "--", "-m", "1G"], 1, "not a Halite snapshot")
+    expect(["restore", "--prefetch-idle", "0", "x.hlt", "--", "-m", "1G"], 2,
+           "--prefetch-idle '0': 1..10000000 us")
+    expect(["restore", "--prefetch-rate", "lots", "x.hlt", "--", "-m", "1G"], 2,
+           "--prefetch-rate 'lots': 1..1000000 MiB/s")
     # A good Halite file that holds no QEMU device state.
     img = os.path.join(work, "img.raw")
     with open(img, "wb") as f:

@@ -69,6 +69,9 @@ struct restore_params {
 	enum { RUN_AS_SAVED, RUN_RUNNING, RUN_PAUSED } run;
 	struct hq_out out;
 	uint32_t read_latency_us;
+	/* --prefetch-idle, --prefetch-rate (MiB/s): the engine's prefetch throttle; 0 = its default */
+	uint32_t prefetch_idle_us;
+	uint32_t prefetch_rate_mib;
 	const char *trace;
 	const char *qemu_log;
 	pid_t attach;	  /* --attach PID: take over that QEMU's restore */
@@ -156,6 +159,10 @@ void hq_help_restore(FILE *f)
 		"                     not on hugetlbfs)\n"
 		"  --no-prefetch      no background prefetch (memory comes only by faults)\n"
 		"  --read-latency US  add US microseconds to every read (slow-storage experiments)\n"
+		"  --prefetch-idle US the prefetcher holds back until no fault came for US\n"
+		"                     microseconds (default 2000), except to keep up\n"
+		"  --prefetch-rate N  N MiB/s at least (default 64): a guest that keeps\n"
+		"                     faulting gets the CPU and disk first, for longer\n"
 		"  --trace FILE       write a restore trace (see 'halite-inspect restore')\n"
 		"  --json             print the report as one JSON object\n"
 		"  -q, --quiet        no progress on stderr\n"
@@ -168,6 +175,21 @@ void hq_help_restore(FILE *f)
 		"77 the kernel or QEMU lacks a needed feature.\n");
 }
 
+/* A number option in [@min, @max] (@max < 2^32); 0, or -1 with a message naming the range. */
+static int opt_u32(const char *arg, const char *name, uint64_t min, uint64_t max,
+		   const char *unit, uint32_t *out)
+{
+	uint64_t v;
+
+	if (hq_parse_size(arg, &v) || v < min || v > max) {
+		hq_errorf("restore: --%s '%s': %llu..%llu %s", name, arg,
+			  (unsigned long long)min, (unsigned long long)max, unit);
+		return -1;
+	}
+	*out = (uint32_t)v;
+	return 0;
+}
+
 static int parse_args(int argc, char **argv, struct restore_params *p)
 {
 	static const struct option lo[] = {
@@ -177,6 +199,8 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 		{ "track-access", no_argument, NULL, 't' },
 		{ "no-prefetch", no_argument, NULL, 'n' },
 		{ "read-latency", required_argument, NULL, 'L' },
+		{ "prefetch-idle", required_argument, NULL, 'I' },
+		{ "prefetch-rate", required_argument, NULL, 'M' },
 		{ "trace", required_argument, NULL, 'T' },
 		{ "qemu-log", required_argument, NULL, 'O' },
 		{ "attach", required_argument, NULL, 'A' },
@@ -217,11 +241,16 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 			p->no_prefetch = true;
 			break;
 		case 'L':
-			if (hq_parse_size(optarg, &v) || v > 1000000) {
-				hq_errorf("restore: --read-latency '%s': 0..1000000 us", optarg);
+			if (opt_u32(optarg, "read-latency", 0, 1000000, "us", &p->read_latency_us))
 				return -1;
-			}
-			p->read_latency_us = (uint32_t)v;
+			break;
+		case 'I':
+			if (opt_u32(optarg, "prefetch-idle", 1, 10000000, "us", &p->prefetch_idle_us))
+				return -1;
+			break;
+		case 'M':
+			if (opt_u32(optarg, "prefetch-rate", 1, 1000000, "MiB/s", &p->prefetch_rate_mib))
+				return -1;
 			break;
 		case 'T':
 			p->trace = optarg;
@@ -714,6 +743,8 @@ static int start_restore(struct restore_run *r, struct hq_vm *vm,
 		  (r->p.no_prefetch ? HALITE_RESTORE_NO_PREFETCH : 0) |
 		  (r->p.attach ? HALITE_RESTORE_ATTACH : 0);
 	o.read_latency_us = r->p.read_latency_us;
+	o.prefetch_idle_us = r->p.prefetch_idle_us;
+	o.prefetch_min_rate = (uint64_t)r->p.prefetch_rate_mib << 20;
 	o.vcpu_tids = vm->vcpu_tids;
 	o.nvcpus = vm->nvcpus;
 	o.owner_pid = vm->pid;
