@@ -17,7 +17,7 @@
  * defers (defer.c says where the number comes from). 0: no deferral.
  */
 #ifndef HALITE_SAVE_DEFER_WINDOW
-#define HALITE_SAVE_DEFER_WINDOW 16u
+#define HALITE_SAVE_DEFER_WINDOW 64u
 #endif
 
 struct halite_defer {
