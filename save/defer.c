@@ -87,11 +87,14 @@ bool halite_defer_walk(struct halite_defer *d, uint64_t mb, bool claimed)
 			d->since_fault = 0;
 		return false;
 	}
+	/* Met again through another mapping: it stays deferred, where the walk first met it. */
+	if (bit(d->deferred, mb))
+		return true;
 	since = d->since_fault;
 	if (since != UINT64_MAX)
 		d->since_fault++;
-	if (since >= d->window || bit(d->deferred, mb))
-		return since < d->window; /* met again through another mapping: still deferred */
+	if (since >= d->window)
+		return false;
 	if (d->n == d->cap) {
 		size_t cap = d->cap ? d->cap * 2 : 1024;
 		uint64_t *o = realloc(d->order, cap * sizeof(*o));
