@@ -3,7 +3,7 @@
  * The background walk's deferral (save/defer.c), with exact counts: a
  * 1 MiB guest whose page tables map 64 data blocks at VA 0 in address
  * order, and one thread registered as vCPU 0 that touches them when told.
- * The background is held back until the guest is quiet (bg_idle_us 100 ms,
+ * The background is held back until the guest is quiet (bg_idle_us 500 ms,
  * no rate floor), so the order of events is the test's:
  * 1. the vCPU touches data block 0: its fault saves it into vCPU 0's stream;
  * 2. the walk meets it claimed, so it defers the WINDOW blocks after it and
@@ -145,7 +145,7 @@ static uint64_t run(uint32_t window, enum vcpu_after after, uint64_t *vcpu_s, si
 	o.vcpu_tids = &tid;
 	o.nvcpus = 1;
 	o.flags = HALITE_SAVE_NO_SYNC;
-	o.bg_idle_us = 100000; /* the background waits for 100 ms of quiet */
+	o.bg_idle_us = 500000; /* the background waits for 500 ms of quiet */
 	o.bg_min_rate = 1;     /* and has no rate floor to catch up with */
 	o.log = halite_log_stderr;
 	o.log_level = HALITE_LOG_WARN;
