@@ -40,7 +40,9 @@
  *   guest-virtual order by walking the guest's page tables from each root
  *   (ptwalk.c; a block mapped at several addresses is saved once, where the
  *   walk meets it first), then in physical order for what no page table
- *   maps; throttled (paper, section 6): it runs only when no fault has come
+ *   maps, then what the walk deferred (defer.c: blocks next to ones a fault
+ *   claimed first, left for the vCPU that is working there); throttled
+ *   (paper, section 6): it runs only when no fault has come
  *   for bg_idle_us, or when it falls behind bg_min_rate. Page-table pages
  *   are read as at the snapshot instant: from the shadow, or for shared
  *   memory from the view while no one has claimed the block (pt_read()).
@@ -119,6 +121,7 @@
 
 #include <halite/save.h>
 
+#include "defer.h"
 #include "discard.h"
 #include "endian_util.h"
 #include "export.h"
@@ -254,6 +257,10 @@ struct halite_save {
 
 	struct halite_root *roots;
 	uint32_t nroots, roots_cap;
+	struct halite_defer defer; /* the background's: what its walk leaves for later */
+	uint32_t defer_window;	   /* HALITE_SAVE_DEFER_WINDOW, or a test's */
+	_Atomic bool test_hold_deferred; /* halite_save_test_hold_deferred() */
+	_Atomic bool deferred_held;	 /* the background waits for that hold's release */
 	pthread_mutex_t roots_lock;
 	struct halite_save_test_walk walk_end; /* set by the background thread */
 
@@ -928,6 +935,7 @@ static int bg_save_block(struct halite_save *s, const struct sregion *r, uint64_
 
 	if (!claim_block(s, mb))
 		return 0;
+	halite_defer_mine(&s->defer, mb);
 	touched = block_touched(s, r, mb);
 	ret = copy_claimed(s, r, mb, 1, touched);
 	if (touched < 0)
@@ -970,6 +978,24 @@ struct bg {
 	uint64_t start_ns, saved;
 	int err;
 };
+
+/*
+ * Throttled, then claim and save @mb into @stream unless someone has: 0, 1
+ * when the save is stopping, or -errno.
+ */
+static int bg_save_next(struct bg *b, const struct sregion *r, uint64_t mb, uint32_t stream)
+{
+	struct halite_save *s = b->s;
+	int ret;
+
+	bg_throttle(s, b->start_ns, b->saved);
+	if (atomic_load(&s->stopping))
+		return 1;
+	ret = bg_save_block(s, r, mb, stream);
+	if (!ret)
+		b->saved += s->mb_size;
+	return ret;
+}
 
 static const struct sregion *region_of_gpa(const struct halite_save *s, uint64_t gpa,
 					   uint64_t *off)
@@ -1080,11 +1106,18 @@ static int walk_blocks(struct bg *b, const struct sregion *r, uint64_t lo, uint6
 	if (ret)
 		return ret;
 	for (uint64_t mb = first; mb <= last; mb++) {
-		if (atomic_load(&s->claim[mb]))
+		bool claimed = atomic_load(&s->claim[mb]);
+
+		/* Decided after the throttle's wait, with the faults that came in it. */
+		if (!claimed) {
+			bg_throttle(s, b->start_ns, b->saved);
+			if (atomic_load(&s->stopping))
+				return 1;
+			claimed = atomic_load(&s->claim[mb]);
+		}
+		/* Next to a vCPU's work: left for its faults (defer.c). */
+		if (halite_defer_walk(&s->defer, mb, claimed) || claimed)
 			continue;
-		bg_throttle(s, b->start_ns, b->saved);
-		if (atomic_load(&s->stopping))
-			return 1;
 		b->err = bg_save_block(s, r, mb, HALITE_STREAM(HALITE_STREAM_VIRTUAL, 0));
 		if (b->err)
 			return b->err;
@@ -1328,41 +1361,81 @@ static int save_copies(struct halite_save *s)
 	return 0;
 }
 
+/*
+ * After the physical sweep: what the walk deferred (defer.c) and no vCPU
+ * has claimed since, in the walk's order, into the guest-virtual stream.
+ * 0, or -errno.
+ */
+static int bg_deferred(struct halite_save *s, struct bg *b)
+{
+	const struct halite_defer *d = &s->defer;
+	struct timespec ts = { 0, 1000000 };
+	int ret;
+
+	if (atomic_load(&s->test_hold_deferred)) {
+		atomic_store(&s->deferred_held, true);
+		while (atomic_load(&s->test_hold_deferred) && !atomic_load(&s->stopping))
+			nanosleep(&ts, NULL);
+		atomic_store(&s->deferred_held, false);
+	}
+	for (size_t i = 0; i < d->n; i++) {
+		uint64_t mb = d->order[i];
+
+		if (atomic_load(&s->claim[mb]))
+			continue;
+		ret = bg_save_next(b, region_of_mb(s, mb), mb,
+				   HALITE_STREAM(HALITE_STREAM_VIRTUAL, 0));
+		if (ret)
+			return ret < 0 ? ret : 0;
+	}
+	return 0;
+}
+
+/* What no one has claimed, in physical order, but for the walk's deferred. 0 or -errno. */
+static int bg_sweep(struct halite_save *s, struct bg *b)
+{
+	for (uint32_t i = 0; i < s->nregions; i++) {
+		const struct sregion *r = &s->regions[i];
+
+		for (uint64_t mb = r->first_mb; mb < r->first_mb + r->nmb; mb++) {
+			int ret;
+
+			if (atomic_load(&s->claim[mb]) || halite_defer_is(&s->defer, mb))
+				continue;
+			ret = bg_save_next(b, r, mb, HALITE_STREAM(HALITE_STREAM_PHYSICAL, 0));
+			if (ret)
+				return ret < 0 ? ret : 0;
+		}
+	}
+	return 0;
+}
+
 static void *bg_main(void *arg)
 {
 	struct halite_save *s = arg;
 	struct bg b = { .s = s, .start_ns = halite_now_ns() };
+	int ret = halite_defer_init(&s->defer, s->mb_total, s->defer_window);
 
-	int ret = save_copies(s);
-
+	if (ret)
+		halite_logf(&s->log, HALITE_LOG_WARN, "no deferral next to the vCPUs' faults: %s",
+			    halite_strerror(ret));
+	ret = save_copies(s);
 	if (!ret)
 		ret = bg_walk(s, &b);
-	if (ret) {
+	s->walk_end.deferred = s->defer.n;
+	if (!ret) {
+		/* The blocks the writer stored during the walk: their shadow can go. */
+		atomic_store(&s->walk_done, true);
+		for (uint64_t mb = 0; mb < s->mb_total; mb++)
+			if (atomic_load(&s->claim[mb]) == CLAIM_SAVED)
+				release_block(s, mb);
+		ret = bg_sweep(s, &b);
+	}
+	if (!ret)
+		ret = bg_deferred(s, &b);
+	if (ret)
 		set_failed(s, ret);
-		return NULL;
-	}
-	/* The blocks the writer stored during the walk: their shadow can go. */
-	atomic_store(&s->walk_done, true);
-	for (uint64_t mb = 0; mb < s->mb_total; mb++)
-		if (atomic_load(&s->claim[mb]) == CLAIM_SAVED)
-			release_block(s, mb);
-	for (uint32_t i = 0; i < s->nregions && !atomic_load(&s->stopping); i++) {
-		const struct sregion *r = &s->regions[i];
-
-		for (uint64_t mb = r->first_mb; mb < r->first_mb + r->nmb; mb++) {
-			if (atomic_load(&s->claim[mb]))
-				continue;
-			bg_throttle(s, b.start_ns, b.saved);
-			if (atomic_load(&s->stopping))
-				break;
-			ret = bg_save_block(s, r, mb, HALITE_STREAM(HALITE_STREAM_PHYSICAL, 0));
-			if (ret) {
-				set_failed(s, ret);
-				return NULL;
-			}
-			b.saved += s->mb_size;
-		}
-	}
+	halite_defer_free(&s->defer);
 	return NULL;
 }
 
@@ -1638,6 +1711,7 @@ HALITE_EXPORT int halite_save_create(struct halite_save **sp, const char *path,
 		goto err;
 	}
 	s->log = (struct halite_logger){ s->o.log, s->o.log_ctx, s->o.log_level };
+	s->defer_window = HALITE_SAVE_DEFER_WINDOW;
 	if (!s->o.bg_idle_us)
 		s->o.bg_idle_us = 2000;
 	if (!s->o.bg_min_rate)
@@ -2321,6 +2395,21 @@ void halite_save_test_fail_writes(struct halite_save *s, uint64_t after, int err
 void halite_save_test_fail_check(struct halite_save *s, uint64_t after)
 {
 	atomic_store(&s->test_check_after, after + 1);
+}
+
+void halite_save_test_defer_window(struct halite_save *s, uint32_t window)
+{
+	s->defer_window = window;
+}
+
+void halite_save_test_hold_deferred(struct halite_save *s, bool hold)
+{
+	atomic_store(&s->test_hold_deferred, hold);
+}
+
+bool halite_save_test_deferred_held(struct halite_save *s)
+{
+	return atomic_load(&s->deferred_held);
 }
 
 void halite_save_test_no_discard_refusal(struct halite_save *s)

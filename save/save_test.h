@@ -3,6 +3,7 @@
 #ifndef HALITE_SAVE_TEST_H
 #define HALITE_SAVE_TEST_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include <halite/save.h>
@@ -32,6 +33,7 @@ struct halite_save_test_walk {
 	uint64_t budget;		/* of st.work; UINT64_MAX: none */
 	uint32_t roots;			/* roots it began to walk */
 	uint64_t ns, cpu_ns;		/* the walk's time: wall clock, background thread CPU */
+	uint64_t deferred;		/* blocks the walk left for later (defer.c) */
 };
 
 /*
@@ -39,5 +41,19 @@ struct halite_save_test_walk {
  * no walk.
  */
 void halite_save_test_walk(struct halite_save *s, struct halite_save_test_walk *out);
+
+/*
+ * The walk's deferral window (defer.h, HALITE_SAVE_DEFER_WINDOW), in
+ * blocks; 0 turns the policy off. Before arm.
+ */
+void halite_save_test_defer_window(struct halite_save *s, uint32_t window);
+
+/*
+ * While @hold, the background thread waits before it saves what its walk
+ * deferred (after the walk and the physical sweep), and
+ * halite_save_test_deferred_held() says whether it is waiting there.
+ */
+void halite_save_test_hold_deferred(struct halite_save *s, bool hold);
+bool halite_save_test_deferred_held(struct halite_save *s);
 
 #endif

@@ -5,7 +5,10 @@
  * stride, vCPUs that translate every access through those tables. Checked:
  * - exact content against a copy taken at the snapshot instant;
  * - the guest-virtual stream exists and follows page-table order: its blocks
- *   appear in the order a walk of the snapshot's page tables meets them;
+ *   appear in the order a walk of the snapshot's page tables meets them,
+ *   those the walk saved first, then those it deferred (save/defer.c: next
+ *   to a block a vCPU's fault took) and no vCPU took since, no more of them
+ *   than it deferred;
  * - every block some page table maps was saved by a fault or by the walk,
  *   none by the physical sweep, which only gets what no page table maps;
  * - the vCPU streams hold only blocks of their own vCPU's pages or tables;
@@ -30,6 +33,7 @@
 #include <halite/halite.h>
 
 #include "ptwalk.h"
+#include "save_test.h"
 #include "synth.h"
 #include "test_reader_util.h"
 #include "test_util.h"
@@ -127,6 +131,7 @@ static void run(enum mode mode, unsigned levels)
 	struct halite_save *s;
 	struct halite_save_region reg;
 	struct halite_save_stats st;
+	struct halite_save_test_walk walk;
 	struct halite_reader *r;
 	struct oracle orc = { 0 };
 	pid_t tids[NVCPU];
@@ -215,6 +220,7 @@ static void run(enum mode mode, unsigned levels)
 	assert_int_equal(synth_resume(g), 0);
 	assert_int_equal(halite_save_wait(s, 120000), 0);
 	halite_save_stats(s, &st);
+	halite_save_test_walk(s, &walk);
 	halite_save_free(s);
 	assert_int_equal(synth_stop(g), 0);
 
@@ -248,10 +254,11 @@ static void run(enum mode mode, unsigned levels)
 	}
 	assert_true(orc.n > 0);
 
-	/* The virtual stream: non-empty, in walk order. */
+	/* The virtual stream: non-empty, in walk order, then the deferred in walk order. */
 	got = malloc(nmb * sizeof(uint64_t));
 	{
 		size_t n = stream_mbs(r, HALITE_STREAM(HALITE_STREAM_VIRTUAL, 0), got), k = 0;
+		size_t split = 0; /* where the deferred begin, if any */
 		uint64_t *pos = malloc(nmb * sizeof(uint64_t));
 
 		for (uint64_t mb = 0; mb < nmb; mb++)
@@ -263,11 +270,21 @@ static void run(enum mode mode, unsigned levels)
 			if (pos[got[j]] == UINT64_MAX)
 				fail_msg("virtual stream holds block %llu, which no page table maps",
 					 (unsigned long long)got[j]);
-			if (j && pos[got[j]] <= pos[got[j - 1]])
-				fail_msg("virtual stream out of walk order at %zu", j);
+			if (j && pos[got[j]] <= pos[got[j - 1]]) {
+				if (split)
+					fail_msg("virtual stream out of walk order at %zu (the "
+						 "deferred began at %zu)", j, split);
+				split = j;
+			}
 			k++;
 		}
 		free(pos);
+		if (split && n - split > walk.deferred)
+			fail_msg("%zu blocks after the walk's, but it deferred %llu", n - split,
+				 (unsigned long long)walk.deferred);
+		fprintf(stderr, "%s, %u-level: %llu deferred, %zu after the walk's\n",
+			mode_name[mode], levels, (unsigned long long)walk.deferred,
+			split ? n - split : 0);
 		fprintf(stderr, "%s, %u-level: %zu blocks mapped, %zu in the virtual stream, "
 			"%llu faults (%llu vCPU), %llu background, p50 %llu ns p99 %llu ns\n",
 			mode_name[mode], levels, orc.n, k, (unsigned long long)st.faults,
