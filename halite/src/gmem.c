@@ -569,6 +569,7 @@ struct fill {
 	unsigned flags;
 	bool skipped;	     /* a page left to someone else: wake the range at the end */
 	uint64_t enoent_since;
+	unsigned again;	     /* EAGAIN turns with no event to read yet */
 };
 
 /*
@@ -608,6 +609,7 @@ static int fill_page(struct fill *f, uint64_t o)
 	switch (ret) {
 	case 0:
 		f->enoent_since = 0;
+		f->again = 0;
 		return 0;
 	case EEXIST:
 		/* There already (a raced install, or the guest's own since): not ours to replace. */
@@ -618,8 +620,19 @@ static int fill_page(struct fill *f, uint64_t o)
 		ret = halite_gmem_sync(g);
 		if (ret < 0)
 			return ret;
-		if (!ret)
+		/*
+		 * The event is not queued yet: the thread changing the mapping
+		 * has still to get there. Past a few yields, sleep: the save's
+		 * fault thread may be SCHED_FIFO, and its sched_yield() lets no
+		 * ordinary thread (that one) run on this CPU.
+		 */
+		if (!ret && f->again++ < 16) {
 			sched_yield();
+		} else if (!ret) {
+			struct timespec ts = { 0, 20000 };
+
+			nanosleep(&ts, NULL);
+		}
 		return 1;
 	case ENOENT:
 		if (atomic_load(&g->ended) || halite_gmem_gone(g, f->ri, f->off + o))
@@ -651,7 +664,7 @@ int halite_gmem_fill(struct halite_gmem *g, uint32_t ri, uint64_t off, uint64_t 
 		     const void *src, int mode, unsigned flags)
 {
 	uint64_t page = g->regions[ri].page;
-	struct fill f = { g, ri, off, len, src, mode, flags, false, 0 };
+	struct fill f = { g, ri, off, len, src, mode, flags, false, 0, 0 };
 	bool wake = !(flags & HALITE_GMEM_DONTWAKE);
 	uint64_t o = 0;
 	int ret;
