@@ -597,6 +597,78 @@ def traces_table(m, traces):
     return "\n".join(L) + "\n"
 
 
+# --- Issue 15's goals, from this run's JSON ---------------------------------------
+
+def yes_no(ok):
+    return "-" if ok is None else "met" if ok else "**NOT met**"
+
+
+def issue15_goals(dirname, traces, notes):
+    """Issue 15's goals against this run's save.json, trace-*.json, qemu.json and
+    open.json: a markdown section, or "" when none of them is here."""
+    save = load_json(os.path.join(dirname, "save.json"), notes) \
+        if os.path.exists(os.path.join(dirname, "save.json")) else None
+    qemu = load_json(os.path.join(dirname, "qemu.json"), notes) \
+        if os.path.exists(os.path.join(dirname, "qemu.json")) else None
+    opn = load_json(os.path.join(dirname, "open.json"), notes) \
+        if os.path.exists(os.path.join(dirname, "open.json")) else None
+    rows = []
+    if save:
+        res = {r.get("name"): r for r in save.get("results") or []}
+        h, c = res.get("halite"), res.get("cow-wp-physical")
+        if h and c:
+            hp, cp = num(h.get("fault_p99_us")), num(c.get("fault_p99_us"))
+            rows.append(["fault service p99 during a save <= the copy-on-write peer's "
+                         "(halite-bench-save)",
+                         f"halite {sig(hp)} us (max {sig(num(h.get('fault_max_us')))}), "
+                         f"cow-wp-physical {sig(cp)} us (max "
+                         f"{sig(num(c.get('fault_max_us')))})",
+                         yes_no(None if hp is None or cp is None else hp <= cp)])
+    for name, tm in traces:
+        vm_ok, ratio_ok, vm, ratio = trace_goal(tm)
+        rows.append([f"trace {name}: locality VM access >= {GOAL_VM_PCT:g}%, demand reads "
+                     f"<= {GOAL_DEMAND_RATIO:g}x physical's",
+                     f"{fmt_pct(vm)}, {fmt_x(ratio, 2)}",
+                     yes_no(None if vm_ok is None or ratio_ok is None else vm_ok and ratio_ok)])
+    for cache, cs in sorted(((qemu or {}).get("summary") or {}).items()):
+        hal, eag = cs.get("halite") or {}, cs.get("qemu-eager") or {}
+        goals = cs.get("goals") or {}
+
+        def ms(v):
+            v = num(v)
+            return "-" if v is None else f"{v * 1e3:.1f} ms"
+        rows.append([f"QEMU guest, {cache}: first HTTP answer (held connection) <= 1/3 of "
+                     "eager's",
+                     f"halite {fmt_s(hal.get('first_http_s_median'))}, eager "
+                     f"{fmt_s(eag.get('first_http_s_median'))}",
+                     yes_no(goals.get("first_http_third_of_eager"))])
+        rows.append([f"QEMU guest, {cache}: mean latency of 1000 requests <= eager's",
+                     f"halite {ms(hal.get('requests_mean_s_median'))}, eager "
+                     f"{ms(eag.get('requests_mean_s_median'))}",
+                     yes_no(goals.get("requests_mean_le_eager"))])
+        rows.append([f"QEMU guest, {cache}: max latency of 1000 requests <= eager's",
+                     f"halite {ms(hal.get('requests_max_s_median'))}, eager "
+                     f"{ms(eag.get('requests_max_s_median'))}",
+                     yes_no(goals.get("requests_max_le_eager"))])
+    if opn:
+        by = {}
+        for r in opn.get("results") or []:
+            by.setdefault(r.get("gib"), {})[r.get("format")] = num(r.get("open_to_running_ms"))
+        if by:
+            top = max(by)
+            new, old = by[top].get("1.1"), by[top].get("1.0")
+            rows.append([f"open to guest running <= 5 ms (largest size here: {top} GiB)",
+                         f"format 1.1 {sig(new)} ms, 1.0 {sig(old)} ms; 1.1 by size: " +
+                         ", ".join(f"{g} GiB {sig(by[g].get('1.1'))}" for g in sorted(by)),
+                         yes_no(None if new is None else new <= 5.0)])
+    if not rows:
+        return ""
+    return ("\n## Issue 15's goals in this run\n\nEach row from this run's JSON (save.json, "
+            "trace-*.json, qemu.json, open.json); timings on a shared or small machine are "
+            "noisy, so read a row as this run's outcome.\n\n" +
+            md_table(["goal", "this run", ""], rows, ["l", "l", "l"]) + "\n")
+
+
 # --- Figure 4 --------------------------------------------------------------------
 
 def compress_points(dirname, notes):
@@ -1270,6 +1342,7 @@ def main(argv):
                     "Figure 2 per trace: " +
                     ", ".join(f"[{n}](fig2-trace-{n}.svg)" for n, _ in traces) + ".\n\n" +
                     tt.split("\n", 2)[2])
+        f.write(issue15_goals(d, traces, notes))
     made.append("summary.md")
     for f in made:
         print(os.path.join(d, f))

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Issue 5's benchmarks, one after the other, each one's JSON saved in DIR, then
+# The benchmarks of issues 3, 5, 14 and 15, one after the other, each one's JSON saved in DIR, then
 # the paper's figures and a summary drawn from them (bench/plot.py):
 #
+#   save.json           halite-bench-save --json: the lazy save against the
+#                       copy-on-write peer in the same run (fault p50/p99/max,
+#                       guest slowdown; issues 3 and 15)
 #   micro.json          halite-bench micro --json: Figure 2, Table 1
 #   compress-P.json     halite-bench micro --json --only locality,halite
 #                       --compress P for P = 10 30 50 70 90, cold cache,
@@ -80,7 +83,7 @@ say "build ($(rel "$build"))"
 
 # This run's files only: a fault.json left from an earlier run must not be
 # taken for this one's.
-rm -f "$out"/micro.json "$out"/compress-*.json "$out"/fio.json "$out"/fault.json "$out"/clones.json \
+rm -f "$out"/save.json "$out"/micro.json "$out"/compress-*.json "$out"/fio.json "$out"/fault.json "$out"/clones.json \
 	"$out"/clones-qemu.json "$out"/qemu.json "$out"/trace-*.json "$out"/fig2-trace-*.svg "$out"/table-traces.md \
 	"$out"/open.json "$out"/save-qemu.json \
 	"$out"/*.log "$out"/runs.tsv "$out"/fig2-overhead.svg "$out"/fig4-compress.svg \
@@ -109,6 +112,9 @@ run() {
 
 q=()
 [[ $quick == 1 ]] && q=(--quick)
+
+# (a0) The lazy save against plain copy-on-write, in the same run.
+run save.json "$(rel "$build")/bench/halite-bench-save" --json "${q[@]}"
 
 # (a) The microbenchmark: Figure 2 and Table 1.
 run micro.json "$bench" micro --json "${q[@]}"
