@@ -1584,17 +1584,28 @@ def case_attach(work):
     # QEMU's main loop reads guest memory no one brought in (a monitor command
     # here; a NIC's packet or a device's DMA as well): it waits, and QMP
     # answers nothing until a handler serves that page.
+    def in_fault(tid):
+        try:
+            with open(f"/proc/{qemu_pid}/task/{tid}/wchan") as f:
+                return f.read().strip() == "handle_userfault"
+        except OSError:
+            return False
+
     blocked = False
     for mib in range(dst.mem_mib // 2, dst.mem_mib, 16):
         q.send("human-monitor-command", **{"command-line": f"xp /1xg {mib << 20:#x}"})
         # Until QEMU's main loop waits in a fault, or its reply comes (that page
         # was in): a loaded machine may take a while for either.
         deadline = time.monotonic() + 5
-        while not blocked and time.monotonic() < deadline:
-            with open(f"/proc/{qemu_pid}/wchan") as f:
-                blocked = f.read().strip() == "handle_userfault"
-            if not blocked and select.select([q.s], [], [], 0.05)[0]:
-                break
+        replied = False
+        while not blocked and not replied and time.monotonic() < deadline:
+            blocked = in_fault(qemu_pid)
+            replied = not blocked and bool(select.select([q.s], [], [], 0.05)[0])
+        if not blocked and not replied:
+            # No answer: the main loop may wait for a lock (the BQL) that a
+            # thread waiting for a page holds. Stuck all the same, on a fault.
+            blocked = any(in_fault(t) for t in os.listdir(f"/proc/{qemu_pid}/task"))
+            check(blocked, "QMP answers nothing in 5 s, and a QEMU thread waits for a page")
         if blocked:
             break
         q.cmd("query-status")  # that page was in: its reply, then the next
