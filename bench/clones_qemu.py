@@ -543,16 +543,8 @@ def parse_args():
 
 
 def prerequisites(args):
-    if not hg.qemu_available():
-        return "qemu-system-x86_64 not installed (scripts/install-deps.sh --guest)"
-    if not hg.image_ready(args.image):
-        return "test guest not built (scripts/make-guest.sh)"
-    if os.geteuid() != 0:
-        return "needs root (halite-qemu ptraces QEMU; the daemon serves other processes)"
-    for b in (args.halite_qemu, args.halite_cloned):
-        if not os.access(b, os.X_OK):
-            return f"{b} not built (scripts/build.sh)"
-    return None
+    return hg.bench_prerequisites(args.image, [args.halite_qemu, args.halite_cloned],
+                                  "halite-qemu ptraces QEMU; the daemon serves other processes")
 
 
 def memory_check(args):
@@ -614,14 +606,7 @@ def main():
         reaper.procs.append(src.boot().proc)
         log(f"boot: {args.mem_mib} MiB, {args.smp} vCPUs, verifier {args.verifier_mib} MiB, "
             f"a 64 MiB qcow2 disk")
-        t = now()
-        src.wait_ready(timeout=180)
-        log(f"  ready in {now() - t:.1f} s")
-        q = src.qmp()
-        qemu_version = "{major}.{minor}.{micro}".format(**q.version)
-        q.close()
-        result["machine"] = qb.machine_info(args.halite_qemu, qemu_version)
-        result["machine"]["loadavg_at_start"] = os.getloadavg()[0]
+        result["machine"] = qb.source_ready(src, args.halite_qemu)
         src.rewrites(False)
         src_digest, _, ok = src.digest()
         if not ok:
@@ -675,15 +660,7 @@ def main():
     result["results"] = [aggregate(n, m, [r for r in raw if r["clones"] == n and r["mode"] == m])
                          for n in args.ns for m in MODES
                          if any(r["clones"] == n and r["mode"] == m for r in raw)]
-    result["elapsed_s"] = rnd(now() - t_start, 1)
-    if result["machine"]:
-        # Other work on the machine shows in every timing on 2 cores: say how much.
-        result["machine"]["loadavg_at_end"] = os.getloadavg()[0]
-    if args.json:
-        print(json.dumps(result, indent=2))
-        log(table(result))
-    else:
-        print(table(result))
+    qb.emit(result, args, t_start, table)
     return code
 
 

@@ -247,6 +247,20 @@ def fs_type(path):
 
 # --- the machine ---------------------------------------------------------------
 
+def source_ready(g, halite_qemu):
+    """Wait until booted guest @g is ready (logged), then describe the machine:
+    machine_info() with the QEMU version @g runs and the load average now."""
+    t = now()
+    g.wait_ready(timeout=180)
+    log(f"  ready in {now() - t:.1f} s")
+    q = g.qmp()
+    qemu_version = "{major}.{minor}.{micro}".format(**q.version)
+    q.close()
+    m = machine_info(halite_qemu, qemu_version)
+    m["loadavg_at_start"] = os.getloadavg()[0]
+    return m
+
+
 def machine_info(halite_qemu, qemu_version):
     cpu = None
     try:
@@ -830,17 +844,8 @@ def parse_args():
 
 
 def prerequisites(args):
-    if not hg.qemu_available():
-        return "qemu-system-x86_64 not installed (scripts/install-deps.sh --guest)"
-    if not hg.image_ready(args.image):
-        return f"test guest not built in {args.image} (scripts/make-guest.sh)"
-    if os.geteuid() != 0:
-        return "needs root (halite-qemu ptraces QEMU)"
-    if not os.access(args.halite_qemu, os.X_OK):
-        return f"{args.halite_qemu} not built (scripts/build.sh)"
-    if args.trace and not os.access(args.halite_inspect, os.X_OK):
-        return f"{args.halite_inspect} not built (scripts/build.sh)"
-    return None
+    bins = [args.halite_qemu] + ([args.halite_inspect] if args.trace else [])
+    return hg.bench_prerequisites(args.image, bins)
 
 
 def unmet(why):
@@ -889,13 +894,7 @@ def main():
                        verifier_mib=args.verifier_mib)
         reaper.procs.append(src.boot().proc)
         log(f"boot: {args.mem_mib} MiB, {args.smp} vCPUs, verifier {args.verifier_mib} MiB")
-        t = now()
-        src.wait_ready(timeout=180)
-        log(f"  ready in {now() - t:.1f} s")
-        q = src.qmp()
-        qemu_version = "{major}.{minor}.{micro}".format(**q.version)
-        q.close()
-        result["machine"] = machine_info(args.halite_qemu, qemu_version)
+        result["machine"] = source_ready(src, args.halite_qemu)
         src_digest = None
         if not args.rewrites:
             src.rewrites(False)
@@ -945,6 +944,20 @@ def main():
             f"workload halite {s['halite']['workload_s_median']} s, qemu-eager "
             f"{s['qemu-eager']['workload_s_median']} s (x{s['speedup_workload']})")
     return code
+
+
+def emit(result, args, t_start, table):
+    """The end of a QEMU bench's run: its elapsed time and the load it ran under
+    (other work shows in every timing on 2 cores) into @result, then the JSON
+    on stdout with @table(result) on stderr, or the table alone."""
+    result["elapsed_s"] = rnd(now() - t_start, 1)
+    if result.get("machine"):
+        result["machine"]["loadavg_at_end"] = os.getloadavg()[0]
+    if args.json:
+        print(json.dumps(result, indent=2))
+        log(table(result))
+    else:
+        print(table(result))
 
 
 def print_table(result):

@@ -224,15 +224,7 @@ def parse_args():
 
 
 def prerequisites(args):
-    if not hg.qemu_available():
-        return "qemu-system-x86_64 not installed (scripts/install-deps.sh --guest)"
-    if not hg.image_ready(args.image):
-        return "test guest not built (scripts/make-guest.sh)"
-    if os.geteuid() != 0:
-        return "needs root (halite-qemu ptraces QEMU)"
-    if not os.access(args.halite_qemu, os.X_OK):
-        return f"{args.halite_qemu} not built (scripts/build.sh)"
-    return None
+    return hg.bench_prerequisites(args.image, [args.halite_qemu])
 
 
 def main():
@@ -267,14 +259,7 @@ def main():
         reaper.procs.append(g.boot().proc)
         log(f"boot: {args.mem_mib} MiB ({result['params']['ram']}), {args.smp} vCPUs, "
             f"verifier {args.verifier_mib} MiB")
-        t = now()
-        g.wait_ready(timeout=180)
-        log(f"  ready in {now() - t:.1f} s")
-        q = g.qmp()
-        qemu_version = "{major}.{minor}.{micro}".format(**q.version)
-        q.close()
-        result["machine"] = qb.machine_info(args.halite_qemu, qemu_version)
-        result["machine"]["loadavg_at_start"] = os.getloadavg()[0]
+        result["machine"] = qb.source_ready(g, args.halite_qemu)
         path = os.path.join(filedir, "guest.hlt")
         order = []
         for run in range(args.runs):
@@ -327,14 +312,7 @@ def main():
         reaper.kill_all()
         for d in (workdir, filedir):
             subprocess.run(["rm", "-rf", "--", d])
-    result["elapsed_s"] = rnd(now() - t_start, 1)
-    if result["machine"]:
-        result["machine"]["loadavg_at_end"] = os.getloadavg()[0]
-    if args.json:
-        print(json.dumps(result, indent=2))
-        log(table(result))
-    else:
-        print(table(result))
+    qb.emit(result, args, t_start, table)
     return code
 
 

@@ -492,5 +492,20 @@ def image_ready(image=None):
     return all(os.path.exists(os.path.join(image, f)) for f in ("initrd.img", "append"))
 
 
+def bench_prerequisites(image, binaries, root_why="halite-qemu ptraces QEMU"):
+    """Why the QEMU benches cannot run here (one sentence saying what to do), or
+    None: QEMU, the test guest in @image, root, and each of @binaries built."""
+    if not qemu_available():
+        return "qemu-system-x86_64 not installed (scripts/install-deps.sh --guest)"
+    if not image_ready(image):
+        return f"test guest not built in {image} (scripts/make-guest.sh)"
+    if os.geteuid() != 0:
+        return f"needs root ({root_why})"
+    for b in binaries:
+        if not os.access(b, os.X_OK):
+            return f"{b} not built (scripts/build.sh)"
+    return None
+
+
 def make_workdir(prefix="halite-qemu-test."):
     return tempfile.mkdtemp(prefix=prefix)
