@@ -92,23 +92,34 @@ static struct rhp *hp_at(struct halite_restore *r, const struct rregion *g, uint
 }
 
 /* The stored blocks of the page at region offset @hpo, counted once. */
-static uint32_t hp_stored(struct halite_restore *r, const struct rregion *g, struct rhp *hp,
-			  uint64_t hpo)
+/*
+ * Into *@stored; 0 or the failure (rs_fail()). Counting looks up every block
+ * of the page, so a 1.1 file's index chunks for all of them come in here:
+ * once it has succeeded, lookups of the page's blocks cannot fail.
+ */
+static int hp_stored(struct halite_restore *r, const struct rregion *g, struct rhp *hp,
+		     uint64_t hpo, uint32_t *stored)
 {
 	uint32_t n = atomic_load(&hp->stored);
 	uint64_t mb0 = g->first_mb + hpo / r->mb_size;
 
-	if (n)
-		return n - 1;
+	if (n) {
+		*stored = n - 1;
+		return 0;
+	}
 	for (uint64_t mb = mb0; mb < mb0 + g->hpage / r->mb_size; mb++) {
 		struct halite_mb_loc loc;
+		int ret = halite_reader_mb_lookup(r->rd, mb, &loc);
 
-		halite_reader_mb_lookup(r->rd, mb, &loc);
+		if (ret)
+			return rs_fail(r, ret, "memory block %llu: %s", ULL(mb),
+				       halite_reader_errmsg(r->rd));
 		n += loc.state == HALITE_MB_STORED;
 	}
 	/* Any thread counts the same: no CAS needed. */
 	atomic_store(&hp->stored, n + 1);
-	return n;
+	*stored = n;
+	return 0;
 }
 
 int rs_huge_region(struct halite_restore *r, struct rregion *g)
@@ -313,6 +324,7 @@ int rs_huge_write(struct halite_restore *r, uint64_t mb, const uint8_t *lb_buf, 
 	const struct rregion *g = rs_region_of_mb(r, mb);
 	uint64_t off = (mb - g->first_mb) * r->mb_size, hpo = off - off % g->hpage;
 	struct rhp *hp = hp_at(r, g, off);
+	uint32_t stored;
 	int ret;
 
 	/* Racing threads both allocate: the second fallocate finds the page there. */
@@ -326,8 +338,11 @@ int rs_huge_write(struct halite_restore *r, uint64_t mb, const uint8_t *lb_buf, 
 	if (ret)
 		return rs_fail(r, ret, "memory block %llu does not decode", ULL(mb));
 	rs_installed(r, mb, by);
+	ret = hp_stored(r, g, hp, hpo, &stored);
+	if (ret)
+		return ret;
 	/* Each write gets its own count: exactly one thread sees the last. */
-	if (atomic_fetch_add(&hp->written, 1) + 1 != hp_stored(r, g, hp, hpo))
+	if (atomic_fetch_add(&hp->written, 1) + 1 != stored)
 		return 0;
 	return hp_complete(r, g, hp, hpo);
 }
@@ -348,14 +363,19 @@ void rs_huge_fault(struct halite_restore *r, uint64_t mb, const struct fault *f)
 	const struct rregion *g = &r->regions[f->ri];
 	uint64_t hpo = f->off - f->off % g->hpage, mb0 = g->first_mb + hpo / r->mb_size;
 	struct rhp *hp = hp_at(r, g, f->off);
-	uint32_t stored = hp_stored(r, g, hp, hpo);
 	uint64_t queued[64], first = UINT64_MAX;
 	struct halite_mb_loc loc;
 	size_t nq = 0, nread = 0, wake = 0;
 	struct waiter *w;
 	bool inline_read;
-	int ret = 0;
+	uint32_t stored;
+	int ret = hp_stored(r, g, hp, hpo, &stored);
 
+	if (ret) {
+		/* Its index is damaged: the restore fails, the page never completes. */
+		rs_set_failed(r, ret);
+		return;
+	}
 	pthread_mutex_lock(&r->lk);
 	if (atomic_load(&hp->in)) {
 		/* Raced with its completion, or the guest punched the page out since. */

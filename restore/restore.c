@@ -2107,7 +2107,13 @@ static int attach_scan(struct halite_restore *r)
 			struct halite_mb_loc loc;
 			bool all = true;
 
-			halite_reader_mb_lookup(r->rd, mb, &loc);
+			/* A 1.1 file's index chunk comes in here; damaged, the take-over fails. */
+			ret = halite_reader_mb_lookup(r->rd, mb, &loc);
+			if (ret) {
+				free(bits);
+				return rs_fail(r, ret, "memory block %llu: %s", ULL(mb),
+					       halite_reader_errmsg(r->rd));
+			}
 			if (loc.state != HALITE_MB_STORED)
 				continue;
 			for (uint64_t p = p0; p < p0 + ppm && all; p++)
@@ -2122,8 +2128,11 @@ static int attach_scan(struct halite_restore *r)
 	for (uint64_t lb = 0; lb < r->lb_total; lb++) {
 		const uint64_t *mbs;
 		uint32_t n, k;
+		int ret = halite_reader_lb_members(r->rd, lb, &mbs, &n);
 
-		halite_reader_lb_members(r->rd, lb, &mbs, &n);
+		if (ret)
+			return rs_fail(r, ret, "locality block %llu: %s", ULL(lb),
+				       halite_reader_errmsg(r->rd));
 		for (k = 0; k < n && atomic_load(&r->mb[mbs[k]]) == MB_INSTALLED; k++)
 			;
 		if (k == n) {
