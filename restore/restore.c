@@ -1844,11 +1844,46 @@ static int first_present(uint64_t start, uint64_t len, uint64_t *first)
 	return n < 0 ? n : n > 0;
 }
 
-static int check_unpopulated(struct halite_restore *r, const struct rregion *g)
+/*
+ * The first page of region @g (this process's memory) that is populated,
+ * into *@first: 1, 0 none, or the failure. PAGEMAP_SCAN where the kernel has
+ * it, else mincore() chunk by chunk.
+ */
+static int first_populated(struct halite_restore *r, const struct rregion *g, uint64_t *first)
 {
 	size_t vlen = MINCORE_CHUNK_PAGES;
 	unsigned char *vec;
-	int ret = 0;
+	int ret = first_present(g->host, g->length, first);
+
+	if (ret >= 0)
+		return ret;
+	vec = malloc(vlen);
+	if (!vec)
+		return -ENOMEM;
+	ret = 0;
+	for (uint64_t off = 0; off < g->length && !ret; off += vlen * r->page) {
+		uint64_t len = HALITE_MIN(g->length - off, (uint64_t)vlen * r->page);
+
+		if (mincore((void *)(uintptr_t)(g->host + off), len, vec)) {
+			ret = rs_fail(r, -errno, "region '%s': mincore at 0x%llx (is it mapped?)",
+				    g->name, ULL(g->host + off));
+			break;
+		}
+		for (uint64_t i = 0; i < len / r->page && !ret; i++) {
+			if (vec[i] & 1) {
+				*first = g->host + off + i * r->page;
+				ret = 1;
+			}
+		}
+	}
+	free(vec);
+	return ret;
+}
+
+static int check_unpopulated(struct halite_restore *r, const struct rregion *g)
+{
+	uint64_t first = 0;
+	int ret;
 
 	if (g->hpage)
 		return rs_huge_check_empty(r, g);
@@ -1881,38 +1916,11 @@ static int check_unpopulated(struct halite_restore *r, const struct rregion *g)
 		return ret2 < 0 && ret2 != -EEXIST ? rs_fail(r, ret2, "region '%s': which pages are "
 							  "populated (pagemap)", g->name) : ret2;
 	}
-	{
-		uint64_t first = 0;
-		int n = first_present(g->host, g->length, &first);
-
-		if (n > 0)
-			return rs_fail(r, -EEXIST, "region '%s': the page at offset %llu is already "
-				       "populated; a restore needs mapped memory that was never touched",
-				       g->name, ULL(first - g->host));
-		if (!n)
-			return 0;
-	}
-	vec = malloc(vlen);
-	if (!vec)
-		return -ENOMEM;
-	for (uint64_t off = 0; off < g->length && !ret; off += vlen * r->page) {
-		uint64_t len = HALITE_MIN(g->length - off, (uint64_t)vlen * r->page);
-
-		if (mincore((void *)(uintptr_t)(g->host + off), len, vec)) {
-			ret = rs_fail(r, -errno, "region '%s': mincore at 0x%llx (is it mapped?)",
-				    g->name, ULL(g->host + off));
-			break;
-		}
-		for (uint64_t i = 0; i < len / r->page; i++) {
-			if (vec[i] & 1) {
-				ret = rs_fail(r, -EEXIST, "region '%s': the page at offset %llu is "
-					    "already populated; a restore needs mapped memory that "
-					    "was never touched", g->name, ULL(off + i * r->page));
-				break;
-			}
-		}
-	}
-	free(vec);
+	ret = first_populated(r, g, &first);
+	if (ret > 0)
+		return rs_fail(r, -EEXIST, "region '%s': the page at offset %llu is already "
+			       "populated; a restore needs mapped memory that was never touched",
+			       g->name, ULL(first - g->host));
 	return ret;
 }
 
