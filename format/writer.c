@@ -213,34 +213,102 @@ static int grow32(void **p, size_t elem, uint32_t *cap, uint32_t need)
 	return ret;
 }
 
-static int check_opts(const struct halite_writer_opts *o, uint32_t *page_size, uint32_t *mb_pages,
-		      uint32_t *lb_size, int *codec)
+/* "4 KiB", "64 KiB", "8 MiB", else bytes: the way the options are written. */
+static const char *size_words(uint64_t v, char *buf, size_t len)
 {
+	if (v && !(v & ((1u << 20) - 1)))
+		snprintf(buf, len, "%llu MiB", (unsigned long long)(v >> 20));
+	else if (v && !(v & 1023))
+		snprintf(buf, len, "%llu KiB", (unsigned long long)(v >> 10));
+	else
+		snprintf(buf, len, "%llu bytes", (unsigned long long)v);
+	return buf;
+}
+
+/*
+ * The options with their defaults filled in, checked; on failure one
+ * sentence in @err naming the option, its value and what is accepted.
+ */
+static int check_opts(const struct halite_writer_opts *o, uint32_t *page_size, uint32_t *mb_pages,
+		      uint32_t *lb_size, int *codec, char *err, size_t errlen)
+{
+	char a[32], b[32], c[32];
+	int lo, hi;
+
 	*page_size = o->page_size ? o->page_size : HALITE_DEFAULT_PAGE_SIZE;
 	*mb_pages = o->mb_pages ? o->mb_pages : HALITE_DEFAULT_MB_PAGES;
 	*lb_size = o->lb_size ? o->lb_size : HALITE_DEFAULT_LB_SIZE;
 	*codec = o->codec ? o->codec : HALITE_CODEC_LZ4;
 
-	if (!halite_is_pow2(*page_size) || *page_size < 4096 || *page_size > HLT_MAX_PAGE_SIZE)
+	if (!halite_is_pow2(*page_size) || *page_size < 4096 || *page_size > HLT_MAX_PAGE_SIZE) {
+		snprintf(err, errlen, "page size %s: a power of two from 4 KiB to %s",
+			 size_words(*page_size, a, sizeof(a)), size_words(HLT_MAX_PAGE_SIZE, b, sizeof(b)));
 		return -EINVAL;
-	if (*mb_pages > HLT_MAX_MB_PAGES)
+	}
+	if (*mb_pages > HLT_MAX_MB_PAGES) {
+		snprintf(err, errlen, "%u pages per memory block: 1 to %u", *mb_pages, HLT_MAX_MB_PAGES);
 		return -EINVAL;
+	}
 	if (!halite_is_pow2(*lb_size) || *lb_size < HALITE_MIN_LB_SIZE ||
-	    *lb_size > HALITE_MAX_LB_SIZE)
+	    *lb_size > HALITE_MAX_LB_SIZE) {
+		snprintf(err, errlen, "locality-block size %s: a power of two from %s to %s",
+			 size_words(*lb_size, a, sizeof(a)), size_words(HALITE_MIN_LB_SIZE, b, sizeof(b)),
+			 size_words(HALITE_MAX_LB_SIZE, c, sizeof(c)));
 		return -EINVAL;
-	if ((uint64_t)*page_size * *mb_pages > *lb_size)
+	}
+	if ((uint64_t)*page_size * *mb_pages > *lb_size) {
+		snprintf(err, errlen, "a memory block of %s (%u pages of %s) does not fit a "
+			 "locality block of %s", size_words((uint64_t)*page_size * *mb_pages, a, sizeof(a)),
+			 *mb_pages, size_words(*page_size, b, sizeof(b)),
+			 size_words(*lb_size, c, sizeof(c)));
 		return -EINVAL;
-	if (!halite_codec_name(*codec) || *codec == HALITE_CODEC_DEFAULT)
+	}
+	if (*codec == HALITE_CODEC_DEFAULT || halite_codec_level_range(*codec, &lo, &hi)) {
+		snprintf(err, errlen, "codec %d: not one of none, lz4, zlib, zstd", *codec);
 		return -HALITE_E_NO_CODEC;
-	if (o->level < -128 || o->level > 127)
+	}
+	if (o->level < lo || o->level > hi) {
+		snprintf(err, errlen, "%s level %d: %d to %d (0: the codec's default)",
+			 halite_codec_name(*codec), o->level, lo, hi);
 		return -EINVAL;
-	if (o->flags & ~HALITE_WRITER_FLAGS_ALL)
+	}
+	if (o->flags & ~HALITE_WRITER_FLAGS_ALL) {
+		snprintf(err, errlen, "writer flags 0x%x: unknown bits 0x%x", o->flags,
+			 o->flags & ~HALITE_WRITER_FLAGS_ALL);
 		return -EINVAL;
-	if (o->io_backend < HALITE_IO_BACKEND_DEFAULT || o->io_backend > HALITE_IO_BACKEND_PSYNC)
+	}
+	if (o->io_backend < HALITE_IO_BACKEND_DEFAULT || o->io_backend > HALITE_IO_BACKEND_PSYNC) {
+		snprintf(err, errlen, "I/O backend %d: 0 to %d", o->io_backend,
+			 HALITE_IO_BACKEND_PSYNC);
 		return -EINVAL;
-	if (o->queue_depth > HALITE_WRITER_MAX_QUEUE_DEPTH)
+	}
+	if (o->queue_depth > HALITE_WRITER_MAX_QUEUE_DEPTH) {
+		snprintf(err, errlen, "queue depth %u: 0 (the default, 8) to %u", o->queue_depth,
+			 HALITE_WRITER_MAX_QUEUE_DEPTH);
 		return -EINVAL;
+	}
 	return 0;
+}
+
+HALITE_EXPORT int halite_writer_opts_check(const struct halite_writer_opts *opts, char *err,
+					   size_t errlen)
+{
+	struct halite_writer_opts o;
+	uint32_t page_size, mb_pages, lb_size;
+	char dummy[1];
+	int codec, ret;
+
+	if (!err || !errlen) {
+		err = dummy;
+		errlen = sizeof(dummy);
+	}
+	err[0] = '\0';
+	ret = halite_opts_copy(&o, sizeof(o), opts);
+	if (ret) {
+		snprintf(err, errlen, "writer options of an unknown size");
+		return ret;
+	}
+	return check_opts(&o, &page_size, &mb_pages, &lb_size, &codec, err, errlen);
 }
 
 static int copy_regions(struct halite_writer *w, const struct halite_region *regions, uint32_t n)
@@ -502,6 +570,7 @@ HALITE_EXPORT int halite_writer_create(struct halite_writer **wp, const char *pa
 {
 	struct halite_writer_opts o;
 	struct halite_writer *w;
+	char why[160];
 	int ret;
 
 	if (!wp || !path || !regions)
@@ -514,11 +583,10 @@ HALITE_EXPORT int halite_writer_create(struct halite_writer **wp, const char *pa
 	if (!w)
 		return -ENOMEM;
 	w->log = (struct halite_logger){ o.log, o.log_ctx, o.log_level };
-	ret = check_opts(opts, &w->page_size, &w->mb_pages, &w->lb_size, &w->codec);
+	ret = check_opts(opts, &w->page_size, &w->mb_pages, &w->lb_size, &w->codec, why,
+			 sizeof(why));
 	if (ret) {
-		wfail(w, ret, "invalid writer options (page %u, MB pages %u, LB %u, codec %d, "
-		      "I/O backend %d, queue depth %u)", w->page_size, w->mb_pages, w->lb_size,
-		      w->codec, o.io_backend, o.queue_depth);
+		wfail(w, ret, "%s", why);
 		goto err;
 	}
 	w->flags = opts->flags;

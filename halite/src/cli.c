@@ -6,6 +6,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include <halite/halite.h>
+
 #include "cli.h"
 
 int halite_parse_size(const char *s, uint64_t *out)
@@ -78,4 +80,67 @@ void halite_shell_quote(FILE *f, const char *s)
 	for (p = s; *p; p++)
 		fputs(*p == '\'' ? "'\\''" : (char[2]){ *p, 0 }, f);
 	fputc('\'', f);
+}
+
+int halite_cli_version(const char *prog)
+{
+	printf("%s %d.%d.%d (file format %d.%d)\n", prog, HALITE_VERSION_MAJOR,
+	       HALITE_VERSION_MINOR, HALITE_VERSION_PATCH, HALITE_FORMAT_MAJOR,
+	       HALITE_FORMAT_MINOR);
+	return fflush(stdout) ? 1 : 0;
+}
+
+int halite_cli_progress_parse(const char *arg, int *mode)
+{
+	static const char *const names[] = {
+		[HALITE_PROGRESS_TEXT] = "text",
+		[HALITE_PROGRESS_JSON] = "json",
+		[HALITE_PROGRESS_NONE] = "none",
+	};
+
+	if (!arg) {
+		*mode = HALITE_PROGRESS_TEXT;
+		return 0;
+	}
+	for (int i = 0; i < (int)(sizeof(names) / sizeof(names[0])); i++)
+		if (!strcmp(arg, names[i])) {
+			*mode = i;
+			return 0;
+		}
+	return -EINVAL;
+}
+
+static void json_i64_or_null(FILE *f, const char *key, int64_t v)
+{
+	if (v < 0)
+		fprintf(f, ", \"%s\": null", key);
+	else
+		fprintf(f, ", \"%s\": %lld", key, (long long)v);
+}
+
+void halite_cli_progress_json(FILE *f, const struct halite_cli_progress *p)
+{
+	fputs("{\"type\": \"progress\", \"op\": ", f);
+	halite_json_str(f, p->op);
+	fputs(", \"phase\": ", f);
+	if (p->phase)
+		halite_json_str(f, p->phase);
+	else
+		fputs("null", f);
+	fprintf(f, ", \"elapsed_s\": %.3f", p->elapsed_s);
+	if (p->bytes >= 0 && p->total > 0)
+		fprintf(f, ", \"percent\": %.1f", 100.0 * (double)p->bytes / (double)p->total);
+	else if (p->bytes >= 0 && p->total == 0 && p->done)
+		fputs(", \"percent\": 100.0", f);
+	else
+		fputs(", \"percent\": null", f);
+	json_i64_or_null(f, "bytes", p->bytes);
+	json_i64_or_null(f, "total_bytes", p->total);
+	json_i64_or_null(f, "faults", p->faults);
+	if (p->bytes >= 0 && p->elapsed_s > 0)
+		fprintf(f, ", \"rate_bytes_per_s\": %.0f", (double)p->bytes / p->elapsed_s);
+	else
+		fputs(", \"rate_bytes_per_s\": null", f);
+	fprintf(f, ", \"done\": %s}\n", p->done ? "true" : "false");
+	fflush(f);
 }

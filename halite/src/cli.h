@@ -1,8 +1,13 @@
 /* SPDX-License-Identifier: MIT */
-/* Private: what the command-line tools share (halite-inspect, halite-qemu). */
+/*
+ * Private: what the command-line tools share (halite-inspect, halite-qemu,
+ * halite-synth, halite-cloned, halite-clone, the benchmarks). The
+ * conventions they follow are in docs/cli.md.
+ */
 #ifndef HALITE_CLI_H
 #define HALITE_CLI_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -18,5 +23,42 @@ void halite_json_str(FILE *f, const char *s);
 
 /* @s as one word for a POSIX shell: as it is when safe, else in single quotes. */
 void halite_shell_quote(FILE *f, const char *s);
+
+/*
+ * --version: "PROG 0.1.0 (file format 1.1)" and a newline on stdout.
+ * Returns 0, the exit code.
+ */
+int halite_cli_version(const char *prog);
+
+/* --progress[=MODE]: how long operations report on stderr. */
+enum halite_progress_mode {
+	HALITE_PROGRESS_TEXT = 0, /* a line a person reads (the default) */
+	HALITE_PROGRESS_JSON,	  /* one JSON object per line (halite_cli_progress_json) */
+	HALITE_PROGRESS_NONE,
+};
+/* "text", "json" or "none"; NULL (a bare --progress) is text. 0 or -EINVAL. */
+int halite_cli_progress_parse(const char *arg, int *mode);
+
+/*
+ * One progress report of a long operation. Unknown values are negative and
+ * print as null.
+ */
+struct halite_cli_progress {
+	const char *op;	   /* "save", "restore", "verify", "import", "extract", ... */
+	const char *phase; /* what it is doing now ("arming", "memory", ...), or NULL */
+	double elapsed_s;  /* since the operation started */
+	int64_t bytes;	   /* done so far */
+	int64_t total;	   /* bytes in all, when known */
+	int64_t faults;	   /* faults served so far, for the engines */
+	bool done;	   /* the last report: the operation ended (ok or not) */
+};
+/*
+ * One line on @f, flushed:
+ * {"type": "progress", "op": "save", "phase": "memory", "elapsed_s": 1.25,
+ *  "percent": 42.1, "bytes": N, "total_bytes": N, "faults": N,
+ *  "rate_bytes_per_s": N, "done": false}
+ * percent and rate are derived (null when their inputs are unknown).
+ */
+void halite_cli_progress_json(FILE *f, const struct halite_cli_progress *p);
 
 #endif

@@ -15,6 +15,8 @@
  *              which is where the lz4 CLI switches to HC too.
  *   zlib  1..9 (larger values clamp to 9, negative to 1); 0 = 6.
  *   zstd  passed through (negative = fast modes); 0 = 3.
+ * The writer takes only halite_codec_level_range()'s; the clamps above are
+ * for callers of halite_compress() itself.
  *
  * Contexts: zstd and zlib contexts and the LZ4 HC state are 100-300 KiB
  * each, which a per-call malloc/free would set up again for every block, so
@@ -135,6 +137,34 @@ HALITE_EXPORT int halite_codec_parse(const char *name)
 		if (!strcmp(name, halite_codec_name(c)))
 			return c;
 	return -HALITE_E_NO_CODEC;
+}
+
+HALITE_EXPORT int halite_codec_level_range(int codec, int *min, int *max)
+{
+	int lo = 0, hi = 0;
+
+	switch (codec) {
+	case HALITE_CODEC_NONE:
+		break;
+	case HALITE_CODEC_LZ4:
+		lo = -128;
+		hi = LZ4HC_CLEVEL_MAX;
+		break;
+	case HALITE_CODEC_ZLIB:
+		hi = Z_BEST_COMPRESSION;
+		break;
+	case HALITE_CODEC_ZSTD:
+		lo = -128;
+		hi = ZSTD_maxCLevel();
+		break;
+	default:
+		return -HALITE_E_NO_CODEC;
+	}
+	if (min)
+		*min = lo;
+	if (max)
+		*max = hi;
+	return 0;
 }
 
 static int lz4_compress(struct codec_ctx *c, int level, const void *src, int src_len,

@@ -33,6 +33,14 @@ const char *halite_codec_name(int codec);
 int halite_codec_parse(const char *name);
 
 /*
+ * The levels @codec accepts (0, the default, always is one): lz4 -128 .. 12
+ * (negative: the lz4 CLI's --fast=N; 3 and up: LZ4 HC), zlib 0 .. 9,
+ * zstd -128 .. 22 (negative: its fast modes), none 0 .. 0. The file header
+ * stores the level in one signed byte. 0, or -HALITE_E_NO_CODEC.
+ */
+int halite_codec_level_range(int codec, int *min, int *max);
+
+/*
  * Compress @src_len bytes into @dst (capacity @dst_cap) at @level (0 = the
  * codec's default). Returns the compressed length, or -HALITE_E_LIMIT when the
  * result would not be smaller than @src_len or not fit in @dst_cap: the caller

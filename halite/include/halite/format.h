@@ -187,6 +187,20 @@ int halite_writer_create(struct halite_writer **w, const char *path,
 			 const struct halite_writer_opts *opts);
 
 /*
+ * Whether halite_writer_create() takes @opts, checked without creating
+ * anything, for tools that validate their options when they parse them:
+ * 0, or -EINVAL (-HALITE_E_NO_CODEC for an unknown codec) with one sentence
+ * naming the option, the value and the accepted range in @err (may be NULL),
+ * e.g. "locality-block size 8 MiB: a power of two from 4 KiB to 4 MiB".
+ * Page size: a power of two, 4 KiB .. 4 MiB; pages per memory block
+ * 1 .. 1024; locality-block size a power of two, HALITE_MIN_LB_SIZE ..
+ * HALITE_MAX_LB_SIZE and at least one memory block; the level in
+ * halite_codec_level_range(); queue depth at most
+ * HALITE_WRITER_MAX_QUEUE_DEPTH.
+ */
+int halite_writer_opts_check(const struct halite_writer_opts *opts, char *err, size_t errlen);
+
+/*
  * Whether a snapshot may be written to @path, checked without creating or
  * changing anything: its directory exists and this process may write there,
  * @path is not a directory (nor ends in '/'), whatever is at @path now is a
