@@ -2039,6 +2039,67 @@ static long sg_present(const struct sg *g, const struct mbloc *l, uint32_t n, ui
  * while the restore fails, and after the engine is freed too (the owner
  * holds the userfaultfd), with nothing of the LB installed.
  */
+/*
+ * Another process's memory that already has a page is refused at start,
+ * naming the first one (PAGEMAP_SCAN on its pagemap, or the pagemap read
+ * page by page on a kernel without it): it would never fault, and would
+ * keep what it holds instead of the snapshot.
+ */
+static void test_external_populated(void **state)
+{
+	struct image img;
+	char *path = tmp_path("populated.hlt");
+	struct halite_restore_region reg[MAXREG];
+	HALITE_OPTS(halite_restore_opts, o);
+	struct halite_restore *r;
+	struct sg *g;
+	uint8_t one = 0x5a;
+	int uffd;
+
+	(void)state;
+	make_image(&img, 2u << 20, 1u << 20, g_seed + 6);
+	write_image(path, &img, HALITE_CODEC_LZ4, 2, 32768, NULL);
+	for (int populate = 0; populate < 2; populate++) {
+		g = sg_create(&img, EXT_ANON, 0, 0, 1);
+		sg_start_owner(g, &uffd);
+		if (populate) {
+			struct iovec local = { &one, 1 };
+			struct iovec remote = { (void *)(uintptr_t)(g->host[0] + 7 * PAGE + 3), 1 };
+
+			assert_int_equal(process_vm_writev(g->owner, &local, 1, &remote, 1, 0), 1);
+		}
+		for (uint32_t i = 0; i < img.nreg; i++)
+			reg[i] = (struct halite_restore_region){ img.reg[i].name, g->host[i],
+								 img.reg[i].length, HALITE_MEM_ANON,
+								 -1, 0 };
+		o.flags = HALITE_RESTORE_NO_PREFETCH;
+		o.owner_pid = g->owner;
+		o.owner_uffd = uffd;
+		o.log = r_log_fn;
+		o.log_ctx = &g_log;
+		o.log_level = HALITE_LOG_WARN;
+		g_log.quiet = true;
+		assert_int_equal(halite_restore_open(&r, path, reg, img.nreg, &o), 0);
+		if (!populate) {
+			assert_int_equal(halite_restore_start(r), 0);
+		} else {
+			char want[64];
+
+			assert_int_equal(halite_restore_start(r), -EEXIST);
+			snprintf(want, sizeof(want), "at offset %u is already populated in process %d",
+				 7 * PAGE, (int)g->owner);
+			if (!strstr(halite_restore_errmsg(r), want))
+				fail_msg("\"%s\" does not say \"%s\"", halite_restore_errmsg(r), want);
+		}
+		close(uffd);
+		halite_restore_free(r);
+		g_log.quiet = false;
+		sg_kill(g);
+	}
+	unlink(path);
+	free(path);
+}
+
 static void test_corrupt_lb_external(void **state)
 {
 	struct image img;
@@ -2611,6 +2672,7 @@ int main(void)
 		cmocka_unit_test(test_corrupt_lb),
 		cmocka_unit_test(test_truncated_mid_restore),
 		cmocka_unit_test(test_corrupt_lb_external),
+		cmocka_unit_test(test_external_populated),
 		cmocka_unit_test(test_restorer_killed),
 	};
 	struct halite_uffd_caps caps;
