@@ -37,7 +37,9 @@ endif()
 install(FILES completion/halite-inspect completion/halite-qemu
         DESTINATION ${CMAKE_INSTALL_DATADIR}/bash-completion/completions)
 
-# The systemd unit's Documentation= names README.md here; Debian's name for
-# the license is copyright.
+# The systemd unit's Documentation= names README.md here, and docs/ beside it
+# keeps the README's docs/ paths true; Debian's name for the license is
+# copyright.
 install(FILES README.md CHANGELOG.md DESTINATION ${CMAKE_INSTALL_DOCDIR})
+install(DIRECTORY docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR}/docs)
 install(FILES LICENSE DESTINATION ${CMAKE_INSTALL_DOCDIR} RENAME copyright)

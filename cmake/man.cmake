@@ -7,8 +7,7 @@
 #         -DOUT=build/man/halite-inspect.1 -P cmake/man.cmake
 #
 # help2man makes the page from `PROG --help`; the subcommands it cannot see
-# are found in that text (a "Commands:" list, else usage lines
-# "PROG SUBCOMMAND ...") and each one's `PROG SUB --help` becomes a COMMANDS
+# are found in that text (below) and each one's `PROG SUB --help` becomes a COMMANDS
 # section, in an include file written next to OUT. The hand-written sections
 # help2man cannot know (NAME, EXIT STATUS, FILES, ENVIRONMENT, SEE ALSO) are
 # in H2M. So the --help texts stay the one source of every option.
@@ -37,6 +36,7 @@ string(REPLACE "\n" ";" lines "${scan}")
 
 set(listed "")
 set(in_usage "")
+set(indented "")
 set(in_list FALSE)
 foreach(l IN LISTS lines)
   if(l MATCHES "^[Cc]ommands:")
@@ -49,11 +49,18 @@ foreach(l IN LISTS lines)
   if(l MATCHES "^ *([Uu]sage: *)?${NAME} ([a-z][a-z0-9-]*)( |$)")
     list(APPEND in_usage ${CMAKE_MATCH_2})
   endif()
+  if(l MATCHES "^  ([a-z][a-z0-9-]*)   *[^ -]")
+    list(APPEND indented ${CMAKE_MATCH_1})
+  endif()
 endforeach()
+# A "Commands:" list; else "PROG SUB ..." usage lines; else, for a usage
+# with COMMAND, its indented "  name   what it does" lines.
 if(listed)
   set(subs ${listed})
-else()
+elseif(in_usage)
   set(subs ${in_usage})
+elseif(scan MATCHES "COMMAND")
+  set(subs ${indented})
 endif()
 list(REMOVE_DUPLICATES subs)
 list(REMOVE_ITEM subs help)
