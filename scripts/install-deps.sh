@@ -17,6 +17,9 @@ pkgs=(
 	libcurl4-openssl-dev
 	# benchmarks: delayfs (FUSE), the machine's I/O limits
 	libfuse3-dev fuse3
+	# man pages (help2man, from the programs' --help), `cpack -G DEB`'s
+	# Depends (dpkg-shlibdeps), and man -l in the cli tests
+	help2man dpkg-dev man-db
 	# tests, fuzzing, benchmarks
 	libcmocka-dev clang libclang-rt-14-dev llvm fio python3
 	# bench/run.sh decompresses the real programs' traces; bench/traces/record.sh

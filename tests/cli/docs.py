@@ -1,0 +1,354 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""Documentation that cannot drift from the programs:
+
+- a man page built for every installed program, rendered by `man -l` with
+  each subcommand's --help in it;
+- every long option in a program's getopt_long tables (its .c files, found
+  through the CMake targets it is built from) appears in its --help, or in
+  the subcommand's whose file holds the table;
+- the bash completion parses, and completes subcommands, options and files
+  from the programs' --help;
+- LICENSE is MIT as every SPDX header says; CHANGELOG.md has the version;
+- README.md's links and docs/ and scripts/ paths exist in the tree; the
+  README and docs/ use the CLI's words ("never touched").
+"""
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+SRC = os.environ.get("HALITE_SOURCE_DIR",
+                     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+BUILD = os.environ.get("HALITE_BINARY_DIR", os.path.join(SRC, "build"))
+ENV_BIN = {
+    "halite-inspect": "HALITE_INSPECT_BIN", "halite-qemu": "HALITE_QEMU_BIN",
+    "halite-synth": "HALITE_SYNTH_BIN", "halite-cloned": "HALITE_CLONED_BIN",
+    "halite-clone": "HALITE_CLONE_BIN", "halite-bench": "HALITE_BENCH_BIN",
+    "halite-cycle": "HALITE_CYCLE_BIN", "halite-bench-save": "HALITE_BENCH_SAVE_BIN",
+    "halite-bench-open": "HALITE_BENCH_OPEN_BIN", "halite-trace-lackey": "HALITE_TRACE_LACKEY_BIN",
+}
+
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what)
+    return cond
+
+
+def binary(prog):
+    path = os.environ.get(ENV_BIN[prog])
+    if path:
+        return path
+    found = glob.glob(os.path.join(BUILD, "**", prog), recursive=True)
+    return found[0] if found else prog
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          timeout=60, **kw)
+
+
+def help_text(prog, *sub):
+    r = run([binary(prog), *sub, "--help"])
+    return r.returncode, r.stdout
+
+
+def subcommands(prog, top):
+    """The subcommands PROG --help names, as cmake/man.cmake finds them."""
+    listed, usage, indented, on = [], [], [], False
+    for line in top.splitlines():
+        if re.match(r"[Cc]ommands:", line):
+            on = True
+        elif on and not line.strip():
+            on = False
+        elif on and (m := re.match(r"  ([a-z][a-z0-9-]*)( |$)", line)):
+            listed.append(m.group(1))
+        if m := re.match(rf" *([Uu]sage: *)?{re.escape(prog)} ([a-z][a-z0-9-]*)( |$)", line):
+            usage.append(m.group(2))
+        if m := re.match(r"  ([a-z][a-z0-9-]*)   *[^ -]", line):
+            indented.append(m.group(1))
+    subs = listed or usage or (indented if "COMMAND" in top else [])
+    return [s for s in dict.fromkeys(subs) if s != "help"]
+
+
+# --- CMake: which programs are installed, and which sources make each ---
+
+def cmake_files():
+    for root, dirs, files in os.walk(SRC):
+        dirs[:] = [d for d in dirs if not d.startswith((".", "build"))]
+        if "CMakeLists.txt" in files:
+            yield os.path.join(root, "CMakeLists.txt")
+
+
+def cmake_commands(text, name):
+    text = re.sub(r"#[^\n]*", "", text)
+    return [m.group(1).split() for m in re.finditer(rf"\b{name}\(([^)]*)\)", text)]
+
+
+def targets():
+    """{target: (sources, linked targets)} and the installed programs."""
+    tg, links, installed = {}, {}, []
+    for cm in cmake_files():
+        d = os.path.dirname(cm)
+        with open(cm) as f:
+            text = f.read()
+        for kind in ("add_executable", "add_library"):
+            for args in cmake_commands(text, kind):
+                srcs = [os.path.join(d, a) for a in args[1:] if a.endswith(".c")]
+                tg[args[0]] = srcs
+        for args in cmake_commands(text, "target_link_libraries"):
+            links.setdefault(args[0], []).extend(args[1:])
+        for args in cmake_commands(text, "install"):
+            if args[0] == "TARGETS":
+                for a in args[1:]:
+                    if a.isupper():
+                        break
+                    installed.append(a)
+    return tg, links, [p for p in installed if p in ENV_BIN]
+
+
+def sources_of(prog, tg, links):
+    seen, todo, srcs = set(), [prog], []
+    while todo:
+        t = todo.pop()
+        if t in seen or t not in tg:
+            continue
+        seen.add(t)
+        srcs += tg[t]
+        todo += links.get(t, [])
+    return srcs
+
+
+def option_tables(path):
+    """[(table name, [long option names])] of `struct option NAME[] = {...}`."""
+    with open(path) as f:
+        text = f.read()
+    out = []
+    for m in re.finditer(r"struct option\s+(\w+)\s*\[\s*\w*\s*\]\s*=\s*\{(.*?)\n\s*\};", text, re.S):
+        out.append((m.group(1), re.findall(r'\{\s*"([^"]+)"', m.group(2))))
+    return out
+
+
+# --- the checks ---
+
+def test_man_pages(installed):
+    mandir = os.path.join(BUILD, "man")
+    for prog in installed:
+        page = os.path.join(mandir, prog + ".1")
+        if not check(os.path.exists(page), f"{page} built (help2man: scripts/install-deps.sh)"):
+            continue
+        r = run(["man", "-l", page], env=dict(os.environ, MANPAGER="cat", PAGER="cat",
+                                                MANWIDTH="100", LC_ALL="C.UTF-8"))
+        check(r.returncode == 0, f"man -l {prog}.1 exits 0: {r.stderr}")
+        text = r.stdout
+        check(re.search(rf"^NAME\n\s+{re.escape(prog)} +- +\S", text, re.M),
+              f"{prog}.1 has a NAME line")
+        check(re.search(r"^SEE ALSO", text, re.M), f"{prog}.1 has SEE ALSO")
+        check(re.search(r"^EXIT STATUS", text, re.M), f"{prog}.1 has EXIT STATUS")
+        rc, top = help_text(prog)
+        for sub in subcommands(prog, top):
+            src, sub_help = help_text(prog, sub)
+            if sub_help == top:
+                continue
+            check(re.search(rf"\b{re.escape(prog)} {re.escape(sub)}\b", text),
+                  f"{prog}.1 has the {sub} command")
+            # The subcommand's own text, not just its name: its first option line.
+            opt = re.search(r"^\s+(--[a-z][a-z0-9-]*)", sub_help, re.M)
+            if opt:
+                check(opt.group(1) in text.replace("\u2010", "-"),
+                      f"{prog}.1 has {sub}'s {opt.group(1)}")
+
+
+def test_options_documented(tg, links):
+    for prog in ENV_BIN:
+        if prog not in tg:
+            continue
+        rc, top = help_text(prog)
+        check(rc == 0, f"{prog} --help exits 0 ({rc})")
+        subs = subcommands(prog, top)
+        helps = {"": top}
+        for sub in subs:
+            rc, helps[sub] = help_text(prog, sub)
+            check(rc == 0, f"{prog} {sub} --help exits 0 ({rc})")
+        every = "\n".join(helps.values())
+        for path in sorted(set(sources_of(prog, tg, links))):
+            # The subcommands a file serves: named like it (info.c,
+            # cmd_save.c), or whose usage it prints (blocks.c: blocks, map).
+            stem = os.path.basename(path)[:-2]
+            stem = stem[4:] if stem.startswith("cmd_") else stem
+            with open(path) as f:
+                code = f.read()
+            served = {sub for sub in subs if sub == stem or re.search(
+                rf'(PROG\s*"|{re.escape(prog)}) {re.escape(sub)}\b', code)}
+            where = " ".join(sorted(served)) or None
+            for table, opts in option_tables(path):
+                text = "\n".join(helps[x] for x in served) if served else every
+                for o in opts:
+                    if o == "help":  # the text itself, and every command takes it
+                        continue
+                    check(re.search(rf"--{re.escape(o)}\b", text),
+                          f"{prog}{' ' + where if where else ''}: --{o} "
+                          f"({os.path.relpath(path, SRC)}, {table}) is not in its --help")
+
+
+def complete(script, words, cwd, path):
+    """COMPREPLY for COMP_WORDS=words, the cursor on the last word."""
+    prog = os.path.basename(script)
+    fn = "_" + prog.replace("-", "_")
+    sh = (f'. "{script}" || exit 3\n'
+          f'COMP_WORDS=({" ".join(_q(w) for w in words)}); COMP_CWORD={len(words) - 1}\n'
+          f'{fn}; printf "%s\\n" "${{COMPREPLY[@]}}"\n')
+    r = run(["bash", "--norc", "--noprofile", "-c", sh], cwd=cwd,
+            env=dict(os.environ, PATH=path + os.pathsep + os.environ.get("PATH", "")))
+    check(r.returncode == 0, f"completion {words} runs: {r.stderr}")
+    return [w for w in r.stdout.split("\n") if w]
+
+
+def _q(w):
+    return "'" + w.replace("'", "'\\''") + "'"
+
+
+def test_completion():
+    comp = os.path.join(SRC, "completion")
+    for name in ("halite-inspect", "halite-qemu"):
+        r = run(["bash", "-n", os.path.join(comp, name)])
+        check(r.returncode == 0, f"bash -n completion/{name}: {r.stderr}")
+    path = os.pathsep.join(os.path.dirname(binary(p)) for p in ("halite-inspect", "halite-qemu"))
+    tmp = tempfile.mkdtemp(prefix="halite-docs.")
+    try:
+        for f in ("a.hlt", "b.img", "c.trace"):
+            open(os.path.join(tmp, f), "w").close()
+        os.mkdir(os.path.join(tmp, "dir"))
+        ins = os.path.join(comp, "halite-inspect")
+        qem = os.path.join(comp, "halite-qemu")
+        got = complete(ins, ["halite-inspect", "ve"], tmp, path)
+        check(got == ["verify"], f"halite-inspect ve -> verify: {got}")
+        got = complete(ins, ["halite-inspect", "verify", "--j"], tmp, path)
+        check("--json" in got and all(g.startswith("--j") for g in got),
+              f"halite-inspect verify --j -> --json: {got}")
+        got = complete(ins, ["halite-inspect", "help", "im"], tmp, path)
+        check(got == ["import"], f"halite-inspect help im -> import: {got}")
+        got = complete(ins, ["halite-inspect", "--ver"], tmp, path)
+        check(got == ["--version"], f"halite-inspect --ver -> --version: {got}")
+        got = complete(ins, ["halite-inspect", "info", ""], tmp, path)
+        check(sorted(got) == ["a.hlt", "dir"], f"halite-inspect info: .hlt files first: {got}")
+        got = complete(ins, ["halite-inspect", "import", ""], tmp, path)
+        check(sorted(got) == ["a.hlt", "b.img", "c.trace", "dir"],
+              f"halite-inspect import: any file (an image): {got}")
+        got = complete(ins, ["halite-inspect", "import", "--order", ""], tmp, path)
+        check(sorted(got) == ["physical", "random"], f"import --order's values: {got}")
+        got = complete(qem, ["halite-qemu", "re"], tmp, path)
+        check(got == ["restore"], f"halite-qemu re -> restore: {got}")
+        got = complete(qem, ["halite-qemu", "restore", "--det"], tmp, path)
+        check(got == ["--detach"], f"halite-qemu restore --det -> --detach: {got}")
+        got = complete(qem, ["halite-qemu", "save", "--qmp", ""], tmp, path)
+        check("b.img" in got, f"halite-qemu save --qmp SOCKET: files: {got}")
+        got = complete(qem, ["halite-qemu", "restore", "a.hlt", "--", "qemu-system-x86_64",
+                             "-kernel", ""], tmp, path)
+        check(sorted(got) == ["a.hlt", "b.img", "c.trace", "dir"],
+              f"halite-qemu restore FILE -- QEMU ...: files: {got}")
+        got = complete(qem, ["halite-qemu", "restore", "a.hlt", "--", "bas"], tmp, path)
+        check("bash" in got, f"halite-qemu restore FILE -- B: the QEMU binary, a command: {got}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def tracked_files():
+    r = run(["git", "-C", SRC, "ls-files"])
+    if r.returncode == 0 and r.stdout:
+        return [os.path.join(SRC, p) for p in r.stdout.split("\n") if p]
+    out = []
+    for root, dirs, files in os.walk(SRC):
+        dirs[:] = [d for d in dirs if not d.startswith((".", "build"))]
+        out += [os.path.join(root, f) for f in files]
+    return out
+
+
+def test_license_changelog():
+    with open(os.path.join(SRC, "LICENSE")) as f:
+        lic = f.read()
+    check(lic.startswith("MIT License") and "Permission is hereby granted, free of charge" in lic,
+          "LICENSE is the MIT license")
+    n = 0
+    for path in tracked_files():
+        if not os.path.isfile(path):
+            continue
+        try:
+            with open(path, errors="replace") as f:
+                head = f.read(4096)
+        except OSError:
+            continue
+        for m in re.finditer(r"SPDX-License-Identifier:\s*([^\s*]+)", head):
+            n += 1
+            check(m.group(1) == "MIT", f"{os.path.relpath(path, SRC)}: SPDX {m.group(1)}, not MIT")
+    check(n > 100, f"SPDX headers found ({n})")
+    with open(os.path.join(SRC, "CMakeLists.txt")) as f:
+        version = re.search(r"project\(halite VERSION (\d+\.\d+\.\d+)", f.read()).group(1)
+    with open(os.path.join(SRC, "CHANGELOG.md")) as f:
+        cl = f.read()
+    check(re.search(rf"^## \[{re.escape(version)}\]", cl, re.M),
+          f"CHANGELOG.md has a section for {version}")
+    check(re.search(r"^## \[Unreleased\]", cl, re.M), "CHANGELOG.md has Unreleased")
+
+
+def strip_code(text):
+    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def test_readme():
+    docs = [os.path.join(SRC, "README.md")] + sorted(glob.glob(os.path.join(SRC, "docs", "*.md")))
+    for doc in docs:
+        rel = os.path.relpath(doc, SRC)
+        with open(doc) as f:
+            text = f.read()
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue
+            check(os.path.exists(os.path.join(os.path.dirname(doc), target)),
+                  f"{rel}: link {target} resolves")
+        if rel == "README.md":
+            for path in set(re.findall(r"(?<![\w./-])((?:docs|scripts)/[\w./-]*[\w])", text)):
+                check(os.path.exists(os.path.join(SRC, path)), f"README.md: {path} exists")
+            check("../shared" not in text, "README.md points at nothing outside the tree")
+        if rel != "docs/cli.md":
+            # The block state is "never touched", as the CLI says; code
+            # (identifiers, JSON keys) keeps its own names.
+            n = len(re.findall(r"untouched", strip_code(text), re.I))
+            check(n == 0, f"{rel}: 'untouched' {n} times where the CLI says 'never touched'")
+    with open(os.path.join(SRC, "README.md")) as f:
+        readme = f.read()
+    for word in ("man ", "cpack -G DEB", "bash-completion", "docs/cli.md", "`cli`"):
+        check(word in readme, f"README.md mentions {word.strip()}")
+
+
+def main():
+    tg, links, installed = targets()
+    check(set(installed) == {"halite-inspect", "halite-qemu", "halite-synth", "halite-cloned",
+                             "halite-clone"} | set(installed),
+          f"installed programs found in CMake: {installed}")
+    check(len(installed) >= 5, f"installed programs found in CMake: {installed}")
+    if shutil.which("man"):
+        test_man_pages(installed)
+    else:
+        check(False, "man not found (man-db: scripts/install-deps.sh)")
+    test_options_documented(tg, links)
+    test_completion()
+    test_license_changelog()
+    test_readme()
+    if failures:
+        print(f"{len(failures)} check(s) failed")
+        return 1
+    print("docs: ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
