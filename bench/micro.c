@@ -1626,7 +1626,8 @@ int main(int argc, char **argv)
 		snprintf(msg, sizeof(msg), "missing COMMAND: micro, fault or clones (" PROG
 			 " --help)");
 	else if (cmd[0] == '-')
-		snprintf(msg, sizeof(msg), "unknown option '%s' (" PROG " --help)", cmd);
+		snprintf(msg, sizeof(msg), "unknown option '%.*s' (" PROG " --help)",
+			 (int)strcspn(cmd, "="), cmd);
 	else
 		snprintf(msg, sizeof(msg), "unknown command '%s': micro, fault or clones (" PROG
 			 " --help)", cmd);

@@ -389,6 +389,14 @@ static int run(struct opts *o, int argc, char **argv)
 	int ret;
 
 	o->cmd = cmd;
+	/* clone's options are clone_opts()'; template create's one is --no-hotset */
+	for (int i = 1; strcmp(cmd, "clone") && i < argc; i++) {
+		const char *a = argv[i];
+
+		if (a[0] == '-' && a[1] && !(i == 3 && !strcmp(a, "--no-hotset") &&
+					     !strcmp(argv[1], "create")))
+			return usage_error(o, cmd, "unknown option '%.*s'", (int)strcspn(a, "="), a);
+	}
 	if (!strcmp(cmd, "template")) {
 		const char *sub = argc >= 2 ? argv[1] : "";
 
