@@ -494,7 +494,8 @@ int main(int argc, char **argv)
 
 	/* JSON is the default: a usage error prints its object unless --no-json came last. */
 	for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
-		json = !strcmp(argv[i], "--json") ? true : !strcmp(argv[i], "--no-json") ? false : json;
+		json = !strcmp(argv[i], "--json") ? true :
+		       !strcmp(argv[i], "--no-json") ? false : json;
 	opterr = 0;
 	while ((opt = getopt_long(argc, argv, ":h", lo, NULL)) != -1) {
 		switch (opt) {
@@ -556,8 +557,8 @@ int main(int argc, char **argv)
 			p.vcpus = 2;
 	}
 	if (map_mib && map_mib > p.mem_mib / p.vcpus)
-		return bench_fail(PROG, json, 2, "--map-mib %" PRIu64 " is more than memory per vCPU "
-				  "(%" PRIu64 " MiB / %u)", map_mib, p.mem_mib, p.vcpus);
+		return bench_fail(PROG, json, 2, "--map-mib %" PRIu64 " is more than memory per "
+				  "vCPU (%" PRIu64 " MiB / %u)", map_mib, p.mem_mib, p.vcpus);
 	ret = bench_preflight(PROG, json, p.dir);
 	if (ret)
 		return ret;
@@ -572,8 +573,9 @@ int main(int argc, char **argv)
 		ret = run_peer(&p, i == 0 ? PEER_HALITE : PEER_COW, &res[i]);
 		if (ret) {
 			if (ret == -HALITE_E_UNSUPPORTED)
-				return bench_fail(PROG, p.json, 77, "the kernel lacks a userfaultfd "
-						  "feature the save engine needs: skipped");
+				return bench_fail(PROG, p.json, 77, "the kernel lacks a "
+						  "userfaultfd feature the save engine needs: "
+						  "skipped");
 			failed = 1;
 		}
 	}

@@ -863,11 +863,12 @@ static int parse(int argc, char **argv, struct params *p)
 		} else if (!strcmp(a, "--keep")) {
 			p->keep = true;
 		} else if (!v && takes_value(a)) {
-			return bench_fail(PROG, json, 2, "option '%s' needs a value (" CMD " --help)",
-					  a);
+			return bench_fail(PROG, json, 2,
+					  "option '%s' needs a value (" CMD " --help)", a);
 		} else if (!strcmp(a, "--mem-mib")) {
 			if (!bench_parse_u64(v, 16, 65536, &x) || x % 2)
-				return bench_bad_arg(PROG, json, a, v, "an even number of MiB, 16..65536");
+				return bench_bad_arg(PROG, json, a, v,
+						     "an even number of MiB, 16..65536");
 			p->mem_mib = x;
 			mem_set = true;
 			i++;
@@ -878,7 +879,8 @@ static int parse(int argc, char **argv, struct params *p)
 			i++;
 		} else if (!strcmp(a, "--counts")) {
 			if (parse_counts(v, p))
-				return bench_bad_arg(PROG, json, a, v, "ascending counts 1..64, at most 8");
+				return bench_bad_arg(PROG, json, a, v,
+						     "ascending counts 1..64, at most 8");
 			i++;
 		} else if (!strcmp(a, "--accesses")) {
 			if (!bench_parse_u64(v, 1, 1000000000, &x))

@@ -1158,15 +1158,18 @@ static int parse_args(struct fparams *p, int argc, char **argv)
 			if (!strcmp(optarg, "all"))
 				p->touches = 0;
 			else if (!bench_parse_u64(optarg, 1, UINT32_MAX, &p->touches))
-				return bench_bad_arg(PROG, json, "--touches", optarg, "a count >= 1, or all");
+				return bench_bad_arg(PROG, json, "--touches", optarg,
+						     "a count >= 1, or all");
 			break;
 		case O_CACHE:
 			if (bench_parse_caches(optarg, p->cache, &p->cold_first))
-				return bench_bad_arg(PROG, json, "--cache", optarg, "a list of warm and cold");
+				return bench_bad_arg(PROG, json, "--cache", optarg,
+						     "a list of warm and cold");
 			break;
 		case O_LAT:
 			if (bench_parse_latencies(optarg, p->lat, MAX_LAT, &p->nlat))
-				return bench_bad_arg(PROG, json, "--latency", optarg, "up to 4 of 0..1000000");
+				return bench_bad_arg(PROG, json, "--latency", optarg,
+						     "up to 4 of 0..1000000");
 			break;
 		case O_DIR:
 			p->dir = optarg;

@@ -1272,7 +1272,8 @@ static int parse_args(struct params *p, int argc, char **argv)
 		switch (opt) {
 		case O_MEM:
 			if (!bench_parse_u64(optarg, 16, 65536, &v) || v % 2)
-				return bench_bad_arg(ME, json, "--mem-mib", optarg, "MiB, even, 16 .. 65536");
+				return bench_bad_arg(ME, json, "--mem-mib", optarg,
+						     "MiB, even, 16 .. 65536");
 			p->mem_mib = v;
 			mem_set = true;
 			break;
@@ -1284,23 +1285,27 @@ static int parse_args(struct params *p, int argc, char **argv)
 			break;
 		case O_COMPRESS:
 			if (!bench_parse_u64(optarg, 10, 90, &v))
-				return bench_bad_arg(ME, json, "--compress", optarg, "percent, 10 .. 90");
+				return bench_bad_arg(ME, json, "--compress", optarg,
+						     "percent, 10 .. 90");
 			p->compress_pct = (unsigned)v;
 			break;
 		case O_WRITE:
 			if (!bench_parse_u64(optarg, 0, 100, &v))
-				return bench_bad_arg(ME, json, "--write-pct", optarg, "percent, 0 .. 100");
+				return bench_bad_arg(ME, json, "--write-pct", optarg,
+						     "percent, 0 .. 100");
 			p->write_pct = (unsigned)v;
 			shape_set = true;
 			break;
 		case O_ZERO:
 			if (!bench_parse_u64(optarg, 0, 90, &v))
-				return bench_bad_arg(ME, json, "--zero-pct", optarg, "percent, 0 .. 90");
+				return bench_bad_arg(ME, json, "--zero-pct", optarg,
+						     "percent, 0 .. 90");
 			p->zero_pct = (unsigned)v;
 			break;
 		case O_UNTOUCHED:
 			if (!bench_parse_u64(optarg, 0, 50, &v))
-				return bench_bad_arg(ME, json, "--untouched-pct", optarg, "percent, 0 .. 50");
+				return bench_bad_arg(ME, json, "--untouched-pct", optarg,
+						     "percent, 0 .. 50");
 			p->untouched_pct = (unsigned)v;
 			break;
 		case O_PASSES:
@@ -1311,7 +1316,8 @@ static int parse_args(struct params *p, int argc, char **argv)
 			break;
 		case O_CACHE:
 			if (bench_parse_caches(optarg, p->cache, &p->cache_cold_first))
-				return bench_bad_arg(ME, json, "--cache", optarg, "warm, cold or warm,cold");
+				return bench_bad_arg(ME, json, "--cache", optarg,
+						     "warm, cold or warm,cold");
 			cache_set = true;
 			break;
 		case O_LAT:
@@ -1322,7 +1328,8 @@ static int parse_args(struct params *p, int argc, char **argv)
 			break;
 		case O_TRACK_LAT:
 			if (!bench_parse_u64(optarg, 0, 1000000, &v))
-				return bench_bad_arg(ME, json, "--track-latency", optarg, "microseconds");
+				return bench_bad_arg(ME, json, "--track-latency", optarg,
+						     "microseconds");
 			p->track_lat = (uint32_t)v;
 			break;
 		case O_NO_TRACK: p->track = false; break;
@@ -1334,7 +1341,8 @@ static int parse_args(struct params *p, int argc, char **argv)
 			break;
 		case O_BASE:
 			if (!bench_parse_u64(optarg, 1, 16, &v))
-				return bench_bad_arg(ME, json, "--baseline-runs", optarg, "1 .. 16");
+				return bench_bad_arg(ME, json, "--baseline-runs", optarg,
+						     "1 .. 16");
 			p->baseline_runs = (unsigned)v;
 			break;
 		case O_CODEC:
@@ -1347,12 +1355,14 @@ static int parse_args(struct params *p, int argc, char **argv)
 		case O_KEEP: p->keep = true; break;
 		case O_SEED:
 			if (!bench_parse_u64(optarg, 1, UINT64_MAX, &v))
-				return bench_bad_arg(ME, json, "--seed", optarg, "a positive integer");
+				return bench_bad_arg(ME, json, "--seed", optarg,
+						     "a positive integer");
 			p->seed = v;
 			break;
 		case O_TIMEOUT:
 			if (!bench_parse_u64(optarg, 1, 86400, &v))
-				return bench_bad_arg(ME, json, "--timeout", optarg, "seconds, 1 .. 86400");
+				return bench_bad_arg(ME, json, "--timeout", optarg,
+						     "seconds, 1 .. 86400");
 			p->timeout_s = (unsigned)v;
 			break;
 		case O_JSON: p->json = true; break;

@@ -232,15 +232,16 @@ int main(int argc, char **argv)
 			break;
 		case 'e':
 			if (!bench_parse_u64(optarg, 1, 65536, &every))
-				return bench_bad_arg(PROG, json, "--stored-every", optarg, "1 .. 65536");
+				return bench_bad_arg(PROG, json, "--stored-every", optarg,
+						     "1 .. 65536");
 			break;
 		case 'd':
 			dir = optarg;
 			break;
 		case 's':
 			if (parse_sizes(optarg, sizes, &nsizes))
-				return bench_bad_arg(PROG, json, "--sizes", optarg,
-						     "up to 8 GiB counts, 1 .. 1024, comma-separated");
+				return bench_bad_arg(PROG, json, "--sizes", optarg, "up to 8 GiB "
+						     "counts, 1 .. 1024, comma-separated");
 			break;
 		case 'h':
 			usage(stdout);
@@ -278,7 +279,8 @@ int main(int argc, char **argv)
 			fprintf(stderr, "writing %s\n", path);
 			ret = write_file(path, bytes, every, v == 0, &stored);
 			if (ret) {
-				snprintf(err, sizeof(err), "writing %s: %s", path, halite_strerror(ret));
+				snprintf(err, sizeof(err), "writing %s: %s", path,
+					 halite_strerror(ret));
 				status = 1;
 				break;
 			}
@@ -304,8 +306,8 @@ int main(int argc, char **argv)
 				break;
 			}
 			if (ret) {
-				snprintf(err, sizeof(err), "%s: the restore or its check failed: %s",
-					 path, halite_strerror(ret));
+				snprintf(err, sizeof(err), "%s: the restore or its check "
+					 "failed: %s", path, halite_strerror(ret));
 				status = 1;
 				break;
 			}

@@ -362,11 +362,11 @@ int main(int argc, char **argv)
 			return halite_cli_version(PROG);
 		} else if (!strcmp(a, "--data-only")) {
 			c.data_only = true;
-		} else if ((!strcmp(a, "--window") || !strcmp(a, "--gap") || !strcmp(a, "--align") ||
-			    !strcmp(a, "--max-records") || !strcmp(a, "--vcpu") ||
-			    !strcmp(a, "--vbase")) && !val) {
-			return bench_fail(PROG, false, 2, "option '%s' needs a value (" PROG " --help)",
-					  a);
+		} else if ((!strcmp(a, "--window") || !strcmp(a, "--gap") ||
+			    !strcmp(a, "--align") || !strcmp(a, "--max-records") ||
+			    !strcmp(a, "--vcpu") || !strcmp(a, "--vbase")) && !val) {
+			return bench_fail(PROG, false, 2,
+					  "option '%s' needs a value (" PROG " --help)", a);
 		} else if (!strcmp(a, "--window") || !strcmp(a, "--gap") || !strcmp(a, "--align") ||
 			   !strcmp(a, "--max-records") || !strcmp(a, "--vcpu")) {
 			uint64_t min = !strcmp(a, "--window") || !strcmp(a, "--align");
@@ -409,12 +409,13 @@ int main(int argc, char **argv)
 		} else if (!in) {
 			in = a;
 		} else {
-			return bench_fail(PROG, false, 2, "unexpected argument '%s' (" PROG " --help)",
-					  a);
+			return bench_fail(PROG, false, 2,
+					  "unexpected argument '%s' (" PROG " --help)", a);
 		}
 	}
 	if (!out)
-		return bench_fail(PROG, false, 2, "missing OUT, the trace to write (" PROG " --help)");
+		return bench_fail(PROG, false, 2,
+				  "missing OUT, the trace to write (" PROG " --help)");
 	if (in && strcmp(in, "-")) {
 		f = fopen(in, "re");
 		if (!f) {

@@ -479,7 +479,8 @@ static void teardown(struct clone *c)
 	if (c->g && c->state == CL_RUNNING && synth_pause_timed(c->g, 2000) == -ETIMEDOUT) {
 		if (c->lfd >= 0)
 			unlink(c->a.control);
-		fprintf(stderr, HS_PROG ": clone: vCPUs blocked on memory nobody serves; leaving\n");
+		fprintf(stderr,
+			HS_PROG ": clone: vCPUs blocked on memory nobody serves; leaving\n");
 		_exit(0);
 	}
 	if (c->g) {

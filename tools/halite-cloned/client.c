@@ -283,8 +283,8 @@ static int show(const struct opts *o, const char *what, long status, const struc
 			printf("%-10s  %8.0f  %8.1fms\n", str(c, "id"), num(c, "pid"),
 			       num(c, "ready_s") * 1e3);
 		if (str(j, "error")[0])
-			fprintf(stderr, PROG ": clone: %.0f clone(s) failed: %s\n", num(j, "failed"),
-				str(j, "error"));
+			fprintf(stderr, PROG ": clone: %.0f clone(s) failed: %s\n",
+				num(j, "failed"), str(j, "error"));
 	} else {
 		print_object(j, 0);
 	}
@@ -363,12 +363,13 @@ static int clone_opts(const struct opts *o, int argc, char **argv, cJSON *j)
 			cJSON_AddNumberToObject(j, "count", (double)v);
 		} else if (!strcmp(a, "--accesses")) {
 			if (parse_uint(val, 0, 1ull << 50, &v))
-				return usage_error(o, "clone", "--accesses '%s': want 0 .. 2^50", val);
+				return usage_error(o, "clone", "--accesses '%s': want 0 .. 2^50",
+						   val);
 			cJSON_AddNumberToObject(j, "accesses", (double)v);
 		} else if (!strcmp(a, "--write")) {
 			if (parse_uint(val, 0, 100, &v))
-				return usage_error(o, "clone", "--write '%s': want percent, 0 .. 100",
-						   val);
+				return usage_error(o, "clone",
+						   "--write '%s': want percent, 0 .. 100", val);
 			cJSON_AddNumberToObject(j, "write_pct", (double)v);
 		} else {
 			if (strcmp(val, "seq") && strcmp(val, "random"))
@@ -395,7 +396,8 @@ static int run(struct opts *o, int argc, char **argv)
 
 		if (a[0] == '-' && a[1] && !(i == 3 && !strcmp(a, "--no-hotset") &&
 					     !strcmp(argv[1], "create")))
-			return usage_error(o, cmd, "unknown option '%.*s'", (int)strcspn(a, "="), a);
+			return usage_error(o, cmd, "unknown option '%.*s'",
+					   (int)strcspn(a, "="), a);
 	}
 	if (!strcmp(cmd, "template")) {
 		const char *sub = argc >= 2 ? argv[1] : "";
@@ -423,9 +425,11 @@ static int run(struct opts *o, int argc, char **argv)
 		} else if (!strcmp(sub, "delete") && argc == 3) {
 			path = path_of("/templates/%s", argv[2]);
 			method = "DELETE";
-		} else if (!strcmp(sub, "create") || !strcmp(sub, "show") || !strcmp(sub, "delete")) {
+		} else if (!strcmp(sub, "create") || !strcmp(sub, "show") ||
+			   !strcmp(sub, "delete")) {
 			return usage_error(o, cmd, "%s takes %s", sub,
-					   !strcmp(sub, "create") ? "SNAPSHOT [--no-hotset]" : "one ID");
+					   !strcmp(sub, "create") ? "SNAPSHOT [--no-hotset]" :
+								    "one ID");
 		} else if (!strcmp(sub, "list")) {
 			return usage_error(o, cmd, "list takes no argument");
 		} else {
@@ -528,7 +532,8 @@ int main(int argc, char **argv)
 			ret = halite_cli_version(PROG);
 			goto out;
 		} else if (n == 0 && a[0] == '-') {
-			ret = usage_error(&o, NULL, "unknown option '%.*s'", (int)strcspn(a, "="), a);
+			ret = usage_error(&o, NULL, "unknown option '%.*s'",
+					  (int)strcspn(a, "="), a);
 			goto out;
 		} else {
 			args[n++] = argv[i];
