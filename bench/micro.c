@@ -1045,6 +1045,9 @@ static void print_json(const struct bench *b, int code)
 	printf("\n ],\n \"error\": ");
 	if (b->err[0])
 		bench_json_str(b->err);
+	else if (code)
+		bench_json_str("a check failed: the saved file or a restored guest is not the "
+			       "snapshot (results: ok, content)");
 	else
 		printf("null");
 	printf("}\n");
