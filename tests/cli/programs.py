@@ -6,9 +6,10 @@ halite-trace-lackey), checked from outside: for every program and
 subcommand --help and --version, an unknown option and a missing value named
 with the program (exit 2, nothing on stdout), values out of the range the
 help states refused when parsed (exit 2, nothing made), and with --json
-exactly one object on stdout on a failure ("ok", "error", "exit"). Nothing
-here needs userfaultfd: every case fails before a guest or an engine
-starts, or talks to a daemon that serves no clone.
+exactly one object on stdout on a failure ("ok", "error", "exit"). Only one
+case needs userfaultfd (a small halite-cycle that succeeds; skipped without
+it): every other fails before a guest or an engine starts, or talks to a
+daemon that serves no clone.
 
 Exit 0 pass, 1 fail, 77 skip (the programs' paths not in the environment).
 """
@@ -245,6 +246,16 @@ class Programs(unittest.TestCase):
                 self.assertEqual(obj, {"ok": False, "exit": 2,
                                        "error": f"--dir {bad}: not a writable directory"})
                 self.assertIn(f"--dir {bad}: not a writable directory", p.stderr)
+
+    def test_cycle_json_success(self):
+        """The other side: a run that works is one object with "ok": true, "exit": 0."""
+        p = run([BIN["halite-cycle"], "--size", "16", "--json", "--dir", self.tmp])
+        if p.returncode == 77:
+            self.skipTest(p.stderr.strip())
+        self.assertEqual(p.returncode, 0, p.stderr)
+        obj = one_object(self, p.stdout, "halite-cycle --json")
+        self.assertEqual((obj["ok"], obj["exit"], obj["error"]), (True, 0, None))
+        self.assertEqual(os.listdir(self.tmp), [], "the snapshot file was not removed")
 
     def test_synth_trace_dump_bad_file(self):
         junk = os.path.join(self.tmp, "junk")
