@@ -26,6 +26,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <getopt.h>
+#include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,10 +41,14 @@
 
 #include "io.h"
 
+#include "bench_util.h"
+#include "cli.h"
 #include "cow.h"
 #include "stats.h"
 #include "synth.h"
 #include "uffd.h"
+
+#define PROG "halite-bench-save"
 
 struct params {
 	uint64_t mem_mib;
@@ -83,16 +88,23 @@ static void usage(FILE *f)
 		"                         [--map-mib N] [--seed N] [--io BACKEND] [--no-realtime]\n"
 		"                         [--quick]\n"
 		"                         [--json|--no-json]\n"
-		"  --mem-mib N    guest memory (default 1024)\n"
-		"  --vcpus N      vCPU threads (default 4)\n"
-		"  --map-mib N    per-vCPU mapped = working set (default mem/4/vcpus)\n"
-		"  --duration S   unsaved baseline run, seconds (default 2)\n"
+		"  --mem-mib N    guest memory, even, 4 .. 65536 (default 1024)\n"
+		"  --vcpus N      vCPU threads, 1 .. 16 (default 4)\n"
+		"  --map-mib N    per-vCPU mapped = working set, 1 .. mem/vcpus\n"
+		"                 (default mem/4/vcpus)\n"
+		"  --duration S   unsaved baseline run, seconds, more than 0, up to 3600\n"
+		"                 (default 2)\n"
+		"  --seed N       guest data and accesses (default 1)\n"
 		"  --dir DIR      where the snapshot files go (default /var/tmp); removed after\n"
 		"  --io BACKEND   the engine's writes: io_uring (default), libaio or psync\n"
 		"  --no-realtime  the engine's fault thread stays an ordinary thread\n"
 		"                 (HALITE_SAVE_NO_REALTIME; default: SCHED_FIFO where allowed)\n"
 		"  --quick        128 MiB, 2 vCPUs\n"
-		"  --json         JSON on stdout (default); --no-json: summary only\n");
+		"  --json         JSON on stdout (default; on a failure too: \"ok\", \"error\",\n"
+		"                 \"exit\"); --no-json: summary only\n"
+		"  --help, --version\n"
+		"Exit: 0 ok, 1 a save failed or its content differs, 2 usage, 77 the kernel\n"
+		"lacks a userfaultfd feature.\n");
 }
 
 static uint64_t accesses(struct synth_guest *g, unsigned n)
@@ -381,7 +393,7 @@ static double us(uint64_t ns)
 	return (double)ns / 1e3;
 }
 
-static void print_json(const struct params *p, const struct result *res, size_t n)
+static void print_json(const struct params *p, const struct result *res, size_t n, int code)
 {
 	struct utsname u;
 	struct sysinfo si;
@@ -427,7 +439,9 @@ static void print_json(const struct params *p, const struct result *res, size_t 
 		       (unsigned long long)r->file_bytes, (unsigned long long)r->extra_bg,
 		       (unsigned long long)r->extra_total, r->content_ok ? "true" : "false");
 	}
-	printf("\n ]}\n");
+	printf("\n ],\n \"ok\": %s, \"error\": %s, \"exit\": %d}\n", code ? "false" : "true",
+	       code ? "\"a save failed or its content differs (results: ok, content_ok)\"" : "null",
+	       code);
 	fflush(stdout);
 }
 
@@ -464,6 +478,7 @@ int main(int argc, char **argv)
 		{ "json", no_argument, NULL, 'j' },
 		{ "no-json", no_argument, NULL, 'J' },
 		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' },
 		{ 0 },
 	};
 	struct params p = {
@@ -472,69 +487,100 @@ int main(int argc, char **argv)
 	};
 	struct result res[2];
 	uint64_t map_mib = 0;
-	bool mem_set = false, vcpus_set = false;
+	bool mem_set = false, vcpus_set = false, json = true;
+	uint64_t v;
 	char msg[256];
 	int opt, ret, failed = 0;
 
-	while ((opt = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+	/* JSON is the default: a usage error prints its object unless --no-json came last. */
+	for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
+		json = !strcmp(argv[i], "--json") ? true :
+		       !strcmp(argv[i], "--no-json") ? false : json;
+	opterr = 0;
+	while ((opt = getopt_long(argc, argv, ":h", lo, NULL)) != -1) {
 		switch (opt) {
-		case 'm': p.mem_mib = strtoull(optarg, NULL, 0); mem_set = true; break;
-		case 'v': p.vcpus = (unsigned)strtoul(optarg, NULL, 0); vcpus_set = true; break;
-		case 'M': map_mib = strtoull(optarg, NULL, 0); break;
-		case 'd': p.duration_s = strtod(optarg, NULL); break;
+		case 'm':
+			if (!bench_parse_u64(optarg, 4, 65536, &p.mem_mib) || p.mem_mib % 2)
+				return bench_bad_arg(PROG, json, "--mem-mib", optarg,
+						     "an even number of MiB, 4 .. 65536");
+			mem_set = true;
+			break;
+		case 'v':
+			if (!bench_parse_u64(optarg, 1, SYNTH_MAX_VCPUS, &v))
+				return bench_bad_arg(PROG, json, "--vcpus", optarg, "1 .. 16");
+			p.vcpus = (unsigned)v;
+			vcpus_set = true;
+			break;
+		case 'M':
+			if (!bench_parse_u64(optarg, 1, 65536, &map_mib))
+				return bench_bad_arg(PROG, json, "--map-mib", optarg,
+						     "MiB, 1 .. mem/vcpus");
+			break;
+		case 'd': {
+			char *end;
+
+			errno = 0;
+			p.duration_s = strtod(optarg, &end);
+			if (errno || end == optarg || *end || !(p.duration_s > 0) ||
+			    p.duration_s > 3600)
+				return bench_bad_arg(PROG, json, "--duration", optarg,
+						     "seconds, more than 0, up to 3600");
+			break;
+		}
 		case 'D': p.dir = optarg; break;
-		case 's': p.seed = strtoull(optarg, NULL, 0); break;
+		case 's':
+			if (!bench_parse_u64(optarg, 0, UINT64_MAX, &p.seed))
+				return bench_bad_arg(PROG, json, "--seed", optarg, "a number");
+			break;
 		case 'q': p.quick = true; break;
 		case 'i':
 			p.io_backend = halite_io_backend_parse(optarg);
-			if (p.io_backend < 0) {
-				fprintf(stderr, "halite-bench-save: --io: unknown backend '%s' "
-					"(io_uring, libaio, psync)\n", optarg);
-				return 2;
-			}
+			if (p.io_backend < 0)
+				return bench_bad_arg(PROG, json, "--io", optarg,
+						     "io_uring, libaio or psync");
 			break;
 		case 'R': p.no_rt = true; break;
 		case 'j': p.json = true; break;
 		case 'J': p.json = false; break;
 		case 'h': usage(stdout); return 0;
-		default: usage(stderr); return 2;
+		case 'V': return halite_cli_version(PROG);
+		default: return bench_opt_error(PROG, json, opt, argc, argv, PROG);
 		}
 	}
-	if (optind != argc) {
-		usage(stderr);
-		return 2;
-	}
+	if (optind != argc)
+		return bench_fail(PROG, json, 2, "unexpected argument '%s' (" PROG " --help)",
+				  argv[optind]);
 	if (p.quick) {
 		if (!mem_set)
 			p.mem_mib = 128;
 		if (!vcpus_set)
 			p.vcpus = 2;
 	}
-	if (!p.vcpus || p.vcpus > SYNTH_MAX_VCPUS || p.mem_mib < 4 || p.mem_mib % 2 ||
-	    !(p.duration_s > 0) || p.duration_s > 3600) {
-		fprintf(stderr, "bad options: vcpus 1..%d, mem-mib even >= 4, duration 0..3600\n",
-			SYNTH_MAX_VCPUS);
-		return 2;
-	}
+	if (map_mib && map_mib > p.mem_mib / p.vcpus)
+		return bench_fail(PROG, json, 2, "--map-mib %" PRIu64 " is more than memory per "
+				  "vCPU (%" PRIu64 " MiB / %u)", map_mib, p.mem_mib, p.vcpus);
+	ret = bench_preflight(PROG, json, p.dir);
+	if (ret)
+		return ret;
 	/* The paper's microbenchmark: a quarter of memory mapped across the vCPUs, all of it accessed. */
 	p.map_bytes = map_mib ? map_mib << 20 : ((p.mem_mib << 20) / 4 / p.vcpus) & ~4095ull;
 
 	ret = cow_probe(msg, sizeof(msg));
-	if (ret) {
-		fprintf(stderr, "halite-bench-save: %s\n", msg);
-		return 77;
-	}
+	if (ret)
+		return bench_fail(PROG, p.json, 77, "%s", msg);
 
 	for (int i = 0; i < 2; i++) {
 		ret = run_peer(&p, i == 0 ? PEER_HALITE : PEER_COW, &res[i]);
 		if (ret) {
 			if (ret == -HALITE_E_UNSUPPORTED)
-				return 77;
+				return bench_fail(PROG, p.json, 77, "the kernel lacks a "
+						  "userfaultfd feature the save engine needs: "
+						  "skipped");
 			failed = 1;
 		}
 	}
 	if (p.json)
-		print_json(&p, res, 2);
+		print_json(&p, res, 2, failed);
 	print_summary(&p, res, 2);
 	return failed;
 }

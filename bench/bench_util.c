@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,21 +18,40 @@
 #include "cli.h"
 #include "uffd.h"
 
-int bench_preflight(const char *prog, const char *dir)
+int bench_fail(const char *prog, bool json, int code, const char *fmt, ...)
+{
+	char msg[1024];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "%s: %s\n", prog, msg);
+	if (json)
+		halite_cli_json_fail(stdout, msg, code);
+	return code;
+}
+
+int bench_opt_error(const char *prog, bool json, int c, int argc, char **argv, const char *cmd)
+{
+	char msg[512];
+
+	halite_cli_opt_error(msg, sizeof(msg), c, argc, argv, cmd);
+	return bench_fail(prog, json, 2, "%s", msg);
+}
+
+int bench_preflight(const char *prog, bool json, const char *dir)
 {
 	struct halite_uffd_caps caps;
 	struct stat sb;
 	int ret;
 
-	if (stat(dir, &sb) || !S_ISDIR(sb.st_mode) || access(dir, W_OK)) {
-		fprintf(stderr, "%s: --dir %s: not a writable directory\n", prog, dir);
-		return 2;
-	}
+	if (stat(dir, &sb) || !S_ISDIR(sb.st_mode) || access(dir, W_OK))
+		return bench_fail(prog, json, 2, "--dir %s: not a writable directory", dir);
 	ret = halite_uffd_probe(&caps);
-	if (ret) {
-		fprintf(stderr, "%s: userfaultfd unavailable: %s: skipped\n", prog, strerror(-ret));
-		return 77;
-	}
+	if (ret)
+		return bench_fail(prog, json, 77, "userfaultfd unavailable: %s: skipped",
+				  strerror(-ret));
 	return 0;
 }
 
@@ -107,10 +127,10 @@ bool bench_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out)
 	return true;
 }
 
-int bench_bad_arg(const char *prog, const char *opt, const char *val, const char *want)
+int bench_bad_arg(const char *prog, bool json, const char *opt, const char *val,
+		  const char *want)
 {
-	fprintf(stderr, "%s: %s %s: want %s\n", prog, opt, val, want);
-	return 2;
+	return bench_fail(prog, json, 2, "%s '%s': want %s", opt, val, want);
 }
 
 int bench_parse_caches(const char *s, bool cache[2], bool *cold_first)

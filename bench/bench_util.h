@@ -13,9 +13,25 @@
 /*
  * Before a bench starts: @dir must be a writable directory (else a message,
  * 2, a usage error) and userfaultfd usable (else a message, 77, skipped).
- * 0 to go on.
+ * With @json the failure is also the one JSON object on stdout
+ * (bench_fail()). 0 to go on.
  */
-int bench_preflight(const char *prog, const char *dir);
+int bench_preflight(const char *prog, bool json, const char *dir);
+
+/*
+ * A failure: "PROG: message" on stderr (@prog "halite-cycle", "halite-bench:
+ * fault"), and with @json the one JSON object on stdout, {"ok": false,
+ * "error": message, "exit": @code}. Returns @code.
+ */
+int bench_fail(const char *prog, bool json, int code, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+
+/*
+ * getopt_long() refused an option (it returned @c, '?' or ':'; optstring
+ * starting with ':', opterr 0): bench_fail() naming it, exit 2. @cmd is
+ * what --help is given to ("halite-bench fault").
+ */
+int bench_opt_error(const char *prog, bool json, int c, int argc, char **argv, const char *cmd);
 
 /* pread until @len or end of file: bytes read (short only at the end), or -errno. */
 ssize_t bench_pread_full(int fd, void *buf, size_t len, uint64_t off);
@@ -33,8 +49,12 @@ int bench_warm_file(const char *path);
 /* A decimal in [min, max], nothing else (no sign, no suffix). */
 bool bench_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out);
 
-/* "PROG: OPT VAL: want WANT" on stderr; returns 2, the usage-error exit code. */
-int bench_bad_arg(const char *prog, const char *opt, const char *val, const char *want);
+/*
+ * "PROG: OPT 'VAL': want WANT" (bench_fail(), so with @json the JSON object
+ * too); returns 2, the usage-error exit code.
+ */
+int bench_bad_arg(const char *prog, bool json, const char *opt, const char *val,
+		  const char *want);
 
 /*
  * --cache LIST: "warm", "cold" or both, comma-separated; cache[0] warm,

@@ -52,11 +52,13 @@
 #include <halite/template.h>
 
 #include "bench_util.h"
+#include "cli.h"
 #include "clone_ctl.h"
 #include "clones.h"
 #include "stats.h"
 
-#define PROG "halite-bench clones"
+#define PROG "halite-bench: clones"
+#define CMD "halite-bench clones"
 #define MAX_CLONES 64
 #define CTL_MS 60000
 
@@ -707,7 +709,7 @@ static void print_json(const struct bench *b)
 	const struct result *one = find(b, "service", 1);
 	const struct result *many = find(b, "service", b->p.counts[b->p.ncounts - 1]);
 
-	printf("{\"machine\": ");
+	printf("{\"ok\": true, \"machine\": ");
 	bench_machine_json(b->p.dir);
 	printf(",\n \"params\": {\"mem_bytes\": %" PRIu64 ", \"vcpus\": %u, \"accesses\": %" PRIu64
 	       ", \"runs\": %u, \"read_latency_us\": %u, \"synth_args\": ",
@@ -786,7 +788,7 @@ static void print_table(const struct bench *b)
 static void usage(FILE *f)
 {
 	fprintf(f,
-"usage: " PROG " [options]\n"
+"usage: " CMD " [options]\n"
 "\n"
 "N clones of one synthetic guest's snapshot started at once, as N independent\n"
 "lazy restores and as the clone service's engine (one template, N sessions), in\n"
@@ -804,7 +806,9 @@ static void usage(FILE *f)
 "  --dir DIR          where the snapshot goes (/var/tmp)\n"
 "  --mem-dir DIR      tmpfs for the template memory file and sockets (/dev/shm)\n"
 "  --json             one JSON object on stdout instead of the table\n"
-"  --keep             keep the snapshot (its path is printed)\n", MAX_CLONES);
+"  --keep             keep the snapshot (its path is printed)\n"
+"  --version          the version\n"
+"Exit: 0 measured, 1 error, 2 usage, 77 userfaultfd unavailable.\n", MAX_CLONES);
 }
 
 static int parse_counts(const char *s, struct params *p)
@@ -825,9 +829,20 @@ static int parse_counts(const char *s, struct params *p)
 	return p->ncounts ? 0 : -1;
 }
 
+static bool takes_value(const char *a)
+{
+	static const char *const valued[] = { "--mem-mib", "--vcpus", "--counts", "--accesses",
+					      "--runs", "--latency", "--dir", "--mem-dir" };
+
+	for (size_t i = 0; i < sizeof(valued) / sizeof(valued[0]); i++)
+		if (!strcmp(a, valued[i]))
+			return true;
+	return false;
+}
+
 static int parse(int argc, char **argv, struct params *p)
 {
-	bool mem_set = false, acc_set = false;
+	bool mem_set = false, acc_set = false, json = halite_cli_has_json(argc, argv);
 
 	*p = (struct params){ .mem_mib = 256, .vcpus = 2, .accesses = 20000, .dir = "/var/tmp",
 			      .mem_dir = "/dev/shm", .counts = { 1, 2, 4, 8, 16 }, .ncounts = 5 };
@@ -838,44 +853,49 @@ static int parse(int argc, char **argv, struct params *p)
 		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
 			usage(stdout);
 			return 1;
+		} else if (!strcmp(a, "--version")) {
+			halite_cli_version("halite-bench");
+			return 1;
 		} else if (!strcmp(a, "--quick")) {
 			p->quick = true;
 		} else if (!strcmp(a, "--json")) {
 			p->json = true;
 		} else if (!strcmp(a, "--keep")) {
 			p->keep = true;
-		} else if (!v) {
-			fprintf(stderr, PROG ": %s needs a value (--help)\n", a);
-			return 2;
+		} else if (!v && takes_value(a)) {
+			return bench_fail(PROG, json, 2,
+					  "option '%s' needs a value (" CMD " --help)", a);
 		} else if (!strcmp(a, "--mem-mib")) {
 			if (!bench_parse_u64(v, 16, 65536, &x) || x % 2)
-				return bench_bad_arg(PROG, a, v, "an even number of MiB, 16..65536");
+				return bench_bad_arg(PROG, json, a, v,
+						     "an even number of MiB, 16..65536");
 			p->mem_mib = x;
 			mem_set = true;
 			i++;
 		} else if (!strcmp(a, "--vcpus")) {
 			if (!bench_parse_u64(v, 1, 16, &x))
-				return bench_bad_arg(PROG, a, v, "1..16");
+				return bench_bad_arg(PROG, json, a, v, "1..16");
 			p->vcpus = (unsigned)x;
 			i++;
 		} else if (!strcmp(a, "--counts")) {
 			if (parse_counts(v, p))
-				return bench_bad_arg(PROG, a, v, "ascending counts 1..64, at most 8");
+				return bench_bad_arg(PROG, json, a, v,
+						     "ascending counts 1..64, at most 8");
 			i++;
 		} else if (!strcmp(a, "--accesses")) {
 			if (!bench_parse_u64(v, 1, 1000000000, &x))
-				return bench_bad_arg(PROG, a, v, "1..1000000000");
+				return bench_bad_arg(PROG, json, a, v, "1..1000000000");
 			p->accesses = x;
 			acc_set = true;
 			i++;
 		} else if (!strcmp(a, "--runs")) {
 			if (!bench_parse_u64(v, 1, 15, &x))
-				return bench_bad_arg(PROG, a, v, "1..15");
+				return bench_bad_arg(PROG, json, a, v, "1..15");
 			p->runs = (unsigned)x;
 			i++;
 		} else if (!strcmp(a, "--latency")) {
 			if (!bench_parse_u64(v, 0, 1000000, &x))
-				return bench_bad_arg(PROG, a, v, "0..1000000 microseconds");
+				return bench_bad_arg(PROG, json, a, v, "0..1000000 microseconds");
 			p->latency_us = (uint32_t)x;
 			i++;
 		} else if (!strcmp(a, "--dir")) {
@@ -885,8 +905,8 @@ static int parse(int argc, char **argv, struct params *p)
 			p->mem_dir = v;
 			i++;
 		} else {
-			fprintf(stderr, PROG ": unknown option '%s' (--help)\n", a);
-			return 2;
+			return bench_fail(PROG, json, 2, "unknown option '%.*s' (" CMD " --help)",
+					  (int)strcspn(a, "="), a);
 		}
 	}
 	if (p->quick && !mem_set)
@@ -911,7 +931,7 @@ int cmd_clones(int argc, char **argv)
 		free(b);
 		return ret == 1 ? 0 : ret;
 	}
-	ret = bench_preflight(PROG, b->p.dir);
+	ret = bench_preflight(PROG, b->p.json, b->p.dir);
 	if (ret) {
 		free(b);
 		return ret;
@@ -926,6 +946,9 @@ int cmd_clones(int argc, char **argv)
 			print_json(b);
 		else
 			print_table(b);
+	} else if (b->p.json) {
+		/* What failed is on stderr already (fail()). */
+		halite_cli_json_fail(stdout, "the benchmark failed; what failed is on stderr", 1);
 	}
 	if (b->p.keep)
 		fprintf(stderr, PROG ": snapshot kept: %s\n", b->snap);

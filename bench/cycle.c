@@ -60,6 +60,7 @@
 #include <halite/halite.h>
 
 #include "bench_util.h"
+#include "cli.h"
 #include "endian_util.h"
 #include "stats.h"
 #include "synth.h"
@@ -486,9 +487,7 @@ static void __attribute__((noreturn)) restore_died(struct cycle *c, struct halit
 
 		snprintf(msg, sizeof(msg), "%s: %s (%s)", what, halite_strerror(ret),
 			 r ? halite_restore_errmsg(r) : "");
-		printf("{\"ok\": false, \"error\": ");
-		bench_json_str(msg);
-		printf("}\n");
+		halite_cli_json_fail(stdout, msg, 1);
 	}
 	fflush(stdout);
 	if (!c->p.keep)
@@ -739,9 +738,12 @@ static void print_json(const struct cycle *c)
 	const struct restore_res *rr = &c->rst;
 	const struct halite_restore_stats *rs = &rr->st;
 
-	printf("{\"ok\": %s, \"error\": ", cycle_ok(c) ? "true" : "false");
+	printf("{\"ok\": %s, \"exit\": %d, \"error\": ", cycle_ok(c) ? "true" : "false",
+	       cycle_ok(c) ? 0 : 1);
 	if (c->err[0])
 		bench_json_str(c->err);
+	else if (!cycle_ok(c))
+		bench_json_str("the check failed: the restored guest is not the snapshot's");
 	else
 		printf("null");
 	printf(",\n \"guest\": {\"mem_bytes\": %" PRIu64 ", \"vcpus\": %u, \"stride\": 16, "
@@ -966,23 +968,20 @@ static void usage(FILE *f)
 		"  --keep         keep the file (DIR/halite-cycle-PID.hlt); else it is removed\n"
 		"  --seed N       guest data and access seed, >= 1 (default 1)\n"
 		"  --timeout S    give up on a save or restore after S seconds (default 300)\n"
-		"  --json         one JSON object on stdout instead of the report\n"
+		"  --json         one JSON object on stdout instead of the report (on a\n"
+		"                 failure too: \"ok\", \"error\", \"exit\")\n"
 		"  --trace FILE   the workload is this access trace (docs/trace-format.md):\n"
 		"                 the guest sized from it (--size and --vcpus refused), the\n"
 		"                 snapshot at each vCPU's midpoint, the rest replayed read-only\n"
 		"  --restore-trace PATH  the restore engine writes what it read and why there\n"
 		"                 (docs/restore-trace.md; halite-inspect restore FILE PATH,\n"
 		"                 with --keep for FILE)\n"
+		"  --version      the version\n"
 		"Exit: 0 exact, 1 failed or memory differs, 2 usage, 77 kernel lacks a\n"
 		"userfaultfd feature.\n",
 		SYNTH_MAX_VCPUS);
 }
 
-static int bad_arg(const char *opt, const char *val, const char *want)
-{
-	fprintf(stderr, PROG ": %s '%s': %s (see --help)\n", opt, val, want);
-	return 2;
-}
 
 int main(int argc, char **argv)
 {
@@ -998,62 +997,68 @@ int main(int argc, char **argv)
 		{ "trace", required_argument, NULL, 'T' },
 		{ "restore-trace", required_argument, NULL, 'R' },
 		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' },
 		{ 0 },
 	};
 	struct cycle c = {
 		.p = { .size_mib = 256, .vcpus = 2, .codec = HALITE_CODEC_LZ4, .dir = "/var/tmp",
 		       .seed = 1, .timeout_s = 300 },
 	};
-	bool shape_set = false;
+	bool shape_set = false, json = halite_cli_has_json(argc, argv);
 	uint64_t v;
 	int opt, ret;
 
-	while ((opt = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+	opterr = 0;
+	while ((opt = getopt_long(argc, argv, ":h", lo, NULL)) != -1) {
 		switch (opt) {
 		case 'm':
 			if (!bench_parse_u64(optarg, 4, 65536, &v) || v % 2)
-				return bad_arg("--size", optarg, "MiB of guest memory, even, 4 .. 65536");
+				return bench_bad_arg(PROG, json, "--size", optarg,
+						     "MiB of guest memory, even, 4 .. 65536");
 			c.p.size_mib = v;
 			shape_set = true;
 			break;
 		case 'v':
 			if (!bench_parse_u64(optarg, 1, SYNTH_MAX_VCPUS, &v))
-				return bad_arg("--vcpus", optarg, "1 .. 16 vCPUs");
+				return bench_bad_arg(PROG, json, "--vcpus", optarg,
+						     "1 .. 16 vCPUs");
 			c.p.vcpus = (unsigned)v;
 			shape_set = true;
 			break;
 		case 'c':
 			c.p.codec = halite_codec_parse(optarg);
 			if (c.p.codec < 0)
-				return bad_arg("--codec", optarg, "one of lz4, zlib, zstd, none");
+				return bench_bad_arg(PROG, json, "--codec", optarg,
+						     "one of lz4, zlib, zstd, none");
 			break;
 		case 'd': c.p.dir = optarg; break;
 		case 'k': c.p.keep = true; break;
 		case 's':
 			if (!bench_parse_u64(optarg, 1, UINT64_MAX, &v))
-				return bad_arg("--seed", optarg, "a positive integer");
+				return bench_bad_arg(PROG, json, "--seed", optarg,
+						     "a positive integer");
 			c.p.seed = v;
 			break;
 		case 't':
 			if (!bench_parse_u64(optarg, 1, 86400, &v))
-				return bad_arg("--timeout", optarg, "seconds, 1 .. 86400");
+				return bench_bad_arg(PROG, json, "--timeout", optarg,
+						     "seconds, 1 .. 86400");
 			c.p.timeout_s = (unsigned)v;
 			break;
 		case 'j': c.p.json = true; break;
 		case 'T': c.p.trace = optarg; break;
 		case 'R': c.p.restore_trace = optarg; break;
 		case 'h': usage(stdout); return 0;
-		default: usage(stderr); return 2;
+		case 'V': return halite_cli_version(PROG);
+		default: return bench_opt_error(PROG, json, opt, argc, argv, PROG);
 		}
 	}
-	if (optind != argc) {
-		fprintf(stderr, PROG ": unexpected argument '%s' (see --help)\n", argv[optind]);
-		return 2;
-	}
-	if (c.p.trace && shape_set) {
-		fprintf(stderr, PROG ": --size and --vcpus: with --trace the trace decides them\n");
-		return 2;
-	}
+	if (optind != argc)
+		return bench_fail(PROG, json, 2, "unexpected argument '%s' (" PROG " --help)",
+				  argv[optind]);
+	if (c.p.trace && shape_set)
+		return bench_fail(PROG, json, 2, "--size and --vcpus: with --trace the trace "
+				  "decides them");
 	if (c.p.trace) {
 		char err[400];
 		uint64_t mem;
@@ -1061,26 +1066,22 @@ int main(int argc, char **argv)
 		ret = trace_file_scan(c.p.trace, &c.ti, err, sizeof(err));
 		if (!ret)
 			ret = trace_guest_mem(&c.ti, c.p.trace, 0, &mem, err, sizeof(err));
-		if (ret) {
-			fprintf(stderr, PROG ": %s\n", err);
-			return ret == -EINVAL ? 2 : 1;
-		}
+		if (ret)
+			return bench_fail(PROG, json, ret == -EINVAL ? 2 : 1, "%s", err);
 		c.p.vcpus = c.ti.nvcpus;
 		c.p.size_mib = mem / MIB;
 	}
-	ret = bench_preflight(PROG, c.p.dir);
+	ret = bench_preflight(PROG, json, c.p.dir);
 	if (ret)
 		return ret;
 	if (asprintf(&c.path, "%s/" PROG "-%d.hlt", c.p.dir, (int)getpid()) < 0 ||
 	    (c.p.trace && asprintf(&c.ro_trace, "%s/" PROG "-%d.trace", c.p.dir,
-				   (int)getpid()) < 0)) {
-		fprintf(stderr, PROG ": out of memory\n");
-		return 1;
-	}
+				   (int)getpid()) < 0))
+		return bench_fail(PROG, json, 1, "out of memory");
 	if (c.p.trace) {
 		ret = trace_file_readonly(c.p.trace, c.ro_trace);
 		if (ret) {
-			fprintf(stderr, PROG ": writing %s: %s\n", c.ro_trace, strerror(-ret));
+			bench_fail(PROG, json, 1, "writing %s: %s", c.ro_trace, strerror(-ret));
 			free(c.path);
 			free(c.ro_trace);
 			return 1;
@@ -1094,7 +1095,7 @@ int main(int argc, char **argv)
 		unlink(c.ro_trace);
 	free(c.ro_trace);
 	if (ret == -HALITE_E_UNSUPPORTED) {
-		fprintf(stderr, PROG ": %s: skipped\n", c.err);
+		bench_fail(PROG, json, 77, "%s: skipped", c.err);
 		unlink(c.path);
 		free(c.path);
 		free(c.snap);

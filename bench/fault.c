@@ -89,11 +89,13 @@
 #include <halite/halite.h>
 
 #include "bench_util.h"
+#include "cli.h"
 #include "fault.h"
 #include "stats.h"
 #include "uffd.h"
 
-#define PROG "halite-bench fault"
+#define PROG "halite-bench: fault"
+#define CMD "halite-bench fault"
 #define MIB ((uint64_t)1 << 20)
 #define MAX_LAT 4
 #define REGION "ram"
@@ -951,7 +953,7 @@ static void print_json(const struct fb *b)
 {
 	const struct halite_file_info *fi = b->fi;
 
-	printf("{\"machine\": ");
+	printf("{\"ok\": true, \"machine\": ");
 	bench_machine_json(b->p.dir);
 	printf(",\n");
 	printf(" \"params\": {\"mem_bytes\": %" PRIu64 ", \"file_bytes\": %" PRIu64
@@ -1091,7 +1093,7 @@ static void print_table(const struct fb *b)
 static void usage(FILE *f)
 {
 	fprintf(f,
-"usage: halite-bench fault [options]\n"
+"usage: " CMD " [options]\n"
 "\n"
 "What one fault answered from storage costs the restore engine (its own p50),\n"
 "against this machine's limit measured in the same run on the same file: one LB\n"
@@ -1113,6 +1115,7 @@ static void usage(FILE *f)
 "                     work running beside them)\n"
 "  --readers N        the engine's demand_readers (0: its default)\n"
 "  --workers N        the engine's install workers (0: its default, online CPUs)\n"
+"  --version          the version\n"
 "\n"
 "About 3 s with the defaults on the 2-core development machine (7 s when others\n"
 "load it); a latency of L us adds about 2 x touches x L per cache condition.\n"
@@ -1138,29 +1141,35 @@ static int parse_args(struct fparams *p, int argc, char **argv)
 		{ "readers", required_argument, NULL, O_READERS },
 		{ "workers", required_argument, NULL, O_WORKERS },
 		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
 	};
+	bool json = halite_cli_has_json(argc, argv);
 	int o;
 
-	while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+	opterr = 0;
+	while ((o = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
 		switch (o) {
 		case O_MEM:
 			if (!bench_parse_u64(optarg, 16, 65536, &p->mem_mib))
-				return bench_bad_arg(PROG, "--mem-mib", optarg, "16..65536");
+				return bench_bad_arg(PROG, json, "--mem-mib", optarg, "16..65536");
 			break;
 		case O_TOUCHES:
 			if (!strcmp(optarg, "all"))
 				p->touches = 0;
 			else if (!bench_parse_u64(optarg, 1, UINT32_MAX, &p->touches))
-				return bench_bad_arg(PROG, "--touches", optarg, "a count >= 1, or all");
+				return bench_bad_arg(PROG, json, "--touches", optarg,
+						     "a count >= 1, or all");
 			break;
 		case O_CACHE:
 			if (bench_parse_caches(optarg, p->cache, &p->cold_first))
-				return bench_bad_arg(PROG, "--cache", optarg, "a list of warm and cold");
+				return bench_bad_arg(PROG, json, "--cache", optarg,
+						     "a list of warm and cold");
 			break;
 		case O_LAT:
 			if (bench_parse_latencies(optarg, p->lat, MAX_LAT, &p->nlat))
-				return bench_bad_arg(PROG, "--latency", optarg, "up to 4 of 0..1000000");
+				return bench_bad_arg(PROG, json, "--latency", optarg,
+						     "up to 4 of 0..1000000");
 			break;
 		case O_DIR:
 			p->dir = optarg;
@@ -1170,7 +1179,7 @@ static int parse_args(struct fparams *p, int argc, char **argv)
 			break;
 		case O_SEED:
 			if (!bench_parse_u64(optarg, 0, UINT64_MAX, &p->seed))
-				return bench_bad_arg(PROG, "--seed", optarg, "a number");
+				return bench_bad_arg(PROG, json, "--seed", optarg, "a number");
 			break;
 		case O_JSON:
 			p->json = true;
@@ -1180,24 +1189,25 @@ static int parse_args(struct fparams *p, int argc, char **argv)
 			break;
 		case O_READERS:
 			if (!bench_parse_u64(optarg, 0, 256, &p->readers))
-				return bench_bad_arg(PROG, "--readers", optarg, "0..256");
+				return bench_bad_arg(PROG, json, "--readers", optarg, "0..256");
 			break;
 		case O_WORKERS:
 			if (!bench_parse_u64(optarg, 0, 256, &p->workers))
-				return bench_bad_arg(PROG, "--workers", optarg, "0..256");
+				return bench_bad_arg(PROG, json, "--workers", optarg, "0..256");
 			break;
 		case 'h':
 			usage(stdout);
 			return 1;
+		case 'V':
+			halite_cli_version("halite-bench");
+			return 1;
 		default:
-			usage(stderr);
-			return 2;
+			return bench_opt_error(PROG, json, o, argc, argv, CMD);
 		}
 	}
-	if (optind != argc) {
-		fprintf(stderr, PROG ": unexpected argument '%s' (see --help)\n", argv[optind]);
-		return 2;
-	}
+	if (optind != argc)
+		return bench_fail(PROG, json, 2, "unexpected argument '%s' (" CMD " --help)",
+				  argv[optind]);
 	return 0;
 }
 
@@ -1205,6 +1215,9 @@ static int parse_args(struct fparams *p, int argc, char **argv)
 
 static int fault_end(struct fb *b, int code)
 {
+	/* --json: one object on every path; a failure before the results is only that. */
+	if (b->p.json && code)
+		halite_cli_json_fail(stdout, b->err[0] ? b->err : "the benchmark failed", code);
 	halite_reader_free(b->rd);
 	if (b->created && !b->p.keep)
 		unlink(b->path);
@@ -1233,7 +1246,7 @@ int cmd_fault(int argc, char **argv)
 	ret = parse_args(p, argc, argv);
 	if (ret)
 		return ret == 1 ? 0 : ret;
-	ret = bench_preflight(PROG, p->dir);
+	ret = bench_preflight(PROG, p->json, p->dir);
 	if (ret)
 		return ret;
 	/* Precise short sleeps, for us and for the engine's threads, which inherit it. */
@@ -1241,8 +1254,8 @@ int cmd_fault(int argc, char **argv)
 	b.t_start = now_s();
 	if (asprintf(&b.path, "%s/halite-bench-fault.%d.hlt", p->dir, (int)getpid()) < 0) {
 		b.path = NULL;
-		fprintf(stderr, PROG ": out of memory\n");
-		return 1;
+		fail(&b, "out of memory");
+		return fault_end(&b, 1);
 	}
 	progress(&b, "writing a %" PRIu64 " MiB image to %s", p->mem_mib, b.path);
 	if (write_file(&b))

@@ -68,6 +68,7 @@
 #include <halite/halite.h>
 
 #include "bench_util.h"
+#include "cli.h"
 #include "clones.h"
 #include "fault.h"
 #include "peers.h"
@@ -78,6 +79,8 @@
 #include "uffd.h"
 
 #define PROG "halite-bench"
+/* The prefix of what micro says on stderr (docs/cli.md). */
+#define ME PROG ": micro"
 #define MIB ((uint64_t)1 << 20)
 #define MAX_LAT 8
 #define NAMES 8
@@ -161,6 +164,7 @@ struct bench {
 	enum content save_content;
 	struct relayout_out rl;
 	bool relaid;
+	bool printed;		/* --json: the results are out */
 	double baseline[16];
 	unsigned nbaseline;
 	double baseline_s;
@@ -192,7 +196,7 @@ static void progress(struct bench *b, const char *fmt, ...)
 {
 	va_list ap;
 
-	fprintf(stderr, PROG ": [%5.1f s] ", now_s() - b->t_start);
+	fprintf(stderr, ME ": [%5.1f s] ", now_s() - b->t_start);
 	va_start(ap, fmt);
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);
@@ -209,7 +213,7 @@ static void set_err(struct bench *b, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(b->err, sizeof(b->err), fmt, ap);
 	va_end(ap);
-	fprintf(stderr, PROG ": %s\n", b->err);
+	fprintf(stderr, ME ": %s\n", b->err);
 }
 
 static double median(double *v, unsigned n)
@@ -557,7 +561,7 @@ static int run_source(struct bench *b)
 		for (int k = 0; k < 8; k++)
 			devstate[8 * v + k] = (uint8_t)(st.accesses >> (8 * k));
 		if (!b->p.trace && (st.done || st.accesses + b->ws_units > b->max_accesses))
-			fprintf(stderr, PROG ": warning: vCPU %u is at %" PRIu64 " of %" PRIu64
+			fprintf(stderr, ME ": warning: vCPU %u is at %" PRIu64 " of %" PRIu64
 				" accesses at the snapshot: less than one lap left\n", v,
 				st.accesses, b->max_accesses);
 	}
@@ -620,7 +624,7 @@ static void check_save(struct bench *b)
 	if (b->rl.mem_bytes == b->mem_bytes && !memcmp(m, b->snap, b->mem_bytes))
 		b->save_content = CONTENT_EXACT;
 	else
-		fprintf(stderr, PROG ": the saved file does not hold the snapshot's memory\n");
+		fprintf(stderr, ME ": the saved file does not hold the snapshot's memory\n");
 	munmap(m, b->mem_bytes);
 }
 
@@ -721,7 +725,7 @@ static enum content check_memory(struct bench *b, const uint8_t *mem, bool touch
 			first_wrong = f;
 	}
 	if (r->pages_wrong)
-		fprintf(stderr, PROG ": %s: %" PRIu64 " of %" PRIu64 " pages differ from the "
+		fprintf(stderr, ME ": %s: %" PRIu64 " of %" PRIu64 " pages differ from the "
 			"snapshot, the first at GPA %#" PRIx64 "\n", r->d->name, r->pages_wrong,
 			r->pages_checked, first_wrong * SYNTH_PAGE_SIZE);
 	return r->pages_wrong ? CONTENT_MISMATCH : CONTENT_EXACT;
@@ -919,11 +923,12 @@ static void print_run_json(const struct bench *b, const struct run *r, bool with
 	printf("}");
 }
 
-static void print_json(const struct bench *b)
+/* The results; @code the exit code they end with ("ok", "exit"). */
+static void print_json(const struct bench *b, int code)
 {
 	const struct params *p = &b->p;
 
-	printf("{\"machine\": ");
+	printf("{\"ok\": %s, \"exit\": %d, \"machine\": ", code ? "false" : "true", code);
 	bench_machine_json(p->dir);
 	printf(",\n");
 
@@ -1040,6 +1045,9 @@ static void print_json(const struct bench *b)
 	printf("\n ],\n \"error\": ");
 	if (b->err[0])
 		bench_json_str(b->err);
+	else if (code)
+		bench_json_str("a check failed: the saved file or a restored guest is not the "
+			       "snapshot (results: ok, content)");
 	else
 		printf("null");
 	printf("}\n");
@@ -1114,7 +1122,7 @@ static void print_table(const struct bench *b)
 static void cleanup_files(struct bench *b)
 {
 	if (b->p.keep) {
-		fprintf(stderr, PROG ": files kept in %s\n", b->work);
+		fprintf(stderr, ME ": files kept in %s\n", b->work);
 		return;
 	}
 	for (int o = 0; o < ORG_HALITE; o++)
@@ -1137,7 +1145,7 @@ static void __attribute__((noreturn)) die_stuck(struct bench *b, struct run *r, 
 	set_err(b, "%s (%s, %s cache, %u us): %s", r->d->name, r->track ? "VM access run" : "run",
 		r->cold ? "cold" : "warm", r->lat, r->err);
 	if (b->p.json)
-		print_json(b);
+		print_json(b, 1);
 	else
 		print_table(b);
 	if (!b->p.keep)
@@ -1253,115 +1261,127 @@ static int parse_args(struct params *p, int argc, char **argv)
 		{ "quick", no_argument, NULL, O_QUICK },
 		{ "trace", required_argument, NULL, O_TRACE },
 		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' },
 		{ 0 },
 	};
 	bool mem_set = false, cache_set = false, lat_set = false, shape_set = false;
+	bool json = halite_cli_has_json(argc, argv);
 	uint64_t v;
 	int opt;
 
 	optind = 1;
-	while ((opt = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+	opterr = 0;
+	while ((opt = getopt_long(argc, argv, ":h", lo, NULL)) != -1) {
 		switch (opt) {
 		case O_MEM:
 			if (!bench_parse_u64(optarg, 16, 65536, &v) || v % 2)
-				return bench_bad_arg(PROG, "--mem-mib", optarg, "MiB, even, 16 .. 65536");
+				return bench_bad_arg(ME, json, "--mem-mib", optarg,
+						     "MiB, even, 16 .. 65536");
 			p->mem_mib = v;
 			mem_set = true;
 			break;
 		case O_VCPUS:
 			if (!bench_parse_u64(optarg, 1, SYNTH_MAX_VCPUS, &v))
-				return bench_bad_arg(PROG, "--vcpus", optarg, "1 .. 16");
+				return bench_bad_arg(ME, json, "--vcpus", optarg, "1 .. 16");
 			p->vcpus = (unsigned)v;
 			shape_set = true;
 			break;
 		case O_COMPRESS:
 			if (!bench_parse_u64(optarg, 10, 90, &v))
-				return bench_bad_arg(PROG, "--compress", optarg, "percent, 10 .. 90");
+				return bench_bad_arg(ME, json, "--compress", optarg,
+						     "percent, 10 .. 90");
 			p->compress_pct = (unsigned)v;
 			break;
 		case O_WRITE:
 			if (!bench_parse_u64(optarg, 0, 100, &v))
-				return bench_bad_arg(PROG, "--write-pct", optarg, "percent, 0 .. 100");
+				return bench_bad_arg(ME, json, "--write-pct", optarg,
+						     "percent, 0 .. 100");
 			p->write_pct = (unsigned)v;
 			shape_set = true;
 			break;
 		case O_ZERO:
 			if (!bench_parse_u64(optarg, 0, 90, &v))
-				return bench_bad_arg(PROG, "--zero-pct", optarg, "percent, 0 .. 90");
+				return bench_bad_arg(ME, json, "--zero-pct", optarg,
+						     "percent, 0 .. 90");
 			p->zero_pct = (unsigned)v;
 			break;
 		case O_UNTOUCHED:
 			if (!bench_parse_u64(optarg, 0, 50, &v))
-				return bench_bad_arg(PROG, "--untouched-pct", optarg, "percent, 0 .. 50");
+				return bench_bad_arg(ME, json, "--untouched-pct", optarg,
+						     "percent, 0 .. 50");
 			p->untouched_pct = (unsigned)v;
 			break;
 		case O_PASSES:
 			if (!bench_parse_u64(optarg, 2, 1000000, &v))
-				return bench_bad_arg(PROG, "--passes", optarg, "2 .. 1000000");
+				return bench_bad_arg(ME, json, "--passes", optarg, "2 .. 1000000");
 			p->passes = v;
 			shape_set = true;
 			break;
 		case O_CACHE:
 			if (bench_parse_caches(optarg, p->cache, &p->cache_cold_first))
-				return bench_bad_arg(PROG, "--cache", optarg, "warm, cold or warm,cold");
+				return bench_bad_arg(ME, json, "--cache", optarg,
+						     "warm, cold or warm,cold");
 			cache_set = true;
 			break;
 		case O_LAT:
 			if (bench_parse_latencies(optarg, p->lat, MAX_LAT, &p->nlat))
-				return bench_bad_arg(PROG, "--latency", optarg,
+				return bench_bad_arg(ME, json, "--latency", optarg,
 					       "up to 8 microsecond values, 0 .. 1000000");
 			lat_set = true;
 			break;
 		case O_TRACK_LAT:
 			if (!bench_parse_u64(optarg, 0, 1000000, &v))
-				return bench_bad_arg(PROG, "--track-latency", optarg, "microseconds");
+				return bench_bad_arg(ME, json, "--track-latency", optarg,
+						     "microseconds");
 			p->track_lat = (uint32_t)v;
 			break;
 		case O_NO_TRACK: p->track = false; break;
 		case O_NO_RA: p->no_readahead = true; break;
 		case O_ONLY:
 			if (parse_only(p, optarg))
-				return bench_bad_arg(PROG, "--only", optarg,
+				return bench_bad_arg(ME, json, "--only", optarg,
 					       "names from --help, comma-separated");
 			break;
 		case O_BASE:
 			if (!bench_parse_u64(optarg, 1, 16, &v))
-				return bench_bad_arg(PROG, "--baseline-runs", optarg, "1 .. 16");
+				return bench_bad_arg(ME, json, "--baseline-runs", optarg,
+						     "1 .. 16");
 			p->baseline_runs = (unsigned)v;
 			break;
 		case O_CODEC:
 			p->codec = halite_codec_parse(optarg);
 			if (p->codec < 0)
-				return bench_bad_arg(PROG, "--codec", optarg, "lz4, zlib, zstd or none");
+				return bench_bad_arg(ME, json, "--codec", optarg,
+						     "lz4, zlib, zstd or none");
 			break;
 		case O_DIR: p->dir = optarg; break;
 		case O_KEEP: p->keep = true; break;
 		case O_SEED:
 			if (!bench_parse_u64(optarg, 1, UINT64_MAX, &v))
-				return bench_bad_arg(PROG, "--seed", optarg, "a positive integer");
+				return bench_bad_arg(ME, json, "--seed", optarg,
+						     "a positive integer");
 			p->seed = v;
 			break;
 		case O_TIMEOUT:
 			if (!bench_parse_u64(optarg, 1, 86400, &v))
-				return bench_bad_arg(PROG, "--timeout", optarg, "seconds, 1 .. 86400");
+				return bench_bad_arg(ME, json, "--timeout", optarg,
+						     "seconds, 1 .. 86400");
 			p->timeout_s = (unsigned)v;
 			break;
 		case O_JSON: p->json = true; break;
 		case O_QUICK: p->quick = true; break;
 		case O_TRACE: p->trace = optarg; break;
 		case 'h': usage(stdout); return 1;
-		default: usage(stderr); return 2;
+		case 'V': halite_cli_version(PROG); return 1;
+		default: return bench_opt_error(ME, json, opt, argc, argv, PROG " micro");
 		}
 	}
-	if (optind != argc) {
-		fprintf(stderr, PROG ": unexpected argument '%s' (see --help)\n", argv[optind]);
-		return 2;
-	}
-	if (p->trace && shape_set) {
-		fprintf(stderr, PROG ": --vcpus, --passes and --write-pct describe the seq workload; "
-			"with --trace the trace decides them\n");
-		return 2;
-	}
+	if (optind != argc)
+		return bench_fail(ME, json, 2, "unexpected argument '%s' (" PROG " micro --help)",
+				  argv[optind]);
+	if (p->trace && shape_set)
+		return bench_fail(ME, json, 2, "--vcpus, --passes and --write-pct describe the seq "
+				  "workload; with --trace the trace decides them");
 	if (p->trace && !mem_set)
 		p->mem_mib = 0; /* sized from the trace */
 	if (p->quick) {
@@ -1393,7 +1413,7 @@ static int size_from_trace(struct bench *b)
 	if (!ret)
 		ret = trace_guest_mem(&b->ti, p->trace, p->mem_mib, &b->mem_bytes, err, sizeof(err));
 	if (ret) {
-		fprintf(stderr, PROG ": %s\n", err);
+		set_err(b, "%s", err);
 		return ret;
 	}
 	p->vcpus = b->ti.nvcpus;
@@ -1469,6 +1489,9 @@ static bool run_all(struct bench *b, size_t nconds)
 /* Remove the files (unless --keep), free everything, return @code. */
 static int bench_end(struct bench *b, int code)
 {
+	/* --json: one object on every path; a failure before the results is only that. */
+	if (b->p.json && !b->printed && code)
+		halite_cli_json_fail(stdout, b->err[0] ? b->err : "the benchmark failed", code);
 	if (b->work && b->fuse_dir && b->src)
 		cleanup_files(b);
 	relayout_out_free(&b->rl);
@@ -1505,7 +1528,7 @@ static int micro(int argc, char **argv)
 	ret = parse_args(p, argc, argv);
 	if (ret)
 		return ret == 1 ? 0 : ret;
-	ret = bench_preflight(PROG, p->dir);
+	ret = bench_preflight(ME, p->json, p->dir);
 	if (ret)
 		return ret;
 	/* Precise short sleeps for the first-access watch. */
@@ -1527,12 +1550,12 @@ static int micro(int argc, char **argv)
 	if (asprintf(&b.work, "%s/halite-bench.%d", p->dir, (int)getpid()) < 0 ||
 	    asprintf(&b.fuse_dir, "%s/fuse", b.work) < 0 ||
 	    asprintf(&b.src, "%s/halite.hlt", b.work) < 0) {
-		fprintf(stderr, PROG ": out of memory\n");
-		return 1;
+		set_err(&b, "out of memory");
+		return bench_end(&b, 1);
 	}
 	if (mkdir(b.work, 0700) || mkdir(b.fuse_dir, 0700)) {
-		fprintf(stderr, PROG ": mkdir %s: %s\n", b.work, strerror(errno));
-		return 1;
+		set_err(&b, "mkdir %s: %s", b.work, strerror(errno));
+		return bench_end(&b, 1);
 	}
 
 	ret = run_source(&b);
@@ -1574,14 +1597,15 @@ static int micro(int argc, char **argv)
 	b.runs = calloc(nconds * NAMES, sizeof(*b.runs));
 	b.tracks = calloc(ORG_COUNT, sizeof(*b.tracks));
 	if (!b.runs || !b.tracks) {
-		fprintf(stderr, PROG ": out of memory\n");
+		set_err(&b, "out of memory");
 		return bench_end(&b, 1);
 	}
 	failed |= run_all(&b, nconds);
 
-	if (p->json)
-		print_json(&b);
-	else
+	if (p->json) {
+		print_json(&b, failed ? 1 : 0);
+		b.printed = true;
+	} else
 		print_table(&b);
 	progress(&b, "done");
 	return bench_end(&b, failed ? 1 : 0);
@@ -1591,21 +1615,37 @@ static int micro(int argc, char **argv)
 	"usage: " PROG " COMMAND [options]   (" PROG " COMMAND --help)\n"                       \
 	"  micro   the paper's microbenchmark: organisations and peers, restore overhead\n"     \
 	"  fault   the cost of one fault answered from storage against this machine's limit\n"   \
-	"  clones  N clones of one snapshot: the clone service against N independent restores\n"
+	"  clones  N clones of one snapshot: the clone service against N independent restores\n" \
+	"  --version  the version\n"
 
 int main(int argc, char **argv)
 {
-	if (argc >= 2 && !strcmp(argv[1], "micro"))
+	const char *cmd = argc >= 2 ? argv[1] : NULL;
+	char msg[300];
+
+	if (cmd && !strcmp(cmd, "micro"))
 		return micro(argc - 1, argv + 1);
-	if (argc >= 2 && !strcmp(argv[1], "fault"))
+	if (cmd && !strcmp(cmd, "fault"))
 		return cmd_fault(argc - 1, argv + 1);
-	if (argc >= 2 && !strcmp(argv[1], "clones"))
+	if (cmd && !strcmp(cmd, "clones"))
 		return cmd_clones(argc - 1, argv + 1);
-	if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+	if (cmd && (!strcmp(cmd, "--help") || !strcmp(cmd, "-h"))) {
 		printf(USAGE);
 		return 0;
 	}
-	fprintf(stderr, argc >= 2 ? PROG ": unknown command '%s'\n" USAGE : "%s" USAGE,
-		argc >= 2 ? argv[1] : "");
+	if (cmd && !strcmp(cmd, "--version"))
+		return halite_cli_version(PROG);
+	if (!cmd)
+		snprintf(msg, sizeof(msg), "missing COMMAND: micro, fault or clones (" PROG
+			 " --help)");
+	else if (cmd[0] == '-')
+		snprintf(msg, sizeof(msg), "unknown option '%.*s' (" PROG " --help)",
+			 (int)strcspn(cmd, "="), cmd);
+	else
+		snprintf(msg, sizeof(msg), "unknown command '%s': micro, fault or clones (" PROG
+			 " --help)", cmd);
+	fprintf(stderr, PROG ": %s\n", msg);
+	if (halite_cli_has_json(argc, argv))
+		halite_cli_json_fail(stdout, msg, 2);
 	return 2;
 }

@@ -30,6 +30,9 @@
 
 #include <halite/halite.h>
 
+#include "bench_util.h"
+#include "cli.h"
+
 #define GIB (1ull << 30)
 #define MAX_RUNS 15
 
@@ -154,10 +157,42 @@ static int one_run(const char *path, uint64_t bytes, uint64_t every, struct run 
 	return ret;
 }
 
-static void usage(const char *p)
+#define PROG "halite-bench-open"
+
+static void usage(FILE *f)
 {
-	fprintf(stderr, "usage: %s [--quick] [--json] [--runs N] [--stored-every K] [--dir DIR] "
-		"[--sizes GiB,GiB,...]\n", p);
+	fprintf(f,
+		"usage: " PROG " [--quick] [--json] [--runs N] [--stored-every K] [--dir DIR]\n"
+		"                         [--sizes GiB,GiB,...]\n"
+		"Open to guest running against memory size, format 1.0 against 1.1 (chunked\n"
+		"index), in one run: two files per size, each opened and started --runs times.\n"
+		"  --sizes LIST     memory sizes in GiB, up to 8, each 1 .. 1024 (1,4,16,64)\n"
+		"  --quick          the first two sizes, 3 runs\n"
+		"  --runs N         runs per file, the median reported, 1 .. %d (5)\n"
+		"  --stored-every K one memory block in K stored, the rest never touched,\n"
+		"                   1 .. 65536 (4)\n"
+		"  --dir DIR        where the files go, removed after (/var/tmp)\n"
+		"  --json           one JSON object on stdout instead of the table (on a\n"
+		"                   failure too: \"ok\", \"error\", \"exit\")\n"
+		"  --help, --version\n"
+		"Exit: 0 ok, 1 a failed check, 2 usage, 77 without userfaultfd.\n", MAX_RUNS);
+}
+
+/* --sizes: up to 8 GiB counts, 1 .. 1024 each. 0 or -1. */
+static int parse_sizes(const char *s, unsigned *sizes, unsigned *n)
+{
+	uint64_t v;
+	char buf[256], *save = NULL;
+
+	if (snprintf(buf, sizeof(buf), "%s", s) >= (int)sizeof(buf))
+		return -1;
+	*n = 0;
+	for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+		if (*n == 8 || !bench_parse_u64(t, 1, 1024, &v))
+			return -1;
+		sizes[(*n)++] = (unsigned)v;
+	}
+	return *n ? 0 : -1;
 }
 
 int main(int argc, char **argv)
@@ -167,51 +202,62 @@ int main(int argc, char **argv)
 		{ "runs", required_argument, NULL, 'r' },
 		{ "stored-every", required_argument, NULL, 'e' },
 		{ "dir", required_argument, NULL, 'd' },
-		{ "sizes", required_argument, NULL, 's' },	{ NULL, 0, NULL, 0 },
+		{ "sizes", required_argument, NULL, 's' },
+		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' },	{ NULL, 0, NULL, 0 },
 	};
 	unsigned sizes[8] = { 1, 4, 16, 64 }, nsizes = 4;
 	const char *dir = "/var/tmp";
-	uint64_t every = 4;
-	bool json = false, first = true;
+	uint64_t every = 4, n;
+	bool json = halite_cli_has_json(argc, argv), first = true, runs_set = false;
+	char err[600] = "";
 	int runs = 5, c, status = 0;
 
-	while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, ":h", lo, NULL)) != -1) {
 		switch (c) {
 		case 'q':
 			nsizes = 2;
-			runs = 3;
+			if (!runs_set)
+				runs = 3;
 			break;
 		case 'j':
 			json = true;
 			break;
 		case 'r':
-			runs = atoi(optarg);
+			if (!bench_parse_u64(optarg, 1, MAX_RUNS, &n))
+				return bench_bad_arg(PROG, json, "--runs", optarg, "1 .. 15");
+			runs = (int)n;
+			runs_set = true;
 			break;
 		case 'e':
-			every = strtoull(optarg, NULL, 0);
+			if (!bench_parse_u64(optarg, 1, 65536, &every))
+				return bench_bad_arg(PROG, json, "--stored-every", optarg,
+						     "1 .. 65536");
 			break;
 		case 'd':
 			dir = optarg;
 			break;
-		case 's': {
-			char *p = optarg;
-
-			for (nsizes = 0; *p && nsizes < 8; nsizes++) {
-				sizes[nsizes] = (unsigned)strtoul(p, &p, 10);
-				if (*p == ',')
-					p++;
-			}
+		case 's':
+			if (parse_sizes(optarg, sizes, &nsizes))
+				return bench_bad_arg(PROG, json, "--sizes", optarg, "up to 8 GiB "
+						     "counts, 1 .. 1024, comma-separated");
 			break;
-		}
+		case 'h':
+			usage(stdout);
+			return 0;
+		case 'V':
+			return halite_cli_version(PROG);
 		default:
-			usage(argv[0]);
-			return 2;
+			return bench_opt_error(PROG, json, c, argc, argv, PROG);
 		}
 	}
-	if (runs < 1 || runs > MAX_RUNS || !every || !nsizes) {
-		usage(argv[0]);
-		return 2;
-	}
+	if (optind != argc)
+		return bench_fail(PROG, json, 2, "unexpected argument '%s' (" PROG " --help)",
+				  argv[optind]);
+	c = bench_preflight(PROG, json, dir);
+	if (c)
+		return c;
 	if (json)
 		printf("{\"bench\":\"open\",\"stored_every\":%llu,\"runs\":%d,\"shared_machine\":true,"
 		       "\"results\":[", (unsigned long long)every, runs);
@@ -233,6 +279,8 @@ int main(int argc, char **argv)
 			fprintf(stderr, "writing %s\n", path);
 			ret = write_file(path, bytes, every, v == 0, &stored);
 			if (ret) {
+				snprintf(err, sizeof(err), "writing %s: %s", path,
+					 halite_strerror(ret));
 				status = 1;
 				break;
 			}
@@ -252,10 +300,14 @@ int main(int argc, char **argv)
 			}
 			unlink(path);
 			if (ret == -HALITE_E_UNSUPPORTED || ret == -ENOSYS || ret == -EPERM) {
-				fprintf(stderr, "no userfaultfd: %s\n", halite_strerror(ret));
-				return 77;
+				snprintf(err, sizeof(err), "no userfaultfd: %s: skipped",
+					 halite_strerror(ret));
+				status = 77;
+				break;
 			}
 			if (ret) {
+				snprintf(err, sizeof(err), "%s: the restore or its check "
+					 "failed: %s", path, halite_strerror(ret));
 				status = 1;
 				break;
 			}
@@ -276,7 +328,15 @@ int main(int argc, char **argv)
 			first = false;
 		}
 	}
-	if (json)
-		printf("],\"ok\":%s}\n", status ? "false" : "true");
+	if (status)
+		fprintf(stderr, PROG ": %s\n", err);
+	if (json) {
+		printf("],\"ok\":%s,\"error\":", status ? "false" : "true");
+		if (status)
+			halite_json_str(stdout, err);
+		else
+			fputs("null", stdout);
+		printf(",\"exit\":%d}\n", status);
+	}
 	return status;
 }

@@ -58,6 +58,7 @@
 #include <string.h>
 
 #include "bench_util.h"
+#include "cli.h"
 #include "endian_util.h"
 #include "synth.h"
 
@@ -328,16 +329,18 @@ static void usage(FILE *f)
 "Convert `valgrind --tool=lackey --trace-mem=yes` output (a file, or - / none\n"
 "for stdin) to an access trace for halite-bench micro --trace (docs/trace-format.md).\n"
 "\n"
-"  --window N       LRU of recently used pages whose repeat reads are dropped (64)\n"
+"  --window N       LRU of recently used pages whose repeat reads are dropped,\n"
+"                   1 .. %d (64)\n"
 "  --gap N          untouched pages that still keep two touched pages in one\n"
-"                   region (0: dense, see the top of trace_lackey.c)\n"
-"  --align N        regions start at multiples of N pages (1)\n"
+"                   region, 0 .. 1048576 (0: dense, see the top of trace_lackey.c)\n"
+"  --align N        regions start at multiples of N pages, 1 .. 1048576 (1)\n"
 "  --data-only      drop instruction fetches\n"
 "  --max-records N  stop after N kept records (0: no limit)\n"
-"  --vcpu N         the vCPU the records are for (0); header nvcpus = N + 1\n"
+"  --vcpu N         the vCPU the records are for, 0 .. 15 (0); header nvcpus = N + 1\n"
 "  --vbase HEX      the guest's mapping base (0x7f0000000000, synth.h's default)\n"
+"  --help, --version\n"
 "\n"
-"Exit 0 written, 1 I/O error, 2 usage or bad input.\n");
+"Exit 0 written, 1 I/O error, 2 usage or bad input.\n", MAX_WINDOW);
 }
 
 int main(int argc, char **argv)
@@ -355,18 +358,27 @@ int main(int argc, char **argv)
 		if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
 			usage(stdout);
 			return 0;
+		} else if (!strcmp(a, "--version")) {
+			return halite_cli_version(PROG);
 		} else if (!strcmp(a, "--data-only")) {
 			c.data_only = true;
+		} else if ((!strcmp(a, "--window") || !strcmp(a, "--gap") ||
+			    !strcmp(a, "--align") || !strcmp(a, "--max-records") ||
+			    !strcmp(a, "--vcpu") || !strcmp(a, "--vbase")) && !val) {
+			return bench_fail(PROG, false, 2,
+					  "option '%s' needs a value (" PROG " --help)", a);
 		} else if (!strcmp(a, "--window") || !strcmp(a, "--gap") || !strcmp(a, "--align") ||
 			   !strcmp(a, "--max-records") || !strcmp(a, "--vcpu")) {
+			uint64_t min = !strcmp(a, "--window") || !strcmp(a, "--align");
 			uint64_t max = !strcmp(a, "--window") ? MAX_WINDOW :
 				       !strcmp(a, "--gap") || !strcmp(a, "--align") ? 1u << 20 :
 				       !strcmp(a, "--vcpu") ? SYNTH_MAX_VCPUS - 1 : UINT64_MAX;
+			char want[64];
 
-			if (!val || !bench_parse_u64(val, !strcmp(a, "--window") ||
-							  !strcmp(a, "--align"), max, &v))
-				return bench_bad_arg(PROG, a, val ? val : "(none)",
-						     "a number in range (see --help)");
+			if (!bench_parse_u64(val, min, max, &v)) {
+				snprintf(want, sizeof(want), "%" PRIu64 " .. %" PRIu64, min, max);
+				return bench_bad_arg(PROG, false, a, val, want);
+			}
 			if (!strcmp(a, "--window"))
 				c.window = (unsigned)v;
 			else if (!strcmp(a, "--gap"))
@@ -382,29 +394,28 @@ int main(int argc, char **argv)
 			char *end = NULL;
 
 			errno = 0;
-			v = val ? strtoull(val, &end, 16) : 0;
-			if (!val || errno || !end || *end || !v || v % GIB ||
+			v = strtoull(val, &end, 16);
+			if (errno || !end || *end || !v || v % GIB ||
 			    v + SYNTH_MAX_VCPUS * GIB > (1ull << 47))
-				return bench_bad_arg(PROG, a, val ? val : "(none)",
+				return bench_bad_arg(PROG, false, a, val,
 						     "hex, 1 GiB aligned, below 2^47 - 16 GiB");
 			c.vbase = v;
 			i++;
 		} else if (a[0] == '-' && a[1]) {
-			fprintf(stderr, PROG ": unknown option '%s' (see --help)\n", a);
-			return 2;
+			return bench_fail(PROG, false, 2, "unknown option '%.*s' (" PROG " --help)",
+					  (int)strcspn(a, "="), a);
 		} else if (!out) {
 			out = a;
 		} else if (!in) {
 			in = a;
 		} else {
-			fprintf(stderr, PROG ": unexpected argument '%s' (see --help)\n", a);
-			return 2;
+			return bench_fail(PROG, false, 2,
+					  "unexpected argument '%s' (" PROG " --help)", a);
 		}
 	}
-	if (!out) {
-		usage(stderr);
-		return 2;
-	}
+	if (!out)
+		return bench_fail(PROG, false, 2,
+				  "missing OUT, the trace to write (" PROG " --help)");
 	if (in && strcmp(in, "-")) {
 		f = fopen(in, "re");
 		if (!f) {

@@ -374,13 +374,11 @@ static int map_template(struct clone *c)
 	long pg = sysconf(_SC_PAGESIZE);
 	int fd, ret;
 
-	if (synth_normalize_opts(&norm, &c->a.o)) {
-		fprintf(stderr, HS_PROG " clone: bad guest options\n");
+	if (synth_normalize_opts(&norm, &c->a.o)) /* hs_parse() checked them */
 		return -EINVAL;
-	}
 	c->mem_bytes = norm.mem_bytes;
 	if (c->a.mem_offset % (uint64_t)pg) {
-		fprintf(stderr, HS_PROG " clone: --mem-offset %llu is not a multiple of the page "
+		fprintf(stderr, HS_PROG ": clone: --mem-offset %llu is not a multiple of the page "
 			"size (%ld)\n", (unsigned long long)c->a.mem_offset, pg);
 		return -EINVAL;
 	}
@@ -391,7 +389,7 @@ static int map_template(struct clone *c)
 		if (c->mem == MAP_FAILED) {
 			c->mem = NULL;
 			ret = -errno;
-			fprintf(stderr, HS_PROG " clone: mapping %llu bytes: %s\n",
+			fprintf(stderr, HS_PROG ": clone: mapping %llu bytes: %s\n",
 				(unsigned long long)c->mem_bytes, strerror(errno));
 			return ret;
 		}
@@ -401,20 +399,20 @@ static int map_template(struct clone *c)
 	fd = open(c->a.mem_file, O_RDONLY | O_CLOEXEC);
 	if (fd < 0) {
 		ret = -errno;
-		fprintf(stderr, HS_PROG " clone: --mem-file %s: %s\n", c->a.mem_file,
+		fprintf(stderr, HS_PROG ": clone: --mem-file %s: %s\n", c->a.mem_file,
 			strerror(errno));
 		return ret;
 	}
 	if (fstat(fd, &st)) {
 		ret = -errno;
-		fprintf(stderr, HS_PROG " clone: --mem-file %s: %s\n", c->a.mem_file,
+		fprintf(stderr, HS_PROG ": clone: --mem-file %s: %s\n", c->a.mem_file,
 			strerror(errno));
 		close(fd);
 		return ret;
 	}
 	if (!S_ISREG(st.st_mode) || c->a.mem_offset > (uint64_t)st.st_size ||
 	    (uint64_t)st.st_size - c->a.mem_offset < c->mem_bytes) {
-		fprintf(stderr, HS_PROG " clone: --mem-file %s is %s%llu bytes: too short for "
+		fprintf(stderr, HS_PROG ": clone: --mem-file %s is %s%llu bytes: too short for "
 			"--mem-offset %llu + %llu bytes of guest memory\n", c->a.mem_file,
 			S_ISREG(st.st_mode) ? "" : "not a regular file, ",
 			(unsigned long long)st.st_size, (unsigned long long)c->a.mem_offset,
@@ -429,7 +427,7 @@ static int map_template(struct clone *c)
 	close(fd); /* the mapping holds the file */
 	if (ret) {
 		c->mem = NULL;
-		fprintf(stderr, HS_PROG " clone: mapping %llu bytes of %s: %s\n",
+		fprintf(stderr, HS_PROG ": clone: mapping %llu bytes of %s: %s\n",
 			(unsigned long long)c->mem_bytes, c->a.mem_file, strerror(-ret));
 	}
 	return ret;
@@ -449,7 +447,7 @@ static int setup(struct clone *c)
 	o.mem_host = c->mem;
 	ret = synth_create(&c->g, &o);
 	if (ret) {
-		fprintf(stderr, HS_PROG " clone: creating the guest: %s\n", strerror(-ret));
+		fprintf(stderr, HS_PROG ": clone: creating the guest: %s\n", strerror(-ret));
 		return ret;
 	}
 	synth_info(c->g, &c->info);
@@ -462,12 +460,12 @@ static int setup(struct clone *c)
 	c->uffd = make_uffd();
 	if (c->uffd < 0) {
 		ret = c->uffd;
-		fprintf(stderr, HS_PROG " clone: userfaultfd: %s\n", strerror(-ret));
+		fprintf(stderr, HS_PROG ": clone: userfaultfd: %s\n", strerror(-ret));
 		return ret;
 	}
 	c->lfd = clone_srv_listen(c->a.control, err, sizeof(err));
 	if (c->lfd < 0)
-		fprintf(stderr, HS_PROG " clone: %s\n", err);
+		fprintf(stderr, HS_PROG ": clone: %s\n", err);
 	return c->lfd < 0 ? c->lfd : 0;
 }
 
@@ -481,7 +479,8 @@ static void teardown(struct clone *c)
 	if (c->g && c->state == CL_RUNNING && synth_pause_timed(c->g, 2000) == -ETIMEDOUT) {
 		if (c->lfd >= 0)
 			unlink(c->a.control);
-		fprintf(stderr, HS_PROG " clone: vCPUs blocked on memory nobody serves; leaving\n");
+		fprintf(stderr,
+			HS_PROG ": clone: vCPUs blocked on memory nobody serves; leaving\n");
 		_exit(0);
 	}
 	if (c->g) {
@@ -507,12 +506,12 @@ int hs_cmd_clone(int argc, char **argv)
 	if (ret)
 		return ret > 0 ? 0 : 2;
 	if ((!c.a.mem_file && !c.a.anon) || !c.a.control) {
-		fprintf(stderr, HS_PROG " clone: missing %s (--help for usage)\n",
+		fprintf(stderr, HS_PROG ": clone: missing %s (" HS_PROG " clone --help)\n",
 			!c.a.control ? "--control SOCKPATH" : "--mem-file PATH (or --anon)");
 		return 2;
 	}
 	if (c.a.mem_file && c.a.anon) {
-		fprintf(stderr, HS_PROG " clone: --mem-file and --anon: one or the other\n");
+		fprintf(stderr, HS_PROG ": clone: --mem-file and --anon: one or the other\n");
 		return 2;
 	}
 	/* The daemon that started us may die: we live on, and the parent may close our stdio. */
@@ -529,7 +528,7 @@ int hs_cmd_clone(int argc, char **argv)
 
 	ret = clone_srv_run(c.lfd, -1, handle, &c);
 	if (ret < 0)
-		fprintf(stderr, HS_PROG " clone: accept: %s\n", strerror(-ret));
+		fprintf(stderr, HS_PROG ": clone: accept: %s\n", strerror(-ret));
 	teardown(&c);
 	return ret < 0 ? 1 : 0;
 }

@@ -189,22 +189,19 @@ int hs_cmd_save(int argc, char **argv)
 	if (ret)
 		return ret > 0 ? 0 : 2;
 	if (!a.out) {
-		fprintf(stderr, HS_PROG " save: missing --out FILE (--help for usage)\n");
+		fprintf(stderr, HS_PROG ": save: missing --out FILE (" HS_PROG " save --help)\n");
 		return 2;
 	}
+	/* hs_parse() checked the options: only a record too long for the buffer is left. */
 	ret = hs_synth_args(&a.o, synth_args, sizeof(synth_args));
-	if (ret == -EINVAL) {
-		/* The details are logged to stderr already. */
-		fprintf(stderr, HS_PROG " save: bad guest options\n");
-		return 2;
-	}
 	if (ret) {
-		fprintf(stderr, HS_PROG " save: synth.args: %s\n", strerror(-ret));
+		fprintf(stderr, HS_PROG ": save: recording the guest options: %s\n",
+			strerror(-ret));
 		return 1;
 	}
 	ret = synth_create(&g, &a.o);
 	if (ret) {
-		fprintf(stderr, HS_PROG " save: creating the guest: %s\n", strerror(-ret));
+		fprintf(stderr, HS_PROG ": save: creating the guest: %s\n", strerror(-ret));
 		return 1;
 	}
 	synth_info(g, &info);
@@ -214,7 +211,7 @@ int hs_cmd_save(int argc, char **argv)
 	else if (!ret)
 		sleep((unsigned)a.seconds);
 	if (ret) {
-		fprintf(stderr, HS_PROG " save: running the guest: %s\n", strerror(-ret));
+		fprintf(stderr, HS_PROG ": save: running the guest: %s\n", strerror(-ret));
 		goto out;
 	}
 
@@ -222,7 +219,7 @@ int hs_cmd_save(int argc, char **argv)
 						       .synth_args = synth_args, .resume = true },
 			    &res);
 	if (ret) {
-		fprintf(stderr, HS_PROG " save: %s\n", res.err);
+		fprintf(stderr, HS_PROG ": save: %s\n", res.err);
 		goto out;
 	}
 	fputs("{\"file\":", stdout);

@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "endian_util.h"
 #include "stats.h"
 #include "synth.h"
@@ -26,13 +27,14 @@ static int trace_dump(const char *path)
 	uint64_t n = 0;
 
 	if (!f) {
-		fprintf(stderr, "halite-synth: %s: %s\n", path, strerror(errno));
-		return 2;
+		fprintf(stderr, HS_PROG ": trace-dump: %s: %s\n", path, strerror(errno));
+		return 1;
 	}
 	if (fread(h, 1, sizeof(h), f) != sizeof(h) || memcmp(h, SYNTH_TRACE_MAGIC, 8)) {
-		fprintf(stderr, "halite-synth: %s: not a trace\n", path);
+		fprintf(stderr, HS_PROG ": trace-dump: %s: not a trace of the synthetic guest "
+			"(docs/trace-format.md)\n", path);
 		fclose(f);
-		return 2;
+		return 1;
 	}
 	printf("# trace v%u, %u vCPUs\n# vcpu vaddr rw\n", halite_get_le32(h + 8),
 	       halite_get_le32(h + 16));
@@ -65,7 +67,7 @@ static int cmd_run(int argc, char **argv)
 	t0 = halite_now_ns();
 	ret = synth_create(&g, &o);
 	if (ret) {
-		fprintf(stderr, "halite-synth: create: %s\n", strerror(-ret));
+		fprintf(stderr, HS_PROG ": run: creating the guest: %s\n", strerror(-ret));
 		return 1;
 	}
 	t1 = halite_now_ns();
@@ -90,7 +92,7 @@ static int cmd_run(int argc, char **argv)
 		ret = synth_pause(g);
 	t1 = halite_now_ns();
 	if (ret) {
-		fprintf(stderr, "halite-synth: run: %s\n", strerror(-ret));
+		fprintf(stderr, HS_PROG ": run: running the guest: %s\n", strerror(-ret));
 		synth_free(g);
 		return 1;
 	}
@@ -111,25 +113,62 @@ static int cmd_run(int argc, char **argv)
 	       (double)(t1 - t0) / 1e9, (double)total * 1e3 / (double)(t1 - t0 + 1));
 	ret = synth_stop(g);
 	if (ret)
-		fprintf(stderr, "halite-synth: stop: %s\n", strerror(-ret));
+		fprintf(stderr, HS_PROG ": run: stopping the guest: %s\n", strerror(-ret));
 	synth_free(g);
 	return ret ? 1 : 0;
 }
 
-int main(int argc, char **argv)
+/* trace-dump FILE: its own tiny command line (--help, --version, one FILE). */
+static int cmd_trace_dump(int argc, char **argv)
 {
-	if (argc > 1 && !strcmp(argv[1], "trace-dump")) {
-		if (argc != 3) {
-			hs_usage(stderr);
+	const char *file = NULL;
+
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+
+		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+			hs_usage(stdout);
+			return 0;
+		}
+		if (!strcmp(a, "--version"))
+			return halite_cli_version(HS_PROG);
+		if (a[0] == '-' && a[1]) {
+			fprintf(stderr, HS_PROG ": trace-dump: unknown option '%.*s' (" HS_PROG
+				" trace-dump --help)\n", (int)strcspn(a, "="), a);
 			return 2;
 		}
-		return trace_dump(argv[2]);
+		if (file) {
+			fprintf(stderr, HS_PROG ": trace-dump: unexpected argument '%s' (" HS_PROG
+				" trace-dump --help)\n", a);
+			return 2;
+		}
+		file = a;
 	}
-	if (argc > 1 && !strcmp(argv[1], "save"))
+	if (!file) {
+		fprintf(stderr, HS_PROG ": trace-dump: missing FILE (" HS_PROG
+			" trace-dump --help)\n");
+		return 2;
+	}
+	return trace_dump(file);
+}
+
+int main(int argc, char **argv)
+{
+	const char *cmd = argc > 1 ? argv[1] : NULL;
+
+	if (cmd && !strcmp(cmd, "trace-dump"))
+		return cmd_trace_dump(argc - 1, argv + 1);
+	if (cmd && !strcmp(cmd, "save"))
 		return hs_cmd_save(argc - 1, argv + 1);
-	if (argc > 1 && !strcmp(argv[1], "clone"))
+	if (cmd && !strcmp(cmd, "clone"))
 		return hs_cmd_clone(argc - 1, argv + 1);
-	if (argc > 1 && !strcmp(argv[1], "run"))
+	if (cmd && !strcmp(cmd, "run"))
 		return cmd_run(argc - 1, argv + 1);
+	/* No command: run, as always; a word that is not one is a mistake, not a stray argument. */
+	if (cmd && cmd[0] != '-') {
+		fprintf(stderr, HS_PROG ": unknown command '%s': run, save, clone or trace-dump ("
+			HS_PROG " --help)\n", cmd);
+		return 2;
+	}
 	return cmd_run(argc, argv);
 }

@@ -41,9 +41,10 @@ struct hs_args {
 
 /*
  * Parse argv[1..argc-1] (argv[0] is the command's name) for command @cmd
- * into *a, defaults first. Returns 0, 1 when --help printed the usage to
+ * into *a, defaults first. Returns 0, 1 when --help or --version printed to
  * stdout, or -1 after printing to stderr what is wrong (an unknown option,
- * one that is not for @cmd, a bad value, a stray argument). getopt state
+ * one that is not for @cmd, a value out of its range, options that do not
+ * fit together, a stray argument): "halite-synth: CMD: ...". getopt state
  * is reset first, so it may be called more than once.
  */
 int hs_parse(int argc, char **argv, enum hs_cmd cmd, struct hs_args *a);

@@ -29,6 +29,7 @@ void hs_usage(FILE *f)
 		"                    --control SOCKPATH\n"
 		"                    [guest options] [workload options]\n"
 		"       halite-synth trace-dump FILE\n"
+		"       halite-synth [COMMAND] --help | --version\n"
 		"\n"
 		"run: create a guest, run it, pause, print counters, stop.\n"
 		"save: create a guest, run the workload, pause and save it with the lazy save\n"
@@ -43,33 +44,44 @@ void hs_usage(FILE *f)
 		"  to compare with).\n"
 		"\n"
 		"guest options (synth.args):\n"
-		"  --mem MIB          guest memory, a multiple of 2 (1024); MIB, or a size\n"
-		"                     with K, M or G (so for --ws and --map)\n"
+		"  --mem MIB          guest memory, a multiple of 2 MiB, 4 MiB .. 1 TiB (1024);\n"
+		"                     MIB, or a size with K, M or G (so for --ws and --map)\n"
 		"  --vcpus N          1..16 (4)\n"
-		"  --ws MIB           working set per vCPU (mem / 4 / vcpus)\n"
-		"  --map MIB          mapped per vCPU (ws)\n"
+		"  --ws MIB           working set per vCPU, a multiple of 4 KiB (mem / 4 / vcpus)\n"
+		"  --map MIB          mapped per vCPU, ws .. mem / vcpus (ws)\n"
 		"  --levels 4|5       paging levels (4)\n"
-		"  --stride N         frame allocation stride (16)\n"
+		"  --stride N         frame allocation stride, 1 .. 1048576 (16)\n"
 		"  --shared-as        one address space for all vCPUs\n"
 		"  --huge2m N --huge1g N   huge pages per vCPU\n"
-		"  --holes N          every N-th 4 KiB virtual page unmapped\n"
+		"  --holes N          every N-th 4 KiB virtual page unmapped, N >= 2 (0: none)\n"
 		"  --junk             junk bits in non-present entries\n"
 		"  --ad-bits          the MMU sets A/D bits\n"
-		"  --compress PCT --zero PCT --untouched PCT\n"
+		"  --compress PCT --zero PCT --untouched PCT   0 .. 100 (50, 0, 0)\n"
 		"  --seed N\n"
 		"  --backing anon|shared   (run, save; anon)\n"
 		"workload options:\n"
-		"  --write PCT        share of accesses that write (0)\n"
+		"  --write PCT        share of accesses that write, 0 .. 100 (0)\n"
 		"  --pattern seq|random|trace   (seq; trace: run only)\n"
-		"  --tlb N            TLB entries per vCPU (0: walk every access)\n"
+		"  --tlb N            TLB entries per vCPU, 0 .. 1048576 (0: walk every access)\n"
 		"  --accesses N       per vCPU, then stop (run, save: else --seconds;\n"
 		"                     clone: else forever)\n"
-		"  --seconds S        run time without --accesses (run 5, save 1)\n"
+		"  --seconds S        run time without --accesses, 0 .. 86400 (run 5, save 1)\n"
 		"run only:\n"
 		"  --trace FILE       replay FILE (implies --pattern trace)\n"
 		"  --record FILE      record every access to FILE\n"
 		"  --loop             replay the trace in a loop\n"
-		"  --child            run the guest in a forked child\n");
+		"  --child            run the guest in a forked child\n"
+		"save only:\n"
+		"  --out FILE         the snapshot file\n"
+		"  --codec NAME       lz4 (default), zlib or zstd\n"
+		"clone only:\n"
+		"  --mem-file PATH    the template memory; --mem-offset BYTES into it, a\n"
+		"                     multiple of 4096 (0)\n"
+		"  --anon             private anonymous memory instead of --mem-file\n"
+		"  --control SOCKPATH the unix socket the clone serves\n"
+		"\n"
+		"  -h, --help         this text; --version: the version\n"
+		"Exit: 0 ok, 1 the guest or the save failed, 2 usage.\n");
 }
 
 enum {
@@ -77,6 +89,7 @@ enum {
 	O_HUGE2M, O_HUGE1G, O_HOLES, O_JUNK, O_AD, O_COMPRESS, O_ZERO, O_UNTOUCHED,
 	O_WRITE, O_PATTERN, O_TRACE, O_RECORD, O_LOOP, O_SEED, O_TLB, O_ACCESSES,
 	O_SECONDS, O_CHILD, O_OUT, O_CODEC, O_MEM_FILE, O_MEM_OFFSET, O_CONTROL, O_ANON, O_HELP,
+	O_VERSION,
 };
 
 #define RUN (1u << HS_CMD_RUN)
@@ -102,7 +115,7 @@ static const unsigned opt_cmds[] = {
 	[O_OUT - O_MEM] = SAVE,		[O_CODEC - O_MEM] = SAVE,
 	[O_MEM_FILE - O_MEM] = CLONE,	[O_MEM_OFFSET - O_MEM] = CLONE,
 	[O_CONTROL - O_MEM] = CLONE,	[O_ANON - O_MEM] = CLONE,
-	[O_HELP - O_MEM] = ALL,
+	[O_HELP - O_MEM] = ALL,		[O_VERSION - O_MEM] = ALL,
 };
 
 static const struct option long_opts[] = {
@@ -122,7 +135,7 @@ static const struct option long_opts[] = {
 	{ "out", 1, 0, O_OUT },		{ "codec", 1, 0, O_CODEC },
 	{ "mem-file", 1, 0, O_MEM_FILE }, { "mem-offset", 1, 0, O_MEM_OFFSET },
 	{ "control", 1, 0, O_CONTROL },	{ "anon", 0, 0, O_ANON },
-	{ "help", 0, 0, O_HELP },
+	{ "help", 0, 0, O_HELP },	{ "version", 0, 0, O_VERSION },
 	{ 0 },
 };
 
@@ -153,30 +166,66 @@ static int parse_mib(const char *s, uint64_t *v)
 	return halite_parse_size(s, v) ? -1 : 0;
 }
 
-static int parse_uint(const char *s, unsigned *v)
+/* A number in [min, max]. */
+static int parse_uint(const char *s, unsigned min, unsigned max, unsigned *v)
 {
 	uint64_t x;
 
-	if (parse_u64(s, &x) || x > 0xffffffffu)
+	if (parse_u64(s, &x) || x < min || x > max)
 		return -1;
 	*v = (unsigned)x;
 	return 0;
 }
 
+/* "halite-synth: CMD: ..." and the pointer at --help, on stderr; -1. */
 static int bad(enum hs_cmd cmd, const char *fmt, ...)
 {
 	va_list ap;
 
-	fprintf(stderr, HS_PROG " %s: ", cmd_names[cmd]);
+	fprintf(stderr, HS_PROG ": %s: ", cmd_names[cmd]);
 	va_start(ap, fmt);
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);
-	fprintf(stderr, " (--help for usage)\n");
+	fprintf(stderr, " (" HS_PROG " %s --help)\n", cmd_names[cmd]);
 	return -1;
+}
+
+/* synth_normalize_opts()'s one complaint, kept for the usage error. */
+static void keep_msg(void *ctx, int level, const char *msg)
+{
+	static const char pfx[] = "synth: invalid options: ";
+
+	(void)level;
+	if (!strncmp(msg, pfx, sizeof(pfx) - 1))
+		msg += sizeof(pfx) - 1;
+	snprintf(ctx, 256, "%s", msg);
+}
+
+/* What each option takes, as the help says it (and synth_normalize_opts checks). */
+static const char *want_of(int c)
+{
+	switch (c) {
+	case O_MEM: return "MiB (or K, M, G), a multiple of 2 MiB from 4 MiB to 1 TiB";
+	case O_VCPUS: return "1 to 16";
+	case O_WS: case O_MAP: return "MiB (or K, M, G), a multiple of 4 KiB";
+	case O_BACKING: return "anon or shared";
+	case O_LEVELS: return "4 or 5";
+	case O_STRIDE: return "1 to 1048576";
+	case O_HOLES: return "0 (none) or 2 and up";
+	case O_COMPRESS: case O_ZERO: case O_UNTOUCHED: case O_WRITE: return "percent, 0 to 100";
+	case O_PATTERN: return "seq, random or trace (trace: run only)";
+	case O_TLB: return "0 to 1048576";
+	case O_SECONDS: return "seconds, 0 to 86400";
+	case O_CODEC: return "lz4, zlib or zstd";
+	case O_MEM_OFFSET: return "bytes, a multiple of 4096";
+	default: return "a number";
+	}
 }
 
 int hs_parse(int argc, char **argv, enum hs_cmd cmd, struct hs_args *a)
 {
+	struct synth_opts norm;
+	char msg[256] = "";
 	const char *name;
 	int c, ret = 0;
 
@@ -185,29 +234,41 @@ int hs_parse(int argc, char **argv, enum hs_cmd cmd, struct hs_args *a)
 	a->seconds = cmd == HS_CMD_SAVE ? 1 : 5;
 	optind = 0; /* glibc: a full reset, so the tests can parse again */
 	opterr = 0;
-	while ((c = getopt_long(argc, argv, "h", long_opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, ":h", long_opts, NULL)) != -1) {
 		const char *v = optarg;
+		uint64_t x;
 
 		if (c == 'h')
 			c = O_HELP;
 		if (c == '?' || c == ':') {
-			const char *arg = argv[optind - 1];
+			char cmdname[32];
 
-			if (optopt && optopt < O_MEM)
-				return bad(cmd, "unknown option '-%c'", optopt);
-			if (optopt >= O_MEM)
-				return bad(cmd, "option '%s' needs a value", arg);
-			return bad(cmd, "unknown option '%s'", arg);
+			snprintf(cmdname, sizeof(cmdname), HS_PROG " %s", cmd_names[cmd]);
+			halite_cli_opt_error(msg, sizeof(msg), c, argc, argv, cmdname);
+			fprintf(stderr, HS_PROG ": %s: %s\n", cmd_names[cmd], msg);
+			return -1;
 		}
 		name = long_opts[c - O_MEM].name;
 		if (!(opt_cmds[c - O_MEM] & (1u << cmd)))
 			return bad(cmd, "--%s is not an option of %s", name, cmd_names[cmd]);
 		switch (c) {
 		case O_HELP: hs_usage(stdout); return 1;
-		case O_MEM: ret = parse_mib(v, &a->o.mem_bytes); break;
-		case O_VCPUS: ret = parse_uint(v, &a->o.nvcpus); break;
-		case O_WS: ret = parse_mib(v, &a->o.ws_bytes); break;
-		case O_MAP: ret = parse_mib(v, &a->o.map_bytes); break;
+		case O_VERSION: halite_cli_version(HS_PROG); return 1;
+		case O_MEM:
+			ret = parse_mib(v, &a->o.mem_bytes);
+			if (!ret && (a->o.mem_bytes % (2u << 20) || a->o.mem_bytes < (4u << 20) ||
+				     a->o.mem_bytes > (1ull << 40)))
+				ret = -1;
+			break;
+		case O_VCPUS: ret = parse_uint(v, 1, SYNTH_MAX_VCPUS, &a->o.nvcpus); break;
+		case O_WS:
+			ret = parse_mib(v, &a->o.ws_bytes);
+			ret = ret || a->o.ws_bytes % 4096 ? -1 : 0;
+			break;
+		case O_MAP:
+			ret = parse_mib(v, &a->o.map_bytes);
+			ret = ret || a->o.map_bytes % 4096 ? -1 : 0;
+			break;
 		case O_BACKING:
 			if (!strcmp(v, "anon"))
 				a->o.backing = SYNTH_MEM_ANON;
@@ -216,18 +277,23 @@ int hs_parse(int argc, char **argv, enum hs_cmd cmd, struct hs_args *a)
 			else
 				ret = -1;
 			break;
-		case O_LEVELS: ret = parse_uint(v, &a->o.paging_levels); break;
-		case O_STRIDE: ret = parse_uint(v, &a->o.stride); break;
+		case O_LEVELS:
+			ret = parse_uint(v, 4, 5, &a->o.paging_levels);
+			break;
+		case O_STRIDE: ret = parse_uint(v, 1, 1u << 20, &a->o.stride); break;
 		case O_SHARED_AS: a->o.flags |= SYNTH_F_SHARED_AS; break;
-		case O_HUGE2M: ret = parse_uint(v, &a->o.huge_2m); break;
-		case O_HUGE1G: ret = parse_uint(v, &a->o.huge_1g); break;
-		case O_HOLES: ret = parse_uint(v, &a->o.hole_every); break;
+		case O_HUGE2M: ret = parse_uint(v, 0, UINT32_MAX, &a->o.huge_2m); break;
+		case O_HUGE1G: ret = parse_uint(v, 0, UINT32_MAX, &a->o.huge_1g); break;
+		case O_HOLES:
+			ret = parse_uint(v, 0, UINT32_MAX, &a->o.hole_every);
+			ret = ret || a->o.hole_every == 1 ? -1 : 0;
+			break;
 		case O_JUNK: a->o.flags |= SYNTH_F_NP_JUNK; break;
 		case O_AD: a->o.flags |= SYNTH_F_AD_BITS; break;
-		case O_COMPRESS: ret = parse_uint(v, &a->o.compress_pct); break;
-		case O_ZERO: ret = parse_uint(v, &a->o.zero_pct); break;
-		case O_UNTOUCHED: ret = parse_uint(v, &a->o.untouched_pct); break;
-		case O_WRITE: ret = parse_uint(v, &a->o.write_pct); break;
+		case O_COMPRESS: ret = parse_uint(v, 0, 100, &a->o.compress_pct); break;
+		case O_ZERO: ret = parse_uint(v, 0, 100, &a->o.zero_pct); break;
+		case O_UNTOUCHED: ret = parse_uint(v, 0, 100, &a->o.untouched_pct); break;
+		case O_WRITE: ret = parse_uint(v, 0, 100, &a->o.write_pct); break;
 		case O_PATTERN:
 			if (!strcmp(v, "seq"))
 				a->o.pattern = SYNTH_PAT_SEQ;
@@ -242,10 +308,10 @@ int hs_parse(int argc, char **argv, enum hs_cmd cmd, struct hs_args *a)
 		case O_RECORD: a->o.trace_out = v; break;
 		case O_LOOP: a->o.flags |= SYNTH_F_TRACE_LOOP; break;
 		case O_SEED: ret = parse_u64(v, &a->o.seed); break;
-		case O_TLB: ret = parse_uint(v, &a->o.tlb_entries); break;
+		case O_TLB: ret = parse_uint(v, 0, 1u << 20, &a->o.tlb_entries); break;
 		case O_ACCESSES: ret = parse_u64(v, &a->o.max_accesses); break;
 		case O_SECONDS:
-			ret = parse_u64(v, &a->seconds);
+			ret = parse_u64(v, &a->seconds) || a->seconds > 86400 ? -1 : 0;
 			a->seconds_set = true;
 			break;
 		case O_CHILD: a->o.flags |= SYNTH_F_CHILD; break;
@@ -253,21 +319,33 @@ int hs_parse(int argc, char **argv, enum hs_cmd cmd, struct hs_args *a)
 		case O_CODEC:
 			a->codec = halite_codec_parse(v);
 			if (a->codec < 0 || a->codec == HALITE_CODEC_NONE)
-				return bad(cmd, "--codec '%s': lz4, zlib or zstd", v);
+				ret = -1;
 			break;
 		case O_MEM_FILE: a->mem_file = v; break;
-		case O_MEM_OFFSET: ret = parse_u64(v, &a->mem_offset); break;
+		case O_MEM_OFFSET:
+			ret = parse_u64(v, &x) || x % 4096 ? -1 : 0;
+			a->mem_offset = x;
+			break;
 		case O_CONTROL: a->control = v; break;
 		case O_ANON: a->anon = true; break;
 		}
 		if (ret)
-			return bad(cmd, "bad value '%s' for --%s", v, name);
+			return bad(cmd, "--%s '%s': want %s", name, v, want_of(c));
 	}
 	if (optind != argc)
 		return bad(cmd, "unexpected argument '%s'", argv[optind]);
 	/* run always let --accesses win; save says so. */
 	if (cmd == HS_CMD_SAVE && a->seconds_set && a->o.max_accesses)
 		return bad(cmd, "--accesses and --seconds: one or the other");
+	/* What only the options together decide (a working set larger than memory, ...). */
+	a->o.log_fn = keep_msg;
+	a->o.log_ctx = msg;
+	ret = synth_normalize_opts(&norm, &a->o);
+	a->o.log_fn = halite_log_stderr;
+	a->o.log_ctx = NULL;
+	if (ret)
+		return bad(cmd, "the guest options do not fit together: %s",
+			   msg[0] ? msg : "invalid");
 	return 0;
 }
 

@@ -2,6 +2,7 @@
 /* What the command-line tools share (cli.h). */
 #include <ctype.h>
 #include <errno.h>
+#include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -143,4 +144,50 @@ void halite_cli_progress_json(FILE *f, const struct halite_cli_progress *p)
 		fputs(", \"rate_bytes_per_s\": null", f);
 	fprintf(f, ", \"done\": %s}\n", p->done ? "true" : "false");
 	fflush(f);
+}
+
+int halite_cli_opt_error(char *buf, size_t len, int c, int argc, char *const argv[],
+			 const char *cmd)
+{
+	const char *arg = optind >= 1 && optind <= argc ? argv[optind - 1] : NULL;
+
+	/*
+	 * glibc leaves optind past a long option it refused; for a short one
+	 * in a cluster ("-kx") it may not have moved, so the letter (optopt)
+	 * names it there, never the word before.
+	 */
+	if (arg && !strncmp(arg, "--", 2) && (c == ':' || !optopt || strchr(arg, '='))) {
+		int n = (int)strcspn(arg, "=");
+
+		if (c == ':')
+			snprintf(buf, len, "option '%.*s' needs a value (%s --help)", n, arg, cmd);
+		else if (optopt)
+			snprintf(buf, len, "option '%.*s' takes no value (%s --help)", n, arg, cmd);
+		else
+			snprintf(buf, len, "unknown option '%.*s' (%s --help)", n, arg, cmd);
+	} else if (c == ':') {
+		snprintf(buf, len, "option '-%c' needs a value (%s --help)", optopt, cmd);
+	} else if (optopt > 32 && optopt < 127) {
+		snprintf(buf, len, "unknown option '-%c' (%s --help)", optopt, cmd);
+	} else {
+		snprintf(buf, len, "unknown option '%s' (%s --help)", arg ? arg : "?", cmd);
+	}
+	return 2;
+}
+
+bool halite_cli_has_json(int argc, char *const argv[])
+{
+	for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
+		if (!strcmp(argv[i], "--json"))
+			return true;
+	return false;
+}
+
+int halite_cli_json_fail(FILE *f, const char *error, int code)
+{
+	fputs("{\"ok\": false, \"error\": ", f);
+	halite_json_str(f, error);
+	fprintf(f, ", \"exit\": %d}\n", code);
+	fflush(f);
+	return code;
 }

@@ -61,4 +61,28 @@ struct halite_cli_progress {
  */
 void halite_cli_progress_json(FILE *f, const struct halite_cli_progress *p);
 
+/*
+ * getopt_long() returned '?' or ':' (run with opterr = 0 and an optstring
+ * starting with ':', so that a missing value is told from an unknown
+ * option): the sentence that names the option, for @cmd ("halite-cycle",
+ * "halite-synth save"), into @buf: "unknown option '--foo' (halite-synth
+ * save --help)", "option '--size' needs a value (...)", "option '--keep'
+ * takes no value (...)". The prefix is the caller's (a JSON "error" has
+ * none). Returns 2, the usage exit code.
+ */
+int halite_cli_opt_error(char *buf, size_t len, int c, int argc, char *const argv[],
+			 const char *cmd);
+
+/*
+ * --json among argv[1..argc-1] (before a "--"): a usage error found before
+ * or instead of parsing it still prints its JSON object.
+ */
+bool halite_cli_has_json(int argc, char *const argv[]);
+
+/*
+ * A failure as the one JSON object on @f: {"ok": false, "error": @error,
+ * "exit": @code}, and a newline. Returns @code.
+ */
+int halite_cli_json_fail(FILE *f, const char *error, int code);
+
 #endif

@@ -165,8 +165,15 @@ def refused(name, want, **kw):
         write_trace(path, kw.get("nvcpus", 1), kw["recs"], **kw.get("hdr", {}))
     p = subprocess.run([bench, "micro", "--trace", path, "--quick", "--json", "--dir", tmp],
                        capture_output=True, text=True)
-    if p.returncode != 2 or want not in p.stderr or p.stdout:
+    if p.returncode != 2 or want not in p.stderr:
         fail(f"{name}: exit {p.returncode} (want 2), stderr {p.stderr!r} (want {want!r})")
+    # --json: the one object on a failure too (docs/cli.md)
+    try:
+        obj = json.loads(p.stdout)
+    except ValueError:
+        fail(f"{name}: stdout is not one JSON object: {p.stdout!r}")
+    if obj.get("ok") is not False or obj.get("exit") != 2 or want not in obj.get("error", ""):
+        fail(f"{name}: JSON {obj}")
 
 
 ok2 = [(VBASE, 0, 0), (VBASE + 4096, 0, 1)]

@@ -2,26 +2,32 @@
 /*
  * halite-clone: the command-line client of halite-cloned, over its unix
  * socket with libcurl. Human output is aligned tables; --json prints the
- * server's JSON as it came. Exit 0 on a 2xx reply, 1 with the server's
- * error on stderr otherwise (or when the daemon cannot be reached), 2 for a
- * usage error.
+ * server's JSON as it came, and on a failure one object of ours ({"ok":
+ * false, "error", "exit", "http_status"}). Exit 0 on a 2xx reply, 1 with the
+ * server's error on stderr otherwise (or when the daemon cannot be
+ * reached), 2 for a usage error (docs/cli.md).
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <stdarg.h>
 #include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <cjson/cJSON.h>
 #include <curl/curl.h>
+
+#include "cli.h"
 
 #define PROG "halite-clone"
 
 struct opts {
 	const char *socket;
 	bool json;
+	const char *cmd;	/* the command, for the messages' prefix */
 };
 
 struct buf {
@@ -32,7 +38,7 @@ struct buf {
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: " PROG " [--socket PATH] [--json] COMMAND\n"
+		"usage: " PROG " [--socket PATH] [--json] COMMAND [ARGS]\n"
 		"\n"
 		"  template create SNAPSHOT [--no-hotset]   a template from a snapshot file\n"
 		"  template list | template show ID | template delete ID\n"
@@ -42,7 +48,14 @@ static void usage(FILE *f)
 		"  metrics | health\n"
 		"\n"
 		"  --socket PATH   the daemon's socket (/run/halite-cloned/api.sock)\n"
-		"  --json          the server's JSON instead of tables\n");
+		"  --json          the server's JSON instead of tables; on a failure\n"
+		"                  {\"ok\": false, \"error\", \"exit\", \"http_status\"}\n"
+		"  -h, --help      this text (also after COMMAND); --version: the version\n"
+		"\n"
+		"  -n COUNT 1 .. 64, --accesses N 0 .. 2^50 per vCPU (0: forever),\n"
+		"  --write PCT 0 .. 100\n"
+		"\n"
+		"Exit: 0 the daemon said yes (2xx), 1 it said no or cannot be reached, 2 usage.\n");
 }
 
 static size_t on_data(char *p, size_t sz, size_t n, void *ctx)
@@ -59,7 +72,60 @@ static size_t on_data(char *p, size_t sz, size_t n, void *ctx)
 	return sz * n;
 }
 
-/* One request; the body in *out (NUL-terminated). The HTTP status, or -1. */
+/*
+ * The one JSON object of a failure: {"ok": false, "error", "exit",
+ * "http_status": the server's status, or null when there was no reply}.
+ */
+static void fail_json(const char *msg, int code, long http_status)
+{
+	fputs("{\"ok\": false, \"error\": ", stdout);
+	halite_json_str(stdout, msg);
+	printf(", \"exit\": %d, \"http_status\": ", code);
+	if (http_status < 0)
+		fputs("null", stdout);
+	else
+		printf("%ld", http_status);
+	fputs("}\n", stdout);
+	fflush(stdout);
+}
+
+/* "halite-clone: CMD: message" on stderr, with --json the object too; returns @code. */
+static int fail(const struct opts *o, int code, long http_status, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static int fail(const struct opts *o, int code, long http_status, const char *fmt, ...)
+{
+	char msg[1024];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	fprintf(stderr, PROG ": %s%s%s\n", o->cmd ? o->cmd : "", o->cmd ? ": " : "", msg);
+	if (o->json)
+		fail_json(msg, code, http_status);
+	return code;
+}
+
+/* Why the daemon's socket did not answer, in words a user acts on. */
+static void unreachable(const struct opts *o, CURLcode rc, const char *err, char *out,
+			size_t len)
+{
+	struct stat st;
+
+	if (stat(o->socket, &st) && errno == ENOENT)
+		snprintf(out, len, "%s does not exist: is halite-cloned running? (systemctl start "
+			 "halite-cloned, or --socket PATH)", o->socket);
+	else if (rc == CURLE_COULDNT_CONNECT && !S_ISSOCK(st.st_mode))
+		snprintf(out, len, "%s is not a socket (--socket PATH: the daemon's API socket)",
+			 o->socket);
+	else if (rc == CURLE_COULDNT_CONNECT)
+		snprintf(out, len, "nothing listens on %s: is halite-cloned running? (systemctl "
+			 "start halite-cloned)", o->socket);
+	else
+		snprintf(out, len, "%s: %s", o->socket, err[0] ? err : curl_easy_strerror(rc));
+}
+
+/* One request; the body in *out (NUL-terminated). The HTTP status, or -1 (said so). */
 static long request(const struct opts *o, const char *method, const char *path,
 		    const char *body, struct buf *out)
 {
@@ -70,7 +136,7 @@ static long request(const struct opts *o, const char *method, const char *path,
 	CURLcode rc;
 
 	if (!c) {
-		fprintf(stderr, PROG ": curl: out of memory\n");
+		fail(o, 1, -1, "curl: out of memory");
 		return -1;
 	}
 	snprintf(url, sizeof(url), "http://localhost%s", path);
@@ -87,9 +153,12 @@ static long request(const struct opts *o, const char *method, const char *path,
 		curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
 	}
 	rc = curl_easy_perform(c);
-	if (rc != CURLE_OK)
-		fprintf(stderr, PROG ": %s: %s\n", o->socket, err[0] ? err : curl_easy_strerror(rc));
-	else
+	if (rc != CURLE_OK) {
+		char why[PATH_MAX + 128];
+
+		unreachable(o, rc, err, why, sizeof(why));
+		fail(o, 1, -1, "%s", why);
+	} else
 		curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
 	curl_slist_free_all(h);
 	curl_easy_cleanup(c);
@@ -179,20 +248,29 @@ static int show(const struct opts *o, const char *what, long status, const struc
 	cJSON *j;
 
 	if (status < 0)
-		return 1;
+		return 1; /* said so by request() */
 	j = b->p ? cJSON_Parse(b->p) : NULL;
 	if (status < 200 || status > 299) {
 		const char *e = j ? str(j, "error") : "";
 
-		fprintf(stderr, PROG ": %ld: %s\n", status, e[0] ? e : (b->p ? b->p : ""));
+		if (!e[0] && b->p && b->p[0])
+			e = b->p;
+		fail(o, 1, status, "%s (HTTP %ld)", e[0] ? e : "the daemon refused", status);
 		cJSON_Delete(j);
 		return 1;
 	}
-	if (o->json || !strcmp(what, "text")) {
+	if (o->json && !strcmp(what, "text")) {
+		/* metrics: no JSON of their own; the text in the one object */
+		fputs("{\"ok\": true, \"metrics\": ", stdout);
+		halite_json_str(stdout, b->p ? b->p : "");
+		fputs("}\n", stdout);
+	} else if (o->json) {
+		/* the server's object as it came */
+		fputs(b->p ? b->p : "", stdout);
+	} else if (!strcmp(what, "text")) {
 		fputs(b->p ? b->p : "", stdout);
 	} else if (!j) {
-		fprintf(stderr, PROG ": the daemon's reply is not JSON\n");
-		return 1;
+		return fail(o, 1, status, "the daemon's reply is not JSON");
 	} else if (!strcmp(what, "templates")) {
 		print_templates(cJSON_GetObjectItemCaseSensitive(j, "templates"));
 	} else if (!strcmp(what, "clones")) {
@@ -205,8 +283,8 @@ static int show(const struct opts *o, const char *what, long status, const struc
 			printf("%-10s  %8.0f  %8.1fms\n", str(c, "id"), num(c, "pid"),
 			       num(c, "ready_s") * 1e3);
 		if (str(j, "error")[0])
-			fprintf(stderr, PROG ": %.0f clone(s) failed: %s\n", num(j, "failed"),
-				str(j, "error"));
+			fprintf(stderr, PROG ": clone: %.0f clone(s) failed: %s\n",
+				num(j, "failed"), str(j, "error"));
 	} else {
 		print_object(j, 0);
 	}
@@ -214,13 +292,14 @@ static int show(const struct opts *o, const char *what, long status, const struc
 	return 0;
 }
 
-static int parse_uint(const char *s, unsigned long long max, unsigned long long *v)
+static int parse_uint(const char *s, unsigned long long min, unsigned long long max,
+		      unsigned long long *v)
 {
 	char *end;
 
 	errno = 0;
 	*v = strtoull(s, &end, 10);
-	return errno || end == s || *end || *s == '-' || *v > max ? -1 : 0;
+	return errno || end == s || *end || *s == '-' || *v < min || *v > max ? -1 : 0;
 }
 
 static char *path_of(const char *fmt, const char *id)
@@ -234,7 +313,75 @@ static char *path_of(const char *fmt, const char *id)
 	return asprintf(&p, fmt, id) < 0 ? NULL : p;
 }
 
-static int run(const struct opts *o, int argc, char **argv)
+/* A usage error of @sub (NULL: none yet): named, pointed at --help, exit 2. */
+static int usage_error(const struct opts *o, const char *sub, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static int usage_error(const struct opts *o, const char *sub, const char *fmt, ...)
+{
+	char msg[512];
+	size_t n;
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	n = strlen(msg);
+	snprintf(msg + n, sizeof(msg) - n, " (" PROG "%s%s --help)", sub ? " " : "",
+		 sub ? sub : "");
+	fprintf(stderr, PROG ": %s%s%s\n", sub ? sub : "", sub ? ": " : "", msg);
+	if (o->json)
+		fail_json(msg, 2, -1);
+	return 2;
+}
+
+/* clone TEMPLATE's options into the request body @j; 0 or a usage error's exit code. */
+static int clone_opts(const struct opts *o, int argc, char **argv, cJSON *j)
+{
+	unsigned long long v;
+
+	for (int i = 2; i < argc; i++) {
+		const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+
+		if (!strcmp(a, "--no-premap")) {
+			cJSON_AddBoolToObject(j, "premap_hot", false);
+			continue;
+		}
+		if (strcmp(a, "-n") && strcmp(a, "--count") && strcmp(a, "--accesses") &&
+		    strcmp(a, "--write") && strcmp(a, "--pattern")) {
+			if (a[0] == '-')
+				return usage_error(o, "clone", "unknown option '%.*s'",
+						   (int)strcspn(a, "="), a);
+			return usage_error(o, "clone", "unexpected argument '%s'", a);
+		}
+		if (!val)
+			return usage_error(o, "clone", "option '%s' needs a value", a);
+		i++;
+		if (!strcmp(a, "-n") || !strcmp(a, "--count")) {
+			/* The daemon's most per request (CLONED_MAX_COUNT). */
+			if (parse_uint(val, 1, 64, &v))
+				return usage_error(o, "clone", "%s '%s': want 1 .. 64", a, val);
+			cJSON_AddNumberToObject(j, "count", (double)v);
+		} else if (!strcmp(a, "--accesses")) {
+			if (parse_uint(val, 0, 1ull << 50, &v))
+				return usage_error(o, "clone", "--accesses '%s': want 0 .. 2^50",
+						   val);
+			cJSON_AddNumberToObject(j, "accesses", (double)v);
+		} else if (!strcmp(a, "--write")) {
+			if (parse_uint(val, 0, 100, &v))
+				return usage_error(o, "clone",
+						   "--write '%s': want percent, 0 .. 100", val);
+			cJSON_AddNumberToObject(j, "write_pct", (double)v);
+		} else {
+			if (strcmp(val, "seq") && strcmp(val, "random"))
+				return usage_error(o, "clone", "--pattern '%s': want seq or random",
+						   val);
+			cJSON_AddStringToObject(j, "pattern", val);
+		}
+	}
+	return 0;
+}
+
+static int run(struct opts *o, int argc, char **argv)
 {
 	struct buf b = { 0 };
 	const char *cmd = argv[0], *method = "GET", *what = "object";
@@ -242,18 +389,29 @@ static int run(const struct opts *o, int argc, char **argv)
 	long status;
 	int ret;
 
-	if (!strcmp(cmd, "template") && argc >= 2) {
-		const char *sub = argv[1];
+	o->cmd = cmd;
+	/* clone's options are clone_opts()'; template create's one is --no-hotset */
+	for (int i = 1; strcmp(cmd, "clone") && i < argc; i++) {
+		const char *a = argv[i];
+
+		if (a[0] == '-' && a[1] && !(i == 3 && !strcmp(a, "--no-hotset") &&
+					     !strcmp(argv[1], "create")))
+			return usage_error(o, cmd, "unknown option '%.*s'",
+					   (int)strcspn(a, "="), a);
+	}
+	if (!strcmp(cmd, "template")) {
+		const char *sub = argc >= 2 ? argv[1] : "";
 
 		if (!strcmp(sub, "list") && argc == 2) {
 			path = strdup("/templates");
 			what = "templates";
 		} else if (!strcmp(sub, "create") && (argc == 3 || argc == 4)) {
 			char real[PATH_MAX];
-			cJSON *j = cJSON_CreateObject();
+			cJSON *j;
 
 			if (argc == 4 && strcmp(argv[3], "--no-hotset"))
-				goto usage;
+				return usage_error(o, cmd, "create: unknown option '%s'", argv[3]);
+			j = cJSON_CreateObject();
 			/* the daemon wants an absolute path; a missing file is its to report */
 			cJSON_AddStringToObject(j, "snapshot",
 						realpath(argv[2], real) ? real : argv[2]);
@@ -267,105 +425,140 @@ static int run(const struct opts *o, int argc, char **argv)
 		} else if (!strcmp(sub, "delete") && argc == 3) {
 			path = path_of("/templates/%s", argv[2]);
 			method = "DELETE";
+		} else if (!strcmp(sub, "create") || !strcmp(sub, "show") ||
+			   !strcmp(sub, "delete")) {
+			return usage_error(o, cmd, "%s takes %s", sub,
+					   !strcmp(sub, "create") ? "SNAPSHOT [--no-hotset]" :
+								    "one ID");
+		} else if (!strcmp(sub, "list")) {
+			return usage_error(o, cmd, "list takes no argument");
 		} else {
-			goto usage;
+			return usage_error(o, cmd, "%s%s%s: want create, list, show or delete",
+					   sub[0] ? "unknown command '" : "missing command", sub,
+					   sub[0] ? "'" : "");
 		}
-	} else if (!strcmp(cmd, "clone") && argc >= 2) {
-		cJSON *j = cJSON_CreateObject();
-		unsigned long long v;
+	} else if (!strcmp(cmd, "clone")) {
+		cJSON *j;
 
-		for (int i = 2; i < argc; i++) {
-			const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
-
-			if (!strcmp(a, "--no-premap")) {
-				cJSON_AddBoolToObject(j, "premap_hot", false);
-				continue;
-			}
-			if (!val) {
-				cJSON_Delete(j);
-				goto usage;
-			}
-			i++;
-			if ((!strcmp(a, "-n") || !strcmp(a, "--count")) && !parse_uint(val, 1000, &v))
-				cJSON_AddNumberToObject(j, "count", (double)v);
-			else if (!strcmp(a, "--accesses") && !parse_uint(val, 1ull << 50, &v))
-				cJSON_AddNumberToObject(j, "accesses", (double)v);
-			else if (!strcmp(a, "--write") && !parse_uint(val, 1000, &v))
-				cJSON_AddNumberToObject(j, "write_pct", (double)v);
-			else if (!strcmp(a, "--pattern"))
-				cJSON_AddStringToObject(j, "pattern", val);
-			else {
-				cJSON_Delete(j);
-				goto usage;
-			}
+		if (argc >= 2 && argv[1][0] == '-')
+			return usage_error(o, cmd, "unknown option '%.*s' (before TEMPLATE)",
+					   (int)strcspn(argv[1], "="), argv[1]);
+		if (argc < 2)
+			return usage_error(o, cmd, "missing TEMPLATE");
+		j = cJSON_CreateObject();
+		ret = clone_opts(o, argc, argv, j);
+		if (ret) {
+			cJSON_Delete(j);
+			return ret;
 		}
 		body = cJSON_PrintUnformatted(j);
 		cJSON_Delete(j);
 		method = "POST";
 		path = path_of("/templates/%s/clones", argv[1]);
 		what = "started";
-	} else if (!strcmp(cmd, "list") && argc == 1) {
+	} else if ((!strcmp(cmd, "list") || !strcmp(cmd, "metrics") || !strcmp(cmd, "health")) &&
+		   argc != 1) {
+		return usage_error(o, cmd, "unexpected argument '%s'", argv[1]);
+	} else if ((!strcmp(cmd, "show") || !strcmp(cmd, "delete")) && argc < 2) {
+		return usage_error(o, cmd, "missing ID");
+	} else if ((!strcmp(cmd, "show") || !strcmp(cmd, "delete")) && argc > 2) {
+		return usage_error(o, cmd, "unexpected argument '%s'", argv[2]);
+	} else if (!strcmp(cmd, "list")) {
 		path = strdup("/clones");
 		what = "clones";
-	} else if (!strcmp(cmd, "show") && argc == 2) {
+	} else if (!strcmp(cmd, "show")) {
 		path = path_of("/clones/%s", argv[1]);
-	} else if (!strcmp(cmd, "delete") && argc == 2) {
+	} else if (!strcmp(cmd, "delete")) {
 		path = path_of("/clones/%s", argv[1]);
 		method = "DELETE";
-	} else if (!strcmp(cmd, "metrics") && argc == 1) {
+	} else if (!strcmp(cmd, "metrics")) {
 		path = strdup("/metrics");
 		what = "text";
-	} else if (!strcmp(cmd, "health") && argc == 1) {
+	} else if (!strcmp(cmd, "health")) {
 		path = strdup("/healthz");
 	} else {
-		goto usage;
+		return usage_error(o, NULL, "unknown command '%s'", cmd);
 	}
 	if (!path) {
-		fprintf(stderr, PROG ": not an id: '%s'\n", argv[argc - 1]);
 		free(body);
-		return 2;
+		return usage_error(o, cmd, "not an id: '%s' (ids are a-z, 0-9 and -)",
+				   strcmp(cmd, "clone") ? argv[argc - 1] : argv[1]);
 	}
 	status = request(o, method, path, body, &b);
-	/* metrics with --json: there is no JSON of it; the text as it is */
 	ret = show(o, what, status, &b);
 	free(b.p);
 	free(path);
 	free(body);
 	return ret;
-usage:
-	free(body);
-	free(path);
-	usage(stderr);
-	return 2;
 }
+
+static const char *const commands[] = { "template", "clone", "list", "show", "delete",
+					"metrics", "health" };
 
 int main(int argc, char **argv)
 {
 	struct opts o = { .socket = "/run/halite-cloned/api.sock" };
-	int i = 1, ret;
+	char **args = calloc((size_t)argc + 1, sizeof(char *));
+	bool dashdash = false;
+	int n = 0, ret;
 
-	for (; i < argc && argv[i][0] == '-'; i++) {
-		if (!strcmp(argv[i], "--json")) {
-			o.json = true;
-		} else if (!strcmp(argv[i], "--socket") && i + 1 < argc) {
+	if (!args)
+		return 1;
+	/*
+	 * --json, --socket, --help and --version anywhere (before a "--"):
+	 * `halite-clone show ID --json` as well as `halite-clone --json show ID`.
+	 */
+	o.json = halite_cli_has_json(argc, argv);
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+
+		if (dashdash || strcmp(a, "--") == 0) {
+			if (dashdash)
+				args[n++] = argv[i];
+			dashdash = true;
+		} else if (!strcmp(a, "--json")) {
+			continue;
+		} else if (!strcmp(a, "--socket")) {
+			if (i + 1 == argc) {
+				ret = usage_error(&o, NULL, "option '--socket' needs a value");
+				goto out;
+			}
 			o.socket = argv[++i];
-		} else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+		} else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
 			usage(stdout);
-			return 0;
+			ret = 0;
+			goto out;
+		} else if (!strcmp(a, "--version")) {
+			ret = halite_cli_version(PROG);
+			goto out;
+		} else if (n == 0 && a[0] == '-') {
+			ret = usage_error(&o, NULL, "unknown option '%.*s'",
+					  (int)strcspn(a, "="), a);
+			goto out;
 		} else {
-			usage(stderr);
-			return 2;
+			args[n++] = argv[i];
 		}
 	}
-	if (i == argc) {
-		usage(stderr);
-		return 2;
+	if (!n) {
+		ret = usage_error(&o, NULL, "missing COMMAND: template, clone, list, show, delete, "
+				  "metrics or health");
+		goto out;
+	}
+	ret = -1;
+	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+		if (!strcmp(args[0], commands[i]))
+			ret = 0;
+	if (ret) {
+		ret = usage_error(&o, NULL, "unknown command '%s'", args[0]);
+		goto out;
 	}
 	if (curl_global_init(CURL_GLOBAL_NOTHING)) {
-		fprintf(stderr, PROG ": curl did not initialise\n");
-		return 1;
+		ret = fail(&o, 1, -1, "curl did not initialise");
+		goto out;
 	}
-	ret = run(&o, argc - i, argv + i);
+	ret = run(&o, n, args);
 	curl_global_cleanup();
+out:
+	free(args);
 	return ret;
 }

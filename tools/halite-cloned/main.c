@@ -28,6 +28,7 @@
 #include <unistd.h>
 #include <linux/magic.h>
 
+#include "cli.h"
 #include "cloned.h"
 
 static void usage(FILE *f)
@@ -47,14 +48,19 @@ static void usage(FILE *f)
 		"                       else from PATH)\n"
 		"  --qemu-bin PATH      halite-qemu, for QEMU templates (the same way)\n"
 		"  --readers N          locality-block reader threads per template, 1..64 (4)\n"
-		"  --read-latency-us N  added to every locality-block read (tests, benchmarks)\n"
+		"  --read-latency-us N  added to every locality-block read, 0 .. 10000000\n"
+		"                       (tests, benchmarks; 0)\n"
 		"  --prefetch-rate B/s  the prefetcher's least rate, bytes per second (64 MiB/s)\n"
-		"  --hot-window-ms N    a clone's faults this long after its start are hot (2000)\n"
+		"  --hot-window-ms N    a clone's faults this long after its start are hot,\n"
+		"                       0 .. 3600000 (2000)\n"
 		"  --cache-max SIZE     the most the templates' decoded blocks may take in\n"
 		"                       --mem-dir, all templates together (bytes, or K/M/G);\n"
 		"                       a template that would go beyond is refused (no limit)\n"
 		"  --log-level LEVEL    error, warn, info (default) or debug\n"
-		"  -h, --help           this text\n");
+		"  -h, --help           this text; --version: the version\n"
+		"\n"
+		"Exit: 0 stopped by SIGTERM or SIGINT, 1 it could not start (a directory,\n"
+		"the socket, another daemon on it), 2 usage (nothing bound or created).\n");
 }
 
 static int parse_u64(const char *s, uint64_t *v)
@@ -189,21 +195,25 @@ static int bind_unix(struct cloned *d, const char *path)
 	return fd;
 }
 
-static int bind_tcp(struct cloned *d, const char *spec)
+/*
+ * --listen ADDR:PORT into *ss: a loopback address only (the API has no
+ * authentication). 0, or -1 with the sentence in @err. Checked when the
+ * options are parsed, so a bad one is refused before anything is made.
+ */
+static int parse_listen(const char *spec, struct sockaddr_storage *ss, socklen_t *len,
+			char *err, size_t errlen)
 {
-	struct sockaddr_storage ss = { 0 };
-	struct sockaddr_in *in4 = (struct sockaddr_in *)&ss;
-	struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&ss;
+	struct sockaddr_in *in4 = (struct sockaddr_in *)ss;
+	struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)ss;
 	char host[64];
 	const char *colon = strrchr(spec, ':');
 	uint64_t port;
-	socklen_t len;
-	int fd, one = 1;
 	size_t hl;
 
+	memset(ss, 0, sizeof(*ss));
 	if (!colon || parse_u64(colon + 1, &port) || port == 0 || port > 65535 ||
 	    (hl = (size_t)(colon - spec)) >= sizeof(host)) {
-		cl_log(d, HALITE_LOG_ERROR, "--listen %s: expected ADDR:PORT", spec);
+		snprintf(err, errlen, "--listen %s: want ADDR:PORT, PORT 1 .. 65535", spec);
 		return -1;
 	}
 	memcpy(host, spec, hl);
@@ -217,17 +227,35 @@ static int bind_tcp(struct cloned *d, const char *spec)
 	if (inet_pton(AF_INET, host, &in4->sin_addr) == 1) {
 		in4->sin_family = AF_INET;
 		in4->sin_port = htons((uint16_t)port);
-		len = sizeof(*in4);
+		*len = sizeof(*in4);
 		if ((ntohl(in4->sin_addr.s_addr) >> 24) != 127)
 			goto not_loopback;
 	} else if (inet_pton(AF_INET6, host, &in6->sin6_addr) == 1) {
 		in6->sin6_family = AF_INET6;
 		in6->sin6_port = htons((uint16_t)port);
-		len = sizeof(*in6);
+		*len = sizeof(*in6);
 		if (!IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr))
 			goto not_loopback;
 	} else {
-		cl_log(d, HALITE_LOG_ERROR, "--listen %s: '%s' is not an IP address", spec, host);
+		snprintf(err, errlen, "--listen %s: '%s' is not an IP address", spec, host);
+		return -1;
+	}
+	return 0;
+not_loopback:
+	snprintf(err, errlen, "--listen %s: loopback addresses only (the API has no "
+		 "authentication)", spec);
+	return -1;
+}
+
+static int bind_tcp(struct cloned *d, const char *spec)
+{
+	struct sockaddr_storage ss;
+	socklen_t len = 0;
+	char err[256];
+	int fd, one = 1;
+
+	if (parse_listen(spec, &ss, &len, err, sizeof(err))) {
+		cl_log(d, HALITE_LOG_ERROR, "%s", err);
 		return -1;
 	}
 	fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -240,10 +268,6 @@ static int bind_tcp(struct cloned *d, const char *spec)
 		return -1;
 	}
 	return fd;
-not_loopback:
-	cl_log(d, HALITE_LOG_ERROR,
-	       "--listen %s: loopback addresses only (the API has no authentication)", spec);
-	return -1;
 }
 
 static int prepare_dirs(struct cloned *d)
@@ -299,10 +323,25 @@ static void shutdown_registry(struct cloned *d)
 	pthread_mutex_unlock(&d->lock);
 }
 
+enum { O_SOCKET = 256, O_LISTEN, O_STATE, O_MEM, O_SYNTH, O_QEMU, O_READERS, O_LAT,
+       O_RATE, O_HOT, O_LOG, O_CACHE };
+
+/* What each option with a range takes, as the help says it. */
+static const char *want_of(int c)
+{
+	switch (c) {
+	case O_READERS: return "1 .. 64";
+	case O_LAT: return "microseconds, 0 .. 10000000";
+	case O_RATE: return "bytes per second";
+	case O_CACHE: return "bytes, or a number with K, M or G";
+	case O_HOT: return "milliseconds, 0 .. 3600000";
+	case O_LOG: return "error, warn, info or debug";
+	default: return "a value";
+	}
+}
+
 int main(int argc, char **argv)
 {
-	enum { O_SOCKET = 256, O_LISTEN, O_STATE, O_MEM, O_SYNTH, O_QEMU, O_READERS, O_LAT,
-	       O_RATE, O_HOT, O_LOG, O_CACHE };
 	static const struct option lo[] = {
 		{ "socket", 1, 0, O_SOCKET },	   { "listen", 1, 0, O_LISTEN },
 		{ "state-dir", 1, 0, O_STATE },	   { "mem-dir", 1, 0, O_MEM },
@@ -310,7 +349,8 @@ int main(int argc, char **argv)
 		{ "read-latency-us", 1, 0, O_LAT }, { "prefetch-rate", 1, 0, O_RATE },
 		{ "hot-window-ms", 1, 0, O_HOT },  { "log-level", 1, 0, O_LOG },
 		{ "cache-max", 1, 0, O_CACHE },	   { "qemu-bin", 1, 0, O_QEMU },
-		{ "help", 0, 0, 'h' },		   { 0 },
+		{ "help", 0, 0, 'h' },		   { "version", 0, 0, 'V' },
+		{ 0 },
 	};
 	static struct cloned d = {
 		.o = { .socket_path = "/run/halite-cloned/api.sock",
@@ -320,11 +360,15 @@ int main(int argc, char **argv)
 		.lock = PTHREAD_MUTEX_INITIALIZER,
 	};
 	void *mhd_unix = NULL, *mhd_tcp = NULL;
+	struct sockaddr_storage ss;
+	socklen_t sslen;
+	char msg[512];
 	int c, ufd, tfd = -1, sig;
 	uint64_t v;
 	sigset_t set;
 
-	while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, ":h", lo, NULL)) != -1) {
 		switch (c) {
 		case O_SOCKET: d.o.socket_path = optarg; break;
 		case O_LISTEN: d.o.listen = optarg; break;
@@ -372,20 +416,30 @@ int main(int argc, char **argv)
 		case 'h':
 			usage(stdout);
 			return 0;
+		case 'V':
+			return halite_cli_version(PROG);
 		default:
-			usage(stderr);
-			return 2;
+			halite_cli_opt_error(msg, sizeof(msg), c, argc, argv, PROG);
+			goto usage_err;
 		}
 	}
+	/* Everything the options say is checked here: a mistake binds and creates nothing. */
 	if (optind != argc) {
-		fprintf(stderr, PROG ": unexpected argument '%s'\n", argv[optind]);
-		usage(stderr);
-		return 2;
+		snprintf(msg, sizeof(msg), "unexpected argument '%s' (" PROG " --help)",
+			 argv[optind]);
+		goto usage_err;
 	}
 	if (d.o.mem_dir[0] != '/' || d.o.state_dir[0] != '/') {
-		fprintf(stderr, PROG ": --state-dir and --mem-dir must be absolute paths\n");
-		return 2;
+		snprintf(msg, sizeof(msg), "--state-dir and --mem-dir must be absolute paths");
+		goto usage_err;
 	}
+	if (strlen(d.o.socket_path) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
+		snprintf(msg, sizeof(msg), "--socket %s: path too long (at most %zu bytes)",
+			 d.o.socket_path, sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
+		goto usage_err;
+	}
+	if (d.o.listen && parse_listen(d.o.listen, &ss, &sslen, msg, sizeof(msg)))
+		goto usage_err;
 	if (resolve_bin(&d.o.synth_bin, "halite-synth", "guest", "--synth-bin") ||
 	    resolve_bin(&d.o.qemu_bin, "halite-qemu", "tools/halite-qemu", "--qemu-bin")) {
 		free(d.o.synth_bin);
@@ -461,6 +515,14 @@ int main(int argc, char **argv)
 	free(d.o.qemu_bin);
 	return 0;
 bad:
-	fprintf(stderr, PROG ": bad value '%s' for --%s\n", optarg, lo[c - O_SOCKET].name);
+	/* The table is not in the enum's order: its name by its value. */
+	for (v = 0; lo[v].name && lo[v].val != c; v++)
+		;
+	snprintf(msg, sizeof(msg), "--%s '%s': want %s (" PROG " --help)", lo[v].name, optarg,
+		 want_of(c));
+usage_err:
+	fprintf(stderr, PROG ": %s\n", msg);
+	free(d.o.synth_bin);
+	free(d.o.qemu_bin);
 	return 2;
 }
