@@ -1196,6 +1196,7 @@ static void usage(FILE *f)
 "                     the snapshot when each is half-way; memory 4 x what the\n"
 "                     vCPUs map unless --mem-mib; --vcpus, --passes, --write-pct\n"
 "                     refused. A trace that does not fit: exit 2\n"
+"  --version          the version\n"
 "\n"
 "Expected duration on the 2-core development machine: --quick 45 s. The full\n"
 "run (1 GiB, 8 conditions) about 30-35 minutes: 30 s to save and re-lay out,\n"
