@@ -84,7 +84,7 @@ struct result {
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: halite-bench-save [--mem-mib N] [--vcpus N] [--duration S] [--dir DIR]\n"
+		"Usage: halite-bench-save [--mem-mib N] [--vcpus N] [--duration S] [--dir DIR]\n"
 		"                         [--map-mib N] [--seed N] [--io BACKEND] [--no-realtime]\n"
 		"                         [--quick]\n"
 		"                         [--json|--no-json]\n"

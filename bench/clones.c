@@ -788,7 +788,7 @@ static void print_table(const struct bench *b)
 static void usage(FILE *f)
 {
 	fprintf(f,
-"usage: " CMD " [options]\n"
+"Usage: " CMD " [options]\n"
 "\n"
 "N clones of one synthetic guest's snapshot started at once, as N independent\n"
 "lazy restores and as the clone service's engine (one template, N sessions), in\n"

@@ -956,7 +956,7 @@ static void print_report(const struct cycle *c)
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: " PROG " [--size MiB] [--vcpus N] [--codec CODEC] [--dir DIR] [--keep]\n"
+		"Usage: " PROG " [--size MiB] [--vcpus N] [--codec CODEC] [--dir DIR] [--keep]\n"
 		"                    [--seed N] [--timeout S] [--json]\n"
 		"Snapshot a running synthetic guest lazily (halite_save), restore it lazily into\n"
 		"an empty guest whose vCPUs run at once (halite_restore), check the memory byte\n"

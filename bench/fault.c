@@ -1093,7 +1093,7 @@ static void print_table(const struct fb *b)
 static void usage(FILE *f)
 {
 	fprintf(f,
-"usage: " CMD " [options]\n"
+"Usage: " CMD " [options]\n"
 "\n"
 "What one fault answered from storage costs the restore engine (its own p50),\n"
 "against this machine's limit measured in the same run on the same file: one LB\n"

@@ -1158,7 +1158,7 @@ static void __attribute__((noreturn)) die_stuck(struct bench *b, struct run *r, 
 static void usage(FILE *f)
 {
 	fprintf(f,
-"usage: " PROG " micro [options]\n"
+"Usage: " PROG " micro [options]\n"
 "\n"
 "The paper's microbenchmark (section 8.1) on the synthetic guest: a lazy save in\n"
 "the middle of a run, then the rest of the run restored from four organisations\n"
@@ -1613,7 +1613,7 @@ static int micro(int argc, char **argv)
 }
 
 #define USAGE                                                                              \
-	"usage: " PROG " COMMAND [options]   (" PROG " COMMAND --help)\n"                       \
+	"Usage: " PROG " COMMAND [options]   (" PROG " COMMAND --help)\n"                       \
 	"  micro   the paper's microbenchmark: organisations and peers, restore overhead\n"     \
 	"  fault   the cost of one fault answered from storage against this machine's limit\n"   \
 	"  clones  N clones of one snapshot: the clone service against N independent restores\n" \

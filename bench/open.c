@@ -162,7 +162,7 @@ static int one_run(const char *path, uint64_t bytes, uint64_t every, struct run 
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: " PROG " [--quick] [--json] [--runs N] [--stored-every K] [--dir DIR]\n"
+		"Usage: " PROG " [--quick] [--json] [--runs N] [--stored-every K] [--dir DIR]\n"
 		"                         [--sizes GiB,GiB,...]\n"
 		"Open to guest running against memory size, format 1.0 against 1.1 (chunked\n"
 		"index), in one run: two files per size, each opened and started --runs times.\n"

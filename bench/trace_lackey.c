@@ -324,7 +324,7 @@ static int write_trace(const struct conv *c, const char *path, const struct regi
 static void usage(FILE *f)
 {
 	fprintf(f,
-"usage: " PROG " [options] OUT [LACKEY_LOG | -]\n"
+"Usage: " PROG " [options] OUT [LACKEY_LOG | -]\n"
 "\n"
 "Convert `valgrind --tool=lackey --trace-mem=yes` output (a file, or - / none\n"
 "for stdin) to an access trace for halite-bench micro --trace (docs/trace-format.md).\n"

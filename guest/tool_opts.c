@@ -21,7 +21,7 @@
 void hs_usage(FILE *f)
 {
 	fprintf(f,
-		"usage: halite-synth [run] [guest options] [workload options] [--seconds S]\n"
+		"Usage: halite-synth [run] [guest options] [workload options] [--seconds S]\n"
 		"                    [--trace FILE] [--record FILE] [--loop] [--child]\n"
 		"       halite-synth save --out FILE [guest options] [workload options]\n"
 		"                    [--seconds S] [--codec lz4|zlib|zstd]\n"

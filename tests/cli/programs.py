@@ -154,7 +154,7 @@ class Programs(unittest.TestCase):
                 for h in ("--help", "-h"):
                     p = run(argv_of(cmd, [h], self.tmp))
                     self.assertEqual(p.returncode, 0, f"{cmd} {h}: {p.stderr}")
-                    self.assertRegex(p.stdout, r"(?m)^usage: " + cmd[0], f"{cmd} {h}")
+                    self.assertRegex(p.stdout, r"(?m)^Usage: " + cmd[0], f"{cmd} {h}")
                     self.assertEqual(p.stderr, "", f"{cmd} {h}")
 
     def test_version(self):

@@ -38,7 +38,7 @@ struct buf {
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: " PROG " [--socket PATH] [--json] COMMAND [ARGS]\n"
+		"Usage: " PROG " [--socket PATH] [--json] COMMAND [ARGS]\n"
 		"\n"
 		"  template create SNAPSHOT [--no-hotset]   a template from a snapshot file\n"
 		"  template list | template show ID | template delete ID\n"

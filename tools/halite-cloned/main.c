@@ -34,7 +34,7 @@
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: " PROG " [options]\n"
+		"Usage: " PROG " [options]\n"
 		"\n"
 		"The template fast-clone service: many guests from one snapshot, over an\n"
 		"HTTP/JSON API (see GET /healthz, /metrics, /templates, /clones).\n"
