@@ -199,8 +199,16 @@ open(sys.argv[2], "wb").write(RAW if RAW is not None else "".join(l + "\n" for l
 EOF
 	for j in "" --json; do
 		expect 1 "$HI" restore $j "$F" "$T/bad.trace"
-		[ -s "$T/out" ] && fail "output for a bad trace ($4)"
-		grep -qF -- "halite-inspect: $T/bad.trace:$line: $msg" "$T/err" ||
+		# Text: nothing on stdout. --json: only the failure object.
+		if [ -z "$j" ]; then
+			[ -s "$T/out" ] && fail "output for a bad trace ($4)"
+		else
+			eq "json ($4)" "$("$PY" -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+print((d["ok"], d["exit"], d["error"].startswith(sys.argv[2])))' "$T/out" "$T/bad.trace:$line: $msg")" \
+				"(False, 1, True)"
+		fi
+		grep -qF -- "halite-inspect: restore: $T/bad.trace:$line: $msg" "$T/err" ||
 			fail "$4: expected '$T/bad.trace:$line: $msg', got: $(cat "$T/err")"
 	done
 }
@@ -293,7 +301,8 @@ for s in bogus vcpu vcpu01 vcpu-1 virtual.0 physical. "kind1.0" vcpu16777216 "";
 	grep -q "bad stream" "$T/err" || fail "--stream '$s': $(cat "$T/err")"
 done
 expect 2 "$HI" restore --stream vcpu1 "$F" "$D"
-grep -qF "halite-inspect: $F: no stream 'vcpu1'" "$T/err" || fail "absent stream: $(cat "$T/err")"
+grep -qF "halite-inspect: restore: $F: no stream 'vcpu1'; the file has: vcpu0, " "$T/err" ||
+	fail "absent stream: $(cat "$T/err")"
 expect 2 "$HI" restore "$F" "$T/nonexistent.trace"
 grep -qF "$T/nonexistent.trace: No such file or directory" "$T/err" || fail "missing trace"
 expect 2 "$HI" restore "$F" "$T"

@@ -90,10 +90,14 @@ fi
 # A damaged header or directory: the file does not open at all.
 cp "$T/good.hlt" "$T/hdr.hlt"
 flip "$T/hdr.hlt" 33
+# One sentence on stderr, once; nothing on stdout (issue 16: it was on both).
 expect 1 "$HI" verify "$T/hdr.hlt"
-grep -q "^BAD: " "$T/out" || fail "no BAD line"
+eq "stderr" "$(cat "$T/err")" "halite-inspect: verify: $T/hdr.hlt: header checksum mismatch"
+[ -s "$T/out" ] && fail "verify of a file that does not open wrote stdout: $(cat "$T/out")"
 expect 1 "$HI" verify --json "$T/hdr.hlt"
 is_json "$T/out"
+eq "json" "$(js "$T/out" '(d["ok"], d["exit"], d["error"], d["summary"])')" \
+	"(False, 1, '$T/hdr.hlt: header checksum mismatch', None)"
 
 # Truncated: no footer, so incomplete.
 cp "$T/good.hlt" "$T/trunc.hlt"
@@ -120,7 +124,7 @@ grep -q "section .*mb-map" "$T/err" || fail "mb-map section not named: $(cat "$T
 
 # Usage and I/O errors: exit 2.
 expect 2 "$HI" verify "$T/does-not-exist.hlt"
-grep -q "^halite-inspect: .*does-not-exist.hlt" "$T/err" || fail "missing file not named"
+grep -q "^halite-inspect: verify: .*does-not-exist.hlt" "$T/err" || fail "missing file not named"
 expect 2 "$HI" verify --bogus "$T/good.hlt"
 grep -q "unknown option '--bogus'" "$T/err" || fail "bad option not named: $(cat "$T/err")"
 expect 2 "$HI" verify

@@ -17,20 +17,23 @@ void help_blocks(FILE *f)
 		   "List the locality blocks in file order: index, file offset, stream,\n"
 		   "sequence number in the stream, used bytes, fill, memory blocks, and\n"
 		   "the recorded checksum. Contents are not read (see verify).\n\n"
-		   "  --json     one JSON object on stdout\n"
-		   "  -h, --help this text\n");
+		   "  --json        one JSON object on stdout\n"
+		   "  -h, --help    this text\n"
+		   "  --version     the program's and the file format's version\n");
 }
 
 void help_map(FILE *f)
 {
 	fprintf(f, "Usage: " PROG " map [--json] [--region NAME] FILE\n\n"
 		   "List the memory blocks: number, region, offset in the region, guest-\n"
-		   "physical address, state (stored, zero, untouched) and, when stored, the\n"
-		   "locality block, offset and length of its bytes and whether they are\n"
+		   "physical address, state (stored, zero, never-touched) and, when stored,\n"
+		   "the locality block, offset and length of its bytes and whether they are\n"
 		   "compressed.\n\n"
 		   "  -r, --region NAME  only the memory blocks of region NAME\n"
-		   "  --json             one JSON object on stdout\n"
-		   "  -h, --help         this text\n");
+		   "  --json             one JSON object on stdout (state: stored, zero or\n"
+		   "                     untouched, the API's word for never touched)\n"
+		   "  -h, --help         this text\n"
+		   "  --version          the program's and the file format's version\n");
 }
 
 static int digits(uint64_t v)
@@ -56,13 +59,12 @@ static int hex_digits(uint64_t v)
 }
 
 /* Parses [--json] [--region NAME] FILE; region only when @region is not NULL. */
-static int parse(const char *cmd, int argc, char **argv, bool *json, const char **region,
+static int parse(int argc, char **argv, bool *json, const char **region,
 		 void (*help)(FILE *), const char **path)
 {
 	static const struct option lo[] = {
-		{ "json", no_argument, NULL, OPT_JSON },
+		LONGOPTS_COMMON,
 		{ "region", required_argument, NULL, 'r' },
-		{ "help", no_argument, NULL, OPT_HELP },
 		{ NULL, 0, NULL, 0 },
 	};
 	int c;
@@ -71,23 +73,31 @@ static int parse(const char *cmd, int argc, char **argv, bool *json, const char 
 	while ((c = getopt_long(argc, argv, region ? ":hr:" : ":h", lo, NULL)) != -1) {
 		switch (c) {
 		case OPT_JSON:
-			*json = true;
+			run_set_json();
 			break;
 		case 'r':
 			if (!region)
-				return bad_option(cmd, '?', argv);
+				return bad_option('?', argv);
 			*region = optarg;
 			break;
 		case OPT_HELP:
+			run_stdout_taken();
 			help(stdout);
 			return -1;
+		case OPT_VERSION:
+			print_version();
+			return -1;
 		default:
-			return bad_option(cmd, c, argv);
+			return bad_option(c, argv);
 		}
 	}
+	*json = run_json();
 	if (argc - optind != 1)
-		return usage_error(cmd, "expected exactly one FILE");
+		return usage_hint("expected exactly one FILE");
 	*path = argv[optind];
+	cJSON_AddStringToObject(run_result(), "file", *path);
+	if (region && *region)
+		cJSON_AddStringToObject(run_result(), "region", *region);
 	return 0;
 }
 
@@ -99,24 +109,25 @@ static int parse(const char *cmd, int argc, char **argv, bool *json, const char 
 static int listing_end(struct halite_reader *r, const char *path, bool json,
 		       struct json_stream *js, struct table *t, int ret)
 {
+	/* Said before the JSON closes: the object carries the error. */
+	if (ret < 0) {
+		report_error(path, NULL, ret, halite_reader_errmsg(r));
+		ret = exit_code_for(ret);
+	}
 	if (json) {
-		int e = json_stream_end(js);
-
-		if (!ret)
-			ret = e;
+		ret = json_stream_end(js, ret);
 	} else {
 		table_print(t);
 		table_free(t);
 		if (!ret && fflush(stdout))
 			ret = EXIT_USAGE;
 	}
-	if (ret < 0) {
-		report_error(path, NULL, ret, halite_reader_errmsg(r));
-		ret = exit_code_for(ret);
-	}
 	halite_reader_free(r);
 	return ret;
 }
+
+static const char *const blocks_keys[] = { "file", "lb_size", "lb_count", "lbs", NULL };
+static const char *const map_keys[] = { "file", "mb_size", "mb_count", "mbs", NULL };
 
 int cmd_blocks(int argc, char **argv)
 {
@@ -127,14 +138,14 @@ int cmd_blocks(int argc, char **argv)
 	struct table *t = NULL;
 	struct json_stream js = { 0 };
 	const char *path;
-	char errbuf[512];
 	bool json = false;
 	int ret;
 
-	ret = parse("blocks", argc, argv, &json, NULL, help_blocks, &path);
+	run_keys(blocks_keys);
+	ret = parse(argc, argv, &json, NULL, help_blocks, &path);
 	if (ret)
 		return ret < 0 ? EXIT_OK : ret;
-	ret = open_reader(&r, path, errbuf, sizeof(errbuf));
+	ret = open_reader(&r, path);
 	if (ret)
 		return ret;
 	fi = halite_reader_info(r);
@@ -201,24 +212,23 @@ int cmd_map(int argc, char **argv)
 	struct json_stream js = { 0 };
 	const char *path, *region = NULL;
 	uint32_t r0 = 0, r1;
-	char errbuf[512];
 	bool json = false;
 	int ret;
 
-	ret = parse("map", argc, argv, &json, &region, help_map, &path);
+	run_keys(map_keys);
+	ret = parse(argc, argv, &json, &region, help_map, &path);
 	if (ret)
 		return ret < 0 ? EXIT_OK : ret;
-	ret = open_reader(&r, path, errbuf, sizeof(errbuf));
+	ret = open_reader(&r, path);
 	if (ret)
 		return ret;
 	fi = halite_reader_info(r);
 	r1 = fi->region_count;
 	if (region) {
-		ret = halite_reader_find_region(r, region);
+		ret = find_region(r, path, region);
 		if (ret < 0) {
-			errorf("%s: no region '%s'", path, region);
 			halite_reader_free(r);
-			return EXIT_USAGE;
+			return -ret;
 		}
 		r0 = (uint32_t)ret;
 		r1 = r0 + 1;
@@ -235,7 +245,7 @@ int cmd_map(int argc, char **argv)
 			cJSON_AddStringToObject(head, "region", region);
 		json_stream_begin(&js, head, "mbs");
 	} else {
-		int w[9] = { digits(fi->mb_count), 6, 0, 0, 9, digits(fi->lb_count),
+		int w[9] = { digits(fi->mb_count), 6, 0, 0, 13, digits(fi->lb_count),
 			     digits(fi->lb_size), digits(fi->lb_size), 3 };
 
 		for (uint32_t i = r0; i < r1; i++) {
@@ -295,7 +305,7 @@ int cmd_map(int argc, char **argv)
 					snprintf(lo, sizeof(lo), "%u", loc.offset);
 					snprintf(len, sizeof(len), "%u", loc.length);
 				}
-				table_row(t, a, ri->name, o, g, mb_state_name(loc.state), l, lo,
+				table_row(t, a, ri->name, o, g, mb_state_word(loc.state), l, lo,
 					  len, !st ? "-" : loc.compressed ? "yes" : "no");
 			}
 		}

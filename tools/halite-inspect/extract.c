@@ -4,7 +4,7 @@
  *
  * Each needed locality block is read (and its checksum verified) once, in
  * file order, and every memory block of the region it holds is decoded from
- * that one read, as a restore would. Zero and untouched blocks are left as
+ * that one read, as a restore would. Zero and never-touched blocks are left as
  * holes of a file ftruncate()d to the region's length, so they read as zeros
  * and take no space.
  *
@@ -30,15 +30,21 @@ void help_extract(FILE *f)
 {
 	fprintf(f, "Usage: " PROG " extract [--json] [--region NAME] -o IMAGE FILE\n\n"
 		   "Write region NAME's memory as saved in FILE to the raw image IMAGE:\n"
-		   "zero and untouched memory blocks read as zeros and are left as holes.\n"
-		   "Every locality block is checked before use; on any checksum or decode\n"
-		   "failure nothing is written (exit 1).\n\n"
-		   "  -r, --region NAME  the region (may be omitted if FILE has only one)\n"
-		   "  -o, --output IMAGE the image to write (a regular file, never FILE;\n"
-		   "                     replaced only once complete; mode 0600: it holds\n"
-		   "                     guest memory)\n"
-		   "  --json             a JSON summary on stdout\n"
-		   "  -h, --help         this text\n");
+		   "zero and never-touched memory blocks read as zeros and are left as\n"
+		   "holes. Every locality block is checked before use; on any checksum or\n"
+		   "decode failure nothing is written (exit 1).\n\n"
+		   "  -r, --region NAME   the region (may be omitted if FILE has only one)\n"
+		   "  -o, --output IMAGE  the image to write (a regular file, never FILE;\n"
+		   "                      replaced only once complete; mode 0600: it holds\n"
+		   "                      guest memory)\n"
+		   "  --progress[=MODE]   progress on stderr about every 0.5 s: text (a\n"
+		   "                      line), json (one object a line) or none (the\n"
+		   "                      default)\n"
+		   "  --json              a JSON summary on stdout (mbs.untouched: the\n"
+		   "                      never-touched blocks)\n"
+		   "  -h, --help          this text\n"
+		   "  --version           the program's and the file format's version\n\n"
+		   "Exit status: 0 ok, 1 FILE is bad, 2 usage or I/O error.\n");
 }
 
 struct extract {
@@ -47,6 +53,7 @@ struct extract {
 	const struct halite_region_info *ri;
 	int fd;
 	uint64_t lbs_read, stored, zero, untouched;
+	struct progress progress;
 };
 
 static int write_all(int fd, const void *buf, size_t len, uint64_t off)
@@ -75,6 +82,7 @@ static int copy_blocks(struct extract *x)
 	uint64_t first = x->ri->first_mb, end = first + x->ri->mb_count;
 	uint8_t *need = NULL;
 	void *lb_buf = NULL, *mb_buf = NULL;
+	uint64_t nneed = 0;
 	char desc[160];
 	int ret = 0;
 
@@ -96,20 +104,23 @@ static int copy_blocks(struct extract *x)
 			ret = exit_code_for(ret);
 			goto out;
 		}
-		if (loc.state == HALITE_MB_STORED)
+		if (loc.state == HALITE_MB_STORED) {
+			nneed += !(need[loc.lb / 8] & (1u << (loc.lb % 8)));
 			need[loc.lb / 8] |= (uint8_t)(1u << (loc.lb % 8));
-		else if (loc.state == HALITE_MB_ZERO)
+		} else if (loc.state == HALITE_MB_ZERO)
 			x->zero++;
 		else
 			x->untouched++;
 	}
 
+	x->progress.total = (int64_t)(nneed * fi->lb_size);
 	for (uint64_t lb = 0; lb < fi->lb_count; lb++) {
 		const uint64_t *mbs;
 		uint32_t n;
 
 		if (!(need[lb / 8] & (1u << (lb % 8))))
 			continue;
+		progress_update(&x->progress, (int64_t)(x->lbs_read * fi->lb_size), false);
 		ret = halite_reader_read_lb(x->r, lb, lb_buf);
 		if (ret == 0)
 			ret = halite_reader_lb_members(x->r, lb, &mbs, &n);
@@ -136,13 +147,14 @@ static int copy_blocks(struct extract *x)
 			ret = write_all(x->fd, mb_buf, halite_reader_mb_bytes(x->r, m),
 					(m - first) * fi->mb_size);
 			if (ret < 0) {
-				errorf("%s: write: %s", x->out, strerror(-ret));
+				errorf("%s: writing: %s", x->out, strerror(-ret));
 				ret = EXIT_USAGE;
 				goto out;
 			}
 			x->stored++;
 		}
 	}
+	progress_update(&x->progress, (int64_t)(x->lbs_read * fi->lb_size), true);
 	ret = 0;
 out:
 	free(need);
@@ -163,7 +175,8 @@ static int create_temp(const char *out, char **tmp)
 	int fd;
 
 	if (stat(out, &st) == 0 && !S_ISREG(st.st_mode)) {
-		errorf("%s: not a regular file", out);
+		errorf("%s: not a regular file%s", out,
+		       S_ISDIR(st.st_mode) ? " (a directory): give -o the image's file name" : "");
 		return -1;
 	}
 	*tmp = malloc(n + sizeof(".tmp-XXXXXX"));
@@ -183,26 +196,31 @@ static int create_temp(const char *out, char **tmp)
 	return fd;
 }
 
+static const char *const extract_keys[] = {
+	"file", "region", "output", "bytes", "lbs_read", "mbs", NULL,
+};
+
 int cmd_extract(int argc, char **argv)
 {
 	static const struct option lo[] = {
-		{ "json", no_argument, NULL, OPT_JSON },
+		LONGOPTS_COMMON,
 		{ "region", required_argument, NULL, 'r' },
 		{ "output", required_argument, NULL, 'o' },
-		{ "help", no_argument, NULL, OPT_HELP },
+		{ "progress", optional_argument, NULL, OPT_PROGRESS },
 		{ NULL, 0, NULL, 0 },
 	};
 	struct extract x = { .fd = -1 };
 	const char *region = NULL;
-	char errbuf[512], *tmp = NULL;
+	char *tmp = NULL;
 	bool json = false;
-	int c, ret, idx;
+	int c, ret, idx, progress = HALITE_PROGRESS_NONE;
 
+	run_keys(extract_keys);
 	optind = 1;
 	while ((c = getopt_long(argc, argv, ":hr:o:", lo, NULL)) != -1) {
 		switch (c) {
 		case OPT_JSON:
-			json = true;
+			run_set_json();
 			break;
 		case 'r':
 			region = optarg;
@@ -210,40 +228,55 @@ int cmd_extract(int argc, char **argv)
 		case 'o':
 			x.out = optarg;
 			break;
+		case OPT_PROGRESS:
+			if (progress_parse(optarg, &progress))
+				return EXIT_USAGE;
+			break;
 		case OPT_HELP:
+			run_stdout_taken();
 			help_extract(stdout);
 			return EXIT_OK;
+		case OPT_VERSION:
+			return print_version();
 		default:
-			return bad_option("extract", c, argv);
+			return bad_option(c, argv);
 		}
 	}
+	json = run_json();
 	if (argc - optind != 1)
-		return usage_error("extract", "expected exactly one FILE");
-	if (!x.out)
-		return usage_error("extract", "-o IMAGE is required");
+		return usage_hint("expected exactly one FILE");
 	x.path = argv[optind];
-	ret = refuse_input_as_output("extract", x.out, x.path, "the input");
+	cJSON_AddStringToObject(run_result(), "file", x.path);
+	if (region)
+		cJSON_AddStringToObject(run_result(), "region", region);
+	if (!x.out)
+		return usage_hint("-o IMAGE is required");
+	cJSON_AddStringToObject(run_result(), "output", x.out);
+	ret = refuse_input_as_output(x.out, x.path, "the input");
 	if (ret)
 		return ret;
 
-	ret = open_reader(&x.r, x.path, errbuf, sizeof(errbuf));
+	ret = open_reader(&x.r, x.path);
 	if (ret)
 		return ret;
 	if (region) {
-		idx = halite_reader_find_region(x.r, region);
+		idx = find_region(x.r, x.path, region);
 		if (idx < 0) {
-			errorf("%s: no region '%s'", x.path, region);
-			ret = EXIT_USAGE;
+			ret = -idx;
 			goto out;
 		}
 	} else if (halite_reader_info(x.r)->region_count == 1) {
 		idx = 0;
 	} else {
-		ret = usage_error("extract", "%s has %u regions: name one with --region", x.path,
-				  halite_reader_info(x.r)->region_count);
+		char list[1024];
+
+		ret = usage_error("%s has %u regions: name one with --region (%s)", x.path,
+				  halite_reader_info(x.r)->region_count,
+				  region_list(x.r, list, sizeof(list)));
 		goto out;
 	}
 	x.ri = halite_reader_region(x.r, (uint32_t)idx);
+	progress_begin(&x.progress, progress, "extract", x.path, -1);
 
 	x.fd = create_temp(x.out, &tmp);
 	if (x.fd < 0) {
@@ -285,13 +318,11 @@ int cmd_extract(int argc, char **argv)
 		json_add_u64(o, "stored", x.stored);
 		json_add_u64(o, "zero", x.zero);
 		json_add_u64(o, "untouched", x.untouched);
-		ret = json_emit(root);
+		ret = json_emit(root, EXIT_OK);
 	} else {
-		fprintf(stderr,
-			PROG ": %s: region %s, %" PRIu64 " bytes (%" PRIu64 " stored, %" PRIu64
-			     " zero, %" PRIu64 " untouched memory blocks; %" PRIu64
-			     " locality blocks read)\n",
-			x.out, x.ri->name, x.ri->length, x.stored, x.zero, x.untouched, x.lbs_read);
+		notef("%s: region %s, %" PRIu64 " bytes (%" PRIu64 " stored, %" PRIu64 " zero, %" PRIu64
+		      " never-touched memory blocks; %" PRIu64 " locality blocks read)",
+		      x.out, x.ri->name, x.ri->length, x.stored, x.zero, x.untouched, x.lbs_read);
 	}
 out:
 	if (x.fd >= 0)

@@ -2,7 +2,7 @@
 /*
  * halite-inspect import: make a snapshot file from raw memory images.
  *
- * Holes in a sparse image (SEEK_DATA/SEEK_HOLE) become untouched memory
+ * Holes in a sparse image (SEEK_DATA/SEEK_HOLE) become never-touched memory
  * blocks, all-zero blocks become zero blocks, the rest is compressed and
  * stored in one stream: physical order, or a seeded shuffle that stands in
  * for the scattered order of a real save.
@@ -33,35 +33,53 @@
 
 void help_import(FILE *f)
 {
+	int zlo = 0, zhi = 0, llo = 0, lhi = 0, glo = 0, ghi = 0;
+
+	halite_codec_level_range(HALITE_CODEC_ZSTD, &zlo, &zhi);
+	halite_codec_level_range(HALITE_CODEC_LZ4, &llo, &lhi);
+	halite_codec_level_range(HALITE_CODEC_ZLIB, &glo, &ghi);
 	fprintf(f,
 		"Usage: " PROG " import IMAGE --region NAME -o FILE [OPTIONS]\n"
 		"       " PROG
 		" import --region NAME=IMAGE[@GPA] [--region ...] -o FILE [OPTIONS]\n\n"
 		"Make the snapshot FILE from raw memory images, one per region. Holes in a\n"
-		"sparse image become untouched memory blocks, all-zero blocks become zero\n"
-		"blocks, and the rest is compressed in parallel.\n\n"
+		"sparse image become never-touched memory blocks, all-zero blocks become\n"
+		"zero blocks, and the rest is compressed in parallel. An image's length\n"
+		"must be a multiple of the page size; regions must not overlap.\n\n"
 		"  -r, --region NAME[=IMAGE[@GPA]]  a region (repeat for several)\n"
 		"  -o, --output FILE       the snapshot to write (never an IMAGE; replaced\n"
 		"                          only once complete; mode 0600: it holds guest\n"
 		"                          memory)\n"
-		"  --gpa ADDR              guest-physical base of the single region (0)\n"
+		"  --gpa ADDR              guest-physical base of the single region, a page\n"
+		"                          multiple (0)\n"
 		"  --order physical|random memory-block order in the file (physical)\n"
-		"  --seed N                seed of the random order (default: from the clock,\n"
-		"                          printed on stderr)\n"
+		"  --seed N                seed of the random order, 0 to 2^64-1 (default:\n"
+		"                          from the clock, printed on stderr; unused by\n"
+		"                          --order physical)\n"
 		"  --codec none|lz4|zlib|zstd   (lz4)\n"
-		"  --level N               codec level (0: the codec's default)\n"
-		"  --page-size BYTES       (4096)\n"
-		"  --mb-pages N            pages per memory block (%u)\n"
-		"  --lb-size BYTES         locality-block size, K/M suffixes allowed (64K)\n"
+		"  --level N               codec level, 0 the codec's default: lz4 %d to %d,\n"
+		"                          zlib %d to %d, zstd %d to %d (none: 0)\n"
+		"  --page-size BYTES       a power of two, 4K to 4M (4K)\n"
+		"  --mb-pages N            pages per memory block, 1 to 1024 (%u)\n"
+		"  --lb-size BYTES         locality-block size, a power of two, 4K to 4M and\n"
+		"                          at least one memory block (64K)\n"
 		"  --meta KEY=VALUE        a metadata entry (repeatable)\n"
-		"  -j, --jobs N            compression threads (default: online CPUs)\n"
+		"  -j, --jobs N            compression threads, 1 to 256 (default: online\n"
+		"                          CPUs)\n"
 		"  --no-sync               do not fdatasync the file at the end\n"
-		"  --json                  a JSON summary on stdout\n"
-		"  -h, --help              this text\n\n"
-		"Regions without @GPA follow the previous one (the first starts at --gpa).\n"
-		"Metadata source=import, import.order and (random order) import.seed are\n"
-		"recorded.\n",
-		HALITE_DEFAULT_MB_PAGES);
+		"  --progress[=MODE]       progress on stderr about every 0.5 s: text (a\n"
+		"                          line), json (one object a line) or none (the\n"
+		"                          default)\n"
+		"  --json                  a JSON summary on stdout (mbs.untouched: the\n"
+		"                          never-touched blocks)\n"
+		"  -h, --help              this text\n"
+		"  --version               the program's and the file format's version\n\n"
+		"Sizes take K, M and G suffixes (powers of 1024). Regions without @GPA\n"
+		"follow the previous one (the first starts at --gpa). Metadata\n"
+		"source=import, import.order and (random order) import.seed are recorded.\n\n"
+		"Exit status: 0 ok, 1 the import failed, 2 usage or I/O error (nothing is\n"
+		"written).\n",
+		llo, lhi, glo, ghi, zlo, zhi, HALITE_DEFAULT_MB_PAGES);
 }
 
 struct source {
@@ -83,6 +101,9 @@ struct options {
 	uint64_t seed;
 	int codec;
 	int level;
+	bool has_level;
+	const char *level_arg;
+	int progress;
 	uint32_t page_size, mb_pages, lb_size;
 	uint64_t gpa;		/* --gpa */
 	bool has_gpa;
@@ -127,6 +148,7 @@ struct import {
 	/* results */
 	uint64_t stored, zero, compressed, raw_bytes, stored_bytes;
 	char log[512];
+	struct progress progress;
 };
 
 /* ---------------------------------------------------------------------- */
@@ -212,7 +234,7 @@ static int open_source(struct source *s, uint32_t page_size)
 
 	s->fd = open(s->path, O_RDONLY | O_CLOEXEC);
 	if (s->fd < 0 || fstat(s->fd, &st) < 0) {
-		errorf("%s: %s", s->path, strerror(errno));
+		errorf("%s: cannot open: %s", s->path, strerror(errno));
 		return -1;
 	}
 	if (S_ISREG(st.st_mode)) {
@@ -226,16 +248,21 @@ static int open_source(struct source *s, uint32_t page_size)
 		}
 		s->length = (uint64_t)end;
 	} else {
-		errorf("%s: not a regular file or block device", s->path);
+		errorf("%s: not a regular file or block device%s", s->path,
+		       S_ISDIR(st.st_mode) ? " (a directory)" : "");
 		return -1;
 	}
 	if (s->length == 0) {
-		errorf("%s: empty image", s->path);
+		errorf("%s: empty image: a region has at least one page", s->path);
 		return -1;
 	}
 	if (s->length % page_size) {
-		errorf("%s: length %" PRIu64 " is not a multiple of the page size %u", s->path,
-		       s->length, page_size);
+		uint64_t up = (s->length / page_size + 1) * page_size;
+
+		/* The user can act: say exactly how (zeros at the end, as a hole). */
+		errorf("%s: length %" PRIu64 " is not a multiple of the page size %u; pad it "
+		       "with zeros to %" PRIu64 " bytes: truncate -s %" PRIu64 " %s", s->path,
+		       s->length, page_size, up, up, s->path);
 		return -1;
 	}
 	return 0;
@@ -408,7 +435,7 @@ static int batch_put(struct import *im, struct batch *b, uint32_t stream)
 
 			snprintf(desc, sizeof(desc), "offset %" PRIu64,
 				 (it->mb - s->first_mb) * im->mb_size);
-			errorf("%s: %s: %s", s->path, desc, halite_strerror(it->err));
+			errorf("%s: reading at %s: %s", s->path, desc, halite_strerror(it->err));
 			return it->err;
 		}
 		switch (it->state) {
@@ -463,7 +490,7 @@ static int pump(struct import *im, const uint64_t *list, uint64_t n, uint32_t st
 	struct batch b[2];
 	struct task *tasks[2] = { NULL, NULL };
 	uint32_t cap, per;
-	uint64_t next = 0;
+	uint64_t next = 0, done = 0;
 	int cur = 0, ret;
 
 	/* ~16 MiB of input per batch: large enough to feed every thread, two in memory. */
@@ -509,6 +536,8 @@ static int pump(struct import *im, const uint64_t *list, uint64_t n, uint32_t st
 			batch_wait(nb);
 			goto out;
 		}
+		done += b[cur].n;
+		progress_update(&im->progress, (int64_t)(done * im->mb_size), false);
 		b[cur].n = 0;
 		cur = !cur;
 	}
@@ -555,19 +584,19 @@ enum {
 	O_GPA,
 	O_META,
 	O_NO_SYNC,
+	O_PROGRESS,
 };
 
 /* One option of parse_options(): 0, EXIT_USAGE (said why), or -1 after --help. */
 static int parse_option(struct options *o, int c, char *arg, char **argv)
 {
-	const char *cmd = "import";
 	uint64_t v;
 	long l;
 
 	switch (c) {
 	case 'r':
 		if (parse_region_spec(arg, &o->src[o->nsrc]) < 0)
-			return usage_error(cmd, "--region: expected NAME or NAME=IMAGE[@GPA]");
+			return usage_error("--region '%s': expected NAME or NAME=IMAGE[@GPA]", arg);
 		o->nsrc++;
 		return 0;
 	case 'o':
@@ -575,107 +604,155 @@ static int parse_option(struct options *o, int c, char *arg, char **argv)
 		return 0;
 	case O_ORDER:
 		if (strcmp(arg, "physical") && strcmp(arg, "random"))
-			return usage_error(cmd, "--order: physical or random, not '%s'", arg);
+			return usage_error("--order: physical or random, not '%s'", arg);
 		o->random = strcmp(arg, "random") == 0;
 		return 0;
 	case O_SEED:
 		if (parse_u64(arg, &o->seed) < 0)
-			return usage_error(cmd, "--seed: not a number: '%s'", arg);
+			return usage_error("--seed: a number from 0 to 2^64-1, not '%s'", arg);
 		o->has_seed = true;
 		return 0;
 	case O_CODEC:
 		o->codec = halite_codec_parse(arg);
 		if (o->codec <= 0)
-			return usage_error(cmd, "--codec: none, lz4, zlib or zstd, not '%s'", arg);
+			return usage_error("--codec: none, lz4, zlib or zstd, not '%s'", arg);
 		return 0;
 	case O_LEVEL:
-		if (parse_int(arg, -128, 127, &l) < 0)
-			return usage_error(cmd, "--level: -128..127, not '%s'", arg);
+		/* Its range depends on --codec, which may come later: check_options(). */
+		if (parse_int(arg, INT8_MIN, INT8_MAX, &l) < 0)
+			return usage_error("--level: a number from -128 to 127, not '%s'", arg);
 		o->level = (int)l;
+		o->has_level = true;
+		o->level_arg = arg;
 		return 0;
 	case O_MB_PAGES:
 		if (parse_int(arg, 1, 1024, &l) < 0)
-			return usage_error(cmd, "--mb-pages: 1..1024, not '%s'", arg);
+			return usage_error("--mb-pages: 1 to 1024, not '%s'", arg);
 		o->mb_pages = (uint32_t)l;
 		return 0;
 	case O_LB_SIZE:
 		if (parse_size(arg, &v) < 0 || !halite_is_pow2(v) || v < HALITE_MIN_LB_SIZE ||
 		    v > HALITE_MAX_LB_SIZE)
-			return usage_error(cmd, "--lb-size: a power of two, 4K to 4M, not '%s'",
-					   arg);
+			return usage_error("--lb-size: a power of two from 4K to 4M, not '%s'", arg);
 		o->lb_size = (uint32_t)v;
 		return 0;
 	case O_PAGE_SIZE:
 		if (parse_size(arg, &v) < 0 || !halite_is_pow2(v) || v < 4096 || v > (4u << 20))
-			return usage_error(cmd, "--page-size: a power of two, 4K to 4M, not '%s'",
+			return usage_error("--page-size: a power of two from 4K to 4M, not '%s'",
 					   arg);
 		o->page_size = (uint32_t)v;
 		return 0;
 	case O_GPA:
 		if (parse_u64(arg, &o->gpa) < 0)
-			return usage_error(cmd, "--gpa: not an address: '%s'", arg);
+			return usage_error("--gpa: not an address: '%s'", arg);
 		o->has_gpa = true;
 		return 0;
 	case O_META:
 		if (!strchr(arg, '=') || arg[0] == '=')
-			return usage_error(cmd, "--meta: expected KEY=VALUE");
+			return usage_error("--meta '%s': expected KEY=VALUE", arg);
 		o->meta[o->nmeta++] = arg;
 		return 0;
 	case 'j':
 		if (parse_int(arg, 1, 256, &l) < 0)
-			return usage_error(cmd, "--jobs: 1..256, not '%s'", arg);
+			return usage_error("--jobs: 1 to 256, not '%s'", arg);
 		o->jobs = (unsigned)l;
 		return 0;
 	case O_NO_SYNC:
 		o->no_sync = true;
 		return 0;
+	case O_PROGRESS:
+		return progress_parse(arg, &o->progress) ? EXIT_USAGE : 0;
 	case OPT_JSON:
-		o->json = true;
+		run_set_json();
 		return 0;
 	case OPT_HELP:
+		run_stdout_taken();
 		help_import(stdout);
 		return -1;
+	case OPT_VERSION:
+		print_version();
+		return -1;
 	}
-	return bad_option(cmd, c, argv);
+	return bad_option(c, argv);
+}
+
+/*
+ * The options together, as the writer will take them: the level against the
+ * codec's range, the memory block against the locality block. Same limits,
+ * same words as halite_writer_create(), before any file is opened.
+ */
+static int check_writer_opts(const struct options *o)
+{
+	HALITE_OPTS(halite_writer_opts, wo);
+	char err[256];
+	int lo = 0, hi = 0;
+
+	if (o->has_level && halite_codec_level_range(o->codec, &lo, &hi) == 0 &&
+	    (o->level < lo || o->level > hi))
+		return usage_error("--level %s: %s levels are %d to %d (0: the codec's default)",
+				   o->level_arg, halite_codec_name(o->codec), lo, hi);
+	wo.page_size = o->page_size;
+	wo.mb_pages = o->mb_pages;
+	wo.lb_size = o->lb_size;
+	wo.codec = o->codec;
+	wo.level = o->level;
+	if (halite_writer_opts_check(&wo, err, sizeof(err)) < 0)
+		return usage_error("%s", err);
+	return 0;
 }
 
 /* Checks the regions given against the IMAGE argument, and the metadata keys. */
 static int check_options(struct options *o, int nargs, char **args)
 {
-	const char *cmd = "import";
+	uint32_t page_size = o->page_size ? o->page_size : HALITE_DEFAULT_PAGE_SIZE;
+	int ret;
 
 	if (!o->out)
-		return usage_error(cmd, "-o FILE is required");
+		return usage_hint("-o FILE is required");
 	if (!o->nsrc)
-		return usage_error(cmd, "--region is required");
+		return usage_hint("--region is required");
 	if (nargs > 1)
-		return usage_error(cmd, "more than one IMAGE: give --region NAME=IMAGE for each");
+		return usage_hint("more than one IMAGE: give --region NAME=IMAGE for each");
 	if (nargs == 1) {
 		if (o->nsrc != 1 || o->src[0].path)
-			return usage_error(cmd, "with IMAGE, one --region NAME; else NAME=IMAGE");
+			return usage_hint("with IMAGE, one --region NAME; else NAME=IMAGE");
 		o->src[0].path = args[0];
 	} else {
 		for (uint32_t i = 0; i < o->nsrc; i++)
 			if (!o->src[i].path)
-				return usage_error(cmd, "--region %s: no IMAGE (NAME=IMAGE)",
-						   o->src[i].name);
+				return usage_hint("--region %s: no IMAGE (NAME=IMAGE)",
+						  o->src[i].name);
 		if (o->has_gpa && o->nsrc > 1)
-			return usage_error(cmd, "--gpa is for one region; use NAME=IMAGE@GPA");
+			return usage_error("--gpa is for one region; use NAME=IMAGE@GPA");
 	}
 	if (o->has_gpa) {
 		if (o->src[0].has_gpa)
-			return usage_error(cmd, "--gpa and NAME=IMAGE@GPA both given");
+			return usage_error("--gpa and NAME=IMAGE@GPA both given");
 		o->src[0].gpa = o->gpa;
 		o->src[0].has_gpa = true;
 	}
+	for (uint32_t i = 0; i < o->nsrc; i++) {
+		for (uint32_t j = 0; j < i; j++)
+			if (!strcmp(o->src[i].name, o->src[j].name))
+				return usage_error("--region %s given twice", o->src[i].name);
+		if (o->src[i].has_gpa && o->src[i].gpa % page_size)
+			return usage_error("region %s: GPA 0x%" PRIx64 " is not a multiple of the "
+					   "page size %u", o->src[i].name, o->src[i].gpa,
+					   page_size);
+	}
+	ret = check_writer_opts(o);
+	if (ret)
+		return ret;
 	for (uint32_t i = 0; i < o->nmeta; i++) {
 		size_t kl = (size_t)(strchr(o->meta[i], '=') - o->meta[i]);
 
 		/* Our own keys must say what import did, not what the caller claims. */
 		if ((kl == 6 && !strncmp(o->meta[i], "source", 6)) ||
 		    (kl > 7 && !strncmp(o->meta[i], "import.", 7)))
-			return usage_error(cmd, "--meta %.*s: import records that key itself",
+			return usage_error("--meta %.*s: import records that key itself",
 					   (int)kl, o->meta[i]);
+		if (kl > 255)
+			return usage_error("--meta: a key is at most 255 bytes");
 	}
 	return 0;
 }
@@ -683,6 +760,7 @@ static int check_options(struct options *o, int nargs, char **args)
 static int parse_options(int argc, char **argv, struct options *o)
 {
 	static const struct option lo[] = {
+		LONGOPTS_COMMON,
 		{ "region", required_argument, NULL, 'r' },
 		{ "output", required_argument, NULL, 'o' },
 		{ "order", required_argument, NULL, O_ORDER },
@@ -696,14 +774,14 @@ static int parse_options(int argc, char **argv, struct options *o)
 		{ "meta", required_argument, NULL, O_META },
 		{ "jobs", required_argument, NULL, 'j' },
 		{ "no-sync", no_argument, NULL, O_NO_SYNC },
-		{ "json", no_argument, NULL, OPT_JSON },
-		{ "help", no_argument, NULL, OPT_HELP },
+		{ "progress", optional_argument, NULL, O_PROGRESS },
 		{ NULL, 0, NULL, 0 },
 	};
 	int c, ret;
 
 	o->codec = HALITE_CODEC_LZ4;
 	o->jobs = default_jobs();
+	o->progress = HALITE_PROGRESS_NONE;
 	/* Each argument holds at most one region or one metadata entry. */
 	o->src = calloc((size_t)argc, sizeof(*o->src));
 	o->meta = calloc((size_t)argc, sizeof(*o->meta));
@@ -717,6 +795,7 @@ static int parse_options(int argc, char **argv, struct options *o)
 		if (ret)
 			return ret;
 	}
+	o->json = run_json();
 	return check_options(o, argc - optind, argv + optind);
 }
 
@@ -728,7 +807,7 @@ static int check_not_input(const struct options *o)
 		int ret;
 
 		snprintf(what, sizeof(what), "the image of region %s", o->src[i].name);
-		ret = refuse_input_as_output("import", o->out, o->src[i].path, what);
+		ret = refuse_input_as_output(o->out, o->src[i].path, what);
 		if (ret)
 			return ret;
 	}
@@ -759,10 +838,8 @@ static int set_meta(struct import *im)
 		char key[256];
 		size_t kl = (size_t)(eq - o->meta[i]);
 
-		if (kl >= sizeof(key)) {
-			errorf("--meta: key longer than 255 bytes");
-			return -EINVAL;
-		}
+		if (kl >= sizeof(key))
+			return -EINVAL;	/* check_options() refused it */
 		memcpy(key, o->meta[i], kl);
 		key[kl] = '\0';
 		ret = halite_writer_set_meta(im->w, key, eq + 1, (uint32_t)strlen(eq + 1));
@@ -784,6 +861,32 @@ static int set_meta(struct import *im)
 	return ret;
 }
 
+/*
+ * Two regions at the same guest-physical addresses make no guest: refused
+ * before the output is created, naming both ranges.
+ */
+static int check_overlap(const struct options *o)
+{
+	for (uint32_t i = 0; i < o->nsrc; i++) {
+		const struct source *a = &o->src[i];
+
+		if (a->gpa + a->length < a->gpa)
+			return usage_error("region %s: GPA 0x%" PRIx64 " plus its %" PRIu64
+					   " bytes is beyond 2^64", a->name, a->gpa, a->length);
+		for (uint32_t j = 0; j < i; j++) {
+			const struct source *b = &o->src[j];
+
+			if (a->gpa < b->gpa + b->length && b->gpa < a->gpa + a->length)
+				return usage_error("regions %s (0x%" PRIx64 "-0x%" PRIx64 ") and %s "
+						   "(0x%" PRIx64 "-0x%" PRIx64 ") overlap in "
+						   "guest-physical memory: give each its own @GPA",
+						   b->name, b->gpa, b->gpa + b->length - 1, a->name,
+						   a->gpa, a->gpa + a->length - 1);
+		}
+	}
+	return 0;
+}
+
 static int run(struct options *o)
 {
 	HALITE_OPTS(halite_writer_opts, wo);
@@ -798,6 +901,11 @@ static int run(struct options *o)
 
 	if (check_not_input(o))
 		goto out;
+	/* Where it goes, before reading what: a typo in -o costs no image scan. */
+	if (halite_writer_check_path(o->out, im.log, sizeof(im.log)) < 0) {
+		errorf("%s", im.log);
+		goto out;
+	}
 	for (uint32_t i = 0; i < o->nsrc; i++)
 		if (open_source(&o->src[i], page_size) < 0)
 			goto out;
@@ -812,6 +920,8 @@ static int run(struct options *o)
 		regions[i] = (struct halite_region){ o->src[i].name, gpa, o->src[i].length };
 		gpa += o->src[i].length;
 	}
+	if (check_overlap(o))
+		goto out;
 
 	wo.page_size = o->page_size;
 	wo.mb_pages = o->mb_pages;
@@ -851,7 +961,7 @@ static int run(struct options *o)
 	if (o->random) {
 		if (!o->has_seed) {
 			o->seed = clock_seed();
-			errorf("random order with --seed %" PRIu64, o->seed);
+			notef("random order with --seed %" PRIu64, o->seed);
 		}
 		shuffle(list, n, o->seed);
 		stream = HALITE_STREAM(HALITE_STREAM_OTHER, 0);
@@ -861,7 +971,10 @@ static int run(struct options *o)
 
 	if (set_meta(&im) < 0)
 		goto out;
-	if (pump(&im, list, n, stream) < 0) {
+	progress_begin(&im.progress, o->progress, "import", o->out, (int64_t)(n * im.mb_size));
+	ret = pump(&im, list, n, stream);
+	progress_update(&im.progress, ret < 0 ? -1 : (int64_t)(n * im.mb_size), true);
+	if (ret < 0) {
 		ret = EXIT_USAGE;
 		goto out;
 	}
@@ -895,11 +1008,10 @@ static int run(struct options *o)
 						(double)im.raw_bytes / (double)im.stored_bytes);
 		else
 			cJSON_AddNullToObject(root, "compression_ratio");
-		ret = json_emit(root);
+		ret = json_emit(root, EXIT_OK);
 	} else {
-		fprintf(stderr,
-			PROG ": %s: %" PRIu64 " memory blocks (%" PRIu64 " stored, %" PRIu64
-			     " zero, %" PRIu64 " untouched), %s stored in %s, ratio %.2f\n",
+		notef("%s: %" PRIu64 " memory blocks (%" PRIu64 " stored, %" PRIu64
+		      " zero, %" PRIu64 " never touched), %s stored in %s, ratio %.2f",
 			o->out, im.mb_count, im.stored, im.zero, im.mb_count - n,
 			human_bytes(im.raw_bytes, b1, sizeof(b1)),
 			human_bytes(im.stored_bytes, b2, sizeof(b2)),
@@ -922,14 +1034,27 @@ out:
 	return ret;
 }
 
+static const char *const import_keys[] = {
+	"file", "order", "codec", "mbs", "raw_bytes", "stored_bytes", "compression_ratio", NULL,
+};
+
 int cmd_import(int argc, char **argv)
 {
 	struct options o = { 0 };
 	int ret;
 
+	run_keys(import_keys);
 	ret = parse_options(argc, argv, &o);
-	if (ret == 0)
+	if (ret == 0) {
+		cJSON *r = run_result();
+
+		cJSON_AddStringToObject(r, "file", o.out);
+		cJSON_AddStringToObject(r, "order", o.random ? "random" : "physical");
+		if (o.random && o.has_seed)
+			json_add_u64(r, "seed", o.seed);
+		cJSON_AddStringToObject(r, "codec", halite_codec_name(o.codec));
 		ret = run(&o);
+	}
 	else if (ret < 0)
 		ret = EXIT_OK;
 	free(o.src);

@@ -14,11 +14,15 @@
 void help_info(FILE *f)
 {
 	fprintf(f, "Usage: " PROG " info [--json] FILE\n\n"
-		   "Show the header, the regions, memory-block states and compression,\n"
-		   "locality-block fill, streams, sections, metadata, save statistics\n"
-		   "and vCPU page-table roots of a Halite snapshot FILE.\n\n"
-		   "  --json     one JSON object on stdout instead of tables\n"
-		   "  -h, --help this text\n");
+		   "Show the header, the regions, memory-block states (stored, zero, never\n"
+		   "touched) and compression, locality-block fill, streams, sections,\n"
+		   "metadata, save statistics and vCPU page-table roots of a Halite\n"
+		   "snapshot FILE.\n\n"
+		   "  --json        one JSON object on stdout instead of tables (the\n"
+		   "                never-touched count is mbs.untouched)\n"
+		   "  -h, --help    this text\n"
+		   "  --version     the program's and the file format's version\n\n"
+		   "Exit status: 0 ok, 1 FILE is not a valid snapshot, 2 usage or I/O error.\n");
 }
 
 struct stream_stat {
@@ -312,9 +316,9 @@ static cJSON *info_json(struct halite_reader *r, const char *path,
 	json_add_u64(o, "zero", fi->mb_zero);
 	json_add_u64(o, "untouched", fi->mb_untouched);
 	json_add_u64(o, "compressed", fi->mb_compressed);
-	cJSON_AddNumberToObject(o, "stored_pct", pct(fi->mb_stored, fi->mb_count));
-	cJSON_AddNumberToObject(o, "zero_pct", pct(fi->mb_zero, fi->mb_count));
-	cJSON_AddNumberToObject(o, "untouched_pct", pct(fi->mb_untouched, fi->mb_count));
+	json_add_pct(o, "stored_pct", fi->mb_stored, fi->mb_count);
+	json_add_pct(o, "zero_pct", fi->mb_zero, fi->mb_count);
+	json_add_pct(o, "untouched_pct", fi->mb_untouched, fi->mb_count);
 	json_add_u64(o, "raw_bytes", t->raw_stored);
 	json_add_u64(o, "stored_bytes", fi->stored_bytes);
 	if (fi->stored_bytes)
@@ -322,14 +326,17 @@ static cJSON *info_json(struct halite_reader *r, const char *path,
 					(double)t->raw_stored / (double)fi->stored_bytes);
 	else
 		cJSON_AddNullToObject(o, "compression_ratio");
-	cJSON_AddNumberToObject(root, "file_memory_ratio", file_ratio(fi));
+	if (fi->memory_bytes)
+		cJSON_AddNumberToObject(root, "file_memory_ratio", file_ratio(fi));
+	else
+		cJSON_AddNullToObject(root, "file_memory_ratio");
 
 	o = cJSON_AddObjectToObject(root, "lbs");
 	json_add_u64(o, "count", fi->lb_count);
-	cJSON_AddNumberToObject(o, "fill_mean_pct",
-				fi->lb_count ? pct(t->used_sum, fi->lb_count * fi->lb_size) : 0);
-	cJSON_AddNumberToObject(o, "fill_min_pct", pct(t->used_min, fi->lb_size));
-	cJSON_AddNumberToObject(o, "fill_max_pct", pct(t->used_max, fi->lb_size));
+	/* No locality block: no fill to speak of (null, not 0). */
+	json_add_pct(o, "fill_mean_pct", t->used_sum, fi->lb_count * fi->lb_size);
+	json_add_pct(o, "fill_min_pct", t->used_min, fi->lb_count ? fi->lb_size : 0);
+	json_add_pct(o, "fill_max_pct", t->used_max, fi->lb_count ? fi->lb_size : 0);
 
 	a = cJSON_AddArrayToObject(root, "streams");
 	for (size_t i = 0; i < t->streams.n; i++) {
@@ -469,12 +476,12 @@ static void info_text(struct halite_reader *r, const char *path,
 	}
 
 	printf("\nMemory blocks:      %" PRIu64 "\n", fi->mb_count);
-	printf("  stored     %12" PRIu64 "  %5.1f%%  (compressed %" PRIu64 ", %.1f%% of stored)\n",
+	printf("  stored         %12" PRIu64 "  %5.1f%%  (compressed %" PRIu64 ", %.1f%% of stored)\n",
 	       fi->mb_stored, pct(fi->mb_stored, fi->mb_count), fi->mb_compressed,
 	       pct(fi->mb_compressed, fi->mb_stored));
-	printf("  zero       %12" PRIu64 "  %5.1f%%\n", fi->mb_zero,
+	printf("  zero           %12" PRIu64 "  %5.1f%%\n", fi->mb_zero,
 	       pct(fi->mb_zero, fi->mb_count));
-	printf("  untouched  %12" PRIu64 "  %5.1f%%\n", fi->mb_untouched,
+	printf("  never touched  %12" PRIu64 "  %5.1f%%\n", fi->mb_untouched,
 	       pct(fi->mb_untouched, fi->mb_count));
 	if (fi->stored_bytes)
 		printf(KV "%.3f (%s raw in %s stored)\n", "Compression ratio:",
@@ -589,37 +596,49 @@ static void info_text(struct halite_reader *r, const char *path,
 		printf("\nDevice state:       %" PRIu64 " bytes\n", devlen);
 }
 
+/* What a success prints at the top level: a failure prints them too, null. */
+static const char *const info_keys[] = {
+	"file", "version", "uuid", "created", "created_ns", "incompat_flags", "compat_flags",
+	"codec", "codec_level", "page_size", "mb_pages", "mb_size", "lb_size", "data_offset",
+	"file_size", "memory_bytes", "regions", "mbs", "file_memory_ratio", "lbs", "streams",
+	"sections", "metadata", "save_stats", NULL,
+};
+
 int cmd_info(int argc, char **argv)
 {
 	static const struct option lo[] = {
-		{ "json", no_argument, NULL, OPT_JSON },
-		{ "help", no_argument, NULL, OPT_HELP },
+		LONGOPTS_COMMON,
 		{ NULL, 0, NULL, 0 },
 	};
 	const struct halite_file_info *fi;
 	struct halite_reader *r = NULL;
-	char errbuf[512];
 	struct totals t;
 	bool json = false;
 	int c, ret;
 
+	run_keys(info_keys);
 	optind = 1;
 	while ((c = getopt_long(argc, argv, ":h", lo, NULL)) != -1) {
 		switch (c) {
 		case OPT_JSON:
-			json = true;
+			run_set_json();
 			break;
 		case OPT_HELP:
+			run_stdout_taken();
 			help_info(stdout);
 			return EXIT_OK;
+		case OPT_VERSION:
+			return print_version();
 		default:
-			return bad_option("info", c, argv);
+			return bad_option(c, argv);
 		}
 	}
+	json = run_json();
 	if (argc - optind != 1)
-		return usage_error("info", "expected exactly one FILE");
+		return usage_hint("expected exactly one FILE");
+	cJSON_AddStringToObject(run_result(), "file", argv[optind]);
 
-	ret = open_reader(&r, argv[optind], errbuf, sizeof(errbuf));
+	ret = open_reader(&r, argv[optind]);
 	if (ret)
 		return ret;
 	fi = halite_reader_info(r);
@@ -628,7 +647,7 @@ int cmd_info(int argc, char **argv)
 		report_error(argv[optind], NULL, ret, halite_reader_errmsg(r));
 		ret = exit_code_for(ret);
 	} else if (json) {
-		ret = json_emit(info_json(r, argv[optind], fi, &t));
+		ret = json_emit(info_json(r, argv[optind], fi, &t), EXIT_OK);
 	} else {
 		info_text(r, argv[optind], fi, &t);
 		ret = fflush(stdout) ? EXIT_USAGE : EXIT_OK;

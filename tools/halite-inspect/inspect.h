@@ -4,8 +4,9 @@
  *
  * Exit codes are part of the interface (scripts test them): 0 all good,
  * 1 the file is bad (corrupt, incomplete, a checksum or decode failure),
- * 2 usage or I/O error. Diagnostics go to stderr prefixed "halite-inspect: ";
- * stdout carries only the result (a table, or with --json one JSON object).
+ * 2 usage or I/O error. The conventions are docs/cli.md's: one sentence per
+ * error on stderr, "halite-inspect: COMMAND: ..."; stdout carries only the
+ * result (a table, or with --json one JSON object, on failure too).
  */
 #ifndef HALITE_INSPECT_H
 #define HALITE_INSPECT_H
@@ -17,6 +18,8 @@
 
 #include <cjson/cJSON.h>
 #include <halite/halite.h>
+
+#include "cli.h"
 
 #define PROG "halite-inspect"
 
@@ -49,11 +52,48 @@ void help_extract(FILE *f);
 void help_import(FILE *f);
 void help_restore(FILE *f);
 
-/* ---- diagnostics and common parsing (util.c) ---- */
+/* ---- the run: diagnostics, the one JSON object, common parsing (util.c) ---- */
 
+/*
+ * One command runs per process, so what every error path needs (the
+ * command's name for the prefix, whether --json was given, the first error's
+ * sentence for the JSON object) is kept for the run in util.c rather than
+ * passed through every helper.
+ */
+void run_begin(const char *cmd);
+/* --json was given: failures print the one JSON object too (run_end). */
+void run_set_json(void);
+bool run_json(void);
+/*
+ * The keys a success of this command prints at the top level (NULL-ended,
+ * static): a failure prints them too, null where nothing was learnt.
+ */
+void run_keys(const char *const *keys);
+/* The failure object's values learnt so far (owned by the run). */
+cJSON *run_result(void);
+/* Something else has stdout (--help, --version): no JSON object at the end. */
+void run_stdout_taken(void);
+/*
+ * main()'s last word: with --json and no object printed yet, the failure
+ * object ({..., "ok": false, "error": ..., "exit": N}). Returns @ret.
+ */
+int run_end(int ret);
+/* "ok", and on failure the run's "error" and "exit", into @obj. */
+void json_add_status(cJSON *obj, int exit);
+/* The error sentence for --json, replacing the first one errorf() kept. */
+void run_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/*
+ * "halite-inspect: COMMAND: MESSAGE" on stderr; the first one of a run is
+ * the error its JSON object reports.
+ */
 void errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-/* Reports a usage error for @cmd and returns EXIT_USAGE. */
-int usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The same prefix for what is not an error (a summary, the seed chosen). */
+void notef(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* A usage error: says so and returns EXIT_USAGE. */
+int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* As usage_error(), pointing at "halite-inspect COMMAND --help". */
+int usage_hint(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /*
  * An output that is an input, by name or as a file (same device and inode,
@@ -61,10 +101,13 @@ int usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(pri
  * anything is written: one sentence naming both ("the output OUT is the same
  * file as IN (WHAT)"), and EXIT_USAGE. 0 when they differ.
  */
-int refuse_input_as_output(const char *cmd, const char *out, const char *in, const char *what);
+int refuse_input_as_output(const char *out, const char *in, const char *what);
 
 /* For getopt's ':' and '?': names the option, returns EXIT_USAGE. */
-int bad_option(const char *cmd, int c, char **argv);
+int bad_option(int c, char **argv);
+
+/* --version in a subcommand: prints it, returns EXIT_OK. */
+int print_version(void);
 
 /*
  * Exit code for a failed Halite call: Halite's own codes describe the file
@@ -73,18 +116,29 @@ int bad_option(const char *cmd, int c, char **argv);
 int exit_code_for(int err);
 
 /*
- * "PATH[: WHAT]: DETAIL[: strerror]" on stderr: @detail is a library message
- * (errmsg, errbuf) or NULL; the file name and error text are not repeated.
+ * "PATH[: WHAT]: DETAIL" as one sentence through errorf(): @detail is a
+ * library message (errmsg, errbuf) or NULL. The path is named once, and the
+ * error code's text is added only where the detail does not say it already.
  */
 void report_error(const char *path, const char *what, int err, const char *detail);
+/* report_error()'s sentence without "PATH: ", into @buf. */
+const char *error_text(const char *path, int err, const char *detail, char *buf, size_t len);
 /* @detail without a leading "PATH: ". */
 const char *strip_path(const char *path, const char *detail);
 
 /*
- * Open @path for reading. On failure prints "PATH: strerror: detail" and
- * returns the exit code to use; 0 on success.
+ * Open @path for reading. On failure says why (report_error) and returns the
+ * exit code to use; 0 on success.
  */
-int open_reader(struct halite_reader **r, const char *path, char *errbuf, size_t errlen);
+int open_reader(struct halite_reader **r, const char *path);
+
+/*
+ * Region @name of @r's file, or, when there is none, a usage error naming
+ * the regions the file has; returns the index or -EXIT_USAGE.
+ */
+int find_region(struct halite_reader *r, const char *path, const char *name);
+/* "mem0, 0000:00:01.0/vga.vram": the names of the file's regions, into @buf. */
+const char *region_list(const struct halite_reader *r, char *buf, size_t len);
 
 /* Index of the region holding global memory block @mb. */
 uint32_t region_of_mb(const struct halite_reader *r, uint64_t mb);
@@ -103,11 +157,39 @@ unsigned default_jobs(void);
 
 /* "1.5 MiB" style, into buf. */
 const char *human_bytes(uint64_t v, char *buf, size_t len);
+/* A block state as JSON names it: "stored", "zero", "untouched" (the API's word). */
 const char *mb_state_name(uint32_t state);
+/* As people read it, the README's words: "stored", "zero", "never-touched". */
+const char *mb_state_word(uint32_t state);
 
 /* Common getopt_long entries that every subcommand shares. */
 #define OPT_HELP 'h'
 #define OPT_JSON 0x100
+#define OPT_VERSION 0x101
+#define OPT_PROGRESS 0x102
+#define LONGOPTS_COMMON                                                   \
+	{ "json", no_argument, NULL, OPT_JSON },                         \
+	{ "help", no_argument, NULL, OPT_HELP },                         \
+	{ "version", no_argument, NULL, OPT_VERSION }
+
+/*
+ * --progress[=text|json|none] of the long commands: a report on stderr about
+ * every half second and a last one when done (docs/cli.md).
+ */
+struct progress {
+	int mode;		/* enum halite_progress_mode, or -1: off */
+	const char *op;		/* "verify", "import", "extract" */
+	const char *path;	/* what it works on, for the text line */
+	int64_t total;		/* bytes in all, -1 unknown */
+	double start, last;	/* CLOCK_MONOTONIC seconds */
+	bool tty;		/* text on a terminal: one line rewritten */
+};
+/* --progress's argument: 0, or a usage error said and EXIT_USAGE. */
+int progress_parse(const char *arg, int *mode);
+void progress_begin(struct progress *p, int mode, const char *op, const char *path,
+		    int64_t total);
+/* @bytes done so far; prints when half a second has passed, or @done. */
+void progress_update(struct progress *p, int64_t bytes, bool done);
 
 /* ---- output (output.c) ---- */
 
@@ -129,8 +211,12 @@ void table_free(struct table *t);
 void json_add_u64(cJSON *obj, const char *key, uint64_t v);
 cJSON *json_u64(uint64_t v);
 void json_add_hex(cJSON *obj, const char *key, uint64_t v);
-/* Prints @root as the one JSON object on stdout, then deletes it. */
-int json_emit(cJSON *root);
+/*
+ * Prints @root as the one JSON object on stdout, then deletes it: with "ok"
+ * true when @exit is 0, else "ok" false, the run's "error" and "exit".
+ * Returns @exit, or EXIT_USAGE if stdout failed.
+ */
+int json_emit(cJSON *root, int exit);
 
 /*
  * Streaming JSON for per-block listings: "{...head members..., "KEY": [" then
@@ -141,12 +227,16 @@ struct json_stream {
 };
 void json_stream_begin(struct json_stream *js, cJSON *head, const char *array_key);
 void json_stream_item(struct json_stream *js, cJSON *item);	/* deletes @item */
-int json_stream_end(struct json_stream *js);
+/* Closes the array, then "ok" (and on failure "error" and "exit") as json_emit(). */
+int json_stream_end(struct json_stream *js, int exit);
 
 /* Percent, with 0 of 0 as 0. */
 static inline double pct(uint64_t part, uint64_t whole)
 {
 	return whole ? 100.0 * (double)part / (double)whole : 0.0;
 }
+
+/* A percentage in JSON: null when there is no whole to be a part of. */
+void json_add_pct(cJSON *obj, const char *key, uint64_t part, uint64_t whole);
 
 #endif

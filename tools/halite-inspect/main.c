@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli.h"
 #include "inspect.h"
 
 static void help_help(FILE *f)
@@ -35,7 +36,10 @@ static void usage(FILE *f)
 	fprintf(f, "Usage: " PROG " [--version] [--help] COMMAND [ARGS...]\n\nCommands:\n");
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
 		fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].summary);
-	fprintf(f, "\nEvery command takes --help, and all but help take --json.\n"
+	fprintf(f, "\nEvery command takes --help and --version, and all but help take --json:\n"
+		   "one JSON object on stdout, on failure too ({\"ok\": false, \"error\": ...,\n"
+		   "\"exit\": N}). verify, import and extract take --progress[=text|json|none].\n"
+		   "Errors are one line on stderr: \"" PROG ": COMMAND: ...\".\n\n"
 		   "Exit status: 0 ok, 1 the file is bad, 2 usage or I/O error.\n");
 }
 
@@ -55,50 +59,66 @@ static int cmd_help(int argc, char **argv)
 		usage(stdout);
 		return EXIT_OK;
 	}
-	if (argc > 2)
-		return usage_error("help", "too many arguments");
 	if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
 		help_help(stdout);
 		return EXIT_OK;
 	}
+	if (strcmp(argv[1], "--version") == 0)
+		return print_version();
+	if (argc > 2)
+		return usage_hint("too many arguments");
 	c = find_command(argv[1]);
-	if (!c) {
-		errorf("unknown command '%s'; see '" PROG " help'", argv[1]);
-		return EXIT_USAGE;
-	}
+	if (!c)
+		return usage_error("unknown command '%s'; '" PROG " help' lists them", argv[1]);
 	c->help(stdout);
 	return EXIT_OK;
 }
 
-int main(int argc, char **argv)
+/*
+ * --json anywhere, as getopt_long would take it (an unambiguous prefix:
+ * "--js"), so that a usage error found before the command parses its
+ * options still prints the JSON object.
+ */
+static bool wants_json(int argc, char **argv)
+{
+	for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
+		if (strlen(argv[i]) >= 4 && !strncmp(argv[i], "--json", strlen(argv[i])))
+			return true;
+	return false;
+}
+
+static int dispatch(int argc, char **argv)
 {
 	const struct command *c;
 	int i;
 
 	/* Global options are few and come before the command; getopt would permute. */
 	for (i = 1; i < argc && argv[i][0] == '-'; i++) {
-		if (strcmp(argv[i], "--version") == 0 || strcmp(argv[i], "-V") == 0) {
-			printf(PROG " %d.%d.%d (file format %d.%d)\n", HALITE_VERSION_MAJOR,
-			       HALITE_VERSION_MINOR, HALITE_VERSION_PATCH, HALITE_FORMAT_MAJOR,
-			       HALITE_FORMAT_MINOR);
-			return EXIT_OK;
-		}
+		if (strcmp(argv[i], "--version") == 0 || strcmp(argv[i], "-V") == 0)
+			return print_version();
 		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+			run_stdout_taken();
 			usage(stdout);
 			return EXIT_OK;
 		}
-		errorf("unknown option '%s'", argv[i]);
-		usage(stderr);
-		return EXIT_USAGE;
+		if (strcmp(argv[i], "--json"))
+			return usage_hint("unknown option '%s'", argv[i]);
 	}
 	if (i == argc) {
-		usage(stderr);
-		return EXIT_USAGE;
+		if (!run_json())
+			usage(stderr);
+		return usage_error("no command given; '" PROG " help' lists them");
 	}
 	c = find_command(argv[i]);
-	if (!c) {
-		errorf("unknown command '%s'; see '" PROG " help'", argv[i]);
-		return EXIT_USAGE;
-	}
+	if (!c)
+		return usage_error("unknown command '%s'; '" PROG " help' lists them", argv[i]);
+	run_begin(c->name);
 	return c->run(argc - i, argv + i);
+}
+
+int main(int argc, char **argv)
+{
+	if (wants_json(argc, argv))
+		run_set_json();
+	return run_end(dispatch(argc, argv));
 }

@@ -161,18 +161,31 @@ static int flush_stdout(void)
 	return EXIT_OK;
 }
 
-int json_emit(cJSON *root)
+void json_add_pct(cJSON *obj, const char *key, uint64_t part, uint64_t whole)
 {
-	char *s = cJSON_Print(root);
+	if (whole)
+		cJSON_AddNumberToObject(obj, key, pct(part, whole));
+	else
+		cJSON_AddNullToObject(obj, key);
+}
 
+int json_emit(cJSON *root, int exit)
+{
+	char *s;
+	int ret;
+
+	json_add_status(root, exit);
+	s = cJSON_Print(root);
 	cJSON_Delete(root);
+	run_stdout_taken();
 	if (!s) {
 		errorf("out of memory");
 		return EXIT_USAGE;
 	}
 	puts(s);
 	cJSON_free(s);
-	return flush_stdout();
+	ret = flush_stdout();
+	return exit ? exit : ret;
 }
 
 void json_stream_begin(struct json_stream *js, cJSON *head, const char *array_key)
@@ -186,6 +199,7 @@ void json_stream_begin(struct json_stream *js, cJSON *head, const char *array_ke
 		errorf("out of memory");
 		exit(EXIT_USAGE);
 	}
+	run_stdout_taken();
 	/* Reopen the object: drop its closing brace, then open the array. */
 	n = strlen(s);
 	s[n - 1] = '\0';
@@ -218,8 +232,22 @@ void json_stream_item(struct json_stream *js, cJSON *item)
 	cJSON_free(s);
 }
 
-int json_stream_end(struct json_stream *js)
+int json_stream_end(struct json_stream *js, int exit)
 {
-	fputs("\n]}\n", stdout);
-	return flush_stdout();
+	cJSON *tail = cJSON_CreateObject();
+	char *s;
+	int ret;
+
+	/* The status after the array: only now is it known. */
+	json_add_status(tail, exit);
+	s = cJSON_PrintUnformatted(tail);
+	cJSON_Delete(tail);
+	if (!s) {
+		errorf("out of memory");
+		return EXIT_USAGE;
+	}
+	printf("\n],%s\n", s + 1);
+	cJSON_free(s);
+	ret = flush_stdout();
+	return exit ? exit : ret;
 }

@@ -44,8 +44,9 @@ void help_restore(FILE *f)
 		"  --stream STREAM  with --blocks (implied): only the LBs of STREAM, named\n"
 		"                   as printed (vcpu0, virtual, physical, other, other.2)\n"
 		"  --json           one JSON object on stdout\n"
-		"  -h, --help       this text\n\n"
-		"JSON keys: file, trace, uuid, lb_count and mb_count (of FILE);\n"
+		"  -h, --help       this text\n"
+		"  --version        the program's and the file format's version\n\n"
+		"JSON keys: ok (and on failure error, exit), file, trace, uuid, lb_count and mb_count (of FILE);\n"
 		"  stats: every statistic of the trace by its name (ready_ns, duration_ns,\n"
 		"    mb_total, mb_fault, mb_pool, mb_prefetch, mb_zero, faults,\n"
 		"    faults_cached, faults_zero, faults_vcpu, lb_total, lb_demand,\n"
@@ -474,7 +475,7 @@ static int list_blocks(const struct opts *o, struct trace *t, cJSON *head)
 	for (; !ret && w.next < fi->lb_count; w.next++)
 		ret = row(&w, w.next, NULL);
 	if (o->json) {
-		e = json_stream_end(&w.js);
+		e = json_stream_end(&w.js, ret > 0 ? ret : EXIT_OK);
 	} else {
 		table_print(w.tb);
 		table_free(w.tb);
@@ -486,10 +487,9 @@ static int list_blocks(const struct opts *o, struct trace *t, cJSON *head)
 static int parse_args(int argc, char **argv, struct opts *o)
 {
 	static const struct option lo[] = {
-		{ "json", no_argument, NULL, OPT_JSON },
+		LONGOPTS_COMMON,
 		{ "blocks", no_argument, NULL, 'b' },
 		{ "stream", required_argument, NULL, 's' },
-		{ "help", no_argument, NULL, OPT_HELP },
 		{ NULL, 0, NULL, 0 },
 	};
 	int c;
@@ -498,15 +498,14 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	while ((c = getopt_long(argc, argv, ":hbs:", lo, NULL)) != -1) {
 		switch (c) {
 		case OPT_JSON:
-			o->json = true;
+			run_set_json();
 			break;
 		case 'b':
 			o->blocks = true;
 			break;
 		case 's':
 			if (!parse_stream(optarg, &o->stream))
-				return usage_error("restore",
-						   "bad stream '%s': a name as " PROG
+				return usage_error("bad stream '%s': a name as " PROG
 						   " prints it (vcpu0, virtual, physical, other, "
 						   "other.2, ...)",
 						   optarg);
@@ -514,18 +513,30 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			o->blocks = true;
 			break;
 		case OPT_HELP:
+			run_stdout_taken();
 			help_restore(stdout);
 			return -1;
+		case OPT_VERSION:
+			print_version();
+			return -1;
 		default:
-			return bad_option("restore", c, argv);
+			return bad_option(c, argv);
 		}
 	}
+	o->json = run_json();
 	if (argc - optind != 2)
-		return usage_error("restore", "expected FILE and TRACE");
+		return usage_hint("expected FILE and TRACE");
 	o->file = argv[optind];
 	o->trace = argv[optind + 1];
+	cJSON_AddStringToObject(run_result(), "file", o->file);
+	cJSON_AddStringToObject(run_result(), "trace", o->trace);
 	return 0;
 }
+
+static const char *const restore_keys[] = {
+	"file", "trace", "uuid", "lb_count", "mb_count", "stats", "error_text", "totals",
+	"streams", NULL,
+};
 
 int cmd_restore(int argc, char **argv)
 {
@@ -533,15 +544,15 @@ int cmd_restore(int argc, char **argv)
 	struct trace t = { 0 };
 	struct streams s = { 0 };
 	struct halite_reader *r = NULL;
-	char errbuf[512];
 	struct counting cnt = { &t, &s };
 	cJSON *head;
 	int ret;
 
+	run_keys(restore_keys);
 	ret = parse_args(argc, argv, &o);
 	if (ret)
 		return ret < 0 ? EXIT_OK : ret;
-	ret = open_reader(&r, o.file, errbuf, sizeof(errbuf));
+	ret = open_reader(&r, o.file);
 	if (ret)
 		return ret;
 	ret = streams_gather(r, &s);
@@ -551,8 +562,15 @@ int cmd_restore(int argc, char **argv)
 		goto out;
 	}
 	if (o.stream_name && !stream_find(&s, o.stream)) {
-		errorf("%s: no stream '%s'", o.file, o.stream_name);
-		ret = EXIT_USAGE;
+		char list[512], sn[48];
+		size_t n = 0;
+
+		list[0] = '\0';
+		for (size_t i = 0; i < s.n && n < sizeof(list); i++)
+			n += (size_t)snprintf(list + n, sizeof(list) - n, "%s%s", i ? ", " : "",
+					      halite_stream_name(s.v[i].id, sn, sizeof(sn)));
+		ret = usage_error("%s: no stream '%s'; the file has: %s", o.file, o.stream_name,
+				  s.n ? list : "none");
 		goto out;
 	}
 	t.f = fopen(o.trace, "r");
@@ -573,7 +591,7 @@ int cmd_restore(int argc, char **argv)
 		if (o.blocks)
 			ret = list_blocks(&o, &t, head);
 		else
-			ret = json_emit(head);
+			ret = json_emit(head, EXIT_OK);
 	} else {
 		text_summary(&o, &t, &s);
 		if (o.blocks)

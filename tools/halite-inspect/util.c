@@ -10,40 +10,175 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli.h"
 #include "inspect.h"
 
+/*
+ * The run of one command (inspect.h). A tool's process runs one command, so
+ * this is the tool's state, not a library's: nothing here is shared.
+ */
+static struct {
+	const char *cmd;		/* NULL before a command is known */
+	bool json;
+	bool stdout_taken;		/* the one object, or --help/--version text */
+	bool have_error;
+	char error[1024];
+	const char *const *keys;
+	cJSON *result;
+} run;
+
+void run_begin(const char *cmd)
+{
+	run.cmd = cmd;
+}
+
+void run_set_json(void)
+{
+	run.json = true;
+}
+
+bool run_json(void)
+{
+	return run.json;
+}
+
+void run_keys(const char *const *keys)
+{
+	run.keys = keys;
+}
+
+cJSON *run_result(void)
+{
+	if (!run.result)
+		run.result = cJSON_CreateObject();
+	return run.result;
+}
+
+void run_stdout_taken(void)
+{
+	run.stdout_taken = true;
+}
+
+void run_set_error(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(run.error, sizeof(run.error), fmt, ap);
+	va_end(ap);
+	run.have_error = true;
+}
+
+void json_add_status(cJSON *obj, int exit)
+{
+	cJSON_DeleteItemFromObject(obj, "ok");
+	cJSON_AddBoolToObject(obj, "ok", exit == EXIT_OK);
+	if (exit == EXIT_OK)
+		return;
+	cJSON_DeleteItemFromObject(obj, "error");
+	cJSON_DeleteItemFromObject(obj, "exit");
+	if (run.have_error)
+		cJSON_AddStringToObject(obj, "error", run.error);
+	else
+		cJSON_AddNullToObject(obj, "error");
+	cJSON_AddNumberToObject(obj, "exit", exit);
+}
+
+int run_end(int ret)
+{
+	cJSON *o;
+	char *s;
+
+	if (!run.json || run.stdout_taken || ret == EXIT_OK) {
+		cJSON_Delete(run.result);
+		run.result = NULL;
+		return ret;
+	}
+	o = run_result();
+	run.result = NULL;
+	for (const char *const *k = run.keys; k && *k; k++)
+		if (!cJSON_HasObjectItem(o, *k))
+			cJSON_AddNullToObject(o, *k);
+	json_add_status(o, ret);
+	s = cJSON_Print(o);
+	cJSON_Delete(o);
+	if (s)
+		puts(s);
+	cJSON_free(s);
+	fflush(stdout);
+	return ret;
+}
+
+static void vsay(bool error, const char *fmt, va_list ap)
+{
+	char msg[sizeof(run.error)];
+
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	fflush(stdout);
+	if (run.cmd)
+		fprintf(stderr, PROG ": %s: %s\n", run.cmd, msg);
+	else
+		fprintf(stderr, PROG ": %s\n", msg);
+	/* The first error is the cause; what follows is often its consequence. */
+	if (error && !run.have_error) {
+		memcpy(run.error, msg, sizeof(msg));
+		run.have_error = true;
+	}
+}
+
 void errorf(const char *fmt, ...)
 {
 	va_list ap;
 
-	fflush(stdout);
-	fputs(PROG ": ", stderr);
 	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
+	vsay(true, fmt, ap);
 	va_end(ap);
-	fputc('\n', stderr);
 }
 
-int usage_error(const char *cmd, const char *fmt, ...)
+void notef(const char *fmt, ...)
 {
 	va_list ap;
 
-	fputs(PROG ": ", stderr);
-	if (cmd)
-		fprintf(stderr, "%s: ", cmd);
 	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
+	vsay(false, fmt, ap);
 	va_end(ap);
-	fputc('\n', stderr);
-	if (cmd)
-		fprintf(stderr, "Try '" PROG " %s --help'.\n", cmd);
+}
+
+int usage_error(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsay(true, fmt, ap);
+	va_end(ap);
 	return EXIT_USAGE;
 }
 
-int refuse_input_as_output(const char *cmd, const char *out, const char *in, const char *what)
+int usage_hint(const char *fmt, ...)
+{
+	char msg[sizeof(run.error) - 64];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	if (run.cmd)
+		errorf("%s (" PROG " %s --help)", msg, run.cmd);
+	else
+		errorf("%s (" PROG " --help)", msg);
+	return EXIT_USAGE;
+}
+
+int print_version(void)
+{
+	run_stdout_taken();
+	return halite_cli_version(PROG);
+}
+
+int refuse_input_as_output(const char *out, const char *in, const char *what)
 {
 	struct stat so, si;
 	bool same = strcmp(out, in) == 0;
@@ -53,21 +188,21 @@ int refuse_input_as_output(const char *cmd, const char *out, const char *in, con
 		same = so.st_dev == si.st_dev && so.st_ino == si.st_ino;
 	if (!same)
 		return 0;
-	errorf("%s: the output %s is the same file as %s (%s): writing it would destroy what "
-	       "is read; give -o another file", cmd, out, in, what);
-	return EXIT_USAGE;
+	return usage_error("the output %s is the same file as %s (%s): writing it would destroy "
+			   "what is read; give -o another file", out, in, what);
 }
 
-int bad_option(const char *cmd, int c, char **argv)
+int bad_option(int c, char **argv)
 {
 	const char *arg = argv[optind - 1];
 
 	/* Our optstrings start with ':' so getopt stays quiet and tells the two cases apart. */
 	if (c == ':')
-		return usage_error(cmd, "option '%s' requires an argument", arg);
+		return usage_hint("option '%s' requires an argument", arg);
 	if (optopt && arg[0] == '-' && arg[1] != '-')
-		return usage_error(cmd, "unknown option '-%c'", optopt);
-	return usage_error(cmd, "unknown option '%s'", arg);
+		return usage_hint("unknown option '-%c'", optopt);
+	/* "--foo=x": name the option as the user wrote it, without its value. */
+	return usage_hint("unknown option '%.*s'", (int)strcspn(arg, "="), arg);
 }
 
 int exit_code_for(int err)
@@ -89,34 +224,198 @@ const char *strip_path(const char *path, const char *detail)
 	return detail;
 }
 
-void report_error(const char *path, const char *what, int err, const char *detail)
-{
-	const char *es = halite_strerror(err);
+/*
+ * Words that, in a library detail, already say what halite_strerror() of
+ * the code would add: "header checksum mismatch" needs no "checksum
+ * mismatch in header, footer or section" after it. Codes not listed
+ * (CORRUPT: "inconsistent metadata ...") add their text: it says what kind
+ * of wrong the detail's numbers are.
+ */
+static const struct {
+	int err;
+	const char *words;
+} said[] = {
+	{ HALITE_E_CHECKSUM, "checksum" },     { HALITE_E_LB_CHECKSUM, "checksum" },
+	{ HALITE_E_TRUNCATED, "short" },       { HALITE_E_CODEC, "decode" },
+	{ HALITE_E_RESERVED, "reserved" },     { HALITE_E_VERSION, "version" },
+	{ HALITE_E_INCOMPAT, "incompatible" }, { HALITE_E_NO_CODEC, "codec" },
+	{ HALITE_E_UNKNOWN_SECTION, "section" },
+};
 
-	/* The library's details already name the file and end with the error's text. */
+static bool says_already(int e, const char *detail)
+{
+	for (size_t i = 0; i < sizeof(said) / sizeof(said[0]); i++)
+		if (said[i].err == e)
+			return strstr(detail, said[i].words) != NULL;
+	return false;
+}
+
+/* What a file that is not one is, for "not a regular file (a directory)". */
+static const char *file_kind(const char *path)
+{
+	struct stat st;
+
+	if (stat(path, &st))
+		return NULL;
+	switch (st.st_mode & S_IFMT) {
+	case S_IFDIR:
+		return "a directory";
+	case S_IFCHR:
+		return "a character device";
+	case S_IFIFO:
+		return "a FIFO";
+	case S_IFSOCK:
+		return "a socket";
+	}
+	return NULL;
+}
+
+const char *error_text(const char *path, int err, const char *detail, char *d, size_t len)
+{
+	int e = err < 0 ? -err : err;
+	const char *es = halite_strerror(err), *kind;
+	size_t dl, el = strlen(es);
+	struct stat st;
+
+	/* The library's details name the file first; the sentence names it once. */
 	detail = strip_path(path, detail);
 	if (!detail || !*detail)
 		detail = es;
-	errorf("%s%s%s: %s%s%s", path, what ? ": " : "", what ? what : "", detail,
-	       strstr(detail, es) ? "" : ": ", strstr(detail, es) ? "" : es);
+	snprintf(d, len, "%s", detail);
+
+	/* The open failures a user meets first, said in the words of what to do. */
+	if (e == HALITE_E_BAD_MAGIC) {
+		snprintf(d, len, "not a Halite snapshot (%s)",
+			 stat(path, &st) == 0 && st.st_size == 0 ? "empty file" :
+			 "it does not start with a Halite header");
+	} else if (e == HALITE_E_INCOMPLETE) {
+		snprintf(d, len, "incomplete: the save that wrote it did not finish, or the file "
+			 "was cut short (no valid footer); it cannot be restored");
+	} else if (e == EINVAL && strstr(d, "not a regular file")) {
+		kind = file_kind(path);
+		snprintf(d, len, "not a regular file%s%s%s", kind ? " (" : "", kind ? kind : "",
+			 kind ? ")" : "");
+	} else {
+		/* Drop the code's text the library appended if the detail says it already. */
+		dl = strlen(d);
+		if (dl > el + 2 && !strcmp(d + dl - el, es) && !strncmp(d + dl - el - 2, ": ", 2) &&
+		    says_already(e, d))
+			d[dl - el - 2] = '\0';
+		else if (!strstr(d, es) && !says_already(e, d))
+			snprintf(d + dl, len - dl, ": %s", es);
+	}
+	return d;
 }
 
-int open_reader(struct halite_reader **r, const char *path, char *errbuf, size_t errlen)
+void report_error(const char *path, const char *what, int err, const char *detail)
+{
+	char d[768];
+
+	error_text(path, err, detail, d, sizeof(d));
+	errorf("%s%s%s: %s", path, what ? ": " : "", what ? what : "", d);
+}
+
+int open_reader(struct halite_reader **r, const char *path)
 {
 	HALITE_OPTS(halite_reader_opts, ro);
+	char errbuf[512];
 	int ret;
 
 	errbuf[0] = '\0';
 	ro.errbuf = errbuf;
-	ro.errbuf_len = errlen;
+	ro.errbuf_len = sizeof(errbuf);
 	ret = halite_reader_open(r, path, &ro);
 	if (ret < 0) {
 		report_error(path, NULL, ret, errbuf);
-		if (!errbuf[0])
-			snprintf(errbuf, errlen, "%s", halite_strerror(ret));
 		return exit_code_for(ret);
 	}
 	return 0;
+}
+
+const char *region_list(const struct halite_reader *r, char *buf, size_t len)
+{
+	const struct halite_file_info *fi = halite_reader_info(r);
+	size_t n = 0;
+
+	buf[0] = '\0';
+	for (uint32_t i = 0; i < fi->region_count && n < len; i++)
+		n += (size_t)snprintf(buf + n, len - n, "%s%s", i ? ", " : "",
+				      halite_reader_region(r, i)->name);
+	return buf;
+}
+
+int find_region(struct halite_reader *r, const char *path, const char *name)
+{
+	char list[1024];
+	int idx = halite_reader_find_region(r, name);
+
+	if (idx >= 0)
+		return idx;
+	usage_error("%s: no region '%s'; the file has: %s", path, name,
+		    region_list(r, list, sizeof(list)));
+	return -EXIT_USAGE;
+}
+
+int progress_parse(const char *arg, int *mode)
+{
+	if (halite_cli_progress_parse(arg, mode) < 0)
+		return usage_error("--progress: text, json or none, not '%s'", arg);
+	return 0;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+void progress_begin(struct progress *p, int mode, const char *op, const char *path,
+		    int64_t total)
+{
+	*p = (struct progress){ .mode = mode, .op = op, .path = path, .total = total };
+	p->start = p->last = now_s();
+	p->tty = isatty(STDERR_FILENO);
+}
+
+void progress_update(struct progress *p, int64_t bytes, bool done)
+{
+	double t = now_s();
+	char b1[32], b2[32];
+
+	if (p->mode < 0 || p->mode == HALITE_PROGRESS_NONE)
+		return;
+	/* Twice a second is live enough for a person and cheap for a parser. */
+	if (!done && t - p->last < 0.5)
+		return;
+	p->last = t;
+	if (p->mode == HALITE_PROGRESS_JSON) {
+		struct halite_cli_progress r = {
+			.op = p->op, .elapsed_s = t - p->start, .bytes = bytes,
+			.total = p->total, .faults = -1, .done = done,
+		};
+
+		fflush(stdout);
+		halite_cli_progress_json(stderr, &r);
+		return;
+	}
+	/* A terminal's line was only ever a live view: leave the screen as it was. */
+	if (done && p->tty && p->mode == HALITE_PROGRESS_TEXT) {
+		fputs("\r\033[K", stderr);
+		return;
+	}
+	if (bytes < 0) {
+		fprintf(stderr, "%s" PROG ": %s: %s: stopped\n", p->tty ? "\r" : "", p->op, p->path);
+		return;
+	}
+	human_bytes((uint64_t)bytes, b1, sizeof(b1));
+	human_bytes(p->total > 0 ? (uint64_t)p->total : 0, b2, sizeof(b2));
+	/* On a terminal one line rewritten in place; in a log, one line each time. */
+	fprintf(stderr, "%s" PROG ": %s: %s: %5.1f%% (%s of %s)%s%s", p->tty ? "\r" : "", p->op,
+		p->path, p->total > 0 ? 100.0 * (double)bytes / (double)p->total : 100.0, b1, b2,
+		done ? ", done" : "", p->tty && !done ? "\033[K" : "\n");
+	fflush(stderr);
 }
 
 int parse_u64(const char *s, uint64_t *out)
@@ -179,6 +478,11 @@ const char *human_bytes(uint64_t v, char *buf, size_t len)
 	else
 		snprintf(buf, len, "%.1f %s", d, units[u]);
 	return buf;
+}
+
+const char *mb_state_word(uint32_t state)
+{
+	return state == HALITE_MB_UNTOUCHED ? "never-touched" : mb_state_name(state);
 }
 
 const char *mb_state_name(uint32_t state)

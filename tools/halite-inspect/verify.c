@@ -21,20 +21,25 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "endian_util.h"
 #include "inspect.h"
 #include "pool.h"
 
 void help_verify(FILE *f)
 {
-	fprintf(f, "Usage: " PROG " verify [--json] [-j N] FILE\n\n"
+	fprintf(f, "Usage: " PROG " verify [--json] [-j N] [--progress[=MODE]] FILE\n\n"
 		   "Check the header, footer, directory and every section's checksum, read\n"
 		   "every locality block and check its checksum and zero slack, and decode\n"
 		   "every stored memory block. Each problem is named on stderr; the walk\n"
-		   "continues past failures.\n\n"
-		   "  -j, --jobs N  threads (default: online CPUs)\n"
-		   "  --json        one JSON object on stdout\n"
-		   "  -h, --help    this text\n\n"
+		   "continues past failures. The verdict (OK: ... or BAD: ...) is on stdout.\n\n"
+		   "  -j, --jobs N        threads, 1 to 256 (default: online CPUs)\n"
+		   "  --progress[=MODE]   progress on stderr about every 0.5 s: text (a line,\n"
+		   "                      the default on a terminal without --json), json\n"
+		   "                      (one object a line), none\n"
+		   "  --json              one JSON object on stdout\n"
+		   "  -h, --help          this text\n"
+		   "  --version           the program's and the file format's version\n\n"
 		   "Exit status: 0 intact, 1 problems found, 2 usage or I/O error.\n");
 }
 
@@ -111,7 +116,7 @@ struct verify {
 	struct halite_reader *r;
 	const char *path;
 	bool json;
-	bool progress;
+	struct progress progress;
 	cJSON *problems;
 	uint64_t sec_bad, lb_bad, mb_bad, mb_ok;
 	bool io_error;
@@ -119,8 +124,8 @@ struct verify {
 
 static void problem(struct verify *v, cJSON *obj, const char *what, const char *msg)
 {
-	/* Do not leave the message glued to the end of the progress line. */
-	if (v->progress)
+	/* Do not leave the message glued to the end of a progress line. */
+	if (v->progress.mode == HALITE_PROGRESS_TEXT && v->progress.tty)
 		fputs("\r\033[K", stderr);
 	errorf("%s: %s", v->path, msg);
 	if (obj) {
@@ -137,12 +142,13 @@ static void problem(struct verify *v, cJSON *obj, const char *what, const char *
 static void check_index(struct verify *v)
 {
 	int ret = halite_reader_verify_index(v->r);
-	char msg[300];
+	char msg[300], d[256];
 	cJSON *o;
 
 	if (!ret)
 		return;
-	snprintf(msg, sizeof(msg), "index: %s", halite_reader_errmsg(v->r));
+	snprintf(msg, sizeof(msg), "index: %s",
+		 error_text(v->path, ret, halite_reader_errmsg(v->r), d, sizeof(d)));
 	if (exit_code_for(ret) == EXIT_BAD)
 		v->sec_bad++;
 	else
@@ -264,7 +270,7 @@ static int check_lbs(struct verify *v, unsigned jobs)
 	struct halite_pool *pool = NULL;
 	struct lb_job *batch;
 	uint64_t nbatch, done = 0;
-	int last_pct = -1, ret = 0;
+	int ret = 0;
 
 	/* Enough LBs per batch to keep every thread busy, bounded to ~64 MiB of buffers. */
 	nbatch = (uint64_t)jobs * 8;
@@ -303,17 +309,9 @@ static int check_lbs(struct verify *v, unsigned jobs)
 		for (uint64_t i = 0; i < n; i++)
 			report_lb(v, &batch[i]);
 		done += n;
-		if (v->progress) {
-			int p = (int)(100 * done / fi->lb_count);
-
-			if (p != last_pct) {
-				fprintf(stderr, "\rverifying %s: %3d%%", v->path, p);
-				last_pct = p;
-			}
-		}
+		progress_update(&v->progress, (int64_t)(done * fi->lb_size), false);
 	}
-	if (v->progress && last_pct >= 0)
-		fprintf(stderr, "\r\033[K");
+	progress_update(&v->progress, (int64_t)(done * fi->lb_size), true);
 out:
 	halite_pool_free(pool);
 	for (uint64_t i = 0; i < nbatch; i++) {
@@ -354,64 +352,70 @@ static void summary(const struct verify *v, char *line, size_t len)
 	snprintf(line + k, len - k, " failed");
 }
 
+static const char *const verify_keys[] = {
+	"file", "summary", "sections", "lbs", "mbs", "problems", NULL,
+};
+
 int cmd_verify(int argc, char **argv)
 {
 	static const struct option lo[] = {
-		{ "json", no_argument, NULL, OPT_JSON },
+		LONGOPTS_COMMON,
 		{ "jobs", required_argument, NULL, 'j' },
-		{ "help", no_argument, NULL, OPT_HELP },
+		{ "progress", optional_argument, NULL, OPT_PROGRESS },
 		{ NULL, 0, NULL, 0 },
 	};
 	struct verify v = { 0 };
 	const struct halite_file_info *fi;
 	unsigned jobs = default_jobs();
-	char errbuf[512], line[256];
+	char line[256];
 	cJSON *root = NULL, *o;
+	int progress = -1, exit;
 	bool bad;
 	long l;
 	int c, ret;
 
+	run_keys(verify_keys);
 	optind = 1;
 	while ((c = getopt_long(argc, argv, ":hj:", lo, NULL)) != -1) {
 		switch (c) {
 		case OPT_JSON:
-			v.json = true;
+			run_set_json();
 			break;
 		case 'j':
 			if (parse_int(optarg, 1, 256, &l) < 0)
-				return usage_error("verify", "--jobs: 1..256, not '%s'", optarg);
+				return usage_error("--jobs: 1 to 256, not '%s'", optarg);
 			jobs = (unsigned)l;
 			break;
+		case OPT_PROGRESS:
+			if (progress_parse(optarg, &progress))
+				return EXIT_USAGE;
+			break;
 		case OPT_HELP:
+			run_stdout_taken();
 			help_verify(stdout);
 			return EXIT_OK;
+		case OPT_VERSION:
+			return print_version();
 		default:
-			return bad_option("verify", c, argv);
+			return bad_option(c, argv);
 		}
 	}
+	v.json = run_json();
 	if (argc - optind != 1)
-		return usage_error("verify", "expected exactly one FILE");
+		return usage_hint("expected exactly one FILE");
 	v.path = argv[optind];
-	v.progress = !v.json && isatty(STDERR_FILENO);
+	cJSON_AddStringToObject(run_result(), "file", v.path);
+	/* As before --progress: a person at a terminal sees it, a script does not. */
+	if (progress < 0 && !v.json && isatty(STDERR_FILENO))
+		progress = HALITE_PROGRESS_TEXT;
 
-	ret = open_reader(&v.r, v.path, errbuf, sizeof(errbuf));
-	if (ret) {
-		/* A file that does not even open is the most important thing verify reports. */
-		if (ret == EXIT_BAD) {
-			if (v.json) {
-				root = cJSON_CreateObject();
-				cJSON_AddStringToObject(root, "file", v.path);
-				cJSON_AddBoolToObject(root, "ok", false);
-				cJSON_AddStringToObject(root, "error", strip_path(v.path, errbuf));
-				json_emit(root);
-			} else {
-				printf("BAD: %s does not open: %s\n", v.path,
-				       strip_path(v.path, errbuf));
-			}
-		}
+	/* A file that does not open is the whole verdict: one error, exit 1. */
+	ret = open_reader(&v.r, v.path);
+	if (ret)
 		return ret;
-	}
 	fi = halite_reader_info(v.r);
+	progress_begin(&v.progress, progress, "verify", v.path,
+		       (int64_t)(fi->lb_count * fi->lb_size));
 	if (v.json)
 		v.problems = cJSON_CreateArray();
 
@@ -426,11 +430,15 @@ int cmd_verify(int argc, char **argv)
 
 	bad = v.sec_bad || v.lb_bad || v.mb_bad;
 	summary(&v, line, sizeof(line));
+	/* Found damage is the answer even if some reads also failed. */
+	exit = bad ? EXIT_BAD : v.io_error ? EXIT_USAGE : EXIT_OK;
+	/* The problems are on stderr one by one; the error is their sum (or the first read's). */
+	if (bad)
+		run_set_error("%s: %s", v.path, strncmp(line, "BAD: ", 5) ? line : line + 5);
 
 	if (v.json) {
 		root = cJSON_CreateObject();
 		cJSON_AddStringToObject(root, "file", v.path);
-		cJSON_AddBoolToObject(root, "ok", !bad && !v.io_error);
 		cJSON_AddStringToObject(root, "summary", line);
 		o = cJSON_AddObjectToObject(root, "sections");
 		json_add_u64(o, "count", halite_reader_section_count(v.r));
@@ -443,16 +451,11 @@ int cmd_verify(int argc, char **argv)
 		json_add_u64(o, "verified", v.mb_ok);
 		json_add_u64(o, "bad", v.mb_bad);
 		cJSON_AddItemToObject(root, "problems", v.problems);
-		ret = json_emit(root);
+		ret = json_emit(root, exit);
 	} else {
 		puts(line);
-		ret = fflush(stdout) ? EXIT_USAGE : EXIT_OK;
+		ret = fflush(stdout) ? EXIT_USAGE : exit;
 	}
 	halite_reader_free(v.r);
-	/* Found damage is the answer even if some reads also failed. */
-	if (bad)
-		return EXIT_BAD;
-	if (v.io_error || ret)
-		return EXIT_USAGE;
-	return EXIT_OK;
+	return exit ? exit : ret;
 }
