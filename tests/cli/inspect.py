@@ -176,7 +176,8 @@ class Inspect(unittest.TestCase):
 
     def test_open_failures(self):
         cases = [
-            (self.missing, 2, f"{self.missing}: cannot open: No such file or directory"),
+            # Does not open: the command failed (1). Cannot be a snapshot: usage (2).
+            (self.missing, 1, f"{self.missing}: cannot open: No such file or directory"),
             (self.empty, 1, f"{self.empty}: not a Halite snapshot (empty file)"),
             (self.trunc, 1, f"{self.trunc}: incomplete: the save that wrote it did not "
              "finish, or the file was cut short (no valid footer); it cannot be restored"),
@@ -326,12 +327,18 @@ class Inspect(unittest.TestCase):
 
     def test_import_missing_and_dir(self):
         out = self.p("x.hlt")
-        self.fails(2, "import", [self.missing, "--region", "r", "-o", out],
+        self.fails(1, "import", [self.missing, "--region", "r", "-o", out],
                    f"{self.missing}: cannot open: No such file or directory")
         self.fails(2, "import", [self.d, "--region", "r", "-o", out],
                    f"{self.d}: not a regular file or block device (a directory)")
-        self.fails(2, "import", [self.img, "--region", "r", "-o", "/nonexistent/x.hlt"],
+        self.fails(1, "import", [self.img, "--region", "r", "-o", "/nonexistent/x.hlt"],
                    "/nonexistent/x.hlt: directory /nonexistent: No such file or directory")
+        # An output that cannot be one is a wrong argument: 2, nothing read or written.
+        self.fails(2, "import", [self.missing, "--region", "r", "-o", self.d],
+                   f"{self.d} is a directory")
+        self.fails(2, "extract", ["-o", self.d, self.good],
+                   f"{self.d}: not a regular file (a directory): give -o the image's file name")
+        self.fails(2, "restore", [self.good, self.d], f"{self.d}: not a regular file (a directory)")
         self.assertFalse(os.path.exists(out))
 
     # ---- 5: success objects, and verify's failing-LB report ----

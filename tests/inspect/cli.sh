@@ -45,7 +45,7 @@ expect 2 "$HI" import "$T/img" --region r -o "$T/bad.hlt" --meta novalue
 sum=$(cksum <"$T/img")
 expect 2 "$HI" import "$T/img" --region r -o "$T/img"	# would replace its own input
 eq "input kept" "$(cksum <"$T/img")" "$sum"
-expect 2 "$HI" import "$T/nonexistent.img" --region r -o "$T/bad.hlt"
+expect 1 "$HI" import "$T/nonexistent.img" --region r -o "$T/bad.hlt"	# does not open: failed
 [ -e "$T/bad.hlt" ] && fail "refused import left a file"
 
 # An image that is not a whole number of pages is named.

@@ -40,7 +40,7 @@ grep -qi "incomplete" "$T/err" || fail "not called incomplete"
 # Usage errors.
 expect 2 "$HI" extract "$T/good.hlt" --region ram
 expect 2 "$HI" extract --region ram -o "$T/x.img"
-expect 2 "$HI" extract "$T/nope.hlt" --region ram -o "$T/x.img"
+expect 1 "$HI" extract "$T/nope.hlt" --region ram -o "$T/x.img"
 expect 2 "$HI" extract "$T/good.hlt" --region ram -o "$T"	# a directory
 [ -e "$T/x.img" ] && fail "output written on a usage error"
 echo PASS

@@ -303,10 +303,11 @@ done
 expect 2 "$HI" restore --stream vcpu1 "$F" "$D"
 grep -qF "halite-inspect: restore: $F: no stream 'vcpu1'; the file has: vcpu0, " "$T/err" ||
 	fail "absent stream: $(cat "$T/err")"
-expect 2 "$HI" restore "$F" "$T/nonexistent.trace"
+expect 1 "$HI" restore "$F" "$T/nonexistent.trace"	# a file that does not open: failed, 1
 grep -qF "$T/nonexistent.trace: No such file or directory" "$T/err" || fail "missing trace"
-expect 2 "$HI" restore "$F" "$T"
-expect 2 "$HI" restore "$T/nonexistent.hlt" "$D"
+expect 2 "$HI" restore "$F" "$T"	# a directory: cannot be a trace
+grep -qF "halite-inspect: restore: $T: not a regular file (a directory)" "$T/err" || fail "trace dir"
+expect 1 "$HI" restore "$T/nonexistent.hlt" "$D"
 # A bad snapshot is the file's fault: 1, as for every command.
 head -c 8192 "$F" >"$T/cut.hlt"
 expect 1 "$HI" restore "$T/cut.hlt" "$D"

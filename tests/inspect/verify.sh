@@ -122,8 +122,8 @@ grep -q "index: .*mb-map chunk 0 (entries 0\.\..*checksum mismatch" "$T/err" ||
 	fail "mb-map chunk not named: $(cat "$T/err")"
 grep -q "section .*mb-map" "$T/err" || fail "mb-map section not named: $(cat "$T/err")"
 
-# Usage and I/O errors: exit 2.
-expect 2 "$HI" verify "$T/does-not-exist.hlt"
+# A file that does not open: the command failed, 1 (docs/cli.md). Usage: 2.
+expect 1 "$HI" verify "$T/does-not-exist.hlt"
 grep -q "^halite-inspect: verify: .*does-not-exist.hlt" "$T/err" || fail "missing file not named"
 expect 2 "$HI" verify --bogus "$T/good.hlt"
 grep -q "unknown option '--bogus'" "$T/err" || fail "bad option not named: $(cat "$T/err")"

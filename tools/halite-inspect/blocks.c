@@ -120,7 +120,7 @@ static int listing_end(struct halite_reader *r, const char *path, bool json,
 		table_print(t);
 		table_free(t);
 		if (!ret && fflush(stdout))
-			ret = EXIT_USAGE;
+			ret = EXIT_FAIL;
 	}
 	halite_reader_free(r);
 	return ret;

@@ -44,7 +44,7 @@ void help_extract(FILE *f)
 		   "                      never-touched blocks)\n"
 		   "  -h, --help          this text\n"
 		   "  --version           the program's and the file format's version\n\n"
-		   "Exit status: 0 ok, 1 FILE is bad, 2 usage or I/O error.\n");
+		   "Exit status: 0 ok, 1 FILE is bad or the extract failed, 2 usage.\n");
 }
 
 struct extract {
@@ -92,7 +92,7 @@ static int copy_blocks(struct extract *x)
 	mb_buf = malloc(fi->mb_size);
 	if (!need || !lb_buf || !mb_buf) {
 		errorf("out of memory");
-		ret = EXIT_USAGE;
+		ret = EXIT_FAIL;
 		goto out;
 	}
 	for (uint64_t m = first; m < end; m++) {
@@ -148,7 +148,7 @@ static int copy_blocks(struct extract *x)
 					(m - first) * fi->mb_size);
 			if (ret < 0) {
 				errorf("%s: writing: %s", x->out, strerror(-ret));
-				ret = EXIT_USAGE;
+				ret = EXIT_FAIL;
 				goto out;
 			}
 			x->stored++;
@@ -170,15 +170,9 @@ out:
  */
 static int create_temp(const char *out, char **tmp)
 {
-	struct stat st;
 	size_t n = strlen(out);
 	int fd;
 
-	if (stat(out, &st) == 0 && !S_ISREG(st.st_mode)) {
-		errorf("%s: not a regular file%s", out,
-		       S_ISDIR(st.st_mode) ? " (a directory): give -o the image's file name" : "");
-		return -1;
-	}
 	*tmp = malloc(n + sizeof(".tmp-XXXXXX"));
 	if (!*tmp) {
 		errorf("out of memory");
@@ -210,6 +204,7 @@ int cmd_extract(int argc, char **argv)
 		{ NULL, 0, NULL, 0 },
 	};
 	struct extract x = { .fd = -1 };
+	struct stat st;
 	const char *region = NULL;
 	char *tmp = NULL;
 	bool json = false;
@@ -255,6 +250,10 @@ int cmd_extract(int argc, char **argv)
 	ret = refuse_input_as_output(x.out, x.path, "the input");
 	if (ret)
 		return ret;
+	/* The image replaces what is at -o: a device or a directory cannot be replaced. */
+	if (stat(x.out, &st) == 0 && !S_ISREG(st.st_mode))
+		return usage_error("%s: not a regular file%s", x.out, S_ISDIR(st.st_mode) ?
+				   " (a directory): give -o the image's file name" : "");
 
 	ret = open_reader(&x.r, x.path);
 	if (ret)
@@ -280,12 +279,12 @@ int cmd_extract(int argc, char **argv)
 
 	x.fd = create_temp(x.out, &tmp);
 	if (x.fd < 0) {
-		ret = EXIT_USAGE;
+		ret = EXIT_FAIL;
 		goto out;
 	}
 	if (ftruncate(x.fd, (off_t)x.ri->length) < 0) {
 		errorf("%s: %s", x.out, strerror(errno));
-		ret = EXIT_USAGE;
+		ret = EXIT_FAIL;
 		goto out;
 	}
 	ret = copy_blocks(&x);
@@ -294,13 +293,13 @@ int cmd_extract(int argc, char **argv)
 	if (close(x.fd) < 0) {
 		x.fd = -1;
 		errorf("%s: %s", x.out, strerror(errno));
-		ret = EXIT_USAGE;
+		ret = EXIT_FAIL;
 		goto out;
 	}
 	x.fd = -1;
 	if (rename(tmp, x.out) < 0) {
 		errorf("%s: %s", x.out, strerror(errno));
-		ret = EXIT_USAGE;
+		ret = EXIT_FAIL;
 		goto out;
 	}
 	free(tmp);
@@ -320,8 +319,9 @@ int cmd_extract(int argc, char **argv)
 		json_add_u64(o, "untouched", x.untouched);
 		ret = json_emit(root, EXIT_OK);
 	} else {
-		notef("%s: region %s, %" PRIu64 " bytes (%" PRIu64 " stored, %" PRIu64 " zero, %" PRIu64
-		      " never-touched memory blocks; %" PRIu64 " locality blocks read)",
+		notef("%s: region %s, %" PRIu64 " bytes (%" PRIu64 " stored, %" PRIu64
+		      " zero, %" PRIu64 " never-touched memory blocks; %" PRIu64
+		      " locality blocks read)",
 		      x.out, x.ri->name, x.ri->length, x.stored, x.zero, x.untouched, x.lbs_read);
 	}
 out:

@@ -77,8 +77,9 @@ void help_import(FILE *f)
 		"Sizes take K, M and G suffixes (powers of 1024). Regions without @GPA\n"
 		"follow the previous one (the first starts at --gpa). Metadata\n"
 		"source=import, import.order and (random order) import.seed are recorded.\n\n"
-		"Exit status: 0 ok, 1 the import failed, 2 usage or I/O error (nothing is\n"
-		"written).\n",
+		"Exit status: 0 ok, 1 the import failed (an image that does not open or\n"
+		"read, the output not written), 2 usage: a bad option, an image that\n"
+		"cannot be a region, overlapping regions (nothing is written).\n",
 		llo, lhi, glo, ghi, zlo, zhi, HALITE_DEFAULT_MB_PAGES);
 }
 
@@ -228,6 +229,10 @@ static void capture_log(void *ctx, int level, const char *msg)
 		snprintf(im->log, sizeof(im->log), "%s", msg);
 }
 
+/*
+ * Opens @s's image and takes its length. 0, or the exit code having said
+ * why: EXIT_FAIL if it does not open, EXIT_USAGE if it cannot be a region.
+ */
 static int open_source(struct source *s, uint32_t page_size)
 {
 	struct stat st;
@@ -235,7 +240,7 @@ static int open_source(struct source *s, uint32_t page_size)
 	s->fd = open(s->path, O_RDONLY | O_CLOEXEC);
 	if (s->fd < 0 || fstat(s->fd, &st) < 0) {
 		errorf("%s: cannot open: %s", s->path, strerror(errno));
-		return -1;
+		return EXIT_FAIL;
 	}
 	if (S_ISREG(st.st_mode)) {
 		s->length = (uint64_t)st.st_size;
@@ -244,26 +249,22 @@ static int open_source(struct source *s, uint32_t page_size)
 
 		if (end < 0) {
 			errorf("%s: %s", s->path, strerror(errno));
-			return -1;
+			return EXIT_FAIL;
 		}
 		s->length = (uint64_t)end;
 	} else {
-		errorf("%s: not a regular file or block device%s", s->path,
-		       S_ISDIR(st.st_mode) ? " (a directory)" : "");
-		return -1;
+		return usage_error("%s: not a regular file or block device%s", s->path,
+				   S_ISDIR(st.st_mode) ? " (a directory)" : "");
 	}
-	if (s->length == 0) {
-		errorf("%s: empty image: a region has at least one page", s->path);
-		return -1;
-	}
+	if (s->length == 0)
+		return usage_error("%s: empty image: a region has at least one page", s->path);
 	if (s->length % page_size) {
 		uint64_t up = (s->length / page_size + 1) * page_size;
 
 		/* The user can act: say exactly how (zeros at the end, as a hole). */
-		errorf("%s: length %" PRIu64 " is not a multiple of the page size %u; pad it "
-		       "with zeros to %" PRIu64 " bytes: truncate -s %" PRIu64 " %s", s->path,
-		       s->length, page_size, up, up, s->path);
-		return -1;
+		return usage_error("%s: length %" PRIu64 " is not a multiple of the page size %u; "
+				   "pad it with zeros to %" PRIu64 " bytes: truncate -s %" PRIu64
+				   " %s", s->path, s->length, page_size, up, up, s->path);
 	}
 	return 0;
 }
@@ -633,7 +634,8 @@ static int parse_option(struct options *o, int c, char *arg, char **argv)
 	case O_LB_SIZE:
 		if (parse_size(arg, &v) < 0 || !halite_is_pow2(v) || v < HALITE_MIN_LB_SIZE ||
 		    v > HALITE_MAX_LB_SIZE)
-			return usage_error("--lb-size: a power of two from 4K to 4M, not '%s'", arg);
+			return usage_error("--lb-size: a power of two from 4K to 4M, not '%s'",
+					   arg);
 		o->lb_size = (uint32_t)v;
 		return 0;
 	case O_PAGE_SIZE:
@@ -787,7 +789,7 @@ static int parse_options(int argc, char **argv, struct options *o)
 	o->meta = calloc((size_t)argc, sizeof(*o->meta));
 	if (!o->src || !o->meta) {
 		errorf("out of memory");
-		return EXIT_USAGE;
+		return EXIT_FAIL;
 	}
 	optind = 1;
 	while ((c = getopt_long(argc, argv, ":hr:o:j:", lo, NULL)) != -1) {
@@ -861,6 +863,14 @@ static int set_meta(struct import *im)
 	return ret;
 }
 
+static int overlap_error(const struct source *a, const struct source *b)
+{
+	return usage_error("regions %s (0x%" PRIx64 "-0x%" PRIx64 ") and %s (0x%" PRIx64
+			   "-0x%" PRIx64 ") overlap in guest-physical memory: give each its own "
+			   "@GPA", a->name, a->gpa, a->gpa + a->length - 1, b->name, b->gpa,
+			   b->gpa + b->length - 1);
+}
+
 /*
  * Two regions at the same guest-physical addresses make no guest: refused
  * before the output is created, naming both ranges.
@@ -877,11 +887,7 @@ static int check_overlap(const struct options *o)
 			const struct source *b = &o->src[j];
 
 			if (a->gpa < b->gpa + b->length && b->gpa < a->gpa + a->length)
-				return usage_error("regions %s (0x%" PRIx64 "-0x%" PRIx64 ") and %s "
-						   "(0x%" PRIx64 "-0x%" PRIx64 ") overlap in "
-						   "guest-physical memory: give each its own @GPA",
-						   b->name, b->gpa, b->gpa + b->length - 1, a->name,
-						   a->gpa, a->gpa + a->length - 1);
+				return overlap_error(b, a);
 		}
 	}
 	return 0;
@@ -897,18 +903,28 @@ static int run(struct options *o)
 	uint32_t page_size = o->page_size ? o->page_size : HALITE_DEFAULT_PAGE_SIZE;
 	uint32_t stream;
 	char b1[32], b2[32];
-	int ret = EXIT_USAGE;
+	int ret;
 
-	if (check_not_input(o))
+	ret = check_not_input(o);
+	if (ret)
 		goto out;
-	/* Where it goes, before reading what: a typo in -o costs no image scan. */
-	if (halite_writer_check_path(o->out, im.log, sizeof(im.log)) < 0) {
+	/*
+	 * Where it goes, before reading what: a typo in -o costs no image scan.
+	 * A directory or a device there is a wrong argument; a missing
+	 * directory or a read-only one, a failure as for any file.
+	 */
+	ret = halite_writer_check_path(o->out, im.log, sizeof(im.log));
+	if (ret < 0) {
 		errorf("%s", im.log);
+		ret = ret == -EISDIR || ret == -EINVAL ? EXIT_USAGE : EXIT_FAIL;
 		goto out;
 	}
-	for (uint32_t i = 0; i < o->nsrc; i++)
-		if (open_source(&o->src[i], page_size) < 0)
+	for (uint32_t i = 0; i < o->nsrc; i++) {
+		ret = open_source(&o->src[i], page_size);
+		if (ret)
 			goto out;
+	}
+	ret = EXIT_FAIL;
 
 	regions = calloc(o->nsrc, sizeof(*regions));
 	if (!regions)
@@ -920,8 +936,10 @@ static int run(struct options *o)
 		regions[i] = (struct halite_region){ o->src[i].name, gpa, o->src[i].length };
 		gpa += o->src[i].length;
 	}
-	if (check_overlap(o))
+	if (check_overlap(o)) {
+		ret = EXIT_USAGE;
 		goto out;
+	}
 
 	wo.page_size = o->page_size;
 	wo.mb_pages = o->mb_pages;
@@ -935,10 +953,10 @@ static int run(struct options *o)
 	ret = halite_writer_create(&im.w, o->out, regions, o->nsrc, &wo);
 	if (ret < 0) {
 		report_error(o->out, NULL, ret, im.log);
-		ret = EXIT_USAGE;
+		ret = EXIT_FAIL;
 		goto out;
 	}
-	ret = EXIT_USAGE;
+	ret = EXIT_FAIL;
 	im.mb_size = halite_writer_mb_size(im.w);
 	im.mb_count = halite_writer_mb_count(im.w);
 	for (uint64_t i = 0, first = 0; i < o->nsrc; i++) {
@@ -975,13 +993,13 @@ static int run(struct options *o)
 	ret = pump(&im, list, n, stream);
 	progress_update(&im.progress, ret < 0 ? -1 : (int64_t)(n * im.mb_size), true);
 	if (ret < 0) {
-		ret = EXIT_USAGE;
+		ret = EXIT_FAIL;
 		goto out;
 	}
 	ret = halite_writer_finish(im.w);
 	if (ret < 0) {
 		report_error(o->out, NULL, ret, halite_writer_errmsg(im.w));
-		ret = EXIT_USAGE;
+		ret = EXIT_FAIL;
 		goto out;
 	}
 	halite_writer_free(im.w, true);
@@ -1021,7 +1039,7 @@ static int run(struct options *o)
 	goto out;
 oom:
 	errorf("out of memory");
-	ret = EXIT_USAGE;
+	ret = EXIT_FAIL;
 out:
 	/* Without finish the writer leaves no footer; remove the incomplete file. */
 	halite_writer_free(im.w, true);

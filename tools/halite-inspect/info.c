@@ -22,7 +22,8 @@ void help_info(FILE *f)
 		   "                never-touched count is mbs.untouched)\n"
 		   "  -h, --help    this text\n"
 		   "  --version     the program's and the file format's version\n\n"
-		   "Exit status: 0 ok, 1 FILE is not a valid snapshot, 2 usage or I/O error.\n");
+		   "Exit status: 0 ok, 1 FILE is not a valid snapshot or does not open,\n"
+		   "2 usage.\n");
 }
 
 struct stream_stat {
@@ -476,7 +477,8 @@ static void info_text(struct halite_reader *r, const char *path,
 	}
 
 	printf("\nMemory blocks:      %" PRIu64 "\n", fi->mb_count);
-	printf("  stored         %12" PRIu64 "  %5.1f%%  (compressed %" PRIu64 ", %.1f%% of stored)\n",
+	printf("  stored         %12" PRIu64 "  %5.1f%%  (compressed %" PRIu64
+	       ", %.1f%% of stored)\n",
 	       fi->mb_stored, pct(fi->mb_stored, fi->mb_count), fi->mb_compressed,
 	       pct(fi->mb_compressed, fi->mb_stored));
 	printf("  zero           %12" PRIu64 "  %5.1f%%\n", fi->mb_zero,
@@ -650,7 +652,7 @@ int cmd_info(int argc, char **argv)
 		ret = json_emit(info_json(r, argv[optind], fi, &t), EXIT_OK);
 	} else {
 		info_text(r, argv[optind], fi, &t);
-		ret = fflush(stdout) ? EXIT_USAGE : EXIT_OK;
+		ret = fflush(stdout) ? EXIT_FAIL : EXIT_OK;
 	}
 	free(t.streams.v);
 	halite_reader_free(r);

@@ -3,10 +3,12 @@
  * halite-inspect: shared declarations of the subcommands and their helpers.
  *
  * Exit codes are part of the interface (scripts test them): 0 all good,
- * 1 the file is bad (corrupt, incomplete, a checksum or decode failure),
- * 2 usage or I/O error. The conventions are docs/cli.md's: one sentence per
- * error on stderr, "halite-inspect: COMMAND: ..."; stdout carries only the
- * result (a table, or with --json one JSON object, on failure too).
+ * 1 the file is bad (corrupt, incomplete, a checksum or decode failure) or
+ * the operation failed (a file that does not open, I/O), 2 usage: a bad
+ * option or argument, refused before anything is written. The conventions
+ * are docs/cli.md's: one sentence per error on stderr, "halite-inspect:
+ * COMMAND: ..."; stdout carries only the result (a table, or with --json one
+ * JSON object, on failure too).
  */
 #ifndef HALITE_INSPECT_H
 #define HALITE_INSPECT_H
@@ -25,8 +27,9 @@
 
 enum {
 	EXIT_OK = 0,
-	EXIT_BAD = 1,
-	EXIT_USAGE = 2,
+	EXIT_BAD = 1,		/* the file is bad */
+	EXIT_FAIL = 1,		/* the operation failed: I/O, memory, a missing file */
+	EXIT_USAGE = 2,		/* a bad option or argument, nothing done */
 };
 
 struct command {
@@ -110,8 +113,9 @@ int bad_option(int c, char **argv);
 int print_version(void);
 
 /*
- * Exit code for a failed Halite call: Halite's own codes describe the file
- * (EXIT_BAD), errno values describe the system or the caller (EXIT_USAGE).
+ * Exit code for a failed Halite call: EXIT_USAGE where the caller asked for
+ * what is not there (a region) or named what cannot be a snapshot (-EINVAL:
+ * not a regular file); else EXIT_BAD or EXIT_FAIL, both 1.
  */
 int exit_code_for(int err);
 

@@ -36,11 +36,12 @@ static void usage(FILE *f)
 	fprintf(f, "Usage: " PROG " [--version] [--help] COMMAND [ARGS...]\n\nCommands:\n");
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
 		fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].summary);
-	fprintf(f, "\nEvery command takes --help and --version, and all but help take --json:\n"
-		   "one JSON object on stdout, on failure too ({\"ok\": false, \"error\": ...,\n"
-		   "\"exit\": N}). verify, import and extract take --progress[=text|json|none].\n"
-		   "Errors are one line on stderr: \"" PROG ": COMMAND: ...\".\n\n"
-		   "Exit status: 0 ok, 1 the file is bad, 2 usage or I/O error.\n");
+	fprintf(f, "\nEvery command takes --help and --version; all but help take --json:\n"
+		   "one JSON object on stdout, on failure too, with ok, error and exit.\n"
+		   "verify, import and extract take --progress[=text|json|none].\n"
+		   "An error is one line on stderr: " PROG ": COMMAND: MESSAGE.\n\n"
+		   "Exit status: 0 ok, 1 the file is bad or the command failed, 2 usage: a bad\n"
+		   "option or argument, refused before anything is written.\n");
 }
 
 static const struct command *find_command(const char *name)

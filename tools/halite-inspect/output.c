@@ -25,7 +25,7 @@ static void *xrealloc(void *p, size_t n)
 	p = realloc(p, n);
 	if (!p) {
 		errorf("out of memory");
-		exit(EXIT_USAGE);
+		exit(EXIT_FAIL);
 	}
 	return p;
 }
@@ -156,7 +156,7 @@ static int flush_stdout(void)
 {
 	if (fflush(stdout) || ferror(stdout)) {
 		errorf("writing to stdout: %s", strerror(errno));
-		return EXIT_USAGE;
+		return EXIT_FAIL;
 	}
 	return EXIT_OK;
 }
@@ -180,7 +180,7 @@ int json_emit(cJSON *root, int exit)
 	run_stdout_taken();
 	if (!s) {
 		errorf("out of memory");
-		return EXIT_USAGE;
+		return EXIT_FAIL;
 	}
 	puts(s);
 	cJSON_free(s);
@@ -197,7 +197,7 @@ void json_stream_begin(struct json_stream *js, cJSON *head, const char *array_ke
 	cJSON_Delete(head);
 	if (!s) {
 		errorf("out of memory");
-		exit(EXIT_USAGE);
+		exit(EXIT_FAIL);
 	}
 	run_stdout_taken();
 	/* Reopen the object: drop its closing brace, then open the array. */
@@ -223,7 +223,7 @@ void json_stream_item(struct json_stream *js, cJSON *item)
 	cJSON_Delete(item);
 	if (!s) {
 		errorf("out of memory");
-		exit(EXIT_USAGE);
+		exit(EXIT_FAIL);
 	}
 	if (!js->first)
 		fputs(",\n", stdout);
@@ -244,7 +244,7 @@ int json_stream_end(struct json_stream *js, int exit)
 	cJSON_Delete(tail);
 	if (!s) {
 		errorf("out of memory");
-		return EXIT_USAGE;
+		return EXIT_FAIL;
 	}
 	printf("\n],%s\n", s + 1);
 	cJSON_free(s);

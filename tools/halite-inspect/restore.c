@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "inspect.h"
 #include "trace.h"
@@ -46,7 +47,8 @@ void help_restore(FILE *f)
 		"  --json           one JSON object on stdout\n"
 		"  -h, --help       this text\n"
 		"  --version        the program's and the file format's version\n\n"
-		"JSON keys: ok (and on failure error, exit), file, trace, uuid, lb_count and mb_count (of FILE);\n"
+		"JSON keys: ok (and on failure error and exit), file, trace, uuid,\n"
+		"  lb_count and mb_count (of FILE);\n"
 		"  stats: every statistic of the trace by its name (ready_ns, duration_ns,\n"
 		"    mb_total, mb_fault, mb_pool, mb_prefetch, mb_zero, faults,\n"
 		"    faults_cached, faults_zero, faults_vcpu, lb_total, lb_demand,\n"
@@ -59,8 +61,8 @@ void help_restore(FILE *f)
 		"  with --blocks, stream (with --stream) and lbs[]: lb, stream, stream_id,\n"
 		"    seq, fate, t_ns, fault_mb, staged, accessed (null where they do not\n"
 		"    apply: fault_mb unless demand, all four when never).\n\n"
-		"Exit status: 0 ok, 1 FILE or TRACE is bad or they do not match, 2 usage\n"
-		"or I/O error.\n");
+		"Exit status: 0 ok, 1 FILE or TRACE is bad, does not open or they do not\n"
+		"match, 2 usage.\n");
 }
 
 /* ---- streams ---- */
@@ -479,7 +481,7 @@ static int list_blocks(const struct opts *o, struct trace *t, cJSON *head)
 	} else {
 		table_print(w.tb);
 		table_free(w.tb);
-		e = fflush(stdout) ? EXIT_USAGE : EXIT_OK;
+		e = fflush(stdout) ? EXIT_FAIL : EXIT_OK;
 	}
 	return ret ? ret : e;
 }
@@ -545,6 +547,7 @@ int cmd_restore(int argc, char **argv)
 	struct streams s = { 0 };
 	struct halite_reader *r = NULL;
 	struct counting cnt = { &t, &s };
+	struct stat st;
 	cJSON *head;
 	int ret;
 
@@ -573,10 +576,16 @@ int cmd_restore(int argc, char **argv)
 				  s.n ? list : "none");
 		goto out;
 	}
+	/* As FILE: a TRACE that is there but cannot be one is a wrong argument. */
+	if (stat(o.trace, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode)) {
+		ret = usage_error("%s: not a regular file%s", o.trace,
+				  S_ISDIR(st.st_mode) ? " (a directory)" : "");
+		goto out;
+	}
 	t.f = fopen(o.trace, "r");
 	if (!t.f) {
 		errorf("%s: %s", o.trace, strerror(errno));
-		ret = EXIT_USAGE;
+		ret = EXIT_FAIL;
 		goto out;
 	}
 	t.path = o.trace;
@@ -597,7 +606,7 @@ int cmd_restore(int argc, char **argv)
 		if (o.blocks)
 			ret = list_blocks(&o, &t, NULL);
 		else
-			ret = fflush(stdout) ? EXIT_USAGE : EXIT_OK;
+			ret = fflush(stdout) ? EXIT_FAIL : EXIT_OK;
 	}
 out:
 	if (t.f)

@@ -107,7 +107,7 @@ static int next_line(struct trace *t, bool *eof)
 						 t->path, strerror(errno));
 				else
 					errorf("%s: reading: %s", t->path, strerror(errno));
-				return EXIT_USAGE;
+				return EXIT_FAIL;
 			}
 			if (t->len == 0) {
 				*eof = true;

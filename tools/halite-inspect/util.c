@@ -209,10 +209,10 @@ int exit_code_for(int err)
 {
 	int e = err < 0 ? -err : err;
 
-	/* Not a property of the file: the caller asked for something absent or impossible. */
-	if (e == HALITE_E_NOT_FOUND || e == HALITE_E_STATE || e == HALITE_E_UNSUPPORTED)
+	/* Not a property of the file nor a failure: the argument itself is wrong. */
+	if (e == HALITE_E_NOT_FOUND || e == EINVAL)
 		return EXIT_USAGE;
-	return e >= HALITE_E_BASE && e < HALITE_E_MAX ? EXIT_BAD : EXIT_USAGE;
+	return e >= HALITE_E_BASE && e < HALITE_E_MAX ? EXIT_BAD : EXIT_FAIL;
 }
 
 const char *strip_path(const char *path, const char *detail)
@@ -406,7 +406,8 @@ void progress_update(struct progress *p, int64_t bytes, bool done)
 		return;
 	}
 	if (bytes < 0) {
-		fprintf(stderr, "%s" PROG ": %s: %s: stopped\n", p->tty ? "\r" : "", p->op, p->path);
+		fprintf(stderr, "%s" PROG ": %s: %s: stopped\n", p->tty ? "\r" : "", p->op,
+			p->path);
 		return;
 	}
 	human_bytes((uint64_t)bytes, b1, sizeof(b1));

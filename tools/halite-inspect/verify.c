@@ -40,7 +40,8 @@ void help_verify(FILE *f)
 		   "  --json              one JSON object on stdout\n"
 		   "  -h, --help          this text\n"
 		   "  --version           the program's and the file format's version\n\n"
-		   "Exit status: 0 intact, 1 problems found, 2 usage or I/O error.\n");
+		   "Exit status: 0 intact, 1 problems found or the file could not be read\n"
+		   "(the JSON's problems and error say which), 2 usage.\n");
 }
 
 struct mb_fail {
@@ -425,13 +426,13 @@ int cmd_verify(int argc, char **argv)
 		errorf("%s: %s", v.path, halite_strerror(ret));
 		cJSON_Delete(v.problems);
 		halite_reader_free(v.r);
-		return EXIT_USAGE;
+		return EXIT_FAIL;
 	}
 
 	bad = v.sec_bad || v.lb_bad || v.mb_bad;
 	summary(&v, line, sizeof(line));
 	/* Found damage is the answer even if some reads also failed. */
-	exit = bad ? EXIT_BAD : v.io_error ? EXIT_USAGE : EXIT_OK;
+	exit = bad ? EXIT_BAD : v.io_error ? EXIT_FAIL : EXIT_OK;
 	/* The problems are on stderr one by one; the error is their sum (or the first read's). */
 	if (bad)
 		run_set_error("%s: %s", v.path, strncmp(line, "BAD: ", 5) ? line : line + 5);
@@ -454,7 +455,7 @@ int cmd_verify(int argc, char **argv)
 		ret = json_emit(root, exit);
 	} else {
 		puts(line);
-		ret = fflush(stdout) ? EXIT_USAGE : exit;
+		ret = fflush(stdout) ? EXIT_FAIL : exit;
 	}
 	halite_reader_free(v.r);
 	return exit ? exit : ret;
