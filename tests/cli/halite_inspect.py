@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
-"""halite-inspect against docs/cli.md, from outside (issue 16).
+"""halite-inspect against docs/cli.md, from outside (issue 16): test cli_inspect.
+
+Not named inspect.py: that would be the standard library's inspect for
+every script in this directory (unittest imports it).
 
 Each check runs the real binary and asserts its exit code, the exact error
 sentence ("halite-inspect: COMMAND: ...", one line on stderr), and with
@@ -12,19 +15,13 @@ report).
 
 Exit 0 pass, 1 fail, 77 skip.
 """
+import json
 import os
+import shutil
+import subprocess
 import sys
-
-# This file's name is the standard library's "inspect", which unittest
-# imports: drop this directory from the path first.
-sys.path = [p for p in sys.path
-            if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
-
-import json  # noqa: E402
-import shutil  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import unittest  # noqa: E402
+import tempfile
+import unittest
 
 HI = os.environ.get("HALITE_INSPECT_BIN")
 PROG = "halite-inspect"
@@ -277,7 +274,8 @@ class Inspect(unittest.TestCase):
                 self.assertFalse(os.path.exists(out))
         # The edges are accepted.
         for extra in (["--codec", "zstd", "--level", "22"], ["--codec", "zstd", "--level", "-5"],
-                      ["--codec", "zlib", "--level", "9"], ["--lb-size", "4M", "--mb-pages", "1024"],
+                      ["--codec", "zlib", "--level", "9"],
+                      ["--lb-size", "4M", "--mb-pages", "1024"],
                       ["--page-size", "8K", "--mb-pages", "8"]):
             with self.subTest(extra=extra):
                 self.succeeds_json("import", "--json", "--no-sync", self.img, "--region", "r",
@@ -373,7 +371,8 @@ class Inspect(unittest.TestCase):
                          ("lb", 0, "locality block checksum mismatch"))
         self.assertTrue(err.startswith(f"{PROG}: verify: {bad}: LB 0 "), err)
         rc, out, _ = run("verify", bad)
-        self.assertEqual((rc, out), (1, f"BAD: 1 of {info['lbs']['count']} locality blocks failed\n"))
+        self.assertEqual((rc, out),
+                         (1, f"BAD: 1 of {info['lbs']['count']} locality blocks failed\n"))
 
     # ---- 7: --progress ----
 
