@@ -924,8 +924,11 @@ def case_errors(work):
     g.boot().wait_ready()
     p, _ = run([hg.halite_qemu(), "save", "--qmp", g.qmp_path, "-q",
                 os.path.join(work, "x.hlt")])
+    # The fix to paste, with the guest's real size (512 MiB).
     check(p.returncode == 1 and "private mapping of the file" in p.stderr
-          and "share=on" in p.stderr,
+          and "size=512M,mem-path=...,share=on" in p.stderr
+          and "memory-backend-ram,id=mem0,size=512M" in p.stderr
+          and len(p.stderr.strip().splitlines()) == 1,
           f"a private file mapping refused: {p.stderr.strip().splitlines()[-1]}")
     check(not os.path.exists(os.path.join(work, "x.hlt")), "no file left behind")
     q = g.qmp()
