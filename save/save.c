@@ -1519,6 +1519,9 @@ static int finish_file(struct halite_save *s)
 		ret = halite_writer_set_stat(s->w, "duration_ns", halite_now_ns() - s->arm_start_ns);
 	if (!ret)
 		ret = halite_writer_finish(s->w);
+	/* The file is named once: most of the writer's sentences name it ("PATH: writing ..."). */
+	if (ret && strstr(halite_writer_errmsg(s->w), s->path))
+		return sfail(s, ret, "%s", halite_writer_errmsg(s->w));
 	if (ret)
 		return sfail(s, ret, "finishing %s: %s", s->path, halite_writer_errmsg(s->w));
 	{
@@ -1792,7 +1795,8 @@ HALITE_EXPORT int halite_save_create(struct halite_save **sp, const char *path,
 	wo.mb_pages = s->o.mb_pages;
 	wo.lb_size = s->o.lb_size;
 	wo.vcpu_count = s->o.nvcpus;
-	wo.flags = (s->o.flags & HALITE_SAVE_NO_SYNC) ? HALITE_WRITER_NO_SYNC : 0;
+	wo.flags = ((s->o.flags & HALITE_SAVE_NO_SYNC) ? HALITE_WRITER_NO_SYNC : 0) |
+		   ((s->o.flags & HALITE_SAVE_DIRECT) ? HALITE_WRITER_DIRECT : 0);
 	wo.log = s->o.log;
 	wo.log_ctx = s->o.log_ctx;
 	wo.log_level = s->o.log_level;

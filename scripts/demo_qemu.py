@@ -138,7 +138,7 @@ def main():
                   f"{rest['lb_prefetch']} prefetched LBs")
             va = rest["vm_access_pct"]
             print(f"  VM access        {va:.1f}% of the other blocks of demand-read LBs were used"
-                  if va >= 0 else "  VM access        not measured")
+                  if va is not None and va >= 0 else "  VM access        not measured")
             print(f"  disk             {os.path.basename(frozen['image'])} frozen at the snapshot; the "
                   f"restore runs on {os.path.basename(overlay or '(none)')}")
             print(f"  guest check      digest {d2} {'equals' if d2 == digest else 'DIFFERS from'} "

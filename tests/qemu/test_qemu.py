@@ -3,7 +3,7 @@
 
   test_qemu.py CASE      CASE: cli, save-restore, exact, kill, errors, 4g, backends,
                                runstate, discard, attach, private, disks,
-                               network, recorded, libvirt, video
+                               network, recorded, libvirt, video, enospc, bypass
 
 Each case boots its own guest (scripts/make-guest.sh built it: Debian's
 kernel, busybox initramfs, the memory verifier, httpd; 2 vCPUs, TCG,
@@ -56,6 +56,14 @@ outside:
   byte for byte before the guest runs, and the guest reads it; the memory
   digest survives; -vga none or other video memory is refused; a -vga none
   VM's file (no video memory) restores as before.
+- enospc: a save onto a file system that fills up (a 2 MiB tmpfs): exit 1,
+  one sentence on stderr naming the file once (and the same in --json's
+  "error"), no partial file, the guest running on with its memory digest
+  unchanged.
+- bypass: save and restore --bypass-cache: the file's pages stay out of the
+  page cache (fincore), where a save or restore without it leaves them in;
+  the success reports are one JSON object with "ok" true and every value
+  known; --progress=json lines on stderr, the last "done".
 
 - runstate: every way out of a save leaves the guest in the run state it
   had (query-status), its memory digest unchanged, whatever became of stop
@@ -924,8 +932,11 @@ def case_errors(work):
     g.boot().wait_ready()
     p, _ = run([hg.halite_qemu(), "save", "--qmp", g.qmp_path, "-q",
                 os.path.join(work, "x.hlt")])
+    # The fix to paste, with the guest's real size (512 MiB).
     check(p.returncode == 1 and "private mapping of the file" in p.stderr
-          and "share=on" in p.stderr,
+          and "size=512M,mem-path=...,share=on" in p.stderr
+          and "memory-backend-ram,id=mem0,size=512M" in p.stderr
+          and len(p.stderr.strip().splitlines()) == 1,
           f"a private file mapping refused: {p.stderr.strip().splitlines()[-1]}")
     check(not os.path.exists(os.path.join(work, "x.hlt")), "no file left behind")
     q = g.qmp()
@@ -1029,7 +1040,7 @@ def case_errors(work):
           f"LB {lb}, read by the device load, fails the restore: {msg}")
     check(not any(w in msg for w in ("query-migrate", "no answer", "given up", "within")),
           "the error is the engine's, not a QMP wait's")
-    check(rep["error"] == msg.split("restore: ", 1)[-1] and rep["devices_loaded_ms"] < 0,
+    check(rep["error"] == msg.split("restore: ", 1)[-1] and rep["devices_loaded_ms"] is None,
           "the JSON error is the same, and the devices never finished loading")
     check(dt < 3, f"halite-qemu returned {dt:.2f} s after it started (QMP timeout: 10 s)")
     dst.adopt(rep["qemu"]["pid"])
@@ -2218,6 +2229,137 @@ def case_video(work):
     dst.kill()
 
 
+def stderr_lines(p):
+    return [l for l in p.stderr.splitlines() if l.strip()]
+
+
+def case_enospc(work):
+    """A save onto a file system that fills up: exit 1, the error said once, in
+    one sentence naming the file once; the guest runs on with its memory as it
+    was and the run state it had; no partial file left."""
+    small = os.path.join(work, "small")
+    os.mkdir(small)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", small], check=True)
+    try:
+        src = hg.Guest(work, "source").boot().wait_ready()
+        src.rewrites(False)
+        d0, _, _ = src.digest()
+        path = os.path.join(small, "full.hlt")
+        for extra in ((), ("--json",)):
+            p, _ = run([hg.halite_qemu(), "save", "--qmp", src.qmp_path, "-q", *extra, path])
+            lines = stderr_lines(p)
+            msg = lines[0] if lines else ""
+            check(p.returncode == 1 and len(lines) == 1 and
+                  msg.startswith("halite-qemu: save: ") and
+                  "No space left on device" in msg and msg.count(path) == 1 and
+                  "save: save:" not in msg,
+                  f"exit {p.returncode}, one sentence on stderr, the path once: {lines}")
+            if extra:
+                rep = json.loads(p.stdout)
+                check(rep["ok"] is False and rep["exit"] == 1 and
+                      rep["error"] == msg[len("halite-qemu: save: "):] and
+                      rep["qemu"]["pid"] == src.pid and rep["run_state"] == "running" and
+                      rep["file_bytes"] is None and rep["qemu_error"] is None,
+                      "--json: one object, the same sentence, what was learnt, null for "
+                      "the file")
+            else:
+                check(p.stdout == "", "nothing on stdout")
+            check(os.listdir(small) == [], f"no partial file left ({os.listdir(small)})")
+            check(run_state(src) == "running", "the guest is running")
+            src.wait_console(r"^verifier: pass \d+ ok", 30, after=len(src.console_text()))
+            d1, _, ok = src.digest()
+            check(ok and d1 == d0, f"its memory is as it was (digest {d1})")
+        src.kill()
+    finally:
+        subprocess.run(["umount", "-l", small])
+
+
+def resident_bytes(path):
+    """How much of @path is in the page cache (fincore, util-linux)."""
+    p, _ = run(["fincore", "--bytes", "--noheadings", "--raw", "--output", "RES", path],
+               check_rc=0)
+    return int(p.stdout.split()[0])
+
+
+def progress_lines(p, op):
+    """--progress=json: every stderr line one progress object of @op, the last done."""
+    lines = stderr_lines(p)
+    objs = [json.loads(l) for l in lines]
+    check(objs and all(o["type"] == "progress" and o["op"] == op for o in objs) and
+          objs[-1]["done"] is True and all(not o["done"] for o in objs[:-1]),
+          f"{op}: {len(objs)} progress lines on stderr, each JSON, the last done")
+    last = objs[-1]
+    check(last["bytes"] == last["total_bytes"] > 0 and last["percent"] == 100.0 and
+          last["faults"] is not None,
+          f"{op}: the last says {last['percent']}% of {last['total_bytes']} bytes, "
+          f"{last['faults']} faults")
+    pct = [o["percent"] for o in objs]
+    check(pct == sorted(pct), f"{op}: the percentage never goes back")
+
+
+def case_bypass(work):
+    """--bypass-cache: the save writes its locality blocks with O_DIRECT and the
+    restore reads them so (the file's pages stay out of the page cache, where a
+    save without it leaves them in); the success reports: one JSON object, "ok"
+    true, every key known; --progress=json lines on stderr."""
+    src = hg.Guest(work, "source").boot().wait_ready()
+    plain, direct = os.path.join(work, "plain.hlt"), os.path.join(work, "direct.hlt")
+    rep = save(src, plain)
+    size = os.path.getsize(plain)
+    cached = resident_bytes(plain)
+    check(rep["bypass_cache"] is False and cached > size * 0.9,
+          f"without --bypass-cache {cached >> 20} of {size >> 20} MiB are in the page cache")
+    p, _ = run([hg.halite_qemu(), "save", "--qmp", src.qmp_path, "--json", "--bypass-cache",
+                "--progress=json", direct], check_rc=0)
+    rep = json.loads(p.stdout)
+    size = os.path.getsize(direct)
+    cached = resident_bytes(direct)
+    check(rep["bypass_cache"] is True and cached < size * 0.1,
+          f"with --bypass-cache {cached >> 10} KiB of {size >> 20} MiB are in the page cache "
+          "(the sections after the blocks)")
+    unknown = [k for k, v in rep.items() if v is None and k not in (
+        "error", "qemu_error", "libvirt_domain", "device_ram_skipped")]
+    check(rep["ok"] is True and rep["error"] is None and "exit" not in rep and
+          rep["qemu_error"] is None and not unknown and
+          rep["qemu"]["pid"] == src.pid and rep["qemu"]["version"] and
+          rep["qemu"]["machine"] and rep["qemu"]["vcpus"] == 2 and
+          rep["run_state"] == "running" and rep["file_bytes"] == size,
+          f"save: one object, ok, every value known ({unknown or 'none null'})")
+    progress_lines(p, "save")
+    src.kill()
+    # The restore reads with O_DIRECT: the file stays out of the cache.
+    with open(direct, "rb") as f:
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    before = resident_bytes(direct)
+    dst = hg.Guest(work, "restored")
+    p, _ = run(restore_cmd(direct, dst, "--detach", "--bypass-cache", "--progress=json"),
+               check_rc=0)
+    rep = json.loads(p.stdout)
+    dst.adopt(rep["qemu"]["pid"])
+    after = resident_bytes(direct)
+    check(rep["ok"] is True and rep["bypass_cache"] is True and
+          after - before < size * 0.1,
+          f"restore --bypass-cache: {after >> 10} KiB of {size >> 20} MiB in the page cache "
+          f"after it ({before >> 10} KiB before)")
+    unknown = [k for k, v in rep.items() if v is None and k not in (
+        "error", "qemu_error", "vm_access_pct")]
+    check("exit" not in rep and not unknown and rep["qemu"]["pid"] == dst.pid,
+          f"restore: one object, ok, every value known ({unknown or 'none null'})")
+    progress_lines(p, "restore")
+    dst.wait_console(r"^verifier: pass \d+ ok", 60, after=len(dst.console_text()))
+    check(True, "the restored guest's verifier passes")
+    dst.kill()
+    # Without it the restore's reads go through the cache: the check above can tell.
+    with open(direct, "rb") as f:
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    dst = hg.Guest(work, "cached")
+    restore(direct, dst)
+    cached = resident_bytes(direct)
+    check(cached > size * 0.5, f"a restore without it leaves {cached >> 20} MiB of "
+          f"{size >> 20} MiB in the page cache")
+    dst.kill()
+
+
 CASES = {
     "cli": case_cli,
     "4g": case_4g,
@@ -2235,6 +2377,8 @@ CASES = {
     "recorded": case_recorded,
     "libvirt": case_libvirt,
     "video": case_video,
+    "enospc": case_enospc,
+    "bypass": case_bypass,
 }
 
 

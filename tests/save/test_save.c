@@ -610,6 +610,13 @@ static void run_save(enum mode mode, int codec, bool background, int fail)
 				       fail == ECANCELED ? "cancelled"
 				       : fail == HALITE_E_INTERNAL ? "retired in claim state"
 				       : "locality block"));
+		if (fail == ENOSPC || fail == EIO || fail == EFBIG) {
+			const char *at = strstr(halite_save_errmsg(s), path);
+
+			/* One sentence that names the file once, however deep the failure. */
+			assert_non_null(at);
+			assert_null(strstr(at + 1, path));
+		}
 	} else {
 		assert_int_equal(ret, 0);
 		assert_true(st.done);
@@ -1000,6 +1007,33 @@ static void test_realtime_fault_thread_one_cpu(void **state)
 			"thread was run\n");
 }
 
+/*
+ * HALITE_SAVE_DIRECT: the locality blocks go through O_DIRECT and the file
+ * reads back the same; a flag bit beyond HALITE_SAVE_FLAGS_ALL is refused.
+ */
+static void test_direct(void **state)
+{
+	HALITE_OPTS(halite_save_opts, o);
+	struct halite_save_region reg = { .name = "r", .length = 1 << 20, .kind = HALITE_MEM_ANON };
+	struct halite_save *s = NULL;
+	char *path = tmp_path("flags.hlt");
+	void *mem = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	assert_true(mem != MAP_FAILED);
+	reg.host = (uintptr_t)mem;
+	o.flags = (HALITE_SAVE_FLAGS_ALL + 1) | HALITE_SAVE_NO_SYNC;
+	assert_int_equal(halite_save_create(&s, path, &reg, 1, &o), -EINVAL);
+	assert_null(s);
+	assert_int_equal(access(path, F_OK), -1);
+	munmap(mem, 1 << 20);
+	free(path);
+	for (enum mode m = ANON; m <= SHARED; m++) {
+		g_flags = HALITE_SAVE_DIRECT;
+		run_save(m, HALITE_CODEC_LZ4, true, 0);
+		g_flags = 0;
+	}
+}
+
 static void test_cancel_restores_guest(void **state)
 {
 	for (enum mode m = ANON; m <= EXTERNAL; m++)
@@ -1023,6 +1057,7 @@ int main(void)
 		cmocka_unit_test(test_copy_region),
 		cmocka_unit_test(test_hugetlbfs),
 		cmocka_unit_test(test_realtime_fault_thread_one_cpu),
+		cmocka_unit_test(test_direct),
 	};
 	int ret;
 

@@ -125,6 +125,8 @@ void hq_help_clone(FILE *f)
 		"  --dir DIR        the clone's files (default: SOCK's directory)\n"
 		"  --qmp PATH       the QMP socket this process gives QEMU (default DIR/halite-qmp.sock)\n"
 		"  --disk-dir DIR   the disks' overlays (default: --dir)\n"
+		"  -h, --help       this help\n"
+		"  --version        the version\n"
 		"QEMU is " QEMU_DEFAULT " unless the file records another ($HALITE_QEMU).\n");
 }
 
@@ -137,13 +139,16 @@ static int parse_args(int argc, char **argv, struct clone_params *p)
 		{ "qmp", required_argument, NULL, 'Q' },
 		{ "disk-dir", required_argument, NULL, 'K' },
 		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, HQ_OPT_VERSION },
 		{ 0 }
 	};
+	struct hq_out o;
 	int c;
 
 	*p = (struct clone_params){ 0 };
+	hq_out_init(&o, "clone", argc, argv);
 	optind = 1;
-	while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, ":h", lo, NULL)) != -1) {
 		switch (c) {
 		case 'm': p->mem_file = optarg; break;
 		case 'c': p->control = optarg; break;
@@ -154,11 +159,15 @@ static int parse_args(int argc, char **argv, struct clone_params *p)
 			hq_help_clone(stdout);
 			exit(EXIT_OK);
 		default:
+			/* getopt's own codes (':', '?') and --version: clone has no -j, -q, -v. */
+			if (hq_out_opt(c, &o, argc, argv) >= 0)
+				hq_usage(&o, "option '%s' is not handled", argv[optind - 1]);
+			hq_errorf("clone: %s", o.usage);
 			return -1;
 		}
 	}
 	if (optind != argc - 1 || !p->mem_file || !p->control) {
-		hq_errorf("clone: %s; see '" PROG " clone --help'",
+		hq_errorf("clone: %s (" PROG " clone --help)",
 			  optind >= argc ? "FILE missing" : optind < argc - 1 ? "one FILE only" :
 			  "--mem-file and --control are needed");
 		return -1;
@@ -892,7 +901,7 @@ int hq_cmd_clone(int argc, char **argv)
 	int ret, code = EXIT_OK, st;
 
 	if (!c) {
-		hq_errorf("out of memory");
+		hq_errorf("clone: out of memory");
 		return EXIT_FAIL;
 	}
 	if (parse_args(argc, argv, &c->p)) {

@@ -106,6 +106,9 @@ int hq_qemu_spawn(const struct hq_spawn *s, pid_t *pidp, char *err, size_t errle
 			redirect(STDOUT_FILENO, s->log, O_WRONLY | O_CREAT | O_APPEND,
 				 s->log_mode ? s->log_mode : 0644);
 			dup2(STDOUT_FILENO, STDERR_FILENO);
+		} else if (s->stdout_to_stderr) {
+			/* Our stdout is the JSON report's alone (docs/cli.md). */
+			dup2(STDERR_FILENO, STDOUT_FILENO);
 		}
 		/* A replayed command line's relative paths are relative to where it ran. */
 		if (!cfg->cwd || !chdir(cfg->cwd))
@@ -261,6 +264,8 @@ int hq_qemu_load_devices(struct hq_vm *vm, const char *dir, const uint8_t *dev, 
 		}
 		if (st && !strcmp(st, "failed")) {
 			desc = cJSON_GetStringValue(cJSON_GetObjectItem(ret_obj, "error-desc"));
+			if (desc)
+				snprintf(vm->qemu_err, sizeof(vm->qemu_err), "%s", desc);
 			hq_fail(err, errlen, -EIO, "QEMU could not load the device state",
 				desc ? desc : no_reason);
 			cJSON_Delete(ret_obj);

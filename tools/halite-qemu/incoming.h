@@ -60,6 +60,7 @@ struct hq_spawn {
 	int log_mode;		     /* the log's mode if created (0: 0644) */
 	bool detach;		     /* a session of its own, stdin /dev/null */
 	bool die_with_us;	     /* PR_SET_PDEATHSIG, stdin /dev/null */
+	bool stdout_to_stderr;	     /* without a log: QEMU's stdout to our stderr (--json) */
 };
 
 /* QEMU as @s says, its pid in *pid: 0, or < 0 with @err ("cannot run ..."). */

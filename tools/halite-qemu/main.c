@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli.h"
 #include "hq.h"
 
 static void usage(FILE *f)
@@ -18,7 +19,23 @@ static void usage(FILE *f)
 		"  restore  start QEMU from a file; the guest runs at once, memory comes lazily\n"
 		"  clone    one clone of a saved guest for a clone service (halite-cloned)\n"
 		"  help     describe a command\n\n"
-		"'" PROG " COMMAND --help' for each.\n");
+		"Options:\n"
+		"  -h, --help     this help\n"
+		"  -V, --version  the version\n\n"
+		"'" PROG " COMMAND --help' for each. Exit status: 0 ok, 1 failed, 2 usage,\n"
+		"77 the kernel or QEMU lacks a needed feature.\n");
+}
+
+/* A usage error of the command line as a whole: one sentence, and the JSON object if asked. */
+static int usage_error(int argc, char **argv, const char *fmt, const char *word)
+{
+	struct hq_out o;
+
+	hq_out_init(&o, NULL, argc, argv);
+	snprintf(o.usage, sizeof(o.usage), fmt, word);
+	hq_errorf("%s", o.usage);
+	hq_json_usage(&o);
+	return EXIT_USAGE;
 }
 
 int main(int argc, char **argv)
@@ -27,12 +44,8 @@ int main(int argc, char **argv)
 		usage(stderr);
 		return EXIT_USAGE;
 	}
-	if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "-V") == 0) {
-		printf(PROG " %d.%d.%d (file format %d.%d)\n", HALITE_VERSION_MAJOR,
-		       HALITE_VERSION_MINOR, HALITE_VERSION_PATCH, HALITE_FORMAT_MAJOR,
-		       HALITE_FORMAT_MINOR);
-		return EXIT_OK;
-	}
+	if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "-V") == 0)
+		return halite_cli_version(PROG);
 	if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
 		usage(stdout);
 		return EXIT_OK;
@@ -42,7 +55,7 @@ int main(int argc, char **argv)
 		int code;
 
 		if (hq_fault_init(err, sizeof(err))) {
-			hq_errorf("%s", err);
+			hq_errorf("%s: %s", argv[1], err);
 			return EXIT_USAGE;
 		}
 		code = strcmp(argv[1], "save") ? hq_cmd_restore(argc - 1, argv + 1) :
@@ -59,10 +72,14 @@ int main(int argc, char **argv)
 			hq_help_restore(stdout);
 		else if (argc > 2 && strcmp(argv[2], "clone") == 0)
 			hq_help_clone(stdout);
+		else if (argc > 2)
+			return usage_error(argc, argv, "help: no command '%s' (save, restore, "
+					   "clone)", argv[2]);
 		else
 			usage(stdout);
 		return EXIT_OK;
 	}
-	hq_errorf("unknown command '%s'; see '" PROG " --help'", argv[1]);
-	return EXIT_USAGE;
+	if (argv[1][0] == '-')
+		return usage_error(argc, argv, "unknown option '%s' (" PROG " --help)", argv[1]);
+	return usage_error(argc, argv, "unknown command '%s' (" PROG " --help)", argv[1]);
 }

@@ -44,6 +44,7 @@ struct hq_qmp {
 	cJSON *events; /* array, oldest first */
 	cJSON *commands; /* query-commands, once asked */
 	char err[512];
+	char qemu_err[512]; /* QEMU's own words when the last call got an error reply */
 };
 
 static void qerr(struct hq_qmp *q, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -196,6 +197,7 @@ static int send_cmd(struct hq_qmp *q, const char *cmd, cJSON *args, uint64_t *id
 	int r;
 
 	q->err[0] = '\0';
+	q->qemu_err[0] = '\0';
 	q->aborted = false;
 	cJSON_AddStringToObject(req, "execute", cmd);
 	if (args)
@@ -264,6 +266,7 @@ int hq_qmp_call(struct hq_qmp *q, const char *cmd, cJSON *args, cJSON **ret, int
 			const char *desc = cJSON_GetStringValue(cJSON_GetObjectItem(e, "desc"));
 
 			qerr(q, "%s: %s: %s", cmd, cls ? cls : "Error", desc ? desc : "?");
+			snprintf(q->qemu_err, sizeof(q->qemu_err), "%s", desc ? desc : "?");
 			cJSON_Delete(msg);
 			return -EIO;
 		}
@@ -508,6 +511,11 @@ void hq_qmp_version(const struct hq_qmp *q, int *major, int *minor, int *micro)
 	*major = q->major;
 	*minor = q->minor;
 	*micro = q->micro;
+}
+
+const char *hq_qmp_qemu_error(const struct hq_qmp *q)
+{
+	return q ? q->qemu_err : "";
 }
 
 const char *hq_qmp_errmsg(const struct hq_qmp *q)

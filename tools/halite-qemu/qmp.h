@@ -84,6 +84,11 @@ int hq_qmp_hmp(struct hq_qmp *q, const char *cmdline, char **out, int timeout_ms
 int hq_qmp_wait_event(struct hq_qmp *q, const char *name, cJSON **data, int timeout_ms);
 /* Whether QEMU has the command (query-commands, asked once). */
 bool hq_qmp_has_command(struct hq_qmp *q, const char *cmd);
+/*
+ * QEMU's own message (the error reply's desc) when the last call failed
+ * because QEMU answered with an error; "" otherwise.
+ */
+const char *hq_qmp_qemu_error(const struct hq_qmp *q);
 /* The last error, "" if none. */
 const char *hq_qmp_errmsg(const struct hq_qmp *q);
 void hq_qmp_close(struct hq_qmp *q);

@@ -188,14 +188,14 @@ out:
 	return ret;
 }
 
-int hq_cmd_recover(const char *qmp, bool json, bool quiet)
+int hq_cmd_recover(const char *qmp, const struct hq_out *o)
 {
 	static const char *const need[] = { "query-status", "cont", "stop", NULL };
 	struct hq_vm vm = { .aside_fd = -1 };
 	struct aside a[HQ_MAX_REGIONS];
 	char err[1280] = "", path[128];
 	long given = 0;
-	int n, ret;
+	int n = -1, ret;
 	bool running = true;
 
 	/*
@@ -225,19 +225,22 @@ int hq_cmd_recover(const char *qmp, bool json, bool quiet)
 	unlink(path);
 out:
 	if (ret)
-		hq_errorf("save --recover: %s", err);
-	if (json) {
-		printf("{\"ok\": %s, \"error\": ", ret ? "false" : "true");
-		if (ret)
-			halite_json_str(stdout, err);
-		else
-			printf("null");
-		printf(", \"pages_given_back\": %ld, \"run_state\": \"%s\"}\n", given,
-		       running ? "running" : "paused");
-	}
-	else if (!ret && !quiet)
+		hq_errorf("save: %s", err);
+	if (o->json) {
+		cJSON *j = hq_json_head(hq_exit_code(ret), NULL, err,
+					vm.qmp ? hq_qmp_qemu_error(vm.qmp) : NULL, &vm);
+
+		if (j) {
+			/* Pages given back before a failure are back all the same. */
+			hq_json_u64(j, "pages_given_back", true, (uint64_t)given);
+			hq_json_str(j, "run_state", n >= 0 ? (running ? "running" : "paused") :
+				    NULL);
+		}
+		hq_json_print(j);
+	} else if (!ret && !o->quiet) {
 		printf("recovered QEMU pid %d: %ld pages given back, the guest %s\n", (int)vm.pid,
 		       given, running ? "running" : "paused");
+	}
 	hq_vm_release(&vm);
-	return !ret ? EXIT_OK : ret == -HALITE_E_UNSUPPORTED ? EXIT_UNSUPPORTED : EXIT_FAIL;
+	return hq_exit_code(ret);
 }

@@ -44,6 +44,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -62,6 +63,8 @@ struct restore_params {
 	char **qemu_argv; /* the user's, from after "--"; none: the file's */
 	int qemu_argc;
 	bool detach, track, no_prefetch;
+	bool bypass_cache;     /* --bypass-cache: the file read with O_DIRECT */
+	bool parsed;	       /* the options were taken */
 	bool no_cmdline_check; /* --no-cmdline-check */
 	bool no_disks;	       /* --no-disks: the command line's disks as they are now */
 	const char *disk_dir;  /* --disk-dir: where the disks' overlays go */
@@ -100,7 +103,12 @@ struct restore_run {
 	int nforwards; /* host forwards added here, once the state was loaded */
 	bool engine_running; /* started: halite_restore_wait() says how it goes */
 	struct halite_restore_stats st;
+	bool file_known;	/* check_file() read the file */
+	bool spawned;		/* QEMU was started (it may have exited since: qemu 0) */
+	off_t log_start;	/* --qemu-log's size before QEMU: what it says comes after */
+	bool devram_done;	/* the file's device RAM written into QEMU */
 	char err[1280];
+	char qemu_err[1024];	/* QEMU's own words, when they are the cause */
 };
 
 void hq_help_restore(FILE *f)
@@ -158,15 +166,24 @@ void hq_help_restore(FILE *f)
 		"                     (blocks are staged; costs a minor fault per staged block used;\n"
 		"                     not on hugetlbfs)\n"
 		"  --no-prefetch      no background prefetch (memory comes only by faults)\n"
-		"  --read-latency US  add US microseconds to every read (slow-storage experiments)\n"
+		"  --read-latency US  add US microseconds to every read, 0..1000000 (slow-storage\n"
+		"                     experiments)\n"
 		"  --prefetch-idle US the prefetcher holds back until no fault came for US\n"
-		"                     microseconds (default 2000), except to keep up\n"
-		"  --prefetch-rate N  N MiB/s at least (default 64): a guest that keeps\n"
-		"                     faulting gets the CPU and disk first, for longer\n"
+		"                     microseconds, 1..10000000 (default 2000), except to keep up\n"
+		"  --prefetch-rate N  N MiB/s at least, 1..1000000 (default 64): a guest that\n"
+		"                     keeps faulting gets the CPU and disk first, for longer\n"
 		"  --trace FILE       write a restore trace (see 'halite-inspect restore')\n"
-		"  --json             print the report as one JSON object\n"
-		"  -q, --quiet        no progress on stderr\n"
-		"  -v, --verbose      the engine's log on stderr\n\n"
+		"  --bypass-cache     read FILE with O_DIRECT, around the host's page cache\n"
+		"                     (as virsh restore --bypass-cache)\n"
+		"  --json             print the report as one JSON object on stdout, also when\n"
+		"                     the restore fails (\"ok\": false, \"error\", \"exit\",\n"
+		"                     \"qemu_error\": QEMU's own message when it is the cause)\n"
+		"  --progress[=MODE]  progress on stderr: text (default), json (a JSON object\n"
+		"                     per line, twice a second) or none\n"
+		"  -q, --quiet        no progress on stderr (--progress=none)\n"
+		"  -v, --verbose      the engine's log on stderr\n"
+		"  -h, --help         this help\n"
+		"  --version          the version\n\n"
 		"SIGINT or SIGTERM during the restore stops QEMU: the guest cannot run without\n"
 		"its memory. If " PROG " is killed outright, the guest blocks (it never\n"
 		"reads memory that was not restored) until '" PROG " restore --attach' takes\n"
@@ -176,16 +193,14 @@ void hq_help_restore(FILE *f)
 }
 
 /* A number option in [@min, @max] (@max < 2^32); 0, or -1 with a message naming the range. */
-static int opt_u32(const char *arg, const char *name, uint64_t min, uint64_t max,
-		   const char *unit, uint32_t *out)
+static int opt_u32(struct hq_out *o, const char *arg, const char *name, uint64_t min,
+		   uint64_t max, const char *unit, uint32_t *out)
 {
 	uint64_t v;
 
-	if (hq_parse_size(arg, &v) || v < min || v > max) {
-		hq_errorf("restore: --%s '%s': %llu..%llu %s", name, arg,
-			  (unsigned long long)min, (unsigned long long)max, unit);
-		return -1;
-	}
+	if (hq_parse_size(arg, &v) || v < min || v > max)
+		return hq_usage(o, "--%s '%s': %llu..%llu %s", name, arg, (unsigned long long)min,
+				(unsigned long long)max, unit);
 	*out = (uint32_t)v;
 	return 0;
 }
@@ -207,31 +222,32 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 		{ "no-cmdline-check", no_argument, NULL, 'C' },
 		{ "no-disks", no_argument, NULL, 'D' },
 		{ "disk-dir", required_argument, NULL, 'K' },
+		{ "bypass-cache", no_argument, NULL, HQ_OPT_BYPASS_CACHE },
 		{ "json", no_argument, NULL, 'j' },
+		{ "progress", optional_argument, NULL, HQ_OPT_PROGRESS },
 		{ "quiet", no_argument, NULL, 'q' },
 		{ "verbose", no_argument, NULL, 'v' },
 		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, HQ_OPT_VERSION },
 		{ 0 }
 	};
-	int c, dd;
+	struct hq_out *o = &p->out;
+	int c, dd, r;
 	uint64_t v;
 
-	*p = (struct restore_params){ 0 };
 	/* Our options end at "--"; QEMU's follow. */
 	for (dd = 1; dd < argc && strcmp(argv[dd], "--"); dd++)
 		;
 	optind = 1;
-	while ((c = getopt_long(dd, argv, "qvh", lo, NULL)) != -1) {
+	while ((c = getopt_long(dd, argv, ":qvh", lo, NULL)) != -1) {
 		switch (c) {
 		case 'd':
 			p->detach = true;
 			break;
 		case 'P':
 		case 'R':
-			if (p->run != RUN_AS_SAVED) {
-				hq_errorf("restore: --running or --paused, not both");
-				return -1;
-			}
+			if (p->run != RUN_AS_SAVED)
+				return hq_usage(o, "--running or --paused, not both");
 			p->run = c == 'R' ? RUN_RUNNING : RUN_PAUSED;
 			break;
 		case 't':
@@ -241,15 +257,15 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 			p->no_prefetch = true;
 			break;
 		case 'L':
-			if (opt_u32(optarg, "read-latency", 0, 1000000, "us", &p->read_latency_us))
+			if (opt_u32(o, optarg, "read-latency", 0, 1000000, "us", &p->read_latency_us))
 				return -1;
 			break;
 		case 'I':
-			if (opt_u32(optarg, "prefetch-idle", 1, 10000000, "us", &p->prefetch_idle_us))
+			if (opt_u32(o, optarg, "prefetch-idle", 1, 10000000, "us", &p->prefetch_idle_us))
 				return -1;
 			break;
 		case 'M':
-			if (opt_u32(optarg, "prefetch-rate", 1, 1000000, "MiB/s", &p->prefetch_rate_mib))
+			if (opt_u32(o, optarg, "prefetch-rate", 1, 1000000, "MiB/s", &p->prefetch_rate_mib))
 				return -1;
 			break;
 		case 'T':
@@ -268,53 +284,64 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 			p->disk_dir = optarg;
 			break;
 		case 'A':
-			if (hq_parse_size(optarg, &v) || !v || v > INT32_MAX) {
-				hq_errorf("restore: --attach '%s': the pid of a QEMU", optarg);
-				return -1;
-			}
+			if (hq_parse_size(optarg, &v) || !v || v > INT32_MAX)
+				return hq_usage(o, "--attach '%s': the pid of a QEMU", optarg);
 			p->attach = (pid_t)v;
+			break;
+		case HQ_OPT_BYPASS_CACHE:
+			p->bypass_cache = true;
 			break;
 		case 'h':
 			hq_help_restore(stdout);
 			exit(EXIT_OK);
+		case '?':
+			/* QEMU's options given without "--" before them: say how. */
+			if (dd == argc) {
+				char name[128];
+
+				hq_bad_option(dd, argv, name, sizeof(name));
+				if (name[1] != '-')
+					return hq_usage(o, "unknown option '%s': QEMU's arguments go "
+							"after '--' (" PROG " restore FILE -- "
+							"qemu-system-x86_64 ...)", name);
+			}
+			return hq_out_opt(c, o, dd, argv);
 		default:
-			if (!hq_out_opt(c, &p->out))
-				return -1;
+			r = hq_out_opt(c, o, dd, argv);
+			if (r <= 0)
+				return r ? r : hq_usage(o, "option '%s' is not handled", argv[optind - 1]);
 		}
 	}
 	if (optind != dd - 1) {
-		hq_errorf("restore: %s; see '" PROG " restore --help'",
-			  optind >= dd ? "FILE missing" : "one FILE only, then, if any, -- and QEMU's "
-			  "arguments");
-		return -1;
+		/* Words after FILE without "--" are QEMU's: say where they go. */
+		if (optind < dd - 1 && dd == argc && !p->attach)
+			return hq_usage(o, "one FILE only: QEMU's arguments go after '--' (" PROG
+					" restore FILE -- qemu-system-x86_64 ...)");
+		return hq_usage(o, "%s (" PROG " restore --help)", optind >= dd ? "FILE missing" :
+				"one FILE only, then, if any, -- and QEMU's arguments");
 	}
 	p->path = argv[optind];
 	if (p->attach) {
 		/* The QEMU runs already: its command line is its own. */
-		if (dd < argc) {
-			hq_errorf("restore: --attach takes the QEMU that runs already: no '--' and "
-				  "QEMU arguments");
-			return -1;
-		}
-		if (p->detach || p->qemu_log) {
-			hq_errorf("restore: --attach leaves QEMU running once memory is in: no "
-				  "--detach or --qemu-log");
-			return -1;
-		}
-		if (p->no_disks || p->disk_dir) {
-			hq_errorf("restore: --attach takes the QEMU that runs already on its disks: "
-				  "no --no-disks or --disk-dir");
-			return -1;
-		}
+		if (dd < argc)
+			return hq_usage(o, "--attach takes the QEMU that runs already: no '--' and "
+					"QEMU arguments");
+		if (p->detach || p->qemu_log)
+			return hq_usage(o, "--attach leaves QEMU running once memory is in: no "
+					"--detach or --qemu-log");
+		if (p->no_disks || p->disk_dir)
+			return hq_usage(o, "--attach takes the QEMU that runs already on its disks: "
+					"no --no-disks or --disk-dir");
+		p->parsed = true;
 		return 0;
 	}
-	if (dd == argc)
+	if (dd == argc) {
+		p->parsed = true;
 		return 0; /* the command line the file records */
-	if (dd == argc - 1) {
-		hq_errorf("restore: QEMU's command line missing after '--' (none at all: the one "
-			  "FILE records)");
-		return -1;
 	}
+	if (dd == argc - 1)
+		return hq_usage(o, "QEMU's command line missing after '--' (none at all: the one "
+				"FILE records)");
 	p->qemu_argv = argv + dd + 1;
 	p->qemu_argc = argc - dd - 1;
 	for (int i = 0; i < p->qemu_argc; i++) {
@@ -322,29 +349,27 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 
 		if (a[0] == '-' && a[1] == '-')
 			a++;
-		if (!strcmp(a, "-incoming") || !strcmp(a, "-loadvm")) {
-			hq_errorf("restore: QEMU's %s is " PROG "'s to give", p->qemu_argv[i]);
-			return -1;
-		}
-		if (!strcmp(a, "-daemonize")) {
-			hq_errorf("restore: not with QEMU's -daemonize: use " PROG " restore "
-				  "--detach, which leaves QEMU running once memory is in");
-			return -1;
-		}
+		if (!strcmp(a, "-incoming") || !strcmp(a, "-loadvm"))
+			return hq_usage(o, "QEMU's %s is " PROG "'s to give", p->qemu_argv[i]);
+		if (!strcmp(a, "-daemonize"))
+			return hq_usage(o, "not with QEMU's -daemonize: use " PROG " restore "
+					"--detach, which leaves QEMU running once memory is in");
 		if (!strcmp(a, "-S")) {
-			if (p->run == RUN_RUNNING) {
-				hq_errorf("restore: --running and QEMU's -S (start paused) contradict "
-					  "each other");
-				return -1;
-			}
+			if (p->run == RUN_RUNNING)
+				return hq_usage(o, "--running and QEMU's -S (start paused) contradict "
+						"each other");
 			p->run = RUN_PAUSED;
 		}
 	}
+	p->parsed = true;
 	return 0;
 }
 
 static int fail(struct restore_run *r, int ret, const char *what, const char *detail)
 {
+	/* QEMU's own words when its error reply is the cause (the last QMP call's). */
+	if (!r->err[0] && r->vm.qmp && hq_qmp_qemu_error(r->vm.qmp)[0])
+		snprintf(r->qemu_err, sizeof(r->qemu_err), "%s", hq_qmp_qemu_error(r->vm.qmp));
 	return hq_fail(r->err, sizeof(r->err), ret, what, detail);
 }
 
@@ -422,6 +447,7 @@ static int check_file(struct restore_run *r)
 	if (!ret)
 		ret = file_run_state(r, rd);
 	halite_reader_free(rd);
+	r->file_known = !ret;
 	return ret;
 }
 
@@ -490,7 +516,8 @@ static int prepare_disks(struct restore_run *r)
 
 static int spawn_qemu(struct restore_run *r)
 {
-	struct hq_spawn s = { .cfg = &r->cfg, .log = r->p.qemu_log, .detach = r->p.detach };
+	struct hq_spawn s = { .cfg = &r->cfg, .log = r->p.qemu_log, .detach = r->p.detach,
+			      .stdout_to_stderr = r->p.out.json };
 	char qmp[128], own[96];
 
 	snprintf(qmp, sizeof(qmp), "%s/qmp.sock", r->dir);
@@ -499,6 +526,12 @@ static int spawn_qemu(struct restore_run *r)
 	if (!s.log && r->p.detach) {
 		snprintf(own, sizeof(own), "%s/qemu.log", r->dir);
 		s.log = own;
+	}
+	r->spawned = true;
+	if (r->p.qemu_log) {
+		struct stat sb;
+
+		r->log_start = stat(r->p.qemu_log, &sb) ? 0 : sb.st_size;
 	}
 	return hq_qemu_spawn(&s, &r->qemu, r->err, sizeof(r->err));
 }
@@ -627,12 +660,15 @@ static int write_device_ram(struct restore_run *r)
 	uint64_t t0 = hq_now_ns();
 	int ret;
 
-	if (!r->f.ndevram)
+	if (!r->f.ndevram) {
+		r->devram_done = true;
 		return 0;
+	}
 	ret = hq_qemu_write_devram(&r->vm, &r->f, &r->devram_written, r->err, sizeof(r->err));
 	if (ret)
 		return ret;
 	r->devram_ns = hq_now_ns() - t0;
+	r->devram_done = true;
 	return 0;
 }
 
@@ -741,7 +777,8 @@ static int start_restore(struct restore_run *r, struct hq_vm *vm,
 		return fail(r, r->uffd, vm->err, NULL);
 	o.flags = (r->p.track ? HALITE_RESTORE_TRACK_ACCESS : 0) |
 		  (r->p.no_prefetch ? HALITE_RESTORE_NO_PREFETCH : 0) |
-		  (r->p.attach ? HALITE_RESTORE_ATTACH : 0);
+		  (r->p.attach ? HALITE_RESTORE_ATTACH : 0) |
+		  (r->p.bypass_cache ? HALITE_RESTORE_DIRECT : 0);
 	o.read_latency_us = r->p.read_latency_us;
 	o.prefetch_idle_us = r->p.prefetch_idle_us;
 	o.prefetch_min_rate = (uint64_t)r->p.prefetch_rate_mib << 20;
@@ -751,6 +788,7 @@ static int start_restore(struct restore_run *r, struct hq_vm *vm,
 	o.owner_uffd = r->uffd;
 	o.trace_path = r->p.trace;
 	o.log = hq_log;
+	o.log_ctx = &r->p.out;
 	o.log_level = r->p.out.verbose ? HALITE_LOG_DEBUG : HALITE_LOG_WARN;
 	ret = halite_restore_open(&r->rs, r->p.path, reg, vm->nregions + r->f.ndevram, &o);
 	if (ret == -EINVAL)
@@ -788,21 +826,35 @@ static int load_devices(struct restore_run *r)
 	return ret;
 }
 
+/* Progress on stderr (--progress): the memory brought in so far. */
 static void progress(struct restore_run *r, bool final)
 {
 	struct halite_restore_stats st;
+	int mode = hq_progress_mode(&r->p.out);
+	double elapsed = (double)(hq_now_ns() - r->t_ready) / 1e9;
+	uint64_t in, bytes;
 	char a[32], b[32];
-	uint64_t in;
 
-	if (r->p.out.quiet)
+	if (mode == HALITE_PROGRESS_NONE || !r->rs)
 		return;
 	halite_restore_stats(r->rs, &st);
 	in = st.mb_fault + st.mb_pool + st.mb_prefetch + st.mb_zero;
-	hq_progressf(r->p.out.quiet, "restore: %3" PRIu64 "%%  %s of %s  %" PRIu64 " faults  %"
-		     PRIu64 "/%" PRIu64 " LBs  %.1f s%s", st.mb_total ? 100 * in / st.mb_total : 0,
-		     hq_bytes(st.mb_total ? r->f.mem_bytes / st.mb_total * in : 0, a, sizeof(a)),
-		     hq_bytes(r->f.mem_bytes, b, sizeof(b)), st.faults, st.lb_demand + st.lb_prefetch,
-		     st.lb_total, (double)(hq_now_ns() - r->t_ready) / 1e9, final ? "\n" : "");
+	bytes = st.mb_total ? r->f.mem_bytes / st.mb_total * in : 0;
+	if (mode == HALITE_PROGRESS_JSON) {
+		struct halite_cli_progress pr = {
+			.op = "restore", .phase = "memory", .elapsed_s = elapsed,
+			.bytes = (int64_t)bytes, .total = (int64_t)r->f.mem_bytes,
+			.faults = (int64_t)st.faults, .done = final,
+		};
+
+		halite_cli_progress_json(stderr, &pr);
+		return;
+	}
+	hq_progressf(false, "restore: %3" PRIu64 "%%  %s of %s  %" PRIu64 " faults  %" PRIu64
+		     "/%" PRIu64 " LBs  %.1f s%s", st.mb_total ? 100 * in / st.mb_total : 0,
+		     hq_bytes(bytes, a, sizeof(a)), hq_bytes(r->f.mem_bytes, b, sizeof(b)),
+		     st.faults, st.lb_demand + st.lb_prefetch, st.lb_total, elapsed,
+		     final ? "\n" : "");
 }
 
 /*
@@ -1010,15 +1062,15 @@ static int run(struct restore_run *r)
 		r->t_resume = hq_now_ns();
 	last_prog = r->t_resume;
 	for (;;) {
-		if (hq_stop_signal)
+		if (hq_stop_signal) {
+			progress(r, true);
 			return fail(r, -ECANCELED, "restore stopped", strsignal(hq_stop_signal));
+		}
 		ret = halite_restore_wait(r->rs, 250);
 		if (ret != -ETIMEDOUT)
 			break;
-		if (hq_now_ns() - last_prog >= 1000000000ull) {
-			last_prog = hq_now_ns();
+		if (hq_progress_due(&r->p.out, &last_prog, hq_now_ns()))
 			progress(r, false);
-		}
 	}
 	r->t_done = hq_now_ns();
 	halite_restore_stats(r->rs, &r->st);
@@ -1038,26 +1090,94 @@ static double ms(uint64_t a, uint64_t b)
 }
 
 /* "disks": [{"qdev", "frozen_image", "overlay"}]: the overlays the guest runs on. */
-static void report_disks_json(const struct restore_run *r)
+static void report_disks_json(cJSON *o, const struct restore_run *r)
 {
-	bool first = true;
+	cJSON *a;
 
-	printf(", \"disks\": [");
-	for (int i = 0; r->disks && r->ndisks && i < r->disks->n; i++) {
+	if (!r->file_known) {
+		cJSON_AddNullToObject(o, "disks");
+		return;
+	}
+	a = cJSON_AddArrayToObject(o, "disks");
+	for (int i = 0; a && r->disks && r->ndisks && i < r->disks->n; i++) {
 		const struct hq_disk *d = &r->disks->d[i];
+		cJSON *j;
 
 		if (!d->frozen)
 			continue;
-		printf("%s{\"qdev\": ", first ? "" : ", ");
-		halite_json_str(stdout, d->qdev);
-		printf(", \"frozen_image\": ");
-		halite_json_str(stdout, d->image);
-		printf(", \"overlay\": ");
-		halite_json_str(stdout, d->overlay);
-		printf("}");
-		first = false;
+		j = cJSON_CreateObject();
+		cJSON_AddStringToObject(j, "qdev", d->qdev);
+		cJSON_AddStringToObject(j, "frozen_image", d->image);
+		cJSON_AddStringToObject(j, "overlay", d->overlay);
+		cJSON_AddItemToArray(a, j);
 	}
-	printf("]");
+}
+
+/* @key: milliseconds from @a to @b, null unless both happened. */
+static void json_ms(cJSON *o, const char *key, uint64_t a, uint64_t b)
+{
+	hq_json_fixed(o, key, a && b >= a, ms(a, b), 3);
+}
+
+/*
+ * The report as one JSON object: on failure the keys a success has, with
+ * what was learnt before it failed and null for the rest.
+ */
+static void report_json(const struct restore_run *r, int code)
+{
+	struct halite_restore_stats st = r->st;
+	bool stats = r->engine_running, file = r->file_known;
+	cJSON *o = hq_json_head(code, r->p.path, r->err, r->qemu_err[0] ? r->qemu_err :
+				r->vm.qemu_err, &r->vm);
+
+	if (!o) {
+		hq_json_print(NULL);
+		return;
+	}
+	if (stats)
+		halite_restore_stats(r->rs, &st);
+	json_ms(o, "qmp_ready_ms", r->t0, r->t_qmp);
+	json_ms(o, "engine_ready_ms", r->t0, r->t_ready);
+	json_ms(o, "devices_loaded_ms", r->t0, r->t_loaded);
+	json_ms(o, "resumed_ms", r->t0, r->t_resume);
+	json_ms(o, "ready_to_resume_ms", r->t_qmp, r->t_resume);
+	hq_json_fixed(o, "done_s", r->t_resume && r->t_done >= r->t_resume,
+		      ms(r->t_resume, r->t_done) / 1e3, 3);
+	hq_json_u64(o, "memory_bytes", file, r->f.mem_bytes - hq_snapfile_devram_bytes(&r->f));
+	hq_json_u64(o, "faults", stats, st.faults);
+	hq_json_u64(o, "faults_vcpu", stats, st.faults_vcpu);
+	hq_json_u64(o, "faults_zero", stats, st.faults_zero);
+	hq_json_u64(o, "faults_cached", stats, st.faults_cached);
+	hq_json_fixed(o, "fault_p50_us", stats, (double)st.fault_p50_ns / 1e3, 1);
+	hq_json_fixed(o, "fault_p99_us", stats, (double)st.fault_p99_ns / 1e3, 1);
+	hq_json_u64(o, "lb_total", stats, st.lb_total);
+	hq_json_u64(o, "lb_demand", stats, st.lb_demand);
+	hq_json_u64(o, "lb_prefetch", stats, st.lb_prefetch);
+	hq_json_u64(o, "lb_retries", stats, st.lb_retries);
+	hq_json_u64(o, "bytes_read", stats, st.bytes_read);
+	hq_json_u64(o, "mb_total", stats, st.mb_total);
+	hq_json_u64(o, "mb_fault", stats, st.mb_fault);
+	hq_json_u64(o, "mb_pool", stats, st.mb_pool);
+	hq_json_u64(o, "mb_prefetch", stats, st.mb_prefetch);
+	hq_json_u64(o, "mb_zero", stats, st.mb_zero);
+	hq_json_u64(o, "mb_present", stats, st.mb_present);
+	hq_json_bool(o, "attached", r->p.parsed, r->p.attach);
+	/* Measured only with --track-access. */
+	hq_json_fixed(o, "vm_access_pct", stats && st.vm_access_pct >= 0, st.vm_access_pct, 2);
+	hq_json_bool(o, "paused", file, r->paused);
+	hq_json_str(o, "run_state", !file ? NULL : r->paused ? "paused" : "running");
+	hq_json_str(o, "saved_run_state", !file ? NULL : r->file_paused ? "paused" : "running");
+	hq_json_bool(o, "detached", r->p.parsed, r->p.detach);
+	hq_json_str(o, "cmdline", !r->p.parsed ? NULL : r->p.attach ? "attached" :
+		    r->cfg.replayed || !r->p.qemu_argc ? "recorded" : "given");
+	hq_json_u64(o, "forwards", r->t_forwarded, (uint64_t)r->nforwards);
+	json_ms(o, "forwarded_ms", r->t0, r->t_forwarded);
+	hq_json_u64(o, "device_ram_bytes", file, hq_snapfile_devram_bytes(&r->f));
+	hq_json_u64(o, "device_ram_written_bytes", r->devram_done, r->devram_written);
+	hq_json_fixed(o, "device_ram_ms", r->devram_done, (double)r->devram_ns / 1e6, 3);
+	hq_json_bool(o, "bypass_cache", r->p.parsed, r->p.bypass_cache);
+	report_disks_json(o, r);
+	hq_json_print(o);
 }
 
 static void report(const struct restore_run *r, int ret)
@@ -1066,38 +1186,7 @@ static void report(const struct restore_run *r, int ret)
 	char a[32];
 
 	if (r->p.out.json) {
-		hq_json_head(!ret, r->p.path, r->err, &r->vm);
-		printf(", \"qmp_ready_ms\": %.3f, \"engine_ready_ms\": %.3f, "
-		       "\"devices_loaded_ms\": %.3f, \"resumed_ms\": %.3f, \"ready_to_resume_ms\": "
-		       "%.3f, \"done_s\": %.3f, \"memory_bytes\": %" PRIu64 ", \"faults\": %" PRIu64
-		       ", \"faults_vcpu\": %" PRIu64 ", \"faults_zero\": %" PRIu64
-		       ", \"faults_cached\": %" PRIu64 ", \"fault_p50_us\": %.1f, \"fault_p99_us\": "
-		       "%.1f, \"lb_total\": %" PRIu64 ", \"lb_demand\": %" PRIu64 ", \"lb_prefetch\": %"
-		       PRIu64 ", \"lb_retries\": %" PRIu64 ", \"bytes_read\": %" PRIu64
-		       ", \"mb_total\": %" PRIu64 ", \"mb_fault\": %" PRIu64 ", \"mb_pool\": %" PRIu64
-		       ", \"mb_prefetch\": %" PRIu64 ", \"mb_zero\": %" PRIu64
-		       ", \"mb_present\": %" PRIu64 ", \"attached\": %s"
-		       ", \"vm_access_pct\": %.2f, \"paused\": %s, \"run_state\": \"%s\", "
-		       "\"saved_run_state\": \"%s\", \"detached\": %s, \"cmdline\": \"%s\", "
-		       "\"forwards\": %d, \"forwarded_ms\": %.3f, \"device_ram_bytes\": %" PRIu64
-		       ", \"device_ram_written_bytes\": %" PRIu64 ", \"device_ram_ms\": %.3f",
-		       ms(r->t0, r->t_qmp), ms(r->t0, r->t_ready),
-		       ms(r->t0, r->t_loaded), ms(r->t0, r->t_resume), ms(r->t_qmp, r->t_resume),
-		       ms(r->t_resume, r->t_done) / 1e3, r->f.mem_bytes - hq_snapfile_devram_bytes(&r->f), st->faults,
-		       st->faults_vcpu,
-		       st->faults_zero, st->faults_cached, (double)st->fault_p50_ns / 1e3,
-		       (double)st->fault_p99_ns / 1e3, st->lb_total, st->lb_demand,
-		       st->lb_prefetch, st->lb_retries, st->bytes_read, st->mb_total, st->mb_fault,
-		       st->mb_pool, st->mb_prefetch, st->mb_zero, st->mb_present,
-		       r->p.attach ? "true" : "false", st->vm_access_pct,
-		       r->paused ? "true" : "false", r->paused ? "paused" : "running",
-		       r->file_paused ? "paused" : "running", r->p.detach ? "true" : "false",
-		       r->p.attach ? "attached" : r->cfg.replayed ? "recorded" : "given",
-		       r->nforwards, ms(r->t0, r->t_forwarded), hq_snapfile_devram_bytes(&r->f), r->devram_written,
-		       (double)r->devram_ns / 1e6);
-		report_disks_json(r);
-		printf("}\n");
-		fflush(stdout);
+		report_json(r, hq_exit_code(ret));
 		return;
 	}
 	if (ret)
@@ -1164,16 +1253,62 @@ static void show_qemu_log(const struct restore_run *r)
 	close(fd);
 }
 
+/*
+ * QEMU's last words when it exited on us (its refusal of the command line,
+ * say): the last lines of its log, when the log is a file (ours with
+ * --detach, or --qemu-log); without one QEMU wrote to our stderr itself.
+ */
+static void qemu_last_words(struct restore_run *r)
+{
+	char path[PATH_MAX], buf[1024], *p, *e;
+	ssize_t n;
+	off_t size, from;
+	int fd, lines = 0;
+
+	if (r->p.qemu_log)
+		snprintf(path, sizeof(path), "%s", r->p.qemu_log);
+	else if (r->p.detach && r->dir[0])
+		snprintf(path, sizeof(path), "%s/qemu.log", r->dir);
+	else
+		return;
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	size = lseek(fd, 0, SEEK_END);
+	from = size > (off_t)sizeof(buf) - 1 ? size - (off_t)sizeof(buf) + 1 : 0;
+	/* An appended log: only what this QEMU wrote. */
+	if (from < r->log_start)
+		from = r->log_start;
+	n = size < 0 ? -1 : pread(fd, buf, (size_t)(size - from), from);
+	close(fd);
+	if (n <= 0)
+		return;
+	buf[n] = '\0';
+	for (e = buf + n; e > buf && (e[-1] == '\n' || e[-1] == ' '); )
+		*--e = '\0';
+	/* The last three lines: QEMU says why in its last one or two. */
+	for (p = e; p > buf; p--)
+		if (p[-1] == '\n' && ++lines == 3)
+			break;
+	snprintf(r->qemu_err, sizeof(r->qemu_err), "%s", p);
+}
+
 int hq_cmd_restore(int argc, char **argv)
 {
 	struct restore_run *r = calloc(1, sizeof(*r));
 	int ret, st, code;
 
 	if (!r) {
-		hq_errorf("out of memory");
+		hq_errorf("restore: out of memory");
 		return EXIT_FAIL;
 	}
+	hq_out_init(&r->p.out, "restore", argc, argv);
 	if (parse_args(argc, argv, &r->p)) {
+		hq_errorf("restore: %s", r->p.out.usage);
+		if (r->p.out.json) {
+			snprintf(r->err, sizeof(r->err), "%s", r->p.out.usage);
+			report_json(r, EXIT_USAGE);
+		}
 		free(r);
 		return EXIT_USAGE;
 	}
@@ -1192,9 +1327,17 @@ int hq_cmd_restore(int argc, char **argv)
 			 WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st),
 			 r->p.detach && !r->p.qemu_log ? "; its messages below" : "");
 	}
+	/* Gone on its own (reaped here, or by the wait for its QMP socket): why, in its words. */
+	if (ret && r->spawned && !r->qemu)
+		qemu_last_words(r);
+	if (ret && r->p.attach && r->uffd >= 0) {
+		size_t n = strlen(r->err);
+
+		snprintf(r->err + n, sizeof(r->err) - n, " (QEMU is left as it was: its guest "
+			 "waits for the memory it lacks)");
+	}
 	if (ret)
-		hq_errorf("restore: %s%s", r->err, !r->p.attach || r->uffd < 0 ? "" :
-			  " (QEMU is left as it was: its guest waits for the memory it lacks)");
+		hq_errorf("restore: %s", r->err);
 	if (ret && r->p.detach && !r->p.qemu_log && r->dir[0])
 		show_qemu_log(r);
 	report(r, ret);
@@ -1242,7 +1385,7 @@ int hq_cmd_restore(int argc, char **argv)
 		unlink(p);
 		rmdir(r->dir);
 	}
-	code = ret == -HALITE_E_UNSUPPORTED ? EXIT_UNSUPPORTED : ret ? EXIT_FAIL : EXIT_OK;
+	code = hq_exit_code(ret);
 	if (!ret && !r->p.detach && r->qemu > 0) {
 		/* Like running QEMU: its exit is ours. */
 		while (waitpid(r->qemu, &st, 0) < 0 && errno == EINTR)

@@ -60,6 +60,7 @@ struct save_params {
 	unsigned flags;
 	bool recover;	/* --recover: a save of private RAM that died, finished */
 	bool no_disks;	/* --no-disks: memory only, the disks not frozen */
+	bool parsed;	/* the options were taken (a report may say what they chose) */
 	const char *disk_dir; /* --disk-dir: where the overlays go (default: beside each image) */
 	struct hq_out out;
 };
@@ -80,8 +81,13 @@ struct save_run {
 	uint8_t *devcopy[HQ_MAX_DEVRAM];
 	uint64_t devram_copied, devram_ns;
 	struct halite_save_stats st;
+	bool have_stats;	/* st was taken from the engine */
+	bool devram_known;	/* vm.devram was looked for */
+	bool devram_done;	/* device RAM copied in the pause */
+	bool disks_known;	/* disks were queried */
 	char status[32];
 	char err[1280];
+	char qemu_err[512];	/* QEMU's own words, when its answer was the failure */
 };
 
 void hq_help_save(FILE *f)
@@ -110,11 +116,16 @@ void hq_help_save(FILE *f)
 		"Options:\n"
 		"  --qmp SOCKET       QEMU's QMP unix socket (-qmp unix:SOCKET,server=on,wait=off)\n"
 		"  --codec NAME       none, lz4 (default), zlib, zstd\n"
-		"  --level N          compression level (0: the codec's default)\n"
-		"  --lb-size SIZE     locality block size (default 64K)\n"
-		"  --workers N        compression threads (default: online CPUs)\n"
-		"  --bg-rate SIZE     background save never slower than SIZE per second (64M)\n"
-		"  --root-interval MS sample the vCPUs' page-table roots every MS ms (100)\n"
+		"  --level N          compression level: zstd -128..22, zlib 0..9, lz4 -128..12\n"
+		"                     (0: the codec's default)\n"
+		"  --lb-size SIZE     locality block size, a power of two, 8K..4M (default 64K)\n"
+		"  --workers N        compression threads, 1..256 (default: online CPUs)\n"
+		"  --bg-rate SIZE     background save never slower than SIZE per second, at\n"
+		"                     least 1M (default 64M)\n"
+		"  --root-interval MS sample the vCPUs' page-table roots every MS ms, 1..60000\n"
+		"                     (default 100)\n"
+		"  --bypass-cache     write the file with O_DIRECT, around the host's page cache\n"
+		"                     (as virsh save --bypass-cache)\n"
 		"  --keep-incomplete  keep the partial file of a failed save as FILE.incomplete\n"
 		"  --no-realtime      the fault thread stays an ordinary thread (by default it\n"
 		"                     runs SCHED_FIFO where allowed, so that the vCPUs it wakes\n"
@@ -125,12 +136,51 @@ void hq_help_save(FILE *f)
 		"  --recover          no FILE: give back to QEMU the private RAM a save that\n"
 		"                     died (killed) had moved aside, let QEMU go on (its guest\n"
 		"                     waits for that memory meanwhile); then save again\n"
-		"  --json             print the report as one JSON object\n"
-		"  -q, --quiet        no progress on stderr\n"
-		"  -v, --verbose      the engine's log on stderr\n\n"
+		"  --json             print the report as one JSON object on stdout, also when\n"
+		"                     the save fails (\"ok\": false, \"error\", \"exit\",\n"
+		"                     \"qemu_error\": QEMU's own message when it is the cause)\n"
+		"  --progress[=MODE]  progress on stderr: text (default), json (a JSON object\n"
+		"                     per line, twice a second) or none\n"
+		"  -q, --quiet        no progress on stderr (--progress=none)\n"
+		"  -v, --verbose      the engine's log on stderr\n"
+		"  -h, --help         this help\n"
+		"  --version          the version\n\n"
 		"Exit status: 0 saved, 1 failed (the guest is back in the run state it had,\n"
 		"its memory unchanged, unless the error says it may be left paused), 2 usage,\n"
 		"77 the kernel or QEMU lacks a needed feature.\n");
+}
+
+/* --level: a signed number (zstd and lz4 take negative levels). */
+static int parse_level(const char *s, int *out)
+{
+	char *end;
+	long v;
+
+	errno = 0;
+	v = strtol(s, &end, 10);
+	if (!*s || *end || errno || v < INT8_MIN || v > INT8_MAX)
+		return -EINVAL;
+	*out = (int)v;
+	return 0;
+}
+
+/*
+ * The writer's options checked as the writer checks them (the ranges are
+ * its own: halite_writer_opts_check()), each one named.
+ */
+static int check_writer_opts(struct save_params *p)
+{
+	HALITE_OPTS(halite_writer_opts, wo);
+	char err[256];
+
+	wo.lb_size = p->lb_size;
+	if (halite_writer_opts_check(&wo, err, sizeof(err)))
+		return hq_usage(&p->out, "--lb-size: %s", err);
+	wo.codec = p->codec;
+	wo.level = p->level;
+	if (halite_writer_opts_check(&wo, err, sizeof(err)))
+		return hq_usage(&p->out, "--level: %s", err);
+	return 0;
 }
 
 static int parse_args(int argc, char **argv, struct save_params *p)
@@ -148,62 +198,55 @@ static int parse_args(int argc, char **argv, struct save_params *p)
 		{ "recover", no_argument, NULL, 'R' },
 		{ "no-disks", no_argument, NULL, 'D' },
 		{ "disk-dir", required_argument, NULL, 'd' },
+		{ "bypass-cache", no_argument, NULL, HQ_OPT_BYPASS_CACHE },
 		{ "json", no_argument, NULL, 'j' },
+		{ "progress", optional_argument, NULL, HQ_OPT_PROGRESS },
 		{ "quiet", no_argument, NULL, 'q' },
 		{ "verbose", no_argument, NULL, 'v' },
 		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, HQ_OPT_VERSION },
 		{ 0 }
 	};
+	struct hq_out *o = &p->out;
 	uint64_t v;
-	int c;
+	int c, r;
 
-	*p = (struct save_params){ .codec = HALITE_CODEC_LZ4, .root_ms = 100 };
 	optind = 1;
-	while ((c = getopt_long(argc, argv, "qvh", lo, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, ":qvh", lo, NULL)) != -1) {
 		switch (c) {
 		case 'Q':
 			p->qmp = optarg;
 			break;
 		case 'c':
 			p->codec = halite_codec_parse(optarg);
-			if (p->codec < 0) {
-				hq_errorf("save: --codec '%s': none, lz4, zlib or zstd", optarg);
-				return -1;
-			}
+			if (p->codec < 0)
+				return hq_usage(o, "--codec '%s': none, lz4, zlib or zstd", optarg);
 			break;
 		case 'l':
-			if (hq_parse_size(optarg, &v) || v > 22) {
-				hq_errorf("save: --level '%s': 0..22", optarg);
-				return -1;
-			}
-			p->level = (int)v;
+			if (parse_level(optarg, &p->level))
+				return hq_usage(o, "--level '%s': a number: zstd -128..22, zlib 0..9, "
+						"lz4 -128..12", optarg);
 			break;
 		case 'b':
-			if (hq_parse_size(optarg, &v) || v < 4096 || v > (64u << 20)) {
-				hq_errorf("save: --lb-size '%s': 4K..64M", optarg);
-				return -1;
-			}
+			if (hq_parse_size(optarg, &v) || v > UINT32_MAX)
+				return hq_usage(o, "--lb-size '%s': a size, a power of two from 8K to "
+						"4M", optarg);
 			p->lb_size = (uint32_t)v;
 			break;
 		case 'w':
-			if (hq_parse_size(optarg, &v) || v < 1 || v > 256) {
-				hq_errorf("save: --workers '%s': 1..256", optarg);
-				return -1;
-			}
+			if (hq_parse_size(optarg, &v) || v < 1 || v > 256)
+				return hq_usage(o, "--workers '%s': 1..256", optarg);
 			p->workers = (unsigned)v;
 			break;
 		case 'r':
-			if (hq_parse_size(optarg, &v) || v < (1u << 20)) {
-				hq_errorf("save: --bg-rate '%s': at least 1M (bytes per second)", optarg);
-				return -1;
-			}
+			if (hq_parse_size(optarg, &v) || v < (1u << 20))
+				return hq_usage(o, "--bg-rate '%s': at least 1M (bytes per second)",
+						optarg);
 			p->bg_min_rate = v;
 			break;
 		case 'i':
-			if (hq_parse_size(optarg, &v) || v < 1 || v > 60000) {
-				hq_errorf("save: --root-interval '%s': 1..60000 ms", optarg);
-				return -1;
-			}
+			if (hq_parse_size(optarg, &v) || v < 1 || v > 60000)
+				return hq_usage(o, "--root-interval '%s': 1..60000 ms", optarg);
 			p->root_ms = (unsigned)v;
 			break;
 		case 'k':
@@ -211,6 +254,9 @@ static int parse_args(int argc, char **argv, struct save_params *p)
 			break;
 		case 'T':
 			p->flags |= HALITE_SAVE_NO_REALTIME;
+			break;
+		case HQ_OPT_BYPASS_CACHE:
+			p->flags |= HALITE_SAVE_DIRECT;
 			break;
 		case 'R':
 			p->recover = true;
@@ -225,31 +271,32 @@ static int parse_args(int argc, char **argv, struct save_params *p)
 			hq_help_save(stdout);
 			exit(EXIT_OK);
 		default:
-			if (!hq_out_opt(c, &p->out))
-				return -1;
+			r = hq_out_opt(c, o, argc, argv);
+			if (r <= 0)
+				return r ? r : hq_usage(o, "option '%s' is not handled", argv[optind - 1]);
 		}
 	}
 	if (p->recover && optind == argc && p->qmp)
 		return 0;
-	if (p->recover) {
-		hq_errorf("save: --recover takes --qmp SOCKET and no FILE");
-		return -1;
-	}
-	if (optind != argc - 1) {
-		hq_errorf("save: %s; see '" PROG " save --help'",
-			  optind >= argc ? "FILE missing" : "one FILE only");
-		return -1;
-	}
+	if (p->recover)
+		return hq_usage(o, "--recover takes --qmp SOCKET and no FILE (" PROG " save --help)");
+	if (optind != argc - 1)
+		return hq_usage(o, "%s (" PROG " save --help)", optind >= argc ? "FILE missing" :
+				"one FILE only");
 	p->path = argv[optind];
-	if (!p->qmp) {
-		hq_errorf("save: --qmp SOCKET is required; see '" PROG " save --help'");
+	if (!p->qmp)
+		return hq_usage(o, "--qmp SOCKET is required (" PROG " save --help)");
+	if (check_writer_opts(p))
 		return -1;
-	}
+	p->parsed = true;
 	return 0;
 }
 
 static int fail(struct save_run *r, int ret, const char *what, const char *detail)
 {
+	/* QEMU's own words when its error reply is the cause (the last QMP call's). */
+	if (!r->err[0] && r->vm.qmp && hq_qmp_qemu_error(r->vm.qmp)[0])
+		snprintf(r->qemu_err, sizeof(r->qemu_err), "%s", hq_qmp_qemu_error(r->vm.qmp));
 	return hq_fail(r->err, sizeof(r->err), ret, what, detail);
 }
 
@@ -353,6 +400,7 @@ static int prepare_disks(struct save_run *r)
 	int ret;
 
 	ret = hq_disks_query(&r->vm, r->disks, r->err, sizeof(r->err));
+	r->disks_known = !ret;
 	if (ret || r->p.no_disks || !hq_disks_writable(r->disks))
 		return ret;
 	strftime(when, sizeof(when), "%Y%m%d-%H%M%S", localtime(&now));
@@ -397,6 +445,7 @@ static int copy_device_ram(struct save_run *r)
 		r->devram_copied += n;
 	}
 	r->devram_ns = hq_now_ns() - t0;
+	r->devram_done = true;
 	return 0;
 }
 
@@ -420,6 +469,7 @@ static int start(struct save_run *r)
 	/* Its host address never changes: found now, copied in the pause. */
 	if (!ret)
 		ret = hq_vm_device_ram(&r->vm);
+	r->devram_known = !ret;
 
 	if (!ret)
 		ret = hq_vm_status(&r->vm, r->status, sizeof(r->status));
@@ -466,9 +516,9 @@ static int start(struct save_run *r)
 			.kind = HALITE_MEM_COPY, .fd = -1,
 		};
 	}
-	if (r->vm.devram_skipped[0])
-		hq_progressf(r->p.out.quiet, "save: device RAM not saved (it starts blank after a "
-			     "restore): %s\n", r->vm.devram_skipped);
+	if (r->vm.devram_skipped[0] && !r->p.out.quiet)
+		hq_errorf("save: warning: device RAM not saved (it starts blank after a restore): "
+			  "%s", r->vm.devram_skipped);
 	/*
 	 * Shared RAM: QEMU keeps no copy of the descriptor: if this process
 	 * dies, the ranges lose their registration and QEMU's accesses find the
@@ -502,6 +552,7 @@ static int start(struct save_run *r)
 	o.drop_ctx = &r->vm;
 	o.bg_min_rate = r->p.bg_min_rate;
 	o.log = hq_log;
+	o.log_ctx = &r->p.out;
 	o.log_level = r->p.out.verbose ? HALITE_LOG_DEBUG : HALITE_LOG_WARN;
 	ret = halite_save_create(&r->s, r->p.path, reg, r->vm.nregions + r->vm.ndevram, &o);
 	if (ret)
@@ -557,24 +608,36 @@ out:
 	return leave_run_state(r, ret);
 }
 
+/* Progress on stderr (--progress): what the blocks saved so far cover of guest and device RAM. */
 static void progress(struct save_run *r, bool final)
 {
 	struct halite_save_stats st;
-	uint64_t total = r->mem_bytes;
+	uint64_t total = r->mem_bytes, done;
+	int mode = hq_progress_mode(&r->p.out);
+	double elapsed = (double)(hq_now_ns() - r->t_armed_ns) / 1e9;
 	char a[32], b[32];
 
-	if (r->p.out.quiet)
+	if (mode == HALITE_PROGRESS_NONE || !r->s)
 		return;
 	/* Guest RAM and device RAM: the blocks cover both. */
 	for (uint32_t i = 0; i < r->vm.ndevram; i++)
 		total += r->vm.devram[i].length;
 	halite_save_stats(r->s, &st);
-	hq_progressf(r->p.out.quiet, "save: %3" PRIu64 "%%  %s of %s  %" PRIu64 " faults, %" PRIu64
+	done = st.mb_total ? total / st.mb_total * st.mb_saved : 0;
+	if (mode == HALITE_PROGRESS_JSON) {
+		struct halite_cli_progress pr = {
+			.op = "save", .phase = "memory", .elapsed_s = elapsed,
+			.bytes = (int64_t)done, .total = (int64_t)total,
+			.faults = (int64_t)st.faults, .done = final,
+		};
+
+		halite_cli_progress_json(stderr, &pr);
+		return;
+	}
+	hq_progressf(false, "save: %3" PRIu64 "%%  %s of %s  %" PRIu64 " faults, %" PRIu64
 		     " blocks by vCPUs  %.1f s%s", st.mb_total ? 100 * st.mb_saved / st.mb_total : 0,
-		     hq_bytes(st.mb_total ? total / st.mb_total * st.mb_saved : 0, a, sizeof(a)),
-		     hq_bytes(total, b, sizeof(b)), st.faults,
-		     st.faults_vcpu, (double)(hq_now_ns() - r->t_armed_ns) / 1e9,
-		     final ? "\n" : "");
+		     hq_bytes(done, a, sizeof(a)), hq_bytes(total, b, sizeof(b)), st.faults,
+		     st.faults_vcpu, elapsed, final ? "\n" : "");
 }
 
 static int run(struct save_run *r)
@@ -605,6 +668,8 @@ static int run(struct save_run *r)
 		if (hq_stop_signal) {
 			halite_save_cancel(r->s);
 			halite_save_stats(r->s, &r->st);
+			r->have_stats = true;
+			progress(r, true);
 			return fail(r, -ECANCELED, "save cancelled", strsignal(hq_stop_signal));
 		}
 		ret = halite_save_wait(r->s, (int)slice);
@@ -617,68 +682,116 @@ static int run(struct save_run *r)
 			if (sample_roots(r) && r->p.out.verbose)
 				hq_errorf("save: sampling roots: %s", r->vm.err);
 		}
-		if (now - last_prog >= 1000000000ull) {
-			last_prog = now;
+		if (hq_progress_due(&r->p.out, &last_prog, now))
 			progress(r, false);
-		}
 	}
 	r->t_done_ns = hq_now_ns();
 	halite_save_stats(r->s, &r->st);
+	r->have_stats = true;
 	progress(r, true);
+	/* The engine's sentence names the file and what failed: said once, as it is. */
 	if (ret)
-		return fail(r, ret, "save", halite_save_errmsg(r->s)[0] ?
-			    halite_save_errmsg(r->s) : halite_strerror(ret));
+		return fail(r, ret, halite_save_errmsg(r->s)[0] ? halite_save_errmsg(r->s) :
+			    halite_strerror(ret), NULL);
 	return 0;
 }
 
 /*
  * Device RAM, beside memory_bytes (guest RAM): "device_ram": [{"name", "gpa",
  * "bytes"}], their total, the bytes copied and how long that took (in the
- * pause), "device_ram_skipped" ("" or what could not be saved, and why).
+ * pause), "device_ram_skipped" (what could not be saved, and why; null: none).
  */
-static void report_devram_json(const struct save_run *r)
+static void report_devram_json(cJSON *o, const struct save_run *r)
 {
+	cJSON *a = r->devram_known ? cJSON_AddArrayToObject(o, "device_ram") :
+		   cJSON_AddNullToObject(o, "device_ram");
 	uint64_t total = 0;
 
-	printf(", \"device_ram\": [");
-	for (uint32_t i = 0; i < r->vm.ndevram; i++) {
-		printf("%s{\"name\": ", i ? ", " : "");
-		halite_json_str(stdout, r->vm.devram[i].name);
-		printf(", \"gpa\": %" PRIu64 ", \"bytes\": %" PRIu64 "}", r->vm.devram[i].gpa,
-		       r->vm.devram[i].length);
+	for (uint32_t i = 0; r->devram_known && a && i < r->vm.ndevram; i++) {
+		cJSON *d = cJSON_CreateObject();
+
+		cJSON_AddStringToObject(d, "name", r->vm.devram[i].name);
+		hq_json_u64(d, "gpa", true, r->vm.devram[i].gpa);
+		hq_json_u64(d, "bytes", true, r->vm.devram[i].length);
+		cJSON_AddItemToArray(a, d);
 		total += r->vm.devram[i].length;
 	}
-	printf("], \"device_ram_bytes\": %" PRIu64 ", \"device_ram_copied_bytes\": %" PRIu64
-	       ", \"device_ram_ms\": %.3f, \"device_ram_skipped\": ", total, r->devram_copied,
-	       (double)r->devram_ns / 1e6);
-	halite_json_str(stdout, r->vm.devram_skipped);
+	hq_json_u64(o, "device_ram_bytes", r->devram_known, total);
+	hq_json_u64(o, "device_ram_copied_bytes", r->devram_done, r->devram_copied);
+	hq_json_fixed(o, "device_ram_ms", r->devram_done, (double)r->devram_ns / 1e6, 3);
+	hq_json_str(o, "device_ram_skipped", r->vm.devram_skipped);
 }
 
 /* "disks": [{"qdev", "image", "frozen", "overlay"}]: where the guest writes now. */
-static void report_disks_json(const struct save_run *r)
+static void report_disks_json(cJSON *o, const struct save_run *r)
 {
-	printf(", \"disks_frozen\": %s, \"libvirt_domain\": ", r->p.no_disks ? "false" : "true");
-	if (r->disks->libvirt[0])
-		halite_json_str(stdout, r->disks->libvirt);
-	else
-		printf("null");
-	printf(", \"disks\": [");
-	for (int i = 0; i < r->disks->n; i++) {
-		const struct hq_disk *d = &r->disks->d[i];
+	cJSON *a;
 
-		printf("%s{\"qdev\": ", i ? ", " : "");
-		halite_json_str(stdout, d->qdev);
-		printf(", \"image\": ");
-		halite_json_str(stdout, d->image);
-		printf(", \"read_only\": %s, \"frozen\": %s, \"overlay\": ", d->ro ? "true" : "false",
-		       d->frozen ? "true" : "false");
-		if (d->frozen)
-			halite_json_str(stdout, d->overlay);
-		else
-			printf("null");
-		printf("}");
+	hq_json_bool(o, "disks_frozen", r->p.parsed, !r->p.no_disks);
+	hq_json_str(o, "libvirt_domain", r->disks ? r->disks->libvirt : NULL);
+	if (!r->disks_known) {
+		cJSON_AddNullToObject(o, "disks");
+		return;
 	}
-	printf("]");
+	a = cJSON_AddArrayToObject(o, "disks");
+	for (int i = 0; a && i < r->disks->n; i++) {
+		const struct hq_disk *d = &r->disks->d[i];
+		cJSON *j = cJSON_CreateObject();
+
+		cJSON_AddStringToObject(j, "qdev", d->qdev);
+		cJSON_AddStringToObject(j, "image", d->image);
+		cJSON_AddBoolToObject(j, "read_only", d->ro);
+		cJSON_AddBoolToObject(j, "frozen", d->frozen);
+		hq_json_str(j, "overlay", d->frozen ? d->overlay : NULL);
+		cJSON_AddItemToArray(a, j);
+	}
+}
+
+/*
+ * The report as one JSON object: on failure the keys a success has, with
+ * what was learnt before it failed and null for the rest.
+ */
+static void report_json(const struct save_run *r, int code)
+{
+	const struct halite_save_stats *st = &r->st;
+	bool stats = r->have_stats, ok = code == EXIT_OK;
+	/* A guest that was paused already was not paused by the save: no pause. */
+	bool paused_before = r->status[0] && !r->was_running;
+	bool pause_known = paused_before || (r->t_stop_ns && r->t_cont_ns > r->t_stop_ns);
+	double pause_ms = paused_before ? 0 : (double)(r->t_cont_ns - r->t_stop_ns) / 1e6;
+	cJSON *o = hq_json_head(code, r->p.path, r->err, r->qemu_err, &r->vm);
+
+	if (!o) {
+		hq_json_print(NULL);
+		return;
+	}
+	/* As query-status said before the save. */
+	hq_json_str(o, "run_state", r->status);
+	hq_json_fixed(o, "pause_ms", pause_known, pause_ms, 3);
+	hq_json_fixed(o, "arm_ms", stats && r->t_armed_ns, (double)st->arm_ns / 1e6, 3);
+	hq_json_fixed(o, "save_s", stats, (double)st->duration_ns / 1e9, 3);
+	hq_json_u64(o, "memory_bytes", r->vm.nregions, r->mem_bytes);
+	hq_json_u64(o, "file_bytes", ok && stats, st->file_bytes);
+	hq_json_fixed(o, "ratio", ok && stats && st->mb_total,
+		      st->mb_total ? (double)st->file_bytes / ((double)st->mb_total * 8192) : 0, 4);
+	hq_json_u64(o, "device_state_bytes", r->devstate_bytes, r->devstate_bytes);
+	hq_json_u64(o, "faults", stats, st->faults);
+	hq_json_u64(o, "faults_vcpu", stats, st->faults_vcpu);
+	hq_json_u64(o, "faults_other", stats, st->faults_other);
+	hq_json_fixed(o, "fault_p50_us", stats, (double)st->fault_p50_ns / 1e3, 1);
+	hq_json_fixed(o, "fault_p99_us", stats, (double)st->fault_p99_ns / 1e3, 1);
+	hq_json_fixed(o, "fault_max_us", stats, (double)st->fault_max_ns / 1e3, 1);
+	hq_json_bool(o, "fault_realtime", stats, st->fault_realtime);
+	hq_json_u64(o, "mb_total", stats, st->mb_total);
+	hq_json_u64(o, "mb_stored", stats, st->mb_stored);
+	hq_json_u64(o, "mb_zero", stats, st->mb_zero);
+	hq_json_u64(o, "mb_untouched", stats, st->mb_untouched);
+	hq_json_u64(o, "mb_background", stats, st->mb_background);
+	hq_json_u64(o, "root_samples", r->have_stats || r->root_samples, r->root_samples);
+	hq_json_bool(o, "bypass_cache", r->p.parsed, r->p.flags & HALITE_SAVE_DIRECT);
+	report_devram_json(o, r);
+	report_disks_json(o, r);
+	hq_json_print(o);
 }
 
 static void report_disks(const struct save_run *r)
@@ -707,29 +820,9 @@ static void report(const struct save_run *r, int ret)
 	double ratio = st->mb_total ? (double)st->file_bytes / ((double)st->mb_total * 8192) : 0;
 	char a[32], b[32];
 
+
 	if (r->p.out.json) {
-		hq_json_head(!ret, r->p.path, r->err, &r->vm);
-		/* As query-status said before the save ("" if QEMU was never asked). */
-		printf(", \"run_state\": ");
-		halite_json_str(stdout, r->status);
-		printf(", \"pause_ms\": %.3f, \"arm_ms\": %.3f, "
-		       "\"save_s\": %.3f, \"memory_bytes\": %" PRIu64 ", \"file_bytes\": %" PRIu64
-		       ", \"ratio\": %.4f, \"device_state_bytes\": %" PRIu64 ", \"faults\": %" PRIu64
-		       ", \"faults_vcpu\": %" PRIu64 ", \"faults_other\": %" PRIu64
-		       ", \"fault_p50_us\": %.1f, \"fault_p99_us\": %.1f, \"fault_max_us\": %.1f"
-		       ", \"fault_realtime\": %s, \"mb_total\": %" PRIu64
-		       ", \"mb_stored\": %" PRIu64 ", \"mb_zero\": %" PRIu64 ", \"mb_untouched\": %"
-		       PRIu64 ", \"mb_background\": %" PRIu64 ", \"root_samples\": %" PRIu64,
-		       pause_ms, (double)st->arm_ns / 1e6,
-		       (double)st->duration_ns / 1e9, r->mem_bytes, st->file_bytes, ratio,
-		       r->devstate_bytes, st->faults, st->faults_vcpu, st->faults_other,
-		       (double)st->fault_p50_ns / 1e3, (double)st->fault_p99_ns / 1e3,
-		       (double)st->fault_max_ns / 1e3, st->fault_realtime ? "true" : "false",
-		       st->mb_total, st->mb_stored, st->mb_zero, st->mb_untouched,
-		       st->mb_background, r->root_samples);
-		report_devram_json(r);
-		report_disks_json(r);
-		printf("}\n");
+		report_json(r, hq_exit_code(ret));
 		return;
 	}
 	if (ret)
@@ -770,56 +863,77 @@ int hq_cmd_save(int argc, char **argv)
 	int ret;
 
 	if (!r) {
-		hq_errorf("out of memory");
+		hq_errorf("save: out of memory");
 		return EXIT_FAIL;
 	}
+	r->p = (struct save_params){ .codec = HALITE_CODEC_LZ4, .root_ms = 100 };
+	hq_out_init(&r->p.out, "save", argc, argv);
 	if (parse_args(argc, argv, &r->p)) {
+		hq_errorf("save: %s", r->p.out.usage);
+		if (r->p.out.json) {
+			snprintf(r->err, sizeof(r->err), "%s", r->p.out.usage);
+			report_json(r, EXIT_USAGE);
+		}
 		free(r);
 		return EXIT_USAGE;
 	}
 	if (r->p.recover) {
-		ret = hq_cmd_recover(r->p.qmp, r->p.out.json, r->p.out.quiet);
+		ret = hq_cmd_recover(r->p.qmp, &r->p.out);
 		free(r);
 		return ret;
 	}
 	r->uffd = r->remote_uffd = r->vm.aside_fd = -1;
 	r->disks = calloc(1, sizeof(*r->disks));
 	if (!r->disks) {
-		hq_errorf("out of memory");
+		hq_errorf("save: out of memory");
 		free(r);
 		return EXIT_FAIL;
 	}
 	ret = halite_writer_check_path(r->p.path, r->err, sizeof(r->err));
 	if (ret == -EINVAL) {
 		/* No file name at all ("" on the command line): usage. */
-		hq_errorf("save: %s; see '" PROG " save --help'", r->err);
+		hq_usage(&r->p.out, "%s (" PROG " save --help)", r->err);
+		hq_errorf("save: %s", r->p.out.usage);
+		if (r->p.out.json) {
+			snprintf(r->err, sizeof(r->err), "%s", r->p.out.usage);
+			report_json(r, EXIT_USAGE);
+		}
 		free(r->disks);
 		free(r);
 		return EXIT_USAGE;
 	}
 	if (!ret)
 		ret = run(r);
-	if (ret)
-		hq_errorf("save: %s", r->err);
-	report(r, ret);
 	/* Every block given back, the ranges unregistered, the pages moved aside unmapped. */
 	halite_save_free(r->s);
+	r->s = NULL;
 	/* The engine is gone: the copies of device RAM are ours again. */
 	for (uint32_t i = 0; i < r->vm.ndevram; i++)
 		if (r->devcopy[i])
 			munmap(r->devcopy[i], r->vm.devram[i].length);
 	if (r->uffd >= 0)
 		close(r->uffd);
-	if (r->remote_uffd >= 0 && hq_vm_close_remote(&r->vm, r->remote_uffd))
-		hq_errorf("save: closing QEMU's copy of the userfaultfd: %s", r->vm.err);
+	if (r->remote_uffd >= 0 && hq_vm_close_remote(&r->vm, r->remote_uffd)) {
+		/* QEMU keeps a descriptor it does not use: worth a word, not a failure. */
+		hq_errorf("save: warning: closing QEMU's copy of the userfaultfd: %s", r->vm.err);
+	}
 	/* QEMU's memory is whole and its own again: nothing left to recover. */
 	hq_aside_record_remove(&r->vm);
-	if (ret && hq_disks_thaw(&r->vm, r->disks, r->err, sizeof(r->err)))
-		hq_errorf("save: the disks could not be thawed: %s", r->err);
+	if (ret && r->disks_known) {
+		char err[1024];
+
+		if (hq_disks_thaw(&r->vm, r->disks, err, sizeof(err))) {
+			size_t n = strlen(r->err);
+
+			snprintf(r->err + n, sizeof(r->err) - n, "; and the disks could not be "
+				 "thawed: %s", err);
+		}
+	}
+	if (ret)
+		hq_errorf("save: %s", r->err);
+	report(r, ret);
 	hq_vm_release(&r->vm);
 	free(r->disks);
 	free(r);
-	if (!ret)
-		return EXIT_OK;
-	return ret == -HALITE_E_UNSUPPORTED ? EXIT_UNSUPPORTED : EXIT_FAIL;
+	return hq_exit_code(ret);
 }

@@ -286,10 +286,18 @@ int hq_region_open(struct hq_vm *vm, struct hq_region *g)
 				return -EPROTO;
 			}
 			if (v.shared || (v.path[0] && strcmp(v.path, "[heap]"))) {
+				/* The size as QEMU's size= takes it, for a line to paste. */
+				uint64_t sz = g->length;
+				bool gib = !(sz & ((1ull << 30) - 1));
+
 				hq_vmsetf(vm, "guest RAM '%s' is a private mapping of the file %s "
-					  "(memory-backend-file share=off): not supported; use share=on, "
-					  "or memory-backend-ram", g->block, v.path[0] ? v.path :
-					  "(shared anonymous)");
+					  "(memory-backend-file share=off), which a save cannot "
+					  "trap: give it share=on (-object memory-backend-file,"
+					  "id=%s,size=%" PRIu64 "%s,mem-path=...,share=on), or use "
+					  "-object memory-backend-ram,id=%s,size=%" PRIu64 "%s",
+					  g->block, v.path[0] ? v.path : "(shared anonymous)",
+					  g->block, gib ? sz >> 30 : sz >> 20, gib ? "G" : "M",
+					  g->block, gib ? sz >> 30 : sz >> 20, gib ? "G" : "M");
 				return -EINVAL;
 			}
 		}

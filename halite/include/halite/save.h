@@ -126,7 +126,13 @@ typedef int (*halite_unmap_fn)(void *ctx, uint64_t addr, uint64_t len);
 #define HALITE_SAVE_NO_BACKGROUND 0x4u	 /* only faults save (tests); finish needs every block touched */
 /* The fault thread stays an ordinary thread (by default SCHED_FIFO where allowed). */
 #define HALITE_SAVE_NO_REALTIME 0x8u
-#define HALITE_SAVE_FLAGS_ALL 0xfu
+/*
+ * Locality blocks bypass the page cache (HALITE_WRITER_DIRECT, as virsh save
+ * --bypass-cache): a large save does not push the host's cache out. A file
+ * system that refuses O_DIRECT fails halite_save_create().
+ */
+#define HALITE_SAVE_DIRECT 0x10u
+#define HALITE_SAVE_FLAGS_ALL 0x1fu
 
 struct halite_save_opts {
 	size_t sz;
