@@ -116,8 +116,18 @@ struct halite_reader {
 
 	struct halite_logger log;
 	pthread_mutex_t err_lock;
-	char errmsg[256];
+	char errmsg[512];
 };
+
+/* @msg as the reader's error (errmsg) and to its log; returns -|err|. */
+static int rfail_store(struct halite_reader *r, int err, const char *msg)
+{
+	pthread_mutex_lock(&r->err_lock);
+	snprintf(r->errmsg, sizeof(r->errmsg), "%s", msg);
+	pthread_mutex_unlock(&r->err_lock);
+	halite_logf(&r->log, HALITE_LOG_ERROR, "%s", msg);
+	return err < 0 ? err : -err;
+}
 
 __attribute__((format(printf, 3, 4)))
 static int rfail(struct halite_reader *r, int err, const char *fmt, ...)
@@ -128,11 +138,41 @@ static int rfail(struct halite_reader *r, int err, const char *fmt, ...)
 	va_start(ap, fmt);
 	halite_vformat_error(msg, sizeof(msg), err, fmt, ap);
 	va_end(ap);
-	pthread_mutex_lock(&r->err_lock);
-	memcpy(r->errmsg, msg, sizeof(msg));
-	pthread_mutex_unlock(&r->err_lock);
-	halite_logf(&r->log, HALITE_LOG_ERROR, "%s", msg);
-	return err < 0 ? err : -err;
+	return rfail_store(r, err, msg);
+}
+
+/*
+ * rfail() for a sentence that says everything already: the open failures a
+ * user meets first, worded the same for every tool, without the code's
+ * generic text after them.
+ */
+static int rfail_said(struct halite_reader *r, int err, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static int rfail_said(struct halite_reader *r, int err, const char *fmt, ...)
+{
+	char msg[sizeof(r->errmsg)];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	return rfail_store(r, err, msg);
+}
+
+/* What a file that is not a regular one is: "a directory", ... */
+static const char *file_kind(mode_t mode)
+{
+	switch (mode & S_IFMT) {
+	case S_IFDIR:
+		return "a directory";
+	case S_IFCHR:
+		return "a character device";
+	case S_IFIFO:
+		return "a FIFO";
+	case S_IFSOCK:
+		return "a socket";
+	}
+	return "not a file";
 }
 
 #define ULL(x) ((unsigned long long)(x))
@@ -161,7 +201,8 @@ static int parse_header(struct halite_reader *r, const uint8_t *h)
 	uint64_t mb_size;
 
 	if (memcmp(h, HLT_HDR_MAGIC, 8))
-		return rfail(r, HALITE_E_BAD_MAGIC, "%s: not a Halite snapshot", r->path);
+		return rfail_said(r, HALITE_E_BAD_MAGIC, "%s: not a Halite snapshot (it does not "
+				  "start with a Halite header)", r->path);
 	fi->version_major = halite_get_le16(h + HLT_HDR_VERSION_MAJOR);
 	fi->version_minor = halite_get_le16(h + HLT_HDR_VERSION_MINOR);
 	/* Before the checksum: another major version may place it elsewhere. */
@@ -248,10 +289,9 @@ static int parse_footer(struct halite_reader *r, const uint8_t *f)
 	if (memcmp(f, HLT_FTR_MAGIC, 8) ||
 	    halite_get_le64(f + HLT_FTR_CHECKSUM) != hlt_hash(f, HLT_FTR_CHECKSUM, 0) ||
 	    memcmp(f + HLT_FTR_UUID, fi->uuid, 16))
-		return rfail(r, HALITE_E_INCOMPLETE,
-			     "%s: no valid footer at offset %llu: the save did not finish or the "
-			     "file was cut short; it cannot be restored",
-			     r->path, ULL(fi->file_size - HLT_FTR_SIZE));
+		return rfail_said(r, HALITE_E_INCOMPLETE,
+				  "%s: incomplete: the save that wrote it did not finish, or the file "
+				  "was cut short (no valid footer); it cannot be restored", r->path);
 	if (halite_get_le32(f + HLT_FTR_RESERVED))
 		return rfail(r, HALITE_E_RESERVED, "%s: reserved footer bytes are not zero", r->path);
 	lb_count = halite_get_le64(f + HLT_FTR_LB_COUNT);
@@ -1207,7 +1247,8 @@ static int open_files(struct halite_reader *r, const struct halite_reader_opts *
 	if (fstat(halite_io_fd(r->meta_io), &st))
 		return rfail(r, -errno, "%s: fstat", r->path);
 	if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode))
-		return rfail(r, -EINVAL, "%s: not a regular file", r->path);
+		return rfail_said(r, -EINVAL, "%s: not a regular file (%s)", r->path,
+				  file_kind(st.st_mode));
 	r->info.file_size = (uint64_t)st.st_size;
 	io_opts.flags = (o->flags & HALITE_READER_DIRECT) ? HALITE_IO_DIRECT : 0;
 	io_opts.read_latency_us = o->read_latency_us;
@@ -1232,10 +1273,12 @@ static int open_validate(struct halite_reader *r, const struct halite_reader_opt
 		uint8_t m[8];
 
 		if (size < 8 || read_at(r, m, 8, 0, "magic") || memcmp(m, HLT_HDR_MAGIC, 8))
-			return rfail(r, HALITE_E_BAD_MAGIC, "%s: not a Halite snapshot (%llu bytes)",
-				     r->path, ULL(size));
-		return rfail(r, HALITE_E_TRUNCATED, "%s: %llu bytes, shorter than the header",
-			     r->path, ULL(size));
+			return size ? rfail_said(r, HALITE_E_BAD_MAGIC, "%s: not a Halite snapshot "
+						 "(it does not start with a Halite header)", r->path) :
+				rfail_said(r, HALITE_E_BAD_MAGIC, "%s: not a Halite snapshot (empty file)",
+					   r->path);
+		return rfail_said(r, HALITE_E_TRUNCATED, "%s: incomplete: %llu bytes, shorter "
+				  "than a Halite header; it cannot be restored", r->path, ULL(size));
 	}
 	ret = read_at(r, hdr, sizeof(hdr), 0, "header");
 	if (!ret)
@@ -1248,9 +1291,10 @@ static int open_validate(struct halite_reader *r, const struct halite_reader_opt
 	 * inconsistent field (say, data_offset past the directory) is corruption.
 	 */
 	if (size < HLT_HDR_SIZE + HLT_FTR_SIZE)
-		return rfail(r, HALITE_E_INCOMPLETE,
-			     "%s: %llu bytes, no room for a footer: the save did not finish or the "
-			     "file was cut short; it cannot be restored", r->path, ULL(size));
+		return rfail_said(r, HALITE_E_INCOMPLETE,
+				  "%s: incomplete: the save that wrote it did not finish, or the file "
+				  "was cut short (%llu bytes, no room for a footer); it cannot be "
+				  "restored", r->path, ULL(size));
 	ret = read_at(r, ftr, sizeof(ftr), size - HLT_FTR_SIZE, "footer");
 	if (!ret)
 		ret = parse_footer(r, ftr);

@@ -239,7 +239,8 @@ static const struct {
 	{ HALITE_E_TRUNCATED, "short" },       { HALITE_E_CODEC, "decode" },
 	{ HALITE_E_RESERVED, "reserved" },     { HALITE_E_VERSION, "version" },
 	{ HALITE_E_INCOMPAT, "incompatible" }, { HALITE_E_NO_CODEC, "codec" },
-	{ HALITE_E_UNKNOWN_SECTION, "section" },
+	{ HALITE_E_UNKNOWN_SECTION, "section" }, { HALITE_E_BAD_MAGIC, "not a Halite snapshot" },
+	{ HALITE_E_INCOMPLETE, "incomplete" },   { EINVAL, "not a regular file" },
 };
 
 static bool says_already(int e, const char *detail)
@@ -250,32 +251,11 @@ static bool says_already(int e, const char *detail)
 	return false;
 }
 
-/* What a file that is not one is, for "not a regular file (a directory)". */
-static const char *file_kind(const char *path)
-{
-	struct stat st;
-
-	if (stat(path, &st))
-		return NULL;
-	switch (st.st_mode & S_IFMT) {
-	case S_IFDIR:
-		return "a directory";
-	case S_IFCHR:
-		return "a character device";
-	case S_IFIFO:
-		return "a FIFO";
-	case S_IFSOCK:
-		return "a socket";
-	}
-	return NULL;
-}
-
 const char *error_text(const char *path, int err, const char *detail, char *d, size_t len)
 {
 	int e = err < 0 ? -err : err;
-	const char *es = halite_strerror(err), *kind;
+	const char *es = halite_strerror(err);
 	size_t dl, el = strlen(es);
-	struct stat st;
 
 	/* The library's details name the file first; the sentence names it once. */
 	detail = strip_path(path, detail);
@@ -283,27 +263,17 @@ const char *error_text(const char *path, int err, const char *detail, char *d, s
 		detail = es;
 	snprintf(d, len, "%s", detail);
 
-	/* The open failures a user meets first, said in the words of what to do. */
-	if (e == HALITE_E_BAD_MAGIC) {
-		snprintf(d, len, "not a Halite snapshot (%s)",
-			 stat(path, &st) == 0 && st.st_size == 0 ? "empty file" :
-			 "it does not start with a Halite header");
-	} else if (e == HALITE_E_INCOMPLETE) {
-		snprintf(d, len, "incomplete: the save that wrote it did not finish, or the file "
-			 "was cut short (no valid footer); it cannot be restored");
-	} else if (e == EINVAL && strstr(d, "not a regular file")) {
-		kind = file_kind(path);
-		snprintf(d, len, "not a regular file%s%s%s", kind ? " (" : "", kind ? kind : "",
-			 kind ? ")" : "");
-	} else {
-		/* Drop the code's text the library appended if the detail says it already. */
-		dl = strlen(d);
-		if (dl > el + 2 && !strcmp(d + dl - el, es) && !strncmp(d + dl - el - 2, ": ", 2) &&
-		    says_already(e, d))
-			d[dl - el - 2] = '\0';
-		else if (!strstr(d, es) && !says_already(e, d))
-			snprintf(d + dl, len - dl, ": %s", es);
-	}
+	/*
+	 * The open failures a user meets first (not a snapshot, incomplete, not
+	 * a regular file) the reader says in full; anything else gets the
+	 * code's text unless the detail says it already.
+	 */
+	dl = strlen(d);
+	if (dl > el + 2 && !strcmp(d + dl - el, es) && !strncmp(d + dl - el - 2, ": ", 2) &&
+	    says_already(e, d))
+		d[dl - el - 2] = '\0';
+	else if (!strstr(d, es) && !says_already(e, d))
+		snprintf(d + dl, len - dl, ": %s", es);
 	return d;
 }
 
