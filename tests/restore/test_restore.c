@@ -2096,6 +2096,7 @@ static void test_external_populated(void **state)
 		g_log.quiet = false;
 		sg_kill(g);
 	}
+	free_image(&img);
 	unlink(path);
 	free(path);
 }
