@@ -1896,8 +1896,8 @@ def udp_noports(guest):
 
 
 def case_network(work):
-    """A connection held from the moment the restore starts is answered within a
-    second of the guest resuming, for e1000, e1000e and virtio-net-pci: the
+    """A connection held from the moment the restore starts is answered soon
+    after the guest resumes (well before slirp's retransmission), for e1000, e1000e and virtio-net-pci: the
     host forwards are added once the guest's state is loaded (before, slirp
     parked the connection's SYN on a clock the load then moved past, and
     retransmitted it 6 s later). The -nic and -netdev forms, tcp and udp rules."""
@@ -1933,8 +1933,12 @@ def case_network(work):
             f"{rep.get('forwarded_ms', 0) / 1e3:.3f} s, resumed {rep['resumed_ms'] / 1e3:.3f} s, "
             f"answered {t_ans - t0:.3f} s ({after:.3f} s after the resume)")
         check(status == 200 and "hello" in body, f"{name}: GET /hello.txt answered: {status}")
-        check(after < 1.0, f"{name}: the held connection was answered {after:.3f} s after the "
-              "guest resumed (< 1 s)")
+        # What this guards against is slirp's retransmission of a parked SYN,
+        # 6 s later; a guest under TCG on a loaded machine (CI's TSan run, the
+        # other suites beside it) answered 1.1 s after the resume, so the
+        # bound sits between the two.
+        check(after < 3.0, f"{name}: the held connection was answered {after:.3f} s after the "
+              "guest resumed (< 3 s: not slirp's retransmission, 6 s later)")
         check(rep["forwards"] == 2 and 0 < rep["forwarded_ms"] <= rep["resumed_ms"],
               f"{name}: 2 forwards added before the guest resumed")
         # The udp rule: a datagram to the host port reaches the guest's port 7,
