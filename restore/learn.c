@@ -87,7 +87,7 @@ static void unstage(void *arg)
 				continue;
 			ret = rs_install_staged(r, lb, mbs[i], 0);
 			if (!ret)
-				rs_installed(r, mbs[i], BY_POOL);
+				rs_installed(r, mbs[i], rs_staged_by(r, lb));
 		}
 	}
 	if (ret)

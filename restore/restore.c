@@ -190,6 +190,8 @@
 #endif
 /* The prefetcher naps this long when held back with nothing in flight (save.c's bg nap). */
 #define PREFETCH_NAP_NS 200000L
+/* ... and while learning (learn.c), when it cannot run at all until the window ends. */
+#define LEARN_NAP_NS 10000000L
 /*
  * Prefetched LBs waiting for the pool, at most this many per read in flight:
  * bounds the memory held when reads outrun decoding.
@@ -424,6 +426,17 @@ int rs_install_staged(struct halite_restore *r, uint64_t lb, uint64_t mb, unsign
 	int ret = mb_fill(r, mb, src, flags);
 
 	return ret ? rs_install_failed(r, ret, mb, "UFFDIO_COPY from the stage") : 0;
+}
+
+/* Whose count a staged block of @lb goes to: learning stages prefetched LBs' too. */
+int rs_staged_by(struct halite_restore *r, uint64_t lb)
+{
+	int how;
+
+	pthread_mutex_lock(&r->lk);
+	how = r->lbs[lb].how;
+	pthread_mutex_unlock(&r->lk);
+	return how == HOW_DEMAND ? BY_POOL : BY_PREFETCH;
 }
 
 /* ---- LB lifetime ---- */
@@ -1249,7 +1262,8 @@ static void *prefetch_main(void *arg)
 			if (hold)
 				continue;
 		} else if (hold) {
-			struct timespec ts = { 0, PREFETCH_NAP_NS };
+			struct timespec ts = { 0, atomic_load(&r->learning) ? LEARN_NAP_NS :
+						  PREFETCH_NAP_NS };
 
 			nanosleep(&ts, NULL);
 			continue;
@@ -1485,7 +1499,7 @@ static void finish(struct halite_restore *r)
 			}
 			ret = rs_install_staged(r, lb, mbs[i], 0);
 			if (!ret)
-				rs_installed(r, mbs[i], BY_POOL);
+				rs_installed(r, mbs[i], rs_staged_by(r, lb));
 		}
 	}
 	if (ret) {

@@ -214,6 +214,8 @@ bool rs_read_cached(struct halite_restore *r, uint64_t lb);
 
 /* Install a block claimed from STAGED, from its LB's stage (@flags: gmem). 0 or -errno. */
 int rs_install_staged(struct halite_restore *r, uint64_t lb, uint64_t mb, unsigned flags);
+/* The counter (BY_POOL, BY_PREFETCH) for a staged block of @lb, installed unasked. */
+int rs_staged_by(struct halite_restore *r, uint64_t lb);
 
 /* ---- learn.c: HALITE_RESTORE_LEARN ---- */
 

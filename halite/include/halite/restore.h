@@ -241,8 +241,8 @@ struct halite_restore_stats {
 				     blocks of the faulting huge page a demand read brought) */
 	uint64_t mb_pool;	  /* other blocks of demand-read LBs, installed by the pool
 				     (TRACK_ACCESS: staged blocks installed at the end;
-				     LEARN: staged blocks of any LB, installed when the window
-				     ends, or at the end) */
+				     LEARN: staged blocks installed when the window ends, or at
+				     the end; those of prefetched LBs count in mb_prefetch) */
 	uint64_t mb_prefetch;	  /* other blocks of prefetched LBs, installed by the pool, and the
 				     copies' blocks, filled at start */
 	uint64_t mb_zero;	  /* zero or never-touched: zero page on fault, else left a hole;
