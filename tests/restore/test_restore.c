@@ -31,6 +31,14 @@
  * (TRACK_ACCESS), and which pages are present (pagemap) are predicted from
  * the file's MB map and LB table, after every step.
  *
+ * Learning (LEARN). Two vCPU threads and another thread touch a planned
+ * sequence of blocks one at a time (blocks of one LB from different
+ * threads, zero and never-touched blocks, touches that must not count):
+ * the trace's touch lines are the plan's first touches exactly (order,
+ * vCPU, kind, each block once); with the window until done every LB is
+ * read on demand (prefetch and readahead held), with one ending mid-way
+ * nothing is prefetched inside it and memory is the snapshot after.
+ *
  * Failure. A locality block with one flipped byte, and one cut off by
  * truncating the file mid-restore, never reach memory: the faulting thread
  * stays blocked, none of the LB's pages is present, the restore fails with
