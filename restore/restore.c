@@ -15,7 +15,8 @@
  *   NONE      not installed, nobody working on it
  *   CLAIMED   one thread won the CAS from NONE (or STAGED) and is installing it
  *   INSTALLED in guest memory (UFFDIO_COPY done), or zero-paged
- *   STAGED    TRACK_ACCESS: decoded into the LB's stage, not installed
+ *   STAGED    TRACK_ACCESS or LEARN (learn.c): decoded into the LB's stage,
+ *             not installed
  * A block moves NONE -> CLAIMED -> INSTALLED (or NONE -> STAGED -> CLAIMED ->
  * INSTALLED) exactly once, so exactly one thread installs it and counts it in
  * exactly one of mb_fault / mb_pool / mb_prefetch: the invariant
@@ -121,6 +122,10 @@
  * writes the blocks of pages a fault waits for before the pool gets the
  * rest. The claims, LB states, threads and counts are the ones above.
  *
+ * Learning (HALITE_RESTORE_LEARN, learn.c): until its window ends every LB
+ * read is staged, the prefetcher holds back and readahead queues nothing,
+ * so each first touch of a block is a fault, which the fault thread records.
+ *
  * Taking over (HALITE_RESTORE_ATTACH): the regions are registered again on
  * the owner's descriptor (allowed: the same context), the blocks found in
  * memory are marked installed (attach_scan()), their LBs done, and every
@@ -185,6 +190,8 @@
 #endif
 /* The prefetcher naps this long when held back with nothing in flight (save.c's bg nap). */
 #define PREFETCH_NAP_NS 200000L
+/* ... and while learning (learn.c), when it cannot run at all until the window ends. */
+#define LEARN_NAP_NS 10000000L
 /*
  * Prefetched LBs waiting for the pool, at most this many per read in flight:
  * bounds the memory held when reads outrun decoding.
@@ -413,12 +420,23 @@ static uint32_t member_index(const struct halite_restore *r, uint64_t lb, uint64
 }
 
 /* Install a block claimed from STAGED, from its LB's stage (@flags: mb_fill()). */
-static int install_staged(struct halite_restore *r, uint64_t lb, uint64_t mb, unsigned flags)
+int rs_install_staged(struct halite_restore *r, uint64_t lb, uint64_t mb, unsigned flags)
 {
 	const uint8_t *src = r->lbs[lb].stage + (size_t)member_index(r, lb, mb) * r->mb_size;
 	int ret = mb_fill(r, mb, src, flags);
 
 	return ret ? rs_install_failed(r, ret, mb, "UFFDIO_COPY from the stage") : 0;
+}
+
+/* Whose count a staged block of @lb goes to: learning stages prefetched LBs' too. */
+int rs_staged_by(struct halite_restore *r, uint64_t lb)
+{
+	int how;
+
+	pthread_mutex_lock(&r->lk);
+	how = r->lbs[lb].how;
+	pthread_mutex_unlock(&r->lk);
+	return how == HOW_DEMAND ? BY_POOL : BY_PREFETCH;
 }
 
 /* ---- LB lifetime ---- */
@@ -457,8 +475,8 @@ static void lb_release(struct halite_restore *r, uint64_t lb)
 
 /*
  * The install task: every block of the LB no fault took is installed (or,
- * for a TRACK_ACCESS demand LB, decoded into the stage), then the task's
- * reference goes.
+ * for a TRACK_ACCESS demand LB, and for any LB while learning, decoded into
+ * the stage), then the task's reference goes.
  */
 static void install_lb(struct itask *t)
 {
@@ -472,7 +490,7 @@ static void install_lb(struct itask *t)
 
 	pthread_mutex_lock(&r->lk);
 	by = b->how == HOW_DEMAND ? BY_POOL : BY_PREFETCH;
-	stage = r->track && b->how == HOW_DEMAND;
+	stage = (r->track && b->how == HOW_DEMAND) || atomic_load(&r->learning);
 	pthread_mutex_unlock(&r->lk);
 	halite_reader_lb_members(r->rd, t->lb, &mbs, &n);
 	if (stage) {
@@ -702,6 +720,9 @@ int rs_queue_push(struct halite_restore *r, uint64_t lb)
  */
 size_t rs_ra_push(struct halite_restore *r, uint64_t lb)
 {
+	/* Learning: nothing comes in unasked (learn.c). */
+	if (atomic_load(&r->learning))
+		return 0;
 	for (unsigned i = 0; i < r->o.readahead && r->ra_next; i++) {
 		lb = rs_ra_next(r, lb);
 		if (lb == UINT64_MAX)
@@ -907,14 +928,16 @@ static void serve_stored(struct halite_restore *r, uint64_t mb, uint64_t lb,
 		if (s == MB_STAGED) {
 			if (!rs_claim(r, mb, MB_STAGED))
 				continue;
-			ret = install_staged(r, lb, mb, HALITE_GMEM_ZERO_GONE);
+			ret = rs_install_staged(r, lb, mb, HALITE_GMEM_ZERO_GONE);
 			if (ret) {
 				rs_set_failed(r, ret);
 				return;
 			}
 			rs_installed(r, mb, BY_FAULT);
 			atomic_fetch_add(&r->n_faults_cached, 1);
-			count_accessed(r, b);
+			/* Staged for learning only (learn.c): not what TRACK_ACCESS counts. */
+			if (r->track && b->how == HOW_DEMAND)
+				count_accessed(r, b);
 			rs_fault_served(r, t0);
 			return;
 		}
@@ -1041,6 +1064,8 @@ static void serve_fault(struct halite_restore *r, const struct uffd_msg *m, uint
 					 halite_reader_errmsg(r->rd)));
 		return;
 	}
+	if (r->learn)
+		rs_learn_fault(r, mb, loc.state, m->arg.pagefault.feat.ptid, t0);
 	if (g->hpage)
 		rs_huge_fault(r, mb, &f);
 	else if (loc.state != HALITE_MB_STORED)
@@ -1067,7 +1092,8 @@ static void *fault_main(void *arg)
 		uint64_t t0;
 		int n;
 
-		if (poll(p, 3, -1) < 0 && errno != EINTR)
+		/* Learning: woken when its window ends (learn.c). */
+		if (poll(p, 3, r->learn ? rs_learn_tick(r) : -1) < 0 && errno != EINTR)
 			break;
 		if (p[1].revents) {
 			eventfd_t v;
@@ -1107,6 +1133,9 @@ static bool pf_hold(struct halite_restore *r, uint64_t start, uint64_t issued)
 	uint64_t now = halite_now_ns();
 	double owed;
 
+	/* Learning: nothing comes in unasked (learn.c). */
+	if (atomic_load(&r->learning))
+		return true;
 	if (atomic_load(&r->lbs_cached) >= (uint64_t)PREFETCH_BACKLOG_PER_QD * r->o.queue_depth)
 		return true;
 	if (now - atomic_load(&r->last_fault_ns) >= (uint64_t)r->o.prefetch_idle_us * 1000)
@@ -1233,7 +1262,8 @@ static void *prefetch_main(void *arg)
 			if (hold)
 				continue;
 		} else if (hold) {
-			struct timespec ts = { 0, PREFETCH_NAP_NS };
+			struct timespec ts = { 0, atomic_load(&r->learning) ? LEARN_NAP_NS :
+						  PREFETCH_NAP_NS };
 
 			nanosleep(&ts, NULL);
 			continue;
@@ -1341,7 +1371,8 @@ static int write_trace(struct halite_restore *r, const struct halite_restore_sta
 		goto out;
 	}
 	fd = -1;
-	fprintf(f, "halite-restore-trace 1\nfile-uuid ");
+	/* Version 2 only when learning: version 1 readers keep reading the rest. */
+	fprintf(f, "halite-restore-trace %d\nfile-uuid ", r->learn ? 2 : 1);
 	for (int i = 0; i < 16; i++)
 		fprintf(f, "%02x", r->fi->uuid[i]);
 	fprintf(f, "\n");
@@ -1383,6 +1414,8 @@ static int write_trace(struct halite_restore *r, const struct halite_restore_sta
 			r->track ? b->staged : 0, r->track ? atomic_load(&b->accessed) : 0);
 	}
 	pthread_mutex_unlock(&r->lk);
+	if (r->learn)
+		rs_learn_write(r, f);
 	if (fflush(f) || fsync(fileno(f)))
 		ret = -errno;
 	if (fclose(f) && !ret)
@@ -1415,6 +1448,7 @@ static void end_restore(struct halite_restore *r, int err)
 	r->ending = true;
 	r->done_ns = halite_now_ns();
 	pthread_mutex_unlock(&r->st_lock);
+	rs_learn_stop(r, !err);
 	if (r->o.trace_path) {
 		fill_stats(r, &st);
 		st.done = !err;
@@ -1443,7 +1477,7 @@ static void finish(struct halite_restore *r)
 {
 	int ret = 0;
 
-	for (uint64_t lb = 0; r->track && lb < r->lb_total && !ret; lb++) {
+	for (uint64_t lb = 0; (r->track || r->learn) && lb < r->lb_total && !ret; lb++) {
 		struct rlb *b = &r->lbs[lb];
 		const uint64_t *mbs;
 		uint32_t n;
@@ -1463,9 +1497,9 @@ static void finish(struct halite_restore *r)
 					sched_yield();
 				continue;
 			}
-			ret = install_staged(r, lb, mbs[i], 0);
+			ret = rs_install_staged(r, lb, mbs[i], 0);
 			if (!ret)
-				rs_installed(r, mbs[i], BY_POOL);
+				rs_installed(r, mbs[i], rs_staged_by(r, lb));
 		}
 	}
 	if (ret) {
@@ -1644,6 +1678,7 @@ HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *pa
 	pthread_mutex_init(&r->lk, NULL);
 	pthread_cond_init(&r->q_cond, NULL);
 	pthread_mutex_init(&r->st_lock, NULL);
+	pthread_mutex_init(&r->learn_lk, NULL);
 	halite_cond_init_mono(&r->st_cond);
 	halite_hist_init(&r->hist);
 	ret = halite_opts_copy(&r->o, sizeof(r->o), opts);
@@ -1651,7 +1686,11 @@ HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *pa
 	    r->o.io_backend < HALITE_IO_DEFAULT || r->o.io_backend > HALITE_IO_PSYNC ||
 	    r->o.queue_depth > HALITE_IO_QD_MAX || r->o.workers > THREADS_MAX ||
 	    r->o.demand_readers > THREADS_MAX || r->o.readahead > READAHEAD_MAX ||
-	    (r->o.owner_pid && r->o.owner_uffd < 0)) {
+	    (r->o.owner_pid && r->o.owner_uffd < 0) ||
+	    /* Learning writes a trace; a take-over comes after the first touches. */
+	    ((r->o.flags & HALITE_RESTORE_LEARN) &&
+	     (!r->o.trace_path || (r->o.flags & HALITE_RESTORE_ATTACH))) ||
+	    (r->o.learn_window_ms && !(r->o.flags & HALITE_RESTORE_LEARN))) {
 		/* Nothing the caller owns was copied yet. */
 		r->o.vcpu_tids = NULL;
 		r->o.trace_path = NULL;
@@ -1677,6 +1716,7 @@ HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *pa
 		r->o.prefetch_min_rate = MIN_RATE_DEFAULT;
 	r->external = r->o.owner_pid != 0;
 	r->track = r->o.flags & HALITE_RESTORE_TRACK_ACCESS;
+	r->learn = r->o.flags & HALITE_RESTORE_LEARN;
 	if (r->o.nvcpus) {
 		pid_t *t = malloc(r->o.nvcpus * sizeof(*t));
 
@@ -1743,6 +1783,8 @@ HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *pa
 		goto err;
 	}
 	ret = ra_build(r);
+	if (!ret)
+		ret = rs_learn_init(r);
 	if (ret)
 		goto err;
 	r->fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -2381,6 +2423,10 @@ HALITE_EXPORT int halite_restore_start(struct halite_restore *r)
 	r->ready_at = halite_now_ns();
 	r->ready_ns = r->ready_at - r->open_ns;
 	pthread_mutex_unlock(&r->st_lock);
+	/* Before the copies land: their LBs' other blocks are staged too. */
+	if (r->learn && r->o.learn_window_ms)
+		r->learn_end_ns = r->ready_at + (uint64_t)r->o.learn_window_ms * 1000000;
+	atomic_store(&r->learning, r->learn);
 	atomic_store(&r->last_fault_ns, r->ready_at);
 	/* Before the copies: their LBs' installs may finish the restore themselves. */
 	nothing = atomic_load(&r->lb_done) == r->lb_total;
@@ -2524,6 +2570,7 @@ HALITE_EXPORT void halite_restore_free(struct halite_restore *r)
 	}
 	halite_io_close(r->pf_io);
 	rs_huge_free(r);
+	rs_learn_free(r);
 	halite_gmem_free(r->gm);
 	if (r->uffd >= 0)
 		close(r->uffd);
@@ -2551,6 +2598,7 @@ HALITE_EXPORT void halite_restore_free(struct halite_restore *r)
 	pthread_mutex_destroy(&r->lk);
 	pthread_cond_destroy(&r->q_cond);
 	pthread_mutex_destroy(&r->st_lock);
+	pthread_mutex_destroy(&r->learn_lk);
 	pthread_cond_destroy(&r->st_cond);
 	free(r);
 }

@@ -6,6 +6,7 @@
  *             pool, fault thread, prefetcher, the end (its top comment is the
  *             design)
  * huge.c      hugetlbfs regions, whose unit of installation is the huge page
+ * learn.c     HALITE_RESTORE_LEARN: the guest's first touches, recorded
  *
  * Locks and states are described at the top of restore.c.
  */
@@ -17,6 +18,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include <halite/restore.h>
 
@@ -66,7 +68,8 @@ struct rlb {
 	struct waiter *waiters;	 /* READING: newest first; under lk */
 	uint64_t t_ns;		 /* when the read landed, since ready; under lk */
 	uint64_t fault_mb;	 /* DEMAND: the block whose fault read it; under lk */
-	uint8_t *stage;		 /* TRACK_ACCESS demand LBs: decoded blocks, by member index */
+	uint8_t *stage;		 /* TRACK_ACCESS demand LBs, any LB while learning: decoded
+				    blocks, by member index */
 	uint32_t staged;	 /* TRACK_ACCESS demand LBs: members - 1; under lk */
 	_Atomic uint32_t accessed; /* ... of which the guest touched before the end */
 };
@@ -79,6 +82,14 @@ struct rhp {
 	_Atomic uint8_t in;	  /* complete and mapped for the guest; set under lk */
 	_Atomic uint8_t wanted;	  /* a fault waits for it; set under lk */
 	struct waiter *waiters;	  /* faults to count as served when it comes in; under lk */
+};
+
+/* HALITE_RESTORE_LEARN: a first touch (docs/restore-trace.md, touch lines). */
+struct learn_touch {
+	uint64_t t_ns;	 /* the fault's message read, since ready */
+	uint64_t mb;
+	uint32_t vcpu;	 /* index in opts.vcpu_tids + 1; 0: another thread */
+	uint8_t kind;	 /* enum halite_mb_state */
 };
 
 struct itask {
@@ -147,6 +158,20 @@ struct halite_restore {
 	_Atomic uint64_t n_staged, n_staged_accessed;
 	struct halite_hist hist;
 
+	/*
+	 * HALITE_RESTORE_LEARN (learn.c). @learning from ready until the
+	 * window ends or the restore does; the touches, @touched (one byte per
+	 * MB: recorded) and @learning's clearing are under learn_lk.
+	 */
+	bool learn;
+	_Atomic bool learning;
+	bool learn_complete;	 /* the restore ended while learning */
+	uint64_t learn_end_ns;	 /* the window's end, absolute; 0: until done */
+	pthread_mutex_t learn_lk;
+	uint8_t *touched;
+	struct learn_touch *touches;
+	size_t ntouches, touches_cap;
+
 	struct halite_logger log;
 	char errmsg[256];
 };
@@ -186,6 +211,25 @@ size_t rs_ra_push(struct halite_restore *r, uint64_t lb);
 uint64_t rs_ra_next(struct halite_restore *r, uint64_t lb);
 /* The fault thread reads @lb (READING) itself if all of it is in the page cache. */
 bool rs_read_cached(struct halite_restore *r, uint64_t lb);
+
+/* Install a block claimed from STAGED, from its LB's stage (@flags: gmem). 0 or -errno. */
+int rs_install_staged(struct halite_restore *r, uint64_t lb, uint64_t mb, unsigned flags);
+/* The counter (BY_POOL, BY_PREFETCH) for a staged block of @lb, installed unasked. */
+int rs_staged_by(struct halite_restore *r, uint64_t lb);
+
+/* ---- learn.c: HALITE_RESTORE_LEARN ---- */
+
+/* At open: the touch map. 0 or -ENOMEM. */
+int rs_learn_init(struct halite_restore *r);
+void rs_learn_free(struct halite_restore *r);
+/* The fault thread: a fault on block @mb (@kind its state), from thread @tid, at @t0. */
+void rs_learn_fault(struct halite_restore *r, uint64_t mb, int kind, uint32_t tid, uint64_t t0);
+/* The fault thread's poll timeout while learning (ms, -1: none); ends the window when due. */
+int rs_learn_tick(struct halite_restore *r);
+/* The restore ends (done: @done): learning stops; the trace's "complete" says if it saw it. */
+void rs_learn_stop(struct halite_restore *r, bool done);
+/* docs/restore-trace.md's learn and touch lines. */
+void rs_learn_write(struct halite_restore *r, FILE *f);
 
 /* ---- huge.c: hugetlbfs regions ---- */
 

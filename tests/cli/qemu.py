@@ -47,7 +47,7 @@ RESTORE_KEYS = ["ok", "file", "error", "qemu", "qmp_ready_ms", "engine_ready_ms"
                 "mb_zero", "mb_present", "attached", "vm_access_pct", "paused", "run_state",
                 "saved_run_state", "detached", "cmdline", "forwards", "forwarded_ms",
                 "device_ram_bytes", "device_ram_written_bytes", "device_ram_ms", "disks",
-                "bypass_cache"]
+                "bypass_cache", "learn_trace", "learn_window_ms"]
 QEMU_KEYS = ["pid", "version", "machine", "vcpus"]
 
 failures = []
@@ -293,6 +293,13 @@ def test_restore_parse(work):
         (["--progress=loud", f], "--progress 'loud': text, json or none"),
         (["--attach", "x", f], "--attach 'x': the pid of a QEMU"),
         ([f, "--trace"], "option '--trace' needs a value"),
+        (["--learn", "l", "--trace", "t", f],
+         "--learn FILE writes the restore trace itself: --learn or --trace, not both"),
+        (["--learn-window", "5", f],
+         "--learn-window is for a learning restore: give --learn FILE too"),
+        (["--learn", "l", "--learn-window", "3600001", f], "--learn-window '3600001': 0..3600000 ms"),
+        (["--attach", "5", "--learn", "l", f], "--attach takes over a restore whose guest ran "
+         "already: no --learn"),
     ]
     for args, text in cases:
         for js in (False, True):

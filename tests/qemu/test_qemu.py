@@ -2364,6 +2364,49 @@ def case_bypass(work):
     dst.kill()
 
 
+def case_learn(work):
+    """restore --learn: a version 2 trace of the guest's first touches, memory intact."""
+    src = hg.Guest(work, "source").boot().wait_ready()
+    src.rewrites(False)
+    d0, _, ok0 = src.digest()
+    check(ok0, f"source guest digest {d0} before the save")
+    path = os.path.join(work, "guest.hlt")
+    save(src, path)
+    q = src.qmp()
+    q.cmd("quit")
+    src.proc.wait(timeout=30)
+
+    trace = os.path.join(work, "learn.trace")
+    dst = hg.Guest(work, "learnt")
+    rep = restore(path, dst, "--learn", trace, "--learn-window", "4000")
+    check(rep["ok"] and rep["learn_trace"] == trace and rep["learn_window_ms"] == 4000,
+          "restore --learn: the report names the trace and the window")
+    lines = open(trace).read().split("\n")
+    check(lines[0] == "halite-restore-trace 2" and lines[-1] == "",
+          "the trace is version 2, ending in a newline")
+    learn = [i for i, l in enumerate(lines) if l.startswith("learn ")]
+    check(len(learn) == 1 and lines[learn[0]] == "learn 4000 0",
+          f"one learn line, the window ended before all memory was in ({lines[learn[0]:learn[0] + 1]})")
+    touches = [l.split(" ") for l in lines[learn[0] + 1:-1]]
+    mbs = [int(t[3]) for t in touches]
+    vcpus = {t[2] for t in touches}
+    check(touches and all(len(t) == 5 and t[0] == "touch" and t[4] in ("stored", "zero", "untouched")
+                          for t in touches), f"{len(touches)} touch lines, well formed")
+    check(len(set(mbs)) == len(mbs) and max(mbs) < rep["mb_total"], "each block at most once")
+    check(vcpus <= {"-", "0", "1"} and ("0" in vcpus or "1" in vcpus),
+          f"touches from the vCPUs (by cpu-index) and other threads: {sorted(vcpus)}")
+    t = [int(x[1]) for x in touches]
+    check(t == sorted(t) and t[-1] < 4000 * 1000000, "touch times rise, inside the window")
+    # Nothing came in unasked during the window: as many vCPU or other first touches as faults.
+    check(rep["faults"] >= len(touches), f"{rep['faults']} faults for {len(touches)} first touches")
+    m = dst.wait_console(r"^verifier: pass (\d+) ok", 60)
+    d2, _, ok2 = dst.digest()
+    check(ok2 and d2 == d0, f"memory digest after the learning restore equals the snapshot's ({d2})")
+    q = dst.qmp()
+    q.cmd("quit")
+    dst.kill()
+
+
 CASES = {
     "cli": case_cli,
     "4g": case_4g,
@@ -2383,6 +2426,7 @@ CASES = {
     "video": case_video,
     "enospc": case_enospc,
     "bypass": case_bypass,
+    "learn": case_learn,
 }
 
 

@@ -31,6 +31,14 @@
  * (TRACK_ACCESS), and which pages are present (pagemap) are predicted from
  * the file's MB map and LB table, after every step.
  *
+ * Learning (LEARN). Two vCPU threads and another thread touch a planned
+ * sequence of blocks one at a time (blocks of one LB from different
+ * threads, zero and never-touched blocks, touches that must not count):
+ * the trace's touch lines are the plan's first touches exactly (order,
+ * vCPU, kind, each block once); with the window until done every LB is
+ * read on demand (prefetch and readahead held), with one ending mid-way
+ * nothing is prefetched inside it and memory is the snapshot after.
+ *
  * Failure. A locality block with one flipped byte, and one cut off by
  * truncating the file mid-restore, never reach memory: the faulting thread
  * stays blocked, none of the LB's pages is present, the restore fails with
@@ -2659,12 +2667,377 @@ static void test_bad_arguments(void **state)
 	free_image(&img);
 }
 
+/* ---------------------------------------------------------------------- */
+/* Learning (HALITE_RESTORE_LEARN, docs/restore-trace.md version 2)          */
+
+/* A planned touch: block, page in it, who (0, 1: the vCPUs; 2: another thread). */
+struct ltouch {
+	uint64_t mb;
+	uint32_t page;
+	int who;
+};
+
+/* A touch line, or what one must be. */
+struct lline {
+	uint64_t t_ns, mb;
+	int vcpu; /* -1: '-' */
+	char kind[16];
+};
+
+static const char *lkind(const struct model *m, uint64_t mb)
+{
+	return m->state[mb] == HALITE_MB_STORED ? "stored" :
+	       m->state[mb] == HALITE_MB_ZERO ? "zero" : "untouched";
+}
+
+/*
+ * The plan: blocks of one LB from different threads (the LB's other blocks
+ * staged: each still a fault), zero and never-touched blocks, touches that
+ * must not count (a block's other page, a block again from another thread),
+ * then @nrand random blocks, then, if @cover, one block of every LB not read
+ * yet (the restore is then done). Returns the number of touches.
+ */
+static size_t learn_plan(struct model *m, struct ltouch *p, size_t cap, size_t nrand, bool cover,
+			 uint64_t *seed)
+{
+	uint64_t lb3 = UINT64_MAX, z = UINT64_MAX, u = UINT64_MAX;
+	const uint64_t *mbs = NULL;
+	uint8_t *read = calloc(m->nlb, 1);
+	uint32_t n = 0;
+	size_t k = 0;
+
+	assert_non_null(read);
+	for (uint64_t lb = 0; lb < m->nlb && lb3 == UINT64_MAX; lb++) {
+		assert_int_equal(halite_reader_lb_members(m->rd, lb, &mbs, &n), 0);
+		if (n >= 3 && model_mb_pages(m, mbs[0]) > 1)
+			lb3 = lb;
+	}
+	for (uint64_t mb = 0; mb < m->nmb; mb++) {
+		if (m->state[mb] == HALITE_MB_ZERO && z == UINT64_MAX)
+			z = mb;
+		if (m->state[mb] == HALITE_MB_UNTOUCHED && u == UINT64_MAX)
+			u = mb;
+	}
+	assert_true(lb3 != UINT64_MAX && z != UINT64_MAX && u != UINT64_MAX);
+	assert_int_equal(halite_reader_lb_members(m->rd, lb3, &mbs, &n), 0);
+#define ADD(mb_, page_, who_)                                                              \
+	do {                                                                               \
+		assert_true(k < cap);                                                      \
+		p[k++] = (struct ltouch){ (mb_), (page_), (who_) };                        \
+		if (m->state[mb_] == HALITE_MB_STORED)                                     \
+			read[m->lb[mb_]] = 1;                                              \
+	} while (0)
+	ADD(mbs[0], 0, 0);
+	ADD(z, 0, 2);
+	ADD(mbs[n - 1], model_mb_pages(m, mbs[n - 1]) - 1, 1); /* staged: a fault all the same */
+	ADD(mbs[0], 1, 1);					/* its other page: in already */
+	ADD(u, 0, 0);
+	ADD(mbs[1], 0, 2);
+	ADD(mbs[n - 1], 0, 0);					/* again, another vCPU: nothing */
+	ADD(z, 0, 1);
+	for (size_t i = 0; i < nrand; i++) {
+		uint64_t mb = t_rand(seed) % m->nmb;
+
+		ADD(mb, (uint32_t)(t_rand(seed) % model_mb_pages(m, mb)), (int)(t_rand(seed) % 3));
+	}
+	for (uint64_t lb = 0; cover && lb < m->nlb; lb++) {
+		if (read[lb])
+			continue;
+		assert_int_equal(halite_reader_lb_members(m->rd, lb, &mbs, &n), 0);
+		ADD(mbs[t_rand(seed) % n], 0, (int)(t_rand(seed) % 3));
+	}
+#undef ADD
+	free(read);
+	return k;
+}
+
+/* What the touch lines must be: each block's first touch, in plan order. */
+static size_t learn_expect(struct model *m, const struct ltouch *p, size_t n, struct lline *e)
+{
+	uint8_t *seen = calloc(m->nmb, 1);
+	size_t k = 0;
+
+	assert_non_null(seen);
+	for (size_t i = 0; i < n; i++) {
+		if (seen[p[i].mb])
+			continue;
+		seen[p[i].mb] = 1;
+		e[k] = (struct lline){ 0, p[i].mb, p[i].who == 2 ? -1 : p[i].who, "" };
+		snprintf(e[k].kind, sizeof(e[k].kind), "%s", lkind(m, p[i].mb));
+		k++;
+	}
+	free(seen);
+	return k;
+}
+
+/*
+ * The trace: version 2, version 1's lines (the stats, then the lb lines,
+ * whose how and t_ns go into @lb_how / @lb_t, indexed by LB), then the learn
+ * line, then the touch lines into @t. Returns how many touch lines.
+ */
+static size_t learn_read(const char *path, struct model *m, unsigned *window, int *complete,
+			 char *lb_how, uint64_t *lb_t, struct lline *t, size_t cap)
+{
+	FILE *f = fopen(path, "r");
+	char line[256];
+	size_t nt = 0, ln = 0, nstat = 0;
+	bool learn = false;
+
+	assert_non_null(f);
+	while (fgets(line, sizeof(line), f)) {
+		size_t len = strlen(line);
+		unsigned long long a, b, c;
+		char w[16], x[16];
+		int vc;
+
+		assert_true(len > 0 && line[len - 1] == '\n');
+		line[len - 1] = 0;
+		if (ln++ == 0) {
+			assert_string_equal(line, "halite-restore-trace 2");
+			continue;
+		}
+		if (!strncmp(line, "file-uuid ", 10) || !strncmp(line, "stat ", 5)) {
+			assert_false(learn);
+			nstat += line[0] == 's';
+			continue;
+		}
+		if (!strncmp(line, "lb ", 3)) {
+			assert_false(learn);
+			assert_int_equal(sscanf(line, "lb %llu %15s %llu", &a, w, &b), 3);
+			assert_true(a < m->nlb);
+			lb_how[a] = w[0];
+			lb_t[a] = b;
+			continue;
+		}
+		if (!strncmp(line, "learn ", 6)) {
+			assert_false(learn);
+			assert_int_equal(sscanf(line, "learn %u %d", window, complete), 2);
+			learn = true;
+			continue;
+		}
+		assert_true(learn);
+		assert_true(nt < cap);
+		if (sscanf(line, "touch %llu %d %llu %15s", &a, &vc, &c, x) == 4) {
+			t[nt] = (struct lline){ a, c, vc, "" };
+		} else {
+			assert_int_equal(sscanf(line, "touch %llu - %llu %15s", &a, &c, x), 3);
+			t[nt] = (struct lline){ a, c, -1, "" };
+		}
+		snprintf(t[nt].kind, sizeof(t[nt].kind), "%s", x);
+		/* Exactly that text: no stray spaces or leading zeros. */
+		{
+			char again[256];
+			char v[16] = "-";
+
+			if (t[nt].vcpu >= 0)
+				snprintf(v, sizeof(v), "%d", t[nt].vcpu);
+			snprintf(again, sizeof(again), "touch %llu %s %llu %s", a, v, c, x);
+			assert_string_equal(line, again);
+		}
+		nt++;
+	}
+	fclose(f);
+	assert_true(learn);
+	assert_int_equal(nstat, 23);
+	return nt;
+}
+
+static void learn_compare(const struct lline *got, size_t ngot, const struct lline *want,
+			  size_t nwant, struct halite_reader *rd)
+{
+	char d[96];
+
+	for (size_t i = 0; i < ngot && i < nwant; i++)
+		if (got[i].mb != want[i].mb || got[i].vcpu != want[i].vcpu ||
+		    strcmp(got[i].kind, want[i].kind) || (i && got[i].t_ns < got[i - 1].t_ns))
+			fail_msg("touch line %zu: MB %" PRIu64 " vCPU %d %s at %" PRIu64 " ns, "
+				 "expected %s from vCPU %d (%s)", i, got[i].mb, got[i].vcpu,
+				 got[i].kind, got[i].t_ns, mb_desc(rd, want[i].mb, d, sizeof(d)),
+				 want[i].vcpu, want[i].kind);
+	if (ngot != nwant)
+		fail_msg("%zu touch lines, expected %zu", ngot, nwant);
+}
+
+/*
+ * A learning restore (LEARN, prefetch and readahead on: the engine must
+ * hold them) under two vCPU threads and another thread touching a planned
+ * sequence of blocks one at a time. @window_ms 0: learning until done, the
+ * plan reading every LB (complete 1, every LB read on demand); else the
+ * window ends mid-way (complete 0), the prefetcher resumes and brings in the
+ * rest, and nothing was prefetched before the window's end. Either way the
+ * touch lines are the plan's first touches exactly and memory is the
+ * snapshot.
+ */
+static void run_learn(int kind, unsigned window_ms)
+{
+	struct image img;
+	struct mem mem;
+	struct model m;
+	struct halite_restore_region reg[MAXREG];
+	HALITE_OPTS(halite_restore_opts, o);
+	struct halite_restore *r;
+	struct halite_reader *rd;
+	struct halite_restore_stats st;
+	struct toucher *tt[3];
+	struct ltouch *plan;
+	struct lline *want, *got;
+	char *how;
+	uint64_t *lbt, seed = t_rand(&g_seed), t0, elapsed, stored = 0, nvcpu = 0;
+	pid_t vt[2];
+	size_t n, nwant, ngot;
+	unsigned w = 99;
+	int complete = -1;
+	char *path = tmp_path("learn.hlt"), *trace = tmp_path("learn.trace");
+
+	fprintf(stderr, "learn: %s memory, window %u ms\n",
+		kind == HALITE_MEM_SHARED ? "memfd" : "anonymous", window_ms);
+	make_image(&img, 2u << 20, (512u << 10) + PAGE, seed);
+	write_image(path, &img, HALITE_CODEC_LZ4, 2, 16384, NULL);
+	assert_int_equal(halite_reader_open(&rd, path, NULL), 0);
+	mem_map(&mem, &img, kind);
+	mem_regions(&mem, &img, reg);
+	model_init(&m, rd, &mem, false);
+	plan = calloc(4 * m.nmb, sizeof(*plan));
+	want = calloc(4 * m.nmb, sizeof(*want));
+	got = calloc(4 * m.nmb, sizeof(*got));
+	how = calloc(m.nlb, 1);
+	lbt = calloc(m.nlb, sizeof(*lbt));
+	assert_true(plan && want && got && how && lbt);
+	n = learn_plan(&m, plan, 4 * m.nmb, window_ms ? 24 : 60, !window_ms, &seed);
+	nwant = learn_expect(&m, plan, n, want);
+	for (size_t i = 0; i < nwant; i++) {
+		stored += !strcmp(want[i].kind, "stored");
+		nvcpu += want[i].vcpu >= 0;
+	}
+
+	for (int i = 0; i < 3; i++)
+		tt[i] = toucher_start();
+	vt[0] = atomic_load(&tt[0]->tid);
+	vt[1] = atomic_load(&tt[1]->tid);
+	o.flags = HALITE_RESTORE_LEARN;
+	o.learn_window_ms = window_ms;
+	o.vcpu_tids = vt;
+	o.nvcpus = 2;
+	o.trace_path = trace;
+	o.log = r_log_fn;
+	o.log_ctx = &g_log;
+	o.log_level = HALITE_LOG_WARN;
+	assert_int_equal(halite_restore_open(&r, path, reg, img.nreg, &o), 0);
+	t0 = r_now_ms();
+	assert_int_equal(halite_restore_start(r), 0);
+	for (size_t i = 0; i < n; i++) {
+		uint64_t addr = model_mb_addr(&m, plan[i].mb, NULL) + (uint64_t)plan[i].page * PAGE +
+				(t_rand(&seed) % (PAGE / 8)) * 8;
+
+		toucher_do(tt[plan[i].who], addr, t_rand(&seed) % 3 == 0);
+	}
+	elapsed = r_now_ms() - t0;
+	if (!window_ms) {
+		/* Nothing came in unasked: the plan's last touch read the last LB. */
+		assert_int_equal(halite_restore_wait(r, 10000), 0);
+	} else {
+		/* The prefetcher, back after the window, brings in the rest. */
+		assert_int_equal(halite_restore_wait(r, WAIT_MS), 0);
+	}
+	halite_restore_stats(r, &st);
+	assert_true(st.done);
+	assert_int_equal(st.mb_fault + st.mb_pool + st.mb_prefetch + st.mb_zero, st.mb_total);
+	assert_int_equal(st.lb_demand + st.lb_prefetch, m.nlb);
+	for (uint32_t i = 0; i < img.nreg; i++)
+		assert_memory_equal((void *)(uintptr_t)mem.host[i], img.snap + img.off[i], mem.len[i]);
+
+	ngot = learn_read(trace, &m, &w, &complete, how, lbt, got, 4 * m.nmb);
+	assert_int_equal(w, window_ms);
+	assert_int_equal(complete, window_ms ? 0 : 1);
+	fprintf(stderr, "  %zu touches, %zu first touches expected, %zu recorded; %" PRIu64
+		" faults, %" PRIu64 " LBs on demand, %" PRIu64 " prefetched; %" PRIu64 " ms\n", n,
+		nwant, ngot, st.faults, st.lb_demand, st.lb_prefetch, elapsed);
+	for (uint64_t lb = 0; lb < m.nlb; lb++)
+		assert_true(how[lb] == 'd' || how[lb] == 'p');
+	if (!window_ms) {
+		learn_compare(got, ngot, want, nwant, rd);
+		/* Each first touch a fault, the others none; every LB read for one. */
+		assert_int_equal(st.faults, nwant);
+		assert_int_equal(st.faults_vcpu, nvcpu);
+		assert_int_equal(st.mb_fault, stored);
+		assert_int_equal(st.lb_demand, m.nlb);
+		assert_int_equal(st.lb_prefetch, 0);
+	} else {
+		/*
+		 * All touched before the window's end (a slow machine may not
+		 * have: then a prefix of them, all within the window).
+		 */
+		if (elapsed + 200 < window_ms)
+			learn_compare(got, ngot, want, nwant, rd);
+		else
+			learn_compare(got, ngot, want, ngot <= nwant ? ngot : nwant, rd);
+		for (size_t i = 0; i < ngot; i++)
+			assert_true(got[i].t_ns < (uint64_t)window_ms * 1000000);
+		/* Prefetch and readahead held back for the window. */
+		for (uint64_t lb = 0; lb < m.nlb; lb++)
+			if (how[lb] == 'p' && lbt[lb] < (uint64_t)window_ms * 1000000)
+				fail_msg("LB %" PRIu64 " prefetched %" PRIu64 " ns after ready, "
+					 "inside the learning window", lb, lbt[lb]);
+		assert_true(st.lb_prefetch > 0);
+	}
+	for (int i = 0; i < 3; i++)
+		toucher_stop(tt[i]);
+	halite_restore_free(r);
+	model_free(&m);
+	halite_reader_free(rd);
+	mem_unmap(&mem);
+	unlink(trace);
+	unlink(path);
+	free(plan);
+	free(want);
+	free(got);
+	free(how);
+	free(lbt);
+	free(path);
+	free(trace);
+	free_image(&img);
+}
+
+static void test_learn(void **state)
+{
+	struct image img;
+	struct mem mem;
+	struct halite_restore_region reg[MAXREG];
+	HALITE_OPTS(halite_restore_opts, o);
+	struct halite_restore *r = (void *)1;
+	char *path = tmp_path("learn-args.hlt");
+
+	/* Refused: learning without a trace, a window without learning, learning a take-over. */
+	make_image(&img, 256u << 10, 0, 1);
+	write_image(path, &img, HALITE_CODEC_LZ4, 1, 16384, NULL);
+	mem_map(&mem, &img, HALITE_MEM_ANON);
+	mem_regions(&mem, &img, reg);
+	o.flags = HALITE_RESTORE_LEARN;
+	assert_int_equal(halite_restore_open(&r, path, reg, img.nreg, &o), -EINVAL);
+	o.flags = 0;
+	o.trace_path = "/nonexistent/t";
+	o.learn_window_ms = 10;
+	assert_int_equal(halite_restore_open(&r, path, reg, img.nreg, &o), -EINVAL);
+	o.flags = HALITE_RESTORE_LEARN | HALITE_RESTORE_ATTACH;
+	assert_int_equal(halite_restore_open(&r, path, reg, img.nreg, &o), -EINVAL);
+	assert_ptr_equal(r, (void *)1);
+	mem_unmap(&mem);
+	unlink(path);
+	free(path);
+	free_image(&img);
+
+	run_learn(HALITE_MEM_ANON, 0);
+	run_learn(HALITE_MEM_SHARED, 0);
+	run_learn(HALITE_MEM_ANON, 1500);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_bad_arguments),
 		cmocka_unit_test_teardown(test_counts_exact, teardown_touchers),
 		cmocka_unit_test_teardown(test_counts_track_access, teardown_touchers),
+		cmocka_unit_test_teardown(test_learn, teardown_touchers),
 		cmocka_unit_test(test_writer_file_every_codec),
 		cmocka_unit_test(test_writer_file_geometry),
 		cmocka_unit_test(test_saved_synth_every_codec),

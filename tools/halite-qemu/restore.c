@@ -57,6 +57,8 @@
 #define QEMU_DEFAULT "qemu-system-x86_64"
 #define QMP_START_TIMEOUT_MS 60000
 #define INCOMING_TIMEOUT_MS 120000
+/* --learn: long enough for a guest put to work after resume (bench/qemu.py's requests). */
+#define LEARN_WINDOW_DEFAULT_MS 10000u
 
 struct restore_params {
 	const char *path;
@@ -76,6 +78,9 @@ struct restore_params {
 	uint32_t prefetch_idle_us;
 	uint32_t prefetch_rate_mib;
 	const char *trace;
+	const char *learn;	  /* --learn: the trace of a learning restore */
+	uint32_t learn_window_ms; /* --learn-window */
+	bool learn_window_set;
 	const char *qemu_log;
 	pid_t attach;	  /* --attach PID: take over that QEMU's restore */
 };
@@ -173,6 +178,15 @@ void hq_help_restore(FILE *f)
 		"  --prefetch-rate N  N MiB/s at least, 1..1000000 (default 64): a guest that\n"
 		"                     keeps faulting gets the CPU and disk first, for longer\n"
 		"  --trace FILE       write a restore trace (see 'halite-inspect restore')\n"
+		"  --learn FILE       learn the guest: write to FILE a restore trace (version 2)\n"
+		"                     with the order in which it first touches each memory block\n"
+		"                     after resume, per vCPU, for 'halite-inspect relayout'; while\n"
+		"                     learning, memory comes in only as the guest touches it (no\n"
+		"                     prefetch). Not with --trace (FILE is the trace) or --attach\n"
+		"  --learn-window MS  learn for MS ms from the engine's start (just before the\n"
+		"                     guest resumes), 0..3600000 (default 10000); then prefetch\n"
+		"                     brings in the rest. 0: until all memory is in, which then\n"
+		"                     comes only as the guest touches it\n"
 		"  --bypass-cache     read FILE with O_DIRECT, around the host's page cache\n"
 		"                     (as virsh restore --bypass-cache)\n"
 		"  --json             print the report as one JSON object on stdout, also when\n"
@@ -217,6 +231,8 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 		{ "prefetch-idle", required_argument, NULL, 'I' },
 		{ "prefetch-rate", required_argument, NULL, 'M' },
 		{ "trace", required_argument, NULL, 'T' },
+		{ "learn", required_argument, NULL, 'E' },
+		{ "learn-window", required_argument, NULL, 'W' },
 		{ "qemu-log", required_argument, NULL, 'O' },
 		{ "attach", required_argument, NULL, 'A' },
 		{ "no-cmdline-check", no_argument, NULL, 'C' },
@@ -271,6 +287,14 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 		case 'T':
 			p->trace = optarg;
 			break;
+		case 'E':
+			p->learn = optarg;
+			break;
+		case 'W':
+			if (opt_u32(o, optarg, "learn-window", 0, 3600000, "ms", &p->learn_window_ms))
+				return -1;
+			p->learn_window_set = true;
+			break;
 		case 'O':
 			p->qemu_log = optarg;
 			break;
@@ -321,7 +345,17 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 				"one FILE only, then, if any, -- and QEMU's arguments");
 	}
 	p->path = argv[optind];
+	if (p->learn && p->trace)
+		return hq_usage(o, "--learn FILE writes the restore trace itself: --learn or --trace, "
+				"not both");
+	if (p->learn_window_set && !p->learn)
+		return hq_usage(o, "--learn-window is for a learning restore: give --learn FILE too");
+	if (p->learn && !p->learn_window_set)
+		p->learn_window_ms = LEARN_WINDOW_DEFAULT_MS;
 	if (p->attach) {
+		if (p->learn)
+			return hq_usage(o, "--attach takes over a restore whose guest ran already: no "
+					"--learn (its first touches are past)");
 		/* The QEMU runs already: its command line is its own. */
 		if (dd < argc)
 			return hq_usage(o, "--attach takes the QEMU that runs already: no '--' and "
@@ -778,7 +812,9 @@ static int start_restore(struct restore_run *r, struct hq_vm *vm,
 	o.flags = (r->p.track ? HALITE_RESTORE_TRACK_ACCESS : 0) |
 		  (r->p.no_prefetch ? HALITE_RESTORE_NO_PREFETCH : 0) |
 		  (r->p.attach ? HALITE_RESTORE_ATTACH : 0) |
-		  (r->p.bypass_cache ? HALITE_RESTORE_DIRECT : 0);
+		  (r->p.bypass_cache ? HALITE_RESTORE_DIRECT : 0) |
+		  (r->p.learn ? HALITE_RESTORE_LEARN : 0);
+	o.learn_window_ms = r->p.learn ? r->p.learn_window_ms : 0;
 	o.read_latency_us = r->p.read_latency_us;
 	o.prefetch_idle_us = r->p.prefetch_idle_us;
 	o.prefetch_min_rate = (uint64_t)r->p.prefetch_rate_mib << 20;
@@ -786,7 +822,7 @@ static int start_restore(struct restore_run *r, struct hq_vm *vm,
 	o.nvcpus = vm->nvcpus;
 	o.owner_pid = vm->pid;
 	o.owner_uffd = r->uffd;
-	o.trace_path = r->p.trace;
+	o.trace_path = r->p.learn ? r->p.learn : r->p.trace;
 	o.log = hq_log;
 	o.log_ctx = &r->p.out;
 	o.log_level = r->p.out.verbose ? HALITE_LOG_DEBUG : HALITE_LOG_WARN;
@@ -1176,6 +1212,10 @@ static void report_json(const struct restore_run *r, int code)
 	hq_json_u64(o, "device_ram_written_bytes", r->devram_done, r->devram_written);
 	hq_json_fixed(o, "device_ram_ms", r->devram_done, (double)r->devram_ns / 1e6, 3);
 	hq_json_bool(o, "bypass_cache", r->p.parsed, r->p.bypass_cache);
+	/* --learn: the trace, once written (the engine writes it when the restore ends). */
+	hq_json_str(o, "learn_trace", r->p.learn && r->t_done && !access(r->p.learn, F_OK) ?
+		    r->p.learn : NULL);
+	hq_json_u64(o, "learn_window_ms", r->p.parsed && r->p.learn, r->p.learn_window_ms);
 	report_disks_json(o, r);
 	hq_json_print(o);
 }
@@ -1219,6 +1259,10 @@ static void report(const struct restore_run *r, int ret)
 	if (r->p.attach)
 		printf("  taken over     %" PRIu64 " memory blocks were in already and kept\n",
 		       st->mb_present);
+	if (r->p.learn)
+		printf("  learnt         the guest's first touches %s, in %s\n",
+		       r->p.learn_window_ms ? "in its first window" : "until all memory was in",
+		       r->p.learn);
 	for (int i = 0; r->disks && r->ndisks && i < r->disks->n; i++)
 		if (r->disks->d[i].frozen)
 			printf("  disk           %s: runs on %s, a new overlay of %s (the disk as "

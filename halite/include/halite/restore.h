@@ -151,7 +151,24 @@ struct halite_restore_region {
  * immune, since discards are refused while a restore runs.
  */
 #define HALITE_RESTORE_ATTACH 0x10u
-#define HALITE_RESTORE_FLAGS_ALL 0x1fu
+/*
+ * Learn the guest (docs/restore-trace.md, version 2): record the order in
+ * which the guest first touches each memory block after resume, per vCPU,
+ * for opts.learn_window_ms after ready or until the restore is done, into
+ * the trace (trace_path required). While learning, no block reaches guest
+ * memory before the guest touches it, so each first touch is a fault: the
+ * other blocks of every LB read are staged as with TRACK_ACCESS (decoded
+ * and kept by the engine, installed at the first touch), and the background
+ * prefetcher and stream readahead pause (memory comes in by faults only;
+ * what is held is what the guest's faults read). When the window ends the
+ * staged blocks are installed and prefetch resumes. Zero and never-touched
+ * blocks are recorded too. On hugetlbfs the unit is the huge page: the
+ * first faulting block of each page is recorded, and a page completed by
+ * LBs read for other pages is mapped without a fault, unrecorded. Not with
+ * ATTACH (the first touches happened under the dead handler).
+ */
+#define HALITE_RESTORE_LEARN 0x20u
+#define HALITE_RESTORE_FLAGS_ALL 0x3fu
 
 struct halite_restore_opts {
 	size_t sz;
@@ -186,7 +203,8 @@ struct halite_restore_opts {
 	 * the restore ends, done or failed, before halite_restore_wait()
 	 * returns; written to a temporary file in the same directory and
 	 * renamed, so a reader never sees half of one. Failing to write it
-	 * only logs a warning. Copied.
+	 * only logs a warning. Copied. Version 1 unless HALITE_RESTORE_LEARN
+	 * (then version 2, with the first touches; required for LEARN).
 	 */
 	const char *trace_path;
 	halite_log_fn log;
@@ -199,6 +217,13 @@ struct halite_restore_opts {
 	 * 0 = 8, at most 64.
 	 */
 	unsigned readahead;
+	/*
+	 * HALITE_RESTORE_LEARN: how long to learn, in ms from ready; 0 = until
+	 * the restore is done (prefetch then never runs: memory comes in only
+	 * as the guest touches it, and the restore is done once it has touched
+	 * a block of every LB). Set without LEARN: refused.
+	 */
+	uint32_t learn_window_ms;
 };
 
 struct halite_restore_stats {
@@ -215,7 +240,9 @@ struct halite_restore_stats {
 				     from an LB in memory or from the stage; hugetlbfs: the
 				     blocks of the faulting huge page a demand read brought) */
 	uint64_t mb_pool;	  /* other blocks of demand-read LBs, installed by the pool
-				     (TRACK_ACCESS: staged blocks installed at the end) */
+				     (TRACK_ACCESS: staged blocks installed at the end;
+				     LEARN: staged blocks installed when the window ends, or at
+				     the end; those of prefetched LBs count in mb_prefetch) */
 	uint64_t mb_prefetch;	  /* other blocks of prefetched LBs, installed by the pool, and the
 				     copies' blocks, filled at start */
 	uint64_t mb_zero;	  /* zero or never-touched: zero page on fault, else left a hole;

@@ -1,0 +1,193 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * HALITE_RESTORE_LEARN: the order in which the guest first touches each
+ * memory block after resume, per vCPU, written as a version 2 restore trace
+ * (docs/restore-trace.md, learn and touch lines).
+ *
+ * Every first touch must be a fault the engine sees, so while learning no
+ * block reaches guest memory before the guest asks for it:
+ * - the blocks of an LB no fault asked for are staged (restore.c's
+ *   install_lb, as with TRACK_ACCESS), whether the LB was read for a fault
+ *   or, at start, for a copy (HALITE_MEM_COPY);
+ * - the background prefetcher holds back (pf_hold) and stream readahead
+ *   queues nothing (rs_ra_push). Staging what they read instead would hold
+ *   up to all of guest memory decoded in the engine (64 GiB for a 64 GiB
+ *   guest); paused, the engine holds what the guest's own faults read.
+ * Zero and never-touched blocks need nothing: only a fault installs them.
+ *
+ * Recording is the fault thread's (the one thread that serves faults, in
+ * the order their messages come): one byte per memory block says it was
+ * recorded, so a block is recorded once whatever faults follow (a second
+ * vCPU on a block being read, a discarded page faulting again). On
+ * hugetlbfs a huge page comes in whole: the first fault on the page is
+ * recorded, keyed by its first block, naming the block that faulted.
+ *
+ * The window: the fault thread polls with the time left as its timeout
+ * (rs_learn_tick) and ends it when due. Then every staged block is
+ * installed (a pool task, unstage()), readahead queues again from the next
+ * demand read and the prefetcher runs: the restore goes on as one without
+ * LEARN. An LB whose install task was still staging when unstage() passed
+ * it keeps those blocks staged until the end (finish() installs them), or
+ * until the guest touches them. If the restore ends first, done or failed,
+ * learning stops there; "complete" says whether it was done.
+ *
+ * Memory: a record of 24 bytes per block first touched, and the touch map
+ * (one byte per block, pages appearing as used: zalloc.h).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "restore_int.h"
+#include "zalloc.h"
+
+#define TOUCHES_FIRST 4096u
+
+int rs_learn_init(struct halite_restore *r)
+{
+	if (!r->learn)
+		return 0;
+	r->touched = halite_zalloc(r->mb_total ? r->mb_total : 1);
+	return r->touched ? 0 : -ENOMEM;
+}
+
+void rs_learn_free(struct halite_restore *r)
+{
+	halite_zfree(r->touched);
+	free(r->touches);
+}
+
+/* Index in opts.vcpu_tids + 1, 0 for another thread. */
+static uint32_t vcpu_of(const struct halite_restore *r, uint32_t tid)
+{
+	for (uint32_t i = 0; i < r->o.nvcpus; i++)
+		if ((uint32_t)r->o.vcpu_tids[i] == tid)
+			return i + 1;
+	return 0;
+}
+
+/* Every staged block installed (the window's end); see the top for the LBs it misses. */
+static void unstage(void *arg)
+{
+	struct halite_restore *r = arg;
+	int ret = 0;
+
+	for (uint64_t lb = 0; lb < r->lb_total && !ret && !atomic_load(&r->failed); lb++) {
+		uint8_t s = atomic_load(&r->lbs[lb].state);
+		const uint64_t *mbs;
+		uint32_t n;
+
+		/* Staged blocks are in LBs that landed: CACHED or DONE. */
+		if (s != LB_CACHED && s != LB_DONE)
+			continue;
+		halite_reader_lb_members(r->rd, lb, &mbs, &n);
+		for (uint32_t i = 0; i < n && !ret; i++) {
+			if (!rs_claim(r, mbs[i], MB_STAGED))
+				continue;
+			ret = rs_install_staged(r, lb, mbs[i], 0);
+			if (!ret)
+				rs_installed(r, mbs[i], rs_staged_by(r, lb));
+		}
+	}
+	if (ret)
+		rs_set_failed(r, ret);
+}
+
+/* The window is over (or no more can be recorded): back to a plain restore. */
+static void window_end(struct halite_restore *r, const char *why)
+{
+	size_t n;
+	bool was;
+
+	pthread_mutex_lock(&r->learn_lk);
+	was = atomic_exchange(&r->learning, false);
+	n = r->ntouches;
+	pthread_mutex_unlock(&r->learn_lk);
+	if (!was)
+		return;
+	halite_logf(&r->log, HALITE_LOG_INFO, "learning ends (%s): %zu first touches recorded; "
+		    "staged blocks go in, prefetch resumes", why, n);
+	if (halite_pool_submit(r->pool, unstage, r))
+		unstage(r);
+}
+
+void rs_learn_fault(struct halite_restore *r, uint64_t mb, int kind, uint32_t tid, uint64_t t0)
+{
+	const struct rregion *g;
+	uint64_t key = mb;
+	bool full = false;
+
+	if (!atomic_load(&r->learning))
+		return;
+	g = rs_region_of_mb(r, mb);
+	if (g->hpage)
+		key = mb - (mb - g->first_mb) % (g->hpage / r->mb_size);
+	pthread_mutex_lock(&r->learn_lk);
+	if (atomic_load(&r->learning) && !r->touched[key]) {
+		if (r->ntouches == r->touches_cap) {
+			size_t cap = r->touches_cap ? 2 * r->touches_cap : TOUCHES_FIRST;
+			struct learn_touch *t = realloc(r->touches, cap * sizeof(*t));
+
+			if (t) {
+				r->touches = t;
+				r->touches_cap = cap;
+			}
+			full = !t;
+		}
+		if (!full) {
+			r->touched[key] = 1;
+			r->touches[r->ntouches++] = (struct learn_touch){
+				t0 > r->ready_at ? t0 - r->ready_at : 0, mb, vcpu_of(r, tid),
+				(uint8_t)kind };
+		}
+	}
+	pthread_mutex_unlock(&r->learn_lk);
+	/* Short of memory: what was learnt stands, the restore goes on. */
+	if (full)
+		window_end(r, "out of memory for the touch records");
+}
+
+int rs_learn_tick(struct halite_restore *r)
+{
+	uint64_t now;
+
+	if (!r->learn_end_ns || !atomic_load(&r->learning))
+		return -1;
+	now = halite_now_ns();
+	if (now >= r->learn_end_ns) {
+		window_end(r, "its window is over");
+		return -1;
+	}
+	return (int)((r->learn_end_ns - now + 999999) / 1000000);
+}
+
+void rs_learn_stop(struct halite_restore *r, bool done)
+{
+	if (!r->learn)
+		return;
+	pthread_mutex_lock(&r->learn_lk);
+	if (atomic_exchange(&r->learning, false) && done)
+		r->learn_complete = true;
+	pthread_mutex_unlock(&r->learn_lk);
+}
+
+void rs_learn_write(struct halite_restore *r, FILE *f)
+{
+	static const char *const kind[] = { [HALITE_MB_UNTOUCHED] = "untouched",
+					    [HALITE_MB_ZERO] = "zero",
+					    [HALITE_MB_STORED] = "stored" };
+
+	fprintf(f, "learn %u %d\n", r->o.learn_window_ms, r->learn_complete ? 1 : 0);
+	pthread_mutex_lock(&r->learn_lk);
+	for (size_t i = 0; i < r->ntouches; i++) {
+		const struct learn_touch *t = &r->touches[i];
+		char v[16] = "-";
+
+		if (t->vcpu)
+			snprintf(v, sizeof(v), "%u", t->vcpu - 1);
+		fprintf(f, "touch %llu %s %llu %s\n", ULL(t->t_ns), v, ULL(t->mb),
+			t->kind <= HALITE_MB_STORED ? kind[t->kind] : "stored");
+	}
+	pthread_mutex_unlock(&r->learn_lk);
+}
