@@ -83,14 +83,14 @@ def info(f):
     return ok_json("info", "--json", f)
 
 
-def trace(f, out, touches, version=2, done=True, uuid=None):
+def trace(f, out, touches, version=2, done=True, uuid=None, error=-5):
     """A learning trace of f: touches is [(vcpu or '-', mb)], in touch order."""
     i = info(f)
     m = mbs(f)
     v = dict.fromkeys(STATS, "0")
     v.update(mb_total=i["mbs"]["count"], lb_total=i["lbs"]["count"],
              lb_prefetch=i["lbs"]["count"] if done else 0, vm_access_pct="-1.00",
-             done=1 if done else 0, error=0 if done else -5)
+             done=1 if done else 0, error=0 if done else error)
     L = ["halite-restore-trace %d" % version, "file-uuid " + (uuid or i["uuid"])]
     L += ["stat %s %s" % (n, v[n]) for n in STATS]
     if done:
@@ -267,6 +267,13 @@ for size, k in (("48K", 3), ("63K", 3), ("16K", 1)):
     kk, hot = check_hot_prefix(src, out, "--hot-max " + size)
     check(sorted(hot) == sorted(sum((b for _, b in want[:k]), [])), "--hot-max hot set")
     check_same_bytes(src, out, ("ram",), "--hot-max")
+
+# A cancelled restore's trace (the VM stopped first) is taken, its touches as any.
+cancelled = trace(src, p("cancelled"), [("1", 3), ("0", 2)], done=False, error=-125)
+d = ok_json("relayout", src, "--trace", cancelled, "-o", p("c.hlt"), "--no-sync", "--json")
+mo = mbs(p("c.hlt"))
+check(d["hot_lbs"] == 2 and [m["lb"] for m in mo[2:4]] == [0, 1],
+      "cancelled trace: %s" % d)
 
 # Text output: a summary on stderr, nothing on stdout.
 rc, o, e = run("relayout", src, "--trace", traces[0], "-o", p("txt.hlt"), "--no-sync")

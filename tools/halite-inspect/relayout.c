@@ -78,6 +78,8 @@ void help_relayout(FILE *f)
 		"  --trace TRACE      a learning restore's trace of FILE (repeat for\n"
 		"                     several); refused: a trace of another file, a\n"
 		"                     version 1 trace (no touches), a failed restore's\n"
+		"                     (a cancelled one is taken: what the guest touched\n"
+		"                     until the VM stopped)\n"
 		"  -o, --output OUT   the snapshot to write (not FILE nor a TRACE;\n"
 		"                     replaced only once complete, mode 0600)\n"
 		"  --hot-max SIZE     at most SIZE bytes of hot prefix: whole LBs, at\n"
@@ -211,13 +213,16 @@ static int read_trace(struct relayout *rl, const char *path)
 		ret = usage_error("%s: a version 1 trace records no touches; relayout needs a "
 				  "learning restore's trace (halite-qemu restore --learn)", path);
 	/*
-	 * A restore that failed stopped the guest wherever the failure came: its
-	 * touches are not the guest at work, and a layout should not learn them.
+	 * A restore that failed (an LB that did not read or verify) left the
+	 * guest stuck at the failure: its last touches are the failure's, not
+	 * the guest at work, and a layout should not learn them. One cancelled
+	 * (the VM stopped before all memory was in: -ECANCELED) was working
+	 * normally until then, and is taken.
 	 */
-	if (!ret && !t.u[S_DONE])
-		ret = usage_error("%s: the restore it records failed (%s): its touches are not "
-				  "what the guest needs; use a trace of a restore that completed",
-				  path, halite_strerror(t.error));
+	if (!ret && !t.u[S_DONE] && t.error != -ECANCELED)
+		ret = usage_error("%s: the restore it records failed (%s): its last touches are "
+				  "the failure's; use a trace of a restore that completed", path,
+				  halite_strerror(t.error));
 	trace_free(&t);
 	fclose(t.f);
 	return ret;
