@@ -307,14 +307,22 @@ def refused(code, words, *args):
         check(w in e, "%s: %r not in %r" % (what, w, e))
     d = json.loads(o)
     check(d["ok"] is False and d["exit"] == code and e.strip().endswith(d["error"]) and
-          set(["file", "output", "uuid", "hot_lbs"]) <= set(d), "%s: JSON %s" % (what, d))
+          set(["file", "output", "uuid", "hot_lbs"]) <= set(d) and d["uuid"] is None and
+          d["hot_lbs"] is None, "%s: JSON %s" % (what, d))
+    # What was learnt before the failure: the traces once the options parsed.
+    want = [a for i, a in enumerate(args) if i and args[i - 1] == "--trace"]
+    check(d["traces"] in (None, want) and (d["traces"] is None) == (d["file"] is None),
+          "%s: JSON traces %s" % (what, d["traces"]))
+    return d
     check(not os.path.exists(out), "%s: wrote the output" % what)
     check(not [n for n in os.listdir(T) if n.startswith(".refused")],
           "%s: a temporary file left" % what)
 
 
 R = p("refused.hlt")
-refused(2, [traces[0], "is not the uuid of " + other], other, "--trace", traces[0], "-o", R)
+d = refused(2, [traces[0], "is not the uuid of " + other], other, "--trace", traces[0], "-o", R)
+check(d and d["traces"] == [traces[0]] and d["file"] == other and d["output"] == R,
+      "another file's trace: JSON %s" % d)
 refused(2, [p("o") + ":2: file-uuid", "is not the uuid of"], src, "--trace", traces[0], "--trace",
         trace(other, p("o"), [("0", 0)]), "-o", R)
 refused(2, [v1, "version 1 trace records no touches", "--learn"], src, "--trace", v1, "-o", R)

@@ -838,6 +838,14 @@ int cmd_relayout(int argc, char **argv)
 	}
 	cJSON_AddStringToObject(run_result(), "file", o.file);
 	cJSON_AddStringToObject(run_result(), "output", o.out);
+	{
+		cJSON *a = cJSON_AddArrayToObject(run_result(), "traces");
+
+		for (unsigned i = 0; i < o.ntraces; i++)
+			cJSON_AddItemToArray(a, cJSON_CreateString(o.traces[i]));
+	}
+	if (o.hot_max)
+		json_add_u64(run_result(), "hot_max", o.hot_max);
 	ret = check_paths(&o);
 	if (ret)
 		goto out;
