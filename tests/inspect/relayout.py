@@ -16,7 +16,11 @@ traces (docs/restore-trace.md, version 2) are written here from the file's
   - refusals: another file's trace (uuid), a version 1 trace, a failed
     restore's, OUT an input, the usage errors; nothing written for any.
 
-  relayout.py HALITE_INSPECT GEN_IMAGE_PY
+  - what import never writes carried over (inspect_mkfile's file): vCPU,
+    virtual and physical streams, page-table roots, device state, save
+    statistics, binary and list metadata.
+
+  relayout.py HALITE_INSPECT GEN_IMAGE_PY INSPECT_MKFILE
 Exit 0 pass, 1 fail.
 """
 import itertools
@@ -27,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 
-HI, GEN = sys.argv[1], sys.argv[2]
+HI, GEN, MKFILE = sys.argv[1], sys.argv[2], sys.argv[3]
 T = tempfile.mkdtemp(prefix="hi-relayout.")
 STATS = ["ready_ns", "duration_ns", "mb_total", "mb_fault", "mb_pool", "mb_prefetch",
          "mb_zero", "faults", "faults_cached", "faults_zero", "faults_vcpu", "lb_total",
@@ -140,20 +144,24 @@ def check_hot_prefix(src, out, what):
     check(len(hot) == nhot, "%s: %d blocks in the first %d LBs, metadata says %d" %
           (what, len(hot), k, nhot))
     lo = lbs(out)
+    check(len(lo) == int(info(out)["lbs"]["count"]), "%s: blocks" % what)
     check(all(l["stream"].startswith("vcpu") or l["stream"] == "other" for l in lo[:k]),
           "%s: a hot LB outside a vcpu/other stream" % what)
-    # The cold blocks: in the source's order (by LB, then place in it).
+    # The cold blocks: in each stream, in the source's order (by LB, then place
+    # in it). Across streams the LBs interleave as they fill, as in a save.
     place = lambda m: (m["lb"], m["lb_offset"])
-    ms = mbs(src)
-    cold_src = [m["mb"] for m in sorted((m for m in ms if m["state"] == "stored"
-                                         and m["mb"] not in hot), key=place)]
-    cold_out = [m["mb"] for m in sorted((m for m in mo if m["state"] == "stored"
-                                         and m["mb"] not in hot), key=place)]
-    check(cold_src == cold_out, "%s: the blocks after the hot prefix left the save's order" %
-          what)
+    ms, ls, lo = mbs(src), lbs(src), lbs(out)
+    for stream in set(l["stream"] for l in ls):
+        cold_src = [m["mb"] for m in sorted((m for m in ms if m["state"] == "stored" and
+                                             m["mb"] not in hot and
+                                             ls[m["lb"]]["stream"] == stream), key=place)]
+        cold_out = [m["mb"] for m in sorted((m for m in mo if m["state"] == "stored" and
+                                             m["mb"] not in hot and
+                                             lo[m["lb"]]["stream"] == stream), key=place)]
+        check(cold_src == cold_out, "%s: stream %s: the blocks after the hot prefix left "
+              "the save's order: %s, %s" % (what, stream, cold_src, cold_out))
     check(all(place(m)[0] >= k for m in mo if m["state"] == "stored" and m["mb"] not in hot),
           "%s: a cold block inside the hot prefix" % what)
-    ls = lbs(src)
     src_streams = {m["mb"]: ls[m["lb"]]["stream"] for m in ms if m["state"] == "stored"}
     check(all(lo[m["lb"]]["stream"] == src_streams[m["mb"]] for m in mo
               if m["state"] == "stored" and m["mb"] not in hot),
@@ -211,6 +219,38 @@ for codec in ("none", "lz4", "zlib", "zstd"):
     rc, o, e = run("relayout", out, "--trace", t1, "-o", p("x.hlt"), "--json")
     check(rc == 2 and "is not the uuid of" in e and t1 in e and
           json.loads(o)["exit"] == 2, "%s: a source trace on the output: %d %s" % (codec, rc, e))
+
+# ---- a file with what import never writes: every section carried over.
+subprocess.run([MKFILE, T], check=True)
+src = p("multi.hlt")
+t = trace(src, p("multi.trace"), [("1", 3), ("0", 12), ("1", 25), ("-", 32), ("0", 30),
+                                   ("1", 34), ("0", 5)])
+out = p("multi-out.hlt")
+d = ok_json("relayout", src, "--trace", t, "-o", out, "--no-sync", "--json")
+check(d["hot_blocks"] == 5 and d["hot_streams"] == [
+    {"stream": "vcpu0", "lbs": 1, "blocks": 2}, {"stream": "vcpu1", "lbs": 1, "blocks": 2},
+    {"stream": "other", "lbs": 1, "blocks": 1}], "multi: %s" % d)
+si, oi = info(src), info(out)
+for k in ("vcpus", "save_stats", "device_state_bytes"):
+    check(si[k] == oi[k], "multi: %s not carried over: %s, %s" % (k, si[k], oi[k]))
+check({k: v for k, v in oi["metadata"].items() if k != "halite.relayout"} == si["metadata"],
+      "multi: metadata %s" % oi["metadata"])
+
+
+def section(f, name):
+    sec = [x for x in info(f)["sections"] if x["name"] == name][0]
+    with open(f, "rb") as fh:
+        fh.seek(sec["offset"])
+        return fh.read(sec["length"])
+
+
+check(section(src, "device-state") == section(out, "device-state"), "multi: device state")
+check_same_bytes(src, out, ("ram", "rom"), "multi")
+for r in ("ram", "rom"):
+    run("extract", "--region", r, "-o", p("x.img"), out)
+    with open(p("x.img"), "rb") as a, open(p(r + ".img"), "rb") as b:
+        check(a.read() == b.read(), "multi: region %s is not the image" % r)
+check_hot_prefix(src, out, "multi")
 
 # ---- the merge, exactly: codec none, 8 KiB blocks, 16 KiB LBs: two blocks an LB.
 img = image("m.img", "rr", 64, seed=9)

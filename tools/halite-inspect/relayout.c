@@ -28,8 +28,11 @@
  *   3. those LBs are the hot prefix: the file's first hot-lbs LBs, each
  *      flushed before the next is filled so that nothing else lands among
  *      them; --hot-max cuts the list of LBs (the least shared last);
- *   4. every other stored block after them, in the source's LB order and
- *      streams, zero blocks as zero, never-touched blocks as never touched.
+ *   4. every other stored block after them, each in its source stream, in
+ *      the source's order (its LBs read in file order); the streams' LBs
+ *      interleave as they fill, as in a save, so the file keeps roughly the
+ *      save's order and exactly each stream's. Zero blocks stay zero,
+ *      never-touched blocks never touched.
  *
  * Bytes are copied as stored (halite_writer_put_encoded): never decoded or
  * re-encoded, from locality blocks whose checksums halite_reader_read_lb()
@@ -68,10 +71,11 @@ void help_relayout(FILE *f)
 		"not a vCPU), in the order the guest touched them (a block's place: the\n"
 		"median of its places in the traces that touched it), the vCPUs' LBs in\n"
 		"rounds. The result does not depend on the order of the TRACEs. Then\n"
-		"every other stored block in FILE's order and streams. Every memory\n"
-		"block's stored bytes are copied unchanged (checked against their LB's\n"
-		"checksum, never decoded); regions, vCPUs, device state, metadata, save\n"
-		"statistics, page, memory-block and LB sizes and the codec are FILE's.\n"
+		"every other stored block, each in its stream of FILE and in FILE's\n"
+		"order. Every memory block's stored bytes are copied unchanged (checked\n"
+		"against their LB's checksum, never decoded); regions, vCPUs, device\n"
+		"state, metadata, save statistics, page, memory-block and LB sizes and\n"
+		"the codec are FILE's.\n"
 		"OUT is a new file (a new uuid): FILE's traces do not apply to it.\n"
 		"Metadata " RELAYOUT_META " records 'traces=N hot-lbs=K hot-blocks=M\n"
 		"source-uuid=HEX': OUT's first K LBs hold the M hot blocks.\n\n"
