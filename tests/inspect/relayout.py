@@ -23,6 +23,7 @@ traces (docs/restore-trace.md, version 2) are written here from the file's
   relayout.py HALITE_INSPECT GEN_IMAGE_PY INSPECT_MKFILE
 Exit 0 pass, 1 fail.
 """
+import atexit
 import itertools
 import json
 import os
@@ -33,6 +34,7 @@ import tempfile
 
 HI, GEN, MKFILE = sys.argv[1], sys.argv[2], sys.argv[3]
 T = tempfile.mkdtemp(prefix="hi-relayout.")
+atexit.register(shutil.rmtree, T, True)  # on every exit, a failed check's too
 STATS = ["ready_ns", "duration_ns", "mb_total", "mb_fault", "mb_pool", "mb_prefetch",
          "mb_zero", "faults", "faults_cached", "faults_zero", "faults_vcpu", "lb_total",
          "lb_demand", "lb_prefetch", "lb_retries", "bytes_read", "mb_staged",
@@ -400,7 +402,6 @@ check(rc == 0 and o.startswith("halite-inspect "), "--version")
 rc, o, e = run("help")
 check(rc == 0 and "relayout" in o, "help lists relayout")
 
-shutil.rmtree(T)
 if failures:
     print("%d failure(s)" % failures, file=sys.stderr)
     sys.exit(1)
