@@ -155,7 +155,9 @@ static void check_accepted(const struct trace *t, const struct seen *s, const ui
 	static const char head[] = "halite-restore-trace 1\nfile-uuid ";
 	char uuid[33];
 
-	CHECK(size >= sizeof(head) - 1 && memcmp(data, head, sizeof(head) - 1) == 0);
+	/* Version 1 or 2: the header differs in its last digit only. */
+	CHECK(size >= sizeof(head) - 1 && memcmp(data, head, 21) == 0 &&
+	      data[21] == '0' + t->version && memcmp(data + 22, head + 22, sizeof(head) - 23) == 0);
 	trace_fmt_uuid(fi->uuid, uuid);
 	CHECK(size >= sizeof(head) - 1 + 33 && memcmp(data + sizeof(head) - 1, uuid, 32) == 0 &&
 	      data[sizeof(head) - 1 + 32] == '\n');
@@ -167,9 +169,27 @@ static void check_accepted(const struct trace *t, const struct seen *s, const ui
 		if (data[i] == ' ')
 			CHECK(i > 0 && data[i - 1] != '\n' && data[i - 1] != ' ');
 	}
-	/* Every line is one of: header, uuid, 23 stats, unknown stats, lb lines. */
+	/*
+	 * Every line is one of: header, uuid, 23 stats, unknown stats, lb lines;
+	 * version 2: one learn line and the touch lines.
+	 */
 	CHECK(t->line == nl);
-	CHECK(nl == 2 + NSTATS + t->unknown_stats + t->n_lb);
+	CHECK(t->version == 1 || t->version == 2);
+	CHECK(nl == 2 + NSTATS + t->unknown_stats + t->n_lb + (t->version == 2) + t->n_touch);
+	if (t->version == 2) {
+		uint64_t sum = t->n_touch_other;
+
+		CHECK(t->n_touch == t->n_touch_kind[0] + t->n_touch_kind[1] + t->n_touch_kind[2]);
+		CHECK(t->n_touch <= fi->mb_count);
+		for (size_t i = 0; i < t->n_vcpus; i++) {
+			CHECK(t->vcpus[i].touches > 0);
+			CHECK(i == 0 || t->vcpus[i - 1].vcpu < t->vcpus[i].vcpu);
+			sum += t->vcpus[i].touches;
+		}
+		CHECK(sum == t->n_touch);
+	} else {
+		CHECK(t->n_touch == 0 && t->n_vcpus == 0);
+	}
 
 	CHECK(t->u[S_MB_TOTAL] == fi->mb_count);
 	CHECK(t->u[S_LB_TOTAL] == fi->lb_count);
@@ -251,6 +271,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		ret2 = trace_parse(&t, on_lb, &s3);
 		CHECK(ret2 == STOP && s3.n == s3.stop_at);
 	}
+	trace_free(&t);
 	fclose(f);
 	return 0;
 }

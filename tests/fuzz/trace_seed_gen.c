@@ -36,6 +36,12 @@
  *                       longest length accepted, seed-line-4097 one byte more
  *                       (mutations seldom grow a line that long by chance);
  *   seed-empty          no bytes.
+ *   seed-learn          seed-full as version 2 (a learning restore): the learn
+ *                       line and touches of stored, zero and never-touched
+ *                       blocks, by vCPU 0 and by a thread that is not one,
+ *                       two at the same time;
+ *   seed-learn-none     seed-full as version 2, a window cut short, no touch;
+ *   seed-learn-failed   seed-demand (cancelled) as version 2 with touches.
  * Exit 0, 1 on failure, 77 without userfaultfd. Built, not a test.
  */
 #define _GNU_SOURCE
@@ -270,6 +276,24 @@ static void make_long_line(const char *full, const char *out, size_t len)
 	free(s);
 }
 
+/*
+ * @in as version 2: its header's version changed, the learn line and
+ * @touches (lines, each ending in a newline) appended.
+ */
+static void make_learn(const char *in, const char *out, const char *learn, const char *touches)
+{
+	char *s = slurp(in), *t;
+
+	if (strncmp(s, "halite-restore-trace 1\n", 23) != 0)
+		rg_die("%s: not a version 1 trace", in);
+	s[21] = '2';
+	if (asprintf(&t, "%s%s\n%s", s, learn, touches) < 0)
+		rg_die("out of memory");
+	write_text(out, t);
+	free(t);
+	free(s);
+}
+
 /* Edited copies: traces no run writes but the format allows, and the limits. */
 static void make_edited(const char *dir)
 {
@@ -309,6 +333,18 @@ static void make_edited(const char *dir)
 	make_long_line(full, out, 4097);
 	snprintf(out, sizeof(out), "%s/seed-empty", dir);
 	write_text(out, "");
+
+	/* Version 2, the learning restore's (the layout: the top of this file). */
+	snprintf(out, sizeof(out), "%s/seed-learn", dir);
+	make_learn(full, out, "learn 2000 1",
+		   "touch 1000 0 4 stored\ntouch 1000 0 16 zero\ntouch 2500 - 7 stored\n"
+		   "touch 3000 0 20 untouched\ntouch 3000 0 0 stored\ntouch 9000 - 18 zero\n");
+	snprintf(out, sizeof(out), "%s/seed-learn-none", dir);
+	make_learn(full, out, "learn 50 0", "");
+	snprintf(out, sizeof(out), "%s/seed-learn-failed", dir);
+	make_learn(demand, out, "learn 1000 0",
+		   "touch 10 0 1 stored\ntouch 20 0 16 zero\ntouch 30 0 21 untouched\n"
+		   "touch 40 0 12 stored\n");
 }
 
 int main(int argc, char **argv)

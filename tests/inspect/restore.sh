@@ -216,9 +216,11 @@ D=$T/demand.trace	# lines: 1 header, 2 uuid, 3..25 stats, 26..29 LBs 0, 3, 4, 7
 FULL=$T/full.trace	# 26..35 LBs 0..9
 OTHER=$(printf '%s' "$UUID" | tr 0-9a-f 1-9a-f0)
 
-bad $D 1 "expected 'halite-restore-trace 1', got 'halite-trace 1'" 'L[0] = "halite-trace 1"'
-bad $D 1 "trace version 2: this reader knows version 1 only" 'L[0] = "halite-restore-trace 2"'
-bad $D 1 "expected 'halite-restore-trace 1', got 'halite-restore-trace 01'" 'L[0] = "halite-restore-trace 01"'
+bad $D 1 "expected 'halite-restore-trace 1' or 2, got 'halite-trace 1'" 'L[0] = "halite-trace 1"'
+bad $D 1 "trace version 3: this reader knows versions 1 and 2 only" 'L[0] = "halite-restore-trace 3"'
+bad $D 1 "expected 'halite-restore-trace 1' or 2, got 'halite-restore-trace 01'" 'L[0] = "halite-restore-trace 01"'
+bad $D 29 "no 'learn <window_ms> <complete>' line after the lb lines: version 2 has one" \
+	'L[0] = "halite-restore-trace 2"'
 bad $D 2 "expected 'file-uuid <32 lowercase hex digits>'" 'L[1] = L[1].upper().replace("FILE-UUID", "file-uuid")'
 bad $D 2 "expected 'file-uuid <32 lowercase hex digits>'" 'L[1] = L[1][:-1]'
 bad $D 2 "file-uuid $OTHER is not the uuid of $F ($UUID)" "L[1] = 'file-uuid $OTHER'"
@@ -272,12 +274,44 @@ bad $D 11 "empty line" 'L.insert(10, "")'
 bad $D 29 "the last line does not end with a newline" 'RAW = "\n".join(L).encode()'
 bad $D 11 "unexpected end of file; expected 'stat faults_cached <integer>'" 'L = L[:10]'
 bad $D 3 "unexpected end of file; expected 'stat ready_ns <integer>'" 'L = L[:2]'
-bad $D 1 "empty file; expected 'halite-restore-trace 1'" 'L = []'
+bad $D 1 "empty file; expected 'halite-restore-trace 1' or 2" 'L = []'
 bad $FULL 34 "a completed restore lists every LB: 9 lb lines, lb_total 10" 'del L[30]'
 bad $FULL 35 "a completed restore has lb_demand demand lines: 0, lb_demand 1" \
 	'L[14] = "stat lb_demand 1"; L[15] = "stat lb_prefetch 9"'
 "$PY" -c 'import sys; sys.stdout.write("stat x " + "1" * 5000 + "\n")' >"$T/long"
 bad $D 26 "line longer than 4096 bytes" 'L.insert(25, open("'"$T/long"'").read()[:-1])'
+
+# ---- version 2 (a learning restore): full.trace with a learn line and touches.
+L2=$T/learn.trace	# 36 learn, 37.. touches
+{
+	sed '1s/ 1$/ 2/' "$FULL"
+	printf 'learn 5000 1\ntouch 100 0 2 stored\ntouch 100 - 21 zero\ntouch 250 0 30 untouched\n'
+	printf 'touch 900 0 0 stored\n'
+} >"$L2"
+expect 0 "$HI" restore --json "$F" "$L2"
+is_json "$T/out"
+eq "learn" "$(js "$T/out" '(d["trace_version"], d["learn"])')" \
+	"(2, {'window_ms': 5000, 'complete': True, 'touches': 4, 'stored': 2, 'zero': 1, 'untouched': 1, 'not_vcpu': 1, 'vcpus': [{'vcpu': 0, 'touches': 3}]})"
+expect 0 "$HI" restore --json "$F" "$FULL"
+eq "v1 learn" "$(js "$T/out" '(d["trace_version"], d["learn"])')" "(1, None)"
+expect 0 "$HI" restore "$F" "$L2"
+grep -q "^Learning: *4 memory blocks first touched in a 5000 ms window (complete): stored 2, zero 1, never-touched 1$" \
+	"$T/out" || fail "learning text: $(cat "$T/out")"
+grep -q "^Touches by: *vcpu0 3, other threads 1$" "$T/out" || fail "touches text: $(cat "$T/out")"
+bad $L2 36 "expected 'learn <window_ms> <complete>', got 'learn 5000 2'" 'L[35] = "learn 5000 2"'
+bad $L2 36 "expected 'learn <window_ms> <complete>'" 'L[35] = "learn 5000"'
+bad $L2 37 "expected 'touch <t_ns> <vcpu> <mb> <stored|zero|untouched>', got 'touch 100 0 2 hot'" \
+	'L[36] = "touch 100 0 2 hot"'
+bad $L2 41 "a second learn line" 'L.append("learn 1 1")'
+bad $L2 37 "memory block 32 out of range: $F has 32 memory blocks" 'L[36] = "touch 100 0 32 stored"'
+bad $L2 37 "vCPU 1 out of range: $F has 1 vCPUs" 'L[36] = "touch 100 1 2 stored"'
+bad $L2 37 "memory block 2 is stored in $F, not zero" 'L[36] = "touch 100 0 2 zero"'
+bad $L2 38 "memory block 21 is zero in $F, not untouched" 'L[37] = "touch 100 - 21 untouched"'
+bad $L2 39 "memory block 30 is untouched in $F, not stored" 'L[38] = "touch 250 0 30 stored"'
+bad $L2 40 "memory block 2 touched twice" 'L[39] = "touch 900 0 2 stored"'
+bad $L2 38 "t_ns 99 before the previous touch's 100: touch lines are in touch order" \
+	'L[37] = "touch 99 - 21 zero"'
+bad $L2 36 "expected 'lb <index>" 'L.insert(35, "touch 1 0 2 stored")'
 
 # A trace of another snapshot, with a valid syntax: refused by its uuid.
 expect 0 "$MKFILE" "$T"

@@ -47,6 +47,7 @@ int cmd_map(int argc, char **argv);
 int cmd_extract(int argc, char **argv);
 int cmd_import(int argc, char **argv);
 int cmd_restore(int argc, char **argv);
+int cmd_relayout(int argc, char **argv);
 void help_info(FILE *f);
 void help_verify(FILE *f);
 void help_blocks(FILE *f);
@@ -54,6 +55,7 @@ void help_map(FILE *f);
 void help_extract(FILE *f);
 void help_import(FILE *f);
 void help_restore(FILE *f);
+void help_relayout(FILE *f);
 
 /* ---- the run: diagnostics, the one JSON object, common parsing (util.c) ---- */
 

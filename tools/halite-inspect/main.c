@@ -28,6 +28,8 @@ static const struct command commands[] = {
 	{ "import", "make a snapshot file from raw memory images", cmd_import, help_import },
 	{ "restore", "what a lazy restore read and why, from its trace", cmd_restore,
 	  help_restore },
+	{ "relayout", "rewrite a file in the order its guest touched memory, from traces",
+	  cmd_relayout, help_relayout },
 	{ "help", "describe a command", cmd_help, help_help },
 };
 
@@ -38,7 +40,7 @@ static void usage(FILE *f)
 		fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].summary);
 	fprintf(f, "\nEvery command takes --help and --version; all but help take --json:\n"
 		   "one JSON object on stdout, on failure too, with ok, error and exit.\n"
-		   "verify, import and extract take --progress[=text|json|none].\n"
+		   "verify, import, extract and relayout take --progress[=text|json|none].\n"
 		   "An error is one line on stderr: " PROG ": COMMAND: MESSAGE.\n\n"
 		   "Exit status: 0 ok, 1 the file is bad or the command failed, 2 usage: a bad\n"
 		   "option or argument, refused before anything is written.\n");

@@ -32,7 +32,10 @@ void help_restore(FILE *f)
 		"prefetcher read, and how many were never read; with --blocks, the fate\n"
 		"of every LB. Streams are the order the save wrote the blocks in: vcpuN\n"
 		"(touched first by vCPU N), virtual (page-table walk), physical, other.\n"
-		"A good restore demands what the vCPUs touch and prefetches the rest.\n\n"
+		"A good restore demands what the vCPUs touch and prefetches the rest.\n"
+		"A learning restore's trace (version 2, halite-qemu restore --learn) also\n"
+		"says how many memory blocks the guest first touched after resume, per\n"
+		"vCPU; '" PROG " relayout' puts them first in a new file.\n\n"
 		"TRACE is checked strictly against the format and against FILE (same\n"
 		"uuid, LB and memory-block numbers that exist in FILE); the first problem\n"
 		"is named with its line number, exit status 1.\n\n"
@@ -60,7 +63,12 @@ void help_restore(FILE *f)
 		"    from the trace's lb lines), streams[] also stream and stream_id;\n"
 		"  with --blocks, stream (with --stream) and lbs[]: lb, stream, stream_id,\n"
 		"    seq, fate, t_ns, fault_mb, staged, accessed (null where they do not\n"
-		"    apply: fault_mb unless demand, all four when never).\n\n"
+		"    apply: fault_mb unless demand, all four when never);\n"
+		"  trace_version (1 or 2); learn: null for version 1, else window_ms,\n"
+		"    complete (boolean), touches (memory blocks first touched after\n"
+		"    resume), stored, zero, untouched (of those, by their state in FILE),\n"
+		"    not_vcpu (touched first by a thread that is not a vCPU) and vcpus[]:\n"
+		"    vcpu, touches.\n\n"
 		"Exit status: 0 ok, 1 FILE or TRACE is bad, does not open or they do not\n"
 		"match, 2 usage.\n");
 }
@@ -279,6 +287,27 @@ static cJSON *head_json(const struct opts *o, const struct trace *t, const struc
 		json_add_u64(e, "never", r->lbs - r->demand - r->prefetch);
 		cJSON_AddItemToArray(a, e);
 	}
+	json_add_u64(root, "trace_version", t->version);
+	if (t->version < 2) {
+		cJSON_AddNullToObject(root, "learn");
+	} else {
+		cJSON *l = cJSON_AddObjectToObject(root, "learn");
+
+		json_add_u64(l, "window_ms", t->learn_window_ms);
+		cJSON_AddBoolToObject(l, "complete", t->learn_complete);
+		json_add_u64(l, "touches", t->n_touch);
+		json_add_u64(l, "stored", t->n_touch_kind[HALITE_MB_STORED]);
+		json_add_u64(l, "zero", t->n_touch_kind[HALITE_MB_ZERO]);
+		json_add_u64(l, "untouched", t->n_touch_kind[HALITE_MB_UNTOUCHED]);
+		json_add_u64(l, "not_vcpu", t->n_touch_other);
+		a = cJSON_AddArrayToObject(l, "vcpus");
+		for (size_t i = 0; i < t->n_vcpus; i++) {
+			e = cJSON_CreateObject();
+			json_add_u64(e, "vcpu", t->vcpus[i].vcpu);
+			json_add_u64(e, "touches", t->vcpus[i].touches);
+			cJSON_AddItemToArray(a, e);
+		}
+	}
 	if (o->blocks && o->stream_name)
 		cJSON_AddStringToObject(root, "stream", o->stream_name);
 	return root;
@@ -342,6 +371,19 @@ static void text_summary(const struct opts *o, const struct trace *t, const stru
 	else
 		printf(KV "%.2f%% (%" PRIu64 " of %" PRIu64 " staged blocks touched)\n",
 		       "VM access:", t->pct, u[S_MB_STAGED_ACCESSED], u[S_MB_STAGED]);
+	if (t->version >= 2) {
+		printf(KV "%" PRIu64 " memory blocks first touched in a %" PRIu64 " ms window "
+			  "(%s): stored %" PRIu64 ", zero %" PRIu64 ", never-touched %" PRIu64 "\n",
+		       "Learning:", t->n_touch, t->learn_window_ms,
+		       t->learn_complete ? "complete" : "cut short",
+		       t->n_touch_kind[HALITE_MB_STORED], t->n_touch_kind[HALITE_MB_ZERO],
+		       t->n_touch_kind[HALITE_MB_UNTOUCHED]);
+		printf(KV, "Touches by:");
+		for (size_t i = 0; i < t->n_vcpus; i++)
+			printf("%svcpu%u %" PRIu64, i ? ", " : "", t->vcpus[i].vcpu,
+			       t->vcpus[i].touches);
+		printf("%sother threads %" PRIu64 "\n", t->n_vcpus ? ", " : "", t->n_touch_other);
+	}
 
 	printf("\nStreams (locality blocks):\n");
 	{
@@ -537,7 +579,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 
 static const char *const restore_keys[] = {
 	"file", "trace", "uuid", "lb_count", "mb_count", "stats", "error_text", "totals",
-	"streams", NULL,
+	"streams", "trace_version", "learn", NULL,
 };
 
 int cmd_restore(int argc, char **argv)
@@ -611,6 +653,7 @@ int cmd_restore(int argc, char **argv)
 out:
 	if (t.f)
 		fclose(t.f);
+	trace_free(&t);
 	free(s.v);
 	halite_reader_free(r);
 	return ret;

@@ -262,14 +262,15 @@ static int parse_header(struct trace *t)
 	if (ret)
 		return ret;
 	if (eof)
-		return trace_bad(t, "empty file; expected 'halite-restore-trace 1'");
+		return trace_bad(t, "empty file; expected 'halite-restore-trace 1' or 2");
 	if (strncmp(t->buf, "halite-restore-trace ", 21) == 0 &&
-	    trace_parse_dec(t->buf + 21, &v) && v != 1)
-		return trace_bad(t, "trace version %" PRIu64 ": this reader knows version 1 only",
-				 v);
-	if (strcmp(t->buf, "halite-restore-trace 1") != 0)
-		return trace_bad(t, "expected 'halite-restore-trace 1', got %s",
+	    trace_parse_dec(t->buf + 21, &v) && v != 1 && v != 2)
+		return trace_bad(t, "trace version %" PRIu64 ": this reader knows versions 1 "
+				    "and 2 only", v);
+	if (strcmp(t->buf, "halite-restore-trace 1") && strcmp(t->buf, "halite-restore-trace 2"))
+		return trace_bad(t, "expected 'halite-restore-trace 1' or 2, got %s",
 				 quoted(t, q, sizeof(q)));
+	t->version = t->buf[21] == '2' ? 2 : 1;
 
 	ret = next_line(t, &eof);
 	if (ret)
@@ -282,6 +283,7 @@ static int parse_header(struct trace *t)
 	if (memcmp(uuid, fi->uuid, 16) != 0) {
 		trace_fmt_uuid(uuid, have);
 		trace_fmt_uuid(fi->uuid, want);
+		t->wrong_file = true;
 		return trace_bad(t, "file-uuid %s is not the uuid of %s (%s): a trace of another "
 				    "file", have, t->file, want);
 	}
@@ -424,6 +426,165 @@ static int parse_lb(struct trace *t, uint64_t prev, bool first, struct lb_line *
 	return 0;
 }
 
+#define LEARN_SYNTAX "learn <window_ms> <complete>"
+#define TOUCH_SYNTAX "touch <t_ns> <vcpu> <mb> <stored|zero|untouched>"
+
+static const char *const kind_names[] = {
+	[HALITE_MB_UNTOUCHED] = "untouched",
+	[HALITE_MB_ZERO] = "zero",
+	[HALITE_MB_STORED] = "stored",
+};
+
+static int parse_learn(struct trace *t)
+{
+	uint64_t c;
+	char q[80], *f[4];
+	bool ok;
+
+	ok = split(t, f, 3) == 3 && strcmp(f[0], "learn") == 0 &&
+	     trace_parse_dec(f[1], &t->learn_window_ms) && trace_parse_dec(f[2], &c) && c <= 1;
+	unsplit(t);
+	if (!ok)
+		return trace_bad(t, "expected '" LEARN_SYNTAX "', got %s", quoted(t, q, sizeof(q)));
+	t->learn_complete = c;
+	return 0;
+}
+
+/* Counts a touch of @vcpu in the sorted t->vcpus; -ENOMEM if it cannot grow. */
+static int count_vcpu(struct trace *t, uint32_t vcpu)
+{
+	size_t lo = 0, hi = t->n_vcpus;
+	struct touch_vcpu *v;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (t->vcpus[mid].vcpu == vcpu) {
+			t->vcpus[mid].touches++;
+			return 0;
+		}
+		if (t->vcpus[mid].vcpu < vcpu)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	v = realloc(t->vcpus, (t->n_vcpus + 1) * sizeof(*v));
+	if (!v)
+		return -ENOMEM;
+	t->vcpus = v;
+	memmove(v + lo + 1, v + lo, (t->n_vcpus - lo) * sizeof(*v));
+	v[lo] = (struct touch_vcpu){ vcpu, 1 };
+	t->n_vcpus++;
+	return 0;
+}
+
+/*
+ * A touch line, against the file and the touches before it. The vCPU is
+ * checked against the file's vCPU count when the file records one; else only
+ * that it can name a stream (24 bits), as relayout makes one per vCPU.
+ */
+static int parse_touch(struct trace *t, uint64_t prev_t, struct touch_line *l)
+{
+	const struct halite_file_info *fi = halite_reader_info(t->r);
+	const struct halite_root *roots;
+	uint32_t vcount = 0, nroots;
+	struct halite_mb_loc loc;
+	uint64_t vcpu = 0;
+	char q[80], *f[6];
+	bool ok;
+	int ret;
+
+	ok = split(t, f, 5) == 5 && strcmp(f[0], "touch") == 0 &&
+	     trace_parse_dec(f[1], &l->t_ns) && trace_parse_dec(f[3], &l->mb) &&
+	     (strcmp(f[2], "-") == 0 || trace_parse_dec(f[2], &vcpu));
+	l->kind = 3;
+	for (uint32_t k = 0; ok && k < 3; k++)
+		if (strcmp(f[4], kind_names[k]) == 0)
+			l->kind = k;
+	ok = ok && l->kind < 3;
+	l->vcpu = ok && strcmp(f[2], "-") == 0 ? TOUCH_NOT_VCPU : (uint32_t)vcpu;
+	unsplit(t);
+	if (!ok) {
+		if (strncmp(t->buf, "learn ", 6) == 0)
+			return trace_bad(t, "a second learn line: %s", quoted(t, q, sizeof(q)));
+		return trace_bad(t, "expected '" TOUCH_SYNTAX "', got %s", quoted(t, q, sizeof(q)));
+	}
+	if (l->vcpu != TOUCH_NOT_VCPU) {
+		if (halite_reader_vcpus(t->r, &vcount, &roots, &nroots) < 0)
+			vcount = 0;
+		if (vcount && vcpu >= vcount)
+			return trace_bad(t, "vCPU %" PRIu64 " out of range: %s has %u vCPUs", vcpu,
+					 t->file, vcount);
+		if (vcpu > 0xffffffu)
+			return trace_bad(t, "vCPU %" PRIu64 " out of range: at most 16777215", vcpu);
+	}
+	if (l->mb >= fi->mb_count)
+		return trace_bad(t, "memory block %" PRIu64 " out of range: %s has %" PRIu64
+				    " memory blocks", l->mb, t->file, fi->mb_count);
+	if (l->t_ns < prev_t)
+		return trace_bad(t, "t_ns %" PRIu64 " before the previous touch's %" PRIu64
+				    ": touch lines are in touch order", l->t_ns, prev_t);
+	if (t->seen[l->mb / 8] & (1u << (l->mb % 8)))
+		return trace_bad(t, "memory block %" PRIu64 " touched twice", l->mb);
+	t->seen[l->mb / 8] |= (uint8_t)(1u << (l->mb % 8));
+	ret = halite_reader_mb_lookup(t->r, l->mb, &loc);
+	if (ret < 0)
+		return trace_bad(t, "memory block %" PRIu64 ": %s", l->mb, halite_strerror(ret));
+	if (loc.state != l->kind)
+		return trace_bad(t, "memory block %" PRIu64 " is %s in %s, not %s", l->mb,
+				 loc.state < 3 ? kind_names[loc.state] : "?", t->file,
+				 kind_names[l->kind]);
+	return 0;
+}
+
+/* Version 2's part after the lb lines, from its learn line (in t->buf). */
+static int parse_learning(struct trace *t)
+{
+	const struct halite_file_info *fi = halite_reader_info(t->r);
+	uint64_t prev_t = 0;
+	bool eof;
+	int ret;
+
+	ret = parse_learn(t);
+	if (ret)
+		return ret;
+	t->seen = calloc(fi->mb_count / 8 + 1, 1);
+	if (!t->seen) {
+		errorf("out of memory for %" PRIu64 " memory blocks", fi->mb_count);
+		return EXIT_FAIL;
+	}
+	for (;;) {
+		struct touch_line l;
+
+		ret = next_line(t, &eof);
+		if (ret || eof)
+			return ret;
+		ret = parse_touch(t, prev_t, &l);
+		if (ret)
+			return ret;
+		prev_t = l.t_ns;
+		l.rank = t->n_touch++;
+		t->n_touch_kind[l.kind]++;
+		if (l.vcpu == TOUCH_NOT_VCPU) {
+			t->n_touch_other++;
+		} else if (count_vcpu(t, l.vcpu) < 0) {
+			errorf("out of memory");
+			return EXIT_FAIL;
+		}
+		if (t->touch_fn && (ret = t->touch_fn(t->touch_ctx, &l)))
+			return ret;
+	}
+}
+
+void trace_free(struct trace *t)
+{
+	free(t->vcpus);
+	free(t->seen);
+	t->vcpus = NULL;
+	t->seen = NULL;
+	t->n_vcpus = 0;
+}
+
 int trace_parse(struct trace *t, lb_fn fn, void *ctx)
 {
 	bool in_lbs = false, eof;
@@ -433,6 +594,12 @@ int trace_parse(struct trace *t, lb_fn fn, void *ctx)
 
 	t->line = 0;
 	t->n_lb = t->n_demand = t->n_prefetch = t->unknown_stats = 0;
+	trace_free(t);
+	t->n_touch = t->n_touch_other = 0;
+	memset(t->n_touch_kind, 0, sizeof(t->n_touch_kind));
+	t->learn_window_ms = 0;
+	t->learn_complete = false;
+	t->wrong_file = false;
 	ret = parse_header(t);
 	if (!ret)
 		ret = parse_stats(t);
@@ -444,8 +611,20 @@ int trace_parse(struct trace *t, lb_fn fn, void *ctx)
 		ret = next_line(t, &eof);
 		if (ret)
 			return ret;
-		if (eof)
+		if (eof) {
+			if (t->version == 2) {
+				t->line--;
+				return trace_bad(t, "no '" LEARN_SYNTAX "' line after the lb lines: "
+						    "version 2 has one");
+			}
 			break;
+		}
+		if (t->version == 2 && strncmp(t->buf, "learn ", 6) == 0) {
+			ret = parse_learning(t);
+			if (ret)
+				return ret;
+			break;
+		}
 
 		/* Stats added to the struct later come after ours: skip their names. */
 		if (!in_lbs && strncmp(t->buf, "stat ", 5) == 0) {

@@ -6,9 +6,12 @@
  *
  * Use: open the trace as t->f, set path, file and r, then trace_parse(). It
  * reads the whole trace once, checks every rule of the format page against
- * the snapshot r, hands each validated lb line to a callback, and fills the
- * results. The first violation is reported as "TRACE:LINE: what" and parsing
- * stops there. Memory stays flat: nothing is kept per line.
+ * the snapshot r, hands each validated lb line to a callback (and, version
+ * 2, each touch line to t->touch_fn), and fills the results. The first
+ * violation is reported as "TRACE:LINE: what" and parsing stops there.
+ * Memory stays flat: nothing is kept per line (version 2 keeps one bit per
+ * memory block of the file, to refuse a block touched twice, and a count per
+ * vCPU).
  */
 #ifndef HALITE_INSPECT_TRACE_H
 #define HALITE_INSPECT_TRACE_H
@@ -78,6 +81,26 @@ struct lb_line {
 	uint64_t staged, accessed;
 };
 
+/* A version 2 touch line's vcpu when the thread was not a vCPU ('-'). */
+#define TOUCH_NOT_VCPU UINT32_MAX
+
+/* Version 2: a memory block first touched after resume (docs/restore-trace.md). */
+struct touch_line {
+	uint64_t t_ns;
+	uint32_t vcpu;		/* vCPU index, or TOUCH_NOT_VCPU */
+	uint64_t mb;
+	uint32_t kind;		/* enum halite_mb_state, as the file's map has it */
+	uint64_t rank;		/* 0 for the trace's first touch line, 1 for the next, ... */
+};
+
+typedef int (*touch_fn)(void *ctx, const struct touch_line *l);
+
+/* Touches per vCPU of a version 2 trace, sorted by vcpu. */
+struct touch_vcpu {
+	uint32_t vcpu;
+	uint64_t touches;
+};
+
 struct trace {
 	/* input */
 	const char *path;	/* the trace, for messages */
@@ -92,6 +115,9 @@ struct trace {
 	 */
 	char *errbuf;
 	size_t errbuf_len;
+	/* Version 2: sees each touch line once it is validated (may be NULL). */
+	touch_fn touch_fn;
+	void *touch_ctx;
 	/* parse state */
 	uint64_t line;
 	char buf[TRACE_LINE_MAX + 2];
@@ -103,6 +129,16 @@ struct trace {
 	int error;
 	uint64_t n_lb, n_demand, n_prefetch;
 	uint64_t unknown_stats;
+	unsigned version;	/* 1 or 2 */
+	bool wrong_file;	/* the failure was a file-uuid of another file */
+	/* version 2: the learn line, and the touch lines counted */
+	uint64_t learn_window_ms;
+	bool learn_complete;
+	uint64_t n_touch, n_touch_kind[3];	/* by enum halite_mb_state */
+	uint64_t n_touch_other;			/* by a thread that is not a vCPU */
+	struct touch_vcpu *vcpus;		/* owned: trace_free() */
+	size_t n_vcpus;
+	uint8_t *seen;				/* one bit per memory block */
 };
 
 /* Called for each lb line once it is validated; non-zero (an exit code) stops the parse. */
@@ -119,9 +155,15 @@ typedef int (*lb_fn)(void *ctx, const struct lb_line *l);
  * u[S_DONE] is 0 or 1 and error is 0 exactly when done; n_lb == n_demand +
  * n_prefetch <= lb_total, the lb lines having distinct indices in ascending
  * order; when done, n_lb == lb_total and n_demand == u[S_LB_DEMAND];
- * pct_text is the vm_access_pct field as written, pct its value.
+ * pct_text is the vm_access_pct field as written, pct its value. Version 2
+ * also: n_touch touch lines, n_touch_kind[] by kind, n_touch_other of them by
+ * a thread that is not a vCPU, vcpus[] the others by vCPU; each memory block
+ * at most once, t_ns non-decreasing, kinds those of t->r's map.
  */
 int trace_parse(struct trace *t, lb_fn fn, void *ctx);
+
+/* Free what trace_parse() allocated (not t itself, nor t->f). */
+void trace_free(struct trace *t);
 
 /* "TRACE:LINE: what" for the current line, as trace_parse() reports; returns EXIT_BAD. */
 int trace_bad(const struct trace *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
