@@ -53,7 +53,7 @@ struct halite_writer *rg_writer_create(const struct rg_snap *snap, const char *p
 	o.mb_pages = snap->mb_size / RG_PAGE;
 	o.lb_size = snap->lb_size;
 	o.vcpu_count = 1;
-	o.flags = HALITE_WRITER_NO_SYNC;
+	o.flags = HALITE_WRITER_NO_SYNC | (snap->v1_0 ? HALITE_WRITER_V1_0 : 0);
 	rg_check(halite_writer_create(&w, path, &reg, 1, &o), "create");
 	return w;
 }

@@ -36,6 +36,11 @@ struct rg_snap {
 	/* Checked by rg_read_layout(): */
 	uint64_t lb_count, mb_stored, mb_zero, mb_untouched;
 	const uint8_t *uuid; /* 16 bytes; NULL: any */
+	/*
+	 * Write format 1.0: a file re-sealed with another uuid (cu_reseal()
+	 * knows 1.0's checksums; 1.1's index chunks are seeded by the uuid).
+	 */
+	bool v1_0;
 };
 
 /* One LB of the file as its reader tells it. */

@@ -83,6 +83,7 @@ static const struct rg_snap snap = {
 	.mb_zero = 3,
 	.mb_untouched = 5,
 	.uuid = fixed_uuid,
+	.v1_0 = true, /* re-sealed with the fixed uuid below: cu_reseal() knows 1.0 */
 };
 
 /* The snapshot's layout as its reader tells it; the runs below follow it. */
