@@ -62,14 +62,17 @@ above, then the workload only once the learning window is over, so the trace
 holds what the client's work touched), `halite-inspect relayout FILE --trace
 TRACE -o RELAYOUT`, then per run, cache state and added read latency
 (--learn-latencies, microseconds per read: 0 and 1000) restores of the
-original file (halite, halite-lat1000us) and of the relayouted one
-(halite-relayout, halite-relayout-lat1000us), all with --track-access, no
-eager restore. The JSON's "learn" says what was learnt and the relayout's
-report; summary.CACHE.learn, per latency, the medians of VM access %, demand
-reads (lb_demand), hot LBs read first (lb_hot), first answer, request mean
-and max for both files, and issue 17's goals: the relayouted file's VM access
->= 83%, its demand reads <= 1/3 of the original's, and at 1 ms per read its
-first answer <= 1/2 of the original's.
+original file (halite, halite-lat1000us), of the relayouted one
+(halite-relayout, halite-relayout-lat1000us) and of the relayouted one with
+--hot-prefix 0 (halite-relayout-nohot...: its layout read by faults, whose
+VM access is the layout's), all with --track-access, no eager restore. The
+JSON's "learn" says what was learnt and the relayout's report;
+summary.CACHE.learn, per latency, the medians of VM access %, demand reads
+(lb_demand), hot LBs read first (lb_hot), first answer, request mean and
+max for the three, and issue 17's goals: the relayouted layout's VM access
+(nohot) >= 83%, the relayouted file's demand reads <= 1/3 of the
+original's, and at 1 ms per read its first answer <= 1/2 of the
+original's.
 
 Exit status: 0 every run answered with the expected digest, 1 a run or a save
 failed (a wrong digest included), 2 usage, 77 missing prerequisites (QEMU, the
@@ -820,11 +823,16 @@ def summarize(runs, cache, methods):
     return s
 
 
-def learn_method(latency_us, relayout):
-    """The method restoring the original file (or the relayouted one) with
-    @latency_us added to every read."""
-    return ("halite-relayout" if relayout else "halite") + (
-        f"-lat{latency_us}us" if latency_us else "")
+LEARN_KINDS = ("original", "relayout", "relayout_nohot")
+
+
+def learn_method(latency_us, kind):
+    """The method restoring the original file, the relayouted one, or the
+    relayouted one without reading its hot prefix first (--hot-prefix 0: its
+    layout's own VM access), with @latency_us added to every read."""
+    name = {"original": "halite", "relayout": "halite-relayout",
+            "relayout_nohot": "halite-relayout-nohot"}[kind]
+    return name + (f"-lat{latency_us}us" if latency_us else "")
 
 
 def summarize_learn(runs, cache, latencies):
@@ -833,13 +841,13 @@ def summarize_learn(runs, cache, latencies):
     out = {}
     for lat in latencies:
         row = {}
-        for relayout in (False, True):
-            m = learn_method(lat, relayout)
+        for kind in LEARN_KINDS:
+            m = learn_method(lat, kind)
             ok = [r for r in runs if r["method"] == m and r["cache"] == cache and
                   r["error"] is None]
             h = [r["halite"] for r in ok]
             rq = [r["requests"] for r in ok if r["requests"]]
-            row["relayout" if relayout else "original"] = {
+            row[kind] = {
                 "method": m, "runs_ok": len(ok),
                 "vm_access_pct_median": rnd(median([x["vm_access_pct"] for x in h]), 2),
                 "lb_demand_median": median([x["lb_demand"] for x in h]),
@@ -850,14 +858,19 @@ def summarize_learn(runs, cache, latencies):
                 "requests_mean_s_median": rnd(median([q["mean_s"] for q in rq]), 6),
                 "requests_max_s_median": rnd(median([q["max_s"] for q in rq]), 6),
                 "all_in_s_median": rnd(median([r["all_in_s"] for r in ok]))}
-        a, b = row["original"], row["relayout"]
+        a, b, c = row["original"], row["relayout"], row["relayout_nohot"]
 
         def le(x, y, factor):
             return None if x is None or y is None else x <= y * factor
 
+        # VM access is the layout's measure (the paper's: of the blocks of each
+        # LB read for a fault, how many the guest used), so it is taken where
+        # faults read the relayouted layout: without its hot prefix read first
+        # (with it, the few LBs left to faults are those the learning restore
+        # did not see).
         row["goals"] = {
-            "vm_access_ge_83": (None if b["vm_access_pct_median"] is None else
-                                b["vm_access_pct_median"] >= 83),
+            "vm_access_ge_83": (None if c["vm_access_pct_median"] is None else
+                                c["vm_access_pct_median"] >= 83),
             "demand_le_third": le(b["lb_demand_median"], a["lb_demand_median"], 1 / 3)}
         # The issue's first-answer goal is at 1 ms per read; said at every latency.
         row["goals"]["first_http_le_half"] = le(b["first_http_s_median"],
@@ -976,11 +989,12 @@ def parse_args():
         a.track_access = True
         a.methods = []
         for lat in a.latencies:
-            for relayout in (False, True):
-                m = learn_method(lat, relayout)
+            for kind in LEARN_KINDS:
+                m = learn_method(lat, kind)
                 a.methods.append(m)
-                a.variants[m] = ["--read-latency", str(lat)] if lat else []
-                if relayout:
+                a.variants[m] = (["--read-latency", str(lat)] if lat else []) + (
+                    ["--hot-prefix", "0"] if kind == "relayout_nohot" else [])
+                if kind != "original":
                     a.method_file[m] = "relayout"
         a.methods += [m for m in a.variants if m not in a.methods]
     if not a.caches or any(c not in ("cold", "warm") for c in a.caches):
@@ -1105,7 +1119,8 @@ def main():
             for lat, row in s["learn"].items():
                 a, b = row["original"], row["relayout"]
                 log(f"medians, {c}, {lat}: VM access {a['vm_access_pct_median']} -> "
-                    f"{b['vm_access_pct_median']} %, demand LBs {a['lb_demand_median']} -> "
+                    f"{b['vm_access_pct_median']} % ({row['relayout_nohot']['vm_access_pct_median']}"
+                    f" % without the hot prefix read first), demand LBs {a['lb_demand_median']} -> "
                     f"{b['lb_demand_median']} ({b['lb_hot_median']} hot first), first HTTP "
                     f"{a['first_http_s_median']} -> {b['first_http_s_median']} s, requests mean "
                     f"{a['requests_mean_s_median']} -> {b['requests_mean_s_median']} s, max "
@@ -1150,9 +1165,9 @@ def print_table(result):
         print(f"{c:5} goals: " + ", ".join(f"{k} {'met' if v else 'NOT met' if v is False else '-'}"
                                            for k, v in s["goals"].items()))
         for lat, row in s.get("learn", {}).items():
-            for k in ("original", "relayout"):
+            for k in LEARN_KINDS:
                 x = row[k]
-                print(f"{c:5} {lat:16} {k:8}: VM access {x['vm_access_pct_median']} %, demand "
+                print(f"{c:5} {lat:16} {k:14}: VM access {x['vm_access_pct_median']} %, demand "
                       f"LBs {x['lb_demand_median']}, hot LBs {x['lb_hot_median']}, first "
                       f"answer {ms(x['first_http_s_median'])}, req mean "
                       f"{ms(x['requests_mean_s_median'])}, max {ms(x['requests_max_s_median'])}")
