@@ -9,6 +9,7 @@ Reads, in DIR (each one optional; what is missing is left out and said so):
   trace-NAME.json      halite-bench micro --json --trace NAME.trace (a real program)
   fio.json             bench/fio.sh
   fault.json           halite-bench fault --json (its format is not fixed: shown as found)
+  qemu-learn.json      bench/qemu.py --learn --json (issue 17's goals in summary.md)
   runs.tsv             written by bench/run.sh: file, exit code, seconds, command
 
 Writes, in DIR:
@@ -666,6 +667,54 @@ def issue15_goals(dirname, traces, notes):
     return ("\n## Issue 15's goals in this run\n\nEach row from this run's JSON (save.json, "
             "trace-*.json, qemu.json, open.json); timings on a shared or small machine are "
             "noisy, so read a row as this run's outcome.\n\n" +
+            md_table(["goal", "this run", ""], rows, ["l", "l", "l"]) + "\n")
+
+
+def issue17_goals(dirname, notes):
+    """Issue 17's goals against this run's qemu-learn.json (bench/qemu.py --learn):
+    the relayouted file against the original, per added read latency; a
+    markdown section, or "" when it is not here."""
+    path = os.path.join(dirname, "qemu-learn.json")
+    if not os.path.exists(path):
+        return ""
+    q = load_json(path, notes)
+    if not q:
+        return ""
+    rows = []
+    lr = get(q, "learn", "relayout") or {}
+
+    def count(v):
+        v = num(v)
+        return "-" if v is None else f"{v:g}"
+
+    for cache, cs in sorted((q.get("summary") or {}).items()):
+        for lat, row in sorted((cs.get("learn") or {}).items(),
+                               key=lambda kv: num(kv[0].split("_")[1][:-2]) or 0):
+            a, b, g = row.get("original") or {}, row.get("relayout") or {}, row.get("goals") or {}
+            what = f"QEMU guest, {cache}, {lat.split('_')[1]} per read"
+            c = row.get("relayout_nohot") or {}
+            rows.append([f"{what}: relayouted layout's VM access >= 83% (--hot-prefix 0)",
+                         f"{fmt_pct(num(c.get('vm_access_pct_median')))} (original "
+                         f"{fmt_pct(num(a.get('vm_access_pct_median')))}; with the hot "
+                         f"prefix read first {fmt_pct(num(b.get('vm_access_pct_median')))})",
+                         yes_no(g.get("vm_access_ge_83"))])
+            rows.append([f"{what}: demand reads <= 1/3 of the original file's",
+                         f"{count(b.get('lb_demand_median'))} against "
+                         f"{count(a.get('lb_demand_median'))} ("
+                         f"{count(b.get('lb_hot_median'))} hot LBs read first)",
+                         yes_no(g.get("demand_le_third"))])
+            rows.append([f"{what}: first answer <= 1/2 of the original file's"
+                         + (" (the goal is at 1 ms)" if not lat.startswith("latency_1000us")
+                            else ""),
+                         f"{fmt_s(b.get('first_http_s_median'))} against "
+                         f"{fmt_s(a.get('first_http_s_median'))}",
+                         yes_no(g.get("first_http_le_half"))])
+    if not rows:
+        return ""
+    return ("\n## Issue 17's goals in this run\n\nbench/qemu.py --learn: one learning "
+            f"restore, the file relayouted from it (hot prefix {lr.get('hot_lbs', '-')} LBs, "
+            f"{lr.get('hot_blocks', '-')} blocks), then restores of both files with "
+            "--track-access (medians). Timings on a shared machine are noisy.\n\n" +
             md_table(["goal", "this run", ""], rows, ["l", "l", "l"]) + "\n")
 
 
@@ -1343,6 +1392,7 @@ def main(argv):
                     ", ".join(f"[{n}](fig2-trace-{n}.svg)" for n, _ in traces) + ".\n\n" +
                     tt.split("\n", 2)[2])
         f.write(issue15_goals(d, traces, notes))
+        f.write(issue17_goals(d, notes))
     made.append("summary.md")
     for f in made:
         print(os.path.join(d, f))

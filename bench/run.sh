@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The benchmarks of issues 3, 5, 14 and 15, one after the other, each one's JSON saved in DIR, then
+# The benchmarks of issues 3, 5, 14, 15 and 17, one after the other, each one's JSON saved in DIR, then
 # the paper's figures and a summary drawn from them (bench/plot.py):
 #
 #   save.json           halite-bench-save --json: the lazy save against the
@@ -31,6 +31,11 @@
 #                       test guest against QEMU's eager one: first answer to a
 #                       client, then 1000 page requests (--quick: one run of
 #                       each, else 3); skipped as clones-qemu.json is
+#   qemu-learn.json     bench/qemu.py --learn --json: the learning loop (issue
+#                       17): a learning restore, the file relayouted from it,
+#                       then restores of both at 0 and 1 ms per read, cold
+#                       (--quick: one run of each, else 3); skipped as
+#                       clones-qemu.json is
 #   runs.tsv            file, exit code, seconds, command, for each of them
 #   *.log               each command's stderr (progress)
 #   fig2-overhead.svg, table1.md, fig4-compress.svg, fig2-trace-NAME.svg,
@@ -56,7 +61,7 @@ while [[ $# -gt 0 ]]; do
 	--quick) quick=1 ;;
 	--out) out=$2; shift ;;
 	--build) build=$2; shift ;;
-	-h|--help) sed -n '2,40p' "$0"; exit 0 ;;
+	-h|--help) sed -n '2,51p' "$0"; exit 0 ;;
 	*) echo "run.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 	esac
 	shift
@@ -198,6 +203,15 @@ if qemu_ready qemu.json; then
 	HALITE_QEMU_BIN=$build/tools/halite-qemu/halite-qemu \
 		HALITE_INSPECT_BIN=$build/tools/halite-inspect/halite-inspect \
 		run qemu.json python3 bench/qemu.py --json "${q[@]}" \
+		--image "$(rel "$build")/guest-image"
+fi
+
+# (i) The learning loop on the same guest: a file relayouted from one learning
+# restore against the original (issue 17).
+if qemu_ready qemu-learn.json; then
+	HALITE_QEMU_BIN=$build/tools/halite-qemu/halite-qemu \
+		HALITE_INSPECT_BIN=$build/tools/halite-inspect/halite-inspect \
+		run qemu-learn.json python3 bench/qemu.py --learn --json "${q[@]}" \
 		--image "$(rel "$build")/guest-image"
 fi
 

@@ -157,6 +157,12 @@ struct halite_restore {
 	_Atomic uint64_t n_lb_demand, n_lb_prefetch, n_lb_retries, n_bytes_read;
 	_Atomic uint64_t n_staged, n_staged_accessed;
 	struct halite_hist hist;
+	/*
+	 * A relayouted file's hot prefix (opts.hot_prefix_max): the prefetcher
+	 * reads LBs 0..hot_lbs-1 first, unthrottled; n_lb_hot of them so far.
+	 */
+	uint64_t hot_lbs;
+	_Atomic uint64_t n_lb_hot;
 
 	/*
 	 * HALITE_RESTORE_LEARN (learn.c). @learning from ready until the

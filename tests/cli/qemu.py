@@ -47,7 +47,7 @@ RESTORE_KEYS = ["ok", "file", "error", "qemu", "qmp_ready_ms", "engine_ready_ms"
                 "mb_zero", "mb_present", "attached", "vm_access_pct", "paused", "run_state",
                 "saved_run_state", "detached", "cmdline", "forwards", "forwarded_ms",
                 "device_ram_bytes", "device_ram_written_bytes", "device_ram_ms", "disks",
-                "bypass_cache", "learn_trace", "learn_window_ms"]
+                "bypass_cache", "learn_trace", "learn_window_ms", "lb_hot"]
 QEMU_KEYS = ["pid", "version", "machine", "vcpus"]
 
 failures = []
@@ -298,6 +298,9 @@ def test_restore_parse(work):
         (["--learn-window", "5", f],
          "--learn-window is for a learning restore: give --learn FILE too"),
         (["--learn", "l", "--learn-window", "3600001", f], "--learn-window '3600001': 0..3600000 ms"),
+        (["--hot-prefix", "lots", f], "--hot-prefix 'lots': a size in bytes (K, M, G "
+         "suffixes), 0 for off"),
+        (["--hot-prefix", "-1", f], "--hot-prefix '-1'"),
         (["--attach", "5", "--learn", "l", f], "--attach takes over a restore whose guest ran "
          "already: no --learn"),
     ]

@@ -191,9 +191,21 @@ static void free_image(struct image *img)
 	free(img->hole);
 }
 
+static void write_image_meta(const char *path, const struct image *img, int codec,
+			     uint32_t mb_pages, uint32_t lb_size, const char *devstate,
+			     const char *meta_key, const char *meta);
+
 /* As `halite-inspect import` does: every written block in physical order, holes never put. */
 static void write_image(const char *path, const struct image *img, int codec, uint32_t mb_pages,
 			uint32_t lb_size, const char *devstate)
+{
+	write_image_meta(path, img, codec, mb_pages, lb_size, devstate, NULL, NULL);
+}
+
+/* ... with metadata @meta_key = @meta (a relayouted file's "halite.relayout"). */
+static void write_image_meta(const char *path, const struct image *img, int codec,
+			     uint32_t mb_pages, uint32_t lb_size, const char *devstate,
+			     const char *meta_key, const char *meta)
 {
 	HALITE_OPTS(halite_writer_opts, wo);
 	struct halite_writer *w;
@@ -220,6 +232,8 @@ static void write_image(const char *path, const struct image *img, int codec, ui
 	assert_int_equal(mb, halite_writer_mb_count(w));
 	if (devstate)
 		assert_int_equal(halite_writer_set_device_state(w, devstate, strlen(devstate)), 0);
+	if (meta_key)
+		assert_int_equal(halite_writer_set_meta(w, meta_key, meta, (uint32_t)strlen(meta)), 0);
 	assert_int_equal(halite_writer_finish(w), 0);
 	halite_writer_free(w, false);
 }
@@ -2838,7 +2852,7 @@ static size_t learn_read(const char *path, struct model *m, unsigned *window, in
 	}
 	fclose(f);
 	assert_true(learn);
-	assert_int_equal(nstat, 23);
+	assert_int_equal(nstat, 24);
 	return nt;
 }
 
@@ -3031,6 +3045,149 @@ static void test_learn(void **state)
 	run_learn(HALITE_MEM_ANON, 1500);
 }
 
+/* ---------------------------------------------------------------------- */
+/* A relayouted file's hot prefix (opts.hot_prefix_max)                    */
+
+/*
+ * A file whose metadata says "hot-lbs=K" (as halite-inspect relayout
+ * writes it), restored with the prefetcher held back (a fault at start on
+ * the last LB, then prefetch_idle_us 10 s and a minimum rate of one byte a
+ * second: without the hot prefix it would read at most one LB): the first
+ * @want LBs are read by the prefetcher anyway, before any other, exactly
+ * those (lb_hot), one read in flight so the trace's order is the reads'.
+ * Then one touch per stored block brings in the rest: memory is the
+ * snapshot, and the trace says the same (stat lb_hot, the hot LBs'
+ * prefetch lines first). @meta NULL: no metadata.
+ */
+static void run_hot(const char *meta, unsigned flags, uint64_t hot_max, uint64_t want,
+		    const char *warning)
+{
+	struct image img;
+	struct mem mem;
+	struct model m;
+	struct halite_restore_region reg[MAXREG];
+	HALITE_OPTS(halite_restore_opts, o);
+	struct halite_restore *r;
+	struct halite_reader *rd;
+	struct halite_restore_stats st;
+	struct toucher *t;
+	char *path = tmp_path("hot.hlt"), *trace = tmp_path("hot.trace");
+	char line[256], how[16];
+	uint64_t last = UINT64_MAX, hot_max_t = 0, other_min_t = UINT64_MAX, nhot = 0;
+	unsigned long long lb, tn, stat_hot = ~0ull;
+	FILE *f;
+
+	fprintf(stderr, "hot prefix: metadata '%s', flags %#x, bound %" PRIu64 ": %" PRIu64
+		" LBs first\n", meta ? meta : "(none)", flags, hot_max, want);
+	make_image(&img, 2u << 20, 256u << 10, 77);
+	write_image_meta(path, &img, HALITE_CODEC_LZ4, 2, 16384, NULL,
+			 meta ? "halite.relayout" : NULL, meta);
+	assert_int_equal(halite_reader_open(&rd, path, NULL), 0);
+	mem_map(&mem, &img, HALITE_MEM_ANON);
+	mem_regions(&mem, &img, reg);
+	model_init(&m, rd, &mem, false);
+	for (uint64_t mb = 0; mb < m.nmb; mb++)
+		if (m.state[mb] == HALITE_MB_STORED && m.lb[mb] == m.nlb - 1)
+			last = mb;
+	assert_true(last != UINT64_MAX && m.nlb > 20);
+
+	t = toucher_start();
+	r_log_reset(&g_log);
+	o.flags = flags | HALITE_RESTORE_NO_READAHEAD;
+	o.hot_prefix_max = hot_max;
+	o.queue_depth = 1;
+	o.prefetch_idle_us = 10000000;
+	o.prefetch_min_rate = 1;
+	o.trace_path = trace;
+	o.log = r_log_fn;
+	o.log_ctx = &g_log;
+	o.log_level = HALITE_LOG_WARN;
+	assert_int_equal(halite_restore_open(&r, path, reg, img.nreg, &o), 0);
+	if (warning)
+		assert_true(r_log_has(&g_log, warning));
+	else
+		assert_false(r_log_has(&g_log, "halite.relayout"));
+	assert_int_equal(halite_restore_start(r), 0);
+	toucher_do(t, model_mb_addr(&m, last, NULL), false);
+	for (uint64_t t0 = r_now_ms();; r_sleep_us(1000)) {
+		halite_restore_stats(r, &st);
+		if (st.lb_hot >= want && r_now_ms() - t0 >= (want ? 0 : 200))
+			break;
+		if (r_now_ms() - t0 > 10000)
+			fail_msg("%" PRIu64 " hot LBs read of %" PRIu64, st.lb_hot, want);
+	}
+	/* The hot ones, and at most the one LB the minimum rate allows. */
+	assert_int_equal(st.lb_hot, want);
+	assert_int_equal(st.lb_demand, 1);
+	assert_true(st.lb_prefetch == want || st.lb_prefetch == want + 1);
+
+	for (uint64_t mb = 0; mb < m.nmb; mb++)
+		if (m.state[mb] == HALITE_MB_STORED)
+			toucher_do(t, model_mb_addr(&m, mb, NULL), false);
+	assert_int_equal(halite_restore_wait(r, WAIT_MS), 0);
+	halite_restore_stats(r, &st);
+	assert_true(st.done);
+	assert_int_equal(st.lb_hot, want);
+	assert_int_equal(st.lb_demand + st.lb_prefetch, m.nlb);
+	assert_int_equal(st.mb_fault + st.mb_pool + st.mb_prefetch + st.mb_zero, st.mb_total);
+	for (uint32_t i = 0; i < img.nreg; i++)
+		assert_memory_equal((void *)(uintptr_t)mem.host[i], img.snap + img.off[i], mem.len[i]);
+	toucher_stop(t);
+	halite_restore_free(r);
+
+	/* The trace: stat lb_hot, and LBs 0..want-1 prefetched before any other. */
+	f = fopen(trace, "r");
+	assert_non_null(f);
+	while (fgets(line, sizeof(line), f)) {
+		if (sscanf(line, "stat lb_hot %llu", &stat_hot) == 1)
+			continue;
+		if (sscanf(line, "lb %llu %15s %llu", &lb, how, &tn) != 3)
+			continue;
+		if (lb < want) {
+			if (strcmp(how, "prefetch"))
+				fail_msg("hot LB %llu read by %s", lb, how);
+			nhot++;
+			hot_max_t = tn > hot_max_t ? tn : hot_max_t;
+		} else if (!strcmp(how, "prefetch")) {
+			other_min_t = tn < other_min_t ? tn : other_min_t;
+		}
+	}
+	fclose(f);
+	assert_int_equal(stat_hot, want);
+	assert_int_equal(nhot, want);
+	if (want && other_min_t != UINT64_MAX && hot_max_t > other_min_t)
+		fail_msg("a hot LB landed at %" PRIu64 " ns, another prefetched LB at %" PRIu64,
+			 hot_max_t, other_min_t);
+
+	model_free(&m);
+	halite_reader_free(rd);
+	mem_unmap(&mem);
+	unlink(trace);
+	unlink(path);
+	free(path);
+	free(trace);
+	free_image(&img);
+}
+
+static void test_hot_prefix(void **state)
+{
+	const char *warn = "is not 'hot-lbs=K'";
+
+	run_hot("traces=2 hot-lbs=12 hot-blocks=40 source-uuid=00112233445566778899aabbccddeeff",
+		0, 0, 12, NULL);
+	/* Bounded: whole LBs within 3 LBs and a bit. */
+	run_hot("traces=1 hot-lbs=12 hot-blocks=40 source-uuid=00", 0, 3 * 16384 + 100, 3, NULL);
+	run_hot("traces=1 hot-lbs=12", HALITE_RESTORE_NO_HOT, 0, 0, NULL);
+	/* Without the metadata: as before, nothing read ahead of the throttle. */
+	run_hot(NULL, 0, 0, 0, NULL);
+	/* Malformed: ignored with a warning, the restore as without it. */
+	run_hot("traces=1 hot-lbs=twelve", 0, 0, 0, warn);
+	run_hot("traces=1 hot-lbs=12x", 0, 0, 0, warn);
+	run_hot("traces=1 hot-lbs=99999", 0, 0, 0, warn);
+	run_hot("traces=1 hot-lbs=3 hot-lbs=4", 0, 0, 0, warn);
+	run_hot("traces=1", 0, 0, 0, warn);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -3038,6 +3195,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_counts_exact, teardown_touchers),
 		cmocka_unit_test_teardown(test_counts_track_access, teardown_touchers),
 		cmocka_unit_test_teardown(test_learn, teardown_touchers),
+		cmocka_unit_test_teardown(test_hot_prefix, teardown_touchers),
 		cmocka_unit_test(test_writer_file_every_codec),
 		cmocka_unit_test(test_writer_file_geometry),
 		cmocka_unit_test(test_saved_synth_every_codec),

@@ -81,6 +81,8 @@ struct restore_params {
 	const char *learn;	  /* --learn: the trace of a learning restore */
 	uint32_t learn_window_ms; /* --learn-window */
 	bool learn_window_set;
+	uint64_t hot_prefix;	  /* --hot-prefix: bytes of a relayouted file's hot prefix */
+	bool hot_prefix_set;
 	const char *qemu_log;
 	pid_t attach;	  /* --attach PID: take over that QEMU's restore */
 };
@@ -187,6 +189,11 @@ void hq_help_restore(FILE *f)
 		"                     guest resumes), 0..3600000 (default 10000); then prefetch\n"
 		"                     brings in the rest. 0: until all memory is in, which then\n"
 		"                     comes only as the guest touches it\n"
+		"  --hot-prefix SIZE  a file made by 'halite-inspect relayout' holds what earlier\n"
+		"                     guests touched first in its first locality blocks (its hot\n"
+		"                     prefix): read at most SIZE bytes of them first, as the guest\n"
+		"                     resumes, not held back by faults (K, M, G suffixes; default\n"
+		"                     256M; 0: off, the file is prefetched in order like any other)\n"
 		"  --bypass-cache     read FILE with O_DIRECT, around the host's page cache\n"
 		"                     (as virsh restore --bypass-cache)\n"
 		"  --json             print the report as one JSON object on stdout, also when\n"
@@ -233,6 +240,7 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 		{ "trace", required_argument, NULL, 'T' },
 		{ "learn", required_argument, NULL, 'E' },
 		{ "learn-window", required_argument, NULL, 'W' },
+		{ "hot-prefix", required_argument, NULL, 'H' },
 		{ "qemu-log", required_argument, NULL, 'O' },
 		{ "attach", required_argument, NULL, 'A' },
 		{ "no-cmdline-check", no_argument, NULL, 'C' },
@@ -294,6 +302,12 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 			if (opt_u32(o, optarg, "learn-window", 0, 3600000, "ms", &p->learn_window_ms))
 				return -1;
 			p->learn_window_set = true;
+			break;
+		case 'H':
+			if (hq_parse_size(optarg, &p->hot_prefix))
+				return hq_usage(o, "--hot-prefix '%s': a size in bytes (K, M, G "
+						"suffixes), 0 for off", optarg);
+			p->hot_prefix_set = true;
 			break;
 		case 'O':
 			p->qemu_log = optarg;
@@ -813,7 +827,9 @@ static int start_restore(struct restore_run *r, struct hq_vm *vm,
 		  (r->p.no_prefetch ? HALITE_RESTORE_NO_PREFETCH : 0) |
 		  (r->p.attach ? HALITE_RESTORE_ATTACH : 0) |
 		  (r->p.bypass_cache ? HALITE_RESTORE_DIRECT : 0) |
-		  (r->p.learn ? HALITE_RESTORE_LEARN : 0);
+		  (r->p.learn ? HALITE_RESTORE_LEARN : 0) |
+		  (r->p.hot_prefix_set && !r->p.hot_prefix ? HALITE_RESTORE_NO_HOT : 0);
+	o.hot_prefix_max = r->p.hot_prefix;
 	o.learn_window_ms = r->p.learn ? r->p.learn_window_ms : 0;
 	o.read_latency_us = r->p.read_latency_us;
 	o.prefetch_idle_us = r->p.prefetch_idle_us;
@@ -1189,6 +1205,7 @@ static void report_json(const struct restore_run *r, int code)
 	hq_json_u64(o, "lb_total", stats, st.lb_total);
 	hq_json_u64(o, "lb_demand", stats, st.lb_demand);
 	hq_json_u64(o, "lb_prefetch", stats, st.lb_prefetch);
+	hq_json_u64(o, "lb_hot", stats, st.lb_hot);
 	hq_json_u64(o, "lb_retries", stats, st.lb_retries);
 	hq_json_u64(o, "bytes_read", stats, st.bytes_read);
 	hq_json_u64(o, "mb_total", stats, st.mb_total);
@@ -1243,6 +1260,9 @@ static void report(const struct restore_run *r, int ret)
 	       PRIu64 " prefetch), %s read\n", ms(r->t_resume, r->t_done) / 1e3,
 	       hq_bytes(r->f.mem_bytes, a, sizeof(a)), st->lb_total, st->lb_demand, st->lb_prefetch,
 	       hq_bytes(st->bytes_read, (char[32]){ 0 }, 32));
+	if (st->lb_hot)
+		printf("  hot prefix     %" PRIu64 " LBs (what earlier guests touched first) read "
+		       "first\n", st->lb_hot);
 	if (r->cfg.replayed)
 		printf("  command line   the one the file records, run in %s\n",
 		       r->cfg.cwd ? r->cfg.cwd : "this directory");

@@ -168,7 +168,9 @@ struct halite_restore_region {
  * ATTACH (the first touches happened under the dead handler).
  */
 #define HALITE_RESTORE_LEARN 0x20u
-#define HALITE_RESTORE_FLAGS_ALL 0x3fu
+/* Do not read a relayouted file's hot prefix first (opts.hot_prefix_max): measurements. */
+#define HALITE_RESTORE_NO_HOT 0x40u
+#define HALITE_RESTORE_FLAGS_ALL 0x7fu
 
 struct halite_restore_opts {
 	size_t sz;
@@ -224,6 +226,23 @@ struct halite_restore_opts {
 	 * a block of every LB). Set without LEARN: refused.
 	 */
 	uint32_t learn_window_ms;
+	/*
+	 * A relayouted file (halite-inspect relayout: metadata
+	 * "halite.relayout" with hot-lbs=K) holds what earlier restores'
+	 * guests touched first in its first K LBs, its hot prefix. The
+	 * prefetcher reads those first, from ready on, concurrently with the
+	 * guest's resume and its faults: unthrottled (prefetch_idle_us and
+	 * prefetch_min_rate apply only after them), queue_depth reads in
+	 * flight, the LBs a fault reads first counted as demand reads as
+	 * usual. At most @hot_prefix_max bytes of them (whole LBs; 0 =
+	 * 256 MiB, UINT64_MAX = all K). Not with HALITE_RESTORE_NO_HOT
+	 * (off), NO_PREFETCH (no prefetcher), nor while learning (LEARN:
+	 * read after the window, before the rest). A file without the
+	 * metadata restores as before; a value that is not "hot-lbs=K" with
+	 * K at most the file's LB count is ignored with a warning (only the
+	 * order of reads depends on it: every LB is verified anyway).
+	 */
+	uint64_t hot_prefix_max;
 };
 
 struct halite_restore_stats {
@@ -287,6 +306,12 @@ struct halite_restore_stats {
 	 */
 	uint64_t pages_discarded;
 	uint64_t pages_unmapped;
+	/*
+	 * LBs of a relayouted file's hot prefix read by the prefetcher ahead
+	 * of the rest (opts.hot_prefix_max), counted in lb_prefetch too; the
+	 * hot LBs a fault read first are in lb_demand only.
+	 */
+	uint64_t lb_hot;
 };
 
 /*
