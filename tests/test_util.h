@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 #include <string.h>
 #include <time.h>
 
@@ -44,19 +45,32 @@ static inline void t_fill(uint8_t *p, size_t len, unsigned pct_random, uint64_t 
 	}
 }
 
-/* A scratch directory for this test, created under TMPDIR or /tmp. */
+static char t_tmpdir_path[256];
+
+/* At exit: the scratch directory goes if the test left it empty (rmdir). */
+static inline void t_tmpdir_remove(void)
+{
+	if (t_tmpdir_path[0])
+		rmdir(t_tmpdir_path);
+}
+
+/*
+ * A scratch directory for this test, created under TMPDIR or /tmp, and
+ * removed at exit if the test emptied it (a failing test's files stay).
+ */
 static inline const char *t_tmpdir(void)
 {
-	static char dir[256];
+	char *dir = t_tmpdir_path;
 
 	if (!dir[0]) {
 		const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
 
-		snprintf(dir, sizeof(dir), "%s/halite-test-XXXXXX", base);
+		snprintf(dir, sizeof(t_tmpdir_path), "%s/halite-test-XXXXXX", base);
 		if (!mkdtemp(dir)) {
 			perror("mkdtemp");
 			exit(1);
 		}
+		atexit(t_tmpdir_remove);
 	}
 	return dir;
 }
