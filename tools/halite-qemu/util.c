@@ -99,10 +99,7 @@ void hq_log(void *ctx, int level, const char *msg)
 
 void hq_out_init(struct hq_out *o, const char *cmd, int argc, char **argv)
 {
-	*o = (struct hq_out){ .cmd = cmd };
-	for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
-		if (!strcmp(argv[i], "--json"))
-			o->json = true;
+	*o = (struct hq_out){ .cmd = cmd, .json = halite_cli_has_json(argc, argv) };
 	/* Messages are ours, in one sentence each (hq_out_opt()). */
 	opterr = 0;
 }
