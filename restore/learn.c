@@ -174,20 +174,7 @@ void rs_learn_stop(struct halite_restore *r, bool done)
 
 void rs_learn_write(struct halite_restore *r, FILE *f)
 {
-	static const char *const kind[] = { [HALITE_MB_UNTOUCHED] = "untouched",
-					    [HALITE_MB_ZERO] = "zero",
-					    [HALITE_MB_STORED] = "stored" };
-
-	fprintf(f, "learn %u %d\n", r->o.learn_window_ms, r->learn_complete ? 1 : 0);
 	pthread_mutex_lock(&r->learn_lk);
-	for (size_t i = 0; i < r->ntouches; i++) {
-		const struct learn_touch *t = &r->touches[i];
-		char v[16] = "-";
-
-		if (t->vcpu)
-			snprintf(v, sizeof(v), "%u", t->vcpu - 1);
-		fprintf(f, "touch %llu %s %llu %s\n", ULL(t->t_ns), v, ULL(t->mb),
-			t->kind <= HALITE_MB_STORED ? kind[t->kind] : "stored");
-	}
+	trace_write_learn(f, r->o.learn_window_ms, r->learn_complete, r->touches, r->ntouches);
 	pthread_mutex_unlock(&r->learn_lk);
 }

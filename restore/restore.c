@@ -220,7 +220,6 @@
  * would cut what its client's requests touch late in the window.
  */
 #define HOT_PREFIX_DEFAULT (256ull << 20)
-#define HOT_META "halite.relayout"
 
 
 static void set_errmsg_level(struct halite_restore *r, const char *msg, int level)
@@ -1397,26 +1396,14 @@ static void fill_stats(struct halite_restore *r, struct halite_restore_stats *st
 /* docs/restore-trace.md. Written to a temporary file, then renamed over @trace_path. */
 static int write_trace(struct halite_restore *r, const struct halite_restore_stats *st)
 {
-	const char *path = r->o.trace_path;
-	size_t len = strlen(path) + 16;
-	char *tmp = malloc(len);
-	FILE *f = NULL;
-	int fd = -1, ret = 0;
-
-	if (!tmp)
-		return -ENOMEM;
-	snprintf(tmp, len, "%s.XXXXXX", path);
-	fd = mkostemp(tmp, O_CLOEXEC);
-	if (fd < 0 || fchmod(fd, 0644) || !(f = fdopen(fd, "w"))) {
-		ret = -errno;
-		goto out;
-	}
-	fd = -1;
+	struct trace_out o;
+	FILE *f;
 	/* Version 2 only when learning: version 1 readers keep reading the rest. */
-	fprintf(f, "halite-restore-trace %d\nfile-uuid ", r->learn ? 2 : 1);
-	for (int i = 0; i < 16; i++)
-		fprintf(f, "%02x", r->fi->uuid[i]);
-	fprintf(f, "\n");
+	int ret = trace_out_begin(&o, r->o.trace_path, r->learn ? 2 : 1, r->fi->uuid);
+
+	if (ret)
+		return ret;
+	f = o.f;
 #define STAT(name) fprintf(f, "stat " #name " %llu\n", ULL(st->name))
 	STAT(ready_ns);
 	STAT(duration_ns);
@@ -1460,19 +1447,7 @@ static int write_trace(struct halite_restore *r, const struct halite_restore_sta
 	pthread_mutex_unlock(&r->lk);
 	if (r->learn)
 		rs_learn_write(r, f);
-	if (fflush(f) || fsync(fileno(f)))
-		ret = -errno;
-	if (fclose(f) && !ret)
-		ret = -errno;
-	if (!ret && rename(tmp, path))
-		ret = -errno;
-out:
-	if (fd >= 0)
-		close(fd);
-	if (ret && (fd >= 0 || f))
-		unlink(tmp);
-	free(tmp);
-	return ret;
+	return trace_out_end(&o, 0);
 }
 
 /*
@@ -1703,8 +1678,8 @@ uint64_t rs_ra_next(struct halite_restore *r, uint64_t lb)
 
 /*
  * A relayouted file's hot prefix, from its metadata (halite-inspect
- * relayout: "traces=N hot-lbs=K hot-blocks=M source-uuid=HEX"); keys other
- * than hot-lbs are the tool's record, not needed here. A value we cannot
+ * relayout: "traces=N hot-lbs=K hot-blocks=M source-uuid=HEX", parsed by
+ * relayout_hot_lbs(), learned.c, which the template shares). A value we cannot
  * read is ignored with a warning rather than refused: it only orders the
  * reads, and every LB is verified whatever the order.
  */
@@ -1712,43 +1687,16 @@ uint64_t rs_hot_lbs(struct halite_reader *rd, const char *path, uint64_t max,
 		    const struct halite_logger *log)
 {
 	const struct halite_file_info *fi = halite_reader_info(rd);
-	unsigned long long k = 0;
-	bool found = false, bad = false;
-	const char *key;
-	const void *val;
-	uint32_t len;
-	char buf[256], *tok, *save = NULL, *end;
-	uint64_t n;
+	uint64_t k, n;
 
-	for (uint32_t i = 0; i < halite_reader_meta_count(rd); i++) {
-		if (halite_reader_meta(rd, i, &key, &val, &len) || strcmp(key, HOT_META))
-			continue;
-		if (len >= sizeof(buf) || memchr(val, 0, len)) {
-			bad = true;
-			break;
-		}
-		memcpy(buf, val, len);
-		buf[len] = 0;
-		for (tok = strtok_r(buf, " ", &save); tok; tok = strtok_r(NULL, " ", &save)) {
-			if (strncmp(tok, "hot-lbs=", 8))
-				continue;
-			errno = 0;
-			k = strtoull(tok + 8, &end, 10);
-			bad = found || tok[8] < '0' || tok[8] > '9' || *end || errno ||
-			      k > fi->lb_count;
-			found = true;
-		}
-		bad |= !found;
-		break;
-	}
-	if (bad) {
+	if (relayout_hot_lbs(rd, &k)) {
 		halite_logf(log, HALITE_LOG_WARN,
 			    "%s: metadata %s is not 'hot-lbs=K' with K at most %llu (the file's "
-			    "locality blocks): no hot prefix read first", path, HOT_META,
+			    "locality blocks): no hot prefix read first", path, RELAYOUT_META,
 			    ULL(fi->lb_count));
 		return 0;
 	}
-	n = HALITE_MIN((uint64_t)k, (max ? max : HOT_PREFIX_DEFAULT) / fi->lb_size);
+	n = HALITE_MIN(k, (max ? max : HOT_PREFIX_DEFAULT) / fi->lb_size);
 	if (n)
 		halite_logf(log, HALITE_LOG_DEBUG, "%s: hot prefix: LBs 0..%llu read first", path,
 			    ULL(n - 1));

@@ -8,6 +8,8 @@
  * huge.c      hugetlbfs regions, whose unit of installation is the huge page
  * learn.c     HALITE_RESTORE_LEARN: the guest's first touches, recorded
  * preload.c   a relayouted file's hot prefix, read before start (opts.preload)
+ * learned.c   the trace's writing and the halite.relayout parse, shared with
+ *             the template source (learned.h)
  *
  * Locks and states are described at the top of restore.c.
  */
@@ -25,6 +27,7 @@
 
 #include "gmem.h"
 #include "io.h"
+#include "learned.h"
 #include "log_internal.h"
 #include "pool.h"
 #include "stats.h"
@@ -83,14 +86,6 @@ struct rhp {
 	_Atomic uint8_t in;	  /* complete and mapped for the guest; set under lk */
 	_Atomic uint8_t wanted;	  /* a fault waits for it; set under lk */
 	struct waiter *waiters;	  /* faults to count as served when it comes in; under lk */
-};
-
-/* HALITE_RESTORE_LEARN: a first touch (docs/restore-trace.md, touch lines). */
-struct learn_touch {
-	uint64_t t_ns;	 /* the fault's message read, since ready */
-	uint64_t mb;
-	uint32_t vcpu;	 /* index in opts.vcpu_tids + 1; 0: another thread */
-	uint8_t kind;	 /* enum halite_mb_state */
 };
 
 struct itask {

@@ -201,19 +201,20 @@ static void block_in(struct tpl_client *c, uint64_t mb, uint64_t tag, int err)
 	map_neighbours(s, mb);
 }
 
-static bool is_vcpu(const struct halite_session *s, pid_t tid)
+/* Index of @tid in the vCPU list + 1; 0 for another thread (the hot set's touch lines). */
+static uint32_t vcpu_of(const struct halite_session *s, pid_t tid)
 {
 	for (uint32_t i = 0; i < s->o.nvcpus; i++)
 		if (s->vcpus[i] == tid)
-			return true;
-	return false;
+			return i + 1;
+	return 0;
 }
 
 static void serve(struct halite_session *s, const struct uffd_msg *m, uint64_t now)
 {
 	uint64_t addr = m->arg.pagefault.address, off, mb;
 	bool hot_time = now - s->start_ns < (uint64_t)tpl_hot_window_ms(s->t) * 1000000;
-	uint32_t ri;
+	uint32_t ri, vcpu;
 	int ret;
 
 	if (!halite_gmem_lookup(s->gm, addr, &ri, &off)) {
@@ -222,7 +223,8 @@ static void serve(struct halite_session *s, const struct uffd_msg *m, uint64_t n
 	}
 	mb = s->regs[ri].tr->first_mb + off / s->mb_size;
 	atomic_fetch_add(&s->faults, 1);
-	if (s->o.nvcpus && is_vcpu(s, (pid_t)m->arg.pagefault.feat.ptid))
+	vcpu = s->o.nvcpus ? vcpu_of(s, (pid_t)m->arg.pagefault.feat.ptid) : 0;
+	if (vcpu)
 		atomic_fetch_add(&s->faults_vcpu, 1);
 	tpl_fault_seen(s->t);
 
@@ -234,7 +236,7 @@ static void serve(struct halite_session *s, const struct uffd_msg *m, uint64_t n
 	}
 	/* Noted before the request: once it is answered the clone runs on. */
 	if (hot_time && !(s->o.flags & HALITE_SESSION_NO_HOT_RECORD))
-		tpl_hot_note(s->t, mb);
+		tpl_hot_note(s->t, mb, vcpu, now, s->start_ns);
 	ret = tpl_request(s->t, &s->cl, mb, now);
 	if (ret == 1) {
 		atomic_fetch_add(&s->faults_cached, 1);

@@ -34,9 +34,26 @@
  * their sessions called back, then the rest. A failed LB is never decoded;
  * its waiting sessions get the failure, later requests too.
  *
- * The hot set file (hotset_path):
+ * The hot set: the stored blocks sessions faulted on in their first
+ * hot_window_ms, in first-fault order (learned), then, for a relayouted
+ * snapshot, the stored blocks of its hot prefix (LBs 0..hot-lbs-1 of
+ * metadata halite.relayout, in file order) that were not learned. Learned
+ * first: it is what clones of this very file touched, the prefix what
+ * restores of the file it was relayouted from touched. Only the learned part
+ * is saved: the prefix is the file's already.
+ *
+ * The hot set file (hotset_path) is a restore trace of version 2 without
+ * stat and lb lines (docs/restore-trace.md, "written by a template"), so
+ * that `halite-inspect relayout SNAPSHOT --trace HOTSET` takes it: a touch
+ * line per learned block, t_ns counted from the start of the first session
+ * that added one (after the last t_ns read at open, for a reopened
+ * template), the session's vCPU index or '-', kind stored. At open any
+ * version 2 trace of this snapshot is read (a learning restore's too: its
+ * stored blocks' touches). A file of the format before it,
  *   "HLTHOT01" | uuid (16) | count (u64) | count x memory block (u64) |
- *   XXH3-64 of everything before it (u64); all little-endian.
+ *   XXH3-64 of everything before it (u64); all little-endian,
+ * is still read (a daemon's state directory from before; its blocks get
+ * t_ns 0 and vCPU '-'), and the next save writes it as a trace.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -60,6 +77,7 @@
 #include <halite/template.h>
 
 #include "endian_util.h"
+#include "learned.h"
 #include "log_internal.h"
 #include "opts.h"
 #include "stats.h"
@@ -69,6 +87,8 @@
 #define FILL_MAGIC "HLTFILL1"
 #define FILL_HDR 64u
 #define HOT_MAGIC "HLTHOT01"
+#define HOT_LEARNED 1u
+#define HOT_PREFIX 2u
 #define REGION_ALIGN (2ull << 20)
 #define ULL(x) ((unsigned long long)(x))
 
@@ -118,9 +138,13 @@ struct halite_template {
 	pthread_t *readers;
 	unsigned nreaders;
 
-	uint8_t *hot_bit;
-	uint64_t *hot;
+	uint8_t *hot_bit;	 /* per block: HOT_LEARNED and/or HOT_PREFIX */
+	struct learn_touch *hot; /* learned, in first-fault order */
 	uint64_t hot_n, hot_cap;
+	uint64_t *pre;		 /* the relayouted file's prefix blocks */
+	uint64_t pre_n;
+	uint64_t hot_base_ns;	 /* start of the first session that added a block */
+	uint64_t hot_t_off;	 /* the last t_ns read at open: learned t_ns go on from it */
 
 	_Atomic uint64_t mb_in;
 	uint64_t mb_in_at_open, lb_in_at_open;
@@ -318,144 +342,231 @@ static void count_in(struct halite_template *t)
 
 /* ---- the hot set ------------------------------------------------------- */
 
-static int hot_add_locked(struct halite_template *t, uint64_t mb)
+/* Add a learned block (first time wins): 1, 0 if it was, -ENOMEM. */
+static int hot_add_locked(struct halite_template *t, const struct learn_touch *lt)
 {
-	if (t->hot_bit[mb])
+	if (t->hot_bit[lt->mb] & HOT_LEARNED)
 		return 0;
 	if (t->hot_n == t->hot_cap) {
 		uint64_t cap = t->hot_cap ? t->hot_cap * 2 : 1024;
-		uint64_t *h = realloc(t->hot, cap * sizeof(*h));
+		struct learn_touch *h = realloc(t->hot, cap * sizeof(*h));
 
 		if (!h)
 			return -ENOMEM;
 		t->hot = h;
 		t->hot_cap = cap;
 	}
-	t->hot_bit[mb] = 1;
-	t->hot[t->hot_n++] = mb;
+	t->hot_bit[lt->mb] |= HOT_LEARNED;
+	t->hot[t->hot_n++] = *lt;
 	return 1;
 }
 
-void tpl_hot_note(struct halite_template *t, uint64_t mb)
+void tpl_hot_note(struct halite_template *t, uint64_t mb, uint32_t vcpu, uint64_t now,
+		  uint64_t start_ns)
 {
+	struct learn_touch lt = { .mb = mb, .vcpu = vcpu, .kind = HALITE_MB_STORED };
+
 	pthread_mutex_lock(&t->mu);
-	(void)hot_add_locked(t, mb);
+	if (!(t->hot_bit[mb] & HOT_LEARNED)) {
+		if (!t->hot_base_ns)
+			t->hot_base_ns = start_ns;
+		lt.t_ns = t->hot_t_off + (now > t->hot_base_ns ? now - t->hot_base_ns : 0);
+		/* Sessions' faults are noted in lock order; t_ns never goes back. */
+		if (t->hot_n && lt.t_ns < t->hot[t->hot_n - 1].t_ns)
+			lt.t_ns = t->hot[t->hot_n - 1].t_ns;
+		(void)hot_add_locked(t, &lt);
+	}
 	pthread_mutex_unlock(&t->mu);
+}
+
+/* Blocks in the hot set: learned, and the prefix's not learned. Under t->mu. */
+static uint64_t hot_count_locked(const struct halite_template *t, uint64_t *prefix)
+{
+	uint64_t n = 0;
+
+	for (uint64_t i = 0; i < t->pre_n; i++)
+		n += !(t->hot_bit[t->pre[i]] & HOT_LEARNED);
+	if (prefix)
+		*prefix = n;
+	return t->hot_n + n;
 }
 
 int tpl_hot_list(struct halite_template *t, uint64_t **mbs, uint64_t *count)
 {
-	uint64_t *copy;
+	uint64_t *copy, n, k = 0;
 
 	pthread_mutex_lock(&t->mu);
-	copy = malloc((t->hot_n ? t->hot_n : 1) * sizeof(*copy));
+	n = hot_count_locked(t, NULL);
+	copy = malloc((n ? n : 1) * sizeof(*copy));
 	if (copy) {
-		if (t->hot_n) /* t->hot is NULL until the first block */
-			memcpy(copy, t->hot, t->hot_n * sizeof(*copy));
-		*count = t->hot_n;
+		for (uint64_t i = 0; i < t->hot_n; i++)
+			copy[k++] = t->hot[i].mb;
+		for (uint64_t i = 0; i < t->pre_n; i++)
+			if (!(t->hot_bit[t->pre[i]] & HOT_LEARNED))
+				copy[k++] = t->pre[i];
+		*count = k;
 		*mbs = copy;
 	}
 	pthread_mutex_unlock(&t->mu);
 	return copy ? 0 : -ENOMEM;
 }
 
-/* Read the hot set file, if any; a bad one is ignored with a warning. */
-static void hot_load(struct halite_template *t)
+/* The format before the trace (see the top): 0, or -EINVAL with @why set. */
+static int hot_load_old(struct halite_template *t, int fd, char *why, size_t whylen)
 {
 	uint8_t *buf = NULL;
 	struct stat st;
 	uint64_t n;
-	int fd;
+	int ret = -EINVAL;
+
+	if (fstat(fd, &st) || st.st_size < 40 || (st.st_size - 40) % 8 ||
+	    (uint64_t)(st.st_size - 40) / 8 > t->fi->mb_count) {
+		snprintf(why, whylen, "an old-format hot set of the wrong size");
+		return -EINVAL;
+	}
+	buf = malloc((size_t)st.st_size);
+	if (!buf || pread(fd, buf, (size_t)st.st_size, 0) != st.st_size) {
+		snprintf(why, whylen, "reading: %s", buf ? strerror(errno) : "out of memory");
+		goto out;
+	}
+	n = halite_get_le64(buf + 24);
+	if (memcmp(buf + 8, t->fi->uuid, 16)) {
+		snprintf(why, whylen, "an old-format hot set of another snapshot (uuid)");
+		goto out;
+	}
+	if (n != (uint64_t)(st.st_size - 40) / 8 ||
+	    XXH3_64bits(buf, (size_t)st.st_size - 8) != halite_get_le64(buf + st.st_size - 8)) {
+		snprintf(why, whylen, "an old-format hot set that is damaged (count or checksum)");
+		goto out;
+	}
+	for (uint64_t i = 0; i < n; i++) {
+		struct learn_touch lt = { .mb = halite_get_le64(buf + 32 + 8 * i),
+					  .kind = HALITE_MB_STORED };
+		struct halite_mb_loc loc;
+
+		if (halite_reader_mb_lookup(t->rd, lt.mb, &loc) || loc.state != HALITE_MB_STORED) {
+			snprintf(why, whylen, "an old-format hot set naming block %llu, which the "
+				 "snapshot does not store", ULL(lt.mb));
+			goto out;
+		}
+		if (hot_add_locked(t, &lt) < 0) {
+			snprintf(why, whylen, "out of memory");
+			goto out;
+		}
+	}
+	ret = 0;
+out:
+	free(buf);
+	return ret;
+}
+
+static int on_touch(void *ctx, const struct learn_touch *lt)
+{
+	struct halite_template *t = ctx;
+
+	t->hot_t_off = lt->t_ns;
+	/* Zero and never-touched blocks need no read: not hot (a restore's trace has them). */
+	if (lt->kind != HALITE_MB_STORED)
+		return 0;
+	return hot_add_locked(t, lt) < 0 ? -ENOMEM : 0;
+}
+
+/* Read the hot set file, if any; a bad one is ignored with a warning saying why. */
+static void hot_load(struct halite_template *t)
+{
+	char magic[8], why[200] = "";
+	FILE *f;
+	int ret;
 
 	if (!t->hot_path)
 		return;
-	fd = open(t->hot_path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0) {
+	f = fopen(t->hot_path, "re");
+	if (!f) {
 		if (errno != ENOENT)
 			halite_logf(&t->log, HALITE_LOG_WARN, "hot set %s: %s (ignored)", t->hot_path,
 				    strerror(errno));
 		return;
 	}
-	if (fstat(fd, &st) || st.st_size < 40 || (st.st_size - 40) % 8 ||
-	    (uint64_t)(st.st_size - 40) / 8 > t->fi->mb_count)
-		goto bad;
-	buf = malloc((size_t)st.st_size);
-	if (!buf || pread(fd, buf, (size_t)st.st_size, 0) != st.st_size)
-		goto bad;
-	n = halite_get_le64(buf + 24);
-	if (memcmp(buf, HOT_MAGIC, 8) || memcmp(buf + 8, t->fi->uuid, 16) ||
-	    n != (uint64_t)(st.st_size - 40) / 8 ||
-	    XXH3_64bits(buf, (size_t)st.st_size - 8) != halite_get_le64(buf + st.st_size - 8))
-		goto bad;
-	for (uint64_t i = 0; i < n; i++) {
-		uint64_t mb = halite_get_le64(buf + 32 + 8 * i);
-		struct halite_mb_loc loc;
-
-		if (halite_reader_mb_lookup(t->rd, mb, &loc) || loc.state != HALITE_MB_STORED)
-			goto bad;
-		if (hot_add_locked(t, mb) < 0)
-			break;
+	if (fread(magic, 1, 8, f) == 8 && !memcmp(magic, HOT_MAGIC, 8)) {
+		ret = hot_load_old(t, fileno(f), why, sizeof(why));
+	} else {
+		rewind(f);
+		ret = trace_read_touches(f, t->rd, on_touch, t, why, sizeof(why));
+		if (ret && !why[0])
+			snprintf(why, sizeof(why), "%s", strerror(-ret));
 	}
-	halite_logf(&t->log, HALITE_LOG_INFO, "hot set %s: %" PRIu64 " blocks", t->hot_path, n);
-	free(buf);
-	close(fd);
-	return;
-bad:
-	halite_logf(&t->log, HALITE_LOG_WARN, "hot set %s is not this snapshot's or is damaged "
-		    "(ignored)", t->hot_path);
+	fclose(f);
+	if (!ret) {
+		halite_logf(&t->log, HALITE_LOG_INFO, "hot set %s: %llu blocks", t->hot_path,
+			    ULL(t->hot_n));
+		return;
+	}
+	halite_logf(&t->log, HALITE_LOG_WARN, "hot set %s ignored: %s", t->hot_path, why);
+	for (uint64_t i = 0; i < t->hot_n; i++)
+		t->hot_bit[t->hot[i].mb] = 0;
 	t->hot_n = 0;
-	memset(t->hot_bit, 0, t->fi->mb_count);
-	free(buf);
-	close(fd);
+	t->hot_t_off = 0;
+}
+
+/* A relayouted snapshot's hot prefix: its stored blocks join the hot set after the learned. */
+static int hot_prefix(struct halite_template *t)
+{
+	uint64_t k, n = 0;
+
+	if (relayout_hot_lbs(t->rd, &k)) {
+		halite_logf(&t->log, HALITE_LOG_WARN, "template: metadata %s is not 'hot-lbs=K' "
+			    "with K at most %llu (the file's locality blocks): no hot prefix",
+			    RELAYOUT_META, ULL(t->fi->lb_count));
+		return 0;
+	}
+	for (uint64_t lb = 0; lb < k; lb++) {
+		uint32_t m;
+		const uint64_t *mbs;
+
+		if (!halite_reader_lb_members(t->rd, lb, &mbs, &m))
+			n += m;
+	}
+	if (!n)
+		return 0;
+	t->pre = malloc(n * sizeof(*t->pre));
+	if (!t->pre)
+		return -ENOMEM;
+	for (uint64_t lb = 0; lb < k; lb++) {
+		uint32_t m;
+		const uint64_t *mbs;
+
+		if (halite_reader_lb_members(t->rd, lb, &mbs, &m))
+			continue;
+		for (uint32_t i = 0; i < m; i++)
+			if (!(t->hot_bit[mbs[i]] & HOT_PREFIX)) {
+				t->hot_bit[mbs[i]] |= HOT_PREFIX;
+				t->pre[t->pre_n++] = mbs[i];
+			}
+	}
+	halite_logf(&t->log, HALITE_LOG_INFO, "template: relayouted snapshot, hot prefix of %llu "
+		    "LBs, %llu blocks", ULL(k), ULL(t->pre_n));
+	return 0;
 }
 
 int halite_template_hotset_save(struct halite_template *t)
 {
-	uint64_t *mbs, n;
-	size_t len;
-	uint8_t *buf;
-	char tmp[PATH_MAX];
-	int fd, ret;
+	struct trace_out o;
+	int ret;
 
 	if (!t || !t->hot_path)
 		return -EINVAL;
-	ret = tpl_hot_list(t, &mbs, &n);
+	ret = trace_out_begin(&o, t->hot_path, 2, t->fi->uuid);
 	if (ret)
 		return ret;
-	len = 40 + 8 * n;
-	buf = malloc(len);
-	if (!buf) {
-		free(mbs);
-		return -ENOMEM;
-	}
-	memcpy(buf, HOT_MAGIC, 8);
-	memcpy(buf + 8, t->fi->uuid, 16);
-	halite_put_le64(buf + 24, n);
-	for (uint64_t i = 0; i < n; i++)
-		halite_put_le64(buf + 32 + 8 * i, mbs[i]);
-	halite_put_le64(buf + len - 8, XXH3_64bits(buf, len - 8));
-	free(mbs);
-	if (snprintf(tmp, sizeof(tmp), "%s.XXXXXX", t->hot_path) >= (int)sizeof(tmp)) {
-		free(buf);
-		return -ENAMETOOLONG;
-	}
-	fd = mkostemp(tmp, O_CLOEXEC);
-	if (fd < 0) {
-		free(buf);
-		return -errno;
-	}
-	ret = write(fd, buf, len) == (ssize_t)len && !fsync(fd) ? 0 : -errno;
-	close(fd);
-	free(buf);
-	if (!ret && rename(tmp, t->hot_path))
-		ret = -errno;
-	if (ret)
-		unlink(tmp);
-	return ret;
+	/* No stat or lb lines: a template is no one restore (docs/restore-trace.md). */
+	pthread_mutex_lock(&t->mu);
+	trace_write_learn(o.f, t->o.hot_window_ms, false, t->hot, t->hot_n);
+	pthread_mutex_unlock(&t->mu);
+	return trace_out_end(&o, 0);
 }
 
 /*
- * Prefetch order: the hot set's LBs in first-fault order, then every LB in
+ * Prefetch order: the hot set's LBs in its order (tpl_hot_list()), then every LB in
  * file order (porder_at(): not stored, so that open does not take time in
  * the number of LBs; a hot LB comes again there, taken already, and is
  * skipped as any LB that is not idle).
@@ -470,15 +581,22 @@ static int build_porder(struct halite_template *t)
 	uint64_t lbn = t->fi->lb_count, n = 0;
 	uint8_t *seen = halite_zalloc(lbn);
 
-	t->porder = malloc((t->hot_n ? t->hot_n : 1) * sizeof(*t->porder));
-	if (!seen || !t->porder) {
+	uint64_t *hot = NULL, nh = 0;
+
+	if (tpl_hot_list(t, &hot, &nh)) {
 		halite_zfree(seen);
 		return -ENOMEM;
 	}
-	for (uint64_t i = 0; i < t->hot_n; i++) {
+	t->porder = malloc((nh ? nh : 1) * sizeof(*t->porder));
+	if (!seen || !t->porder) {
+		halite_zfree(seen);
+		free(hot);
+		return -ENOMEM;
+	}
+	for (uint64_t i = 0; i < nh; i++) {
 		struct halite_mb_loc loc;
 
-		if (!halite_reader_mb_lookup(t->rd, t->hot[i], &loc) && !seen[loc.lb]) {
+		if (!halite_reader_mb_lookup(t->rd, hot[i], &loc) && !seen[loc.lb]) {
 			seen[loc.lb] = 1;
 			t->porder[n++] = loc.lb;
 		}
@@ -486,6 +604,7 @@ static int build_porder(struct halite_template *t)
 	t->nhot = n;
 	t->pcount = n + lbn;
 	halite_zfree(seen);
+	free(hot);
 	return 0;
 }
 
@@ -896,7 +1015,9 @@ int halite_template_open(struct halite_template **tp, const char *snapshot, cons
 	if (ret == 1)
 		count_in(t);
 	hot_load(t);
-	ret = build_porder(t);
+	ret = hot_prefix(t);
+	if (!ret)
+		ret = build_porder(t);
 	if (ret)
 		goto err;
 	t->open_ns = halite_now_ns();
@@ -998,7 +1119,7 @@ void halite_template_stats(struct halite_template *t, struct halite_template_sta
 	if (!fstat(t->memfd, &sb))
 		st->mem_bytes = (uint64_t)sb.st_blocks * 512;
 	pthread_mutex_lock(&t->mu);
-	st->hot_mb = t->hot_n;
+	st->hot_mb = hot_count_locked(t, &st->hot_mb_prefix);
 	st->error = t->error;
 	pthread_mutex_unlock(&t->mu);
 	st->complete = st->mb_in == st->mb_stored;
@@ -1043,6 +1164,7 @@ void halite_template_free(struct halite_template *t)
 	free(t->dq);
 	free(t->porder);
 	free(t->hot);
+	free(t->pre);
 	halite_zfree(t->hot_bit);
 	free(t->regions);
 	free(t->mem_path);

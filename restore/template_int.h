@@ -73,9 +73,15 @@ void tpl_detach(struct halite_template *t, struct tpl_client *c);
 /* The stored blocks of @mb's locality block (the reader's array), or -HALITE_E_NOT_FOUND. */
 int tpl_lb_members(const struct halite_template *t, uint64_t mb, const uint64_t **mbs, uint32_t *n);
 
-/* Note a fault for the hot set (first time wins). */
-void tpl_hot_note(struct halite_template *t, uint64_t mb);
-/* A copy of the hot set, in first-fault order (free() it). 0 or -ENOMEM. */
+/*
+ * Note a fault on stored block @mb for the hot set (first time wins): by
+ * vCPU @vcpu (index + 1; 0: another thread), read at @now by a session that
+ * started at @start_ns (halite_now_ns()'s clock).
+ */
+void tpl_hot_note(struct halite_template *t, uint64_t mb, uint32_t vcpu, uint64_t now,
+		  uint64_t start_ns);
+/* A copy of the hot set: learned in first-fault order, then a relayouted file's prefix
+ * (free() it). 0 or -ENOMEM. */
 int tpl_hot_list(struct halite_template *t, uint64_t **mbs, uint64_t *count);
 uint32_t tpl_hot_window_ms(const struct halite_template *t);
 

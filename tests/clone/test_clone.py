@@ -32,6 +32,12 @@ every process it started at the end, clones included, even when it fails.
   privately) run at once, each on its own forwarded port, QMP socket, serial
   file and MAC, and the verifier inside each re-reads its 64 MiB and finds
   the snapshot's digest. Skipped (77) without QEMU or the guest image.
+- hotset-relayout: the learning loop (issue 17). Clones teach a template its
+  hot set, which the daemon saves at the path the template's JSON names;
+  `halite-inspect restore` reads it as a template's restore trace and
+  `halite-inspect relayout` takes it; a template of the relayouted file,
+  with no hot set file, has its hot prefix as hot set (exactly the blocks
+  relayout put there), and a clone started with it premapped is exact.
 """
 import json
 import os
@@ -639,9 +645,60 @@ def case_qemu(e):
         e.ok("DELETE", "/clones/%s" % cid)
 
 
+def run_json(args, want_rc=0):
+    p = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
+    check(p.returncode == want_rc, "%s: exit %d, wanted %d: %s %s" % (
+        " ".join(args), p.returncode, want_rc, p.stdout.decode(), p.stderr.decode()))
+    return json.loads(p.stdout)
+
+
+def case_hotset_relayout(e):
+    e.start("--hot-window-ms", "300")
+    snap = e.snapshot()
+    want = e.extract(snap)
+    t = e.template(snap)
+    hot = os.path.join(e.state, "templates", t["id"] + ".hot")
+    check(t["hotset_path"] == hot, "hotset_path %s, wanted %s" % (t["hotset_path"], hot))
+    ids = e.clones(t["id"], 2, pattern="random", premap_hot=False)
+    # Saved once the window (300 ms) and half a second more are over.
+    deadline = time.time() + 30
+    while not os.path.exists(hot) and time.time() < deadline:
+        time.sleep(0.1)
+    check(os.path.exists(hot), "no hot set at %s after 30 s" % hot)
+    for cid in ids:
+        e.wait_state(cid, ("done",))
+    st = e.ok("GET", "/templates/%s" % t["id"])["stats"]
+    check(st["hot_mb"] > 0 and st["hot_mb_prefix"] == 0, "template stats: %s" % st)
+    r = run_json([INSPECT, "restore", "--json", snap, hot])
+    learn = r["learn"]
+    check(r["written_by"] == "template" and r["stats"] is None and r["trace_version"] == 2,
+          "halite-inspect restore of the hot set: %s" % r)
+    check(learn["touches"] == st["hot_mb"] and learn["stored"] == learn["touches"] and
+          learn["window_ms"] == 300 and not learn["complete"],
+          "hot set trace %s, template hot_mb %d" % (learn, st["hot_mb"]))
+    snap2 = os.path.join(e.tmp, "t2.hlt")
+    rl = run_json([INSPECT, "relayout", "--json", snap, "--trace", hot, "-o", snap2])
+    check(rl["touched_blocks"] == st["hot_mb"] and rl["hot_blocks"] == st["hot_mb"] and
+          rl["hot_lbs"] > 0, "relayout: %s (hot_mb %d)" % (rl, st["hot_mb"]))
+    # A trace of the template's snapshot only: the relayouted file refuses it.
+    run_json([INSPECT, "restore", "--json", snap2, hot], want_rc=1)
+
+    t2 = e.template(snap2, hotset=False)
+    check(t2["hotset_path"] is None, "hotset_path without a hot set: %s" % t2["hotset_path"])
+    st2 = e.ok("GET", "/templates/%s" % t2["id"])["stats"]
+    check(st2["hot_mb"] == rl["hot_blocks"] and st2["hot_mb_prefix"] == rl["hot_blocks"],
+          "relayouted template's hot set %s, relayout's hot blocks %d" % (st2, rl["hot_blocks"]))
+    cid = e.clones(t2["id"], 1, pattern="random", premap_hot=True)[0]
+    c = e.wait_state(cid, ("done",))
+    check(c["mb_premapped"] == rl["hot_blocks"], "premapped %s, hot blocks %d" % (
+        c["mb_premapped"], rl["hot_blocks"]))
+    e.check_exact(cid, want)
+
+
 CASES = {"api": case_api, "bad-requests": case_bad_requests, "exact": case_exact,
          "kill-restart": case_kill_restart, "delete": case_delete, "corrupt": case_corrupt,
-         "cache-limit": case_cache_limit, "qemu": case_qemu}
+         "cache-limit": case_cache_limit, "qemu": case_qemu,
+         "hotset-relayout": case_hotset_relayout}
 
 
 def main():

@@ -42,6 +42,9 @@
  *                       two at the same time;
  *   seed-learn-none     seed-full as version 2, a window cut short, no touch;
  *   seed-learn-failed   seed-demand (cancelled) as version 2 with touches.
+ *   seed-template       version 2 as a template writes its hot set: header,
+ *                       file-uuid, the learn line and touches of stored
+ *                       blocks, no stat or lb lines.
  * Exit 0, 1 on failure, 77 without userfaultfd. Built, not a test.
  */
 #define _GNU_SOURCE
@@ -346,6 +349,21 @@ static void make_edited(const char *dir)
 	make_learn(demand, out, "learn 1000 0",
 		   "touch 10 0 1 stored\ntouch 20 0 16 zero\ntouch 30 0 21 untouched\n"
 		   "touch 40 0 12 stored\n");
+
+	/* Version 2 written by a template: the uuid line is seed-full's. */
+	s = slurp(full);
+	p = strchr(s, '\n');
+	t = p ? strchr(p + 1, '\n') : NULL;
+	if (!t)
+		rg_die("%s: no file-uuid line", full);
+	t[1] = '\0';
+	if (asprintf(&t, "%slearn 2000 0\ntouch 0 - 4 stored\ntouch 1200 0 7 stored\n"
+		     "touch 1200 - 0 stored\ntouch 5000 0 12 stored\n", s) < 0)
+		rg_die("out of memory");
+	snprintf(out, sizeof(out), "%s/seed-template", dir);
+	write_text(out, t);
+	free(t);
+	free(s);
 }
 
 int main(int argc, char **argv)

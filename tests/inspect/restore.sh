@@ -324,6 +324,35 @@ bad $L2 38 "t_ns 99 before the previous touch's 100: touch lines are in touch or
 	'L[37] = "touch 99 - 21 zero"'
 bad $L2 36 "expected 'lb <index>" 'L.insert(35, "touch 1 0 2 stored")'
 
+# ---- version 2 written by a template (the clone service's hot set): the learn
+# line right after file-uuid, no stat or lb lines.
+TP=$T/template.trace	# 3 learn, 4.. touches
+{
+	head -n 2 "$L2"
+	printf 'learn 2000 0\ntouch 0 - 2 stored\ntouch 7 0 0 stored\n'
+} >"$TP"
+expect 0 "$HI" restore --json "$F" "$TP"
+is_json "$T/out"
+eq "template" "$(js "$T/out" '(d["written_by"], d["stats"], d["error_text"], d["totals"], d["learn"])')" \
+	"('template', None, None, {'lbs': 10, 'demand': 0, 'prefetch': 0, 'never': 10}, {'window_ms': 2000, 'complete': False, 'touches': 2, 'stored': 2, 'zero': 0, 'untouched': 0, 'not_vcpu': 1, 'vcpus': [{'vcpu': 0, 'touches': 1}]})"
+expect 0 "$HI" restore --json "$F" "$L2"
+eq "restore written_by" "$(js "$T/out" 'd["written_by"]')" "restore"
+expect 0 "$HI" restore "$F" "$TP"
+grep -q "^Written by: *a template (the clone service's hot set): no restore statistics, no LB read$" \
+	"$T/out" || fail "template text: $(cat "$T/out")"
+grep -q "^Learning: *2 memory blocks first touched in a 2000 ms window (cut short): stored 2, zero 0, never-touched 0$" \
+	"$T/out" || fail "template learning text: $(cat "$T/out")"
+grep -q "^Result:\|^Faults:" "$T/out" && fail "template text has restore statistics: $(cat "$T/out")"
+# Its touches are checked as a restore's; version 1 has no such form.
+bad $TP 5 "memory block 2 touched twice" 'L[4] = "touch 7 0 2 stored"'
+bad $TP 4 "memory block 2 is stored in $F, not zero" 'L[3] = "touch 0 - 2 zero"'
+bad $TP 3 "expected 'stat ready_ns <integer>', got 'learn 2000 0'" 'L[0] = "halite-restore-trace 1"'
+bad $TP 4 "expected 'touch <t_ns> <vcpu> <mb> <stored|zero|untouched>', got 'stat ready_ns 1'" \
+	'L.insert(3, "stat ready_ns 1")'
+bad $TP 3 "unexpected end of file; expected 'stat ready_ns <integer>' or (written by a template) 'learn <window_ms> <complete>'" \
+	'L = L[:2]'
+bad $TP 3 "expected 'learn <window_ms> <complete>', got 'learn 2000'" 'L[2] = "learn 2000"'
+
 # A trace of another snapshot, with a valid syntax: refused by its uuid.
 expect 0 "$MKFILE" "$T"
 expect 1 "$HI" restore "$T/multi.hlt" "$T/full.trace"

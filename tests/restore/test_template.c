@@ -5,7 +5,9 @@
  * all clones, writes private to their clone, a template reopened over its
  * files keeping what it had, a session taken over (ATTACH) after its
  * handler went away, a corrupt LB failing only the clones that need it,
- * the hot set mapped before a clone runs, and bad arguments refused.
+ * the hot set mapped before a clone runs, saved as a restore trace of
+ * version 2 and read back (an old-format one too), a relayouted snapshot's
+ * hot prefix taken as the hot set, and bad arguments refused.
  *
  * Clones are this process's threads over private mappings of the memory
  * file (owner_pid 0) or forked children that hand their userfaultfd over
@@ -44,7 +46,7 @@
 
 static uint8_t *g_image;	/* what every clone must read */
 static uint8_t g_kind[NMB];	/* 0 untouched, 1 zero, 2 stored */
-static char g_snap[64], g_mem[96], g_hot[96];
+static char g_snap[64], g_snap2[64], g_mem[96], g_hot[96];
 
 static uint64_t rnd(uint64_t *x)
 {
@@ -54,12 +56,13 @@ static uint64_t rnd(uint64_t *x)
 	return *x;
 }
 
+static uint64_t g_order[NMB];	/* the order blocks are written in */
+
+static void write_snapshot(const char *path, const char *relayout_meta);
+
 /* 1024 blocks: a tenth zero, a tenth never touched, the rest half random, in 3 streams. */
 static void make_snapshot(void)
 {
-	const struct halite_region reg = { "pc.ram", 0, LEN };
-	HALITE_OPTS(halite_writer_opts, o);
-	struct halite_writer *w;
 	uint64_t x = 0x1234567, order[NMB];
 
 	g_image = calloc(1, LEN);
@@ -81,10 +84,26 @@ static void make_snapshot(void)
 		order[j] = tmp;
 	}
 	snprintf(g_snap, sizeof(g_snap), "/tmp/halite-tpl-%d.hlt", (int)getpid());
+	snprintf(g_snap2, sizeof(g_snap2), "/tmp/halite-tpl-%d-2.hlt", (int)getpid());
+	memcpy(g_order, order, sizeof(order));
+	write_snapshot(g_snap, NULL);
+}
+
+/* The image in g_order, with metadata halite.relayout = @relayout_meta if set. */
+static void write_snapshot(const char *path, const char *relayout_meta)
+{
+	const struct halite_region reg = { "pc.ram", 0, LEN };
+	HALITE_OPTS(halite_writer_opts, o);
+	struct halite_writer *w;
+	const uint64_t *order = g_order;
+
 	o.mb_pages = MB_SIZE / PAGE;
 	o.vcpu_count = 1;
 	o.flags = HALITE_WRITER_NO_SYNC;
-	assert_int_equal(halite_writer_create(&w, g_snap, &reg, 1, &o), 0);
+	assert_int_equal(halite_writer_create(&w, path, &reg, 1, &o), 0);
+	if (relayout_meta)
+		assert_int_equal(halite_writer_set_meta(w, "halite.relayout", relayout_meta,
+							(uint32_t)strlen(relayout_meta)), 0);
 	for (uint32_t i = 0; i < NMB; i++) {
 		uint64_t mb = order[i];
 
@@ -592,6 +611,70 @@ static void test_corrupt_lb(void **state)
 	remove_mem();
 }
 
+
+/* The whole of @path as a string (free() it). */
+static char *slurp(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	char *buf;
+	long n;
+
+	assert_non_null(f);
+	assert_int_equal(fseek(f, 0, SEEK_END), 0);
+	n = ftell(f);
+	rewind(f);
+	buf = calloc(1, (size_t)n + 1);
+	assert_non_null(buf);
+	assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
+	fclose(f);
+	return buf;
+}
+
+static void write_file(const char *path, const void *data, size_t len)
+{
+	FILE *f = fopen(path, "w");
+
+	assert_non_null(f);
+	assert_int_equal(fwrite(data, 1, len, f), len);
+	assert_int_equal(fclose(f), 0);
+}
+
+/* "halite-restore-trace 2\nfile-uuid HEX\n" of @snap. */
+static void trace_head(const char *snap, char *buf, size_t len)
+{
+	struct halite_reader *r;
+	const uint8_t *u;
+	int n;
+
+	assert_int_equal(halite_reader_open(&r, snap, NULL), 0);
+	u = halite_reader_info(r)->uuid;
+	n = snprintf(buf, len, "halite-restore-trace 2\nfile-uuid ");
+	for (int i = 0; i < 16; i++)
+		n += snprintf(buf + n, len - (size_t)n, "%02x", u[i]);
+	snprintf(buf + n, len - (size_t)n, "\n");
+	halite_reader_free(r);
+}
+
+/* The @i-th block of kind @kind (0 untouched, 1 zero, 2 stored). */
+static uint64_t nth_kind(int kind, unsigned i)
+{
+	for (uint32_t mb = 0; mb < NMB; mb++)
+		if (g_kind[mb] == kind && !i--)
+			return mb;
+	fail_msg("no block %u of kind %d", i, kind);
+	return 0;
+}
+
+static uint64_t hot_mb(struct halite_template *t, uint64_t *prefix)
+{
+	struct halite_template_stats st;
+
+	halite_template_stats(t, &st);
+	if (prefix)
+		*prefix = st.hot_mb_prefix;
+	return st.hot_mb;
+}
+
 /*
  * The hot set: what a clone touched in its first moments, saved; a later
  * template's clone started with PREMAP_HOT has it mapped and never faults
@@ -617,6 +700,56 @@ static void test_hot_set(void **state)
 	assert_int_equal(halite_template_hotset_save(t), 0);
 	halite_session_free(s);
 	munmap(mem, LEN);
+	/*
+	 * A restore trace of version 2 as a template writes it: header, uuid,
+	 * learn line, a touch line per hot block in first-fault order. Which
+	 * blocks fault is up to neighbours mapped after a fault: each is a
+	 * block the clone touched, stored, in its touch order (ascending), and
+	 * the first touched block of every LB must be there (nothing else had
+	 * mapped it).
+	 */
+	{
+		struct halite_reader *rd = halite_template_reader(t);
+		char head[128], *txt = slurp(g_hot), *line, *save = NULL;
+		uint8_t lb_seen[NMB] = { 0 };
+		uint64_t n = 0, prev_mb = 0, prev_t = 0, want_first = 0, got_first = 0;
+		uint8_t listed[NMB] = { 0 };
+
+		trace_head(g_snap, head, sizeof(head));
+		assert_memory_equal(txt, head, strlen(head));
+		line = strtok_r(txt + strlen(head), "\n", &save);
+		assert_string_equal(line, "learn 60000 0");
+		while ((line = strtok_r(NULL, "\n", &save))) {
+			unsigned long long tn, mb;
+			char kind[16];
+			int end = 0;
+
+			assert_int_equal(sscanf(line, "touch %llu - %llu %15s%n", &tn, &mb, kind, &end), 3);
+			assert_int_equal((size_t)end, strlen(line));
+			assert_string_equal(kind, "stored");
+			assert_true(mb < NMB && g_kind[mb] == 2 && mb % 7 == 0);
+			assert_true(n == 0 || (mb > prev_mb && tn >= prev_t));
+			listed[mb] = 1;
+			prev_mb = mb;
+			prev_t = tn;
+			n++;
+		}
+		assert_int_equal(n, nhot);
+		for (uint32_t mb = 0; mb < NMB; mb += 7) {
+			struct halite_mb_loc loc;
+
+			if (g_kind[mb] != 2)
+				continue;
+			assert_int_equal(halite_reader_mb_lookup(rd, mb, &loc), 0);
+			if (lb_seen[loc.lb])
+				continue;
+			lb_seen[loc.lb] = 1;
+			want_first++;
+			got_first += listed[mb];
+		}
+		assert_int_equal(got_first, want_first);
+		free(txt);
+	}
 	halite_template_free(t);
 	/* A fresh memory file: the hot set is all that is carried over. */
 	{
@@ -655,6 +788,269 @@ static void test_hot_set(void **state)
 	halite_template_stats(t, &st);
 	assert_int_equal(st.hot_mb, 0);
 	halite_template_free(t);
+	remove_mem();
+}
+
+/*
+ * Any version 2 trace of the snapshot is read as a hot set: a learning
+ * restore's (stat and lb lines skipped, its stored blocks' touches taken in
+ * order, zero ones not); saved again as a template writes it, t_ns and
+ * vCPUs kept, what sessions add after them. Traces that break the format
+ * or are another snapshot's are ignored.
+ */
+static void test_hot_trace_read(void **state)
+{
+	uint64_t s1 = nth_kind(2, 0), s2 = nth_kind(2, 5), s3 = nth_kind(2, 9), s4 = UINT64_MAX,
+		 z1 = nth_kind(1, 0), u1 = nth_kind(0, 0);
+	char head[128], body[1024], want[1024], *txt;
+	struct halite_session_stats ss;
+	struct halite_template *t;
+	struct halite_session *s;
+	uint8_t *mem;
+
+	trace_head(g_snap, head, sizeof(head));
+	snprintf(body, sizeof(body),
+		 "%sstat ready_ns 1\nstat done 1\nlb 0 prefetch 5 - 0 0\nlearn 5000 1\n"
+		 "touch 10 0 %llu stored\ntouch 20 - %llu zero\ntouch 30 1 %llu stored\n"
+		 "touch 30 - %llu untouched\ntouch 31 - %llu stored\n",
+		 head, (unsigned long long)s1, (unsigned long long)z1, (unsigned long long)s2,
+		 (unsigned long long)u1, (unsigned long long)s3);
+	write_file(g_hot, body, strlen(body));
+	t = open_tpl(HALITE_TEMPLATE_NO_PREFETCH, 0);
+	assert_int_equal(hot_mb(t, NULL), 3);
+	/* s4: in none of their LBs, which the premap maps whole. */
+	{
+		struct halite_reader *rd = halite_template_reader(t);
+		struct halite_mb_loc a, b, c, d;
+
+		assert_int_equal(halite_reader_mb_lookup(rd, s1, &a), 0);
+		assert_int_equal(halite_reader_mb_lookup(rd, s2, &b), 0);
+		assert_int_equal(halite_reader_mb_lookup(rd, s3, &c), 0);
+		for (unsigned i = 10; s4 == UINT64_MAX; i++) {
+			uint64_t mb = nth_kind(2, i);
+
+			assert_int_equal(halite_reader_mb_lookup(rd, mb, &d), 0);
+			if (d.lb != a.lb && d.lb != b.lb && d.lb != c.lb)
+				s4 = mb;
+		}
+	}
+	mem = map_clone(t);
+	s = start_local(t, mem, HALITE_SESSION_PREMAP_HOT);
+	halite_session_stats(s, &ss);
+	assert_int_equal(ss.mb_premapped, 3);
+	/* A block not in the hot set: learned, after the three. */
+	assert_int_equal(mem[s4 * MB_SIZE + 1], g_image[s4 * MB_SIZE + 1]);
+	assert_int_equal(hot_mb(t, NULL), 4);
+	assert_int_equal(halite_template_hotset_save(t), 0);
+	halite_session_free(s);
+	munmap(mem, LEN);
+	halite_template_free(t);
+	txt = slurp(g_hot);
+	snprintf(want, sizeof(want),
+		 "%slearn 60000 0\ntouch 10 0 %llu stored\ntouch 30 1 %llu stored\n"
+		 "touch 31 - %llu stored\ntouch ",
+		 head, (unsigned long long)s1, (unsigned long long)s2, (unsigned long long)s3);
+	assert_memory_equal(txt, want, strlen(want));
+	{
+		unsigned long long tn, mb;
+		int end = 0;
+
+		assert_int_equal(sscanf(txt + strlen(want) - 6, "touch %llu - %llu stored\n%n",
+					&tn, &mb, &end), 2);
+		assert_true(tn >= 31);
+		assert_int_equal(mb, s4);
+		assert_int_equal(strlen(txt + strlen(want) - 6), (size_t)end);
+	}
+	free(txt);
+
+	/* Bad ones: each ignored whole (hot_mb 0), the template opens. */
+	{
+		char alt[1200];
+		const char *bad[][2] = {
+			{ "halite-restore-trace 2\n", "halite-restore-trace 1\n" },
+			{ "file-uuid ", "file-uuid 0" },	  /* 33 digits */
+			{ "learn 5000 1\n", "learn 5000 2\n" },
+			{ "learn 5000 1\n", "" },		  /* no learn line */
+			{ "touch 30 1", "touch 9 1" },		  /* t_ns back */
+			{ " zero\n", " stored\n" },		  /* kind not the file's */
+			{ "touch 31 - ", "touch 31 -  " },	  /* two spaces */
+			{ "stat done 1\n", "stat done 1\r\n" },
+		};
+
+		for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+			char *p = strstr(body, bad[i][0]);
+
+			assert_non_null(p);
+			snprintf(alt, sizeof(alt), "%.*s%s%s", (int)(p - body), body, bad[i][1],
+				 p + strlen(bad[i][0]));
+			write_file(g_hot, alt, strlen(alt));
+			t = open_tpl(HALITE_TEMPLATE_NO_PREFETCH, 0);
+			if (hot_mb(t, NULL) != 0)
+				fail_msg("bad hot set %zu taken: %s", i, alt);
+			halite_template_free(t);
+		}
+		/* A block twice; no final newline; another snapshot's uuid. */
+		snprintf(alt, sizeof(alt), "%stouch 40 - %llu stored\n", body,
+			 (unsigned long long)s1);
+		write_file(g_hot, alt, strlen(alt));
+		t = open_tpl(HALITE_TEMPLATE_NO_PREFETCH, 0);
+		assert_int_equal(hot_mb(t, NULL), 0);
+		halite_template_free(t);
+		write_file(g_hot, body, strlen(body) - 1);
+		t = open_tpl(HALITE_TEMPLATE_NO_PREFETCH, 0);
+		assert_int_equal(hot_mb(t, NULL), 0);
+		halite_template_free(t);
+		write_snapshot(g_snap2, NULL);
+		trace_head(g_snap2, alt, sizeof(alt));
+		assert_true(strlen(alt) == strlen(head) && memcmp(alt, head, strlen(head)));
+		memcpy(body, alt, strlen(alt));
+		write_file(g_hot, body, strlen(body));
+		t = open_tpl(HALITE_TEMPLATE_NO_PREFETCH, 0);
+		assert_int_equal(hot_mb(t, NULL), 0);
+		halite_template_free(t);
+		unlink(g_snap2);
+	}
+	remove_mem();
+}
+
+/*
+ * A hot set file of the format before the trace ("HLTHOT01", a daemon's
+ * state directory from before) is still read, and saved as a trace; a
+ * damaged one is ignored.
+ */
+static void test_hot_old_format(void **state)
+{
+	uint64_t mbs[3] = { nth_kind(2, 7), nth_kind(2, 2), nth_kind(2, 30) };
+	uint8_t buf[40 + 8 * 3];
+	char head[128], want[512], *txt;
+	struct halite_template *t;
+	struct halite_reader *r;
+	uint64_t h;
+
+	assert_int_equal(halite_reader_open(&r, g_snap, NULL), 0);
+	memcpy(buf, "HLTHOT01", 8);
+	memcpy(buf + 8, halite_reader_info(r)->uuid, 16);
+	halite_reader_free(r);
+	for (int i = 0; i < 8; i++)
+		buf[24 + i] = (uint8_t)(3ull >> (8 * i));
+	for (int k = 0; k < 3; k++)
+		for (int i = 0; i < 8; i++)
+			buf[32 + 8 * k + i] = (uint8_t)(mbs[k] >> (8 * i));
+	h = XXH3_64bits(buf, sizeof(buf) - 8);
+	for (int i = 0; i < 8; i++)
+		buf[sizeof(buf) - 8 + i] = (uint8_t)(h >> (8 * i));
+	write_file(g_hot, buf, sizeof(buf));
+	t = open_tpl(HALITE_TEMPLATE_NO_PREFETCH, 0);
+	assert_int_equal(hot_mb(t, NULL), 3);
+	assert_int_equal(halite_template_hotset_save(t), 0);
+	halite_template_free(t);
+	trace_head(g_snap, head, sizeof(head));
+	snprintf(want, sizeof(want),
+		 "%slearn 60000 0\ntouch 0 - %llu stored\ntouch 0 - %llu stored\n"
+		 "touch 0 - %llu stored\n", head, (unsigned long long)mbs[0],
+		 (unsigned long long)mbs[1], (unsigned long long)mbs[2]);
+	txt = slurp(g_hot);
+	assert_string_equal(txt, want);
+	free(txt);
+
+	buf[33] ^= 1; /* a block number: the checksum no longer matches */
+	write_file(g_hot, buf, sizeof(buf));
+	t = open_tpl(HALITE_TEMPLATE_NO_PREFETCH, 0);
+	assert_int_equal(hot_mb(t, NULL), 0);
+	halite_template_free(t);
+	remove_mem();
+}
+
+/*
+ * A relayouted snapshot (metadata halite.relayout hot-lbs=K): the stored
+ * blocks of LBs 0..K-1 are the hot set without any hot set file; a clone
+ * started with PREMAP_HOT has exactly those mapped, with the snapshot's
+ * bytes, and never faults on them. Learned blocks come first and are all
+ * that is saved; a bad value is ignored.
+ */
+static void test_hot_relayouted(void **state)
+{
+	HALITE_OPTS(halite_template_opts, o);
+	struct halite_session_stats ss;
+	struct halite_template *t;
+	struct halite_session *s;
+	struct halite_reader *rd;
+	uint64_t want = 0, pre, other = UINT64_MAX;
+	uint8_t inpre[NMB] = { 0 };
+	char head[128], line[256], *txt;
+	uint8_t *mem;
+
+	write_snapshot(g_snap2, "traces=1 hot-lbs=3 hot-blocks=24 source-uuid=00");
+	o.flags = HALITE_TEMPLATE_NO_PREFETCH;
+	o.hot_window_ms = 60000;
+	assert_int_equal(halite_template_open(&t, g_snap2, g_mem, &o), 0);
+	rd = halite_template_reader(t);
+	for (uint64_t lb = 0; lb < 3; lb++) {
+		const uint64_t *mbs;
+		uint32_t n;
+
+		assert_int_equal(halite_reader_lb_members(rd, lb, &mbs, &n), 0);
+		for (uint32_t i = 0; i < n; i++)
+			inpre[mbs[i]] = 1;
+		want += n;
+	}
+	assert_true(want >= 3);
+	for (uint32_t mb = 0; mb < NMB && other == UINT64_MAX; mb++)
+		if (g_kind[mb] == 2 && !inpre[mb])
+			other = mb;
+	assert_int_equal(hot_mb(t, &pre), want);
+	assert_int_equal(pre, want);
+	mem = map_clone(t);
+	s = start_local(t, mem, HALITE_SESSION_PREMAP_HOT | HALITE_SESSION_NO_HOT_RECORD);
+	halite_session_stats(s, &ss);
+	assert_int_equal(ss.mb_premapped, want);
+	for (uint32_t mb = 0; mb < NMB; mb++)
+		if (inpre[mb])
+			assert_memory_equal(mem + (uint64_t)mb * MB_SIZE,
+					    g_image + (uint64_t)mb * MB_SIZE, MB_SIZE);
+	halite_session_stats(s, &ss);
+	assert_int_equal(ss.faults, 0);
+	/* Nothing else was mapped: a stored block outside the prefix faults. */
+	assert_int_equal(mem[other * MB_SIZE + 1], g_image[other * MB_SIZE + 1]);
+	halite_session_stats(s, &ss);
+	assert_int_equal(ss.faults, 1);
+	halite_session_free(s);
+	munmap(mem, LEN);
+	halite_template_free(t);
+
+	/* Learned and prefix: the learned block first, only it saved. */
+	o.hotset_path = g_hot;
+	assert_int_equal(halite_template_open(&t, g_snap2, g_mem, &o), 0);
+	mem = map_clone(t);
+	s = start_local(t, mem, 0);
+	assert_int_equal(mem[other * MB_SIZE + 1], g_image[other * MB_SIZE + 1]);
+	assert_int_equal(hot_mb(t, &pre), want + 1);
+	assert_int_equal(pre, want);
+	assert_int_equal(halite_template_hotset_save(t), 0);
+	halite_session_free(s);
+	munmap(mem, LEN);
+	halite_template_free(t);
+	txt = slurp(g_hot);
+	trace_head(g_snap2, head, sizeof(head));
+	assert_memory_equal(txt, head, strlen(head));
+	snprintf(line, sizeof(line), " - %llu stored\n", (unsigned long long)other);
+	assert_memory_equal(txt + strlen(head), "learn 60000 0\ntouch ", 20);
+	assert_string_equal(txt + strlen(txt) - strlen(line), line);
+	assert_int_equal(strchr(txt + strlen(head) + 14, '\n') - txt + 1, (long)strlen(txt));
+	free(txt);
+	assert_int_equal(halite_template_open(&t, g_snap2, g_mem, &o), 0);
+	assert_int_equal(hot_mb(t, &pre), want + 1);
+	assert_int_equal(pre, want);
+	halite_template_free(t);
+
+	/* A value that is not hot-lbs=K (K at most the LB count): no prefix. */
+	remove_mem();
+	write_snapshot(g_snap2, "traces=1 hot-lbs=100000 hot-blocks=24");
+	o.hotset_path = NULL;
+	assert_int_equal(halite_template_open(&t, g_snap2, g_mem, &o), 0);
+	assert_int_equal(hot_mb(t, NULL), 0);
+	halite_template_free(t);
+	unlink(g_snap2);
 	remove_mem();
 }
 
@@ -709,6 +1105,9 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_attach, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_corrupt_lb, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_hot_set, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_hot_trace_read, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_hot_old_format, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_hot_relayouted, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_bad_args, setup, teardown),
 	};
 	int ret;

@@ -42,6 +42,8 @@ static void usage(FILE *f)
 		"\n"
 		"  template create SNAPSHOT [--no-hotset]   a template from a snapshot file\n"
 		"  template list | template show ID | template delete ID\n"
+		"                  (show: hotset_path, the learned hot set: a restore trace\n"
+		"                  that 'halite-inspect relayout SNAPSHOT --trace' takes)\n"
 		"  clone TEMPLATE [-n COUNT] [--accesses N] [--write PCT] [--pattern seq|random]\n"
 		"               [--no-premap]              start COUNT clones (1)\n"
 		"  list | show ID | delete ID               clones\n"

@@ -59,6 +59,7 @@ struct tmpl {
 	char *synth_args;	 /* the snapshot's synth.args (synthetic) */
 	char region[HALITE_MAX_REGION_NAME + 1]; /* its (first) guest RAM region: pc.ram, or a QEMU backend's id */
 	bool hotset;
+	char *hot_path;		 /* STATE/templates/ID.hot (a restore trace v2), NULL without */
 	int64_t created;	 /* unix seconds */
 	uint64_t memory_bytes, stored_bytes;
 	uint64_t cache_need;	 /* its decoded blocks: stored blocks x block size */

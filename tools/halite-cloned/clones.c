@@ -482,8 +482,12 @@ static int clone_session(struct cloned *d, struct clone *c, const char *ctl,
 	}
 	if (ret)
 		return ret;
+	/*
+	 * No hot set file: nothing learned is kept, but a relayouted snapshot's
+	 * hot prefix is a hot set still, premapped as a learned one.
+	 */
 	if (!c->tp->hotset)
-		flags = (flags & ~HALITE_SESSION_PREMAP_HOT) | HALITE_SESSION_NO_HOT_RECORD;
+		flags |= HALITE_SESSION_NO_HOT_RECORD;
 	so.owner_uffd = fd;
 	so.flags = flags;
 	ret = halite_session_start(s, c->tp->t, reg, nreg, &so);

@@ -3,7 +3,8 @@
  * halite-cloned: the state directory, what a restarted daemon finds.
  *
  *   STATE/templates/ID.json   {id, kind, snapshot, hotset, created}
- *   STATE/templates/ID.hot    the template's learned hot set (the engine's)
+ *   STATE/templates/ID.hot    the template's learned hot set (the engine's: a restore
+ *                             trace v2, docs/restore-trace.md)
  *   STATE/clones/CID/clone.json {id, template, pid, starttime, created, ready_s,
  *                              started, host, vcpu_tids, options}
  *   STATE/clones/CID/control.sock, clone.log (the clone's stderr)

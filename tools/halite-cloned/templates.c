@@ -28,6 +28,7 @@ void tmpl_destroy(struct tmpl *tp)
 	halite_template_free(tp->t);
 	free(tp->snapshot);
 	free(tp->synth_args);
+	free(tp->hot_path);
 	free(tp);
 }
 
@@ -168,6 +169,9 @@ int tmpl_open(struct cloned *d, struct tmpl *tp, char *err, size_t errlen)
 		tp->t = NULL;
 		goto out;
 	}
+	free(tp->hot_path);
+	tp->hot_path = hot; /* shown: the trace `halite-inspect relayout --trace` takes */
+	hot = NULL;
 	fi = halite_reader_info(halite_template_reader(tp->t));
 	tp->memory_bytes = fi->memory_bytes;
 	tp->stored_bytes = fi->stored_bytes;
@@ -189,6 +193,10 @@ cJSON *tmpl_json(struct tmpl *tp, bool detail)
 	cJSON_AddNumberToObject(j, "memory_bytes", (double)tp->memory_bytes);
 	cJSON_AddNumberToObject(j, "stored_bytes", (double)tp->stored_bytes);
 	cJSON_AddBoolToObject(j, "hotset", tp->hotset);
+	if (tp->hot_path)
+		cJSON_AddStringToObject(j, "hotset_path", tp->hot_path);
+	else
+		cJSON_AddNullToObject(j, "hotset_path");
 	cJSON_AddNumberToObject(j, "created", (double)tp->created);
 	cJSON_AddNumberToObject(j, "clones", tp->nclones);
 	if (tp->synth_args)
@@ -214,6 +222,7 @@ cJSON *tmpl_json(struct tmpl *tp, bool detail)
 	cJSON_AddNumberToObject(s, "joined", (double)st.joined);
 	cJSON_AddNumberToObject(s, "mem_bytes", (double)st.mem_bytes);
 	cJSON_AddNumberToObject(s, "hot_mb", (double)st.hot_mb);
+	cJSON_AddNumberToObject(s, "hot_mb_prefix", (double)st.hot_mb_prefix);
 	cJSON_AddBoolToObject(s, "complete", st.complete);
 	cJSON_AddStringToObject(s, "error", st.error ? halite_template_errmsg(tp->t) : "");
 	return j;

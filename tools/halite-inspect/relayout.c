@@ -79,8 +79,10 @@ void help_relayout(FILE *f)
 		"OUT is a new file (a new uuid): FILE's traces do not apply to it.\n"
 		"Metadata " RELAYOUT_META " records 'traces=N hot-lbs=K hot-blocks=M\n"
 		"source-uuid=HEX': OUT's first K LBs hold the M hot blocks.\n\n"
-		"  --trace TRACE      a learning restore's trace of FILE (repeat for\n"
-		"                     several); refused: a trace of another file, a\n"
+		"  --trace TRACE      a learning restore's trace of FILE, or the hot set\n"
+		"                     a template of FILE saved (halite-cloned:\n"
+		"                     templates/ID.hot) (repeat for several); refused:\n"
+		"                     a trace of another file, a\n"
 		"                     version 1 trace (no touches), a failed restore's\n"
 		"                     (a cancelled one is taken: what the guest touched\n"
 		"                     until the VM stopped)\n"
@@ -221,9 +223,10 @@ static int read_trace(struct relayout *rl, const char *path)
 	 * guest stuck at the failure: its last touches are the failure's, not
 	 * the guest at work, and a layout should not learn them. One cancelled
 	 * (the VM stopped before all memory was in: -ECANCELED) was working
-	 * normally until then, and is taken.
+	 * normally until then, and is taken. A template's hot set (no stat
+	 * lines) records no one restore: its touches are clones' at work.
 	 */
-	if (!ret && !t.u[S_DONE] && t.error != -ECANCELED)
+	if (!ret && !t.from_template && !t.u[S_DONE] && t.error != -ECANCELED)
 		ret = usage_error("%s: the restore it records failed (%s): its last touches are "
 				  "the failure's; use a trace of a restore that completed", path,
 				  halite_strerror(t.error));

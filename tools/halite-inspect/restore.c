@@ -35,7 +35,9 @@ void help_restore(FILE *f)
 		"A good restore demands what the vCPUs touch and prefetches the rest.\n"
 		"A learning restore's trace (version 2, halite-qemu restore --learn) also\n"
 		"says how many memory blocks the guest first touched after resume, per\n"
-		"vCPU; '" PROG " relayout' puts them first in a new file.\n\n"
+		"vCPU; '" PROG " relayout' puts them first in a new file. A template's\n"
+		"hot set (halite-cloned: templates/ID.hot) is such a trace without the\n"
+		"restore's statistics and LB lines.\n\n"
 		"TRACE is checked strictly against the format and against FILE (same\n"
 		"uuid, LB and memory-block numbers that exist in FILE); the first problem\n"
 		"is named with its line number, exit status 1.\n\n"
@@ -51,7 +53,9 @@ void help_restore(FILE *f)
 		"  -h, --help       this text\n"
 		"  --version        the program's and the file format's version\n\n"
 		"JSON keys: ok (and on failure error and exit), file, trace, uuid,\n"
-		"  lb_count and mb_count (of FILE);\n"
+		"  lb_count and mb_count (of FILE); written_by: restore, or template for\n"
+		"  a template's hot set (version 2 without stat and lb lines: stats null,\n"
+		"  every LB never read);\n"
 		"  stats: every statistic of the trace by its name (ready_ns, duration_ns,\n"
 		"    mb_total, mb_fault, mb_pool, mb_prefetch, mb_zero, faults,\n"
 		"    faults_cached, faults_zero, faults_vcpu, lb_total, lb_demand,\n"
@@ -241,8 +245,11 @@ static cJSON *head_json(const struct opts *o, const struct trace *t, const struc
 	cJSON_AddStringToObject(root, "uuid", buf);
 	json_add_u64(root, "lb_count", fi->lb_count);
 	json_add_u64(root, "mb_count", fi->mb_count);
-	st = cJSON_AddObjectToObject(root, "stats");
-	for (int i = 0; i < NSTATS; i++) {
+	cJSON_AddStringToObject(root, "written_by", t->from_template ? "template" : "restore");
+	st = t->from_template ? NULL : cJSON_AddObjectToObject(root, "stats");
+	if (!st)
+		cJSON_AddNullToObject(root, "stats");
+	for (int i = 0; st && i < NSTATS; i++) {
 		const char *name = trace_stats[i].name;
 
 		switch (trace_stats[i].kind) {
@@ -333,6 +340,11 @@ static void text_summary(const struct opts *o, const struct trace *t, const stru
 	printf(KV "%s\n", "Trace:", o->trace);
 	trace_fmt_uuid(fi->uuid, b2);
 	printf(KV "%s\n", "UUID:", b2);
+	if (t->from_template) {
+		printf(KV "a template (the clone service's hot set): no restore statistics, no "
+			  "LB read\n", "Written by:");
+		goto learning;
+	}
 	if (u[S_DONE])
 		printf(KV "done\n", "Result:");
 	else
@@ -371,6 +383,7 @@ static void text_summary(const struct opts *o, const struct trace *t, const stru
 	else
 		printf(KV "%.2f%% (%" PRIu64 " of %" PRIu64 " staged blocks touched)\n",
 		       "VM access:", t->pct, u[S_MB_STAGED_ACCESSED], u[S_MB_STAGED]);
+learning:
 	if (t->version >= 2) {
 		printf(KV "%" PRIu64 " memory blocks first touched in a %" PRIu64 " ms window "
 			  "(%s): stored %" PRIu64 ", zero %" PRIu64 ", never-touched %" PRIu64 "\n",
@@ -578,7 +591,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 }
 
 static const char *const restore_keys[] = {
-	"file", "trace", "uuid", "lb_count", "mb_count", "stats", "error_text", "totals",
+	"file", "trace", "uuid", "lb_count", "mb_count", "written_by", "stats", "error_text", "totals",
 	"streams", "trace_version", "learn", NULL,
 };
 

@@ -94,6 +94,11 @@ static int next_line(struct trace *t, bool *eof)
 	int c;
 
 	*eof = false;
+	/* The line read ahead after file-uuid (trace_parse()): given again. */
+	if (t->again) {
+		t->again = false;
+		return 0;
+	}
 	t->len = 0;
 	t->line++;
 	for (;;) {
@@ -600,9 +605,33 @@ int trace_parse(struct trace *t, lb_fn fn, void *ctx)
 	t->learn_window_ms = 0;
 	t->learn_complete = false;
 	t->wrong_file = false;
+	t->from_template = t->again = false;
+	memset(t->u, 0, sizeof(t->u));
+	t->pct = 0;
+	t->pct_text[0] = '\0';
+	t->error = 0;
 	ret = parse_header(t);
-	if (!ret)
-		ret = parse_stats(t);
+	if (ret)
+		return ret;
+	/* Version 2 written by a template: the learn line right after file-uuid. */
+	if (t->version == 2) {
+		ret = next_line(t, &eof);
+		if (ret)
+			return ret;
+		if (eof)
+			return trace_bad(t, "unexpected end of file; expected 'stat %s %s' or "
+					    "(written by a template) '" LEARN_SYNTAX "'",
+					 trace_stats[0].name, kind_syntax[trace_stats[0].kind]);
+		if (strncmp(t->buf, "learn ", 6) == 0) {
+			t->from_template = true;
+			ret = parse_learning(t);
+			if (!ret)
+				t->line--; /* as below: the last line, not the end */
+			return ret;
+		}
+		t->again = true;
+	}
+	ret = parse_stats(t);
 	if (ret)
 		return ret;
 	for (;;) {

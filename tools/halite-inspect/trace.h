@@ -130,6 +130,13 @@ struct trace {
 	uint64_t n_lb, n_demand, n_prefetch;
 	uint64_t unknown_stats;
 	unsigned version;	/* 1 or 2 */
+	/*
+	 * Version 2 written by a template (the clone service's hot set): no
+	 * stat and no lb lines, the learn line after file-uuid; u[], pct,
+	 * error and the lb counts are all 0 (there was no one restore).
+	 */
+	bool from_template;
+	bool again;		/* parse state: next_line() gives t->buf again */
 	bool wrong_file;	/* the failure was a file-uuid of another file */
 	/* version 2: the learn line, and the touch lines counted */
 	uint64_t learn_window_ms;
@@ -151,7 +158,8 @@ typedef int (*lb_fn)(void *ctx, const struct lb_line *l);
  * EXIT_BAD for a trace that breaks the format or does not match t->r,
  * EXIT_USAGE when reading fails, or what @fn returned.
  *
- * On 0 these hold: u[S_MB_TOTAL] and u[S_LB_TOTAL] are t->r's counts;
+ * On 0 these hold, for a restore's trace (not from_template):
+ * u[S_MB_TOTAL] and u[S_LB_TOTAL] are t->r's counts;
  * u[S_DONE] is 0 or 1 and error is 0 exactly when done; n_lb == n_demand +
  * n_prefetch <= lb_total, the lb lines having distinct indices in ascending
  * order; when done, n_lb == lb_total and n_demand == u[S_LB_DEMAND];

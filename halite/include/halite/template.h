@@ -35,11 +35,16 @@
  * session with HALITE_SESSION_ATTACH takes it over (a restarted daemon),
  * waking every waiting thread so their faults come again.
  *
- * The hot set: blocks any session faulted on in its first hot_window_ms,
- * in first-fault order, saved beside the template (halite_template_
- * hotset_save()) and read at open: the prefetcher fills them first, and a
- * session started with HALITE_SESSION_PREMAP_HOT maps them before it
- * returns (the clone then never faults on them).
+ * The hot set: stored blocks any session faulted on in its first
+ * hot_window_ms, in first-fault order (learned), saved beside the template
+ * (halite_template_hotset_save()) as a restore trace of version 2
+ * (docs/restore-trace.md: `halite-inspect relayout SNAPSHOT --trace HOTSET`
+ * takes it) and read at open; then, for a snapshot that halite-inspect
+ * relayout wrote, the stored blocks of its hot prefix (metadata
+ * halite.relayout hot-lbs=K: LBs 0..K-1, in file order) not learned. The
+ * prefetcher fills them first, and a session started with
+ * HALITE_SESSION_PREMAP_HOT maps them before it returns (the clone then
+ * never faults on them).
  */
 #ifndef HALITE_TEMPLATE_H
 #define HALITE_TEMPLATE_H
@@ -70,9 +75,13 @@ struct halite_template_opts {
 	uint32_t prefetch_idle_us;  /* prefetch once no fault came for this long; 0 = 2000 */
 	uint64_t prefetch_min_rate; /* bytes per second at least; 0 = 64 MiB/s */
 	/*
-	 * The hot set: read at open if the file exists (a bad one is ignored
-	 * with a warning), written by halite_template_hotset_save(). NULL:
-	 * none. Copied.
+	 * The hot set file: read at open if it exists, written by
+	 * halite_template_hotset_save(). Read: a version 2 restore trace of
+	 * this snapshot (its touch lines of stored blocks, in order), or the
+	 * binary format before it ("HLTHOT01", template.c). One that is not
+	 * this snapshot's, or is damaged, is ignored with a warning saying why.
+	 * NULL: none (a relayouted snapshot's hot prefix is still used).
+	 * Copied.
 	 */
 	const char *hotset_path;
 	uint32_t hot_window_ms;	    /* a session's faults this long after its start are hot;
@@ -101,7 +110,13 @@ struct halite_reader *halite_template_reader(struct halite_template *t);
 /* Wait until every stored block is in the memory file (0), -ETIMEDOUT, or an LB's failure. */
 int halite_template_wait(struct halite_template *t, int timeout_ms);
 
-/* Write the hot set learned so far to hotset_path (temporary file, renamed). 0 or -errno. */
+/*
+ * Write the hot set learned so far (read at open and since; not a
+ * relayouted file's prefix, which is the file's already) to hotset_path:
+ * a restore trace of version 2 without stat and lb lines
+ * (docs/restore-trace.md, "written by a template"), to a temporary file
+ * renamed over it. 0, -EINVAL (no hotset_path) or -errno.
+ */
 int halite_template_hotset_save(struct halite_template *t);
 
 struct halite_template_stats {
@@ -122,7 +137,9 @@ struct halite_template_stats {
 	uint64_t hits;		      /* ... that were in already */
 	uint64_t joined;	      /* ... whose LB was being read already */
 	uint64_t mem_bytes;	      /* memory file's resident bytes */
-	uint64_t hot_mb;	      /* blocks in the hot set (read at open + learned) */
+	uint64_t hot_mb;	      /* blocks in the hot set: read at open, learned since, and a
+					 relayouted file's prefix blocks not among those */
+	uint64_t hot_mb_prefix;	      /* of hot_mb: from the relayouted file's prefix */
 	bool complete;
 	int error;		      /* first LB failure, else 0 */
 };
