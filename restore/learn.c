@@ -24,7 +24,9 @@
  *
  * The window: the fault thread polls with the time left as its timeout
  * (rs_learn_tick) and ends it when due. Then every staged block is
- * installed (a pool task, unstage()), readahead queues again from the next
+ * installed (a pool task, unstage()) but, with TRACK_ACCESS, those of
+ * demand LBs, which it keeps staged to the end as it always does (their
+ * later touches count in vm_access_pct), readahead queues again from the next
  * demand read and the prefetcher runs: the restore goes on as one without
  * LEARN. An LB whose install task was still staging when unstage() passed
  * it keeps those blocks staged until the end (finish() installs them), or
@@ -67,7 +69,12 @@ static uint32_t vcpu_of(const struct halite_restore *r, uint32_t tid)
 	return 0;
 }
 
-/* Every staged block installed (the window's end); see the top for the LBs it misses. */
+/*
+ * Every block staged for learning installed (the window's end); see the top
+ * for the LBs it misses. With TRACK_ACCESS a demand LB's blocks stay staged
+ * to the end (finish()), as without LEARN: vm_access_pct counts the guest's
+ * touches of them until then, not only those inside the window.
+ */
 static void unstage(void *arg)
 {
 	struct halite_restore *r = arg;
@@ -77,9 +84,13 @@ static void unstage(void *arg)
 		uint8_t s = atomic_load(&r->lbs[lb].state);
 		const uint64_t *mbs;
 		uint32_t n;
+		int by;
 
 		/* Staged blocks are in LBs that landed: CACHED or DONE. */
 		if (s != LB_CACHED && s != LB_DONE)
+			continue;
+		by = rs_staged_by(r, lb);
+		if (r->track && by == BY_POOL)
 			continue;
 		halite_reader_lb_members(r->rd, lb, &mbs, &n);
 		for (uint32_t i = 0; i < n && !ret; i++) {
@@ -87,7 +98,7 @@ static void unstage(void *arg)
 				continue;
 			ret = rs_install_staged(r, lb, mbs[i], 0);
 			if (!ret)
-				rs_installed(r, mbs[i], rs_staged_by(r, lb));
+				rs_installed(r, mbs[i], by);
 		}
 	}
 	if (ret)

@@ -170,9 +170,10 @@ static void check_accepted(const struct trace *t, const struct seen *s, const ui
 			CHECK(i > 0 && data[i - 1] != '\n' && data[i - 1] != ' ');
 	}
 	/*
-	 * Every line is one of: header, uuid, 23 stats, unknown stats, lb lines;
-	 * version 2: one learn line and the touch lines. Written by a template:
-	 * version 2, header, uuid, the learn line and the touch lines only.
+	 * Every line is one of: header, uuid, 23 stats, lb_hot (at most once),
+	 * unknown stats, lb lines; version 2: one learn line and the touch lines.
+	 * Written by a template: version 2, header, uuid, the learn line and the
+	 * touch lines only.
 	 */
 	CHECK(t->line == nl);
 	CHECK(t->version == 1 || t->version == 2);
@@ -181,12 +182,13 @@ static void check_accepted(const struct trace *t, const struct seen *s, const ui
 
 		CHECK(t->version == 2);
 		CHECK(nl == 3 + t->n_touch);
-		CHECK(t->unknown_stats == 0 && t->n_lb == 0 && s->n == 0);
+		CHECK(t->unknown_stats == 0 && t->n_lb == 0 && s->n == 0 && !t->lb_hot_line);
 		CHECK(memcmp(data + sizeof(head) - 1 + 32, learn, sizeof(learn) - 1) == 0);
 	} else {
-		CHECK(nl == 2 + NSTATS + t->unknown_stats + t->n_lb + (t->version == 2) +
-			    t->n_touch);
+		CHECK(nl == 2 + NSTATS + (t->lb_hot_line != 0) + t->unknown_stats + t->n_lb +
+			    (t->version == 2) + t->n_touch);
 	}
+	CHECK(t->lb_hot <= t->u[S_LB_PREFETCH] && (t->lb_hot_line || !t->lb_hot));
 	if (t->version == 2) {
 		uint64_t sum = t->n_touch_other;
 

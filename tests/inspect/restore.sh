@@ -24,8 +24,20 @@ for tr in "$T"/*.trace; do
 	grep -qx "stat lb_hot 0" "$tr" || fail "$tr: no 'stat lb_hot 0'"
 	grep -qx "stat lb_preloaded 0" "$tr" || fail "$tr: no 'stat lb_preloaded 0'"
 	expect 0 "$HI" restore "$F" "$tr"
+	grep -qxF "Hot prefix:         0 LBs read first (the file has no hot prefix)" "$T/out" ||
+		fail "$tr: hot prefix: $(grep '^Hot' "$T/out")"
+	expect 0 "$HI" restore --json "$F" "$tr"
+	eq "$tr: hot_prefix" "$(js "$T/out" 'd["hot_prefix"]')" \
+		"{'lb_hot': 0, 'file_hot_lbs': None, 'traces': None}"
 	sed -i '/^stat lb_hot /d; /^stat lb_preloaded /d' "$tr"
 done
+# A trace written before lb_hot existed: no number, not a zero.
+expect 0 "$HI" restore "$F" "$T/full.trace"
+grep -qxF "Hot prefix:         not in the trace (the file has no hot prefix)" "$T/out" ||
+	fail "no lb_hot: $(grep '^Hot' "$T/out")"
+expect 0 "$HI" restore --json "$F" "$T/full.trace"
+eq "no lb_hot" "$(js "$T/out" 'd["hot_prefix"]')" \
+	"{'lb_hot': None, 'file_hot_lbs': None, 'traces': None}"
 
 # trace_stat TRACE NAME: a stat's value as the trace has it.
 trace_stat() {
@@ -353,6 +365,56 @@ bad $TP 3 "unexpected end of file; expected 'stat ready_ns <integer>' or (writte
 	'L = L[:2]'
 bad $TP 3 "expected 'learn <window_ms> <complete>', got 'learn 2000'" 'L[2] = "learn 2000"'
 
+# ---- stat lb_hot: at most lb_prefetch, once, at most the file's hot prefix.
+bad $FULL 26 "expected 'stat lb_hot <integer>', got 'stat lb_hot 01'" 'L.insert(25, "stat lb_hot 01")'
+bad $FULL 27 "stat 'lb_hot' given twice" 'L[25:25] = ["stat lb_hot 0", "stat lb_hot 0"]'
+bad $D 26 "lb_hot 1 exceeds lb_prefetch 0: the hot LBs read first are prefetched" \
+	'L.insert(25, "stat lb_hot 1")'
+bad $FULL 26 "lb_hot 1, but $F has no hot prefix (not relayouted)" \
+	'L.insert(25, "stat lb_hot 1")'
+
+# A relayouted file (from the learning trace above) and a trace of a restore
+# of it that read its whole hot prefix first, then the rest.
+expect 0 "$HI" relayout "$F" --trace "$L2" -o "$T/rl.hlt" --json
+HOT=$(js "$T/out" 'd["hot_lbs"]')
+[ "$HOT" -gt 0 ] || fail "relayout: hot_lbs $HOT"
+expect 0 "$HI" info --json "$T/rl.hlt"
+cp "$T/out" "$T/rl.json"
+# rl_trace LB_HOT OUT: every LB prefetched, done; stat lb_hot LB_HOT.
+rl_trace() {
+	"$PY" - "$T/rl.json" "$1" "$2" <<'EOF' || fail "rl_trace $1"
+import json, sys
+d = json.load(open(sys.argv[1]))
+nlb, nmb = d["lbs"]["count"], d["mbs"]["count"]
+st = dict(ready_ns=1000, duration_ns=5000, mb_total=nmb, mb_fault=0, mb_pool=0,
+          mb_prefetch=nmb, mb_zero=0, faults=0, faults_cached=0, faults_zero=0, faults_vcpu=0,
+          lb_total=nlb, lb_demand=0, lb_prefetch=nlb, lb_retries=0, bytes_read=nlb * 16384,
+          mb_staged=0, mb_staged_accessed=0, vm_access_pct="-1.00", fault_p50_ns=0,
+          fault_p99_ns=0, done=1, error=0, lb_hot=int(sys.argv[2]))
+L = ["halite-restore-trace 1", "file-uuid " + d["uuid"]]
+L += ["stat %s %s" % kv for kv in st.items()]
+L += ["lb %d prefetch %d - 0 0" % (i, 100 + i) for i in range(nlb)]
+open(sys.argv[3], "w").write("".join(l + "\n" for l in L))
+EOF
+}
+rl_trace "$HOT" "$T/rl.trace"
+expect 0 "$HI" restore "$T/rl.hlt" "$T/rl.trace"
+LBS=LBs; [ "$HOT" -eq 1 ] && LBS=LB
+grep -qxF "Hot prefix:         $HOT $LBS read first, of the file's $HOT (relayouted from 1 trace)" \
+	"$T/out" || fail "relayouted: $(grep '^Hot' "$T/out")"
+expect 0 "$HI" restore --json "$T/rl.hlt" "$T/rl.trace"
+eq "relayouted hot_prefix" "$(js "$T/out" 'd["hot_prefix"]')" \
+	"{'lb_hot': $HOT, 'file_hot_lbs': $HOT, 'traces': 1}"
+# --hot-prefix 0 (or a restore without a prefetcher): none read first.
+rl_trace 0 "$T/rl0.trace"
+expect 0 "$HI" restore "$T/rl.hlt" "$T/rl0.trace"
+grep -qxF "Hot prefix:         0 LBs read first, of the file's $HOT (relayouted from 1 trace)" \
+	"$T/out" || fail "relayouted, none read first: $(grep '^Hot' "$T/out")"
+rl_trace $((HOT + 1)) "$T/rl1.trace"
+expect 1 "$HI" restore "$T/rl.hlt" "$T/rl1.trace"
+grep -qxF "halite-inspect: restore: $T/rl1.trace:26: lb_hot $((HOT + 1)), but the hot prefix of $T/rl.hlt is $HOT LBs" \
+	"$T/err" || fail "lb_hot past the hot prefix: $(cat "$T/err")"
+
 # A trace of another snapshot, with a valid syntax: refused by its uuid.
 expect 0 "$MKFILE" "$T"
 expect 1 "$HI" restore "$T/multi.hlt" "$T/full.trace"
@@ -362,7 +424,8 @@ grep -q "full.trace:2: file-uuid $UUID is not the uuid of $T/multi.hlt" "$T/err"
 expect 0 "$HI" restore --help
 grep -q "^Usage: halite-inspect restore \[--json\] \[--blocks\] \[--stream STREAM\] FILE TRACE$" "$T/out" ||
 	fail "restore --help"
-for key in vm_access_pct error_text totals streams stream_id fate t_ns fault_mb staged accessed; do
+for key in vm_access_pct error_text totals streams stream_id fate t_ns fault_mb staged accessed \
+	hot_prefix lb_hot file_hot_lbs; do
 	grep -q "$key" "$T/out" || fail "--help does not document $key"
 done
 expect 2 "$HI" restore

@@ -3051,6 +3051,218 @@ static void test_learn(void **state)
 	run_learn(HALITE_MEM_ANON, 1500);
 }
 
+/*
+ * LEARN with TRACK_ACCESS: both at once, as a restore that measures VM
+ * access while it learns. Prefetch and readahead off (NO_PREFETCH,
+ * NO_READAHEAD), so that every LB is read for a fault and the counts are
+ * exact: the model is TRACK_ACCESS's (run_counts), whatever the window
+ * does. A learn_plan() touched while learning (window @window_ms), then,
+ * once the window is over, a second phase: some of the blocks staged
+ * while learning (TRACK_ACCESS keeps them staged to the end: each touch
+ * is still a fault, answered from the stage and counted as accessed),
+ * then one block of every LB not read yet, the last completing the
+ * restore. The touch lines are the first phase's first touches exactly;
+ * the trace's lb lines say what the stats say.
+ */
+static void run_learn_track(int kind, unsigned window_ms)
+{
+	struct image img;
+	struct mem mem;
+	struct model m;
+	struct halite_restore_region reg[MAXREG];
+	HALITE_OPTS(halite_restore_opts, o);
+	struct halite_restore *r;
+	struct halite_reader *rd;
+	struct halite_restore_stats st;
+	struct toucher *tt[3];
+	struct ltouch *plan;
+	struct lline *want, *got;
+	char *how, line[256], when[160];
+	uint64_t *lbt, seed = t_rand(&g_seed), t0, elapsed, sum_staged = 0, sum_acc = 0;
+	uint64_t *cover, ncover = 0, nstaged_touch = 0;
+	pid_t vt[2];
+	size_t n, nwant, ngot;
+	unsigned w = 99;
+	int complete = -1;
+	bool late;
+	FILE *f;
+	char *path = tmp_path("learn-track.hlt"), *trace = tmp_path("learn-track.trace");
+
+	fprintf(stderr, "learn + TRACK_ACCESS: %s memory, window %u ms, seed %" PRIu64 "\n",
+		kind == HALITE_MEM_SHARED ? "memfd" : "anonymous", window_ms, seed);
+	make_image(&img, 2u << 20, (512u << 10) + PAGE, seed);
+	write_image(path, &img, HALITE_CODEC_LZ4, 2, 16384, NULL);
+	assert_int_equal(halite_reader_open(&rd, path, NULL), 0);
+	mem_map(&mem, &img, kind);
+	mem_regions(&mem, &img, reg);
+	model_init(&m, rd, &mem, true);
+	plan = calloc(4 * m.nmb, sizeof(*plan));
+	want = calloc(4 * m.nmb, sizeof(*want));
+	got = calloc(4 * m.nmb, sizeof(*got));
+	how = calloc(m.nlb, 1);
+	lbt = calloc(m.nlb, sizeof(*lbt));
+	cover = calloc(m.nlb, sizeof(*cover));
+	assert_true(plan && want && got && how && lbt && cover);
+	n = learn_plan(&m, plan, 4 * m.nmb, 24, false, &seed);
+	nwant = learn_expect(&m, plan, n, want);
+
+	for (int i = 0; i < 3; i++)
+		tt[i] = toucher_start();
+	vt[0] = atomic_load(&tt[0]->tid);
+	vt[1] = atomic_load(&tt[1]->tid);
+	o.flags = HALITE_RESTORE_LEARN | HALITE_RESTORE_TRACK_ACCESS | HALITE_RESTORE_NO_PREFETCH |
+		  HALITE_RESTORE_NO_READAHEAD;
+	o.learn_window_ms = window_ms;
+	o.vcpu_tids = vt;
+	o.nvcpus = 2;
+	o.trace_path = trace;
+	o.log = r_log_fn;
+	o.log_ctx = &g_log;
+	/* INFO: the window's end is logged ("learning ends"). */
+	o.log_level = HALITE_LOG_INFO;
+	r_log_reset(&g_log);
+	assert_int_equal(halite_restore_open(&r, path, reg, img.nreg, &o), 0);
+	t0 = r_now_ms();
+	assert_int_equal(halite_restore_start(r), 0);
+	model_settle(&m, r, "after start");
+
+	/* Phase 1, learning. */
+	for (size_t i = 0; i < n; i++) {
+		uint64_t addr = model_mb_addr(&m, plan[i].mb, NULL) + (uint64_t)plan[i].page * PAGE +
+				(t_rand(&seed) % (PAGE / 8)) * 8;
+		char d[96];
+
+		toucher_do(tt[plan[i].who], addr, t_rand(&seed) % 3 == 0);
+		model_touch(&m, plan[i].mb, plan[i].who < 2);
+		snprintf(when, sizeof(when), "learning, touch %zu of %zu (%s, thread %d)", i, n,
+			 mb_desc(rd, plan[i].mb, d, sizeof(d)), plan[i].who);
+		model_settle(&m, r, when);
+	}
+	elapsed = r_now_ms() - t0;
+	/* A slow machine may have ended the window already: then fewer touch lines. */
+	late = r_log_has(&g_log, "learning ends");
+	for (uint64_t t = r_now_ms(); !r_log_has(&g_log, "learning ends"); r_sleep_us(1000))
+		if (r_now_ms() - t > 10000 + window_ms)
+			fail_msg("no 'learning ends' in the log %u ms after a %u ms window",
+				 (unsigned)(r_now_ms() - t0), window_ms);
+	/* The window's end installs no staged block of a demand LB: TRACK_ACCESS keeps them. */
+	r_sleep_us(100000);
+	model_settle(&m, r, "after the window");
+	halite_restore_stats(r, &st);
+	assert_false(st.done);
+
+	/* Phase 2: staged blocks touched after the window, then one block of each LB left. */
+	for (uint64_t mb = 0; mb < m.nmb; mb++) {
+		if (!m.staged[mb] || t_rand(&seed) % 2)
+			continue;
+		int who = (int)(t_rand(&seed) % 3);
+
+		toucher_do(tt[who], model_mb_addr(&m, mb, NULL), who == 1);
+		model_touch(&m, mb, who < 2);
+		nstaged_touch++;
+		snprintf(when, sizeof(when), "after the window, staged MB %" PRIu64, mb);
+		model_settle(&m, r, when);
+	}
+	for (uint64_t mb = 0; mb < m.nmb; mb++)
+		if (m.state[mb] == HALITE_MB_STORED && !m.lb_read[m.lb[mb]] &&
+		    (!ncover || m.lb[cover[ncover - 1]] != m.lb[mb])) {
+			bool seen = false;
+
+			for (uint64_t i = 0; i < ncover && !seen; i++)
+				seen = m.lb[cover[i]] == m.lb[mb];
+			if (!seen)
+				cover[ncover++] = mb;
+		}
+	assert_true(nstaged_touch > 0 && ncover > 0);
+	for (uint64_t i = 0; i < ncover; i++) {
+		toucher_do(tt[i % 2], model_mb_addr(&m, cover[i], NULL), i % 3 == 0);
+		model_touch(&m, cover[i], true);
+		if (i + 1 == ncover)
+			break; /* the last one completes the restore */
+		snprintf(when, sizeof(when), "after the window, LB %" PRIu64, m.lb[cover[i]]);
+		model_settle(&m, r, when);
+		halite_restore_stats(r, &st);
+		assert_false(st.done);
+	}
+	assert_int_equal(halite_restore_wait(r, 10000), 0);
+	/* Staged blocks nobody touched are installed at the end. */
+	for (uint64_t mb = 0; mb < m.nmb; mb++)
+		if (m.staged[mb]) {
+			m.staged[mb] = 0;
+			m.installed[mb] = 1;
+			m.e.mb_pool++;
+		}
+	model_settle(&m, r, "done");
+	halite_restore_stats(r, &st);
+	fprintf(stderr, "  %zu touches while learning (%" PRIu64 " ms), %" PRIu64 " staged blocks "
+		"and %" PRIu64 " LBs after: %" PRIu64 " faults, staged %" PRIu64 ", accessed %"
+		PRIu64 " (%.2f%%)\n", n, elapsed, nstaged_touch, ncover, st.faults, st.mb_staged,
+		st.mb_staged_accessed, st.vm_access_pct);
+	assert_true(st.done);
+	assert_int_equal(st.error, 0);
+	assert_int_equal(st.lb_demand, m.nlb);
+	assert_int_equal(st.lb_prefetch, 0);
+	assert_int_equal(st.mb_fault, m.e.mb_fault);
+	assert_int_equal(st.mb_pool, m.e.mb_pool);
+	assert_int_equal(st.mb_prefetch, 0);
+	assert_int_equal(st.mb_fault + st.mb_pool + st.mb_zero, st.mb_total);
+	assert_true(m.e.staged_acc > 0 && m.e.staged_acc < m.e.staged);
+	assert_true(fabs(st.vm_access_pct - 100.0 * (double)m.e.staged_acc / (double)m.e.staged) <
+		    1e-9);
+	for (uint32_t i = 0; i < img.nreg; i++)
+		assert_memory_equal((void *)(uintptr_t)mem.host[i], img.snap + img.off[i], mem.len[i]);
+
+	/* The trace: version 2; the first phase's first touches; lb lines as the stats. */
+	ngot = learn_read(trace, &m, &w, &complete, how, lbt, got, 4 * m.nmb);
+	assert_int_equal(w, window_ms);
+	assert_int_equal(complete, 0);
+	if (!late && elapsed + 200 < window_ms)
+		learn_compare(got, ngot, want, nwant, rd);
+	else
+		learn_compare(got, ngot, want, ngot <= nwant ? ngot : nwant, rd);
+	for (size_t i = 0; i < ngot; i++)
+		assert_true(got[i].t_ns < (uint64_t)window_ms * 1000000);
+	f = fopen(trace, "r");
+	assert_non_null(f);
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long long lb, a, b;
+		char h[16], fm[24];
+
+		if (sscanf(line, "lb %llu %15s %*s %23s %llu %llu", &lb, h, fm, &a, &b) != 5)
+			continue;
+		assert_string_equal(h, "demand");
+		sum_staged += a;
+		sum_acc += b;
+	}
+	fclose(f);
+	assert_int_equal(sum_staged, st.mb_staged);
+	assert_int_equal(sum_acc, st.mb_staged_accessed);
+
+	for (int i = 0; i < 3; i++)
+		toucher_stop(tt[i]);
+	halite_restore_free(r);
+	model_free(&m);
+	halite_reader_free(rd);
+	mem_unmap(&mem);
+	unlink(trace);
+	unlink(path);
+	free(plan);
+	free(want);
+	free(got);
+	free(how);
+	free(lbt);
+	free(cover);
+	free(path);
+	free(trace);
+	free_image(&img);
+}
+
+static void test_learn_track_access(void **state)
+{
+	run_learn_track(HALITE_MEM_ANON, 600);
+	run_learn_track(HALITE_MEM_SHARED, 600);
+}
+
 /* ---------------------------------------------------------------------- */
 /* A relayouted file's hot prefix (opts.hot_prefix_max)                    */
 
@@ -3388,6 +3600,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_counts_exact, teardown_touchers),
 		cmocka_unit_test_teardown(test_counts_track_access, teardown_touchers),
 		cmocka_unit_test_teardown(test_learn, teardown_touchers),
+		cmocka_unit_test_teardown(test_learn_track_access, teardown_touchers),
 		cmocka_unit_test_teardown(test_hot_prefix, teardown_touchers),
 		cmocka_unit_test_teardown(test_preload, teardown_touchers),
 		cmocka_unit_test(test_writer_file_every_codec),

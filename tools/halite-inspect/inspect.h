@@ -25,6 +25,9 @@
 
 #define PROG "halite-inspect"
 
+/* The metadata key of a relayouted file (relayout.c writes it, restore.c reads it). */
+#define RELAYOUT_META "halite.relayout"
+
 enum {
 	EXIT_OK = 0,
 	EXIT_BAD = 1,		/* the file is bad */

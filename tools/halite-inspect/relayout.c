@@ -55,8 +55,6 @@
 #include "inspect.h"
 #include "trace.h"
 
-#define RELAYOUT_META "halite.relayout"
-
 void help_relayout(FILE *f)
 {
 	fprintf(f,

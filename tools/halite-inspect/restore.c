@@ -35,9 +35,11 @@ void help_restore(FILE *f)
 		"A good restore demands what the vCPUs touch and prefetches the rest.\n"
 		"A learning restore's trace (version 2, halite-qemu restore --learn) also\n"
 		"says how many memory blocks the guest first touched after resume, per\n"
-		"vCPU; '" PROG " relayout' puts them first in a new file. A template's\n"
-		"hot set (halite-cloned: templates/ID.hot) is such a trace without the\n"
-		"restore's statistics and LB lines.\n\n"
+		"vCPU; '" PROG " relayout' puts them first in a new file. A restore of a\n"
+		"relayouted file reads its hot prefix first: how many LBs of it is shown\n"
+		"with the file's hot prefix. A template's hot set (halite-cloned:\n"
+		"templates/ID.hot) is such a trace without the restore's statistics and\n"
+		"LB lines.\n\n"
 		"TRACE is checked strictly against the format and against FILE (same\n"
 		"uuid, LB and memory-block numbers that exist in FILE); the first problem\n"
 		"is named with its line number, exit status 1.\n\n"
@@ -72,7 +74,13 @@ void help_restore(FILE *f)
 		"    complete (boolean), touches (memory blocks first touched after\n"
 		"    resume), stored, zero, untouched (of those, by their state in FILE),\n"
 		"    not_vcpu (touched first by a thread that is not a vCPU) and vcpus[]:\n"
-		"    vcpu, touches.\n\n"
+		"    vcpu, touches;\n"
+		"  hot_prefix: lb_hot (the LBs of FILE's hot prefix the restore read\n"
+		"    first, stat lb_hot; null for a trace written before it existed),\n"
+		"    file_hot_lbs and traces (FILE's hot prefix and how many traces it\n"
+		"    was relayouted from, metadata " RELAYOUT_META "; null when FILE\n"
+		"    has no hot prefix: not relayouted, or a record the restore engine\n"
+		"    ignores too).\n\n"
 		"Exit status: 0 ok, 1 FILE or TRACE is bad, does not open or they do not\n"
 		"match, 2 usage.\n");
 }
@@ -230,7 +238,42 @@ struct opts {
 	bool json, blocks;
 	const char *stream_name;
 	uint32_t stream;
+	/* FILE's hot prefix (file_hot()) */
+	bool relayouted;
+	uint64_t hot_lbs, traces;
 };
+
+/*
+ * FILE's hot prefix (relayout.c: metadata RELAYOUT_META "traces=N
+ * hot-lbs=K ..."): true with *@hot_lbs and *@traces when the file has the
+ * record and both values read; the engine ignores a record it cannot read,
+ * and so do we.
+ */
+static bool file_hot(struct halite_reader *r, uint64_t *hot_lbs, uint64_t *traces)
+{
+	bool got_hot = false, got_traces = false;
+	const char *key;
+	const void *val;
+	uint32_t len;
+	char buf[256], *tok, *save = NULL;
+
+	for (uint32_t i = 0; i < halite_reader_meta_count(r); i++) {
+		if (halite_reader_meta(r, i, &key, &val, &len) || strcmp(key, RELAYOUT_META))
+			continue;
+		if (len >= sizeof(buf) || memchr(val, 0, len))
+			return false;
+		memcpy(buf, val, len);
+		buf[len] = 0;
+		for (tok = strtok_r(buf, " ", &save); tok; tok = strtok_r(NULL, " ", &save)) {
+			if (!strncmp(tok, "hot-lbs=", 8))
+				got_hot = !got_hot && trace_parse_dec(tok + 8, hot_lbs);
+			else if (!strncmp(tok, "traces=", 7))
+				got_traces = !got_traces && trace_parse_dec(tok + 7, traces);
+		}
+		return got_hot && got_traces && *hot_lbs <= halite_reader_info(r)->lb_count;
+	}
+	return false;
+}
 
 static cJSON *head_json(const struct opts *o, const struct trace *t, const struct streams *s)
 {
@@ -315,6 +358,18 @@ static cJSON *head_json(const struct opts *o, const struct trace *t, const struc
 			cJSON_AddItemToArray(a, e);
 		}
 	}
+	e = cJSON_AddObjectToObject(root, "hot_prefix");
+	if (t->lb_hot_line)
+		json_add_u64(e, "lb_hot", t->lb_hot);
+	else
+		cJSON_AddNullToObject(e, "lb_hot");
+	if (o->relayouted) {
+		json_add_u64(e, "file_hot_lbs", o->hot_lbs);
+		json_add_u64(e, "traces", o->traces);
+	} else {
+		cJSON_AddNullToObject(e, "file_hot_lbs");
+		cJSON_AddNullToObject(e, "traces");
+	}
 	if (o->blocks && o->stream_name)
 		cJSON_AddStringToObject(root, "stream", o->stream_name);
 	return root;
@@ -383,6 +438,16 @@ static void text_summary(const struct opts *o, const struct trace *t, const stru
 	else
 		printf(KV "%.2f%% (%" PRIu64 " of %" PRIu64 " staged blocks touched)\n",
 		       "VM access:", t->pct, u[S_MB_STAGED_ACCESSED], u[S_MB_STAGED]);
+	if (!t->lb_hot_line)
+		printf(KV "not in the trace", "Hot prefix:");
+	else
+		printf(KV "%" PRIu64 " LB%s read first", "Hot prefix:", t->lb_hot,
+		       t->lb_hot == 1 ? "" : "s");
+	if (o->relayouted)
+		printf(", of the file's %" PRIu64 " (relayouted from %" PRIu64 " trace%s)\n",
+		       o->hot_lbs, o->traces, o->traces == 1 ? "" : "s");
+	else
+		printf(" (the file has no hot prefix)\n");
 learning:
 	if (t->version >= 2) {
 		printf(KV "%" PRIu64 " memory blocks first touched in a %" PRIu64 " ms window "
@@ -591,8 +656,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 }
 
 static const char *const restore_keys[] = {
-	"file", "trace", "uuid", "lb_count", "mb_count", "written_by", "stats", "error_text", "totals",
-	"streams", "trace_version", "learn", NULL,
+	"file", "trace", "uuid", "lb_count", "mb_count", "written_by", "stats", "error_text",
+	"totals", "streams", "trace_version", "learn", "hot_prefix", NULL,
 };
 
 int cmd_restore(int argc, char **argv)
@@ -649,6 +714,18 @@ int cmd_restore(int argc, char **argv)
 	ret = trace_parse(&t, count_lb, &cnt);
 	if (ret)
 		goto out;
+	/* The engine reads at most the file's hot prefix first, none without one. */
+	o.relayouted = file_hot(r, &o.hot_lbs, &o.traces);
+	if (t.lb_hot_line && t.lb_hot > (o.relayouted ? o.hot_lbs : 0)) {
+		t.line = t.lb_hot_line;
+		if (o.relayouted)
+			ret = trace_bad(&t, "lb_hot %" PRIu64 ", but the hot prefix of %s is %"
+					    PRIu64 " LBs", t.lb_hot, o.file, o.hot_lbs);
+		else
+			ret = trace_bad(&t, "lb_hot %" PRIu64 ", but %s has no hot prefix "
+					    "(not relayouted)", t.lb_hot, o.file);
+		goto out;
+	}
 
 	if (o.json) {
 		head = head_json(&o, &t, &s);

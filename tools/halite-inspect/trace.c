@@ -599,6 +599,7 @@ int trace_parse(struct trace *t, lb_fn fn, void *ctx)
 
 	t->line = 0;
 	t->n_lb = t->n_demand = t->n_prefetch = t->unknown_stats = 0;
+	t->lb_hot = t->lb_hot_line = 0;
 	trace_free(t);
 	t->n_touch = t->n_touch_other = 0;
 	memset(t->n_touch_kind, 0, sizeof(t->n_touch_kind));
@@ -663,6 +664,23 @@ int trace_parse(struct trace *t, lb_fn fn, void *ctx)
 			for (int i = 0; n == 3 && i < NSTATS; i++)
 				if (strcmp(f[1], trace_stats[i].name) == 0)
 					dup = trace_stats[i].name;
+			/* The one stat added since version 1's 23: read, not skipped. */
+			if (n == 3 && strcmp(f[1], "lb_hot") == 0 && !t->lb_hot_line) {
+				if (!trace_parse_dec(f[2], &t->lb_hot)) {
+					unsplit(t);
+					return trace_bad(t, "expected 'stat lb_hot <integer>', got %s",
+							 quoted(t, q, sizeof(q)));
+				}
+				if (t->lb_hot > t->u[S_LB_PREFETCH])
+					return trace_bad(t, "lb_hot %" PRIu64 " exceeds lb_prefetch "
+							    "%" PRIu64 ": the hot LBs read first are "
+							    "prefetched", t->lb_hot,
+							 t->u[S_LB_PREFETCH]);
+				t->lb_hot_line = t->line;
+				continue;
+			}
+			if (n == 3 && strcmp(f[1], "lb_hot") == 0)
+				dup = "lb_hot";
 			if (n == 3 && !dup && stat_name_ok(f[1])) {
 				t->unknown_stats++;
 				continue;

@@ -129,6 +129,12 @@ struct trace {
 	int error;
 	uint64_t n_lb, n_demand, n_prefetch;
 	uint64_t unknown_stats;
+	/*
+	 * stat lb_hot (after error since 2026-11; a trace written before has
+	 * none): the hot-prefix LBs the prefetcher read first, at most
+	 * lb_prefetch. lb_hot_line: its line, 0 when the trace has none.
+	 */
+	uint64_t lb_hot, lb_hot_line;
 	unsigned version;	/* 1 or 2 */
 	/*
 	 * Version 2 written by a template (the clone service's hot set): no
@@ -163,7 +169,8 @@ typedef int (*lb_fn)(void *ctx, const struct lb_line *l);
  * u[S_DONE] is 0 or 1 and error is 0 exactly when done; n_lb == n_demand +
  * n_prefetch <= lb_total, the lb lines having distinct indices in ascending
  * order; when done, n_lb == lb_total and n_demand == u[S_LB_DEMAND];
- * pct_text is the vm_access_pct field as written, pct its value. Version 2
+ * pct_text is the vm_access_pct field as written, pct its value; lb_hot_line
+ * non-zero when the trace has stat lb_hot, then lb_hot <= lb_prefetch. Version 2
  * also: n_touch touch lines, n_touch_kind[] by kind, n_touch_other of them by
  * a thread that is not a vCPU, vcpus[] the others by vCPU; each memory block
  * at most once, t_ns non-decreasing, kinds those of t->r's map.

@@ -162,7 +162,10 @@ struct halite_restore_region {
  * and kept by the engine, installed at the first touch), and the background
  * prefetcher and stream readahead pause (memory comes in by faults only;
  * what is held is what the guest's faults read). When the window ends the
- * staged blocks are installed and prefetch resumes. Zero and never-touched
+ * staged blocks are installed and prefetch resumes; with TRACK_ACCESS too,
+ * the staged blocks of demand-read LBs stay staged to the end as without
+ * LEARN, so vm_access_pct counts the guest's touches of them until then,
+ * exactly as TRACK_ACCESS alone would. Zero and never-touched
  * blocks are recorded too. On hugetlbfs the unit is the huge page: the
  * first faulting block of each page is recorded, and a page completed by
  * LBs read for other pages is mapped without a fault, unrecorded. Not with
@@ -270,7 +273,8 @@ struct halite_restore_stats {
 	uint64_t mb_pool;	  /* other blocks of demand-read LBs, installed by the pool
 				     (TRACK_ACCESS: staged blocks installed at the end;
 				     LEARN: staged blocks installed when the window ends, or at
-				     the end; those of prefetched LBs count in mb_prefetch) */
+				     the end, with TRACK_ACCESS at the end; those of prefetched
+				     LBs count in mb_prefetch) */
 	uint64_t mb_prefetch;	  /* other blocks of prefetched LBs, installed by the pool, and the
 				     copies' blocks, filled at start */
 	uint64_t mb_zero;	  /* zero or never-touched: zero page on fault, else left a hole;
