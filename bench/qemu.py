@@ -109,7 +109,7 @@ HALITE_KEYS = ["qmp_ready_ms", "engine_ready_ms", "devices_loaded_ms", "resumed_
                "ready_to_resume_ms", "done_s", "faults", "faults_vcpu", "faults_zero",
                "faults_cached", "fault_p50_us", "fault_p99_us", "lb_total", "lb_demand",
                "lb_prefetch", "bytes_read", "mb_total", "mb_fault", "mb_pool", "mb_prefetch",
-               "mb_zero", "vm_access_pct", "lb_hot", "lb_preloaded"]
+               "mb_zero", "vm_access_pct", "lb_hot"]
 DIGEST_RX = re.compile(r"seq \d+ pass \d+ digest ([0-9a-f]+) uptime ([0-9.]+) (expected|differs)$")
 
 
@@ -853,7 +853,6 @@ def summarize_learn(runs, cache, latencies):
                 "lb_demand_median": median([x["lb_demand"] for x in h]),
                 "lb_prefetch_median": median([x["lb_prefetch"] for x in h]),
                 "lb_hot_median": median([x["lb_hot"] for x in h]),
-                "lb_preloaded_median": median([x.get("lb_preloaded") for x in h]),
                 "faults_median": median([x["faults"] for x in h]),
                 "first_http_s_median": rnd(median([r["first_http_s"] for r in ok])),
                 "requests_mean_s_median": rnd(median([q["mean_s"] for q in rq]), 6),
@@ -1122,8 +1121,7 @@ def main():
                 log(f"medians, {c}, {lat}: VM access {a['vm_access_pct_median']} -> "
                     f"{b['vm_access_pct_median']} % ({row['relayout_nohot']['vm_access_pct_median']}"
                     f" % without the hot prefix read first), demand LBs {a['lb_demand_median']} -> "
-                    f"{b['lb_demand_median']} ({b['lb_hot_median']} hot first, "
-                    f"{b['lb_preloaded_median']} of them while QEMU started), first HTTP "
+                    f"{b['lb_demand_median']} ({b['lb_hot_median']} hot first), first HTTP "
                     f"{a['first_http_s_median']} -> {b['first_http_s_median']} s, requests mean "
                     f"{a['requests_mean_s_median']} -> {b['requests_mean_s_median']} s, max "
                     f"{a['requests_max_s_median']} -> {b['requests_max_s_median']} s; goals "

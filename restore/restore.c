@@ -1267,8 +1267,9 @@ static void *prefetch_main(void *arg)
 		int n;
 
 		/*
-		 * Past what others read (faults, the preload) first: whether
-		 * the next read is a hot one is the next LB's to say.
+		 * Past what faults read already first: whether the next read
+		 * is a hot one (unthrottled) is the next LB's to say, not the
+		 * one a fault took.
 		 */
 		while (cursor < r->lb_total && atomic_load(&r->lbs[cursor].state) != LB_IDLE)
 			cursor++;
@@ -1378,7 +1379,6 @@ static void fill_stats(struct halite_restore *r, struct halite_restore_stats *st
 	st->lb_demand = atomic_load(&r->n_lb_demand);
 	st->lb_prefetch = atomic_load(&r->n_lb_prefetch);
 	st->lb_hot = atomic_load(&r->n_lb_hot);
-	st->lb_preloaded = r->n_lb_preloaded;
 	st->lb_retries = atomic_load(&r->n_lb_retries);
 	st->bytes_read = atomic_load(&r->n_bytes_read);
 	staged = atomic_load(&r->n_staged);
@@ -1429,7 +1429,6 @@ static int write_trace(struct halite_restore *r, const struct halite_restore_sta
 	fprintf(f, "stat done %d\nstat error %d\n", st->done ? 1 : 0, st->error);
 	/* Added later: after the others, which version 1 readers know (they skip this). */
 	STAT(lb_hot);
-	STAT(lb_preloaded);
 #undef STAT
 	pthread_mutex_lock(&r->lk);
 	for (uint64_t lb = 0; lb < r->lb_total; lb++) {
@@ -1683,24 +1682,24 @@ uint64_t rs_ra_next(struct halite_restore *r, uint64_t lb)
  * read is ignored with a warning rather than refused: it only orders the
  * reads, and every LB is verified whatever the order.
  */
-uint64_t rs_hot_lbs(struct halite_reader *rd, const char *path, uint64_t max,
-		    const struct halite_logger *log)
+static void hot_init(struct halite_restore *r)
 {
-	const struct halite_file_info *fi = halite_reader_info(rd);
-	uint64_t k, n;
+	uint64_t max = r->o.hot_prefix_max ? r->o.hot_prefix_max : HOT_PREFIX_DEFAULT;
+	uint64_t k;
 
-	if (relayout_hot_lbs(rd, &k)) {
-		halite_logf(log, HALITE_LOG_WARN,
+	if (r->o.flags & (HALITE_RESTORE_NO_HOT | HALITE_RESTORE_NO_PREFETCH))
+		return;
+	if (relayout_hot_lbs(r->rd, &k)) {
+		halite_logf(&r->log, HALITE_LOG_WARN,
 			    "%s: metadata %s is not 'hot-lbs=K' with K at most %llu (the file's "
-			    "locality blocks): no hot prefix read first", path, RELAYOUT_META,
-			    ULL(fi->lb_count));
-		return 0;
+			    "locality blocks): no hot prefix read first", r->path, RELAYOUT_META,
+			    ULL(r->lb_total));
+		return;
 	}
-	n = HALITE_MIN(k, (max ? max : HOT_PREFIX_DEFAULT) / fi->lb_size);
-	if (n)
-		halite_logf(log, HALITE_LOG_DEBUG, "%s: hot prefix: LBs 0..%llu read first", path,
-			    ULL(n - 1));
-	return n;
+	r->hot_lbs = HALITE_MIN(k, max / r->lb_size);
+	if (r->hot_lbs)
+		halite_logf(&r->log, HALITE_LOG_DEBUG, "%s: hot prefix: LBs 0..%llu read first",
+			    r->path, ULL(r->hot_lbs - 1));
 }
 
 HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *path,
@@ -1794,16 +1793,6 @@ HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *pa
 		goto err;
 	}
 	r->fi = halite_reader_info(r->rd);
-	if (r->o.preload && ((r->o.flags & (HALITE_RESTORE_LEARN | HALITE_RESTORE_ATTACH)) ||
-			     !rs_preload_matches(r->o.preload, r->fi))) {
-		set_errmsg(r, r->o.flags & HALITE_RESTORE_LEARN ?
-			   "a preloaded hot prefix cannot be taken while learning" :
-			   r->o.flags & HALITE_RESTORE_ATTACH ?
-			   "a preloaded hot prefix cannot be taken over by an attach" :
-			   "the preloaded hot prefix is of another file");
-		ret = -EINVAL;
-		goto err;
-	}
 	r->mb_size = r->fi->mb_size;
 	r->lb_size = r->fi->lb_size;
 	r->mb_total = r->fi->mb_count;
@@ -1843,8 +1832,7 @@ HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *pa
 		ret = rs_learn_init(r);
 	if (ret)
 		goto err;
-	if (!(r->o.flags & (HALITE_RESTORE_NO_HOT | HALITE_RESTORE_NO_PREFETCH)))
-		r->hot_lbs = rs_hot_lbs(r->rd, r->path, r->o.hot_prefix_max, &r->log);
+	hot_init(r);
 	r->fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (r->fd < 0) {
 		ret = rs_fail(r, -errno, "%s: cannot open", path);
@@ -1873,9 +1861,6 @@ HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *pa
 	halite_logf(&r->log, HALITE_LOG_DEBUG,
 		    "%s: %llu memory blocks (%llu stored) in %llu locality blocks, %u regions",
 		    path, ULL(r->mb_total), ULL(r->fi->mb_stored), ULL(r->lb_total), r->nregions);
-	/* Ours from here on (a failed open leaves it to the caller). */
-	r->pre = r->o.preload;
-	r->o.preload = NULL;
 	*rp = r;
 	return 0;
 err:
@@ -2336,42 +2321,6 @@ static int decode_copies(struct halite_restore *r, uint64_t lb, const uint8_t *b
  * need nothing: the caller's memory reads zeros (check_unpopulated()).
  * 0, or the failure (the restore has failed).
  */
-/*
- * The hot prefix read before start (preload.c): its verified LBs land as
- * prefetched ones, before any thread that could read them again runs.
- * Those a copy region's fill read already are dropped.
- */
-static void preload_land(struct halite_restore *r)
-{
-	uint64_t lb;
-	uint8_t *buf;
-
-	if (!r->pre)
-		return;
-	atomic_fetch_add(&r->n_bytes_read, rs_preload_stop(r->pre));
-	while ((buf = rs_preload_next(r->pre, &lb))) {
-		struct rlb *b = &r->lbs[lb];
-		bool mine = false;
-
-		pthread_mutex_lock(&r->lk);
-		if (atomic_load(&b->state) == LB_IDLE) {
-			atomic_store(&b->state, LB_READING);
-			mine = true;
-		}
-		pthread_mutex_unlock(&r->lk);
-		if (!mine) {
-			halite_reader_free_lb(buf);
-			continue;
-		}
-		if (lb < r->hot_lbs)
-			atomic_fetch_add(&r->n_lb_hot, 1);
-		r->n_lb_preloaded++;
-		lb_landed(r, lb, buf, HOW_PREFETCH, r->fault_tmp);
-	}
-	halite_restore_preload_free(r->pre);
-	r->pre = NULL;
-}
-
 static int fill_copies(struct halite_restore *r)
 {
 	uint8_t *tmp;
@@ -2533,7 +2482,6 @@ HALITE_EXPORT int halite_restore_start(struct halite_restore *r)
 		halite_pool_wait(r->pool);
 		goto fail;
 	}
-	preload_land(r);
 	ret = start_thread(&r->fault_thr, fault_main, r);
 	r->fault_started = !ret;
 	for (unsigned i = 0; i < r->o.demand_readers && !ret; i++) {
@@ -2667,7 +2615,6 @@ HALITE_EXPORT void halite_restore_free(struct halite_restore *r)
 		free(b->stage);
 	}
 	halite_io_close(r->pf_io);
-	halite_restore_preload_free(r->pre);
 	rs_huge_free(r);
 	rs_learn_free(r);
 	halite_gmem_free(r->gm);

@@ -7,7 +7,6 @@
  *             design)
  * huge.c      hugetlbfs regions, whose unit of installation is the huge page
  * learn.c     HALITE_RESTORE_LEARN: the guest's first touches, recorded
- * preload.c   a relayouted file's hot prefix, read before start (opts.preload)
  * learned.c   the trace's writing and the halite.relayout parse, shared with
  *             the template source (learned.h)
  *
@@ -159,8 +158,6 @@ struct halite_restore {
 	 */
 	uint64_t hot_lbs;
 	_Atomic uint64_t n_lb_hot;
-	uint64_t n_lb_preloaded; /* of them, read before start (opts.preload) */
-	struct halite_restore_preload *pre; /* opts.preload, taken at open, landed at start */
 
 	/*
 	 * HALITE_RESTORE_LEARN (learn.c). @learning from ready until the
@@ -220,24 +217,6 @@ bool rs_read_cached(struct halite_restore *r, uint64_t lb);
 int rs_install_staged(struct halite_restore *r, uint64_t lb, uint64_t mb, unsigned flags);
 /* The counter (BY_POOL, BY_PREFETCH) for a staged block of @lb, installed unasked. */
 int rs_staged_by(struct halite_restore *r, uint64_t lb);
-
-/*
- * A relayouted file's hot prefix: how many of its first LBs to read first,
- * at most @max bytes of them (0: the default), from its metadata; 0 when it
- * has none (or one we cannot read, with a warning).
- */
-uint64_t rs_hot_lbs(struct halite_reader *rd, const char *path, uint64_t max,
-		    const struct halite_logger *log);
-
-/* ---- preload.c: the hot prefix read before start ---- */
-
-/* Is @p's file the one @fi describes (uuid, LB size and count)? */
-bool rs_preload_matches(const struct halite_restore_preload *p,
-			const struct halite_file_info *fi);
-/* Stop its reads, waiting for those in flight. Returns the bytes it read. */
-uint64_t rs_preload_stop(struct halite_restore_preload *p);
-/* After stop: its next verified LB (the buffer is the caller's), or NULL when none is left. */
-uint8_t *rs_preload_next(struct halite_restore_preload *p, uint64_t *lb);
 
 /* ---- learn.c: HALITE_RESTORE_LEARN ---- */
 

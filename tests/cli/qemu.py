@@ -47,7 +47,7 @@ RESTORE_KEYS = ["ok", "file", "error", "qemu", "qmp_ready_ms", "engine_ready_ms"
                 "mb_zero", "mb_present", "attached", "vm_access_pct", "paused", "run_state",
                 "saved_run_state", "detached", "cmdline", "forwards", "forwarded_ms",
                 "device_ram_bytes", "device_ram_written_bytes", "device_ram_ms", "disks",
-                "bypass_cache", "learn_trace", "learn_window_ms", "lb_hot", "lb_preloaded"]
+                "bypass_cache", "learn_trace", "learn_window_ms", "lb_hot"]
 QEMU_KEYS = ["pid", "version", "machine", "vcpus"]
 
 failures = []

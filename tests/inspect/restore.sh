@@ -16,20 +16,18 @@ F=$T/r.hlt
 expect 0 "$HI" info --json "$F"
 UUID=$(js "$T/out" 'd["uuid"]')
 
-# The engine writes 'stat lb_hot' and 'stat lb_preloaded' (a relayouted
-# file's hot prefix; none here) after the 23 stats the line numbers below
-# count: read as they are written, then dropped (unknown stats are skipped:
-# ext.trace below).
+# The engine writes 'stat lb_hot' (a relayouted file's hot prefix; none
+# here) after the 23 stats the line numbers below count: read as it is
+# written, then dropped (unknown stats are skipped: ext.trace below).
 for tr in "$T"/*.trace; do
 	grep -qx "stat lb_hot 0" "$tr" || fail "$tr: no 'stat lb_hot 0'"
-	grep -qx "stat lb_preloaded 0" "$tr" || fail "$tr: no 'stat lb_preloaded 0'"
 	expect 0 "$HI" restore "$F" "$tr"
 	grep -qxF "Hot prefix:         0 LBs read first (the file has no hot prefix)" "$T/out" ||
 		fail "$tr: hot prefix: $(grep '^Hot' "$T/out")"
 	expect 0 "$HI" restore --json "$F" "$tr"
 	eq "$tr: hot_prefix" "$(js "$T/out" 'd["hot_prefix"]')" \
 		"{'lb_hot': 0, 'file_hot_lbs': None, 'traces': None}"
-	sed -i '/^stat lb_hot /d; /^stat lb_preloaded /d' "$tr"
+	sed -i '/^stat lb_hot /d' "$tr"
 done
 # A trace written before lb_hot existed: no number, not a zero.
 expect 0 "$HI" restore "$F" "$T/full.trace"

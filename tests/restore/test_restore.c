@@ -2858,7 +2858,7 @@ static size_t learn_read(const char *path, struct model *m, unsigned *window, in
 	}
 	fclose(f);
 	assert_true(learn);
-	assert_int_equal(nstat, 25);
+	assert_int_equal(nstat, 24);
 	return nt;
 }
 
@@ -3406,193 +3406,6 @@ static void test_hot_prefix(void **state)
 	run_hot("traces=1", 0, 0, 0, warn);
 }
 
-/* ---------------------------------------------------------------------- */
-/* The hot prefix read before the restore exists (opts.preload)            */
-
-/* A preload of @path as run_hot's restore would take it; its wait's count. */
-static struct halite_restore_preload *preload_of(const char *path, unsigned flags,
-						  uint32_t latency_us, int *kept)
-{
-	HALITE_OPTS(halite_restore_opts, o);
-	struct halite_restore_preload *p;
-
-	o.flags = flags;
-	o.read_latency_us = latency_us;
-	o.log = r_log_fn;
-	o.log_ctx = &g_log;
-	o.log_level = HALITE_LOG_WARN;
-	assert_int_equal(halite_restore_preload_start(&p, path, &o), 0);
-	if (kept)
-		*kept = halite_restore_preload_wait(p, WAIT_MS);
-	return p;
-}
-
-/*
- * The file of run_hot (hot-lbs=12), its prefix preloaded before the
- * restore is opened: the 12 LBs are read and verified ahead (the wait
- * says 12), taken by open and landed at start, before any fault; the
- * prefetcher, held back, and the one fault (on the last LB) read nothing
- * else but that LB. Every LB is read exactly once in all (bytes_read), the
- * memory is the snapshot's, the trace says lb_preloaded 12. Then what a
- * preload must refuse or survive: another file's (open -EINVAL, the
- * caller's still), a learning restore, freed with reads in flight, a file
- * without a prefix (nothing read), a corrupt LB in the prefix (dropped by
- * the preload, read again by the restore, which fails naming it).
- */
-static void test_preload(void **state)
-{
-	struct image img, other;
-	struct mem mem;
-	struct model m;
-	struct halite_restore_region reg[MAXREG];
-	HALITE_OPTS(halite_restore_opts, o);
-	struct halite_restore *r = (void *)1;
-	struct halite_restore_preload *p;
-	struct halite_reader *rd;
-	struct halite_restore_stats st;
-	struct halite_lb_info li;
-	struct toucher *t;
-	char *path = tmp_path("pre.hlt"), *opath = tmp_path("pre-other.hlt");
-	char *trace = tmp_path("pre.trace"), line[256];
-	const char *meta = "traces=1 hot-lbs=12 hot-blocks=40 source-uuid=00";
-	unsigned long long stat_pre = ~0ull;
-	uint64_t last = UINT64_MAX;
-	int kept;
-	FILE *f;
-
-	make_image(&img, 2u << 20, 256u << 10, 78);
-	write_image_meta(path, &img, HALITE_CODEC_LZ4, 2, 16384, NULL, "halite.relayout", meta);
-	assert_int_equal(halite_reader_open(&rd, path, NULL), 0);
-	mem_map(&mem, &img, HALITE_MEM_ANON);
-	mem_regions(&mem, &img, reg);
-	model_init(&m, rd, &mem, false);
-	for (uint64_t mb = 0; mb < m.nmb; mb++)
-		if (m.state[mb] == HALITE_MB_STORED && m.lb[mb] == m.nlb - 1)
-			last = mb;
-	assert_true(last != UINT64_MAX && m.nlb > 20);
-
-	p = preload_of(path, 0, 0, &kept);
-	assert_int_equal(kept, 12);
-	t = toucher_start();
-	r_log_reset(&g_log);
-	o.flags = HALITE_RESTORE_NO_READAHEAD;
-	o.queue_depth = 1;
-	o.prefetch_idle_us = 10000000;
-	o.prefetch_min_rate = 1;
-	o.trace_path = trace;
-	o.log = r_log_fn;
-	o.log_ctx = &g_log;
-	o.log_level = HALITE_LOG_WARN;
-	o.preload = p;
-	assert_int_equal(halite_restore_open(&r, path, reg, img.nreg, &o), 0);
-	assert_int_equal(halite_restore_start(r), 0);
-	/* Landed before start returned: counted, whatever the pool has done with them. */
-	halite_restore_stats(r, &st);
-	assert_int_equal(st.lb_preloaded, 12);
-	assert_int_equal(st.lb_hot, 12);
-	/* The prefetcher may have read the one LB the minimum rate allows already. */
-	assert_true(st.bytes_read == 12 * 16384 || st.bytes_read == 13 * 16384);
-	toucher_do(t, model_mb_addr(&m, last, NULL), false);
-	halite_restore_stats(r, &st);
-	assert_int_equal(st.lb_demand, 1);
-	if (st.lb_prefetch != 12 && st.lb_prefetch != 13)
-		fail_msg("lb_prefetch %" PRIu64 ", demand %" PRIu64, st.lb_prefetch, st.lb_demand);
-	for (uint64_t mb = 0; mb < m.nmb; mb++)
-		if (m.state[mb] == HALITE_MB_STORED)
-			toucher_do(t, model_mb_addr(&m, mb, NULL), false);
-	assert_int_equal(halite_restore_wait(r, WAIT_MS), 0);
-	halite_restore_stats(r, &st);
-	assert_int_equal(st.lb_preloaded, 12);
-	assert_int_equal(st.lb_hot, 12);
-	assert_int_equal(st.lb_demand + st.lb_prefetch, m.nlb);
-	assert_int_equal(st.bytes_read, m.nlb * 16384);
-	assert_int_equal(st.mb_fault + st.mb_pool + st.mb_prefetch + st.mb_zero, st.mb_total);
-	for (uint32_t i = 0; i < img.nreg; i++)
-		assert_memory_equal((void *)(uintptr_t)mem.host[i], img.snap + img.off[i], mem.len[i]);
-	toucher_stop(t);
-	halite_restore_free(r);
-	f = fopen(trace, "r");
-	assert_non_null(f);
-	while (fgets(line, sizeof(line), f))
-		if (sscanf(line, "stat lb_preloaded %llu", &stat_pre) == 1)
-			break;
-	fclose(f);
-	assert_int_equal(stat_pre, 12);
-	mem_unmap(&mem);
-
-	/* Another file's preload: refused by open, still the caller's to free. */
-	make_image(&other, 2u << 20, 256u << 10, 79);
-	write_image_meta(opath, &other, HALITE_CODEC_LZ4, 2, 16384, NULL, "halite.relayout", meta);
-	mem_map(&mem, &img, HALITE_MEM_ANON);
-	mem_regions(&mem, &img, reg);
-	p = preload_of(opath, 0, 0, &kept);
-	assert_int_equal(kept, 12);
-	o = (struct halite_restore_opts){ .sz = sizeof(o), .preload = p };
-	r = (void *)1;
-	assert_int_equal(halite_restore_open(&r, path, reg, img.nreg, &o), -EINVAL);
-	assert_ptr_equal(r, (void *)1);
-	/* ... and by a learning restore, whose first touches must all fault. */
-	halite_restore_preload_free(p);
-	p = preload_of(path, 0, 0, &kept);
-	o.flags = HALITE_RESTORE_LEARN;
-	o.trace_path = trace;
-	assert_int_equal(halite_restore_open(&r, path, reg, img.nreg, &o), -EINVAL);
-	halite_restore_preload_free(p);
-	/* Freed with reads in flight (50 ms each): waited for, nothing leaks. */
-	p = preload_of(path, 0, 50000, NULL);
-	assert_int_equal(halite_restore_preload_wait(p, 0), -ETIMEDOUT);
-	halite_restore_preload_free(p);
-	/* No hot prefix (or told not to read one): nothing read; open takes it all the same. */
-	p = preload_of(path, HALITE_RESTORE_NO_HOT, 0, &kept);
-	assert_int_equal(kept, 0);
-	halite_restore_preload_free(p);
-	write_image(opath, &img, HALITE_CODEC_LZ4, 2, 16384, NULL);
-	p = preload_of(opath, 0, 0, &kept);
-	assert_int_equal(kept, 0);
-	o = (struct halite_restore_opts){ .sz = sizeof(o), .preload = p,
-					  .flags = HALITE_RESTORE_NO_PREFETCH };
-	assert_int_equal(halite_restore_open(&r, opath, reg, img.nreg, &o), 0);
-	assert_int_equal(halite_restore_start(r), 0);
-	halite_restore_stats(r, &st);
-	assert_int_equal(st.lb_preloaded, 0);
-	assert_int_equal(st.bytes_read, 0);
-	halite_restore_free(r);
-	mem_unmap(&mem);
-
-	/*
-	 * A corrupt LB in the prefix: the preload drops it (11 kept); the
-	 * restore's prefetcher reads it again, and the restore fails naming
-	 * it. Nothing touched the memory, so this process waits on nothing.
-	 */
-	assert_int_equal(halite_reader_lb_info(rd, 3, &li), 0);
-	assert_int_equal(r_copy_file(path, opath), 0);
-	assert_int_equal(r_flip_byte(opath, li.offset + li.used / 2, 0x10), 0);
-	mem_map(&mem, &img, HALITE_MEM_ANON);
-	mem_regions(&mem, &img, reg);
-	p = preload_of(opath, 0, 0, &kept);
-	assert_int_equal(kept, 11);
-	o = (struct halite_restore_opts){ .sz = sizeof(o), .preload = p, .read_retries = 1 };
-	assert_int_equal(halite_restore_open(&r, opath, reg, img.nreg, &o), 0);
-	assert_int_equal(halite_restore_start(r), 0);
-	assert_int_equal(halite_restore_wait(r, WAIT_MS), -HALITE_E_LB_CHECKSUM);
-	assert_non_null(strstr(halite_restore_errmsg(r), "locality block 3 at offset"));
-	halite_restore_stats(r, &st);
-	assert_int_equal(st.lb_preloaded, 11);
-	halite_restore_free(r);
-	mem_unmap(&mem);
-
-	model_free(&m);
-	halite_reader_free(rd);
-	unlink(trace);
-	unlink(path);
-	unlink(opath);
-	free(path);
-	free(opath);
-	free(trace);
-	free_image(&img);
-	free_image(&other);
-}
-
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -3602,7 +3415,6 @@ int main(void)
 		cmocka_unit_test_teardown(test_learn, teardown_touchers),
 		cmocka_unit_test_teardown(test_learn_track_access, teardown_touchers),
 		cmocka_unit_test_teardown(test_hot_prefix, teardown_touchers),
-		cmocka_unit_test_teardown(test_preload, teardown_touchers),
 		cmocka_unit_test(test_writer_file_every_codec),
 		cmocka_unit_test(test_writer_file_geometry),
 		cmocka_unit_test(test_saved_synth_every_codec),

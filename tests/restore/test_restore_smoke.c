@@ -348,7 +348,7 @@ static void check_trace(const char *path, struct halite_restore *r,
 		"mb_zero", "faults", "faults_cached", "faults_zero", "faults_vcpu", "lb_total",
 		"lb_demand", "lb_prefetch", "lb_retries", "bytes_read", "mb_staged",
 		"mb_staged_accessed", "vm_access_pct", "fault_p50_ns", "fault_p99_ns", "done",
-		"error", "lb_hot", "lb_preloaded",
+		"error", "lb_hot",
 	};
 	const uint8_t *uuid = halite_reader_info(halite_restore_reader(r))->uuid;
 	char *text = slurp(path), *save = NULL, *line, want[128];
@@ -390,7 +390,7 @@ static void check_trace(const char *path, struct halite_restore *r,
 	snprintf(want, sizeof(want), "\nstat mb_pool %llu\n", (unsigned long long)st->mb_pool);
 	assert_non_null(strstr(text, want));
 	assert_non_null(strstr(text, "\nstat vm_access_pct -1.00\nstat fault_p50_ns "));
-	assert_non_null(strstr(text, "\nstat done 1\nstat error 0\nstat lb_hot 0\nstat lb_preloaded 0\n"));
+	assert_non_null(strstr(text, "\nstat done 1\nstat error 0\nstat lb_hot 0\n"));
 	free(text);
 }
 

@@ -281,7 +281,7 @@ void hq_vmsetf(struct hq_vm *vm, const char *fmt, ...) __attribute__((format(pri
  * getopt_long codes of the options every command takes beyond -j/-q/-v
  * (above any character, so they collide with no command's own).
  */
-enum { HQ_OPT_PROGRESS = 0x100, HQ_OPT_VERSION, HQ_OPT_BYPASS_CACHE, HQ_OPT_NO_PRELOAD };
+enum { HQ_OPT_PROGRESS = 0x100, HQ_OPT_VERSION, HQ_OPT_BYPASS_CACHE };
 
 /* What a command prints and how (--json, -q, -v, --progress), and its name. */
 struct hq_out {

@@ -83,7 +83,6 @@ struct restore_params {
 	bool learn_window_set;
 	uint64_t hot_prefix;	  /* --hot-prefix: bytes of a relayouted file's hot prefix */
 	bool hot_prefix_set;
-	bool no_preload;	  /* --no-preload: the hot prefix read only from the engine's start */
 	const char *qemu_log;
 	pid_t attach;	  /* --attach PID: take over that QEMU's restore */
 };
@@ -98,8 +97,6 @@ struct restore_run {
 	struct hq_vm *handed;
 	bool handoff;	/* our record for a take-over is written (hq_handoff_write()) */
 	struct halite_restore *rs;
-	/* The hot prefix read while QEMU starts; the engine's once it opens. */
-	struct halite_restore_preload *preload;
 	pid_t qemu;
 	int uffd, remote_uffd;
 	int lock_fd; /* the file, LOCK_SH held from the check to the end */
@@ -194,13 +191,9 @@ void hq_help_restore(FILE *f)
 		"                     comes only as the guest touches it\n"
 		"  --hot-prefix SIZE  a file made by 'halite-inspect relayout' holds what earlier\n"
 		"                     guests touched first in its first locality blocks (its hot\n"
-		"                     prefix): read at most SIZE bytes of them first, from the\n"
-		"                     moment QEMU starts (it takes tens of ms before its memory\n"
-		"                     exists), then as the guest resumes, not held back by\n"
-		"                     faults (K, M, G suffixes; default 256M; 0: off, the file is\n"
-		"                     prefetched in order like any other)\n"
-		"  --no-preload       read the hot prefix only from the engine's start, just before\n"
-		"                     the guest resumes, not while QEMU starts\n"
+		"                     prefix): read at most SIZE bytes of them first, as the guest\n"
+		"                     resumes, not held back by faults (K, M, G suffixes; default\n"
+		"                     256M; 0: off, the file is prefetched in order like any other)\n"
 		"  --bypass-cache     read FILE with O_DIRECT, around the host's page cache\n"
 		"                     (as virsh restore --bypass-cache)\n"
 		"  --json             print the report as one JSON object on stdout, also when\n"
@@ -248,7 +241,6 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 		{ "learn", required_argument, NULL, 'E' },
 		{ "learn-window", required_argument, NULL, 'W' },
 		{ "hot-prefix", required_argument, NULL, 'H' },
-		{ "no-preload", no_argument, NULL, HQ_OPT_NO_PRELOAD },
 		{ "qemu-log", required_argument, NULL, 'O' },
 		{ "attach", required_argument, NULL, 'A' },
 		{ "no-cmdline-check", no_argument, NULL, 'C' },
@@ -336,9 +328,6 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 			break;
 		case HQ_OPT_BYPASS_CACHE:
 			p->bypass_cache = true;
-			break;
-		case HQ_OPT_NO_PRELOAD:
-			p->no_preload = true;
 			break;
 		case 'h':
 			hq_help_restore(stdout);
@@ -819,48 +808,6 @@ static int prepare_ram(struct restore_run *r, struct halite_restore_region *reg)
 	return ret;
 }
 
-/* The engine's options from the command line (those of the file, not of the QEMU). */
-static void engine_opts(struct restore_run *r, struct halite_restore_opts *o)
-{
-	o->flags = (r->p.track ? HALITE_RESTORE_TRACK_ACCESS : 0) |
-		   (r->p.no_prefetch ? HALITE_RESTORE_NO_PREFETCH : 0) |
-		   (r->p.attach ? HALITE_RESTORE_ATTACH : 0) |
-		   (r->p.bypass_cache ? HALITE_RESTORE_DIRECT : 0) |
-		   (r->p.learn ? HALITE_RESTORE_LEARN : 0) |
-		   (r->p.hot_prefix_set && !r->p.hot_prefix ? HALITE_RESTORE_NO_HOT : 0);
-	o->hot_prefix_max = r->p.hot_prefix;
-	o->learn_window_ms = r->p.learn ? r->p.learn_window_ms : 0;
-	o->read_latency_us = r->p.read_latency_us;
-	o->prefetch_idle_us = r->p.prefetch_idle_us;
-	o->prefetch_min_rate = (uint64_t)r->p.prefetch_rate_mib << 20;
-	o->trace_path = r->p.learn ? r->p.learn : r->p.trace;
-	o->log = hq_log;
-	o->log_ctx = &r->p.out;
-	o->log_level = r->p.out.verbose ? HALITE_LOG_DEBUG : HALITE_LOG_WARN;
-}
-
-/*
- * A relayouted file's hot prefix, read from now on, while QEMU starts
- * (restore.h: halite_restore_preload_start()): the engine takes what came
- * once QEMU's memory exists. Not while learning (every first touch must
- * fault) nor for a take-over (the guest ran already). A preload that cannot
- * start costs only its head start: the engine reads the prefix itself.
- */
-static void start_preload(struct restore_run *r)
-{
-	HALITE_OPTS(halite_restore_opts, o);
-	int ret;
-
-	if (r->p.no_preload || r->p.learn || r->p.attach)
-		return;
-	engine_opts(r, &o);
-	o.trace_path = NULL;
-	ret = halite_restore_preload_start(&r->preload, r->p.path, &o);
-	if (ret && r->p.out.verbose)
-		hq_errorf("restore: warning: reading the hot prefix while QEMU starts: %s",
-			  halite_strerror(ret));
-}
-
 /* The engine on QEMU @vm's RAM pieces @reg. */
 static int start_restore(struct restore_run *r, struct hq_vm *vm,
 			 const struct halite_restore_region *reg)
@@ -876,15 +823,26 @@ static int start_restore(struct restore_run *r, struct hq_vm *vm,
 		  hq_vm_uffd(vm, &r->remote_uffd);
 	if (r->uffd < 0)
 		return fail(r, r->uffd, vm->err, NULL);
-	engine_opts(r, &o);
+	o.flags = (r->p.track ? HALITE_RESTORE_TRACK_ACCESS : 0) |
+		  (r->p.no_prefetch ? HALITE_RESTORE_NO_PREFETCH : 0) |
+		  (r->p.attach ? HALITE_RESTORE_ATTACH : 0) |
+		  (r->p.bypass_cache ? HALITE_RESTORE_DIRECT : 0) |
+		  (r->p.learn ? HALITE_RESTORE_LEARN : 0) |
+		  (r->p.hot_prefix_set && !r->p.hot_prefix ? HALITE_RESTORE_NO_HOT : 0);
+	o.hot_prefix_max = r->p.hot_prefix;
+	o.learn_window_ms = r->p.learn ? r->p.learn_window_ms : 0;
+	o.read_latency_us = r->p.read_latency_us;
+	o.prefetch_idle_us = r->p.prefetch_idle_us;
+	o.prefetch_min_rate = (uint64_t)r->p.prefetch_rate_mib << 20;
 	o.vcpu_tids = vm->vcpu_tids;
 	o.nvcpus = vm->nvcpus;
 	o.owner_pid = vm->pid;
 	o.owner_uffd = r->uffd;
-	o.preload = r->preload;
+	o.trace_path = r->p.learn ? r->p.learn : r->p.trace;
+	o.log = hq_log;
+	o.log_ctx = &r->p.out;
+	o.log_level = r->p.out.verbose ? HALITE_LOG_DEBUG : HALITE_LOG_WARN;
 	ret = halite_restore_open(&r->rs, r->p.path, reg, vm->nregions + r->f.ndevram, &o);
-	if (!ret)
-		r->preload = NULL; /* the engine's now */
 	if (ret == -EINVAL)
 		return fail(r, ret, "the file's memory regions do not match this QEMU's "
 			    "(same -m and memory backend ids as at save?)", NULL);
@@ -1111,7 +1069,6 @@ static int run(struct restore_run *r)
 			ret = 0;
 		}
 	} else {
-		start_preload(r);
 		ret = prepare_cmdline(r);
 		if (!ret)
 			ret = prepare_disks(r);
@@ -1249,7 +1206,6 @@ static void report_json(const struct restore_run *r, int code)
 	hq_json_u64(o, "lb_demand", stats, st.lb_demand);
 	hq_json_u64(o, "lb_prefetch", stats, st.lb_prefetch);
 	hq_json_u64(o, "lb_hot", stats, st.lb_hot);
-	hq_json_u64(o, "lb_preloaded", stats, st.lb_preloaded);
 	hq_json_u64(o, "lb_retries", stats, st.lb_retries);
 	hq_json_u64(o, "bytes_read", stats, st.bytes_read);
 	hq_json_u64(o, "mb_total", stats, st.mb_total);
@@ -1306,8 +1262,7 @@ static void report(const struct restore_run *r, int ret)
 	       hq_bytes(st->bytes_read, (char[32]){ 0 }, 32));
 	if (st->lb_hot)
 		printf("  hot prefix     %" PRIu64 " LBs (what earlier guests touched first) read "
-		       "first, %" PRIu64 " of them while QEMU started\n", st->lb_hot,
-		       st->lb_preloaded);
+		       "first\n", st->lb_hot);
 	if (r->cfg.replayed)
 		printf("  command line   the one the file records, run in %s\n",
 		       r->cfg.cwd ? r->cfg.cwd : "this directory");
@@ -1468,7 +1423,6 @@ int hq_cmd_restore(int argc, char **argv)
 	}
 	free(r->disks);
 	halite_restore_free(r->rs);
-	halite_restore_preload_free(r->preload);
 	/* The restore is over, done or failed: nothing left to take over. */
 	if (r->handoff || (r->p.attach && !ret))
 		hq_handoff_remove(r->p.attach ? r->p.attach : r->vm.pid);

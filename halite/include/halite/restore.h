@@ -101,7 +101,6 @@ extern "C" {
 #endif
 
 struct halite_restore;
-struct halite_restore_preload;
 
 struct halite_restore_region {
 	const char *name; /* the file's region of that name; every one given exactly once */
@@ -247,14 +246,6 @@ struct halite_restore_opts {
 	 * order of reads depends on it: every LB is verified anyway).
 	 */
 	uint64_t hot_prefix_max;
-	/*
-	 * The hot prefix read already (halite_restore_preload_start(), on this
-	 * file): open checks it is of the same file (uuid) and, on success,
-	 * takes it; start stops its reads and lands the LBs it verified as if
-	 * the prefetcher had just read them, before the guest can fault. On a
-	 * failed open the caller still owns it. Not with LEARN or ATTACH.
-	 */
-	struct halite_restore_preload *preload;
 };
 
 struct halite_restore_stats {
@@ -325,11 +316,6 @@ struct halite_restore_stats {
 	 * hot LBs a fault read first are in lb_demand only.
 	 */
 	uint64_t lb_hot;
-	/*
-	 * LBs of the hot prefix read before start (opts.preload) and landed at
-	 * start; counted in lb_prefetch and lb_hot too.
-	 */
-	uint64_t lb_preloaded;
 };
 
 /*
@@ -344,34 +330,6 @@ struct halite_restore_stats {
 int halite_restore_open(struct halite_restore **r, const char *path,
 			const struct halite_restore_region *regions, uint32_t nregions,
 			const struct halite_restore_opts *opts);
-
-/*
- * Read ahead of a restore that cannot be opened yet (its VMM is starting,
- * its memory does not exist): a relayouted file's hot prefix (see
- * opts.hot_prefix_max) is read and verified into memory in the background
- * from now on, up to hot_prefix_max bytes, at least 32 reads in flight
- * (queue_depth if more), then kept for the restore that names @p in
- * opts.preload. Of @opts only flags DIRECT, NO_HOT and NO_PREFETCH (both:
- * nothing read), io_backend, queue_depth, read_latency_us, hot_prefix_max
- * and the log are used. A file without a hot prefix reads nothing; an LB
- * that fails its read or checksum is left for the restore to read again
- * (and report). Returns 0, the reader's code for a bad file, -EINVAL or
- * -errno; *p is written only on success.
- */
-int halite_restore_preload_start(struct halite_restore_preload **p, const char *path,
-				 const struct halite_restore_opts *opts);
-
-/*
- * Wait until @p has read all it will (the hot prefix, bounded): the number
- * of LBs it verified and keeps, or -ETIMEDOUT after @timeout_ms (< 0:
- * forever). For a caller that wants the prefix in before the guest runs
- * at all; halite_restore_start() does not wait for it. Not after @p was
- * given to a restore that took it.
- */
-int halite_restore_preload_wait(struct halite_restore_preload *p, int timeout_ms);
-
-/* Stop its reads and free it with what it read (one no restore took). NULL is fine. */
-void halite_restore_preload_free(struct halite_restore_preload *p);
 
 /* The file's device state (before or after start), or -HALITE_E_NOT_FOUND. */
 int halite_restore_device_state(struct halite_restore *r, const void **data, uint64_t *len);
