@@ -489,20 +489,27 @@ def workload(guest, t0, deadline, alive):
 
 # --- saves ---------------------------------------------------------------------
 
-def save_halite(args, src, path):
-    log(f"save (halite-qemu save) -> {path}")
-    t = now()
-    p = subprocess.run([args.halite_qemu, "save", "--qmp", src.qmp_path, "--json", "-q", path],
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       timeout=args.timeout)
-    wall = now() - t
+def run_json(cmd, what, timeout, **kw):
+    """Run a halite tool with --json; its report, or BenchError naming @what
+    with its exit status and the end of its output."""
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       timeout=timeout, **kw)
     try:
         rep = json.loads(p.stdout)
     except ValueError:
         rep = None
     if p.returncode != 0 or not rep or not rep.get("ok"):
-        raise BenchError(f"halite-qemu save: exit {p.returncode}\nstdout: {p.stdout[-2000:]}\n"
+        raise BenchError(f"{what}: exit {p.returncode}\nstdout: {p.stdout[-2000:]}\n"
                          f"stderr: {p.stderr[-3000:]}")
+    return rep
+
+
+def save_halite(args, src, path):
+    log(f"save (halite-qemu save) -> {path}")
+    t = now()
+    rep = run_json([args.halite_qemu, "save", "--qmp", src.qmp_path, "--json", "-q", path],
+                   "halite-qemu save", args.timeout)
+    wall = now() - t
     out = {"wall_s": rnd(wall), "pause_ms": rep.get("pause_ms"), "save_s": rep.get("save_s"),
            "file_bytes": os.path.getsize(path), "memory_bytes": rep.get("memory_bytes"),
            "report": rep}
@@ -766,14 +773,7 @@ def learn_loop(args, reaper, files, src_digest):
     if args.hot_max:
         cmd += ["--hot-max", args.hot_max]
     log("relayout: " + " ".join(shlex.quote(x) for x in cmd))
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       timeout=args.timeout)
-    try:
-        rep = json.loads(p.stdout)
-    except ValueError:
-        rep = None
-    if p.returncode != 0 or not rep or not rep.get("ok"):
-        raise BenchError(f"halite-inspect relayout: exit {p.returncode}: {p.stderr.strip()}")
+    rep = run_json(cmd, "halite-inspect relayout", args.timeout)
     out["relayout"] = rep
     log(f"  {out['touches']} first touches learnt; hot prefix {rep.get('hot_lbs')} LBs, "
         f"{rep.get('hot_blocks')} blocks, {rep.get('hot_bytes')} bytes")
@@ -791,15 +791,7 @@ def all_in_answer(args, reaper, files, run):
                  smp=args.smp, verifier_mib=args.verifier_mib)
     cmd = [args.halite_qemu, "restore", "--paused", "--detach", "--json", "-q",
            files["relayout"], "--", "qemu-system-x86_64"] + g.args
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       timeout=args.timeout, start_new_session=True)
-    try:
-        rep = json.loads(p.stdout)
-    except ValueError:
-        rep = None
-    if p.returncode != 0 or not rep or not rep.get("ok"):
-        raise BenchError(f"halite-qemu restore --paused: exit {p.returncode}: "
-                         f"{p.stderr.strip()[-1000:]}")
+    rep = run_json(cmd, "halite-qemu restore --paused", args.timeout, start_new_session=True)
     pid = rep["qemu"]["pid"]
     reaper.pids.add(pid)
     got = {}
