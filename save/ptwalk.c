@@ -74,6 +74,7 @@
 #define PTW_MAX_LEVELS 5u
 
 #define PTE_P (1ull << 0)
+#define PTE_A (1ull << 5)
 #define PTE_PS (1ull << 7)
 /* Address bits 12..51 of a table pointer or 4 KiB leaf (MAXPHYADDR 52). */
 #define PTE_ADDR 0x000ffffffffff000ull
@@ -227,12 +228,14 @@ int halite_ptw_charge(struct halite_ptw *w, uint64_t units)
 	return 0;
 }
 
-static int ptw_leaf(struct ptw_walk *k, uint64_t va, uint64_t gpa, uint64_t len)
+static int ptw_leaf(struct ptw_walk *k, uint64_t va, uint64_t e, uint64_t gpa, uint64_t len)
 {
 	int ret = halite_ptw_charge(k->w, 1);
 
 	if (ret)
 		return ret;
+	if (e & PTE_A)
+		k->w->st.leaves_accessed++;
 	if (len == 1ull << 12)
 		k->w->st.leaves_4k++;
 	else if (len == 1ull << 21)
@@ -281,13 +284,13 @@ static int ptw_table(struct ptw_walk *k, uint64_t gpa, unsigned level, uint64_t 
 		eva = va | (uint64_t)i << shift;
 		if (level == 1) {
 			/* Bit 7 of a PTE is PAT, not PS. */
-			ret = ptw_leaf(k, eva, e & PTE_ADDR, 1ull << 12);
+			ret = ptw_leaf(k, eva, e, e & PTE_ADDR, 1ull << 12);
 		} else if (!(e & PTE_PS)) {
 			ret = ptw_table(k, e & PTE_ADDR, level - 1, eva);
 		} else if (level == 2 && !(e & PTE_RSVD_2M)) {
-			ret = ptw_leaf(k, eva, e & PTE_ADDR_2M, 1ull << 21);
+			ret = ptw_leaf(k, eva, e, e & PTE_ADDR_2M, 1ull << 21);
 		} else if (level == 3 && !(e & PTE_RSVD_1G)) {
-			ret = ptw_leaf(k, eva, e & PTE_ADDR_1G, 1ull << 30);
+			ret = ptw_leaf(k, eva, e, e & PTE_ADDR_1G, 1ull << 30);
 		} else {
 			w->st.reserved_skipped++;
 			continue;

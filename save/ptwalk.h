@@ -96,6 +96,14 @@ struct halite_ptw_stats {
 	uint64_t leaves_4k;
 	uint64_t leaves_2m;
 	uint64_t leaves_1g;
+	/*
+	 * Of the leaves, those whose accessed bit (A, bit 5) the guest's CPU
+	 * set: a page touched since the guest last cleared it. Linux clears it
+	 * only when it scans for reclaim, so without memory pressure nearly
+	 * every mapped page has it (docs/benchmarks.md: why the walk does not
+	 * order by it).
+	 */
+	uint64_t leaves_accessed;
 	uint64_t out_of_range;		/* table pointers @rd said -ERANGE for */
 	uint64_t reserved_skipped;	/* present entries with reserved bits set */
 	uint64_t work;			/* units of work counted, callers' included */

@@ -1328,6 +1328,15 @@ static int bg_walk(struct halite_save *s, struct bg *b)
 				    (unsigned long long)root.cr3, halite_strerror(ret));
 	}
 	halite_ptw_stats(w, &s->walk_end.st);
+	halite_logf(&s->log, HALITE_LOG_DEBUG, "page-table walk: %llu roots, %llu leaves (4K %llu, "
+		    "2M %llu, 1G %llu), %llu of them marked accessed by the guest",
+		    (unsigned long long)s->walk_end.roots,
+		    (unsigned long long)(s->walk_end.st.leaves_4k + s->walk_end.st.leaves_2m +
+					 s->walk_end.st.leaves_1g),
+		    (unsigned long long)s->walk_end.st.leaves_4k,
+		    (unsigned long long)s->walk_end.st.leaves_2m,
+		    (unsigned long long)s->walk_end.st.leaves_1g,
+		    (unsigned long long)s->walk_end.st.leaves_accessed);
 	halite_ptw_free(w);
 	free(b->done);
 	free(b->wr);

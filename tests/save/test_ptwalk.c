@@ -170,6 +170,18 @@ static int g_map(struct guest *g, uint64_t root, unsigned levels, uint64_t va,
 	return 0;
 }
 
+/* Clear the accessed bit of the 4 KiB leaf mapping @va (g_map() made it). */
+static void g_unaccess(struct guest *g, uint64_t root, unsigned levels, uint64_t va)
+{
+	uint64_t t = root, e;
+
+	for (unsigned lvl = levels; lvl > 1; lvl--)
+		t = g_get(g, t, va_index(va, lvl)) & ADDR_MAX;
+	e = g_get(g, t, va_index(va, 1));
+	assert_true(e & E_P);
+	g_set(g, t, va_index(va, 1), e & ~E_A);
+}
+
 static int g_read(void *ctx, uint64_t gpa, void *page)
 {
 	struct guest *g = ctx;
@@ -300,6 +312,8 @@ static void test_4k_scattered(void **state)
 	root = g_alloc(&g);
 	for (i = 0; i < N(maps); i++)
 		assert_int_equal(g_map(&g, root, 4, maps[i].va, maps[i].gpa, PG, extra[i]), 0);
+	/* One the guest has not touched since it last cleared the bit. */
+	g_unaccess(&g, root, 4, maps[1].va);
 	memcpy(exp, maps, sizeof(exp));
 	qsort(exp, N(exp), sizeof(exp[0]), cmp_leaf);
 
@@ -311,6 +325,7 @@ static void test_4k_scattered(void **state)
 	assert_int_equal(st.tables_read, g_ntables(&g));
 	assert_int_equal(st.entries_present, g_ntables(&g) - 1 + N(maps));
 	assert_int_equal(st.leaves_4k, N(maps));
+	assert_int_equal(st.leaves_accessed, N(maps) - 1);
 	assert_int_equal(st.leaves_2m + st.leaves_1g, 0);
 	assert_int_equal(st.tables_skipped_seen + st.out_of_range + st.reserved_skipped, 0);
 	halite_ptw_free(w);
