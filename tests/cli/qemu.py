@@ -13,19 +13,24 @@
   included ("ok": false, "error" the stderr sentence without its prefix,
   "exit"), the keys a success has with null for what is not known, and
   "qemu_error" with QEMU's own words when its QMP answer is the cause (a
-  stand-in QMP server).
+  stand-in QMP server);
+- the work directories a killed halite-qemu left in /tmp are removed by the
+  next restore, and only those (hq_tmpdirs_prune).
 
 Exit 0 pass, 1 fail.
 """
 import json
 import os
+import random
 import re
 import shutil
 import socket
+import string
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 HQ = os.environ.get("HALITE_QEMU_BIN") or os.path.join(
     os.environ.get("HALITE_BINARY_DIR", "build"), "tools", "halite-qemu", "halite-qemu")
@@ -415,6 +420,50 @@ def test_top_level(work):
           "clone without --mem-file: exit 2")
 
 
+def test_tmpdirs_prune(work):
+    """Four /tmp/halite-qemu.XXXXXX of ours, made to look left behind: one
+    whose QEMU is gone (a dead qmp.sock) and one that never had a socket, both
+    untouched for 10 minutes, go at the next restore, even one that fails
+    at once; one whose QMP socket still listens, one touched just now and
+    one holding a file not halite-qemu's stay."""
+    old = time.time() - 600
+    dirs = {}
+    for k in ("dead", "nosock", "live", "fresh", "foreign"):
+        while k not in dirs:  # as mkdtemp(3) names them: six characters after the dot
+            d = "/tmp/halite-qemu." + "".join(random.choice(string.ascii_letters)
+                                              for _ in range(6))
+            try:
+                os.mkdir(d, 0o700)
+                dirs[k] = d
+            except FileExistsError:
+                pass
+    live = None
+    try:
+        for k in ("dead", "live", "fresh"):
+            s = socket.socket(socket.AF_UNIX)
+            s.bind(os.path.join(dirs[k], "qmp.sock"))
+            if k == "live":
+                s.listen(1)
+                live = s
+            else:
+                s.close()  # the file stays, nobody listens: refused
+        open(os.path.join(dirs["dead"], "qemu.log"), "w").close()
+        open(os.path.join(dirs["foreign"], "notes.txt"), "w").close()
+        for k in ("dead", "nosock", "live", "foreign"):
+            os.utime(dirs[k], (old, old))
+        p = run(["restore", os.path.join(work, "missing.hlt")])
+        check(p.returncode == 1, f"restore of a missing file: exit 1 ({p.returncode})")
+        for k, gone in (("dead", True), ("nosock", True), ("live", False), ("fresh", False),
+                        ("foreign", False)):
+            check(os.path.exists(dirs[k]) != gone,
+                  f"tmpdirs prune: the {k} directory {'removed' if gone else 'kept'}")
+    finally:
+        if live:
+            live.close()
+        for d in dirs.values():
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def main():
     if not os.path.exists(HQ):
         print(f"halite-qemu not built: {HQ}")
@@ -422,7 +471,8 @@ def main():
     work = tempfile.mkdtemp(prefix="halite-cli-qemu.")
     try:
         for t in (test_help_version, test_save_parse, test_save_limits_taken, test_qemu_error,
-                  test_restore_parse, test_restore_qemu_error, test_top_level):
+                  test_restore_parse, test_restore_qemu_error, test_top_level,
+                  test_tmpdirs_prune):
             print(t.__name__, flush=True)
             d = os.path.join(work, t.__name__)
             os.mkdir(d)

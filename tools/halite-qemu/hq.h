@@ -267,6 +267,13 @@ int hq_handoff_read(pid_t pid, const char *file, struct hq_vm *vm, char *err, si
 void hq_handoff_remove(pid_t pid);
 /* Remove the records (.save, .restore) of QEMUs that are gone. */
 void hq_records_prune(void);
+/*
+ * Remove the work directories (/tmp/halite-qemu.XXXXXX) a halite-qemu left
+ * behind when it was killed: those untouched for HQ_TMPDIR_STALE_S whose
+ * QEMU no longer listens on their qmp.sock (or that never had one).
+ */
+#define HQ_TMPDIR_STALE_S 300
+void hq_tmpdirs_prune(void);
 
 /* --- recover.c --- */
 struct hq_out;

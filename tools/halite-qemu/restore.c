@@ -1052,6 +1052,8 @@ static int run(struct restore_run *r)
 	char tmpl[] = "/tmp/halite-qemu.XXXXXX";
 	int ret;
 
+	/* What killed runs left (a killed restore cannot clean up after itself). */
+	hq_tmpdirs_prune();
 	ret = check_file(r);
 	if (ret)
 		return ret;
