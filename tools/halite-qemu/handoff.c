@@ -81,7 +81,7 @@ void hq_tmpdirs_prune(void)
 	static const char *const ours[] = { "qmp.sock", "in.sock", "qemu.log", "devices" };
 	DIR *d = opendir("/tmp");
 	struct dirent *e;
-	char dir[64], path[96];
+	char dir[PATH_MAX], path[PATH_MAX + 16];
 	struct stat st;
 
 	if (!d)
