@@ -2,8 +2,7 @@
 /*
  * What earlier runs learned about a guest's memory order (learned.h): the
  * restore trace's shared writing and the template's reading of its touch
- * lines (docs/restore-trace.md), and a relayouted file's hot prefix
- * (metadata halite.relayout).
+ * lines (docs/restore-trace.md).
  *
  * The reader here is the template's, not a validator: halite-inspect's
  * parser (tools/halite-inspect/trace.c) checks every rule of the format;
@@ -281,38 +280,4 @@ int trace_read_touches(FILE *f, struct halite_reader *rd,
 	}
 	halite_zfree(seen);
 	return ret;
-}
-
-int relayout_hot_lbs(struct halite_reader *rd, uint64_t *k)
-{
-	const struct halite_file_info *fi = halite_reader_info(rd);
-	unsigned long long v = 0;
-	bool found = false, badv = false;
-	const char *key;
-	const void *val;
-	uint32_t len;
-	char buf[256], *tok, *save = NULL, *end;
-
-	for (uint32_t i = 0; i < halite_reader_meta_count(rd); i++) {
-		if (halite_reader_meta(rd, i, &key, &val, &len) || strcmp(key, RELAYOUT_META))
-			continue;
-		if (len >= sizeof(buf) || memchr(val, 0, len))
-			return -EINVAL;
-		memcpy(buf, val, len);
-		buf[len] = 0;
-		for (tok = strtok_r(buf, " ", &save); tok; tok = strtok_r(NULL, " ", &save)) {
-			if (strncmp(tok, "hot-lbs=", 8))
-				continue;
-			errno = 0;
-			v = strtoull(tok + 8, &end, 10);
-			badv |= found || tok[8] < '0' || tok[8] > '9' || *end || errno ||
-				v > fi->lb_count;
-			found = true;
-		}
-		if (badv || !found)
-			return -EINVAL;
-		break;
-	}
-	*k = v;
-	return 0;
 }

@@ -3,12 +3,11 @@
  * Private: what earlier runs learned about a guest's memory order, in the
  * two forms the engines share (issue 17):
  *
- * - the restore trace (docs/restore-trace.md), written by the restore
- *   engine (restore.c, learn.c) and, version 2 without stat and lb lines,
- *   by the template's hot set (template.c), which also reads the touch
- *   lines of any version 2 trace back;
- * - a relayouted file's hot prefix, metadata halite.relayout
- *   (halite-inspect relayout), read by the restore engine and the template.
+ * the restore trace (docs/restore-trace.md), written by the restore
+ * engine (restore.c, learn.c) and, version 2 without stat and lb lines,
+ * by the template's hot set (template.c), which also reads the touch
+ * lines of any version 2 trace back. (The other form, a relayouted file's
+ * hot prefix, is the format library's: relayout_meta.h.)
  */
 #ifndef HALITE_LEARNED_H
 #define HALITE_LEARNED_H
@@ -64,18 +63,5 @@ void trace_write_learn(FILE *f, uint32_t window_ms, bool complete,
 int trace_read_touches(FILE *f, struct halite_reader *rd,
 		       int (*fn)(void *ctx, const struct learn_touch *t), void *ctx,
 		       char *why, size_t whylen);
-
-/* The metadata key of a relayouted file. */
-#define RELAYOUT_META "halite.relayout"
-
-/*
- * A relayouted file's hot prefix length in LBs: metadata halite.relayout,
- * "traces=N hot-lbs=K hot-blocks=M source-uuid=HEX" (halite-inspect
- * relayout; only hot-lbs is read). 0 with *@k = 0 for a file that has no
- * such metadata; -EINVAL when it has one that is not 'hot-lbs=K' with K at
- * most the file's LB count (the callers ignore it with a warning: the
- * prefix only orders reads).
- */
-int relayout_hot_lbs(struct halite_reader *rd, uint64_t *k);
 
 #endif

@@ -184,6 +184,7 @@
 #include "log_internal.h"
 #include "opts.h"
 #include "pool.h"
+#include "relayout_meta.h"
 #include "restore_int.h"
 #include "stats.h"
 #include "uffd.h"
@@ -1677,26 +1678,26 @@ uint64_t rs_ra_next(struct halite_restore *r, uint64_t lb)
 
 /*
  * A relayouted file's hot prefix, from its metadata (halite-inspect
- * relayout: "traces=N hot-lbs=K hot-blocks=M source-uuid=HEX", parsed by
- * relayout_hot_lbs(), learned.c, which the template shares). A value we cannot
+ * relayout: "traces=N hot-lbs=K hot-blocks=M source-uuid=HEX", read by
+ * hlt_relayout_read(), relayout_meta.h). A value we cannot
  * read is ignored with a warning rather than refused: it only orders the
  * reads, and every LB is verified whatever the order.
  */
 static void hot_init(struct halite_restore *r)
 {
 	uint64_t max = r->o.hot_prefix_max ? r->o.hot_prefix_max : HOT_PREFIX_DEFAULT;
-	uint64_t k;
+	struct hlt_relayout rel;
 
 	if (r->o.flags & (HALITE_RESTORE_NO_HOT | HALITE_RESTORE_NO_PREFETCH))
 		return;
-	if (relayout_hot_lbs(r->rd, &k)) {
+	if (hlt_relayout_read(r->rd, &rel)) {
 		halite_logf(&r->log, HALITE_LOG_WARN,
 			    "%s: metadata %s is not 'hot-lbs=K' with K at most %llu (the file's "
-			    "locality blocks): no hot prefix read first", r->path, RELAYOUT_META,
+			    "locality blocks): no hot prefix read first", r->path, HLT_RELAYOUT_META,
 			    ULL(r->lb_total));
 		return;
 	}
-	r->hot_lbs = HALITE_MIN(k, max / r->lb_size);
+	r->hot_lbs = HALITE_MIN(rel.hot_lbs, max / r->lb_size);
 	if (r->hot_lbs)
 		halite_logf(&r->log, HALITE_LOG_DEBUG, "%s: hot prefix: LBs 0..%llu read first",
 			    r->path, ULL(r->hot_lbs - 1));

@@ -7,8 +7,8 @@
  *             design)
  * huge.c      hugetlbfs regions, whose unit of installation is the huge page
  * learn.c     HALITE_RESTORE_LEARN: the guest's first touches, recorded
- * learned.c   the trace's writing and the halite.relayout parse, shared with
- *             the template source (learned.h)
+ * learned.c   the trace's writing and the template's reading of its touch
+ *             lines, shared with the template source (learned.h)
  *
  * Locks and states are described at the top of restore.c.
  */

@@ -80,6 +80,7 @@
 #include "learned.h"
 #include "log_internal.h"
 #include "opts.h"
+#include "relayout_meta.h"
 #include "stats.h"
 #include "template_int.h"
 #include "zalloc.h"
@@ -511,14 +512,16 @@ static void hot_load(struct halite_template *t)
 /* A relayouted snapshot's hot prefix: its stored blocks join the hot set after the learned. */
 static int hot_prefix(struct halite_template *t)
 {
+	struct hlt_relayout rel;
 	uint64_t k, n = 0;
 
-	if (relayout_hot_lbs(t->rd, &k)) {
+	if (hlt_relayout_read(t->rd, &rel)) {
 		halite_logf(&t->log, HALITE_LOG_WARN, "template: metadata %s is not 'hot-lbs=K' "
 			    "with K at most %llu (the file's locality blocks): no hot prefix",
-			    RELAYOUT_META, ULL(t->fi->lb_count));
+			    HLT_RELAYOUT_META, ULL(t->fi->lb_count));
 		return 0;
 	}
+	k = rel.hot_lbs;
 	for (uint64_t lb = 0; lb < k; lb++) {
 		uint32_t m;
 		const uint64_t *mbs;

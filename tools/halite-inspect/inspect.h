@@ -25,8 +25,8 @@
 
 #define PROG "halite-inspect"
 
-/* The metadata key of a relayouted file (relayout.c writes it, restore.c reads it). */
-#define RELAYOUT_META "halite.relayout"
+/* HLT_RELAYOUT_META, the record of a relayouted file (relayout.c writes it, restore.c reads it). */
+#include "relayout_meta.h"
 
 enum {
 	EXIT_OK = 0,

@@ -75,7 +75,7 @@ void help_relayout(FILE *f)
 		"state, metadata, save statistics, page, memory-block and LB sizes and\n"
 		"the codec are FILE's.\n"
 		"OUT is a new file (a new uuid): FILE's traces do not apply to it.\n"
-		"Metadata " RELAYOUT_META " records 'traces=N hot-lbs=K hot-blocks=M\n"
+		"Metadata " HLT_RELAYOUT_META " records 'traces=N hot-lbs=K hot-blocks=M\n"
 		"source-uuid=HEX': OUT's first K LBs hold the M hot blocks.\n\n"
 		"  --trace TRACE      a learning restore's trace of FILE, or the hot set\n"
 		"                     a template of FILE saved (halite-cloned:\n"
@@ -591,11 +591,11 @@ static int write_sections(struct relayout *rl, const char *relayout_value)
 	for (uint32_t i = 0; !ret && i < halite_reader_meta_count(rl->r); i++) {
 		ret = halite_reader_meta(rl->r, i, &key, &val, &len);
 		/* A relayouted file relayouted again: the new record replaces the old. */
-		if (!ret && strcmp(key, RELAYOUT_META) != 0)
+		if (!ret && strcmp(key, HLT_RELAYOUT_META) != 0)
 			ret = halite_writer_set_meta(rl->w, key, val, len);
 	}
 	if (!ret)
-		ret = halite_writer_set_meta(rl->w, RELAYOUT_META, relayout_value,
+		ret = halite_writer_set_meta(rl->w, HLT_RELAYOUT_META, relayout_value,
 					     (uint32_t)strlen(relayout_value));
 	for (uint32_t i = 0; !ret && i < halite_reader_stat_count(rl->r); i++) {
 		ret = halite_reader_stat(rl->r, i, &key, &v);

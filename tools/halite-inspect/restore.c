@@ -78,7 +78,7 @@ void help_restore(FILE *f)
 		"  hot_prefix: lb_hot (the LBs of FILE's hot prefix the restore read\n"
 		"    first, stat lb_hot; null for a trace written before it existed),\n"
 		"    file_hot_lbs and traces (FILE's hot prefix and how many traces it\n"
-		"    was relayouted from, metadata " RELAYOUT_META "; null when FILE\n"
+		"    was relayouted from, metadata " HLT_RELAYOUT_META "; null when FILE\n"
 		"    has no hot prefix: not relayouted, or a record the restore engine\n"
 		"    ignores too).\n\n"
 		"Exit status: 0 ok, 1 FILE or TRACE is bad, does not open or they do not\n"
@@ -244,35 +244,20 @@ struct opts {
 };
 
 /*
- * FILE's hot prefix (relayout.c: metadata RELAYOUT_META "traces=N
- * hot-lbs=K ..."): true with *@hot_lbs and *@traces when the file has the
- * record and both values read; the engine ignores a record it cannot read,
- * and so do we.
+ * FILE's hot prefix (metadata HLT_RELAYOUT_META, read as the engine reads
+ * it: relayout_meta.h): true with *@hot_lbs and *@traces when the file has
+ * the record and both values read; the engine ignores a record it cannot
+ * read, and so do we.
  */
 static bool file_hot(struct halite_reader *r, uint64_t *hot_lbs, uint64_t *traces)
 {
-	bool got_hot = false, got_traces = false;
-	const char *key;
-	const void *val;
-	uint32_t len;
-	char buf[256], *tok, *save = NULL;
+	struct hlt_relayout rel;
 
-	for (uint32_t i = 0; i < halite_reader_meta_count(r); i++) {
-		if (halite_reader_meta(r, i, &key, &val, &len) || strcmp(key, RELAYOUT_META))
-			continue;
-		if (len >= sizeof(buf) || memchr(val, 0, len))
-			return false;
-		memcpy(buf, val, len);
-		buf[len] = 0;
-		for (tok = strtok_r(buf, " ", &save); tok; tok = strtok_r(NULL, " ", &save)) {
-			if (!strncmp(tok, "hot-lbs=", 8))
-				got_hot = !got_hot && trace_parse_dec(tok + 8, hot_lbs);
-			else if (!strncmp(tok, "traces=", 7))
-				got_traces = !got_traces && trace_parse_dec(tok + 7, traces);
-		}
-		return got_hot && got_traces && *hot_lbs <= halite_reader_info(r)->lb_count;
-	}
-	return false;
+	if (hlt_relayout_read(r, &rel) || !rel.present || !rel.has_traces)
+		return false;
+	*hot_lbs = rel.hot_lbs;
+	*traces = rel.traces;
+	return true;
 }
 
 static cJSON *head_json(const struct opts *o, const struct trace *t, const struct streams *s)
