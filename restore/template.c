@@ -88,8 +88,6 @@
 #define FILL_MAGIC "HLTFILL1"
 #define FILL_HDR 64u
 #define HOT_MAGIC "HLTHOT01"
-#define HOT_LEARNED 1u
-#define HOT_PREFIX 2u
 #define REGION_ALIGN (2ull << 20)
 #define ULL(x) ((unsigned long long)(x))
 
@@ -139,7 +137,7 @@ struct halite_template {
 	pthread_t *readers;
 	unsigned nreaders;
 
-	uint8_t *hot_bit;	 /* per block: HOT_LEARNED and/or HOT_PREFIX */
+	uint8_t *hot_bit;	 /* per block: 1 once learned (in @hot) */
 	struct learn_touch *hot; /* learned, in first-fault order */
 	uint64_t hot_n, hot_cap;
 	uint64_t *pre;		 /* the relayouted file's prefix blocks */
@@ -346,7 +344,7 @@ static void count_in(struct halite_template *t)
 /* Add a learned block (first time wins): 1, 0 if it was, -ENOMEM. */
 static int hot_add_locked(struct halite_template *t, const struct learn_touch *lt)
 {
-	if (t->hot_bit[lt->mb] & HOT_LEARNED)
+	if (t->hot_bit[lt->mb])
 		return 0;
 	if (t->hot_n == t->hot_cap) {
 		uint64_t cap = t->hot_cap ? t->hot_cap * 2 : 1024;
@@ -357,7 +355,7 @@ static int hot_add_locked(struct halite_template *t, const struct learn_touch *l
 		t->hot = h;
 		t->hot_cap = cap;
 	}
-	t->hot_bit[lt->mb] |= HOT_LEARNED;
+	t->hot_bit[lt->mb] = 1;
 	t->hot[t->hot_n++] = *lt;
 	return 1;
 }
@@ -368,7 +366,7 @@ void tpl_hot_note(struct halite_template *t, uint64_t mb, uint32_t vcpu, uint64_
 	struct learn_touch lt = { .mb = mb, .vcpu = vcpu, .kind = HALITE_MB_STORED };
 
 	pthread_mutex_lock(&t->mu);
-	if (!(t->hot_bit[mb] & HOT_LEARNED)) {
+	if (!t->hot_bit[mb]) {
 		if (!t->hot_base_ns)
 			t->hot_base_ns = start_ns;
 		lt.t_ns = t->hot_t_off + (now > t->hot_base_ns ? now - t->hot_base_ns : 0);
@@ -386,7 +384,7 @@ static uint64_t hot_count_locked(const struct halite_template *t, uint64_t *pref
 	uint64_t n = 0;
 
 	for (uint64_t i = 0; i < t->pre_n; i++)
-		n += !(t->hot_bit[t->pre[i]] & HOT_LEARNED);
+		n += !t->hot_bit[t->pre[i]];
 	if (prefix)
 		*prefix = n;
 	return t->hot_n + n;
@@ -403,7 +401,7 @@ int tpl_hot_list(struct halite_template *t, uint64_t **mbs, uint64_t *count)
 		for (uint64_t i = 0; i < t->hot_n; i++)
 			copy[k++] = t->hot[i].mb;
 		for (uint64_t i = 0; i < t->pre_n; i++)
-			if (!(t->hot_bit[t->pre[i]] & HOT_LEARNED))
+			if (!t->hot_bit[t->pre[i]])
 				copy[k++] = t->pre[i];
 		*count = k;
 		*mbs = copy;
@@ -513,7 +511,7 @@ static void hot_load(struct halite_template *t)
 static int hot_prefix(struct halite_template *t)
 {
 	struct hlt_relayout rel;
-	uint64_t k, n = 0;
+	uint64_t n = 0;
 
 	if (hlt_relayout_read(t->rd, &rel)) {
 		halite_logf(&t->log, HALITE_LOG_WARN, "template: metadata %s is not 'hot-lbs=K' "
@@ -521,8 +519,7 @@ static int hot_prefix(struct halite_template *t)
 			    HLT_RELAYOUT_META, ULL(t->fi->lb_count));
 		return 0;
 	}
-	k = rel.hot_lbs;
-	for (uint64_t lb = 0; lb < k; lb++) {
+	for (uint64_t lb = 0; lb < rel.hot_lbs; lb++) {
 		uint32_t m;
 		const uint64_t *mbs;
 
@@ -534,20 +531,19 @@ static int hot_prefix(struct halite_template *t)
 	t->pre = malloc(n * sizeof(*t->pre));
 	if (!t->pre)
 		return -ENOMEM;
-	for (uint64_t lb = 0; lb < k; lb++) {
+	/* Each stored block is in one LB's member list, once (the reader checks): no repeats. */
+	for (uint64_t lb = 0; lb < rel.hot_lbs; lb++) {
 		uint32_t m;
 		const uint64_t *mbs;
 
-		if (halite_reader_lb_members(t->rd, lb, &mbs, &m))
+		/* Within what the first pass counted, whatever the reader says now. */
+		if (halite_reader_lb_members(t->rd, lb, &mbs, &m) || m > n - t->pre_n)
 			continue;
-		for (uint32_t i = 0; i < m; i++)
-			if (!(t->hot_bit[mbs[i]] & HOT_PREFIX)) {
-				t->hot_bit[mbs[i]] |= HOT_PREFIX;
-				t->pre[t->pre_n++] = mbs[i];
-			}
+		memcpy(t->pre + t->pre_n, mbs, m * sizeof(*mbs));
+		t->pre_n += m;
 	}
 	halite_logf(&t->log, HALITE_LOG_INFO, "template: relayouted snapshot, hot prefix of %llu "
-		    "LBs, %llu blocks", ULL(k), ULL(t->pre_n));
+		    "LBs, %llu blocks", ULL(rel.hot_lbs), ULL(t->pre_n));
 	return 0;
 }
 
