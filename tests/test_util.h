@@ -3,6 +3,7 @@
 #ifndef HALITE_TEST_UTIL_H
 #define HALITE_TEST_UTIL_H
 
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +44,36 @@ static inline void t_fill(uint8_t *p, size_t len, unsigned pct_random, uint64_t 
 		else
 			p[i] = (uint8_t)(i / 7);
 	}
+}
+
+/*
+ * The whole of @path, NUL-terminated (free() it), its length in *@len if
+ * @len is not NULL; NULL with errno set when it cannot be read.
+ */
+static inline char *t_slurp(const char *path, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf = NULL;
+	long n = -1;
+	int err = 0;
+
+	if (!f)
+		return NULL;
+	if (fseek(f, 0, SEEK_END) || (n = ftell(f)) < 0 || fseek(f, 0, SEEK_SET))
+		err = errno;
+	else if (!(buf = calloc(1, (size_t)n + 1)))
+		err = ENOMEM;
+	else if (fread(buf, 1, (size_t)n, f) != (size_t)n)
+		err = ferror(f) ? EIO : ENODATA;
+	fclose(f);
+	if (err) {
+		free(buf);
+		errno = err;
+		return NULL;
+	}
+	if (len)
+		*len = (size_t)n;
+	return buf;
 }
 
 static char t_tmpdir_path[256];

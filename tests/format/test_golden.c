@@ -23,6 +23,7 @@
 #include <halite/halite.h>
 
 #include "golden_data.h"
+#include "test_util.h"
 
 /* What golden_gen wrote, per file, in golden_codecs order. */
 static const struct {
@@ -54,22 +55,15 @@ static char *path_of(size_t i)
 
 static void check_pinned(size_t i, const char *path)
 {
-	FILE *f = fopen(path, "rb");
-	uint8_t *b;
-	long len;
+	size_t len = 0;
+	char *b = t_slurp(path, &len);
 	uint64_t h;
 
-	assert_non_null(f);
-	assert_int_equal(fseek(f, 0, SEEK_END), 0);
-	len = ftell(f);
-	rewind(f);
-	b = malloc((size_t)len);
-	assert_int_equal(fread(b, 1, (size_t)len, f), (size_t)len);
-	fclose(f);
-	h = XXH3_64bits(b, (size_t)len);
+	assert_non_null(b);
+	h = XXH3_64bits(b, len);
 	free(b);
 	if ((uint64_t)len != pinned[i].file_size || h != pinned[i].xxh3)
-		fail_msg("%s: %ld bytes, XXH3 0x%016llx; the committed file had %llu bytes, XXH3 "
+		fail_msg("%s: %zu bytes, XXH3 0x%016llx; the committed file had %llu bytes, XXH3 "
 			 "0x%016llx. Golden files must never change (tests/golden/README.md).",
 			 path, len, (unsigned long long)h, (unsigned long long)pinned[i].file_size,
 			 (unsigned long long)pinned[i].xxh3);

@@ -16,30 +16,21 @@
 #include <string.h>
 
 #include "check.h"
+#include "test_util.h"
 #include "qemu_info.h"
 
 static const char *dir;
 
 static char *sample(const char *name)
 {
-	char path[512];
-	FILE *f;
-	char *buf;
-	long n;
+	char path[512], *buf;
 
 	snprintf(path, sizeof(path), "%s/%s", dir, name);
-	f = fopen(path, "rb");
-	if (!f) {
+	buf = t_slurp(path, NULL);
+	if (!buf) {
 		printf("FAIL: %s: %s\n", path, strerror(errno));
 		exit(1);
 	}
-	fseek(f, 0, SEEK_END);
-	n = ftell(f);
-	rewind(f);
-	buf = calloc(1, (size_t)n + 1);
-	if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n)
-		exit(1);
-	fclose(f);
 	return buf;
 }
 

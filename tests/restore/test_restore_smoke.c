@@ -322,20 +322,12 @@ static void test_prefetch_shared(void **state)
 	run_prefetch(true);
 }
 
+/* The whole of @path as a string (free() it). */
 static char *slurp(const char *path)
 {
-	FILE *f = fopen(path, "r");
-	char *buf;
-	long n;
+	char *buf = t_slurp(path, NULL);
 
-	assert_non_null(f);
-	fseek(f, 0, SEEK_END);
-	n = ftell(f);
-	rewind(f);
-	buf = calloc(1, (size_t)n + 1);
 	assert_non_null(buf);
-	assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
-	fclose(f);
 	return buf;
 }
 

@@ -37,6 +37,7 @@
 #include <halite/halite.h>
 #include <halite/template.h>
 
+#include "test_util.h"
 #include "uffd.h"
 
 #define MB_SIZE 8192u
@@ -615,18 +616,9 @@ static void test_corrupt_lb(void **state)
 /* The whole of @path as a string (free() it). */
 static char *slurp(const char *path)
 {
-	FILE *f = fopen(path, "r");
-	char *buf;
-	long n;
+	char *buf = t_slurp(path, NULL);
 
-	assert_non_null(f);
-	assert_int_equal(fseek(f, 0, SEEK_END), 0);
-	n = ftell(f);
-	rewind(f);
-	buf = calloc(1, (size_t)n + 1);
 	assert_non_null(buf);
-	assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
-	fclose(f);
 	return buf;
 }
 
