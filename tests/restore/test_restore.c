@@ -2879,6 +2879,116 @@ static void learn_compare(const struct lline *got, size_t ngot, const struct lli
 }
 
 /*
+ * What run_learn and run_learn_track share: a file of a 2 MiB image, its
+ * model (@track: TRACK_ACCESS's), a learn_plan() of @nrand random touches
+ * (@cover: then every LB) and the first touches it should record, two
+ * vCPU touchers and another, and the options of a learning restore of it.
+ */
+struct learn_bed {
+	struct image img;
+	struct mem mem;
+	struct model m;
+	struct halite_restore_region reg[MAXREG];
+	struct halite_reader *rd;
+	struct toucher *tt[3];
+	pid_t vt[2];
+	struct ltouch *plan;
+	struct lline *want, *got;
+	char *how;
+	uint64_t *lbt;
+	size_t n, nwant;
+	char *path, *trace;
+};
+
+static void learn_bed_init(struct learn_bed *b, const char *name, int kind, bool track,
+			   size_t nrand, bool cover, uint64_t *seed)
+{
+	char f[64];
+
+	snprintf(f, sizeof(f), "%s.hlt", name);
+	b->path = tmp_path(f);
+	snprintf(f, sizeof(f), "%s.trace", name);
+	b->trace = tmp_path(f);
+	make_image(&b->img, 2u << 20, (512u << 10) + PAGE, *seed);
+	write_image(b->path, &b->img, HALITE_CODEC_LZ4, 2, 16384, NULL);
+	assert_int_equal(halite_reader_open(&b->rd, b->path, NULL), 0);
+	mem_map(&b->mem, &b->img, kind);
+	mem_regions(&b->mem, &b->img, b->reg);
+	model_init(&b->m, b->rd, &b->mem, track);
+	b->plan = calloc(4 * b->m.nmb, sizeof(*b->plan));
+	b->want = calloc(4 * b->m.nmb, sizeof(*b->want));
+	b->got = calloc(4 * b->m.nmb, sizeof(*b->got));
+	b->how = calloc(b->m.nlb, 1);
+	b->lbt = calloc(b->m.nlb, sizeof(*b->lbt));
+	assert_true(b->plan && b->want && b->got && b->how && b->lbt);
+	b->n = learn_plan(&b->m, b->plan, 4 * b->m.nmb, nrand, cover, seed);
+	b->nwant = learn_expect(&b->m, b->plan, b->n, b->want);
+	for (int i = 0; i < 3; i++)
+		b->tt[i] = toucher_start();
+	b->vt[0] = atomic_load(&b->tt[0]->tid);
+	b->vt[1] = atomic_load(&b->tt[1]->tid);
+}
+
+/* Options for a learning restore of @b (@flags with LEARN), logging at @log_level. */
+static void learn_bed_opts(struct learn_bed *b, struct halite_restore_opts *o, unsigned flags,
+			   unsigned window_ms, int log_level)
+{
+	o->flags = HALITE_RESTORE_LEARN | flags;
+	o->learn_window_ms = window_ms;
+	o->vcpu_tids = b->vt;
+	o->nvcpus = 2;
+	o->trace_path = b->trace;
+	o->log = r_log_fn;
+	o->log_ctx = &g_log;
+	o->log_level = log_level;
+}
+
+/* The plan's touch in @i, by its thread: a random word of the planned page. */
+static void learn_bed_touch(struct learn_bed *b, size_t i, uint64_t *seed)
+{
+	uint64_t addr = model_mb_addr(&b->m, b->plan[i].mb, NULL) +
+			(uint64_t)b->plan[i].page * PAGE + (t_rand(seed) % (PAGE / 8)) * 8;
+
+	toucher_do(b->tt[b->plan[i].who], addr, t_rand(seed) % 3 == 0);
+}
+
+/*
+ * The trace's @ngot touch lines against the plan's: all of them when
+ * @all_in_window (every touch came before the window's end), else the
+ * prefix a slow machine got in; all inside the window either way.
+ */
+static void learn_bed_compare(struct learn_bed *b, size_t ngot, unsigned window_ms,
+			      bool all_in_window)
+{
+	if (all_in_window)
+		learn_compare(b->got, ngot, b->want, b->nwant, b->rd);
+	else
+		learn_compare(b->got, ngot, b->want, ngot <= b->nwant ? ngot : b->nwant, b->rd);
+	for (size_t i = 0; i < ngot; i++)
+		assert_true(b->got[i].t_ns < (uint64_t)window_ms * 1000000);
+}
+
+static void learn_bed_free(struct learn_bed *b, struct halite_restore *r)
+{
+	for (int i = 0; i < 3; i++)
+		toucher_stop(b->tt[i]);
+	halite_restore_free(r);
+	model_free(&b->m);
+	halite_reader_free(b->rd);
+	mem_unmap(&b->mem);
+	unlink(b->trace);
+	unlink(b->path);
+	free(b->plan);
+	free(b->want);
+	free(b->got);
+	free(b->how);
+	free(b->lbt);
+	free(b->path);
+	free(b->trace);
+	free_image(&b->img);
+}
+
+/*
  * A learning restore (LEARN, prefetch and readahead on: the engine must
  * hold them) under two vCPU threads and another thread touching a planned
  * sequence of blocks one at a time. @window_ms 0: learning until done, the
@@ -2890,67 +3000,30 @@ static void learn_compare(const struct lline *got, size_t ngot, const struct lli
  */
 static void run_learn(int kind, unsigned window_ms)
 {
-	struct image img;
-	struct mem mem;
-	struct model m;
-	struct halite_restore_region reg[MAXREG];
+	struct learn_bed b;
+	struct model *m = &b.m;
 	HALITE_OPTS(halite_restore_opts, o);
 	struct halite_restore *r;
-	struct halite_reader *rd;
 	struct halite_restore_stats st;
-	struct toucher *tt[3];
-	struct ltouch *plan;
-	struct lline *want, *got;
-	char *how;
-	uint64_t *lbt, seed = t_rand(&g_seed), t0, elapsed, stored = 0, nvcpu = 0;
-	pid_t vt[2];
-	size_t n, nwant, ngot;
+	uint64_t seed = t_rand(&g_seed), t0, elapsed, stored = 0, nvcpu = 0;
+	size_t ngot;
 	unsigned w = 99;
 	int complete = -1;
-	char *path = tmp_path("learn.hlt"), *trace = tmp_path("learn.trace");
 
 	fprintf(stderr, "learn: %s memory, window %u ms\n",
 		kind == HALITE_MEM_SHARED ? "memfd" : "anonymous", window_ms);
-	make_image(&img, 2u << 20, (512u << 10) + PAGE, seed);
-	write_image(path, &img, HALITE_CODEC_LZ4, 2, 16384, NULL);
-	assert_int_equal(halite_reader_open(&rd, path, NULL), 0);
-	mem_map(&mem, &img, kind);
-	mem_regions(&mem, &img, reg);
-	model_init(&m, rd, &mem, false);
-	plan = calloc(4 * m.nmb, sizeof(*plan));
-	want = calloc(4 * m.nmb, sizeof(*want));
-	got = calloc(4 * m.nmb, sizeof(*got));
-	how = calloc(m.nlb, 1);
-	lbt = calloc(m.nlb, sizeof(*lbt));
-	assert_true(plan && want && got && how && lbt);
-	n = learn_plan(&m, plan, 4 * m.nmb, window_ms ? 24 : 60, !window_ms, &seed);
-	nwant = learn_expect(&m, plan, n, want);
-	for (size_t i = 0; i < nwant; i++) {
-		stored += !strcmp(want[i].kind, "stored");
-		nvcpu += want[i].vcpu >= 0;
+	learn_bed_init(&b, "learn", kind, false, window_ms ? 24 : 60, !window_ms, &seed);
+	for (size_t i = 0; i < b.nwant; i++) {
+		stored += !strcmp(b.want[i].kind, "stored");
+		nvcpu += b.want[i].vcpu >= 0;
 	}
 
-	for (int i = 0; i < 3; i++)
-		tt[i] = toucher_start();
-	vt[0] = atomic_load(&tt[0]->tid);
-	vt[1] = atomic_load(&tt[1]->tid);
-	o.flags = HALITE_RESTORE_LEARN;
-	o.learn_window_ms = window_ms;
-	o.vcpu_tids = vt;
-	o.nvcpus = 2;
-	o.trace_path = trace;
-	o.log = r_log_fn;
-	o.log_ctx = &g_log;
-	o.log_level = HALITE_LOG_WARN;
-	assert_int_equal(halite_restore_open(&r, path, reg, img.nreg, &o), 0);
+	learn_bed_opts(&b, &o, 0, window_ms, HALITE_LOG_WARN);
+	assert_int_equal(halite_restore_open(&r, b.path, b.reg, b.img.nreg, &o), 0);
 	t0 = r_now_ms();
 	assert_int_equal(halite_restore_start(r), 0);
-	for (size_t i = 0; i < n; i++) {
-		uint64_t addr = model_mb_addr(&m, plan[i].mb, NULL) + (uint64_t)plan[i].page * PAGE +
-				(t_rand(&seed) % (PAGE / 8)) * 8;
-
-		toucher_do(tt[plan[i].who], addr, t_rand(&seed) % 3 == 0);
-	}
+	for (size_t i = 0; i < b.n; i++)
+		learn_bed_touch(&b, i, &seed);
 	elapsed = r_now_ms() - t0;
 	if (!window_ms) {
 		/* Nothing came in unasked: the plan's last touch read the last LB. */
@@ -2962,60 +3035,41 @@ static void run_learn(int kind, unsigned window_ms)
 	halite_restore_stats(r, &st);
 	assert_true(st.done);
 	assert_int_equal(st.mb_fault + st.mb_pool + st.mb_prefetch + st.mb_zero, st.mb_total);
-	assert_int_equal(st.lb_demand + st.lb_prefetch, m.nlb);
-	for (uint32_t i = 0; i < img.nreg; i++)
-		assert_memory_equal((void *)(uintptr_t)mem.host[i], img.snap + img.off[i], mem.len[i]);
+	assert_int_equal(st.lb_demand + st.lb_prefetch, m->nlb);
+	for (uint32_t i = 0; i < b.img.nreg; i++)
+		assert_memory_equal((void *)(uintptr_t)b.mem.host[i], b.img.snap + b.img.off[i],
+				    b.mem.len[i]);
 
-	ngot = learn_read(trace, &m, &w, &complete, how, lbt, got, 4 * m.nmb);
+	ngot = learn_read(b.trace, m, &w, &complete, b.how, b.lbt, b.got, 4 * m->nmb);
 	assert_int_equal(w, window_ms);
 	assert_int_equal(complete, window_ms ? 0 : 1);
 	fprintf(stderr, "  %zu touches, %zu first touches expected, %zu recorded; %" PRIu64
-		" faults, %" PRIu64 " LBs on demand, %" PRIu64 " prefetched; %" PRIu64 " ms\n", n,
-		nwant, ngot, st.faults, st.lb_demand, st.lb_prefetch, elapsed);
-	for (uint64_t lb = 0; lb < m.nlb; lb++)
-		assert_true(how[lb] == 'd' || how[lb] == 'p');
+		" faults, %" PRIu64 " LBs on demand, %" PRIu64 " prefetched; %" PRIu64 " ms\n", b.n,
+		b.nwant, ngot, st.faults, st.lb_demand, st.lb_prefetch, elapsed);
+	for (uint64_t lb = 0; lb < m->nlb; lb++)
+		assert_true(b.how[lb] == 'd' || b.how[lb] == 'p');
 	if (!window_ms) {
-		learn_compare(got, ngot, want, nwant, rd);
+		learn_compare(b.got, ngot, b.want, b.nwant, b.rd);
 		/* Each first touch a fault, the others none; every LB read for one. */
-		assert_int_equal(st.faults, nwant);
+		assert_int_equal(st.faults, b.nwant);
 		assert_int_equal(st.faults_vcpu, nvcpu);
 		assert_int_equal(st.mb_fault, stored);
-		assert_int_equal(st.lb_demand, m.nlb);
+		assert_int_equal(st.lb_demand, m->nlb);
 		assert_int_equal(st.lb_prefetch, 0);
 	} else {
 		/*
 		 * All touched before the window's end (a slow machine may not
 		 * have: then a prefix of them, all within the window).
 		 */
-		if (elapsed + 200 < window_ms)
-			learn_compare(got, ngot, want, nwant, rd);
-		else
-			learn_compare(got, ngot, want, ngot <= nwant ? ngot : nwant, rd);
-		for (size_t i = 0; i < ngot; i++)
-			assert_true(got[i].t_ns < (uint64_t)window_ms * 1000000);
+		learn_bed_compare(&b, ngot, window_ms, elapsed + 200 < window_ms);
 		/* Prefetch and readahead held back for the window. */
-		for (uint64_t lb = 0; lb < m.nlb; lb++)
-			if (how[lb] == 'p' && lbt[lb] < (uint64_t)window_ms * 1000000)
+		for (uint64_t lb = 0; lb < m->nlb; lb++)
+			if (b.how[lb] == 'p' && b.lbt[lb] < (uint64_t)window_ms * 1000000)
 				fail_msg("LB %" PRIu64 " prefetched %" PRIu64 " ns after ready, "
-					 "inside the learning window", lb, lbt[lb]);
+					 "inside the learning window", lb, b.lbt[lb]);
 		assert_true(st.lb_prefetch > 0);
 	}
-	for (int i = 0; i < 3; i++)
-		toucher_stop(tt[i]);
-	halite_restore_free(r);
-	model_free(&m);
-	halite_reader_free(rd);
-	mem_unmap(&mem);
-	unlink(trace);
-	unlink(path);
-	free(plan);
-	free(want);
-	free(got);
-	free(how);
-	free(lbt);
-	free(path);
-	free(trace);
-	free_image(&img);
+	learn_bed_free(&b, r);
 }
 
 static void test_learn(void **state)
@@ -3066,77 +3120,43 @@ static void test_learn(void **state)
  */
 static void run_learn_track(int kind, unsigned window_ms)
 {
-	struct image img;
-	struct mem mem;
-	struct model m;
-	struct halite_restore_region reg[MAXREG];
+	struct learn_bed b;
+	struct model *m = &b.m;
 	HALITE_OPTS(halite_restore_opts, o);
 	struct halite_restore *r;
-	struct halite_reader *rd;
 	struct halite_restore_stats st;
-	struct toucher *tt[3];
-	struct ltouch *plan;
-	struct lline *want, *got;
-	char *how, line[256], when[160];
-	uint64_t *lbt, seed = t_rand(&g_seed), t0, elapsed, sum_staged = 0, sum_acc = 0;
+	char line[256], when[160];
+	uint64_t seed = t_rand(&g_seed), t0, elapsed, sum_staged = 0, sum_acc = 0;
 	uint64_t *cover, ncover = 0, nstaged_touch = 0;
-	pid_t vt[2];
-	size_t n, nwant, ngot;
+	size_t ngot;
 	unsigned w = 99;
 	int complete = -1;
 	bool late;
 	FILE *f;
-	char *path = tmp_path("learn-track.hlt"), *trace = tmp_path("learn-track.trace");
 
 	fprintf(stderr, "learn + TRACK_ACCESS: %s memory, window %u ms, seed %" PRIu64 "\n",
 		kind == HALITE_MEM_SHARED ? "memfd" : "anonymous", window_ms, seed);
-	make_image(&img, 2u << 20, (512u << 10) + PAGE, seed);
-	write_image(path, &img, HALITE_CODEC_LZ4, 2, 16384, NULL);
-	assert_int_equal(halite_reader_open(&rd, path, NULL), 0);
-	mem_map(&mem, &img, kind);
-	mem_regions(&mem, &img, reg);
-	model_init(&m, rd, &mem, true);
-	plan = calloc(4 * m.nmb, sizeof(*plan));
-	want = calloc(4 * m.nmb, sizeof(*want));
-	got = calloc(4 * m.nmb, sizeof(*got));
-	how = calloc(m.nlb, 1);
-	lbt = calloc(m.nlb, sizeof(*lbt));
-	cover = calloc(m.nlb, sizeof(*cover));
-	assert_true(plan && want && got && how && lbt && cover);
-	n = learn_plan(&m, plan, 4 * m.nmb, 24, false, &seed);
-	nwant = learn_expect(&m, plan, n, want);
-
-	for (int i = 0; i < 3; i++)
-		tt[i] = toucher_start();
-	vt[0] = atomic_load(&tt[0]->tid);
-	vt[1] = atomic_load(&tt[1]->tid);
-	o.flags = HALITE_RESTORE_LEARN | HALITE_RESTORE_TRACK_ACCESS | HALITE_RESTORE_NO_PREFETCH |
-		  HALITE_RESTORE_NO_READAHEAD;
-	o.learn_window_ms = window_ms;
-	o.vcpu_tids = vt;
-	o.nvcpus = 2;
-	o.trace_path = trace;
-	o.log = r_log_fn;
-	o.log_ctx = &g_log;
+	learn_bed_init(&b, "learn-track", kind, true, 24, false, &seed);
+	cover = calloc(m->nlb, sizeof(*cover));
+	assert_non_null(cover);
 	/* INFO: the window's end is logged ("learning ends"). */
-	o.log_level = HALITE_LOG_INFO;
+	learn_bed_opts(&b, &o, HALITE_RESTORE_TRACK_ACCESS | HALITE_RESTORE_NO_PREFETCH |
+		       HALITE_RESTORE_NO_READAHEAD, window_ms, HALITE_LOG_INFO);
 	r_log_reset(&g_log);
-	assert_int_equal(halite_restore_open(&r, path, reg, img.nreg, &o), 0);
+	assert_int_equal(halite_restore_open(&r, b.path, b.reg, b.img.nreg, &o), 0);
 	t0 = r_now_ms();
 	assert_int_equal(halite_restore_start(r), 0);
-	model_settle(&m, r, "after start");
+	model_settle(m, r, "after start");
 
 	/* Phase 1, learning. */
-	for (size_t i = 0; i < n; i++) {
-		uint64_t addr = model_mb_addr(&m, plan[i].mb, NULL) + (uint64_t)plan[i].page * PAGE +
-				(t_rand(&seed) % (PAGE / 8)) * 8;
+	for (size_t i = 0; i < b.n; i++) {
 		char d[96];
 
-		toucher_do(tt[plan[i].who], addr, t_rand(&seed) % 3 == 0);
-		model_touch(&m, plan[i].mb, plan[i].who < 2);
-		snprintf(when, sizeof(when), "learning, touch %zu of %zu (%s, thread %d)", i, n,
-			 mb_desc(rd, plan[i].mb, d, sizeof(d)), plan[i].who);
-		model_settle(&m, r, when);
+		learn_bed_touch(&b, i, &seed);
+		model_touch(m, b.plan[i].mb, b.plan[i].who < 2);
+		snprintf(when, sizeof(when), "learning, touch %zu of %zu (%s, thread %d)", i, b.n,
+			 mb_desc(b.rd, b.plan[i].mb, d, sizeof(d)), b.plan[i].who);
+		model_settle(m, r, when);
 	}
 	elapsed = r_now_ms() - t0;
 	/* A slow machine may have ended the window already: then fewer touch lines. */
@@ -3147,114 +3167,95 @@ static void run_learn_track(int kind, unsigned window_ms)
 				 (unsigned)(r_now_ms() - t0), window_ms);
 	/* The window's end installs no staged block of a demand LB: TRACK_ACCESS keeps them. */
 	r_sleep_us(100000);
-	model_settle(&m, r, "after the window");
+	model_settle(m, r, "after the window");
 	halite_restore_stats(r, &st);
 	assert_false(st.done);
 
 	/* Phase 2: staged blocks touched after the window, then one block of each LB left. */
-	for (uint64_t mb = 0; mb < m.nmb; mb++) {
-		if (!m.staged[mb] || t_rand(&seed) % 2)
+	for (uint64_t mb = 0; mb < m->nmb; mb++) {
+		if (!m->staged[mb] || t_rand(&seed) % 2)
 			continue;
 		int who = (int)(t_rand(&seed) % 3);
 
-		toucher_do(tt[who], model_mb_addr(&m, mb, NULL), who == 1);
-		model_touch(&m, mb, who < 2);
+		toucher_do(b.tt[who], model_mb_addr(m, mb, NULL), who == 1);
+		model_touch(m, mb, who < 2);
 		nstaged_touch++;
 		snprintf(when, sizeof(when), "after the window, staged MB %" PRIu64, mb);
-		model_settle(&m, r, when);
+		model_settle(m, r, when);
 	}
-	for (uint64_t mb = 0; mb < m.nmb; mb++)
-		if (m.state[mb] == HALITE_MB_STORED && !m.lb_read[m.lb[mb]] &&
-		    (!ncover || m.lb[cover[ncover - 1]] != m.lb[mb])) {
+	for (uint64_t mb = 0; mb < m->nmb; mb++)
+		if (m->state[mb] == HALITE_MB_STORED && !m->lb_read[m->lb[mb]] &&
+		    (!ncover || m->lb[cover[ncover - 1]] != m->lb[mb])) {
 			bool seen = false;
 
 			for (uint64_t i = 0; i < ncover && !seen; i++)
-				seen = m.lb[cover[i]] == m.lb[mb];
+				seen = m->lb[cover[i]] == m->lb[mb];
 			if (!seen)
 				cover[ncover++] = mb;
 		}
 	assert_true(nstaged_touch > 0 && ncover > 0);
 	for (uint64_t i = 0; i < ncover; i++) {
-		toucher_do(tt[i % 2], model_mb_addr(&m, cover[i], NULL), i % 3 == 0);
-		model_touch(&m, cover[i], true);
+		toucher_do(b.tt[i % 2], model_mb_addr(m, cover[i], NULL), i % 3 == 0);
+		model_touch(m, cover[i], true);
 		if (i + 1 == ncover)
 			break; /* the last one completes the restore */
-		snprintf(when, sizeof(when), "after the window, LB %" PRIu64, m.lb[cover[i]]);
-		model_settle(&m, r, when);
+		snprintf(when, sizeof(when), "after the window, LB %" PRIu64, m->lb[cover[i]]);
+		model_settle(m, r, when);
 		halite_restore_stats(r, &st);
 		assert_false(st.done);
 	}
 	assert_int_equal(halite_restore_wait(r, 10000), 0);
 	/* Staged blocks nobody touched are installed at the end. */
-	for (uint64_t mb = 0; mb < m.nmb; mb++)
-		if (m.staged[mb]) {
-			m.staged[mb] = 0;
-			m.installed[mb] = 1;
-			m.e.mb_pool++;
+	for (uint64_t mb = 0; mb < m->nmb; mb++)
+		if (m->staged[mb]) {
+			m->staged[mb] = 0;
+			m->installed[mb] = 1;
+			m->e.mb_pool++;
 		}
-	model_settle(&m, r, "done");
+	model_settle(m, r, "done");
 	halite_restore_stats(r, &st);
 	fprintf(stderr, "  %zu touches while learning (%" PRIu64 " ms), %" PRIu64 " staged blocks "
 		"and %" PRIu64 " LBs after: %" PRIu64 " faults, staged %" PRIu64 ", accessed %"
-		PRIu64 " (%.2f%%)\n", n, elapsed, nstaged_touch, ncover, st.faults, st.mb_staged,
+		PRIu64 " (%.2f%%)\n", b.n, elapsed, nstaged_touch, ncover, st.faults, st.mb_staged,
 		st.mb_staged_accessed, st.vm_access_pct);
 	assert_true(st.done);
 	assert_int_equal(st.error, 0);
-	assert_int_equal(st.lb_demand, m.nlb);
+	assert_int_equal(st.lb_demand, m->nlb);
 	assert_int_equal(st.lb_prefetch, 0);
-	assert_int_equal(st.mb_fault, m.e.mb_fault);
-	assert_int_equal(st.mb_pool, m.e.mb_pool);
+	assert_int_equal(st.mb_fault, m->e.mb_fault);
+	assert_int_equal(st.mb_pool, m->e.mb_pool);
 	assert_int_equal(st.mb_prefetch, 0);
 	assert_int_equal(st.mb_fault + st.mb_pool + st.mb_zero, st.mb_total);
-	assert_true(m.e.staged_acc > 0 && m.e.staged_acc < m.e.staged);
-	assert_true(fabs(st.vm_access_pct - 100.0 * (double)m.e.staged_acc / (double)m.e.staged) <
-		    1e-9);
-	for (uint32_t i = 0; i < img.nreg; i++)
-		assert_memory_equal((void *)(uintptr_t)mem.host[i], img.snap + img.off[i], mem.len[i]);
+	assert_true(m->e.staged_acc > 0 && m->e.staged_acc < m->e.staged);
+	assert_true(fabs(st.vm_access_pct - 100.0 * (double)m->e.staged_acc /
+			 (double)m->e.staged) < 1e-9);
+	for (uint32_t i = 0; i < b.img.nreg; i++)
+		assert_memory_equal((void *)(uintptr_t)b.mem.host[i], b.img.snap + b.img.off[i],
+				    b.mem.len[i]);
 
 	/* The trace: version 2; the first phase's first touches; lb lines as the stats. */
-	ngot = learn_read(trace, &m, &w, &complete, how, lbt, got, 4 * m.nmb);
+	ngot = learn_read(b.trace, m, &w, &complete, b.how, b.lbt, b.got, 4 * m->nmb);
 	assert_int_equal(w, window_ms);
 	assert_int_equal(complete, 0);
-	if (!late && elapsed + 200 < window_ms)
-		learn_compare(got, ngot, want, nwant, rd);
-	else
-		learn_compare(got, ngot, want, ngot <= nwant ? ngot : nwant, rd);
-	for (size_t i = 0; i < ngot; i++)
-		assert_true(got[i].t_ns < (uint64_t)window_ms * 1000000);
-	f = fopen(trace, "r");
+	learn_bed_compare(&b, ngot, window_ms, !late && elapsed + 200 < window_ms);
+	f = fopen(b.trace, "r");
 	assert_non_null(f);
 	while (fgets(line, sizeof(line), f)) {
-		unsigned long long lb, a, b;
+		unsigned long long lb, staged, acc;
 		char h[16], fm[24];
 
-		if (sscanf(line, "lb %llu %15s %*s %23s %llu %llu", &lb, h, fm, &a, &b) != 5)
+		if (sscanf(line, "lb %llu %15s %*s %23s %llu %llu", &lb, h, fm, &staged, &acc) != 5)
 			continue;
 		assert_string_equal(h, "demand");
-		sum_staged += a;
-		sum_acc += b;
+		sum_staged += staged;
+		sum_acc += acc;
 	}
 	fclose(f);
 	assert_int_equal(sum_staged, st.mb_staged);
 	assert_int_equal(sum_acc, st.mb_staged_accessed);
 
-	for (int i = 0; i < 3; i++)
-		toucher_stop(tt[i]);
-	halite_restore_free(r);
-	model_free(&m);
-	halite_reader_free(rd);
-	mem_unmap(&mem);
-	unlink(trace);
-	unlink(path);
-	free(plan);
-	free(want);
-	free(got);
-	free(how);
-	free(lbt);
 	free(cover);
-	free(path);
-	free(trace);
-	free_image(&img);
+	learn_bed_free(&b, r);
 }
 
 static void test_learn_track_access(void **state)
