@@ -56,6 +56,9 @@ struct tmpl {
 	char id[CLONED_ID_LEN + 1];
 	enum tmpl_kind kind;
 	char *snapshot;
+	int snap_fd;		 /* the snapshot, opened once; clones get this descriptor
+				    (0: not open) */
+	char uuid[33];		 /* the snapshot's file uuid, 32 hex digits ("" unknown) */
 	char *synth_args;	 /* the snapshot's synth.args (synthetic) */
 	char region[HALITE_MAX_REGION_NAME + 1]; /* its (first) guest RAM region: pc.ram, or a QEMU backend's id */
 	bool hotset;
