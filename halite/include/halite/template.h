@@ -64,7 +64,13 @@ struct halite_template;
 struct halite_session;
 
 #define HALITE_TEMPLATE_NO_PREFETCH 0x1u /* faults only (tests, measurements) */
-#define HALITE_TEMPLATE_FLAGS_ALL 0x1u
+/*
+ * Never start over a memory file that exists: one that belongs to another
+ * snapshot (or layout) fails the open with -HALITE_E_STATE instead of being
+ * truncated (a daemon reloading a template whose clones map that file).
+ */
+#define HALITE_TEMPLATE_NO_RESET 0x2u
+#define HALITE_TEMPLATE_FLAGS_ALL 0x3u
 
 struct halite_template_opts {
 	size_t sz;
