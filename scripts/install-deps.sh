@@ -36,6 +36,14 @@ elif [[ $# -gt 0 ]]; then
 	exit 2
 fi
 
+# The clone service's API fuzz (tests/clone/test_openapi.py): schemathesis,
+# from PyPI (Debian has no package of it), into the python3 on PATH.
+if ! python3 -c 'import schemathesis, yaml' 2>/dev/null; then
+	echo "install-deps: installing schemathesis (PyPI)" >&2
+	PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --disable-pip-version-check \
+		'schemathesis==4.32.5' >/dev/null
+fi
+
 missing=()
 for p in "${pkgs[@]}"; do
 	if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
