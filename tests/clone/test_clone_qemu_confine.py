@@ -124,6 +124,23 @@ def case_confine(e):
     # nobody must reach the guest's files (QEMU opens them as root, but the
     # temporary directory is the test's): nothing to do; the state dir is root's.
 
+    # the daemon's options themselves: never root, QEMU an absolute executable
+    for opts, want in ((["--run-as", "root"], "--run-as: QEMU would run as root (uid or gid 0); "
+                        "name an unprivileged user: root"),
+                       (["--run-as", "0"], "--run-as: QEMU would run as root (uid or gid 0); "
+                        "name an unprivileged user: 0"),
+                       (["--run-as", "no-such-user-x"], "--run-as: no such user: no-such-user-x"),
+                       (["--qemu-binary", "qemu-system-x86_64"],
+                        "--qemu-binary: an absolute path please: qemu-system-x86_64"),
+                       (["--qemu-binary", evil + ".nx"],
+                        "--qemu-binary: not an executable file: %s.nx" % evil)):
+        p = subprocess.run([tc.QEMU_BIN, "clone", "--mem-file", "/dev/null", "--control",
+                            os.path.join(e.tmp, "c.sock")] + opts + ["/nonexistent.hlt"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=30)
+        check(p.returncode == 1 and p.stderr.strip() == "halite-qemu: clone: " + want,
+              "halite-qemu clone %s: exit %d, %r (wanted %r)" % (" ".join(opts), p.returncode,
+                                                                  p.stderr.strip(), want))
+
     src = hg.Guest(e.tmp, "source", netdev=True)
     src.boot()
     e.pids.add(src.pid)
