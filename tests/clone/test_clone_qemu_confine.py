@@ -15,7 +15,8 @@
       (its /proc/PID/exe), the marker never appears. The same line with
       smb=/ on its -netdev: the clone request fails naming "smb=", and no
       QEMU was started (none has the template memory file mapped, no
-      marker).
+      marker). A daemon that passes no --qemu-binary: the crafted binary is
+      refused by name, the marker never appears.
   (b) that clone's QEMU, started with --run-as nobody: /proc/PID/status says
       Uid 65534 and Seccomp 2, none of its descriptors is the template
       memory file (its private mapping stays), the snapshot reached
@@ -220,6 +221,19 @@ def case_confine(e):
           "%s" % others)
     check(not os.path.exists(marker), "the marker appeared")
     log("  (a) the smb= file: %d %s" % (st_, j["error"]))
+
+    # (a) a daemon that passes no --qemu-binary (today's): the recorded
+    # binary is refused by name, still never run
+    e.kill_daemon()
+    e.start("--qemu-bin", tc.QEMU_BIN)
+    st_, j = e.req("POST", "/templates/%s/clones" % t["id"], {"count": 1, "write_pct": 0})
+    want = ("the recorded QEMU binary %s is not named qemu-system-*; a clone runs QEMU only "
+            "(--qemu-binary names the one to run)" % evil)
+    check(st_ == 500 and want in j.get("error", ""),
+          "a clone of the crafted file without --qemu-binary: %s %s (wanted 500: %s)" % (
+              st_, j, want))
+    check(not os.path.exists(marker), "the recorded binary ran: %s exists" % marker)
+    log("  (a) without --qemu-binary: %d %s" % (st_, j["error"]))
 
 
 CASES = {"confine": case_confine}
