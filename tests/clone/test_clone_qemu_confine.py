@@ -20,7 +20,8 @@
   (b) that clone's QEMU, started with --run-as nobody: /proc/PID/status says
       Uid 65534 and Seccomp 2, none of its descriptors is the template
       memory file (its private mapping stays), the snapshot reached
-      halite-qemu clone as /proc/self/fd/3, and the verifier inside the
+      halite-qemu clone as /proc/self/fd/3, QEMU booted from /proc/self/fd/N
+      (-kernel, -initrd opened beneath --allow-dir), and the verifier inside the
       guest finds the snapshot's digest.
 The daemon starts `halite-qemu clone` through --qemu-bin; until it passes
 --qemu-binary, --run-as and --allow-dir itself (engineer D2), a wrapper
@@ -199,6 +200,12 @@ def case_confine(e):
         hq_args = f.read().split(b"\0")
     check(b"/proc/self/fd/3" in hq_args, "halite-qemu clone read the snapshot through fd 3: %s"
           % hq_args)
+    with open("/proc/%d/cmdline" % qpid, "rb") as f:
+        qargs = [a.decode() for a in f.read().split(b"\0")]
+    for opt in ("-kernel", "-initrd"):
+        v = qargs[qargs.index(opt) + 1]
+        check(v.startswith("/proc/self/fd/"), "QEMU's %s is %s, not the file opened beneath "
+              "--allow-dir" % (opt, v))
     g = hg.Guest(e.tmp, ids[0])
     g.adopt(qpid)
     g.port = c["forwards"][0]["host_port"]
