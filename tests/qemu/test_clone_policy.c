@@ -395,6 +395,22 @@ static void boot_files(void)
 	CHECK(ret == -EPERM && !strcmp(err, f), "symlink out: %d %s", ret, err);
 	hq_argv_free(&a);
 
+	/* a name through a symlink to the allowed directory: its remainder, opened beneath it */
+	snprintf(f, sizeof(f), "%s/alias", top);
+	CHECK(!symlink(allow, f), "symlink to the directory");
+	snprintf(line, sizeof(line), "qemu-system-x86_64 -kernel %s/alias/vmlinux", top);
+	a = words(line);
+	ret = hq_clone_open_paths(&a, &p, fds, 8, &n, err, sizeof(err));
+	CHECK(!ret && n == 1, "through a symlinked directory: %d %s", ret, err);
+	if (!ret)
+		close(fds[0]);
+	hq_argv_free(&a);
+	snprintf(line, sizeof(line), "qemu-system-x86_64 -kernel %s/alias/link", top);
+	a = words(line);
+	ret = hq_clone_open_paths(&a, &p, fds, 8, &n, err, sizeof(err));
+	CHECK(ret == -EPERM, "through a symlinked directory to a link out: %d %s", ret, err);
+	hq_argv_free(&a);
+
 	/* relative to the recorded cwd */
 	p.cwd = allow;
 	a = words("qemu-system-x86_64 -kernel vmlinux");

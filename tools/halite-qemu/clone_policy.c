@@ -841,19 +841,31 @@ static int open_beneath(const struct hq_clone_policy *p, const char *opt, const 
 {
 	struct open_how how = { .flags = O_RDONLY | O_NOCTTY,
 				.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS };
-	char abs[PATH_MAX], real[PATH_MAX];
+	char abs[PATH_MAX], real[PATH_MAX], file_real[PATH_MAX];
+	bool resolved;
 	int saw = 0;
 
 	absolute(p->cwd, path, abs, sizeof(abs));
+	/*
+	 * The path as recorded, or as it resolves now: a name through a
+	 * symlink to the allowed directory is fine, since what is opened is
+	 * the remainder, beneath the directory, whatever the links say then.
+	 */
+	resolved = realpath(abs, file_real) != NULL;
 	if (!strcmp(opt, "L"))
 		how.flags |= O_DIRECTORY;
 	for (int i = 0; i < p->nallow_dirs; i++) {
 		const char *rest = below(p->allow_dirs[i], abs);
+		bool dir_real = realpath(p->allow_dirs[i], real) != NULL;
 		int dfd, fd;
 
 		/* the directory as the operator wrote it, or as it resolves */
-		if (!rest && realpath(p->allow_dirs[i], real))
+		if (!rest && dir_real)
 			rest = below(real, abs);
+		if (!rest && resolved)
+			rest = below(p->allow_dirs[i], file_real);
+		if (!rest && resolved && dir_real)
+			rest = below(real, file_real);
 		if (!rest)
 			continue;
 		saw = 1;
