@@ -227,6 +227,39 @@ struct attach_job {
 	char err[512];
 };
 
+/* The last line of the clone's clone.log (beside its control socket @ctl), or "". */
+static void clone_log_tail(const char *ctl, char *out, size_t len)
+{
+	char path[PATH_MAX], buf[1024];
+	const char *slash = strrchr(ctl, '/');
+	ssize_t n = 0;
+	int fd;
+
+	out[0] = '\0';
+	if (!slash || snprintf(path, sizeof(path), "%.*s/clone.log", (int)(slash - ctl), ctl) >=
+			      (int)sizeof(path))
+		return;
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	off_t end = lseek(fd, 0, SEEK_END);
+
+	if (end > 0)
+		n = pread(fd, buf, sizeof(buf) - 1, end > (off_t)sizeof(buf) - 1 ?
+			  end - (off_t)sizeof(buf) + 1 : 0);
+	close(fd);
+	while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
+		n--;
+	if (n <= 0)
+		return;
+	buf[n] = '\0';
+	const char *last = strrchr(buf, '\n') ? strrchr(buf, '\n') + 1 : buf;
+	size_t k = strlen(last) < len ? strlen(last) : len - 1;
+
+	memcpy(out, last, k);
+	out[k] = '\0';
+}
+
 static int wait_ready(struct attach_job *j)
 {
 	int ms = j->c->tp->kind == TMPL_QEMU ? CLONED_QEMU_READY_TIMEOUT_MS :
@@ -251,8 +284,12 @@ static int wait_ready(struct attach_job *j)
 		if (n < 0 && (errno == EAGAIN || errno == EINTR))
 			continue;
 		if (n <= 0) {
-			snprintf(j->err, sizeof(j->err),
-				 "the clone exited before it was ready (see its clone.log)");
+			char why[384];
+
+			/* Its own words: a refused command line names the option there. */
+			clone_log_tail(j->ctl, why, sizeof(why));
+			snprintf(j->err, sizeof(j->err), "the clone exited before it was ready%s%s",
+				 why[0] ? ": " : " (see its clone.log)", why);
 			return -ECHILD;
 		}
 		len += (size_t)n;

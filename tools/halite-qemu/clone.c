@@ -46,34 +46,58 @@
  * clone has its own slirp; on a shared bridge it is not).
  * Refused: a device that gives memory back (virtio-balloon, virtio-mem),
  * -numa, a second memory backend.
+ *
+ * Confinement (issue 24). The file's writer chose its command line, and a
+ * service runs this as root: the recorded line is checked against what a
+ * clone may use before anything of it runs (clone_policy.c), QEMU is
+ * --qemu-binary's (the recorded argv[0] is never run), its boot files are
+ * opened beneath --allow-dir and handed over as /proc/self/fd/N, and it runs
+ * under -sandbox on and, with --run-as, as that user (-runas: it drops
+ * root once its files are open). Its userfaultfd then comes from
+ * /dev/userfaultfd (uffd_in_qemu()), and its read-write descriptor of the
+ * template memory file is closed inside it once it is up (drop_qemu_fds()):
+ * a QEMU taken over by its guest holds nothing that writes the memory
+ * every clone maps. The snapshot may come as /proc/self/fd/N: it is read
+ * through that path only, and QEMU does not inherit N.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <fcntl.h>
+#include <linux/userfaultfd.h>
 #include <netinet/in.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <dirent.h>
+
 #include <cjson/cJSON.h>
 
+#include "clone_policy.h"
 #include "clone_srv.h"
 #include "disks.h"
 #include "hq.h"
 #include "incoming.h"
+#include "inject.h"
 
 #define QEMU_DEFAULT "qemu-system-x86_64"
 #define QMP_START_TIMEOUT_MS 60000
 #define LOAD_TIMEOUT_MS 120000
 #define MAX_NICS 16
+#define MAX_ALLOW_DIRS 16
+#define MAX_HOST_FILES 16
 
 struct clone_params {
 	const char *path;     /* the snapshot */
@@ -82,6 +106,10 @@ struct clone_params {
 	const char *dir;      /* the clone's own files; default: the control socket's dir */
 	const char *qmp;      /* our QMP socket to QEMU; default DIR/halite-qmp.sock */
 	const char *disk_dir; /* overlays; default DIR */
+	const char *qemu_binary; /* --qemu-binary: QEMU, whatever the file records */
+	const char *run_as;   /* --run-as: QEMU's user (-runas), never root */
+	const char *allow_dirs[MAX_ALLOW_DIRS]; /* --allow-dir: where -kernel & co. may be */
+	int nallow_dirs;
 };
 
 enum qc_state { QC_CREATED, QC_RUNNING, QC_PAUSED };
@@ -103,6 +131,12 @@ struct qclone {
 	char serial[PATH_MAX];	   /* the first serial file, rewritten */
 	enum qc_state state;
 	bool quit;
+	uid_t run_uid;
+	gid_t run_gid;
+	char runas[32];		   /* "UID:GID" for -runas; "" without --run-as */
+	int host_fds[MAX_HOST_FILES]; /* -kernel & co. opened beneath --allow-dir, QEMU's too */
+	int nhost_fds;
+	int devuffd;		   /* /dev/userfaultfd, inherited by QEMU under the same number */
 	char err[1280];
 };
 
@@ -125,9 +159,20 @@ void hq_help_clone(FILE *f)
 		"  --dir DIR        the clone's files (default: SOCK's directory)\n"
 		"  --qmp PATH       the QMP socket this process gives QEMU (default DIR/halite-qmp.sock)\n"
 		"  --disk-dir DIR   the disks' overlays (default: --dir)\n"
+		"  --qemu-binary PATH  run QEMU PATH (absolute), whatever FILE records\n"
+		"  --run-as USER    QEMU runs as USER (a name or a uid; never root): -runas\n"
+		"  --allow-dir DIR  -kernel, -initrd, -bios, -dtb and -L must lie beneath DIR\n"
+		"                   (repeatable); QEMU gets each opened, as /proc/self/fd/N\n"
 		"  -h, --help       this help\n"
 		"  --version        the version\n"
-		"QEMU is " QEMU_DEFAULT " unless the file records another ($HALITE_QEMU).\n");
+		"FILE's recorded command line may use only what a clone makes its own or what\n"
+		"touches nothing of the host's (clone_policy.c): no programs (script=, smb=,\n"
+		"-plugin), host devices, host networks (user networking only), host files other\n"
+		"than its frozen disks and, with --allow-dir, its boot files; the first option\n"
+		"refused is named. FILE may be /proc/self/fd/N (read through it only). QEMU runs\n"
+		"under -sandbox on (no exec, no privilege or scheduling calls) and, once up,\n"
+		"holds no descriptor of MEM. Without --qemu-binary, QEMU is $HALITE_QEMU, else\n"
+		"the recorded one if it is a qemu-system-* in $PATH or an absolute path.\n");
 }
 
 static int parse_args(int argc, char **argv, struct clone_params *p)
@@ -138,6 +183,9 @@ static int parse_args(int argc, char **argv, struct clone_params *p)
 		{ "dir", required_argument, NULL, 'd' },
 		{ "qmp", required_argument, NULL, 'Q' },
 		{ "disk-dir", required_argument, NULL, 'K' },
+		{ "qemu-binary", required_argument, NULL, 'B' },
+		{ "run-as", required_argument, NULL, 'U' },
+		{ "allow-dir", required_argument, NULL, 'A' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, HQ_OPT_VERSION },
 		{ 0 }
@@ -155,6 +203,17 @@ static int parse_args(int argc, char **argv, struct clone_params *p)
 		case 'd': p->dir = optarg; break;
 		case 'Q': p->qmp = optarg; break;
 		case 'K': p->disk_dir = optarg; break;
+		case 'B': p->qemu_binary = optarg; break;
+		case 'U': p->run_as = optarg; break;
+		case 'A':
+			if (p->nallow_dirs == MAX_ALLOW_DIRS || optarg[0] != '/') {
+				hq_errorf("clone: --allow-dir %s: %s", optarg,
+					  optarg[0] != '/' ? "an absolute path please" :
+					  "too many (16 at most)");
+				return -1;
+			}
+			p->allow_dirs[p->nallow_dirs++] = optarg;
+			break;
 		case 'h':
 			hq_help_clone(stdout);
 			exit(EXIT_OK);
@@ -197,6 +256,12 @@ static int check_file(struct qclone *c)
 	if (!ret && !c->cfg.rec.argc)
 		ret = fail(c, -EINVAL, c->p.path, "records no QEMU command line to clone");
 	halite_reader_free(rd);
+	/*
+	 * The service hands the file over as /proc/self/fd/N, read through
+	 * that path only: QEMU must not inherit N.
+	 */
+	if (!strncmp(c->p.path, "/proc/self/fd/", 14))
+		fcntl(atoi(c->p.path + 14), F_SETFD, FD_CLOEXEC);
 	return ret;
 }
 
@@ -494,26 +559,147 @@ static int new_ports(struct qclone *c)
 	return 0;
 }
 
-static int prepare_cmdline(struct qclone *c)
+/* --qemu-binary: absolute, an executable file (the service's configuration says which). */
+static int check_qemu_binary(struct qclone *c)
 {
+	const char *b = c->p.qemu_binary;
+	struct stat st;
+
+	if (b[0] != '/')
+		return fail(c, -EINVAL, "--qemu-binary: an absolute path please", b);
+	if (stat(b, &st) || !S_ISREG(st.st_mode) || access(b, X_OK))
+		return fail(c, -EINVAL, "--qemu-binary: not an executable file", b);
+	return 0;
+}
+
+/* --run-as: a user name or uid that is not root, as "UID:GID" for QEMU's -runas. */
+static int resolve_run_as(struct qclone *c)
+{
+	const char *u = c->p.run_as;
+	struct passwd *pw = getpwnam(u);
+	char *end;
+
+	if (!pw) {
+		unsigned long id;
+
+		errno = 0;
+		id = strtoul(u, &end, 10);
+		if (*u < '0' || *u > '9' || *end || errno || id > (uid_t)-2)
+			return fail(c, -EINVAL, "--run-as: no such user", u);
+		pw = getpwuid((uid_t)id);
+		c->run_uid = (uid_t)id;
+		c->run_gid = pw ? pw->pw_gid : (gid_t)id;
+	} else {
+		c->run_uid = pw->pw_uid;
+		c->run_gid = pw->pw_gid;
+	}
+	if (!c->run_uid || !c->run_gid)
+		return fail(c, -EINVAL, "--run-as: QEMU would run as root (uid or gid 0); name an "
+			    "unprivileged user", u);
+	snprintf(c->runas, sizeof(c->runas), "%u:%u", (unsigned)c->run_uid, (unsigned)c->run_gid);
+	return 0;
+}
+
+static void policy_of(const struct qclone *c, struct hq_clone_policy *pol)
+{
+	*pol = (struct hq_clone_policy){ .sz = sizeof(*pol), .allow_dirs = c->p.allow_dirs,
+					 .nallow_dirs = c->p.nallow_dirs, .disks = c->disks,
+					 .cwd = c->cfg.rec_cwd };
+}
+
+/*
+ * The recorded line, as the file's writer gave it, against what a clone may
+ * use (clone_policy.c), before anything of it runs: the binary (unless
+ * --qemu-binary or $HALITE_QEMU says which), then every option. The frozen
+ * disks are parsed here: they are the only images a -drive may name.
+ */
+static int check_policy(struct qclone *c)
+{
+	struct hq_clone_policy pol;
+	const char *env = getenv("HALITE_QEMU");
 	int ret;
 
+	if (c->cfg.rec_disks) {
+		c->disks = calloc(1, sizeof(*c->disks));
+		if (!c->disks)
+			return fail(c, -ENOMEM, "out of memory", NULL);
+		ret = hq_disks_parse(c->cfg.rec_disks, c->disks, c->err, sizeof(c->err));
+		if (ret)
+			return ret;
+	}
+	if (!c->p.qemu_binary && !(env && *env)) {
+		ret = hq_clone_check_binary(c->cfg.rec.argv[0], c->err, sizeof(c->err));
+		if (ret)
+			return ret;
+	}
+	policy_of(c, &pol);
+	ret = hq_clone_policy_check(c->cfg.rec.argv, c->cfg.rec.argc, &pol, c->err,
+				    sizeof(c->err));
+	if (ret && !c->err[0])
+		fail(c, ret, "checking the recorded command line", strerror(-ret));
+	return ret;
+}
+
+/*
+ * QEMU's own confinement, added last: the seccomp sandbox always, -runas
+ * with --run-as. QEMU 7.2 installs its filter before -runas's setgid and
+ * setuid (os_setup_post), so elevateprivileges=deny kills it there
+ * (SIGSYS, checked by hand): with --run-as it stays allowed. Once every uid
+ * and gid is the user's, with no_new_privs set and exec denied, there is no
+ * privilege left to take back.
+ */
+static int add_confinement(struct qclone *c)
+{
+	struct hq_argv *a = &c->cfg.run;
+	int ret;
+
+	ret = hq_argv_push(a, "-sandbox");
+	if (!ret)
+		ret = hq_argv_push(a, c->runas[0] ?
+				   "on,obsolete=deny,elevateprivileges=allow,spawn=deny,"
+				   "resourcecontrol=deny" :
+				   "on,obsolete=deny,elevateprivileges=deny,spawn=deny,"
+				   "resourcecontrol=deny");
+	if (!ret && c->runas[0])
+		ret = hq_argv_push(a, "-runas");
+	if (!ret && c->runas[0])
+		ret = hq_argv_push(a, c->runas);
+	return ret;
+}
+
+static int prepare_cmdline(struct qclone *c)
+{
+	struct hq_clone_policy pol;
+	int ret;
+
+	ret = check_policy(c);
+	if (ret)
+		return ret;
 	ret = hq_cmdline_replay(c->cfg.rec.argv, c->cfg.rec.argc, &c->cfg.user,
 				&c->cfg.replay_flags);
 	if (ret)
 		return fail(c, ret, "replaying the recorded command line", strerror(-ret));
 	c->cfg.replayed = true;
 	c->cfg.cwd = c->cfg.rec_cwd;
-	if (getenv("HALITE_QEMU") && *getenv("HALITE_QEMU"))
+	if (c->p.qemu_binary)
+		ret = set_arg(&c->cfg.user, 0, strdup(c->p.qemu_binary));
+	else if (getenv("HALITE_QEMU") && *getenv("HALITE_QEMU"))
 		ret = set_arg(&c->cfg.user, 0, strdup(getenv("HALITE_QEMU")));
 	if (!ret)
 		ret = rewrite_cmdline(c, &c->cfg.user);
+	if (!ret) {
+		policy_of(c, &pol);
+		ret = hq_clone_open_paths(&c->cfg.user, &pol, c->host_fds, MAX_HOST_FILES,
+					  &c->nhost_fds, c->err, sizeof(c->err));
+	}
 	if (!ret)
 		ret = hq_argv_copy(&c->cfg.run, c->cfg.user.argv, c->cfg.user.argc);
 	if (!ret)
 		ret = hq_fwd_take_out(&c->cfg.run, &c->cfg.fwds, c->err, sizeof(c->err));
 	if (!ret)
 		ret = new_ports(c);
+	if (!ret)
+		ret = add_confinement(c);
 	/*
 	 * Not hq_cmdline_check_host(): its sockets are in the clone's own
 	 * directory, and its memory file is the template's, which the service
@@ -531,14 +717,8 @@ static int prepare_disks(struct qclone *c)
 	char tag[128];
 	int ret, frozen = 0;
 
-	if (!c->cfg.rec_disks)
-		return 0;
-	c->disks = calloc(1, sizeof(*c->disks));
-	if (!c->disks)
-		return fail(c, -ENOMEM, "out of memory", NULL);
-	ret = hq_disks_parse(c->cfg.rec_disks, c->disks, c->err, sizeof(c->err));
-	if (ret)
-		return ret;
+	if (!c->cfg.rec_disks || !c->disks)
+		return 0; /* parsed by check_policy() */
 	for (int i = 0; i < c->disks->n; i++)
 		frozen += c->disks->d[i].frozen;
 	if (!frozen) {
@@ -570,7 +750,23 @@ static int spawn_qemu(struct qclone *c)
 
 	snprintf(log, sizeof(log), "%s/qemu.log", c->dir);
 	s.log = log;
+	/*
+	 * QEMU as another user may not call userfaultfd() (without
+	 * vm.unprivileged_userfaultfd, only CAP_SYS_PTRACE may): it inherits
+	 * /dev/userfaultfd opened here, whose USERFAULTFD_IOC_NEW needs no
+	 * privilege once open (uffd_in_qemu()).
+	 */
+	if (c->runas[0]) {
+		c->devuffd = open("/dev/userfaultfd", O_RDWR);
+		if (c->devuffd < 0 && errno != ENOENT)
+			return fail(c, -errno, "/dev/userfaultfd", strerror(errno));
+	}
 	ret = hq_qemu_spawn(&s, &c->qemu, c->err, sizeof(c->err));
+	/* QEMU has its copies (same numbers); ours are done. */
+	for (int i = 0; i < c->nhost_fds; i++)
+		close(c->host_fds[i]);
+	if (c->devuffd >= 0)
+		close(c->devuffd);
 	if (ret)
 		return ret;
 	/* Watched while serving: QEMU's exit ends this process. */
@@ -653,6 +849,91 @@ static int check_vm(struct qclone *c)
 	return hq_qemu_check_devram(&c->vm, &c->f, c->err, sizeof(c->err));
 }
 
+/* A system call inside QEMU (ptrace); its result, or < 0 with c->err. */
+static long in_qemu(struct qclone *c, long nr, long a0, long a1, long a2, const char *what)
+{
+	long args[6] = { a0, a1, a2 }, res = 0;
+	char err[512];
+	int ret = hq_inject_one(c->vm.pid, nr, args, &res, err, sizeof(err));
+
+	if (ret)
+		return fail(c, ret, what, err);
+	if (res < 0)
+		return fail(c, (int)res, what, strerror((int)-res));
+	return res;
+}
+
+/*
+ * The session's userfaultfd, made inside QEMU. As root, userfaultfd();
+ * as --run-as's user, USERFAULTFD_IOC_NEW on the /dev/userfaultfd QEMU
+ * inherited, which is then closed there (it would make more). QEMU keeps
+ * its userfaultfd, as hq_vm_uffd() leaves it.
+ */
+static int uffd_in_qemu(struct qclone *c)
+{
+	long fd;
+
+	if (!c->runas[0] || c->devuffd < 0) {
+		c->uffd = hq_vm_uffd(&c->vm, &c->remote_uffd);
+		return c->uffd < 0 ? fail(c, c->uffd, c->vm.err, NULL) : 0;
+	}
+	fd = in_qemu(c, SYS_ioctl, c->devuffd, (long)USERFAULTFD_IOC_NEW, O_CLOEXEC | O_NONBLOCK,
+		     "USERFAULTFD_IOC_NEW inside QEMU");
+	if (fd < 0)
+		return (int)fd;
+	if (in_qemu(c, SYS_close, c->devuffd, 0, 0, "closing /dev/userfaultfd inside QEMU") < 0)
+		return -EIO;
+	c->devuffd = -1;
+	c->remote_uffd = (int)fd;
+	c->uffd = hq_fd_from_process(c->vm.pid, (int)fd, c->err, sizeof(c->err));
+	return c->uffd < 0 ? c->uffd : 0;
+}
+
+/*
+ * QEMU opened the template memory file read-write (as root, before -runas)
+ * and keeps the descriptor: a QEMU taken over by its guest could write or
+ * punch the memory every clone maps. Its mapping is private and stays; the
+ * descriptors go (found by their target in /proc/PID/fd), and so do the
+ * boot files it inherited.
+ */
+static int drop_qemu_fds(struct qclone *c)
+{
+	char dir[64], path[64 + 256], link[PATH_MAX];
+	struct dirent *e;
+	int fds[64], n = 0;
+	DIR *d;
+
+	snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)c->vm.pid);
+	d = opendir(dir);
+	if (!d)
+		return fail(c, -errno, dir, strerror(errno));
+	while ((e = readdir(d)) && n < 64) {
+		ssize_t k;
+
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+		k = readlink(path, link, sizeof(link) - 1);
+		if (k <= 0)
+			continue;
+		link[k] = '\0';
+		if (!strcmp(link, c->mem_file))
+			fds[n++] = atoi(e->d_name);
+	}
+	closedir(d);
+	for (int i = 0; i < c->nhost_fds && n < 64; i++)
+		fds[n++] = c->host_fds[i];
+	for (int i = 0; i < n; i++) {
+		long r = in_qemu(c, SYS_close, fds[i], 0, 0, "closing a descriptor inside QEMU");
+
+		/* EBADF: QEMU closed that boot file itself */
+		if (r < 0 && r != -EBADF)
+			return (int)r;
+		c->err[0] = '\0';
+	}
+	return 0;
+}
+
 /* Nothing QEMU wrote or mapped while starting stays: the file's pages come through the session. */
 static int empty_ram(struct qclone *c)
 {
@@ -668,12 +949,31 @@ static int empty_ram(struct qclone *c)
 /* The device state to QEMU (its RAM faults served by the session); wait for the load. */
 static int load_devices(struct qclone *c)
 {
-	int ret = hq_qemu_load_devices(&c->vm, c->dir, c->f.dev, c->f.devlen, LOAD_TIMEOUT_MS,
-				       NULL, NULL, "(see its qemu.log)", c->err, sizeof(c->err));
-	char sock[PATH_MAX + 16];
+	char sock[PATH_MAX + 16], tmp[] = "/tmp/halite-qemu-in.XXXXXX";
+	const char *dir = c->dir;
+	int ret;
 
-	snprintf(sock, sizeof(sock), "%s/in.sock", c->dir);
+	/*
+	 * QEMU listens on DIR/in.sock once it runs as --run-as's user, who
+	 * may not write the clone's directory: a directory of that user's
+	 * own, for this once.
+	 */
+	if (c->runas[0]) {
+		if (!mkdtemp(tmp))
+			return fail(c, -errno, "a directory for the incoming socket", strerror(errno));
+		if (chown(tmp, c->run_uid, c->run_gid)) {
+			ret = fail(c, -errno, tmp, strerror(errno));
+			rmdir(tmp);
+			return ret;
+		}
+		dir = tmp;
+	}
+	ret = hq_qemu_load_devices(&c->vm, dir, c->f.dev, c->f.devlen, LOAD_TIMEOUT_MS, NULL, NULL,
+				   "(see its qemu.log)", c->err, sizeof(c->err));
+	snprintf(sock, sizeof(sock), "%s/in.sock", dir);
 	unlink(sock);
+	if (dir != c->dir)
+		rmdir(dir);
 	return ret;
 }
 
@@ -716,7 +1016,11 @@ static int setup(struct qclone *c)
 		snprintf(c->qmp, sizeof(c->qmp), "%s", c->p.qmp);
 	else
 		snprintf(c->qmp, sizeof(c->qmp), "%s/halite-qmp.sock", c->dir);
-	ret = check_file(c);
+	ret = c->p.qemu_binary ? check_qemu_binary(c) : 0;
+	if (!ret && c->p.run_as)
+		ret = resolve_run_as(c);
+	if (!ret)
+		ret = check_file(c);
 	if (!ret)
 		ret = prepare_cmdline(c);
 	if (!ret)
@@ -729,11 +1033,10 @@ static int setup(struct qclone *c)
 		ret = check_vm(c);
 	if (!ret)
 		ret = empty_ram(c);
-	if (!ret) {
-		c->uffd = hq_vm_uffd(&c->vm, &c->remote_uffd);
-		if (c->uffd < 0)
-			ret = fail(c, c->uffd, c->vm.err, NULL);
-	}
+	if (!ret)
+		ret = uffd_in_qemu(c);
+	if (!ret)
+		ret = drop_qemu_fds(c);
 	return ret;
 }
 
@@ -908,7 +1211,7 @@ int hq_cmd_clone(int argc, char **argv)
 		free(c);
 		return EXIT_USAGE;
 	}
-	c->uffd = c->remote_uffd = c->lfd = c->qemu_pidfd = -1;
+	c->uffd = c->remote_uffd = c->lfd = c->qemu_pidfd = c->devuffd = -1;
 	for (unsigned i = 0; i < HQ_MAX_REGIONS; i++)
 		c->vm.regions[i].fd = -1;
 	/* The service that started us may go: we live on (and may lose our stdout). */
