@@ -570,12 +570,12 @@ static int spawn_clone(struct cloned *d, struct clone *c, const char *dir, const
 	snprintf(acc, sizeof(acc), "%" PRIu64, c->accesses);
 	argv[argc++] = d->o.synth_bin;
 	argv[argc++] = "clone";
-	argv[argc++] = "--mem-file";
-	argv[argc++] = mem;
-	argv[argc++] = "--mem-offset";
-	argv[argc++] = off;
-	argv[argc++] = "--control";
-	argv[argc++] = (char *)ctl;
+	/*
+	 * The file's layout words first (checked against an allow-list when the
+	 * template was made), the daemon's own options after them: the last
+	 * one given wins, so no word of a file can name the memory file or the
+	 * control socket.
+	 */
 	for (char *w = strtok_r(args, " \t\n", &save); w; w = strtok_r(NULL, " \t\n", &save)) {
 		if (argc > 80) {
 			snprintf(err, errlen, "the template's synth.args has too many words");
@@ -584,6 +584,12 @@ static int spawn_clone(struct cloned *d, struct clone *c, const char *dir, const
 		}
 		argv[argc++] = w;
 	}
+	argv[argc++] = "--mem-file";
+	argv[argc++] = mem;
+	argv[argc++] = "--mem-offset";
+	argv[argc++] = off;
+	argv[argc++] = "--control";
+	argv[argc++] = (char *)ctl;
 	argv[argc++] = "--write";
 	argv[argc++] = wr;
 	argv[argc++] = "--pattern";

@@ -61,6 +61,7 @@ static unsigned classify(struct tmpl *tp, char *err, size_t errlen)
 {
 	const char *snapshot = tp->snapshot, *devram = NULL;
 	uint32_t devram_len = 0;
+	char why[600];
 	struct halite_reader *r;
 	bool qemu = false;
 	int ret;
@@ -115,6 +116,14 @@ static unsigned classify(struct tmpl *tp, char *err, size_t errlen)
 		return 400;
 	}
 	tp->kind = TMPL_SYNTHETIC;
+	/* Words of a file the daemon did not write, on a root process's command line. */
+	if (confine_synth_args_check(tp->synth_args, why, sizeof(why))) {
+		snprintf(err, errlen, "snapshot %s: %s", snapshot, why);
+		free(tp->synth_args);
+		tp->synth_args = NULL;
+		halite_reader_free(r);
+		return 400;
+	}
 	snprintf(tp->region, sizeof(tp->region), "%s", CLONED_REGION);
 	if (halite_reader_find_region(r, CLONED_REGION) < 0) {
 		snprintf(err, errlen, "snapshot %s has no region %s", snapshot, CLONED_REGION);
