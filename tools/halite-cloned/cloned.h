@@ -196,6 +196,8 @@ const char *clone_state_name(enum clone_state s);
 
 /* confine.c */
 int confine_synth_args_check(const char *args, char *err, size_t errlen);
+int confine_parse_limits(const cJSON *body, uint64_t *memory_max, double *cpu_max, char *err,
+			 size_t errlen);
 void confine_init(struct cloned *d);
 void confine_fini(struct cloned *d);
 int confine_check(const struct cloned *d, uint64_t memory_max, double cpu_max, char *err,
@@ -205,6 +207,7 @@ int confine_create(struct cloned *d, struct clone *c, char *err, size_t errlen);
 int confine_attach(struct cloned *d, const struct clone *c, pid_t pid, char *err, size_t errlen);
 void confine_remove(struct cloned *d, const struct clone *c);
 void confine_exited(struct cloned *d, struct clone *c); /* lock held */
+void confine_sweep(struct cloned *d); /* at start, after clones_load_all() */
 
 /* metrics.c */
 char *metrics_render(struct cloned *d);

@@ -90,7 +90,7 @@ static void clone_refresh(struct clone *c)
 }
 
 /* Is the process still the clone we started? Reaps our own children. */
-static bool clone_alive(struct clone *c)
+static bool clone_alive(struct cloned *d, struct clone *c)
 {
 	uint64_t st;
 
@@ -109,9 +109,13 @@ static bool clone_alive(struct clone *c)
 				snprintf(c->error, sizeof(c->error), "the clone exited with status %d",
 					 WEXITSTATUS(status));
 		}
+		confine_exited(d, c);
 		return false;
 	}
-	return !cl_proc_starttime(c->pid, &st) && st == c->starttime;
+	if (!cl_proc_starttime(c->pid, &st) && st == c->starttime)
+		return true;
+	confine_exited(d, c);
+	return false;
 }
 
 void clones_poll(struct cloned *d)
@@ -120,7 +124,7 @@ void clones_poll(struct cloned *d)
 		if (c->state == CL_STARTING || c->state == CL_EXITED)
 			continue;
 		clone_refresh(c);
-		if (clone_alive(c))
+		if (clone_alive(d, c))
 			continue;
 		if (c->state != CL_FAILED)
 			c->state = CL_EXITED;
@@ -159,6 +163,7 @@ static cJSON *clone_json(struct cloned *d, struct clone *c)
 	struct halite_session_stats st;
 	uint64_t rss = 0, pss = 0;
 	char *dir = state_clone_dir(d, c->id), *ctl = dir ? cl_path(dir, "control.sock", NULL) : NULL;
+	char *cg = confine_path(d, c);
 
 	clone_refresh(c);
 	clone_stats(c, &st);
@@ -185,6 +190,9 @@ static cJSON *clone_json(struct cloned *d, struct clone *c)
 	cJSON_AddNumberToObject(j, "rss_bytes", (double)rss);
 	cJSON_AddStringToObject(j, "control", ctl ? ctl : "");
 	cJSON_AddStringToObject(j, "error", c->error);
+	cJSON_AddNumberToObject(j, "memory_max", (double)c->memory_max);
+	cJSON_AddNumberToObject(j, "cpu_max", c->cpu_max);
+	cJSON_AddStringToObject(j, "cgroup", cg && !access(cg, F_OK) ? cg : ""); /* "": none (any more) */
 	if (c->tp->kind == TMPL_QEMU) {
 		cJSON *info = c->info ? cJSON_Parse(c->info) : NULL;
 		static const char *const keep[] = { "forwards", "macs", "qmp", "serial", "disks",
@@ -199,6 +207,7 @@ static cJSON *clone_json(struct cloned *d, struct clone *c)
 		}
 		cJSON_Delete(info);
 	}
+	free(cg);
 	free(ctl);
 	free(dir);
 	return j;
@@ -521,6 +530,9 @@ static void *attach_thread(void *arg)
 	j->vm_pid = m.vm_pid;
 	j->nregs = m.nregs;
 	j->info = m.info;
+	/* QEMU, forked by halite-qemu: in the cgroup already, unless it was quicker than the move */
+	if (!j->ret && m.vm_pid && (j->d->cg.mem || j->d->cg.cpu))
+		j->ret = confine_attach(j->d, c, m.vm_pid, j->err, sizeof(j->err));
 	if (!j->ret)
 		j->ret = clone_session(j->d, c, j->ctl, &m, flags, &j->s, j->err, sizeof(j->err));
 	/* A QEMU clone's start loads its device state, its faults served meanwhile. */
@@ -600,6 +612,9 @@ static int spawn_clone(struct cloned *d, struct clone *c, const char *dir, const
 	}
 	argv[argc] = NULL;
 spawn:
+	/* Its cgroup with its limits, ready before the process is. */
+	if ((d->cg.mem || d->cg.cpu) && (ret = confine_create(d, c, err, errlen)))
+		goto out;
 	if (pipe2(p, O_CLOEXEC)) {
 		ret = -errno;
 		snprintf(err, errlen, "pipe: %s", strerror(errno));
@@ -635,6 +650,16 @@ spawn:
 	c->pid = pid;
 	c->starttime = st;
 	c->child = true;
+	pthread_mutex_unlock(&d->lock);
+	/*
+	 * Into its cgroup before it is told to start (what it maps comes only
+	 * then, through the session); the processes it forks follow it.
+	 */
+	if ((d->cg.mem || d->cg.cpu) && (ret = confine_attach(d, c, pid, err, errlen))) {
+		close(p[0]);
+		goto out; /* clone_abort() ends it */
+	}
+	pthread_mutex_lock(&d->lock);
 	ret = state_save_clone(d, c);
 	pthread_mutex_unlock(&d->lock);
 	if (ret) /* it runs; only a restarted daemon would not find it */
@@ -661,6 +686,7 @@ static void clone_abort(struct cloned *d, struct clone *c)
 		waitpid(c->pid, NULL, 0);
 		c->child = false;
 	}
+	confine_remove(d, c);
 	if (dir)
 		cl_rm_rf(dir);
 	free(dir);
@@ -712,10 +738,11 @@ void clones_create(struct cloned *d, const char *tid, const cJSON *body, uint64_
 		   struct http_reply *r)
 {
 	static const char *const known[] = { "count", "accesses", "write_pct", "pattern",
-					     "premap_hot", NULL };
+					     "premap_hot", "memory_max", "cpu_max", NULL };
 	const cJSON *pat = cJSON_GetObjectItemCaseSensitive(body, "pattern");
 	const cJSON *pm = cJSON_GetObjectItemCaseSensitive(body, "premap_hot"), *f;
-	uint64_t count = 1, accesses = 0, write_pct = 0;
+	uint64_t count = 1, accesses = 0, write_pct = 0, memory_max = UINT64_MAX;
+	double cpu_max = -1;
 	struct attach_job *jobs = NULL;
 	struct tmpl *tp;
 	unsigned ok = 0;
@@ -730,7 +757,7 @@ void clones_create(struct cloned *d, const char *tid, const cJSON *body, uint64_
 		if (!*k)
 			return reply_error(r, 400,
 					   "unknown field '%s' (known: count, accesses, write_pct, "
-					   "pattern, premap_hot)",
+					   "pattern, premap_hot, memory_max, cpu_max)",
 					   f->string);
 	}
 	if (get_uint(body, "count", 1, CLONED_MAX_COUNT, &count, r) ||
@@ -742,6 +769,8 @@ void clones_create(struct cloned *d, const char *tid, const cJSON *body, uint64_
 		return reply_error(r, 400, "field 'pattern' must be \"seq\" or \"random\"");
 	if (pm && !cJSON_IsBool(pm))
 		return reply_error(r, 400, "field 'premap_hot' must be true or false");
+	if (confine_parse_limits(body, &memory_max, &cpu_max, first_err, sizeof(first_err)))
+		return reply_error(r, 400, "%s", first_err);
 	jobs = calloc(count, sizeof(*jobs));
 	if (!jobs)
 		return reply_error(r, 500, "out of memory");
@@ -768,6 +797,16 @@ void clones_create(struct cloned *d, const char *tid, const cJSON *body, uint64_
 				   "halite-qemu not found: start " PROG " with --qemu-bin PATH" :
 				   "halite-synth not found: start " PROG " with --synth-bin PATH");
 	}
+	/* The limits: the request's, else the template's, else the daemon's. */
+	if (memory_max == UINT64_MAX)
+		memory_max = tp->memory_max ? tp->memory_max : d->o.clone_memory_max;
+	if (cpu_max < 0)
+		cpu_max = tp->cpu_max > 0 ? tp->cpu_max : d->o.clone_cpu_max;
+	if (confine_check(d, memory_max, cpu_max, first_err, sizeof(first_err))) {
+		pthread_mutex_unlock(&d->lock);
+		free(jobs);
+		return reply_error(r, 400, "%s", first_err);
+	}
 	for (uint64_t i = 0; i < count; i++) {
 		struct clone *c = calloc(1, sizeof(*c));
 
@@ -782,6 +821,8 @@ void clones_create(struct cloned *d, const char *tid, const cJSON *body, uint64_
 		c->write_pct = (unsigned)write_pct;
 		snprintf(c->pattern, sizeof(c->pattern), "%s", pat ? pat->valuestring : "seq");
 		c->premap_hot = !pm || cJSON_IsTrue(pm);
+		c->memory_max = memory_max;
+		c->cpu_max = cpu_max;
 		c->next = d->clones;
 		d->clones = c;
 		tp->nclones++;
@@ -1013,6 +1054,7 @@ void clones_delete(struct cloned *d, const char *id, struct http_reply *r)
 	} else if (!cl_proc_starttime(c->pid, &t) && t == c->starttime) {
 		kill(c->pid, SIGKILL); /* not our child (a restart): init reaps it */
 	}
+	confine_remove(d, c); /* what is left in it (QEMU) killed first */
 	dir = state_clone_dir(d, c->id);
 	if (dir)
 		cl_rm_rf(dir);

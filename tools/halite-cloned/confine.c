@@ -20,6 +20,7 @@
  */
 #define _GNU_SOURCE
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -461,4 +462,69 @@ void confine_exited(struct cloned *d, struct clone *c)
 		state_save_clone(d, c);
 	}
 	confine_remove(d, c);
+}
+
+/*
+ * A request's "memory_max" (bytes, an integer, 1 MiB at least) and "cpu_max"
+ * (CPUs, 0.01 .. 1024): each written only when present. 0, or -EINVAL with
+ * the sentence in @err.
+ */
+int confine_parse_limits(const cJSON *body, uint64_t *memory_max, double *cpu_max, char *err,
+			 size_t errlen)
+{
+	const cJSON *m = cJSON_GetObjectItemCaseSensitive(body, "memory_max");
+	const cJSON *c = cJSON_GetObjectItemCaseSensitive(body, "cpu_max");
+
+	if (m && (!cJSON_IsNumber(m) || m->valuedouble != floor(m->valuedouble) ||
+		  m->valuedouble < (double)(1 << 20) || m->valuedouble > 0x1p50)) {
+		snprintf(err, errlen, "field 'memory_max' must be an integer number of bytes, "
+			 "1048576 (1 MiB) .. 2^50");
+		return -EINVAL;
+	}
+	if (c && (!cJSON_IsNumber(c) || !(c->valuedouble >= 0.01 && c->valuedouble <= 1024))) {
+		snprintf(err, errlen, "field 'cpu_max' must be a number of CPUs, 0.01 .. 1024 "
+			 "(e.g. 0.5)");
+		return -EINVAL;
+	}
+	if (m)
+		*memory_max = (uint64_t)m->valuedouble;
+	if (c)
+		*cpu_max = c->valuedouble;
+	return 0;
+}
+
+/*
+ * At start, after the clones are loaded: the cgroups of clones that are gone
+ * (a daemon killed, its clones ended by someone else) removed, when empty.
+ * Only those older than a minute: another daemon on the host may have made
+ * one a moment ago for a clone it is about to move in.
+ */
+void confine_sweep(struct cloned *d)
+{
+	const char *bases[2] = { d->cg.mem, d->cg.version == 1 ? d->cg.cpu : NULL };
+	time_t old = time(NULL) - 60;
+
+	for (int i = 0; i < 2; i++) {
+		DIR *dh = bases[i] ? opendir(bases[i]) : NULL;
+		struct dirent *e;
+
+		while (dh && (e = readdir(dh))) {
+			char path[PATH_MAX];
+			bool ours = false;
+			struct stat st;
+
+			if (!cl_valid_id(e->d_name, 'c'))
+				continue;
+			pthread_mutex_lock(&d->lock);
+			for (struct clone *c = d->clones; c && !ours; c = c->next)
+				ours = !strcmp(c->id, e->d_name);
+			pthread_mutex_unlock(&d->lock);
+			snprintf(path, sizeof(path), "%s/%s", bases[i], e->d_name);
+			if (!ours && !stat(path, &st) && st.st_mtime < old && !rmdir(path))
+				cl_log(d, HALITE_LOG_INFO, "cgroup %s of a clone that is gone: removed",
+				       path);
+		}
+		if (dh)
+			closedir(dh);
+	}
 }

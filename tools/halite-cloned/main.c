@@ -57,6 +57,10 @@ static void usage(FILE *f)
 		"  --cache-max SIZE     the most the templates' decoded blocks may take in\n"
 		"                       --mem-dir, all templates together (bytes, or K/M/G);\n"
 		"                       a template that would go beyond is refused (no limit)\n"
+		"  --clone-memory-max SIZE  a clone's memory limit unless its request or its\n"
+		"                       template says (bytes, or K/M/G; none): each clone\n"
+		"                       runs in its own cgroup, HIER/halite-cloned/ID\n"
+		"  --clone-cpu-max CPUS a clone's CPU limit the same way, e.g. 0.5 (none)\n"
 		"  --log-level LEVEL    error, warn, info (default) or debug\n"
 		"  -h, --help           this text; --version: the version\n"
 		"\n"
@@ -325,7 +329,7 @@ static void shutdown_registry(struct cloned *d)
 }
 
 enum { O_SOCKET = 256, O_LISTEN, O_STATE, O_MEM, O_SYNTH, O_QEMU, O_READERS, O_LAT,
-       O_RATE, O_HOT, O_LOG, O_CACHE };
+       O_RATE, O_HOT, O_LOG, O_CACHE, O_CLONE_MEM, O_CLONE_CPU };
 
 /* What each option with a range takes, as the help says it. */
 static const char *want_of(int c)
@@ -335,6 +339,8 @@ static const char *want_of(int c)
 	case O_LAT: return "microseconds, 0 .. 10000000";
 	case O_RATE: return "bytes per second";
 	case O_CACHE: return "bytes, or a number with K, M or G";
+	case O_CLONE_MEM: return "bytes, or a number with K, M or G; at least 1M";
+	case O_CLONE_CPU: return "CPUs, 0.01 .. 1024";
 	case O_HOT: return "milliseconds, 0 .. 3600000";
 	case O_LOG: return "error, warn, info or debug";
 	default: return "a value";
@@ -350,6 +356,8 @@ int main(int argc, char **argv)
 		{ "read-latency-us", 1, 0, O_LAT }, { "prefetch-rate", 1, 0, O_RATE },
 		{ "hot-window-ms", 1, 0, O_HOT },  { "log-level", 1, 0, O_LOG },
 		{ "cache-max", 1, 0, O_CACHE },	   { "qemu-bin", 1, 0, O_QEMU },
+		{ "clone-memory-max", 1, 0, O_CLONE_MEM },
+		{ "clone-cpu-max", 1, 0, O_CLONE_CPU },
 		{ "help", 0, 0, 'h' },		   { "version", 0, 0, 'V' },
 		{ 0 },
 	};
@@ -397,6 +405,21 @@ int main(int argc, char **argv)
 				goto bad;
 			d.o.cache_max = v;
 			break;
+		case O_CLONE_MEM:
+			if (parse_size(optarg, &v) || v < (1 << 20))
+				goto bad;
+			d.o.clone_memory_max = v;
+			break;
+		case O_CLONE_CPU: {
+			char *end;
+
+			errno = 0;
+			d.o.clone_cpu_max = strtod(optarg, &end);
+			if (errno || end == optarg || *end || !(d.o.clone_cpu_max >= 0.01) ||
+			    d.o.clone_cpu_max > 1024)
+				goto bad;
+			break;
+		}
 		case O_HOT:
 			if (parse_u64(optarg, &v) || v > 3600000)
 				goto bad;
@@ -466,6 +489,13 @@ int main(int argc, char **argv)
 
 	if (prepare_dirs(&d))
 		return 1;
+	/* Where clones' cgroups go; a default limit that cannot be applied is refused. */
+	confine_init(&d);
+	if (confine_check(&d, d.o.clone_memory_max, d.o.clone_cpu_max, msg, sizeof(msg))) {
+		cl_log(&d, HALITE_LOG_ERROR, "%s (--clone-memory-max, --clone-cpu-max)", msg);
+		confine_fini(&d);
+		return 1;
+	}
 	ufd = bind_unix(&d, d.o.socket_path);
 	if (ufd < 0)
 		return 1;
@@ -476,6 +506,7 @@ int main(int argc, char **argv)
 	}
 	tmpl_load_all(&d);
 	clones_load_all(&d);
+	confine_sweep(&d);
 	if (api_start(&d, ufd, tfd, &mhd_unix, &mhd_tcp)) {
 		cl_log(&d, HALITE_LOG_ERROR, "the HTTP server did not start");
 		shutdown_registry(&d);
@@ -512,6 +543,7 @@ int main(int argc, char **argv)
 		close(tfd);
 	unlink(d.o.socket_path);
 	shutdown_registry(&d);
+	confine_fini(&d);
 	free(d.o.synth_bin);
 	free(d.o.qemu_bin);
 	return 0;
