@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """End-to-end tests of how halite-cloned confines the clones it starts (issue 24, D2).
 
-  test_clone_confine.py CASE     CASE: synth-args, cgroup, oom
+  test_clone_confine.py CASE     CASE: synth-args, cgroup, oom, qemu-args, qemu
 
 - synth-args: a synthetic snapshot whose synth.args carries `--control
   /tmp/other.sock` (made by `halite-inspect import --meta` from a good
@@ -18,6 +18,16 @@
   is "failed" with the out-of-memory error naming 16 MiB (GET and its
   clone.json) within 30 s, its cgroup removed; a clone started at the same
   time without a limit finishes exact; /healthz 200.
+- qemu-args: the daemon refuses to start with a --qemu-system that is missing
+  or not executable, a --clone-user that is root or unknown, a relative
+  --qemu-dir (exit 2, the option named); a QEMU template's clone is spawned
+  as `halite-qemu clone --qemu-binary QEMU --run-as USER --allow-dir DIR`
+  from the daemon's options (a stand-in halite-qemu records its argv), not
+  from anything the snapshot records.
+- qemu: test_clone.py's qemu case with the daemon given --clone-user nobody
+  and --qemu-dir: real QEMU clones run as confined. Skipped (77) until
+  `halite-qemu clone --help` lists --qemu-binary (engineer D1's options), or
+  without QEMU or the test guest.
 """
 import json
 import os
@@ -28,6 +38,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_clone  # noqa: E402
 from test_clone import (Env, Fail, INSPECT, check, ctl, log)  # noqa: E402
 
 OTHER_SOCK = "/tmp/other.sock"
@@ -237,7 +248,88 @@ def case_oom(e):
     e.ok("DELETE", "/clones/%s" % a)
 
 
-CASES = {"synth-args": case_synth_args, "cgroup": case_cgroup, "oom": case_oom}
+def case_qemu_args(e):
+    base = [test_clone.CLONED, "--socket", e.sock, "--state-dir", e.state, "--mem-dir", e.mem]
+    notexec = os.path.join(e.tmp, "not-exec")
+    with open(notexec, "w") as f:
+        f.write("#!/bin/sh\n")
+    for args, words in ((["--qemu-system", "/nonexistent/qemu"], "--qemu-system /nonexistent/qemu"),
+                        (["--qemu-system", notexec], "not an executable file"),
+                        (["--clone-user", "root"], "uid 0 is refused"),
+                        (["--clone-user", "no-such-user-h24"], "no such user"),
+                        (["--qemu-dir", "relative/dir"], "not an absolute path")):
+        p = subprocess.run(base + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, timeout=30)
+        check(p.returncode == 2 and words in p.stdout,
+              "%s: exit %d, wanted 2 naming %r: %s" % (args, p.returncode, words, p.stdout))
+        check(not os.path.exists(e.sock), "%s: the socket was bound" % args)
+    # A stand-in halite-qemu records its arguments and fails; a stand-in QEMU.
+    argv_file = os.path.join(e.tmp, "argv")
+    fake = os.path.join(e.tmp, "fake-halite-qemu")
+    with open(fake, "w") as f:
+        f.write("#!/bin/sh\nfor a in \"$@\"; do echo \"$a\"; done > %s\nexit 3\n" % argv_file)
+    qsys = os.path.join(e.tmp, "bin", "qemu-system-x86_64")
+    os.makedirs(os.path.dirname(qsys))
+    with open(qsys, "w") as f:
+        f.write("#!/bin/sh\nexit 1\n")
+    os.chmod(fake, 0o755)
+    os.chmod(qsys, 0o755)
+    kdir = os.path.join(e.tmp, "kernels")
+    os.makedirs(kdir)
+    e.start("--qemu-bin", fake, "--qemu-system", qsys, "--clone-user", "nobody",
+            "--qemu-dir", kdir, "--qemu-dir", "/usr/share")
+    # A QEMU snapshot (metadata qemu.*) that names a binary of its own.
+    synth = e.snapshot()
+    img = synth + ".img"
+    e.extract(synth)
+    snap = os.path.join(e.tmp, "q.hlt")
+    subprocess.run([INSPECT, "import", "--region", "pc.ram=" + img, "-o", snap, "--no-sync",
+                    "--meta", "qemu.binary=/tmp/evil-qemu",
+                    "--meta", "qemu.cmdline=/tmp/evil-qemu -m 64"],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
+    t = e.template(snap)
+    check(t["kind"] == "qemu", "the template is of kind qemu: %s" % t)
+    st, j = e.req("POST", "/templates/%s/clones" % t["id"], {"count": 1})
+    check(st == 500, "the stand-in halite-qemu fails: %d %s" % (st, j))
+    with open(argv_file) as f:
+        argv = f.read().split("\n")[:-1]
+    log("  halite-qemu %s" % " ".join(argv))
+    check(argv[0] == "clone", "argv: %s" % argv)
+
+    def after(opt):
+        vals = [argv[i + 1] for i in range(len(argv) - 1) if argv[i] == opt]
+        return vals
+    check(after("--qemu-binary") == [qsys], "--qemu-binary %s, wanted [%s]" % (after("--qemu-binary"), qsys))
+    check(after("--run-as") == ["nobody"], "--run-as %s" % after("--run-as"))
+    check(after("--allow-dir") == [kdir, "/usr/share"], "--allow-dir %s" % after("--allow-dir"))
+    check(not any("evil" in a for a in argv), "the snapshot's binary is on the command line: %s" % argv)
+    check(argv[-1] == snap, "the snapshot last: %s" % argv)
+
+
+def case_qemu(e):
+    qbin = test_clone.QEMU_BIN
+    if not qbin:
+        raise Skip("no halite-qemu")
+    p = subprocess.run([qbin, "clone", "--help"], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=30)
+    if "--qemu-binary" not in p.stdout:
+        raise Skip("halite-qemu clone has no --qemu-binary yet (engineer D1's options): "
+                   "the daemon's QEMU clones need it")
+    start = e.start
+    # the guest's kernel and initrd come from the image directory
+    dirs = ["--qemu-dir", os.path.join(test_clone.hg.ROOT, "build", "guest-image")]
+
+    def confined_start(*args):
+        start(*(list(args) + ["--clone-user", "nobody"] + dirs))
+    e.start = confined_start
+    try:
+        test_clone.case_qemu(e)
+    except test_clone.Skip as x:
+        raise Skip(str(x))
+
+
+CASES = {"synth-args": case_synth_args, "cgroup": case_cgroup, "oom": case_oom,
+         "qemu-args": case_qemu_args, "qemu": case_qemu}
 
 
 def main():

@@ -33,6 +33,7 @@
 #define CLONED_QEMU_READY_TIMEOUT_MS 60000
 #define CLONED_QEMU_START_TIMEOUT_MS 120000
 #define CLONED_MAX_REGIONS 8	     /* guest RAM pieces of a QEMU clone */
+#define CLONED_MAX_QEMU_DIRS 32	     /* --qemu-dir: with the rest, within spawn_clone's argv */
 
 struct cloned_opts {
 	const char *socket_path;
@@ -51,7 +52,7 @@ struct cloned_opts {
 	uint64_t clone_memory_max; /* --clone-memory-max: bytes, 0 none */
 	double clone_cpu_max;	   /* --clone-cpu-max: CPUs, 0 none */
 	char *qemu_system;	   /* --qemu-system: QEMU, absolute; NULL: none found */
-	char *clone_user;	   /* --clone-user: who QEMU runs as */
+	const char *clone_user;	   /* --clone-user: who QEMU runs as */
 	const char **qemu_dirs;	   /* --qemu-dir, repeatable */
 	unsigned nqemu_dirs;
 };

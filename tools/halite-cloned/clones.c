@@ -563,10 +563,22 @@ static int spawn_clone(struct cloned *d, struct clone *c, const char *dir, const
 		goto out;
 	}
 	if (c->tp->kind == TMPL_QEMU) {
-		/* QEMU's command line is the snapshot's, made the clone's own by halite-qemu. */
+		/*
+		 * QEMU's command line is the snapshot's, made the clone's own by
+		 * halite-qemu; which QEMU runs, as whom, and where its kernel may
+		 * come from are the daemon's configuration, never the file's.
+		 */
 		bin = d->o.qemu_bin;
 		argv[argc++] = bin;
 		argv[argc++] = "clone";
+		argv[argc++] = "--qemu-binary";
+		argv[argc++] = d->o.qemu_system;
+		argv[argc++] = "--run-as";
+		argv[argc++] = (char *)d->o.clone_user;
+		for (unsigned i = 0; i < d->o.nqemu_dirs; i++) { /* CLONED_MAX_QEMU_DIRS */
+			argv[argc++] = "--allow-dir";
+			argv[argc++] = (char *)d->o.qemu_dirs[i];
+		}
 		argv[argc++] = "--mem-file";
 		argv[argc++] = mem;
 		argv[argc++] = "--control";
@@ -789,6 +801,14 @@ void clones_create(struct cloned *d, const char *tid, const cJSON *body, uint64_
 		return reply_error(r, 400, "template %s is a QEMU guest's: its clones run the "
 				   "guest, not synthetic accesses (no accesses, write_pct, pattern)",
 				   tid);
+	}
+	if (tp->kind == TMPL_QEMU && (!d->o.qemu_system || !d->o.clone_user)) {
+		pthread_mutex_unlock(&d->lock);
+		free(jobs);
+		return reply_error(r, 500, !d->o.qemu_system ?
+				   "qemu-system-x86_64 not found: start " PROG " with --qemu-system PATH" :
+				   "no user for QEMU clones (no user nobody): start " PROG
+				   " with --clone-user USER");
 	}
 	if (!(tp->kind == TMPL_QEMU ? d->o.qemu_bin : d->o.synth_bin)) {
 		pthread_mutex_unlock(&d->lock);
