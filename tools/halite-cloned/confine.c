@@ -231,7 +231,7 @@ void confine_init(struct cloned *d)
 	if (f)
 		fclose(f);
 	if (v2[0]) {
-		char ctl[PATH_MAX], avail[256] = "";
+		char ctl[PATH_MAX + 32], avail[256] = "";
 		FILE *c;
 
 		snprintf(ctl, sizeof(ctl), "%s/cgroup.controllers", v2);
