@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """End-to-end tests of how halite-cloned confines the clones it starts (issue 24, D2).
 
-  test_clone_confine.py CASE     CASE: synth-args, cgroup, oom, qemu-args, qemu
+  test_clone_confine.py CASE     CASE: synth-args, cgroup, oom, unwritable, qemu-args, qemu
 
 - synth-args: a synthetic snapshot whose synth.args carries `--control
   /tmp/other.sock` (made by `halite-inspect import --meta` from a good
@@ -14,10 +14,14 @@
   cgroup.procs, the limits read back from the cgroup files are those asked,
   GET shows them; a template's memory_max is its clones' default; a bad
   value is 400; after DELETE the cgroup directories are gone.
-- oom: a clone of a 64 MiB template writing all of it with memory_max 16 MiB
+- oom: a clone of a 64 MiB template writing 48 MiB of it with memory_max 16 MiB
   is "failed" with the out-of-memory error naming 16 MiB (GET and its
   clone.json) within 30 s, its cgroup removed; a clone started at the same
   time without a limit finishes exact; /healthz 200.
+- unwritable: the daemon in a mount namespace where every cgroup hierarchy is
+  read-only: a clone without limits starts unconfined (cgroup ""), one with
+  memory_max or cpu_max (or a template with one) is refused with 400 naming
+  why, and --clone-memory-max makes the daemon refuse to start.
 - qemu-args: the daemon refuses to start with a --qemu-system that is missing
   or not executable, a --clone-user that is root or unknown, a relative
   --qemu-dir (exit 2, the option named); a QEMU template's clone is spawned
@@ -31,6 +35,7 @@
 """
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -208,9 +213,11 @@ def case_cgroup(e):
 def case_oom(e):
     ver, mem, _ = need_cgroups()
     e.start()
-    snap = e.snapshot()
+    # A clone writes its vCPUs' working sets: 2 x 24 MiB of 64, well past 16 MiB.
+    snap = e.snapshot("t.hlt", "--ws", "24")
     want = e.extract(snap)
     t = e.template(snap, hotset=False)
+    check(" --ws 24 " in t["synth_args"], "the template's synth_args: %s" % t["synth_args"])
     out = {}
 
     def start(name, **opts):
@@ -230,7 +237,8 @@ def case_oom(e):
     for k in ("a", "b"):
         check(isinstance(out.get(k), str), "clone %s did not start: %s" % (k, out.get(k)))
     a, b = out["a"], out["b"]
-    c = e.wait_state(a, ("failed", "done", "exited"), timeout=30)
+    # "done" (every page served) may come before the kill: wait for the process's end
+    c = e.wait_state(a, ("failed", "exited"), timeout=30)
     check(time.time() - t0 < 30 + 5, "the limited clone took %.0f s" % (time.time() - t0))
     want_err = "out of memory: the clone exceeded its memory limit of 16 MiB (memory_max)"
     check(c["state"] == "failed" and c["error"] == want_err,
@@ -246,6 +254,50 @@ def case_oom(e):
     st, _ = e.req("GET", "/healthz")
     check(st == 200, "/healthz %d after the out-of-memory kill" % st)
     e.ok("DELETE", "/clones/%s" % a)
+
+
+def case_unwritable(e):
+    if not shutil.which("unshare"):
+        raise Skip("no unshare(1)")
+    wrapper = os.path.join(e.tmp, "cloned-ro-cgroups")
+    with open(wrapper, "w") as f:
+        f.write("""#!/bin/sh
+# halite-cloned with every cgroup mount read-only, in a mount namespace of its own
+exec unshare --mount --propagation private sh -c '
+for m in $(grep -E " - cgroup2? " /proc/self/mountinfo | cut -d" " -f5); do
+    mount -o remount,bind,ro "$m" || exit 99
+done
+exec "$0" "$@"' %s "$@"
+""" % test_clone.CLONED)
+    os.chmod(wrapper, 0o755)
+    real = test_clone.CLONED
+    test_clone.CLONED = wrapper
+    try:
+        e.start()
+        snap = e.snapshot()
+        t = e.template(snap)
+        cid = e.clones(t["id"], 1)[0]
+        c = e.wait_state(cid, ("done",))
+        check(c["cgroup"] == "" and c["memory_max"] == 0, "an unconfined clone: %s" % c)
+        for body in ({"count": 1, "memory_max": 64 << 20}, {"count": 1, "cpu_max": 0.5}):
+            st, j = e.req("POST", "/templates/%s/clones" % t["id"], body)
+            field = "memory_max" if "memory_max" in body else "cpu_max"
+            check(st == 400 and j.get("error", "").startswith(field + " cannot be applied: no "
+                                                              "writable cgroup"),
+                  "%s without a writable cgroup: %d %s" % (body, st, j))
+        st, j = e.req("POST", "/templates", {"snapshot": snap, "memory_max": 64 << 20})
+        check(st == 400 and "memory_max cannot be applied" in j.get("error", ""),
+              "a template with memory_max: %d %s" % (st, j))
+        _, lst = e.req("GET", "/clones")
+        check(len(lst["clones"]) == 1, "clones after the refusals: %s" % lst)
+        e.kill_daemon()
+        p = subprocess.run([wrapper, "--socket", e.sock + "2", "--state-dir", e.state,
+                            "--mem-dir", e.mem, "--clone-memory-max", "64M"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=30)
+        check(p.returncode == 1 and "memory_max cannot be applied" in p.stdout,
+              "--clone-memory-max without a writable cgroup: exit %d: %s" % (p.returncode, p.stdout))
+    finally:
+        test_clone.CLONED = real
 
 
 def case_qemu_args(e):
@@ -329,6 +381,7 @@ def case_qemu(e):
 
 
 CASES = {"synth-args": case_synth_args, "cgroup": case_cgroup, "oom": case_oom,
+         "unwritable": case_unwritable,
          "qemu-args": case_qemu_args, "qemu": case_qemu}
 
 

@@ -186,7 +186,8 @@ static char *make_parent(const char *root, const char *ctrls, char *why, size_t 
 
 	if (asprintf(&p, "%s/" CG_DIR, root) < 0)
 		return NULL;
-	if (mkdir(p, 0755) && errno != EEXIST) {
+	/* made by an earlier daemon, perhaps: it must take clones' cgroups now */
+	if ((mkdir(p, 0755) && errno != EEXIST) || access(p, W_OK)) {
 		snprintf(why, whylen, "%s: %s", p, strerror(errno));
 		free(p);
 		return NULL;
