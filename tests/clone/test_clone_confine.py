@@ -13,7 +13,8 @@
   controller, else the v1 memory and cpu hierarchies): its pid is in
   cgroup.procs, the limits read back from the cgroup files are those asked,
   GET shows them; a template's memory_max is its clones' default; a bad
-  value is 400; after DELETE the cgroup directories are gone.
+  value is 400; after a daemon restart and DELETE the cgroup directories are
+  gone.
 - oom: a clone of a 64 MiB template writing 48 MiB of it with memory_max 16 MiB
   is "failed" with the out-of-memory error naming 16 MiB (GET and its
   clone.json) within 30 s, its cgroup removed; a clone started at the same
@@ -204,6 +205,13 @@ def case_cgroup(e):
     mdir2 = os.path.join(mem, "halite-cloned", cid2)
     key = "memory.max" if ver == 2 else "memory.limit_in_bytes"
     check(int(read(os.path.join(mdir2, key))) == 128 << 20, "%s of %s" % (key, cid2))
+    # A restarted daemon finds them in their cgroups, and DELETE (of clones not
+    # its children any more) still removes the cgroups.
+    e.kill_daemon()
+    e.start()
+    c = e.clone(cid)
+    check(c["cgroup"] == mdir and c["state"] in ("running", "done"),
+          "after a restart: %s" % c)
     for i in (cid, cid2):
         e.ok("DELETE", "/clones/%s" % i)
     for d in (mdir, cdir, mdir2, os.path.join(cpu, "halite-cloned", cid2)):
