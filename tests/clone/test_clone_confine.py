@@ -8,6 +8,8 @@
   snapshot's memory) is refused at POST /templates with 400 naming --control,
   and so are --anon and a bare path; a socket listening at /tmp/other.sock is
   untouched (same inode, still accepting). A good template's clone is exact.
+  A template whose file is replaced by one recording --control is not loaded
+  by a restarted daemon, which says why.
 - cgroup: a clone with memory_max 256 MiB and cpu_max 0.5 runs in
   HIER/halite-cloned/CID (v2 where the unified hierarchy has the memory
   controller, else the v1 memory and cpu hierarchies): its pid is in
@@ -36,6 +38,7 @@
 """
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -141,6 +144,21 @@ def case_synth_args(e):
         cid = e.clones(good["id"], 1, pattern="random")[0]
         e.wait_state(cid, ("done",))
         e.check_exact(cid, want)
+        # At reload too: a template whose file now records --control is not loaded.
+        other = os.path.join(e.tmp, "other.hlt")
+        shutil.copy(snap, other)
+        t2 = e.template(other)
+        bad = import_with_args(e, snap, "bad.hlt", args + " --control " + OTHER_SOCK)
+        os.replace(bad, other)
+        e.kill_daemon()
+        e.start()
+        _, lst = e.req("GET", "/templates")
+        check([t["id"] for t in lst["templates"]] == [good["id"]],
+              "templates after the reload: %s" % lst)
+        # (why: its synth.args, or whatever else a reload checks first about a replaced file)
+        check(re.search(r"template %s .*not loaded: " % t2["id"], e.log_text()),
+              "the daemon's log does not say why %s was not loaded" % t2["id"])
+        check(os.stat(OTHER_SOCK).st_ino == ino, "%s was replaced" % OTHER_SOCK)
     finally:
         ls.close()
         try:
