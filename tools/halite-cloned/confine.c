@@ -105,10 +105,15 @@ int confine_synth_args_check(const char *args, char *err, size_t errlen)
 			continue;
 		v = strtok_r(NULL, " \t\n", &save);
 		if (!v || !shape_ok(v, synth_allowed[k].shape)) {
-			snprintf(err, errlen, "its synth.args has %s %s'%.100s': want %s", w,
-				 v ? "" : "without a value, ", v ? v : "",
-				 synth_allowed[k].shape == A_SIZE ? "a size (MiB, or a number with "
-				 "K, M or G)" : "a non-negative integer");
+			const char *want = synth_allowed[k].shape == A_SIZE ?
+				"a size (MiB, or a number with K, M or G)" : "a non-negative integer";
+
+			if (v)
+				snprintf(err, errlen, "its synth.args has %s '%.100s': want %s", w, v,
+					 want);
+			else
+				snprintf(err, errlen, "its synth.args has %s without a value: want %s",
+					 w, want);
 			ret = -EINVAL;
 		}
 	}
