@@ -33,6 +33,7 @@
 #define CLONED_QEMU_READY_TIMEOUT_MS 60000
 #define CLONED_QEMU_START_TIMEOUT_MS 120000
 #define CLONED_MAX_REGIONS 8	     /* guest RAM pieces of a QEMU clone */
+#define CLONED_MAX_QEMU_DIRS 32	     /* --qemu-dir: with the rest, within spawn_clone's argv */
 
 struct cloned_opts {
 	const char *socket_path;
@@ -47,6 +48,21 @@ struct cloned_opts {
 	uint32_t hot_window_ms;
 	uint64_t cache_max;	 /* --cache-max: 0 = no limit */
 	int log_level;
+	/* clone confinement (confine.c) */
+	uint64_t clone_memory_max; /* --clone-memory-max: bytes, 0 none */
+	double clone_cpu_max;	   /* --clone-cpu-max: CPUs, 0 none */
+	char *qemu_system;	   /* --qemu-system: QEMU, absolute; NULL: none found */
+	const char *clone_user;	   /* --clone-user: who QEMU runs as */
+	const char **qemu_dirs;	   /* --qemu-dir, repeatable */
+	unsigned nqemu_dirs;
+};
+
+/* Where clones' cgroups go (confine.c): HIER/halite-cloned, found at start. */
+struct confine {
+	int version;		 /* 1 or 2; 0: none */
+	char *mem;		 /* the memory controller's halite-cloned dir (v2: the one) */
+	char *cpu;		 /* the cpu controller's (v2: the same) */
+	char why[512];		 /* why one is missing */
 };
 
 enum tmpl_kind { TMPL_SYNTHETIC, TMPL_QEMU };
@@ -70,6 +86,8 @@ struct tmpl {
 	struct halite_template *t;
 	unsigned nclones;	 /* clones in the registry that use it */
 	uint64_t hot_due_ns;	 /* save the hot set then: a session's hot window is over */
+	uint64_t memory_max;	 /* its clones' limits unless a request says (0: none) */
+	double cpu_max;
 };
 
 enum clone_state { CL_STARTING, CL_RUNNING, CL_DONE, CL_FAILED, CL_EXITED, CL_NSTATES };
@@ -98,6 +116,8 @@ struct clone {
 	unsigned write_pct;
 	char pattern[8];
 	bool premap_hot;
+	uint64_t memory_max;	 /* its cgroup's limits: bytes, CPUs (0: none) */
+	double cpu_max;
 	struct halite_session *s;
 	struct halite_session_stats last; /* kept when the session is freed */
 	char error[512];
@@ -118,6 +138,7 @@ struct cloned {
 	struct tmpl *templates;
 	struct clone *clones;
 	struct ready_hist ready;
+	struct confine cg;
 	/* faults of clones deleted: the counters stay monotonic */
 	uint64_t retired_cached, retired_read, retired_zero;
 };
@@ -173,6 +194,21 @@ void clones_load_all(struct cloned *d); /* after tmpl_load_all() */
 const char *clone_state_name(enum clone_state s);
 
 /* a clone's control socket: guest/clone_ctl.h */
+
+/* confine.c */
+int confine_synth_args_check(const char *args, char *err, size_t errlen);
+int confine_parse_limits(const cJSON *body, uint64_t *memory_max, double *cpu_max, char *err,
+			 size_t errlen);
+void confine_init(struct cloned *d);
+void confine_fini(struct cloned *d);
+int confine_check(const struct cloned *d, uint64_t memory_max, double cpu_max, char *err,
+		  size_t errlen);
+char *confine_path(const struct cloned *d, const struct clone *c); /* NULL: none */
+int confine_create(struct cloned *d, struct clone *c, char *err, size_t errlen);
+int confine_attach(struct cloned *d, const struct clone *c, pid_t pid, char *err, size_t errlen);
+void confine_remove(struct cloned *d, const struct clone *c);
+void confine_exited(struct cloned *d, struct clone *c); /* lock held */
+void confine_sweep(struct cloned *d); /* at start, after clones_load_all() */
 
 /* metrics.c */
 char *metrics_render(struct cloned *d);

@@ -90,7 +90,7 @@ static void clone_refresh(struct clone *c)
 }
 
 /* Is the process still the clone we started? Reaps our own children. */
-static bool clone_alive(struct clone *c)
+static bool clone_alive(struct cloned *d, struct clone *c)
 {
 	uint64_t st;
 
@@ -109,9 +109,13 @@ static bool clone_alive(struct clone *c)
 				snprintf(c->error, sizeof(c->error), "the clone exited with status %d",
 					 WEXITSTATUS(status));
 		}
+		confine_exited(d, c);
 		return false;
 	}
-	return !cl_proc_starttime(c->pid, &st) && st == c->starttime;
+	if (!cl_proc_starttime(c->pid, &st) && st == c->starttime)
+		return true;
+	confine_exited(d, c);
+	return false;
 }
 
 void clones_poll(struct cloned *d)
@@ -120,7 +124,7 @@ void clones_poll(struct cloned *d)
 		if (c->state == CL_STARTING || c->state == CL_EXITED)
 			continue;
 		clone_refresh(c);
-		if (clone_alive(c))
+		if (clone_alive(d, c))
 			continue;
 		if (c->state != CL_FAILED)
 			c->state = CL_EXITED;
@@ -159,6 +163,7 @@ static cJSON *clone_json(struct cloned *d, struct clone *c)
 	struct halite_session_stats st;
 	uint64_t rss = 0, pss = 0;
 	char *dir = state_clone_dir(d, c->id), *ctl = dir ? cl_path(dir, "control.sock", NULL) : NULL;
+	char *cg = confine_path(d, c);
 
 	clone_refresh(c);
 	clone_stats(c, &st);
@@ -185,6 +190,9 @@ static cJSON *clone_json(struct cloned *d, struct clone *c)
 	cJSON_AddNumberToObject(j, "rss_bytes", (double)rss);
 	cJSON_AddStringToObject(j, "control", ctl ? ctl : "");
 	cJSON_AddStringToObject(j, "error", c->error);
+	cJSON_AddNumberToObject(j, "memory_max", (double)c->memory_max);
+	cJSON_AddNumberToObject(j, "cpu_max", c->cpu_max);
+	cJSON_AddStringToObject(j, "cgroup", cg && !access(cg, F_OK) ? cg : ""); /* "": none (any more) */
 	if (c->tp->kind == TMPL_QEMU) {
 		cJSON *info = c->info ? cJSON_Parse(c->info) : NULL;
 		static const char *const keep[] = { "forwards", "macs", "qmp", "serial", "disks",
@@ -199,6 +207,7 @@ static cJSON *clone_json(struct cloned *d, struct clone *c)
 		}
 		cJSON_Delete(info);
 	}
+	free(cg);
 	free(ctl);
 	free(dir);
 	return j;
@@ -558,6 +567,9 @@ static void *attach_thread(void *arg)
 	j->vm_pid = m.vm_pid;
 	j->nregs = m.nregs;
 	j->info = m.info;
+	/* QEMU, forked by halite-qemu: in the cgroup already, unless it was quicker than the move */
+	if (!j->ret && m.vm_pid && (j->d->cg.mem || j->d->cg.cpu))
+		j->ret = confine_attach(j->d, c, m.vm_pid, j->err, sizeof(j->err));
 	if (!j->ret)
 		j->ret = clone_session(j->d, c, j->ctl, &m, flags, &j->s, j->err, sizeof(j->err));
 	/* A QEMU clone's start loads its device state, its faults served meanwhile. */
@@ -588,10 +600,22 @@ static int spawn_clone(struct cloned *d, struct clone *c, const char *dir, const
 		goto out;
 	}
 	if (c->tp->kind == TMPL_QEMU) {
-		/* QEMU's command line is the snapshot's, made the clone's own by halite-qemu. */
+		/*
+		 * QEMU's command line is the snapshot's, made the clone's own by
+		 * halite-qemu; which QEMU runs, as whom, and where its kernel may
+		 * come from are the daemon's configuration, never the file's.
+		 */
 		bin = d->o.qemu_bin;
 		argv[argc++] = bin;
 		argv[argc++] = "clone";
+		argv[argc++] = "--qemu-binary";
+		argv[argc++] = d->o.qemu_system;
+		argv[argc++] = "--run-as";
+		argv[argc++] = (char *)d->o.clone_user;
+		for (unsigned i = 0; i < d->o.nqemu_dirs; i++) { /* CLONED_MAX_QEMU_DIRS */
+			argv[argc++] = "--allow-dir";
+			argv[argc++] = (char *)d->o.qemu_dirs[i];
+		}
 		argv[argc++] = "--mem-file";
 		argv[argc++] = mem;
 		argv[argc++] = "--control";
@@ -607,12 +631,12 @@ static int spawn_clone(struct cloned *d, struct clone *c, const char *dir, const
 	snprintf(acc, sizeof(acc), "%" PRIu64, c->accesses);
 	argv[argc++] = d->o.synth_bin;
 	argv[argc++] = "clone";
-	argv[argc++] = "--mem-file";
-	argv[argc++] = mem;
-	argv[argc++] = "--mem-offset";
-	argv[argc++] = off;
-	argv[argc++] = "--control";
-	argv[argc++] = (char *)ctl;
+	/*
+	 * The file's layout words first (checked against an allow-list when the
+	 * template was made), the daemon's own options after them: the last
+	 * one given wins, so no word of a file can name the memory file or the
+	 * control socket.
+	 */
 	for (char *w = strtok_r(args, " \t\n", &save); w; w = strtok_r(NULL, " \t\n", &save)) {
 		if (argc > 80) {
 			snprintf(err, errlen, "the template's synth.args has too many words");
@@ -621,6 +645,12 @@ static int spawn_clone(struct cloned *d, struct clone *c, const char *dir, const
 		}
 		argv[argc++] = w;
 	}
+	argv[argc++] = "--mem-file";
+	argv[argc++] = mem;
+	argv[argc++] = "--mem-offset";
+	argv[argc++] = off;
+	argv[argc++] = "--control";
+	argv[argc++] = (char *)ctl;
 	argv[argc++] = "--write";
 	argv[argc++] = wr;
 	argv[argc++] = "--pattern";
@@ -631,6 +661,9 @@ static int spawn_clone(struct cloned *d, struct clone *c, const char *dir, const
 	}
 	argv[argc] = NULL;
 spawn:
+	/* Its cgroup with its limits, ready before the process is. */
+	if ((d->cg.mem || d->cg.cpu) && (ret = confine_create(d, c, err, errlen)))
+		goto out;
 	if (pipe2(p, O_CLOEXEC)) {
 		ret = -errno;
 		snprintf(err, errlen, "pipe: %s", strerror(errno));
@@ -666,6 +699,16 @@ spawn:
 	c->pid = pid;
 	c->starttime = st;
 	c->child = true;
+	pthread_mutex_unlock(&d->lock);
+	/*
+	 * Into its cgroup before it is told to start (what it maps comes only
+	 * then, through the session); the processes it forks follow it.
+	 */
+	if ((d->cg.mem || d->cg.cpu) && (ret = confine_attach(d, c, pid, err, errlen))) {
+		close(p[0]);
+		goto out; /* clone_abort() ends it */
+	}
+	pthread_mutex_lock(&d->lock);
 	ret = state_save_clone(d, c);
 	pthread_mutex_unlock(&d->lock);
 	if (ret) /* it runs; only a restarted daemon would not find it */
@@ -692,6 +735,7 @@ static void clone_abort(struct cloned *d, struct clone *c)
 		waitpid(c->pid, NULL, 0);
 		c->child = false;
 	}
+	confine_remove(d, c);
 	if (dir)
 		cl_rm_rf(dir);
 	free(dir);
@@ -743,10 +787,11 @@ void clones_create(struct cloned *d, const char *tid, const cJSON *body, uint64_
 		   struct http_reply *r)
 {
 	static const char *const known[] = { "count", "accesses", "write_pct", "pattern",
-					     "premap_hot", NULL };
+					     "premap_hot", "memory_max", "cpu_max", NULL };
 	const cJSON *pat = cJSON_GetObjectItemCaseSensitive(body, "pattern");
 	const cJSON *pm = cJSON_GetObjectItemCaseSensitive(body, "premap_hot"), *f;
-	uint64_t count = 1, accesses = 0, write_pct = 0;
+	uint64_t count = 1, accesses = 0, write_pct = 0, memory_max = UINT64_MAX;
+	double cpu_max = -1;
 	struct attach_job *jobs = NULL;
 	struct tmpl *tp;
 	unsigned ok = 0;
@@ -761,7 +806,7 @@ void clones_create(struct cloned *d, const char *tid, const cJSON *body, uint64_
 		if (!*k)
 			return reply_error(r, 400,
 					   "unknown field '%s' (known: count, accesses, write_pct, "
-					   "pattern, premap_hot)",
+					   "pattern, premap_hot, memory_max, cpu_max)",
 					   f->string);
 	}
 	if (get_uint(body, "count", 1, CLONED_MAX_COUNT, &count, r) ||
@@ -773,6 +818,8 @@ void clones_create(struct cloned *d, const char *tid, const cJSON *body, uint64_
 		return reply_error(r, 400, "field 'pattern' must be \"seq\" or \"random\"");
 	if (pm && !cJSON_IsBool(pm))
 		return reply_error(r, 400, "field 'premap_hot' must be true or false");
+	if (confine_parse_limits(body, &memory_max, &cpu_max, first_err, sizeof(first_err)))
+		return reply_error(r, 400, "%s", first_err);
 	jobs = calloc(count, sizeof(*jobs));
 	if (!jobs)
 		return reply_error(r, 500, "out of memory");
@@ -792,12 +839,30 @@ void clones_create(struct cloned *d, const char *tid, const cJSON *body, uint64_
 				   "guest, not synthetic accesses (no accesses, write_pct, pattern)",
 				   tid);
 	}
+	if (tp->kind == TMPL_QEMU && (!d->o.qemu_system || !d->o.clone_user)) {
+		pthread_mutex_unlock(&d->lock);
+		free(jobs);
+		return reply_error(r, 500, !d->o.qemu_system ?
+				   "qemu-system-x86_64 not found: start " PROG " with --qemu-system PATH" :
+				   "no user for QEMU clones (no user nobody): start " PROG
+				   " with --clone-user USER");
+	}
 	if (!(tp->kind == TMPL_QEMU ? d->o.qemu_bin : d->o.synth_bin)) {
 		pthread_mutex_unlock(&d->lock);
 		free(jobs);
 		return reply_error(r, 500, tp->kind == TMPL_QEMU ?
 				   "halite-qemu not found: start " PROG " with --qemu-bin PATH" :
 				   "halite-synth not found: start " PROG " with --synth-bin PATH");
+	}
+	/* The limits: the request's, else the template's, else the daemon's. */
+	if (memory_max == UINT64_MAX)
+		memory_max = tp->memory_max ? tp->memory_max : d->o.clone_memory_max;
+	if (cpu_max < 0)
+		cpu_max = tp->cpu_max > 0 ? tp->cpu_max : d->o.clone_cpu_max;
+	if (confine_check(d, memory_max, cpu_max, first_err, sizeof(first_err))) {
+		pthread_mutex_unlock(&d->lock);
+		free(jobs);
+		return reply_error(r, 400, "%s", first_err);
 	}
 	for (uint64_t i = 0; i < count; i++) {
 		struct clone *c = calloc(1, sizeof(*c));
@@ -813,6 +878,8 @@ void clones_create(struct cloned *d, const char *tid, const cJSON *body, uint64_
 		c->write_pct = (unsigned)write_pct;
 		snprintf(c->pattern, sizeof(c->pattern), "%s", pat ? pat->valuestring : "seq");
 		c->premap_hot = !pm || cJSON_IsTrue(pm);
+		c->memory_max = memory_max;
+		c->cpu_max = cpu_max;
 		c->next = d->clones;
 		d->clones = c;
 		tp->nclones++;
@@ -1044,6 +1111,7 @@ void clones_delete(struct cloned *d, const char *id, struct http_reply *r)
 	} else if (!cl_proc_starttime(c->pid, &t) && t == c->starttime) {
 		kill(c->pid, SIGKILL); /* not our child (a restart): init reaps it */
 	}
+	confine_remove(d, c); /* what is left in it (QEMU) killed first */
 	dir = state_clone_dir(d, c->id);
 	if (dir)
 		cl_rm_rf(dir);

@@ -17,6 +17,7 @@
 #include <getopt.h>
 #include <limits.h>
 #include <netinet/in.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,6 +48,11 @@ static void usage(FILE *f)
 		"  --synth-bin PATH     halite-synth (next to this program, the build tree's,\n"
 		"                       else from PATH)\n"
 		"  --qemu-bin PATH      halite-qemu, for QEMU templates (the same way)\n"
+		"  --qemu-system PATH   the QEMU that QEMU clones run (qemu-system-x86_64\n"
+		"                       from PATH); never a template's choice\n"
+		"  --clone-user USER    who QEMU clones' QEMU runs as, not root (nobody)\n"
+		"  --qemu-dir DIR       a directory a QEMU template's -kernel, -initrd or\n"
+		"                       -bios may come from (repeatable; none)\n"
 		"  --readers N          locality-block reader threads per template, 1..64 (4)\n"
 		"  --read-latency-us N  added to every locality-block read, 0 .. 10000000\n"
 		"                       (tests, benchmarks; 0)\n"
@@ -57,6 +63,10 @@ static void usage(FILE *f)
 		"  --cache-max SIZE     the most the templates' decoded blocks may take in\n"
 		"                       --mem-dir, all templates together (bytes, or K/M/G);\n"
 		"                       a template that would go beyond is refused (no limit)\n"
+		"  --clone-memory-max SIZE  a clone's memory limit unless its request or its\n"
+		"                       template says (bytes, or K/M/G; none): each clone\n"
+		"                       runs in its own cgroup, HIER/halite-cloned/ID\n"
+		"  --clone-cpu-max CPUS a clone's CPU limit the same way, e.g. 0.5 (none)\n"
 		"  --log-level LEVEL    error, warn, info (default) or debug\n"
 		"  -h, --help           this text; --version: the version\n"
 		"\n"
@@ -324,8 +334,89 @@ static void shutdown_registry(struct cloned *d)
 	pthread_mutex_unlock(&d->lock);
 }
 
+/*
+ * What QEMU clones run and as whom, from the daemon's options alone: the
+ * QEMU binary (given: an executable, made absolute; else
+ * qemu-system-x86_64 from PATH), the user (given: one that exists and is
+ * not root; else nobody, when it exists), the directories a recorded
+ * -kernel/-initrd/-bios may come from (absolute, existing). 0, or -1 with
+ * the sentence in @msg. What is missing leaves QEMU clones refused.
+ */
+static int qemu_confinement(struct cloned *d, char *msg, size_t len)
+{
+	struct cloned_opts *o = &d->o;
+	struct passwd *pw;
+	char *abs;
+
+	if (o->qemu_system) {
+		struct stat st;
+
+		abs = realpath(o->qemu_system, NULL);
+		if (!abs) {
+			snprintf(msg, len, "--qemu-system %s: %s", o->qemu_system, strerror(errno));
+			return -1;
+		}
+		if (stat(abs, &st) || !S_ISREG(st.st_mode) || access(abs, X_OK)) {
+			snprintf(msg, len, "--qemu-system %s: not an executable file", o->qemu_system);
+			free(abs);
+			return -1;
+		}
+		o->qemu_system = abs;
+	} else {
+		char *path = getenv("PATH") ? strdup(getenv("PATH")) : NULL, *save = NULL;
+
+		for (char *dir = path ? strtok_r(path, ":", &save) : NULL; dir && !o->qemu_system;
+		     dir = strtok_r(NULL, ":", &save)) {
+			char *p = NULL;
+
+			if (dir[0] == '/' && asprintf(&p, "%s/qemu-system-x86_64", dir) > 0 &&
+			    !access(p, X_OK))
+				o->qemu_system = realpath(p, NULL);
+			free(p);
+		}
+		free(path);
+	}
+	if (o->clone_user) {
+		errno = 0;
+		pw = getpwnam(o->clone_user);
+		if (!pw) {
+			snprintf(msg, len, "--clone-user %s: no such user", o->clone_user);
+			return -1;
+		}
+		if (pw->pw_uid == 0) {
+			snprintf(msg, len, "--clone-user %s: uid 0 is refused: QEMU clones run as an "
+				 "unprivileged user (e.g. nobody)", o->clone_user);
+			return -1;
+		}
+	} else if ((pw = getpwnam("nobody")) && pw->pw_uid) {
+		o->clone_user = "nobody";
+	}
+	if (o->nqemu_dirs > CLONED_MAX_QEMU_DIRS) {
+		snprintf(msg, len, "--qemu-dir: at most %d", CLONED_MAX_QEMU_DIRS);
+		return -1;
+	}
+	for (unsigned i = 0; i < o->nqemu_dirs; i++) {
+		struct stat st;
+
+		const char *why = NULL;
+
+		if (o->qemu_dirs[i][0] != '/')
+			why = "not an absolute path";
+		else if (stat(o->qemu_dirs[i], &st))
+			why = strerror(errno);
+		else if (!S_ISDIR(st.st_mode))
+			why = "not a directory";
+		if (why) {
+			snprintf(msg, len, "--qemu-dir %s: %s", o->qemu_dirs[i], why);
+			return -1;
+		}
+	}
+	return 0;
+}
+
 enum { O_SOCKET = 256, O_LISTEN, O_STATE, O_MEM, O_SYNTH, O_QEMU, O_READERS, O_LAT,
-       O_RATE, O_HOT, O_LOG, O_CACHE };
+       O_RATE, O_HOT, O_LOG, O_CACHE, O_CLONE_MEM, O_CLONE_CPU,
+       O_QEMU_SYSTEM, O_CLONE_USER, O_QEMU_DIR };
 
 /* What each option with a range takes, as the help says it. */
 static const char *want_of(int c)
@@ -335,6 +426,8 @@ static const char *want_of(int c)
 	case O_LAT: return "microseconds, 0 .. 10000000";
 	case O_RATE: return "bytes per second";
 	case O_CACHE: return "bytes, or a number with K, M or G";
+	case O_CLONE_MEM: return "bytes, or a number with K, M or G; at least 1M";
+	case O_CLONE_CPU: return "CPUs, 0.01 .. 1024";
 	case O_HOT: return "milliseconds, 0 .. 3600000";
 	case O_LOG: return "error, warn, info or debug";
 	default: return "a value";
@@ -350,6 +443,11 @@ int main(int argc, char **argv)
 		{ "read-latency-us", 1, 0, O_LAT }, { "prefetch-rate", 1, 0, O_RATE },
 		{ "hot-window-ms", 1, 0, O_HOT },  { "log-level", 1, 0, O_LOG },
 		{ "cache-max", 1, 0, O_CACHE },	   { "qemu-bin", 1, 0, O_QEMU },
+		{ "clone-memory-max", 1, 0, O_CLONE_MEM },
+		{ "clone-cpu-max", 1, 0, O_CLONE_CPU },
+		{ "qemu-system", 1, 0, O_QEMU_SYSTEM },
+		{ "clone-user", 1, 0, O_CLONE_USER },
+		{ "qemu-dir", 1, 0, O_QEMU_DIR },
 		{ "help", 0, 0, 'h' },		   { "version", 0, 0, 'V' },
 		{ 0 },
 	};
@@ -397,6 +495,35 @@ int main(int argc, char **argv)
 				goto bad;
 			d.o.cache_max = v;
 			break;
+		case O_QEMU_SYSTEM: d.o.qemu_system = optarg; break;
+		case O_CLONE_USER: d.o.clone_user = optarg; break;
+		case O_QEMU_DIR: {
+			const char **dirs = realloc(d.o.qemu_dirs,
+						    (d.o.nqemu_dirs + 1) * sizeof(*dirs));
+
+			if (!dirs) {
+				snprintf(msg, sizeof(msg), "out of memory");
+				goto usage_err;
+			}
+			d.o.qemu_dirs = dirs;
+			dirs[d.o.nqemu_dirs++] = optarg;
+			break;
+		}
+		case O_CLONE_MEM:
+			if (parse_size(optarg, &v) || v < (1 << 20))
+				goto bad;
+			d.o.clone_memory_max = v;
+			break;
+		case O_CLONE_CPU: {
+			char *end;
+
+			errno = 0;
+			d.o.clone_cpu_max = strtod(optarg, &end);
+			if (errno || end == optarg || *end || !(d.o.clone_cpu_max >= 0.01) ||
+			    d.o.clone_cpu_max > 1024)
+				goto bad;
+			break;
+		}
 		case O_HOT:
 			if (parse_u64(optarg, &v) || v > 3600000)
 				goto bad;
@@ -447,6 +574,8 @@ int main(int argc, char **argv)
 		free(d.o.qemu_bin);
 		return 2;
 	}
+	if (qemu_confinement(&d, msg, sizeof(msg)))
+		goto usage_err;
 	if (!d.o.synth_bin)
 		cl_log(&d, HALITE_LOG_WARN,
 		       "halite-synth is neither next to " PROG " nor in PATH: synthetic clones "
@@ -466,6 +595,13 @@ int main(int argc, char **argv)
 
 	if (prepare_dirs(&d))
 		return 1;
+	/* Where clones' cgroups go; a default limit that cannot be applied is refused. */
+	confine_init(&d);
+	if (confine_check(&d, d.o.clone_memory_max, d.o.clone_cpu_max, msg, sizeof(msg))) {
+		cl_log(&d, HALITE_LOG_ERROR, "%s (--clone-memory-max, --clone-cpu-max)", msg);
+		confine_fini(&d);
+		return 1;
+	}
 	ufd = bind_unix(&d, d.o.socket_path);
 	if (ufd < 0)
 		return 1;
@@ -476,6 +612,7 @@ int main(int argc, char **argv)
 	}
 	tmpl_load_all(&d);
 	clones_load_all(&d);
+	confine_sweep(&d);
 	if (api_start(&d, ufd, tfd, &mhd_unix, &mhd_tcp)) {
 		cl_log(&d, HALITE_LOG_ERROR, "the HTTP server did not start");
 		shutdown_registry(&d);
@@ -490,7 +627,9 @@ int main(int argc, char **argv)
 	cl_log(&d, HALITE_LOG_INFO, "listening on %s%s%s (state %s, memory %s, synth %s)",
 	       d.o.socket_path, d.o.listen ? " and " : "", d.o.listen ? d.o.listen : "",
 	       d.o.state_dir, d.o.mem_dir, d.o.synth_bin ? d.o.synth_bin : "none");
-	cl_log(&d, HALITE_LOG_INFO, "halite-qemu: %s", d.o.qemu_bin ? d.o.qemu_bin : "none");
+	cl_log(&d, HALITE_LOG_INFO, "halite-qemu: %s; QEMU %s as %s", d.o.qemu_bin ? d.o.qemu_bin :
+	       "none", d.o.qemu_system ? d.o.qemu_system : "none",
+	       d.o.clone_user ? d.o.clone_user : "nobody (none)");
 
 	for (;;) {
 		struct timespec tick = { 0, 250 * 1000000 };
@@ -512,8 +651,11 @@ int main(int argc, char **argv)
 		close(tfd);
 	unlink(d.o.socket_path);
 	shutdown_registry(&d);
+	confine_fini(&d);
 	free(d.o.synth_bin);
 	free(d.o.qemu_bin);
+	free(d.o.qemu_system);
+	free(d.o.qemu_dirs);
 	return 0;
 bad:
 	/* The table is not in the enum's order: its name by its value. */

@@ -120,7 +120,9 @@ int state_save_template(struct cloned *d, const struct tmpl *tp)
 	    cJSON_AddStringToObject(j, "kind", tp->kind == TMPL_QEMU ? "qemu" : "synthetic") &&
 	    cJSON_AddStringToObject(j, "snapshot", tp->snapshot) &&
 	    cJSON_AddBoolToObject(j, "hotset", tp->hotset) &&
-	    cJSON_AddNumberToObject(j, "created", (double)tp->created))
+	    cJSON_AddNumberToObject(j, "created", (double)tp->created) &&
+	    cJSON_AddNumberToObject(j, "memory_max", (double)tp->memory_max) &&
+	    cJSON_AddNumberToObject(j, "cpu_max", tp->cpu_max))
 		ret = state_write_json(path, j);
 	cJSON_Delete(j);
 	free(path);
@@ -150,7 +152,12 @@ int state_save_clone(struct cloned *d, const struct clone *c)
 	    cJSON_AddNumberToObject(j, "accesses", (double)c->accesses) &&
 	    cJSON_AddNumberToObject(j, "write_pct", c->write_pct) &&
 	    cJSON_AddStringToObject(j, "pattern", c->pattern) &&
-	    cJSON_AddBoolToObject(j, "premap_hot", c->premap_hot))
+	    cJSON_AddBoolToObject(j, "premap_hot", c->premap_hot) &&
+	    /* what a human reads: the loader takes neither (a restart asks the session again) */
+	    cJSON_AddStringToObject(j, "state", clone_state_name(c->state)) &&
+	    cJSON_AddStringToObject(j, "error", c->error) &&
+	    cJSON_AddNumberToObject(j, "memory_max", (double)c->memory_max) &&
+	    cJSON_AddNumberToObject(j, "cpu_max", c->cpu_max))
 		ret = state_write_json(path, j);
 	cJSON_Delete(j);
 	free(path);

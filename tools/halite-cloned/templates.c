@@ -61,6 +61,7 @@ static unsigned classify(struct tmpl *tp, char *err, size_t errlen)
 {
 	const char *snapshot = tp->snapshot, *devram = NULL;
 	uint32_t devram_len = 0;
+	char why[600];
 	struct halite_reader *r;
 	bool qemu = false;
 	int ret;
@@ -115,6 +116,14 @@ static unsigned classify(struct tmpl *tp, char *err, size_t errlen)
 		return 400;
 	}
 	tp->kind = TMPL_SYNTHETIC;
+	/* Words of a file the daemon did not write, on a root process's command line. */
+	if (confine_synth_args_check(tp->synth_args, why, sizeof(why))) {
+		snprintf(err, errlen, "snapshot %s: %s", snapshot, why);
+		free(tp->synth_args);
+		tp->synth_args = NULL;
+		halite_reader_free(r);
+		return 400;
+	}
 	snprintf(tp->region, sizeof(tp->region), "%s", CLONED_REGION);
 	if (halite_reader_find_region(r, CLONED_REGION) < 0) {
 		snprintf(err, errlen, "snapshot %s has no region %s", snapshot, CLONED_REGION);
@@ -202,6 +211,8 @@ cJSON *tmpl_json(struct tmpl *tp, bool detail)
 	if (tp->synth_args)
 		cJSON_AddStringToObject(j, "synth_args", tp->synth_args);
 	cJSON_AddStringToObject(j, "region", tp->region);
+	cJSON_AddNumberToObject(j, "memory_max", (double)tp->memory_max);
+	cJSON_AddNumberToObject(j, "cpu_max", tp->cpu_max);
 	if (!detail)
 		return j;
 	halite_template_stats(tp->t, &st);
@@ -260,24 +271,30 @@ static void tmpl_drop(struct cloned *d, struct tmpl *tp)
 
 void tmpl_create(struct cloned *d, const cJSON *body, struct http_reply *r)
 {
-	static const char *const known[] = { "snapshot", "hotset", NULL };
+	static const char *const known[] = { "snapshot", "hotset", "memory_max", "cpu_max", NULL };
 	const cJSON *snap = cJSON_GetObjectItemCaseSensitive(body, "snapshot");
 	const cJSON *hot = cJSON_GetObjectItemCaseSensitive(body, "hotset"), *f;
 	char err[1024] = "";
+	uint64_t memory_max = 0;
+	double cpu_max = 0;
 	struct tmpl *tp;
 	unsigned status;
 	int ret;
 
 	cJSON_ArrayForEach(f, body)
 		if (!field_known(f->string, known))
-			return reply_error(r, 400, "unknown field '%s' (known: snapshot, hotset)",
-					   f->string);
+			return reply_error(r, 400, "unknown field '%s' (known: snapshot, hotset, "
+					   "memory_max, cpu_max)", f->string);
 	if (!snap)
 		return reply_error(r, 400, "missing field 'snapshot' (an absolute path)");
 	if (!cJSON_IsString(snap) || snap->valuestring[0] != '/')
 		return reply_error(r, 400, "field 'snapshot' must be an absolute path (a string)");
 	if (hot && !cJSON_IsBool(hot))
 		return reply_error(r, 400, "field 'hotset' must be true or false");
+	/* its clones' limits unless their request says: applicable, or refused now */
+	if (confine_parse_limits(body, &memory_max, &cpu_max, err, sizeof(err)) ||
+	    confine_check(d, memory_max, cpu_max, err, sizeof(err)))
+		return reply_error(r, 400, "%s", err);
 	if (access(snap->valuestring, R_OK))
 		return reply_error(r, 400, "snapshot %s: %s", snap->valuestring, strerror(errno));
 	tp = calloc(1, sizeof(*tp));
@@ -287,6 +304,8 @@ void tmpl_create(struct cloned *d, const cJSON *body, struct http_reply *r)
 	}
 	tp->hotset = !hot || cJSON_IsTrue(hot);
 	tp->created = time(NULL);
+	tp->memory_max = memory_max;
+	tp->cpu_max = cpu_max;
 	status = classify(tp, err, sizeof(err));
 	if (status) {
 		tmpl_destroy(tp);
@@ -457,6 +476,8 @@ void tmpl_load_all(struct cloned *d)
 		memcpy(tp->id, id, sizeof(tp->id));
 		tp->hotset = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "hotset"));
 		tp->created = (int64_t)state_jnum(j, "created", 0);
+		tp->memory_max = (uint64_t)state_jnum(j, "memory_max", 0);
+		tp->cpu_max = state_jnum(j, "cpu_max", 0);
 		cJSON_Delete(j);
 		if (tmpl_open(d, tp, err, sizeof(err))) {
 			cl_log(d, HALITE_LOG_ERROR, "template %s (%s) not loaded: %s", id,
