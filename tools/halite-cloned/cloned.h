@@ -34,6 +34,13 @@
 #define CLONED_QEMU_START_TIMEOUT_MS 120000
 #define CLONED_MAX_REGIONS 8	     /* guest RAM pieces of a QEMU clone */
 
+/* A --snapshot-dir: snapshots are opened beneath it only (snapdir.c). */
+struct snapdir {
+	struct snapdir *next;
+	char *path;		 /* as given, no trailing '/' */
+	int fd;			 /* O_PATH|O_DIRECTORY, opened at start */
+};
+
 struct cloned_opts {
 	const char *socket_path;
 	const char *listen;	 /* "127.0.0.1:PORT" or NULL */
@@ -60,6 +67,13 @@ struct tmpl {
 				    (0: not open) */
 	char uuid[33];		 /* the snapshot's file uuid, 32 hex digits ("" unknown) */
 	char *synth_args;	 /* the snapshot's synth.args (synthetic) */
+	/*
+	 * Unavailable: recorded, but its snapshot is missing, refused, replaced
+	 * (another uuid) or over --cache-max at a reload: t is NULL, its memory
+	 * file is left as it is, @error says why; the monitor retries it.
+	 */
+	bool unavailable;
+	char error[512];
 	char region[HALITE_MAX_REGION_NAME + 1]; /* its (first) guest RAM region: pc.ram, or a QEMU backend's id */
 	bool hotset;
 	char *hot_path;		 /* STATE/templates/ID.hot (a restore trace v2), NULL without */
@@ -72,7 +86,9 @@ struct tmpl {
 	uint64_t hot_due_ns;	 /* save the hot set then: a session's hot window is over */
 };
 
-enum clone_state { CL_STARTING, CL_RUNNING, CL_DONE, CL_FAILED, CL_EXITED, CL_NSTATES };
+/* CL_ORPHANED: alive, its template unavailable, nobody serves it (a daemon restart). */
+enum clone_state { CL_STARTING, CL_RUNNING, CL_DONE, CL_FAILED, CL_EXITED, CL_ORPHANED,
+		   CL_NSTATES };
 
 struct clone {
 	struct clone *next;
@@ -117,6 +133,8 @@ struct cloned {
 	pthread_mutex_t lock;
 	struct tmpl *templates;
 	struct clone *clones;
+	struct snapdir *snapdirs; /* --snapshot-dir, in the order given */
+	uint64_t retry_due_ns;	 /* the monitor's next retry of unavailable templates */
 	struct ready_hist ready;
 	/* faults of clones deleted: the counters stay monotonic */
 	uint64_t retired_cached, retired_read, retired_zero;
@@ -146,10 +164,16 @@ char *state_mem_file(const struct cloned *d, const char *tid);
 const char *state_jstr(const cJSON *j, const char *k);
 double state_jnum(const cJSON *j, const char *k, double def);
 
+/* snapdir.c: snapshots from the operator's directories only */
+int snapdir_add(struct cloned *d, const char *path, char *err, size_t errlen);
+void snapdir_free_all(struct cloned *d);
+/* 0 and *@fd, or an HTTP status (403 outside every directory, 400 refused) with @err */
+unsigned snapdir_open(struct cloned *d, const char *path, int *fd, char *err, size_t errlen);
+
 /* templates.c */
 struct http_reply;
 void tmpl_create(struct cloned *d, const cJSON *body, struct http_reply *r);
-int tmpl_open(struct cloned *d, struct tmpl *tp, char *err, size_t errlen);
+unsigned tmpl_open(struct cloned *d, struct tmpl *tp, bool reload, char *err, size_t errlen);
 void tmpl_destroy(struct tmpl *tp);
 struct tmpl *tmpl_find(struct cloned *d, const char *id); /* lock held */
 cJSON *tmpl_json(struct tmpl *tp, bool detail);		  /* lock held */
@@ -158,6 +182,7 @@ void tmpl_show(struct cloned *d, const char *id, struct http_reply *r);
 void tmpl_delete(struct cloned *d, const char *id, struct http_reply *r);
 void tmpl_save_hotsets(struct cloned *d, bool all);
 void tmpl_load_all(struct cloned *d);
+void tmpl_retry_unavailable(struct cloned *d); /* the monitor: lock not held */
 
 /* clones.c */
 void clones_create(struct cloned *d, const char *tid, const cJSON *body, uint64_t t_request,
@@ -170,6 +195,7 @@ void clone_stats(struct clone *c, struct halite_session_stats *st); /* lock held
 int clone_reattach(struct cloned *d, struct clone *c, char *err, size_t errlen);
 void clone_destroy(struct clone *c);
 void clones_load_all(struct cloned *d); /* after tmpl_load_all() */
+void clones_adopt(struct cloned *d, struct tmpl *tp); /* tp loaded again; lock held */
 const char *clone_state_name(enum clone_state s);
 
 /* a clone's control socket: guest/clone_ctl.h */

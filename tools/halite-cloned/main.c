@@ -44,6 +44,9 @@ static void usage(FILE *f)
 		"  --state-dir DIR      templates and clones, kept across restarts\n"
 		"                       (/var/lib/halite-cloned)\n"
 		"  --mem-dir DIR        template memory files, on tmpfs (/dev/shm/halite-cloned)\n"
+		"  --snapshot-dir DIR   snapshots are taken from here only (repeatable; a\n"
+		"                       directory of root's or this daemon's uid, writable by\n"
+		"                       no one else); without one, POST /templates is refused\n"
 		"  --synth-bin PATH     halite-synth (next to this program, the build tree's,\n"
 		"                       else from PATH)\n"
 		"  --qemu-bin PATH      halite-qemu, for QEMU templates (the same way)\n"
@@ -325,7 +328,7 @@ static void shutdown_registry(struct cloned *d)
 }
 
 enum { O_SOCKET = 256, O_LISTEN, O_STATE, O_MEM, O_SYNTH, O_QEMU, O_READERS, O_LAT,
-       O_RATE, O_HOT, O_LOG, O_CACHE };
+       O_RATE, O_HOT, O_LOG, O_CACHE, O_SNAPDIR };
 
 /* What each option with a range takes, as the help says it. */
 static const char *want_of(int c)
@@ -350,6 +353,7 @@ int main(int argc, char **argv)
 		{ "read-latency-us", 1, 0, O_LAT }, { "prefetch-rate", 1, 0, O_RATE },
 		{ "hot-window-ms", 1, 0, O_HOT },  { "log-level", 1, 0, O_LOG },
 		{ "cache-max", 1, 0, O_CACHE },	   { "qemu-bin", 1, 0, O_QEMU },
+		{ "snapshot-dir", 1, 0, O_SNAPDIR },
 		{ "help", 0, 0, 'h' },		   { "version", 0, 0, 'V' },
 		{ 0 },
 	};
@@ -360,6 +364,8 @@ int main(int argc, char **argv)
 		       .log_level = HALITE_LOG_INFO },
 		.lock = PTHREAD_MUTEX_INITIALIZER,
 	};
+	const char *snapdirs[16];
+	unsigned nsnapdirs = 0;
 	void *mhd_unix = NULL, *mhd_tcp = NULL;
 	struct sockaddr_storage ss;
 	socklen_t sslen;
@@ -375,6 +381,14 @@ int main(int argc, char **argv)
 		case O_LISTEN: d.o.listen = optarg; break;
 		case O_STATE: d.o.state_dir = optarg; break;
 		case O_MEM: d.o.mem_dir = optarg; break;
+		case O_SNAPDIR:
+			if (nsnapdirs == sizeof(snapdirs) / sizeof(snapdirs[0])) {
+				snprintf(msg, sizeof(msg), "--snapshot-dir: at most %zu of them",
+					 sizeof(snapdirs) / sizeof(snapdirs[0]));
+				goto usage_err;
+			}
+			snapdirs[nsnapdirs++] = optarg;
+			break;
 		case O_SYNTH: d.o.synth_bin = strdup(optarg); break;
 		case O_QEMU: d.o.qemu_bin = strdup(optarg); break;
 		case O_READERS:
@@ -464,15 +478,24 @@ int main(int argc, char **argv)
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
 	signal(SIGPIPE, SIG_IGN);
 
+	for (unsigned i = 0; i < nsnapdirs; i++) {
+		if (snapdir_add(&d, snapdirs[i], msg, sizeof(msg))) {
+			cl_log(&d, HALITE_LOG_ERROR, "%s", msg);
+			goto start_err;
+		}
+	}
+	if (!nsnapdirs)
+		cl_log(&d, HALITE_LOG_WARN, "no --snapshot-dir: templates cannot be made "
+		       "(POST /templates is refused)");
 	if (prepare_dirs(&d))
-		return 1;
+		goto start_err;
 	ufd = bind_unix(&d, d.o.socket_path);
 	if (ufd < 0)
-		return 1;
+		goto start_err;
 	if (d.o.listen && (tfd = bind_tcp(&d, d.o.listen)) < 0) {
 		close(ufd);
 		unlink(d.o.socket_path);
-		return 1;
+		goto start_err;
 	}
 	tmpl_load_all(&d);
 	clones_load_all(&d);
@@ -483,9 +506,7 @@ int main(int argc, char **argv)
 		if (tfd >= 0)
 			close(tfd);
 		unlink(d.o.socket_path);
-		free(d.o.synth_bin);
-		free(d.o.qemu_bin);
-		return 1;
+		goto start_err;
 	}
 	cl_log(&d, HALITE_LOG_INFO, "listening on %s%s%s (state %s, memory %s, synth %s)",
 	       d.o.socket_path, d.o.listen ? " and " : "", d.o.listen ? d.o.listen : "",
@@ -502,6 +523,7 @@ int main(int argc, char **argv)
 		clones_poll(&d);
 		pthread_mutex_unlock(&d.lock);
 		tmpl_save_hotsets(&d, false);
+		tmpl_retry_unavailable(&d);
 	}
 	cl_log(&d, HALITE_LOG_INFO, "%s: stopping; clones run on for the next daemon",
 	       strsignal(sig));
@@ -512,9 +534,15 @@ int main(int argc, char **argv)
 		close(tfd);
 	unlink(d.o.socket_path);
 	shutdown_registry(&d);
+	snapdir_free_all(&d);
 	free(d.o.synth_bin);
 	free(d.o.qemu_bin);
 	return 0;
+start_err:
+	snapdir_free_all(&d);
+	free(d.o.synth_bin);
+	free(d.o.qemu_bin);
+	return 1;
 bad:
 	/* The table is not in the enum's order: its name by its value. */
 	for (v = 0; lo[v].name && lo[v].val != c; v++)

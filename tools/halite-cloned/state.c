@@ -2,7 +2,7 @@
 /*
  * halite-cloned: the state directory, what a restarted daemon finds.
  *
- *   STATE/templates/ID.json   {id, kind, snapshot, hotset, created}
+ *   STATE/templates/ID.json   {id, kind, snapshot, uuid, hotset, created}
  *   STATE/templates/ID.hot    the template's learned hot set (the engine's: a restore
  *                             trace v2, docs/restore-trace.md)
  *   STATE/clones/CID/clone.json {id, template, pid, starttime, created, ready_s,
@@ -119,6 +119,7 @@ int state_save_template(struct cloned *d, const struct tmpl *tp)
 	if (j && path && cJSON_AddStringToObject(j, "id", tp->id) &&
 	    cJSON_AddStringToObject(j, "kind", tp->kind == TMPL_QEMU ? "qemu" : "synthetic") &&
 	    cJSON_AddStringToObject(j, "snapshot", tp->snapshot) &&
+	    cJSON_AddStringToObject(j, "uuid", tp->uuid) &&
 	    cJSON_AddBoolToObject(j, "hotset", tp->hotset) &&
 	    cJSON_AddNumberToObject(j, "created", (double)tp->created))
 		ret = state_write_json(path, j);
