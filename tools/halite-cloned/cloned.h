@@ -134,6 +134,7 @@ struct cloned {
 	struct tmpl *templates;
 	struct clone *clones;
 	struct snapdir *snapdirs; /* --snapshot-dir, in the order given */
+	int lock_fd;		 /* STATE/daemon.lock, flock()ed for the daemon's life */
 	uint64_t retry_due_ns;	 /* the monitor's next retry of unavailable templates */
 	struct ready_hist ready;
 	/* faults of clones deleted: the counters stay monotonic */
@@ -148,6 +149,7 @@ uint64_t cl_now_ns(void);
 int cl_random_id(char *out, char prefix);
 bool cl_valid_id(const char *s, char prefix);
 int cl_mkdir_p(const char *path, mode_t mode);
+int cl_own_dir(const char *path, const char *opt, char *err, size_t errlen); /* 0, -1 @err */
 int cl_rm_rf(const char *path);
 char *cl_path(const char *dir, const char *a, const char *b); /* dir/a[b]; NULL: ENOMEM */
 int cl_proc_starttime(pid_t pid, uint64_t *st);	/* 0, -ESRCH */

@@ -15,12 +15,14 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <getopt.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -43,7 +45,8 @@ static void usage(FILE *f)
 		"  --listen ADDR:PORT   also TCP, loopback only (127.0.0.1:PORT, [::1]:PORT)\n"
 		"  --state-dir DIR      templates and clones, kept across restarts\n"
 		"                       (/var/lib/halite-cloned)\n"
-		"  --mem-dir DIR        template memory files, on tmpfs (/dev/shm/halite-cloned)\n"
+		"  --mem-dir DIR        template memory files, on tmpfs (/run/halite-cloned/mem);\n"
+		"                       it and --state-dir must be this daemon's uid's, mode 0700\n"
 		"  --snapshot-dir DIR   snapshots are taken from here only (repeatable; a\n"
 		"                       directory of root's or this daemon's uid, writable by\n"
 		"                       no one else); without one, POST /templates is refused\n"
@@ -274,34 +277,82 @@ static int bind_tcp(struct cloned *d, const char *spec)
 	return fd;
 }
 
+/*
+ * One daemon per state directory: two would each reload the same templates
+ * and re-attach the same clones. The lock is the kernel's, so it dies with
+ * the daemon; the pid inside is for the message only.
+ */
+static int lock_state(struct cloned *d)
+{
+	char *path = cl_path(d->o.state_dir, "daemon.lock", NULL), buf[32];
+	ssize_t n;
+	int fd;
+
+	fd = path ? open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600) : -1;
+	if (fd < 0) {
+		cl_log(d, HALITE_LOG_ERROR, "--state-dir %s: %s: %s", d->o.state_dir,
+		       path ? path : "daemon.lock", strerror(path ? errno : ENOMEM));
+		free(path);
+		return -1;
+	}
+	if (flock(fd, LOCK_EX | LOCK_NB)) {
+		n = errno == EWOULDBLOCK ? pread(fd, buf, sizeof(buf) - 1, 0) : -1;
+		buf[n > 0 ? n : 0] = 0;
+		buf[strcspn(buf, "\n")] = 0;
+		if (errno == EWOULDBLOCK || n >= 0)
+			cl_log(d, HALITE_LOG_ERROR, "--state-dir %s: another " PROG " (pid %s) runs "
+			       "on it (it holds %s): stop it first, or give this one another "
+			       "--state-dir", d->o.state_dir, buf[0] ? buf : "unknown", path);
+		else
+			cl_log(d, HALITE_LOG_ERROR, "--state-dir %s: locking %s: %s",
+			       d->o.state_dir, path, strerror(errno));
+		close(fd);
+		free(path);
+		return -1;
+	}
+	n = snprintf(buf, sizeof(buf), "%d\n", (int)getpid());
+	if (ftruncate(fd, 0) || pwrite(fd, buf, (size_t)n, 0) != n)
+		cl_log(d, HALITE_LOG_WARN, "%s: writing the pid: %s", path, strerror(errno));
+	free(path);
+	d->lock_fd = fd;
+	return 0;
+}
+
 static int prepare_dirs(struct cloned *d)
 {
 	const char *sub[] = { "templates", "clones" };
 	struct statfs fs;
-	int ret;
+	char err[1024];
 
+	if (cl_own_dir(d->o.state_dir, "--state-dir", err, sizeof(err))) {
+		cl_log(d, HALITE_LOG_ERROR, "%s", err);
+		return -1;
+	}
+	if (lock_state(d))
+		return -1;
 	for (int i = 0; i < 2; i++) {
 		char *p = cl_path(d->o.state_dir, sub[i], NULL);
+		int ret = p ? cl_own_dir(p, "--state-dir", err, sizeof(err)) : -1;
 
-		ret = p ? cl_mkdir_p(p, 0750) : -ENOMEM;
 		if (ret) {
-			cl_log(d, HALITE_LOG_ERROR, "--state-dir %s: %s", p ? p : d->o.state_dir,
-			       strerror(-ret));
+			cl_log(d, HALITE_LOG_ERROR, "%s", p ? err : "out of memory");
 			free(p);
 			return -1;
 		}
 		free(p);
 	}
-	ret = cl_mkdir_p(d->o.mem_dir, 0700);
-	if (ret || statfs(d->o.mem_dir, &fs)) {
-		cl_log(d, HALITE_LOG_ERROR, "--mem-dir %s: %s", d->o.mem_dir,
-		       strerror(ret ? -ret : errno));
+	if (cl_own_dir(d->o.mem_dir, "--mem-dir", err, sizeof(err))) {
+		cl_log(d, HALITE_LOG_ERROR, "%s", err);
+		return -1;
+	}
+	if (statfs(d->o.mem_dir, &fs)) {
+		cl_log(d, HALITE_LOG_ERROR, "--mem-dir %s: %s", d->o.mem_dir, strerror(errno));
 		return -1;
 	}
 	if (fs.f_type != TMPFS_MAGIC) {
 		cl_log(d, HALITE_LOG_ERROR,
 		       "--mem-dir %s is not on tmpfs: template memory files must be (their page "
-		       "cache is the clones' shared memory); use e.g. /dev/shm/halite-cloned",
+		       "cache is the clones' shared memory); use e.g. /run/halite-cloned/mem",
 		       d->o.mem_dir);
 		return -1;
 	}
@@ -360,9 +411,11 @@ int main(int argc, char **argv)
 	static struct cloned d = {
 		.o = { .socket_path = "/run/halite-cloned/api.sock",
 		       .state_dir = "/var/lib/halite-cloned",
-		       .mem_dir = "/dev/shm/halite-cloned",
+		       /* not under world-writable /dev/shm: another user could make it first */
+		       .mem_dir = "/run/halite-cloned/mem",
 		       .log_level = HALITE_LOG_INFO },
 		.lock = PTHREAD_MUTEX_INITIALIZER,
+		.lock_fd = -1,
 	};
 	const char *snapdirs[16];
 	unsigned nsnapdirs = 0;
@@ -497,6 +550,12 @@ int main(int argc, char **argv)
 		unlink(d.o.socket_path);
 		goto start_err;
 	}
+	/*
+	 * From here on, files and directories the daemon and its clones make are
+	 * theirs only (the engine's memory files, clones' logs and sockets); the
+	 * API socket's mode is set on its own.
+	 */
+	umask(077);
 	tmpl_load_all(&d);
 	clones_load_all(&d);
 	if (api_start(&d, ufd, tfd, &mhd_unix, &mhd_tcp)) {
@@ -535,11 +594,15 @@ int main(int argc, char **argv)
 	unlink(d.o.socket_path);
 	shutdown_registry(&d);
 	snapdir_free_all(&d);
+	if (d.lock_fd >= 0)
+		close(d.lock_fd);
 	free(d.o.synth_bin);
 	free(d.o.qemu_bin);
 	return 0;
 start_err:
 	snapdir_free_all(&d);
+	if (d.lock_fd >= 0)
+		close(d.lock_fd);
 	free(d.o.synth_bin);
 	free(d.o.qemu_bin);
 	return 1;

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -499,6 +500,9 @@ void tmpl_save_hotsets(struct cloned *d, bool all)
 			continue;
 		tp->hot_due_ns = 0;
 		ret = halite_template_hotset_save(tp->t);
+		/* the trace writer makes its files 0644; the daemon's files are its own */
+		if (!ret && tp->hot_path && chmod(tp->hot_path, 0600))
+			ret = -errno;
 		if (ret)
 			cl_log(d, HALITE_LOG_WARN, "template %s: saving its hot set: %s", tp->id,
 			       cl_errstr(ret));
