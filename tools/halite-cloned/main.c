@@ -296,16 +296,18 @@ static int lock_state(struct cloned *d)
 		return -1;
 	}
 	if (flock(fd, LOCK_EX | LOCK_NB)) {
-		n = errno == EWOULDBLOCK ? pread(fd, buf, sizeof(buf) - 1, 0) : -1;
+		int err = errno;
+
+		n = err == EWOULDBLOCK ? pread(fd, buf, sizeof(buf) - 1, 0) : -1;
 		buf[n > 0 ? n : 0] = 0;
 		buf[strcspn(buf, "\n")] = 0;
-		if (errno == EWOULDBLOCK || n >= 0)
+		if (err == EWOULDBLOCK)
 			cl_log(d, HALITE_LOG_ERROR, "--state-dir %s: another " PROG " (pid %s) runs "
 			       "on it (it holds %s): stop it first, or give this one another "
 			       "--state-dir", d->o.state_dir, buf[0] ? buf : "unknown", path);
 		else
 			cl_log(d, HALITE_LOG_ERROR, "--state-dir %s: locking %s: %s",
-			       d->o.state_dir, path, strerror(errno));
+			       d->o.state_dir, path, strerror(err));
 		close(fd);
 		free(path);
 		return -1;

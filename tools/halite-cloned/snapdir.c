@@ -25,7 +25,7 @@
 
 #include "cloned.h"
 
-/* glibc has no wrapper for openat2 before 2.38 (and then only with <fcntl.h>'s own name). */
+/* glibc (2.36 on Debian 12) has no openat2() wrapper: the system call, as its man page shows. */
 static int sys_openat2(int dirfd, const char *path, uint64_t flags, uint64_t resolve)
 {
 	struct open_how how = { .flags = flags, .resolve = resolve };

@@ -565,7 +565,7 @@ void tmpl_load_all(struct cloned *d)
 			cl_log(d, HALITE_LOG_ERROR, "template %s (%s) unavailable: %s", id,
 			       tp->snapshot, err);
 			tp->unavailable = true;
-			snprintf(tp->error, sizeof(tp->error), "%s", err);
+			snprintf(tp->error, sizeof(tp->error), "%.500s", err);
 		} else {
 			cl_log(d, HALITE_LOG_INFO, "template %s loaded: %s", id, tp->snapshot);
 		}
@@ -627,7 +627,7 @@ void tmpl_retry_unavailable(struct cloned *d)
 			if (strcmp(tp->error, err)) {
 				cl_log(d, HALITE_LOG_WARN, "template %s still unavailable: %s", tp->id,
 				       err);
-				snprintf(tp->error, sizeof(tp->error), "%s", err);
+				snprintf(tp->error, sizeof(tp->error), "%.500s", err);
 			}
 		} else if (tp && tp->unavailable) {
 			struct tmpl keep = *tp;
