@@ -116,7 +116,7 @@ def pss(pid, field="Pss"):
 class Daemon:
     """One halite-cloned with its own socket, state and memory directories."""
 
-    def __init__(self, args, reaper, name):
+    def __init__(self, args, reaper, name, snapdir):
         self.dir = os.path.join(reaper.workdir, name)
         self.mem = os.path.join(reaper.memdir, name)
         os.makedirs(self.dir)
@@ -127,7 +127,8 @@ class Daemon:
         with open(self.log_path, "w") as logf:
             self.proc = reaper.popen(
                 [args.halite_cloned, "--socket", self.sock, "--state-dir", self.state,
-                 "--mem-dir", self.mem, "--qemu-bin", args.halite_qemu],
+                 "--mem-dir", self.mem, "--qemu-bin", args.halite_qemu,
+                 "--snapshot-dir", snapdir],  # the daemon takes snapshots from there only
                 stdin=subprocess.DEVNULL, stdout=logf, stderr=logf)
         deadline = now() + 20
         while True:
@@ -244,7 +245,7 @@ def finish(res, clones):
 def run_service(args, reaper, n, snap, src_digest):
     res = new_result("service", n)
     clones = []
-    d = Daemon(args, reaper, f"service-{n}")
+    d = Daemon(args, reaper, f"service-{n}", os.path.dirname(snap))
     try:
         qb.drop_cache(snap)
         res["cached_bytes_before"] = qb.cached_bytes(snap)

@@ -5,7 +5,7 @@
                          qemu
 
 Each case starts its own daemon (temporary --socket, --state-dir, and a
---mem-dir under /dev/shm), makes a small synthetic template with
+--mem-dir under /dev/shm; its temporary directory is its --snapshot-dir), makes a small synthetic template with
 `halite-synth save --mem 64 --vcpus 2`, talks to the daemon over its unix
 socket with http.client (one connection per request, no retries), and kills
 every process it started at the end, clones included, even when it fails.
@@ -87,6 +87,8 @@ class Env:
         self.daemon_args = []
         self.pids = set()
         self.logs = []
+        # snapshots are made in tmp: the daemon takes them from there only
+        self.snapdirs = [self.tmp]
 
     # --- daemon ---
     def start(self, *args):
@@ -95,7 +97,8 @@ class Env:
         self.logs.append(logf.name)
         self.daemon = subprocess.Popen(
             [CLONED, "--socket", self.sock, "--state-dir", self.state, "--mem-dir", self.mem,
-             "--synth-bin", SYNTH] + self.daemon_args, stdout=logf, stderr=logf)
+             "--synth-bin", SYNTH] + sum([["--snapshot-dir", s] for s in self.snapdirs], []) +
+            self.daemon_args, stdout=logf, stderr=logf)
         logf.close()
         deadline = time.time() + 20
         while time.time() < deadline:
@@ -364,7 +367,9 @@ def case_bad_requests(e):
         ("POST", "/templates", b'{"snapshot": 5}', 400, "snapshot"),
         ("POST", "/templates", b'{"snapshot": "rel/path"}', 400, "absolute"),
         ("POST", "/templates", json.dumps({"snapshot": snap, "hotset": "yes"}).encode(), 400, "hotset"),
-        ("POST", "/templates", b'{"snapshot": "/nonexistent/x.hlt"}', 400, "/nonexistent/x.hlt"),
+        ("POST", "/templates", b'{"snapshot": "/nonexistent/x.hlt"}', 403, "not inside a snapshot directory"),
+        ("POST", "/templates", json.dumps({"snapshot": e.tmp + "/nonexistent.hlt"}).encode(), 400,
+         "nonexistent.hlt: No such file"),
         ("POST", "/templates", json.dumps({"snapshot": junk}).encode(), 400, "not a Halite file"),
         ("POST", "/templates", json.dumps({"snapshot": snap, "extra": 1}).encode(), 400, "extra"),
         ("POST", "/templates/%s/clones" % tid, b'{"count": 0}', 400, "count"),

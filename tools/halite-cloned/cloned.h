@@ -35,6 +35,13 @@
 #define CLONED_MAX_REGIONS 8	     /* guest RAM pieces of a QEMU clone */
 #define CLONED_MAX_QEMU_DIRS 32	     /* --qemu-dir: with the rest, within spawn_clone's argv */
 
+/* A --snapshot-dir: snapshots are opened beneath it only (snapdir.c). */
+struct snapdir {
+	struct snapdir *next;
+	char *path;		 /* as given, no trailing '/' */
+	int fd;			 /* O_PATH|O_DIRECTORY, opened at start */
+};
+
 struct cloned_opts {
 	const char *socket_path;
 	const char *listen;	 /* "127.0.0.1:PORT" or NULL */
@@ -76,6 +83,13 @@ struct tmpl {
 				    (0: not open) */
 	char uuid[33];		 /* the snapshot's file uuid, 32 hex digits ("" unknown) */
 	char *synth_args;	 /* the snapshot's synth.args (synthetic) */
+	/*
+	 * Unavailable: recorded, but its snapshot is missing, refused, replaced
+	 * (another uuid) or over --cache-max at a reload: t is NULL, its memory
+	 * file is left as it is, @error says why; the monitor retries it.
+	 */
+	bool unavailable;
+	char error[512];
 	char region[HALITE_MAX_REGION_NAME + 1]; /* its (first) guest RAM region: pc.ram, or a QEMU backend's id */
 	bool hotset;
 	char *hot_path;		 /* STATE/templates/ID.hot (a restore trace v2), NULL without */
@@ -90,7 +104,9 @@ struct tmpl {
 	double cpu_max;
 };
 
-enum clone_state { CL_STARTING, CL_RUNNING, CL_DONE, CL_FAILED, CL_EXITED, CL_NSTATES };
+/* CL_ORPHANED: alive, its template unavailable, nobody serves it (a daemon restart). */
+enum clone_state { CL_STARTING, CL_RUNNING, CL_DONE, CL_FAILED, CL_EXITED, CL_ORPHANED,
+		   CL_NSTATES };
 
 struct clone {
 	struct clone *next;
@@ -137,6 +153,9 @@ struct cloned {
 	pthread_mutex_t lock;
 	struct tmpl *templates;
 	struct clone *clones;
+	struct snapdir *snapdirs; /* --snapshot-dir, in the order given */
+	int lock_fd;		 /* STATE/daemon.lock, flock()ed for the daemon's life */
+	uint64_t retry_due_ns;	 /* the monitor's next retry of unavailable templates */
 	struct ready_hist ready;
 	struct confine cg;
 	/* faults of clones deleted: the counters stay monotonic */
@@ -151,6 +170,7 @@ uint64_t cl_now_ns(void);
 int cl_random_id(char *out, char prefix);
 bool cl_valid_id(const char *s, char prefix);
 int cl_mkdir_p(const char *path, mode_t mode);
+int cl_own_dir(const char *path, const char *opt, char *err, size_t errlen); /* 0, -1 @err */
 int cl_rm_rf(const char *path);
 char *cl_path(const char *dir, const char *a, const char *b); /* dir/a[b]; NULL: ENOMEM */
 int cl_proc_starttime(pid_t pid, uint64_t *st);	/* 0, -ESRCH */
@@ -167,10 +187,16 @@ char *state_mem_file(const struct cloned *d, const char *tid);
 const char *state_jstr(const cJSON *j, const char *k);
 double state_jnum(const cJSON *j, const char *k, double def);
 
+/* snapdir.c: snapshots from the operator's directories only */
+int snapdir_add(struct cloned *d, const char *path, char *err, size_t errlen);
+void snapdir_free_all(struct cloned *d);
+/* 0 and *@fd, or an HTTP status (403 outside every directory, 400 refused) with @err */
+unsigned snapdir_open(struct cloned *d, const char *path, int *fd, char *err, size_t errlen);
+
 /* templates.c */
 struct http_reply;
 void tmpl_create(struct cloned *d, const cJSON *body, struct http_reply *r);
-int tmpl_open(struct cloned *d, struct tmpl *tp, char *err, size_t errlen);
+unsigned tmpl_open(struct cloned *d, struct tmpl *tp, bool reload, char *err, size_t errlen);
 void tmpl_destroy(struct tmpl *tp);
 struct tmpl *tmpl_find(struct cloned *d, const char *id); /* lock held */
 cJSON *tmpl_json(struct tmpl *tp, bool detail);		  /* lock held */
@@ -179,6 +205,7 @@ void tmpl_show(struct cloned *d, const char *id, struct http_reply *r);
 void tmpl_delete(struct cloned *d, const char *id, struct http_reply *r);
 void tmpl_save_hotsets(struct cloned *d, bool all);
 void tmpl_load_all(struct cloned *d);
+void tmpl_retry_unavailable(struct cloned *d); /* the monitor: lock not held */
 
 /* clones.c */
 void clones_create(struct cloned *d, const char *tid, const cJSON *body, uint64_t t_request,
@@ -191,6 +218,7 @@ void clone_stats(struct clone *c, struct halite_session_stats *st); /* lock held
 int clone_reattach(struct cloned *d, struct clone *c, char *err, size_t errlen);
 void clone_destroy(struct clone *c);
 void clones_load_all(struct cloned *d); /* after tmpl_load_all() */
+void clones_adopt(struct cloned *d, struct tmpl *tp); /* tp loaded again; lock held */
 const char *clone_state_name(enum clone_state s);
 
 /* a clone's control socket: guest/clone_ctl.h */

@@ -48,7 +48,7 @@
 extern char **environ;
 
 static const char *const state_names[CL_NSTATES] = { "starting", "running", "done", "failed",
-						     "exited" };
+						     "exited", "orphaned" };
 
 const char *clone_state_name(enum clone_state s)
 {
@@ -622,7 +622,8 @@ static int spawn_clone(struct cloned *d, struct clone *c, const char *dir, const
 		argv[argc++] = (char *)ctl;
 		argv[argc++] = "--dir";
 		argv[argc++] = (char *)dir;
-		argv[argc++] = c->tp->snapshot;
+		/* the template's own file, whatever lies at its path now: dup2'd to 3 below */
+		argv[argc++] = "/proc/self/fd/3";
 		argv[argc] = NULL;
 		goto spawn;
 	}
@@ -680,6 +681,8 @@ spawn:
 	posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
 	posix_spawn_file_actions_adddup2(&fa, p[1], 1);
 	posix_spawn_file_actions_addopen(&fa, 2, log, O_WRONLY | O_CREAT | O_APPEND, 0640);
+	if (c->tp->kind == TMPL_QEMU)
+		posix_spawn_file_actions_adddup2(&fa, c->tp->snap_fd, 3);
 	posix_spawnattr_init(&at);
 	sigemptyset(&none);
 	posix_spawnattr_setsigmask(&at, &none);
@@ -831,6 +834,11 @@ void clones_create(struct cloned *d, const char *tid, const cJSON *body, uint64_
 		pthread_mutex_unlock(&d->lock);
 		free(jobs);
 		return reply_error(r, 404, "no template '%s'", tid);
+	}
+	if (tp->unavailable) {
+		pthread_mutex_unlock(&d->lock);
+		free(jobs);
+		return reply_error(r, 409, "template %s is unavailable: %s", tid, tp->error);
 	}
 	if (tp->kind == TMPL_QEMU && (accesses || write_pct || pat)) {
 		pthread_mutex_unlock(&d->lock);
@@ -1195,12 +1203,23 @@ void clones_load_all(struct cloned *d)
 			c = clone_from_json(d, e->d_name, j, err, sizeof(err));
 		cJSON_Delete(j);
 		free(path);
-		if (c && (cl_proc_starttime(c->pid, &st) || st != c->starttime)) {
+		if (c && c->tp->unavailable) {
+			/*
+			 * Nobody can serve it: listed with the reason, its record kept,
+			 * re-attached once the template loads again (clones_adopt).
+			 */
+			bool alive = !cl_proc_starttime(c->pid, &st) && st == c->starttime;
+
+			c->state = alive ? CL_ORPHANED : CL_EXITED;
+			snprintf(c->error, sizeof(c->error), "%stemplate %s is unavailable: %.400s",
+				 alive ? "" : "its process is gone; its ", c->tp->id, c->tp->error);
+			cl_log(d, HALITE_LOG_WARN, "clone %s (pid %d) %s: %s", c->id, (int)c->pid,
+			       state_names[c->state], c->error);
+		} else if (c && (cl_proc_starttime(c->pid, &st) || st != c->starttime)) {
 			snprintf(err, sizeof(err), "its process %d is gone", (int)c->pid);
 			clone_destroy(c);
 			c = NULL;
-		}
-		if (c && clone_reattach(d, c, err, sizeof(err))) {
+		} else if (c && clone_reattach(d, c, err, sizeof(err))) {
 			/*
 			 * Alive but not attachable: kept as failed, so that its
 			 * process (blocked, never reading zeros) is visible and
@@ -1228,4 +1247,34 @@ void clones_load_all(struct cloned *d)
 	if (dh)
 		closedir(dh);
 	free(dir);
+}
+
+/*
+ * @tp loaded again (the monitor's retry, lock held): its orphaned clones
+ * re-attached. Under the lock like the rest of the registry's changes: a
+ * rare event, each bounded by the control socket's timeouts.
+ */
+void clones_adopt(struct cloned *d, struct tmpl *tp)
+{
+	for (struct clone *c = d->clones; c; c = c->next) {
+		char err[512] = "";
+		uint64_t st;
+
+		if (c->tp != tp || c->state != CL_ORPHANED)
+			continue;
+		if (cl_proc_starttime(c->pid, &st) || st != c->starttime) {
+			c->state = CL_EXITED;
+			continue;
+		}
+		c->error[0] = 0;
+		if (clone_reattach(d, c, err, sizeof(err))) {
+			c->state = CL_FAILED;
+			snprintf(c->error, sizeof(c->error), "re-attach: %.480s", err);
+			cl_log(d, HALITE_LOG_ERROR, "clone %s (pid %d) not re-attached: %s", c->id,
+			       (int)c->pid, err);
+		} else {
+			cl_log(d, HALITE_LOG_INFO, "clone %s (pid %d) re-attached", c->id,
+			       (int)c->pid);
+		}
+	}
 }

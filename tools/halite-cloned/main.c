@@ -15,6 +15,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <getopt.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <netinet/in.h>
 #include <pwd.h>
@@ -22,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -44,7 +46,11 @@ static void usage(FILE *f)
 		"  --listen ADDR:PORT   also TCP, loopback only (127.0.0.1:PORT, [::1]:PORT)\n"
 		"  --state-dir DIR      templates and clones, kept across restarts\n"
 		"                       (/var/lib/halite-cloned)\n"
-		"  --mem-dir DIR        template memory files, on tmpfs (/dev/shm/halite-cloned)\n"
+		"  --mem-dir DIR        template memory files, on tmpfs (/run/halite-cloned/mem);\n"
+		"                       it and --state-dir must be this daemon's uid's, mode 0700\n"
+		"  --snapshot-dir DIR   snapshots are taken from here only (repeatable; a\n"
+		"                       directory of root's or this daemon's uid, writable by\n"
+		"                       no one else); without one, POST /templates is refused\n"
 		"  --synth-bin PATH     halite-synth (next to this program, the build tree's,\n"
 		"                       else from PATH)\n"
 		"  --qemu-bin PATH      halite-qemu, for QEMU templates (the same way)\n"
@@ -281,34 +287,84 @@ static int bind_tcp(struct cloned *d, const char *spec)
 	return fd;
 }
 
+/*
+ * One daemon per state directory: two would each reload the same templates
+ * and re-attach the same clones. The lock is the kernel's, so it dies with
+ * the daemon; the pid inside is for the message only.
+ */
+static int lock_state(struct cloned *d)
+{
+	char *path = cl_path(d->o.state_dir, "daemon.lock", NULL), buf[32];
+	ssize_t n;
+	int fd;
+
+	fd = path ? open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600) : -1;
+	if (fd < 0) {
+		cl_log(d, HALITE_LOG_ERROR, "--state-dir %s: %s: %s", d->o.state_dir,
+		       path ? path : "daemon.lock", strerror(path ? errno : ENOMEM));
+		free(path);
+		return -1;
+	}
+	if (flock(fd, LOCK_EX | LOCK_NB)) {
+		int err = errno;
+
+		n = err == EWOULDBLOCK ? pread(fd, buf, sizeof(buf) - 1, 0) : -1;
+		buf[n > 0 ? n : 0] = 0;
+		buf[strcspn(buf, "\n")] = 0;
+		if (err == EWOULDBLOCK)
+			cl_log(d, HALITE_LOG_ERROR, "--state-dir %s: another " PROG " (pid %s) runs "
+			       "on it (it holds %s): stop it first, or give this one another "
+			       "--state-dir", d->o.state_dir, buf[0] ? buf : "unknown", path);
+		else
+			cl_log(d, HALITE_LOG_ERROR, "--state-dir %s: locking %s: %s",
+			       d->o.state_dir, path, strerror(err));
+		close(fd);
+		free(path);
+		return -1;
+	}
+	n = snprintf(buf, sizeof(buf), "%d\n", (int)getpid());
+	if (ftruncate(fd, 0) || pwrite(fd, buf, (size_t)n, 0) != n)
+		cl_log(d, HALITE_LOG_WARN, "%s: writing the pid: %s", path, strerror(errno));
+	free(path);
+	d->lock_fd = fd;
+	return 0;
+}
+
 static int prepare_dirs(struct cloned *d)
 {
 	const char *sub[] = { "templates", "clones" };
 	struct statfs fs;
-	int ret;
+	char err[1024];
 
+	if (cl_own_dir(d->o.state_dir, "--state-dir", err, sizeof(err))) {
+		cl_log(d, HALITE_LOG_ERROR, "%s", err);
+		return -1;
+	}
+	if (lock_state(d))
+		return -1;
 	for (int i = 0; i < 2; i++) {
 		char *p = cl_path(d->o.state_dir, sub[i], NULL);
+		int ret = p ? cl_own_dir(p, "--state-dir", err, sizeof(err)) : -1;
 
-		ret = p ? cl_mkdir_p(p, 0750) : -ENOMEM;
 		if (ret) {
-			cl_log(d, HALITE_LOG_ERROR, "--state-dir %s: %s", p ? p : d->o.state_dir,
-			       strerror(-ret));
+			cl_log(d, HALITE_LOG_ERROR, "%s", p ? err : "out of memory");
 			free(p);
 			return -1;
 		}
 		free(p);
 	}
-	ret = cl_mkdir_p(d->o.mem_dir, 0700);
-	if (ret || statfs(d->o.mem_dir, &fs)) {
-		cl_log(d, HALITE_LOG_ERROR, "--mem-dir %s: %s", d->o.mem_dir,
-		       strerror(ret ? -ret : errno));
+	if (cl_own_dir(d->o.mem_dir, "--mem-dir", err, sizeof(err))) {
+		cl_log(d, HALITE_LOG_ERROR, "%s", err);
+		return -1;
+	}
+	if (statfs(d->o.mem_dir, &fs)) {
+		cl_log(d, HALITE_LOG_ERROR, "--mem-dir %s: %s", d->o.mem_dir, strerror(errno));
 		return -1;
 	}
 	if (fs.f_type != TMPFS_MAGIC) {
 		cl_log(d, HALITE_LOG_ERROR,
 		       "--mem-dir %s is not on tmpfs: template memory files must be (their page "
-		       "cache is the clones' shared memory); use e.g. /dev/shm/halite-cloned",
+		       "cache is the clones' shared memory); use e.g. /run/halite-cloned/mem",
 		       d->o.mem_dir);
 		return -1;
 	}
@@ -416,7 +472,7 @@ static int qemu_confinement(struct cloned *d, char *msg, size_t len)
 
 enum { O_SOCKET = 256, O_LISTEN, O_STATE, O_MEM, O_SYNTH, O_QEMU, O_READERS, O_LAT,
        O_RATE, O_HOT, O_LOG, O_CACHE, O_CLONE_MEM, O_CLONE_CPU,
-       O_QEMU_SYSTEM, O_CLONE_USER, O_QEMU_DIR };
+       O_QEMU_SYSTEM, O_CLONE_USER, O_QEMU_DIR, O_SNAPDIR };
 
 /* What each option with a range takes, as the help says it. */
 static const char *want_of(int c)
@@ -448,16 +504,21 @@ int main(int argc, char **argv)
 		{ "qemu-system", 1, 0, O_QEMU_SYSTEM },
 		{ "clone-user", 1, 0, O_CLONE_USER },
 		{ "qemu-dir", 1, 0, O_QEMU_DIR },
+		{ "snapshot-dir", 1, 0, O_SNAPDIR },
 		{ "help", 0, 0, 'h' },		   { "version", 0, 0, 'V' },
 		{ 0 },
 	};
 	static struct cloned d = {
 		.o = { .socket_path = "/run/halite-cloned/api.sock",
 		       .state_dir = "/var/lib/halite-cloned",
-		       .mem_dir = "/dev/shm/halite-cloned",
+		       /* not under world-writable /dev/shm: another user could make it first */
+		       .mem_dir = "/run/halite-cloned/mem",
 		       .log_level = HALITE_LOG_INFO },
 		.lock = PTHREAD_MUTEX_INITIALIZER,
+		.lock_fd = -1,
 	};
+	const char *snapdirs[16];
+	unsigned nsnapdirs = 0;
 	void *mhd_unix = NULL, *mhd_tcp = NULL;
 	struct sockaddr_storage ss;
 	socklen_t sslen;
@@ -473,6 +534,14 @@ int main(int argc, char **argv)
 		case O_LISTEN: d.o.listen = optarg; break;
 		case O_STATE: d.o.state_dir = optarg; break;
 		case O_MEM: d.o.mem_dir = optarg; break;
+		case O_SNAPDIR:
+			if (nsnapdirs == sizeof(snapdirs) / sizeof(snapdirs[0])) {
+				snprintf(msg, sizeof(msg), "--snapshot-dir: at most %zu of them",
+					 sizeof(snapdirs) / sizeof(snapdirs[0]));
+				goto usage_err;
+			}
+			snapdirs[nsnapdirs++] = optarg;
+			break;
 		case O_SYNTH: d.o.synth_bin = strdup(optarg); break;
 		case O_QEMU: d.o.qemu_bin = strdup(optarg); break;
 		case O_READERS:
@@ -593,23 +662,37 @@ int main(int argc, char **argv)
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
 	signal(SIGPIPE, SIG_IGN);
 
+	for (unsigned i = 0; i < nsnapdirs; i++) {
+		if (snapdir_add(&d, snapdirs[i], msg, sizeof(msg))) {
+			cl_log(&d, HALITE_LOG_ERROR, "%s", msg);
+			goto start_err;
+		}
+	}
+	if (!nsnapdirs)
+		cl_log(&d, HALITE_LOG_WARN, "no --snapshot-dir: templates cannot be made "
+		       "(POST /templates is refused)");
 	if (prepare_dirs(&d))
-		return 1;
+		goto start_err;
 	/* Where clones' cgroups go; a default limit that cannot be applied is refused. */
 	confine_init(&d);
 	if (confine_check(&d, d.o.clone_memory_max, d.o.clone_cpu_max, msg, sizeof(msg))) {
 		cl_log(&d, HALITE_LOG_ERROR, "%s (--clone-memory-max, --clone-cpu-max)", msg);
-		confine_fini(&d);
-		return 1;
+		goto start_err;
 	}
 	ufd = bind_unix(&d, d.o.socket_path);
 	if (ufd < 0)
-		return 1;
+		goto start_err;
 	if (d.o.listen && (tfd = bind_tcp(&d, d.o.listen)) < 0) {
 		close(ufd);
 		unlink(d.o.socket_path);
-		return 1;
+		goto start_err;
 	}
+	/*
+	 * From here on, files and directories the daemon and its clones make are
+	 * theirs only (the engine's memory files, clones' logs and sockets); the
+	 * API socket's mode is set on its own.
+	 */
+	umask(077);
 	tmpl_load_all(&d);
 	clones_load_all(&d);
 	confine_sweep(&d);
@@ -620,9 +703,7 @@ int main(int argc, char **argv)
 		if (tfd >= 0)
 			close(tfd);
 		unlink(d.o.socket_path);
-		free(d.o.synth_bin);
-		free(d.o.qemu_bin);
-		return 1;
+		goto start_err;
 	}
 	cl_log(&d, HALITE_LOG_INFO, "listening on %s%s%s (state %s, memory %s, synth %s)",
 	       d.o.socket_path, d.o.listen ? " and " : "", d.o.listen ? d.o.listen : "",
@@ -641,6 +722,7 @@ int main(int argc, char **argv)
 		clones_poll(&d);
 		pthread_mutex_unlock(&d.lock);
 		tmpl_save_hotsets(&d, false);
+		tmpl_retry_unavailable(&d);
 	}
 	cl_log(&d, HALITE_LOG_INFO, "%s: stopping; clones run on for the next daemon",
 	       strsignal(sig));
@@ -652,11 +734,24 @@ int main(int argc, char **argv)
 	unlink(d.o.socket_path);
 	shutdown_registry(&d);
 	confine_fini(&d);
+	snapdir_free_all(&d);
+	if (d.lock_fd >= 0)
+		close(d.lock_fd);
 	free(d.o.synth_bin);
 	free(d.o.qemu_bin);
 	free(d.o.qemu_system);
 	free(d.o.qemu_dirs);
 	return 0;
+start_err:
+	confine_fini(&d);
+	snapdir_free_all(&d);
+	if (d.lock_fd >= 0)
+		close(d.lock_fd);
+	free(d.o.synth_bin);
+	free(d.o.qemu_bin);
+	free(d.o.qemu_system);
+	free(d.o.qemu_dirs);
+	return 1;
 bad:
 	/* The table is not in the enum's order: its name by its value. */
 	for (v = 0; lo[v].name && lo[v].val != c; v++)

@@ -2,7 +2,8 @@
 /*
  * halite-cloned: the state directory, what a restarted daemon finds.
  *
- *   STATE/templates/ID.json   {id, kind, snapshot, hotset, created}
+ *   STATE/daemon.lock         flock()ed by the running daemon, its pid inside
+ *   STATE/templates/ID.json   {id, kind, snapshot, uuid, hotset, created}
  *   STATE/templates/ID.hot    the template's learned hot set (the engine's: a restore
  *                             trace v2, docs/restore-trace.md)
  *   STATE/clones/CID/clone.json {id, template, pid, starttime, created, ready_s,
@@ -11,7 +12,10 @@
  *   MEM/ID.mem, ID.mem.fill  the template memory file (tmpfs) and its fill map
  *
  * Every JSON file is written to a temporary name and renamed: a daemon
- * killed mid-write leaves the old file or the new one. Records are written
+ * killed mid-write leaves the old file or the new one. Everything the daemon
+ * writes is its own: files 0600 and directories 0700 (main.c checks the
+ * directories at start), temporaries made with O_EXCL|O_NOFOLLOW under a
+ * random name, so no link planted there is ever followed. Records are written
  * under the registry's lock (they read the entry). At start, templates
  * are loaded first, then each clone whose process is still the one
  * recorded (pid and start time) is re-attached; the rest are dropped.
@@ -24,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -55,15 +60,20 @@ char *state_mem_file(const struct cloned *d, const char *tid)
 int state_write_json(const char *path, const cJSON *j)
 {
 	char *text = cJSON_Print(j), *tmp = NULL;
+	uint64_t rnd;
 	size_t n;
 	int fd, ret = 0;
 
-	if (!text || asprintf(&tmp, "%s.tmp", path) < 0) {
+	if (getrandom(&rnd, sizeof(rnd), 0) != sizeof(rnd)) {
+		free(text);
+		return -EIO;
+	}
+	if (!text || asprintf(&tmp, "%s.%016" PRIx64 ".tmp", path, rnd) < 0) {
 		free(text);
 		return -ENOMEM;
 	}
 	n = strlen(text);
-	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+	fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
 	if (fd < 0) {
 		ret = -errno;
 	} else {
@@ -89,7 +99,7 @@ cJSON *state_read_json(const char *path, char *err, size_t errlen)
 	char buf[CLONED_MAX_BODY];
 	ssize_t n;
 	cJSON *j;
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
 
 	if (fd < 0) {
 		snprintf(err, errlen, "%s: %s", path, strerror(errno));
@@ -119,6 +129,7 @@ int state_save_template(struct cloned *d, const struct tmpl *tp)
 	if (j && path && cJSON_AddStringToObject(j, "id", tp->id) &&
 	    cJSON_AddStringToObject(j, "kind", tp->kind == TMPL_QEMU ? "qemu" : "synthetic") &&
 	    cJSON_AddStringToObject(j, "snapshot", tp->snapshot) &&
+	    cJSON_AddStringToObject(j, "uuid", tp->uuid) &&
 	    cJSON_AddBoolToObject(j, "hotset", tp->hotset) &&
 	    cJSON_AddNumberToObject(j, "created", (double)tp->created) &&
 	    cJSON_AddNumberToObject(j, "memory_max", (double)tp->memory_max) &&

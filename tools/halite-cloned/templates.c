@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -26,10 +27,21 @@ void tmpl_destroy(struct tmpl *tp)
 	if (!tp)
 		return;
 	halite_template_free(tp->t);
+	if (tp->snap_fd > 0)
+		close(tp->snap_fd);
 	free(tp->snapshot);
 	free(tp->synth_args);
 	free(tp->hot_path);
 	free(tp);
+}
+
+/*
+ * The path the engine and the reader open: the descriptor the template holds,
+ * so they get the very file checked at POST, whatever happens at its path.
+ */
+static void fd_path(const struct tmpl *tp, char *buf, size_t len)
+{
+	snprintf(buf, len, "/proc/self/fd/%d", tp->snap_fd);
 }
 
 struct tmpl *tmpl_find(struct cloned *d, const char *id)
@@ -54,23 +66,31 @@ static bool in_list(const char *list, uint32_t len, const char *name)
  * is a synthetic guest, *args set, region pc.ram; qemu.* (halite-qemu save)
  * a QEMU guest, whose guest RAM is every region but its device RAM
  * (qemu.device-ram, video memory the clone writes itself): tp->region is
- * the first. 0, or an HTTP status with @err: 400 for a file that is not a
- * snapshot or not one this daemon knows.
+ * the first. @uuid: the file's. Read through tp->snap_fd. 0, or an HTTP
+ * status with @err: 400 for a file that is not a snapshot or not one this
+ * daemon knows.
  */
-static unsigned classify(struct tmpl *tp, char *err, size_t errlen)
+static unsigned classify(struct tmpl *tp, char uuid[33], char *err, size_t errlen)
 {
 	const char *snapshot = tp->snapshot, *devram = NULL;
+	const struct halite_file_info *fi;
 	uint32_t devram_len = 0;
 	char why[600];
 	struct halite_reader *r;
 	bool qemu = false;
+	char path[64];
 	int ret;
 
-	ret = halite_reader_open(&r, snapshot, NULL);
+	fd_path(tp, path, sizeof(path));
+	ret = halite_reader_open(&r, path, NULL);
 	if (ret) {
 		snprintf(err, errlen, "snapshot %s: %s", snapshot, cl_errstr(ret));
 		return 400;
 	}
+	fi = halite_reader_info(r);
+	for (int i = 0; i < 16; i++)
+		snprintf(uuid + 2 * i, 3, "%02x", fi->uuid[i]);
+	tp->cache_need = fi->mb_stored * fi->mb_size; /* known before the memory file is */
 	free(tp->synth_args);
 	tp->synth_args = NULL;
 	for (uint32_t i = 0; i < halite_reader_meta_count(r); i++) {
@@ -136,12 +156,36 @@ static unsigned classify(struct tmpl *tp, char *err, size_t errlen)
 	return 0;
 }
 
-int tmpl_open(struct cloned *d, struct tmpl *tp, char *err, size_t errlen)
+/* The decoded blocks of the loaded templates but @skip (lock held). */
+static uint64_t cache_used(struct cloned *d, const struct tmpl *skip, unsigned *n)
+{
+	uint64_t used = 0;
+
+	*n = 0;
+	for (struct tmpl *o = d->templates; o; o = o->next)
+		if (o != skip && !o->unavailable) {
+			used += o->cache_need;
+			(*n)++;
+		}
+	return used;
+}
+
+/*
+ * Opens the template: its snapshot through the snapshot directories (unless
+ * tp->snap_fd is open already), what it is, then the engine on its memory
+ * file. @reload (a recorded template, at start or the monitor's retry): the
+ * file's uuid must be the recorded tp->uuid and the template must fit
+ * --cache-max, both checked before the memory file is touched (its clones
+ * may map it), and the engine is told never to start that file over.
+ * Returns 0, or an HTTP status with @err; on failure the snapshot is closed.
+ */
+unsigned tmpl_open(struct cloned *d, struct tmpl *tp, bool reload, char *err, size_t errlen)
 {
 	char *mem = state_mem_file(d, tp->id);
 	char *hot = tp->hotset ? state_template_file(d, tp->id, ".hot") : NULL;
 	struct halite_template_opts o = {
 		.sz = sizeof(o),
+		.flags = reload ? HALITE_TEMPLATE_NO_RESET : 0,
 		.readers = d->o.readers,
 		.read_latency_us = d->o.read_latency_us,
 		.prefetch_min_rate = d->o.prefetch_rate,
@@ -152,23 +196,53 @@ int tmpl_open(struct cloned *d, struct tmpl *tp, char *err, size_t errlen)
 		.log_level = d->o.log_level,
 	};
 	const struct halite_file_info *fi;
-	unsigned status;
-	int ret = -ENOMEM;
+	char uuid[33], path[64];
+	unsigned status = 500;
+	int ret;
 
 	if (!mem || (tp->hotset && !hot)) {
 		snprintf(err, errlen, "out of memory");
 		goto out;
 	}
-	if (!tp->region[0]) {
-		status = classify(tp, err, errlen);
-		if (status) {
-			ret = -EINVAL;
+	if (tp->snap_fd <= 0) {
+		status = snapdir_open(d, tp->snapshot, &tp->snap_fd, err, errlen);
+		if (status)
+			goto out;
+	}
+	status = classify(tp, uuid, err, errlen);
+	if (status)
+		goto out;
+	if (reload && tp->uuid[0] && strcmp(uuid, tp->uuid)) {
+		snprintf(err, errlen, "snapshot %s was replaced: uuid %s, the template's is %s "
+			 "(put that file back, or delete the template)", tp->snapshot, uuid, tp->uuid);
+		status = 409;
+		goto out;
+	}
+	memcpy(tp->uuid, uuid, sizeof(tp->uuid));
+	if (reload && d->o.cache_max) {
+		unsigned n;
+		uint64_t used;
+
+		pthread_mutex_lock(&d->lock);
+		used = cache_used(d, tp, &n);
+		pthread_mutex_unlock(&d->lock);
+		if (used + tp->cache_need > d->o.cache_max) {
+			snprintf(err, errlen, "the template cache would exceed --cache-max: "
+				 "%llu MiB held by %u template(s), this one needs %llu MiB of %llu MiB "
+				 "(delete a template, or start the daemon with a larger --cache-max)",
+				 (unsigned long long)(used >> 20), n,
+				 (unsigned long long)(tp->cache_need >> 20),
+				 (unsigned long long)(d->o.cache_max >> 20));
+			status = 507;
 			goto out;
 		}
 	}
-	ret = halite_template_open(&tp->t, tp->snapshot, mem, &o);
+	fd_path(tp, path, sizeof(path));
+	ret = halite_template_open(&tp->t, path, mem, &o);
 	if (ret) {
 		snprintf(err, errlen, "snapshot %s: %s", tp->snapshot, cl_errstr(ret));
+		/* the reader refused the file: the request's fault */
+		status = ret <= -HALITE_E_BASE && ret > -HALITE_E_STATE ? 400 : 500;
 		goto out;
 	}
 	ret = halite_template_region(tp->t, tp->region, &tp->region_offset, &tp->region_length);
@@ -176,6 +250,7 @@ int tmpl_open(struct cloned *d, struct tmpl *tp, char *err, size_t errlen)
 		snprintf(err, errlen, "snapshot %s has no region %s", tp->snapshot, tp->region);
 		halite_template_free(tp->t);
 		tp->t = NULL;
+		status = 400;
 		goto out;
 	}
 	free(tp->hot_path);
@@ -185,10 +260,15 @@ int tmpl_open(struct cloned *d, struct tmpl *tp, char *err, size_t errlen)
 	tp->memory_bytes = fi->memory_bytes;
 	tp->stored_bytes = fi->stored_bytes;
 	tp->cache_need = fi->mb_stored * fi->mb_size;
+	status = 0;
 out:
+	if (status && tp->snap_fd > 0) {
+		close(tp->snap_fd);
+		tp->snap_fd = 0;
+	}
 	free(mem);
 	free(hot);
-	return ret;
+	return status;
 }
 
 cJSON *tmpl_json(struct tmpl *tp, bool detail)
@@ -199,6 +279,10 @@ cJSON *tmpl_json(struct tmpl *tp, bool detail)
 	cJSON_AddStringToObject(j, "id", tp->id);
 	cJSON_AddStringToObject(j, "kind", tp->kind == TMPL_QEMU ? "qemu" : "synthetic");
 	cJSON_AddStringToObject(j, "snapshot", tp->snapshot);
+	cJSON_AddStringToObject(j, "uuid", tp->uuid);
+	cJSON_AddStringToObject(j, "state", tp->unavailable ? "unavailable" : "ready");
+	if (tp->unavailable)
+		cJSON_AddStringToObject(j, "error", tp->error);
 	cJSON_AddNumberToObject(j, "memory_bytes", (double)tp->memory_bytes);
 	cJSON_AddNumberToObject(j, "stored_bytes", (double)tp->stored_bytes);
 	cJSON_AddBoolToObject(j, "hotset", tp->hotset);
@@ -295,8 +379,6 @@ void tmpl_create(struct cloned *d, const cJSON *body, struct http_reply *r)
 	if (confine_parse_limits(body, &memory_max, &cpu_max, err, sizeof(err)) ||
 	    confine_check(d, memory_max, cpu_max, err, sizeof(err)))
 		return reply_error(r, 400, "%s", err);
-	if (access(snap->valuestring, R_OK))
-		return reply_error(r, 400, "snapshot %s: %s", snap->valuestring, strerror(errno));
 	tp = calloc(1, sizeof(*tp));
 	if (!tp || !(tp->snapshot = strdup(snap->valuestring))) {
 		tmpl_destroy(tp);
@@ -306,34 +388,36 @@ void tmpl_create(struct cloned *d, const cJSON *body, struct http_reply *r)
 	tp->created = time(NULL);
 	tp->memory_max = memory_max;
 	tp->cpu_max = cpu_max;
-	status = classify(tp, err, sizeof(err));
+	/* Opened once, here: the checks below and the engine see this file only. */
+	status = snapdir_open(d, tp->snapshot, &tp->snap_fd, err, sizeof(err));
 	if (status) {
 		tmpl_destroy(tp);
 		return reply_error(r, status, "%s", err);
 	}
 	ret = cl_random_id(tp->id, 't');
-	if (!ret)
-		ret = tmpl_open(d, tp, err, sizeof(err));
-	if (!ret) {
+	if (ret) {
+		tmpl_destroy(tp);
+		return reply_error(r, 500, "%s", strerror(-ret));
+	}
+	status = tmpl_open(d, tp, false, err, sizeof(err));
+	if (!status) {
 		ret = state_save_template(d, tp);
-		if (ret)
+		if (ret) {
 			snprintf(err, sizeof(err), "writing the template's record: %s",
 				 strerror(-ret));
+			status = 500;
+		}
 	}
-	if (ret) {
+	if (status) {
 		cl_log(d, HALITE_LOG_ERROR, "template from %s: %s", tp->snapshot, err);
 		tmpl_drop(d, tp);
-		/* the reader refused the file: the request's fault */
-		return reply_error(r, ret <= -HALITE_E_BASE && ret > -HALITE_E_STATE ? 400 : 500,
-				   "%s", err[0] ? err : cl_errstr(ret));
+		return reply_error(r, status, "%s", err);
 	}
 	pthread_mutex_lock(&d->lock);
 	if (d->o.cache_max) {
-		uint64_t used = 0;
-		unsigned n = 0;
+		unsigned n;
+		uint64_t used = cache_used(d, NULL, &n);
 
-		for (struct tmpl *o = d->templates; o; o = o->next, n++)
-			used += o->cache_need;
 		if (used + tp->cache_need > d->o.cache_max) {
 			pthread_mutex_unlock(&d->lock);
 			snprintf(err, sizeof(err), "the template cache would exceed --cache-max: "
@@ -430,10 +514,14 @@ void tmpl_save_hotsets(struct cloned *d, bool all)
 	for (struct tmpl *tp = d->templates; tp; tp = tp->next) {
 		int ret;
 
-		if (!tp->hotset || (!all && (!tp->hot_due_ns || cl_now_ns() < tp->hot_due_ns)))
+		if (!tp->t || !tp->hotset ||
+		    (!all && (!tp->hot_due_ns || cl_now_ns() < tp->hot_due_ns)))
 			continue;
 		tp->hot_due_ns = 0;
 		ret = halite_template_hotset_save(tp->t);
+		/* the trace writer makes its files 0644; the daemon's files are its own */
+		if (!ret && tp->hot_path && chmod(tp->hot_path, 0600))
+			ret = -errno;
 		if (ret)
 			cl_log(d, HALITE_LOG_WARN, "template %s: saving its hot set: %s", tp->id,
 			       cl_errstr(ret));
@@ -441,7 +529,19 @@ void tmpl_save_hotsets(struct cloned *d, bool all)
 	pthread_mutex_unlock(&d->lock);
 }
 
-/* At start: every template the state directory records, opened again. */
+/* A recorded uuid: 32 hex digits, else "" (a record from before uuids: not compared). */
+static void record_uuid(struct tmpl *tp, const char *u)
+{
+	if (u && strlen(u) == 32 && strspn(u, "0123456789abcdef") == 32)
+		memcpy(tp->uuid, u, 33);
+}
+
+/*
+ * At start: every template the state directory records, opened again
+ * through the snapshot directories. One that does not open stays listed,
+ * unavailable with the reason, so that its clones stay visible and its
+ * memory file stays as it is; the monitor retries it.
+ */
 void tmpl_load_all(struct cloned *d)
 {
 	char *dir = cl_path(d->o.state_dir, "templates", NULL);
@@ -452,7 +552,7 @@ void tmpl_load_all(struct cloned *d)
 		char id[CLONED_ID_LEN + 1], err[1024] = "", *path;
 		size_t n = strlen(e->d_name);
 		struct tmpl *tp;
-		const char *snap;
+		const char *snap, *kind;
 		cJSON *j;
 
 		if (n != CLONED_ID_LEN + 5 || strcmp(e->d_name + CLONED_ID_LEN, ".json"))
@@ -478,18 +578,97 @@ void tmpl_load_all(struct cloned *d)
 		tp->created = (int64_t)state_jnum(j, "created", 0);
 		tp->memory_max = (uint64_t)state_jnum(j, "memory_max", 0);
 		tp->cpu_max = state_jnum(j, "cpu_max", 0);
+		kind = state_jstr(j, "kind");
+		tp->kind = kind && !strcmp(kind, "qemu") ? TMPL_QEMU : TMPL_SYNTHETIC;
+		record_uuid(tp, state_jstr(j, "uuid"));
 		cJSON_Delete(j);
-		if (tmpl_open(d, tp, err, sizeof(err))) {
-			cl_log(d, HALITE_LOG_ERROR, "template %s (%s) not loaded: %s", id,
+		if (tmpl_open(d, tp, true, err, sizeof(err))) {
+			cl_log(d, HALITE_LOG_ERROR, "template %s (%s) unavailable: %s", id,
 			       tp->snapshot, err);
-			tmpl_destroy(tp);
-			continue;
+			tp->unavailable = true;
+			snprintf(tp->error, sizeof(tp->error), "%.500s", err);
+		} else {
+			cl_log(d, HALITE_LOG_INFO, "template %s loaded: %s", id, tp->snapshot);
 		}
+		pthread_mutex_lock(&d->lock);
 		tp->next = d->templates;
 		d->templates = tp;
-		cl_log(d, HALITE_LOG_INFO, "template %s loaded: %s", id, tp->snapshot);
+		pthread_mutex_unlock(&d->lock);
 	}
 	if (dh)
 		closedir(dh);
 	free(dir);
+}
+
+/* How often the monitor tries unavailable templates again. */
+#define RETRY_NS (2 * 1000000000ull)
+
+/*
+ * The monitor: each unavailable template opened again on a copy, without
+ * the lock (it reads the snapshot); one that opens takes the copy's engine
+ * and descriptor, and its orphaned clones are re-attached.
+ */
+void tmpl_retry_unavailable(struct cloned *d)
+{
+	struct tmpl *todo = NULL;
+	uint64_t now = cl_now_ns();
+
+	if (now < d->retry_due_ns)
+		return;
+	d->retry_due_ns = now + RETRY_NS;
+	pthread_mutex_lock(&d->lock);
+	for (struct tmpl *tp = d->templates; tp; tp = tp->next) {
+		struct tmpl *n;
+
+		if (!tp->unavailable)
+			continue;
+		n = calloc(1, sizeof(*n));
+		if (!n || !(n->snapshot = strdup(tp->snapshot))) {
+			tmpl_destroy(n);
+			break;
+		}
+		memcpy(n->id, tp->id, sizeof(n->id));
+		memcpy(n->uuid, tp->uuid, sizeof(n->uuid));
+		n->hotset = tp->hotset;
+		n->next = todo;
+		todo = n;
+	}
+	pthread_mutex_unlock(&d->lock);
+
+	while (todo) {
+		struct tmpl *n = todo, *tp;
+		char err[512] = "";
+		unsigned status;
+
+		todo = n->next;
+		status = tmpl_open(d, n, true, err, sizeof(err));
+		pthread_mutex_lock(&d->lock);
+		tp = tmpl_find(d, n->id);
+		if (tp && tp->unavailable && status) {
+			if (strcmp(tp->error, err)) {
+				cl_log(d, HALITE_LOG_WARN, "template %s still unavailable: %s", tp->id,
+				       err);
+				snprintf(tp->error, sizeof(tp->error), "%.500s", err);
+			}
+		} else if (tp && tp->unavailable) {
+			struct tmpl keep = *tp;
+
+			/* n's loaded state, tp's place in the registry and its clones */
+			free(tp->synth_args);
+			free(tp->hot_path);
+			free(tp->snapshot);
+			*tp = *n;
+			tp->next = keep.next;
+			tp->nclones = keep.nclones;
+			tp->created = keep.created;
+			tp->unavailable = false;
+			tp->error[0] = 0;
+			memset(n, 0, sizeof(*n));
+			cl_log(d, HALITE_LOG_INFO, "template %s loaded again: %s", tp->id,
+			       tp->snapshot);
+			clones_adopt(d, tp);
+		}
+		pthread_mutex_unlock(&d->lock);
+		tmpl_destroy(n);
+	}
 }

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pwd.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -97,6 +98,82 @@ int cl_mkdir_p(const char *path, mode_t mode)
 	}
 	if (mkdir(buf, mode) && errno != EEXIST)
 		return -errno;
+	return 0;
+}
+
+static const char *user_name(uid_t uid)
+{
+	struct passwd *pw = getpwuid(uid);
+
+	return pw ? pw->pw_name : "no such user";
+}
+
+/*
+ * One of the daemon's own directories (--state-dir, --mem-dir): made 0700
+ * where missing, and refused unless it is the daemon's uid's and writable by
+ * nobody else, and no component on the way is a symlink of another user (who
+ * could point it elsewhere at will). Root's links (/var/run) are trusted.
+ * 0, or -1 with the sentence and the fix in @err.
+ */
+int cl_own_dir(const char *path, const char *opt, char *err, size_t errlen)
+{
+	char buf[4096];
+	size_t n = strlen(path);
+	uid_t me = geteuid();
+	struct stat st;
+
+	if (path[0] != '/' || n >= sizeof(buf)) {
+		snprintf(err, errlen, "%s %s: want an absolute path", opt, path);
+		return -1;
+	}
+	memcpy(buf, path, n + 1);
+	for (char *p = buf + 1;; p++) {
+		bool last = !*p;
+
+		if (*p && *p != '/')
+			continue;
+		*p = 0;
+		/* the directories on the way are anyone's to pass, as mkdir -p makes them */
+		if (lstat(buf, &st) && errno == ENOENT && mkdir(buf, last ? 0700 : 0755) &&
+		    errno != EEXIST) {
+			snprintf(err, errlen, "%s %s: creating %s: %s", opt, path, buf,
+				 strerror(errno));
+			return -1;
+		}
+		if (lstat(buf, &st)) {
+			snprintf(err, errlen, "%s %s: %s: %s", opt, path, buf, strerror(errno));
+			return -1;
+		}
+		if (S_ISLNK(st.st_mode) && st.st_uid != 0 && st.st_uid != me) {
+			snprintf(err, errlen, "%s %s: %s is a symbolic link owned by uid %u (%s), "
+				 "who could point it anywhere: use a path without it", opt, path,
+				 buf, (unsigned)st.st_uid, user_name(st.st_uid));
+			return -1;
+		}
+		if (last)
+			break;
+		*p = '/';
+	}
+	if (stat(path, &st)) {
+		snprintf(err, errlen, "%s %s: %s", opt, path, strerror(errno));
+		return -1;
+	}
+	if (!S_ISDIR(st.st_mode)) {
+		snprintf(err, errlen, "%s %s is not a directory", opt, path);
+		return -1;
+	}
+	if (st.st_uid != me || (st.st_mode & 022)) {
+		snprintf(err, errlen, "%s %s is owned by uid %u (%s) with mode %04o: it must be "
+			 "this daemon's (uid %u) and writable by no one else: chown %u %s && "
+			 "chmod 700 %s", opt, path, (unsigned)st.st_uid, user_name(st.st_uid),
+			 (unsigned)(st.st_mode & 07777), (unsigned)me, (unsigned)me, path, path);
+		return -1;
+	}
+	/* Ours: nobody else reads it either (an older daemon made it 0750). */
+	if ((st.st_mode & 077) && chmod(path, 0700)) {
+		snprintf(err, errlen, "%s %s: chmod 700: %s", opt, path, strerror(errno));
+		return -1;
+	}
 	return 0;
 }
 
