@@ -408,28 +408,32 @@ static void disk_args(void)
 	rewrite(&ds, "qemu -m 1G -drive file=/nx/img/a.qcow2,if=virtio,format=qcow2,cache=none "
 		"-drive if=none,id=d1,file.filename=b.raw,file.driver=file,format=raw "
 		"-device virtio-blk,drive=d1 -cdrom /nx/img/c.iso", "/nx/img", out, sizeof(out));
+	/* auto-read-only=off: opened read-write at start, never reopened (diskargs.c) */
 	CHECK(!strcmp(out, "qemu -m 1G -drive file=/nx/ov/a.r1.qcow2,if=virtio,format=qcow2,"
-		      "cache=none -drive if=none,id=d1,file.filename=/nx/ov/b,,x.qcow2,"
-		      "file.driver=file,format=qcow2 -device virtio-blk,drive=d1 -cdrom "
+		      "cache=none,auto-read-only=off -drive if=none,id=d1,file.filename="
+		      "/nx/ov/b,,x.qcow2,file.driver=file,format=qcow2,auto-read-only=off "
+		      "-device virtio-blk,drive=d1 -cdrom "
 		      "/nx/img/c.iso"), "-drive: %s", out);
 
 	rewrite(&ds, "qemu -blockdev driver=file,filename=/nx/img/b.raw,node-name=f1 "
 		"-blockdev driver=raw,file=f1,node-name=d1 -device virtio-blk,drive=d1 "
 		"-blockdev driver=qcow2,node-name=d0,file.driver=file,"
 		"file.filename=/nx/img/a.qcow2,backing=bk", NULL, out, sizeof(out));
-	CHECK(!strcmp(out, "qemu -blockdev driver=file,filename=/nx/ov/b,,x.qcow2,node-name=f1 "
-		      "-blockdev driver=qcow2,file=f1,node-name=d1 -device virtio-blk,drive=d1 "
-		      "-blockdev driver=qcow2,node-name=d0,file.driver=file,"
-		      "file.filename=/nx/ov/a.r1.qcow2"), "-blockdev: %s", out);
+	CHECK(!strcmp(out, "qemu -blockdev driver=file,filename=/nx/ov/b,,x.qcow2,node-name=f1,"
+		      "auto-read-only=off -blockdev driver=qcow2,file=f1,node-name=d1 "
+		      "-device virtio-blk,drive=d1 -blockdev driver=qcow2,node-name=d0,"
+		      "file.driver=file,file.filename=/nx/ov/a.r1.qcow2,auto-read-only=off"),
+	      "-blockdev: %s", out);
 
 	rewrite(&ds, "qemu -blockdev {\"driver\":\"file\",\"filename\":\"/nx/img/b.raw\","
 		"\"node-name\":\"f1\"} -blockdev {\"node-name\":\"d1\",\"driver\":\"raw\","
 		"\"file\":\"f1\"} -blockdev {\"driver\":\"qcow2\",\"file\":{\"driver\":\"file\","
 		"\"filename\":\"/nx/img/a.qcow2\"},\"backing\":null}", NULL, out, sizeof(out));
 	CHECK(!strcmp(out, "qemu -blockdev {\"driver\":\"file\",\"filename\":\"/nx/ov/b,x.qcow2\","
-		      "\"node-name\":\"f1\"} -blockdev {\"node-name\":\"d1\",\"driver\":\"qcow2\","
-		      "\"file\":\"f1\"} -blockdev {\"driver\":\"qcow2\",\"file\":{\"driver\":"
-		      "\"file\",\"filename\":\"/nx/ov/a.r1.qcow2\"}}"), "JSON: %s", out);
+		      "\"node-name\":\"f1\",\"auto-read-only\":false} -blockdev {\"node-name\":"
+		      "\"d1\",\"driver\":\"qcow2\",\"file\":\"f1\"} -blockdev {\"driver\":"
+		      "\"qcow2\",\"file\":{\"driver\":\"file\",\"filename\":\"/nx/ov/a.r1.qcow2\"},"
+		      "\"auto-read-only\":false}"), "JSON: %s", out);
 
 	rewrite(&ds, "qemu /nx/img/a.qcow2 -hdb ../img/b.raw", "/nx/x", out, sizeof(out));
 	CHECK(!strcmp(out, "qemu /nx/ov/a.r1.qcow2 -hdb /nx/ov/b,x.qcow2"), "-hdb: %s", out);
@@ -446,7 +450,8 @@ static void disk_args(void)
 	memset(&ds, 0, sizeof(ds));
 	disk(&ds, "vd0", "/nx/ov/a.r1.qcow2", "/nx/ov/a.r2.qcow2", "/nx/img/a.qcow2");
 	rewrite(&ds, "qemu -drive file=/nx/img/a.qcow2,format=qcow2", NULL, out, sizeof(out));
-	CHECK(!strcmp(out, "qemu -drive file=/nx/ov/a.r2.qcow2,format=qcow2"), "chain: %s", out);
+	CHECK(!strcmp(out, "qemu -drive file=/nx/ov/a.r2.qcow2,format=qcow2,auto-read-only=off"),
+	      "chain: %s", out);
 	/* Both named (a chain of -blockdev nodes): the top one gets the overlay. */
 	rewrite(&ds, "qemu -blockdev driver=file,filename=/nx/img/a.qcow2,node-name=b0 "
 		"-blockdev driver=qcow2,file=b0,node-name=base "
@@ -454,8 +459,9 @@ static void disk_args(void)
 		"-blockdev driver=qcow2,file=t0,backing=base,node-name=top", NULL, out, sizeof(out));
 	CHECK(!strcmp(out, "qemu -blockdev driver=file,filename=/nx/img/a.qcow2,node-name=b0 "
 		      "-blockdev driver=qcow2,file=b0,node-name=base "
-		      "-blockdev driver=file,filename=/nx/ov/a.r2.qcow2,node-name=t0 "
-		      "-blockdev driver=qcow2,file=t0,node-name=top"), "chain of nodes: %s", out);
+		      "-blockdev driver=file,filename=/nx/ov/a.r2.qcow2,node-name=t0,"
+		      "auto-read-only=off -blockdev driver=qcow2,file=t0,node-name=top"),
+	      "chain of nodes: %s", out);
 }
 
 int main(int argc, char **argv)

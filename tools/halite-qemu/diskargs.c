@@ -243,6 +243,19 @@ static int json_set(cJSON *o, const char *key, const char *val)
 }
 
 /* @n's argument with the overlay of its disk in place of the image; malloc'd. */
+/* @o's @key set to false (JSON: a boolean, not keyval's "off"). */
+static int json_set_false(cJSON *o, const char *key)
+{
+	cJSON_DeleteItemFromObjectCaseSensitive(o, key);
+	return cJSON_AddFalseToObject(o, key) ? 0 : -ENOMEM;
+}
+
+/*
+ * The overlay is opened read-write at QEMU's start (auto-read-only=off):
+ * with auto-read-only on, a QEMU waiting for its incoming state holds its
+ * inactive images read-only and reopens them by path on `cont`, which a
+ * QEMU that has dropped to an unprivileged user (a clone's -runas) may not.
+ */
 static char *pointed(struct named *n, const struct hq_disk *d)
 {
 	char *out = NULL;
@@ -259,24 +272,34 @@ static char *pointed(struct named *n, const struct hq_disk *d)
 			ret = kvs_set(&n->kv, "format", "qcow2");
 		if (!ret && hq_kvs_has(&n->kv, "driver"))
 			ret = kvs_set(&n->kv, "driver", "qcow2");
+		if (!ret)
+			ret = kvs_set(&n->kv, "auto-read-only", "off");
 		break;
 	case ARG_PROTO:
 		ret = kvs_set(&n->kv, "filename", d->overlay);
+		if (!ret)
+			ret = kvs_set(&n->kv, "auto-read-only", "off");
 		break;
 	case ARG_INLINE:
 		ret = kvs_set(&n->kv, "file.filename", d->overlay);
 		if (!ret)
 			ret = kvs_set(&n->kv, "driver", "qcow2");
+		if (!ret)
+			ret = kvs_set(&n->kv, "auto-read-only", "off");
 		hq_kvs_del(&n->kv, "backing");
 		break;
 	case ARG_JSON_PROTO:
 		ret = json_set(n->json, "filename", d->overlay);
+		if (!ret)
+			ret = json_set_false(n->json, "auto-read-only");
 		break;
 	case ARG_JSON_INLINE:
 		ret = json_set(cJSON_GetObjectItemCaseSensitive(n->json, "file"), "filename",
 			       d->overlay);
 		if (!ret)
 			ret = json_set(n->json, "driver", "qcow2");
+		if (!ret)
+			ret = json_set_false(n->json, "auto-read-only");
 		cJSON_DeleteItemFromObjectCaseSensitive(n->json, "backing");
 		break;
 	}
