@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A QEMU clone runs nothing its snapshot file names, and its QEMU is confined
-(issue 24, D1). End-to-end through halite-cloned with the QEMU test guest
+(issue 24). End-to-end through halite-cloned with the QEMU test guest
 (scripts/make-guest.sh); skipped (77) without QEMU, the image or root.
 
   test_clone_qemu_confine.py confine
@@ -15,18 +15,18 @@
       (its /proc/PID/exe), the marker never appears. The same line with
       smb=/ on its -netdev: the clone request fails naming "smb=", and no
       QEMU was started (none has the template memory file mapped, no
-      marker). A daemon that passes no --qemu-binary: the crafted binary is
-      refused by name, the marker never appears.
+      marker). halite-qemu clone run without --qemu-binary: the crafted
+      binary is refused by name, the marker never appears.
   (b) that clone's QEMU, started with --run-as nobody: /proc/PID/status says
       Uid 65534 and Seccomp 2, none of its descriptors is the template
       memory file (its private mapping stays), the snapshot reached
       halite-qemu clone as /proc/self/fd/3, QEMU booted from /proc/self/fd/N
       (-kernel, -initrd opened beneath --allow-dir), and the verifier inside the
       guest finds the snapshot's digest.
-The daemon starts `halite-qemu clone` through --qemu-bin; until it passes
---qemu-binary, --run-as and --allow-dir itself (engineer D2), a wrapper
-given as --qemu-bin adds them and hands the snapshot over as
-/proc/self/fd/3, as the daemon will.
+The daemon is started with --qemu-system, --clone-user nobody and
+--qemu-dir (the image directory): it passes halite-qemu clone
+--qemu-binary, --run-as and --allow-dir, and the snapshot as its open
+descriptor 3.
 """
 import os
 import shutil
@@ -41,23 +41,6 @@ from test_clone import Env, Fail, Skip, check, log, hg  # noqa: E402
 
 META_SET = os.environ.get("HALITE_CLONE_META_SET_BIN")
 QEMU_SYSTEM = shutil.which("qemu-system-x86_64")
-
-WRAPPER = """#!/bin/sh
-# halite-qemu clone with the options the daemon is to pass (D2): QEMU by the
-# service's configuration, as nobody, booting from the image directory only;
-# the snapshot as the daemon's open descriptor 3.
-[ "$1" = clone ] || exec {hq} "$@"
-shift
-n=$#
-i=0
-for a in "$@"; do
-    i=$((i + 1))
-    if [ $i -eq $n ]; then snap=$a; else set -- "$@" "$a"; fi
-done
-shift $n
-exec 3<"$snap"
-exec {hq} clone --qemu-binary {qemu} --run-as nobody --allow-dir {image} "$@" /proc/self/fd/3
-"""
 
 EVIL = """#!/bin/sh
 echo "$$ $*" >> {marker}
@@ -119,12 +102,6 @@ def case_confine(e):
     with open(evil, "w") as f:
         f.write(EVIL.format(marker=marker, qemu=QEMU_SYSTEM))
     os.chmod(evil, 0o755)
-    wrapper = os.path.join(e.tmp, "halite-qemu-d2.sh")
-    with open(wrapper, "w") as f:
-        f.write(WRAPPER.format(hq=tc.QEMU_BIN, qemu=QEMU_SYSTEM, image=image))
-    os.chmod(wrapper, 0o755)
-    # nobody must reach the guest's files (QEMU opens them as root, but the
-    # temporary directory is the test's): nothing to do; the state dir is root's.
 
     # the daemon's options themselves: never root, QEMU an absolute executable
     for opts, want in ((["--run-as", "root"], "--run-as: QEMU would run as root (uid or gid 0); "
@@ -169,7 +146,9 @@ def case_confine(e):
     smb_snap = os.path.join(e.tmp, "smb.hlt")
     craft(snap, smb_snap, smb)
 
-    e.start("--qemu-bin", wrapper)
+    # The daemon's configuration decides QEMU's binary, user and boot files.
+    e.start("--qemu-bin", tc.QEMU_BIN, "--qemu-system", QEMU_SYSTEM, "--clone-user", "nobody",
+            "--qemu-dir", image)
     # (a) the recorded binary is never run
     t = e.template(evil_snap)
     check(t["kind"] == "qemu", "the crafted file is a qemu template: %s" % t)
@@ -229,18 +208,19 @@ def case_confine(e):
     check(not os.path.exists(marker), "the marker appeared")
     log("  (a) the smb= file: %d %s" % (st_, j["error"]))
 
-    # (a) a daemon that passes no --qemu-binary (today's): the recorded
+    # (a) halite-qemu clone run by hand without --qemu-binary: the recorded
     # binary is refused by name, still never run
     e.kill_daemon()
-    e.start("--qemu-bin", tc.QEMU_BIN)
-    st_, j = e.req("POST", "/templates/%s/clones" % t["id"], {"count": 1, "write_pct": 0})
+    p = subprocess.run([tc.QEMU_BIN, "clone", "--mem-file", mem_file, "--control",
+                        os.path.join(e.tmp, "byhand.sock"), evil_snap],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
     want = ("the recorded QEMU binary %s is not named qemu-system-*; a clone runs QEMU only "
             "(--qemu-binary names the one to run)" % evil)
-    check(st_ == 500 and want in j.get("error", ""),
-          "a clone of the crafted file without --qemu-binary: %s %s (wanted 500: %s)" % (
-              st_, j, want))
+    check(p.returncode == 1 and want in p.stderr,
+          "halite-qemu clone of the crafted file without --qemu-binary: exit %d %r (wanted: %s)"
+          % (p.returncode, p.stderr[-1000:], want))
     check(not os.path.exists(marker), "the recorded binary ran: %s exists" % marker)
-    log("  (a) without --qemu-binary: %d %s" % (st_, j["error"]))
+    log("  (a) without --qemu-binary: exit %d, %s" % (p.returncode, want))
 
 
 CASES = {"confine": case_confine}
