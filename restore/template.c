@@ -104,6 +104,7 @@ struct lbstate {
 	uint8_t st;
 	bool demand;
 	int err;
+	char *msg;		/* FAILED: what failed, said once when it did */
 	struct waiter *waiters;
 };
 
@@ -150,7 +151,7 @@ struct halite_template {
 	_Atomic uint64_t lb_demand, lb_prefetch, lb_failed, lb_retries, bytes_read, mb_decoded;
 	_Atomic uint64_t requests, hits, joined;
 	int error;
-	char errmsg[256];
+	char errmsg[512];
 };
 
 static int tpl_fail(struct halite_template *t, int err, const char *fmt, ...)
@@ -167,6 +168,40 @@ static int tpl_fail(struct halite_template *t, int err, const char *fmt, ...)
 		halite_logf(&t->log, HALITE_LOG_ERROR, "%s", t->errmsg);
 	}
 	return err;
+}
+
+/*
+ * A failure the template cannot serve past (an LB, or a lookup in a damaged
+ * index chunk): the first one becomes the template's error and errmsg.
+ * Takes t->mu.
+ */
+static void tpl_error(struct halite_template *t, int err, const char *msg)
+{
+	pthread_mutex_lock(&t->mu);
+	if (!t->error)
+		t->error = err;
+	tpl_fail(t, err, "%s", msg);
+	pthread_cond_broadcast(&t->state_cv);
+	pthread_mutex_unlock(&t->mu);
+}
+
+/*
+ * Where block @mb is. A format 1.1 file's lookup can fail after open (its
+ * index chunk damaged): that is the template's error, with the reader's
+ * message naming the chunk, and never a zero block (docs/failure-model.md).
+ */
+static int mb_lookup(struct halite_template *t, uint64_t mb, struct halite_mb_loc *loc)
+{
+	int ret = halite_reader_mb_lookup(t->rd, mb, loc);
+
+	if (ret) {
+		char msg[512];
+
+		snprintf(msg, sizeof(msg), "memory block %llu: %s", ULL(mb),
+			 halite_reader_errmsg(t->rd));
+		tpl_error(t, ret, msg);
+	}
+	return ret;
 }
 
 /* ---- geometry ---------------------------------------------------------- */
@@ -207,24 +242,37 @@ static const struct tpl_region *mb_region(const struct halite_template *t, uint6
 	return NULL;
 }
 
-int tpl_mb_state(const struct halite_template *t, uint64_t mb)
+int tpl_mb_state(struct halite_template *t, uint64_t mb)
 {
 	struct halite_mb_loc loc;
+	int ret;
 
 	if (atomic_load_explicit(&t->fill[mb], memory_order_acquire))
 		return TPL_MB_IN;
-	if (halite_reader_mb_lookup(t->rd, mb, &loc) || loc.state != HALITE_MB_STORED)
-		return TPL_MB_EMPTY;
-	return TPL_MB_OUT;
+	ret = mb_lookup(t, mb, &loc);
+	if (ret)
+		return ret;
+	return loc.state == HALITE_MB_STORED ? TPL_MB_OUT : TPL_MB_EMPTY;
 }
 
-int tpl_lb_members(const struct halite_template *t, uint64_t mb, const uint64_t **mbs, uint32_t *n)
+int tpl_lb_members(struct halite_template *t, uint64_t mb, const uint64_t **mbs, uint32_t *n)
 {
 	struct halite_mb_loc loc;
+	int ret = mb_lookup(t, mb, &loc);
 
-	if (halite_reader_mb_lookup(t->rd, mb, &loc) || loc.state != HALITE_MB_STORED)
+	if (ret)
+		return ret;
+	if (loc.state != HALITE_MB_STORED)
 		return -HALITE_E_NOT_FOUND;
-	return halite_reader_lb_members(t->rd, loc.lb, mbs, n);
+	ret = halite_reader_lb_members(t->rd, loc.lb, mbs, n);
+	if (ret) {
+		char msg[512];
+
+		snprintf(msg, sizeof(msg), "locality block %llu's member list: %s", ULL(loc.lb),
+			 halite_reader_errmsg(t->rd));
+		tpl_error(t, ret, msg);
+	}
+	return ret;
 }
 
 bool tpl_complete(struct halite_template *t)
@@ -316,7 +364,11 @@ static void count_in(struct halite_template *t)
 
 		if (!atomic_load_explicit(&t->fill[mb], memory_order_relaxed))
 			continue;
-		if (halite_reader_mb_lookup(t->rd, mb, &loc) || loc.state != HALITE_MB_STORED) {
+		/*
+		 * A block whose entry cannot be read now is not served from the
+		 * file: its byte goes, and its sessions fail on their own lookup.
+		 */
+		if (mb_lookup(t, mb, &loc) || loc.state != HALITE_MB_STORED) {
 			atomic_store(&t->fill[mb], 0);
 			continue;
 		}
@@ -443,7 +495,12 @@ static int hot_load_old(struct halite_template *t, int fd, char *why, size_t why
 					  .kind = HALITE_MB_STORED };
 		struct halite_mb_loc loc;
 
-		if (halite_reader_mb_lookup(t->rd, lt.mb, &loc) || loc.state != HALITE_MB_STORED) {
+		if (halite_reader_mb_lookup(t->rd, lt.mb, &loc)) {
+			snprintf(why, whylen, "looking up its block %llu: %s", ULL(lt.mb),
+				 halite_reader_errmsg(t->rd));
+			goto out;
+		}
+		if (loc.state != HALITE_MB_STORED) {
 			snprintf(why, whylen, "an old-format hot set naming block %llu, which the "
 				 "snapshot does not store", ULL(lt.mb));
 			goto out;
@@ -523,8 +580,12 @@ static int hot_prefix(struct halite_template *t)
 		uint32_t m;
 		const uint64_t *mbs;
 
+		/* Only a hint: an LB whose list fails is left out (its sessions fail on use). */
 		if (!halite_reader_lb_members(t->rd, lb, &mbs, &m))
 			n += m;
+		else
+			halite_logf(&t->log, HALITE_LOG_WARN, "template: hot prefix without locality "
+				    "block %llu: %s", ULL(lb), halite_reader_errmsg(t->rd));
 	}
 	if (!n)
 		return 0;
@@ -609,28 +670,38 @@ static int build_porder(struct halite_template *t)
 
 /* ---- requests and callbacks -------------------------------------------- */
 
-static void lb_errmsg(struct halite_template *t, uint64_t lb, int err, char *buf, size_t len)
+/* "locality block 3 at offset 65536: <why>", or without the offset if its entry fails too. */
+static void lb_errmsg(struct halite_template *t, uint64_t lb, const char *why, char *buf,
+		      size_t len)
 {
 	struct halite_lb_info li = { 0 };
 
-	(void)halite_reader_lb_info(t->rd, lb, &li);
-	snprintf(buf, len, "locality block %llu at offset %llu: %s", ULL(lb), ULL(li.offset),
-		 err == -HALITE_E_LB_CHECKSUM ? "checksum mismatch" : halite_strerror(err));
+	if (halite_reader_lb_info(t->rd, lb, &li))
+		snprintf(buf, len, "locality block %llu: %s", ULL(lb), why);
+	else
+		snprintf(buf, len, "locality block %llu at offset %llu: %s", ULL(lb),
+			 ULL(li.offset), why);
 }
 
 void tpl_errmsg_mb(struct halite_template *t, uint64_t mb, char *buf, size_t len)
 {
 	struct halite_mb_loc loc;
-	int err;
 
-	if (halite_reader_mb_lookup(t->rd, mb, &loc) || loc.state != HALITE_MB_STORED) {
+	if (halite_reader_mb_lookup(t->rd, mb, &loc)) {
+		snprintf(buf, len, "memory block %llu: %s", ULL(mb), halite_reader_errmsg(t->rd));
+		return;
+	}
+	if (loc.state != HALITE_MB_STORED) {
 		snprintf(buf, len, "memory block %llu", ULL(mb));
 		return;
 	}
 	pthread_mutex_lock(&t->mu);
-	err = t->lbs[loc.lb].err;
+	if (t->lbs[loc.lb].msg)
+		snprintf(buf, len, "%s", t->lbs[loc.lb].msg);
+	else
+		lb_errmsg(t, loc.lb, halite_strerror(t->lbs[loc.lb].err ? t->lbs[loc.lb].err :
+						     -EIO), buf, len);
 	pthread_mutex_unlock(&t->mu);
-	lb_errmsg(t, loc.lb, err ? err : -EIO, buf, len);
 }
 
 int tpl_request(struct halite_template *t, struct tpl_client *c, uint64_t mb, uint64_t tag)
@@ -645,7 +716,10 @@ int tpl_request(struct halite_template *t, struct tpl_client *c, uint64_t mb, ui
 		atomic_fetch_add(&t->hits, 1);
 		return 1;
 	}
-	if (halite_reader_mb_lookup(t->rd, mb, &loc) || loc.state != HALITE_MB_STORED)
+	ret = mb_lookup(t, mb, &loc);
+	if (ret)
+		return ret; /* the index's failure: never a zero block */
+	if (loc.state != HALITE_MB_STORED)
 		return -EINVAL;
 	if (c && !(w = malloc(sizeof(*w))))
 		return -ENOMEM;
@@ -765,7 +839,9 @@ void tpl_detach(struct halite_template *t, struct tpl_client *c)
 
 /* ---- reading and decoding ---------------------------------------------- */
 
-static int decode_mb(struct halite_template *t, uint64_t mb, const void *lbbuf)
+/* Block @mb of the verified LB @lbbuf into the memory file: 0, or < 0 and @why says what. */
+static int decode_mb(struct halite_template *t, uint64_t mb, const void *lbbuf, char *why,
+		     size_t whylen)
 {
 	const struct tpl_region *g = mb_region(t, mb);
 	int ret;
@@ -776,8 +852,12 @@ static int decode_mb(struct halite_template *t, uint64_t mb, const void *lbbuf)
 		return 0; /* in already (a reopened template) */
 	ret = halite_reader_decode_mb(t->rd, mb, lbbuf,
 				      t->mem + g->offset + (mb - g->first_mb) * t->fi->mb_size);
-	if (ret)
+	if (ret) {
+		snprintf(why, whylen, "decoding memory block %llu: %s", ULL(mb),
+			 ret == -HALITE_E_CHECKSUM || ret == -HALITE_E_CORRUPT ?
+			 halite_reader_errmsg(t->rd) : halite_strerror(ret));
 		return ret;
+	}
 	atomic_store_explicit(&t->fill[mb], 1, memory_order_release);
 	atomic_fetch_add(&t->mb_in, 1);
 	atomic_fetch_add(&t->mb_decoded, 1);
@@ -809,11 +889,20 @@ static void process_lb(struct halite_template *t, uint64_t lb, void *buf)
 	struct waiter *w;
 	uint64_t *want = NULL;
 	size_t nwant = 0;
+	char why[448] = "";
 	int ret;
 
 	ret = read_lb(t, lb, buf);
-	if (!ret)
+	if (ret)
+		snprintf(why, sizeof(why), "%s", ret == -HALITE_E_LB_CHECKSUM ? "checksum mismatch" :
+			 ret == -HALITE_E_CHECKSUM || ret == -HALITE_E_CORRUPT ?
+			 halite_reader_errmsg(t->rd) : halite_strerror(ret));
+	if (!ret) {
 		ret = halite_reader_lb_members(t->rd, lb, &mbs, &n);
+		if (ret)
+			snprintf(why, sizeof(why), "its member list: %s",
+				 halite_reader_errmsg(t->rd));
+	}
 	if (!ret) {
 		/* The blocks sessions wait for first. */
 		pthread_mutex_lock(&t->mu);
@@ -825,7 +914,7 @@ static void process_lb(struct halite_template *t, uint64_t lb, void *buf)
 			want[nwant++] = w->mb;
 		pthread_mutex_unlock(&t->mu);
 		for (size_t i = 0; !ret && i < nwant; i++)
-			ret = decode_mb(t, want[i], buf);
+			ret = decode_mb(t, want[i], buf, why, sizeof(why));
 		free(want);
 		if (!ret) {
 			pthread_mutex_lock(&t->mu);
@@ -833,20 +922,32 @@ static void process_lb(struct halite_template *t, uint64_t lb, void *buf)
 			pthread_mutex_unlock(&t->mu);
 			call_waiters(t, w, 0);
 		}
-		for (uint32_t i = 0; !ret && i < n; i++)
-			ret = decode_mb(t, mbs[i], buf);
+		for (uint32_t i = 0; !ret && i < n; i++) {
+			struct halite_mb_loc loc;
+
+			/*
+			 * A member whose own map entry fails (its index chunk
+			 * damaged) stays out, never marked in; that is the
+			 * template's error, and the sessions that need it fail
+			 * on their lookup. The LB's other blocks are good.
+			 */
+			if (mb_lookup(t, mbs[i], &loc))
+				continue;
+			ret = decode_mb(t, mbs[i], buf, why, sizeof(why));
+		}
 	}
 
 	pthread_mutex_lock(&t->mu);
 	if (ret) {
-		char msg[200];
+		char msg[512];
 
+		lb_errmsg(t, lb, why[0] ? why : halite_strerror(ret), msg, sizeof(msg));
 		l->st = LB_FAILED;
 		l->err = ret;
+		l->msg = strdup(msg);
 		atomic_fetch_add(&t->lb_failed, 1);
 		if (!t->error)
 			t->error = ret;
-		lb_errmsg(t, lb, ret, msg, sizeof(msg));
 		tpl_fail(t, ret, "%s", msg);
 	} else {
 		l->st = LB_DONE;
@@ -1141,13 +1242,15 @@ void halite_template_free(struct halite_template *t)
 		pthread_join(t->readers[i], NULL);
 	free(t->readers);
 	if (t->lbs)
-		for (uint64_t lb = 0; lb < t->fi->lb_count; lb++)
+		for (uint64_t lb = 0; lb < t->fi->lb_count; lb++) {
 			while (t->lbs[lb].waiters) {
 				struct waiter *w = t->lbs[lb].waiters;
 
 				t->lbs[lb].waiters = w->next;
 				free(w);
 			}
+			free(t->lbs[lb].msg);
+		}
 	if (t->mem)
 		munmap(t->mem, t->mem_size);
 	if (t->fillmap)

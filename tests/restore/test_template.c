@@ -19,6 +19,7 @@
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -29,6 +30,7 @@
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -142,8 +144,17 @@ static int setup(void **state)
 	return 0;
 }
 
+/* Clones of the running test (ext_start()), killed here if it fails before ext_end(). */
+static pid_t g_kids[8];
+
 static int teardown(void **state)
 {
+	for (unsigned i = 0; i < 8; i++)
+		if (g_kids[i]) {
+			kill(g_kids[i], SIGKILL);
+			waitpid(g_kids[i], NULL, 0);
+			g_kids[i] = 0;
+		}
 	remove_mem();
 	return 0;
 }
@@ -404,16 +415,40 @@ static void test_reopen(void **state)
 struct ext {
 	pid_t pid;
 	int sock, uffd;
-	uint64_t host;
+	uint64_t host, len;
 };
 
 struct ext_req {
 	uint64_t off, len;
 };
 
-static void ext_child(int sock, int memfd, uint64_t off)
+/*
+ * Pages a clone touched in a thread of its own (a request of length 0),
+ * shared with the test: 1 once the touch returned. A touch that must never
+ * return (a damaged block) is seen without blocking the clone's answers.
+ */
+#define TOUCHED_MAX 16384u
+static _Atomic uint8_t *g_touched;
+
+struct ext_touch {
+	volatile uint8_t *p;
+	uint64_t page;
+};
+
+static void *ext_touch_main(void *arg)
 {
-	uint8_t *mem = mmap(NULL, LEN, PROT_READ | PROT_WRITE, MAP_PRIVATE, memfd, (off_t)off);
+	struct ext_touch *et = arg;
+
+	(void)*et->p;
+	if (g_touched && et->page < TOUCHED_MAX)
+		atomic_store(&g_touched[et->page], 1);
+	free(et);
+	return NULL;
+}
+
+static void ext_child(int sock, int memfd, uint64_t off, uint64_t len)
+{
+	uint8_t *mem = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE, memfd, (off_t)off);
 	int uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
 	char cbuf[CMSG_SPACE(sizeof(int))] = { 0 };
 	uint64_t host = (uint64_t)(uintptr_t)mem;
@@ -432,13 +467,28 @@ static void ext_child(int sock, int memfd, uint64_t off)
 	if (sendmsg(sock, &mh, 0) != sizeof(host))
 		_exit(2);
 	while (read(sock, &rq, sizeof(rq)) == sizeof(rq)) {
-		uint64_t h = XXH3_64bits(mem + rq.off, rq.len);
+		uint64_t h;
+
+		if (!rq.len) {
+			struct ext_touch *et = malloc(sizeof(*et));
+			pthread_t th;
+
+			if (!et)
+				_exit(2);
+			*et = (struct ext_touch){ mem + rq.off, rq.off / PAGE };
+			if (pthread_create(&th, NULL, ext_touch_main, et))
+				_exit(2);
+			pthread_detach(th);
+			continue;
+		}
+		h = XXH3_64bits(mem + rq.off, rq.len);
 
 		if (write(sock, &h, sizeof(h)) != sizeof(h))
 			_exit(2);
 	}
 	_exit(0);
 }
+
 
 static void ext_start(struct ext *e, struct halite_template *t)
 {
@@ -449,15 +499,20 @@ static void ext_start(struct ext *e, struct halite_template *t)
 	uint64_t off;
 	int sv[2];
 
-	assert_int_equal(halite_template_region(t, "pc.ram", &off, NULL), 0);
+	assert_int_equal(halite_template_region(t, "pc.ram", &off, &e->len), 0);
 	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
 	e->pid = fork();
 	assert_true(e->pid >= 0);
 	if (!e->pid) {
 		close(sv[0]);
-		ext_child(sv[1], halite_template_memfd(t), off);
+		ext_child(sv[1], halite_template_memfd(t), off, e->len);
 	}
 	close(sv[1]);
+	for (unsigned i = 0; i < 8; i++)
+		if (!g_kids[i]) {
+			g_kids[i] = e->pid;
+			break;
+		}
 	e->sock = sv[0];
 	assert_int_equal(recvmsg(e->sock, &mh, 0), sizeof(e->host));
 	assert_non_null(CMSG_FIRSTHDR(&mh));
@@ -467,7 +522,7 @@ static void ext_start(struct ext *e, struct halite_template *t)
 static int ext_session(struct ext *e, struct halite_template *t, unsigned flags,
 		       struct halite_session **s)
 {
-	const struct halite_session_region r = { "pc.ram", e->host, LEN };
+	const struct halite_session_region r = { "pc.ram", e->host, e->len };
 	HALITE_OPTS(halite_session_opts, o);
 
 	o.flags = flags;
@@ -483,13 +538,31 @@ static void ext_ask(struct ext *e, uint64_t off, uint64_t len)
 	assert_int_equal(write(e->sock, &rq, sizeof(rq)), sizeof(rq));
 }
 
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 /* The answer within @ms: 1 and *h, or 0 when none came (the clone is blocked). */
 static int ext_answer(struct ext *e, int ms, uint64_t *h)
 {
 	struct timeval tv = { ms / 1000, (ms % 1000) * 1000 };
 
+	uint64_t end = mono_ns() + (uint64_t)ms * 1000000, now;
+	ssize_t n;
+
 	setsockopt(e->sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	return read(e->sock, h, sizeof(*h)) == sizeof(*h);
+	/* A signal (a clone's thread ending, ...) is not the end of the wait. */
+	while ((n = read(e->sock, h, sizeof(*h))) < 0 && errno == EINTR &&
+	       (now = mono_ns()) < end) {
+		tv.tv_sec = (time_t)((end - now) / 1000000000);
+		tv.tv_usec = (suseconds_t)((end - now) % 1000000000 / 1000);
+		setsockopt(e->sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	}
+	return n == sizeof(*h);
 }
 
 /* Block @mb as the clone reads it: answered within 10 s, and exactly the snapshot's. */
@@ -508,6 +581,9 @@ static void ext_end(struct ext *e)
 
 	kill(e->pid, SIGKILL);
 	waitpid(e->pid, &st, 0);
+	for (unsigned i = 0; i < 8; i++)
+		if (g_kids[i] == e->pid)
+			g_kids[i] = 0;
 	close(e->sock);
 	close(e->uffd);
 }
@@ -612,6 +688,183 @@ static void test_corrupt_lb(void **state)
 	remove_mem();
 }
 
+/*
+ * A snapshot of 8192 + 64 blocks of 4 KiB, format 1.1: two mb-map chunks
+ * (8192 entries each, docs/format.md 5.7), the second of 64. Blocks cycle
+ * through zero, never touched and stored (two of four), written in order.
+ * Returns the image (free() it).
+ */
+#define C_MB 4096u
+#define C_NMB (8192u + 64u)
+#define C_LEN ((uint64_t)C_NMB * C_MB)
+
+static int c_kind(uint64_t mb)
+{
+	return mb % 4 == 0 ? 1 : mb % 4 == 1 ? 0 : 2; /* 1 zero, 0 untouched, 2 stored */
+}
+
+static uint8_t *write_chunked(const char *path)
+{
+	const struct halite_region reg = { "pc.ram", 0, C_LEN };
+	HALITE_OPTS(halite_writer_opts, o);
+	struct halite_writer *w;
+	uint8_t *img = calloc(1, C_LEN);
+	uint64_t x = 0xc0ffee;
+
+	assert_non_null(img);
+	o.mb_pages = 1;
+	o.vcpu_count = 1;
+	o.flags = HALITE_WRITER_NO_SYNC;
+	assert_int_equal(halite_writer_create(&w, path, &reg, 1, &o), 0);
+	for (uint64_t mb = 0; mb < C_NMB; mb++) {
+		uint8_t *b = img + mb * C_MB;
+
+		if (c_kind(mb) == 1) {
+			assert_int_equal(halite_writer_put_zero(w, mb), 0);
+		} else if (c_kind(mb) == 2) {
+			for (uint32_t i = 0; i < 512; i++)
+				b[i] = (uint8_t)rnd(&x);
+			b[C_MB - 1] = (uint8_t)mb | 1;
+			assert_true(halite_writer_put(w, 0, mb, b) >= 0);
+		}
+	}
+	assert_int_equal(halite_writer_finish(w), 0);
+	halite_writer_free(w, true);
+	return img;
+}
+
+/* Flip a bit of block @mb's mb-map entry: its chunk's checksum fails (1.1). */
+static void damage_map_entry(const char *path, uint64_t mb)
+{
+	struct halite_reader *rd;
+	uint64_t off = 0, len;
+	uint32_t type;
+	uint8_t x;
+	int fd;
+
+	assert_int_equal(halite_reader_open(&rd, path, NULL), 0);
+	assert_int_equal(halite_reader_info(rd)->version_minor, 1);
+	for (uint32_t i = 0; i < halite_reader_section_count(rd); i++) {
+		assert_int_equal(halite_reader_section(rd, i, &type, &off, &len), 0);
+		if (type == HALITE_SECTION_MB_MAP)
+			break;
+	}
+	assert_int_equal(type, HALITE_SECTION_MB_MAP);
+	halite_reader_free(rd);
+	fd = open(path, O_RDWR);
+	assert_true(fd >= 0);
+	assert_int_equal(pread(fd, &x, 1, (off_t)(off + 8 * mb + 1)), 1);
+	x ^= 0x01;
+	assert_int_equal(pwrite(fd, &x, 1, (off_t)(off + 8 * mb + 1)), 1);
+	close(fd);
+}
+
+/*
+ * A format 1.1 file whose second mb-map chunk is damaged: it opens (chunks
+ * are checked on use). A clone faults on every block: those of the damaged
+ * chunk, zero and never-touched ones too, never complete (no zero page, no
+ * stale byte) and the session fails naming the chunk; every block of the
+ * good chunk is exact; the template's error says it, and no block of the
+ * damaged chunk is ever marked in (prefetch included).
+ */
+static void test_damaged_chunk(void **state)
+{
+	HALITE_OPTS(halite_template_opts, o);
+	struct halite_template_stats st;
+	struct halite_template *t;
+	struct halite_session *s;
+	struct halite_reader *rd;
+	char path[96], fill[128];
+	uint8_t *img, map[C_NMB];
+	uint64_t nbad = 0;
+	struct ext e;
+	int fd;
+
+	snprintf(path, sizeof(path), "/tmp/halite-tpl-%d-c.hlt", (int)getpid());
+	img = write_chunked(path);
+	damage_map_entry(path, 8192 + 7);
+	g_touched = mmap(NULL, TOUCHED_MAX, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+			 -1, 0);
+	assert_true(g_touched != MAP_FAILED);
+
+	assert_int_equal(halite_template_open(&t, path, g_mem, &o), 0);
+	ext_start(&e, t);
+	assert_int_equal(e.len, C_LEN);
+	assert_int_equal(ext_session(&e, t, 0, &s), 0);
+	/* Every block of the damaged chunk, each touched in a thread of its own. */
+	for (uint64_t mb = 8192; mb < C_NMB; mb++)
+		ext_ask(&e, mb * C_MB, 0);
+	assert_int_equal(halite_session_wait(s, 10000), -HALITE_E_CHECKSUM);
+	if (!strstr(halite_session_errmsg(s), "mb-map chunk 1 ") ||
+	    !strstr(halite_session_errmsg(s), "checksum mismatch"))
+		fail_msg("session error: '%s'", halite_session_errmsg(s));
+	/*
+	 * The rest, every block, bytes compared: the session serves it on. A
+	 * stored block of the good chunk whose LB holds blocks of the damaged
+	 * one cannot be looked up either (its LB's member list is checked
+	 * against their entries): as the reader says, it never completes.
+	 */
+	assert_int_equal(halite_reader_open(&rd, path, NULL), 0);
+	for (uint64_t mb = 0; mb < 8192; mb++) {
+		struct halite_mb_loc loc;
+		uint64_t h;
+
+		if (halite_reader_mb_lookup(rd, mb, &loc)) {
+			ext_ask(&e, mb * C_MB, 0);
+			nbad++;
+			continue;
+		}
+		ext_ask(&e, mb * C_MB, C_MB);
+		if (ext_answer(&e, 10000, &h) != 1) {
+			struct halite_session_stats ss;
+
+			halite_session_stats(s, &ss);
+			halite_template_stats(t, &st);
+			fail_msg("block %llu (kind %d) not answered (faults %llu read %llu cached %llu "
+				 "zero %llu; template in %llu failed %llu requests %llu)",
+				 (unsigned long long)mb, c_kind(mb), (unsigned long long)ss.faults,
+				 (unsigned long long)ss.faults_read, (unsigned long long)ss.faults_cached,
+				 (unsigned long long)ss.faults_zero, (unsigned long long)st.mb_in,
+				 (unsigned long long)st.lb_failed, (unsigned long long)st.requests);
+		}
+		if (h != XXH3_64bits(img + mb * C_MB, C_MB))
+			fail_msg("block %llu (kind %d) differs", (unsigned long long)mb, c_kind(mb));
+	}
+	assert_true(nbad < 256);
+	usleep(300000);
+	for (uint64_t mb = 0; mb < C_NMB; mb++)
+		if (atomic_load(&g_touched[mb]))
+			fail_msg("block %llu of the damaged chunk (kind %d) was answered",
+				 (unsigned long long)mb, c_kind(mb));
+	halite_template_stats(t, &st);
+	assert_int_equal(st.error, -HALITE_E_CHECKSUM);
+	assert_false(st.complete);
+	if (!strstr(halite_template_errmsg(t), "mb-map chunk 1 "))
+		fail_msg("template error: '%s'", halite_template_errmsg(t));
+	assert_int_equal(halite_template_wait(t, 100), -HALITE_E_CHECKSUM);
+	/* No block of the damaged chunk is in the file (its fill byte 0). */
+	snprintf(fill, sizeof(fill), "%s.fill", g_mem);
+	fd = open(fill, O_RDONLY);
+	assert_true(fd >= 0);
+	assert_int_equal(pread(fd, map, C_NMB, 64), C_NMB);
+	close(fd);
+	for (uint64_t mb = 0; mb < C_NMB; mb++) {
+		struct halite_mb_loc loc;
+		bool good = mb < 8192 && !halite_reader_mb_lookup(rd, mb, &loc);
+
+		assert_int_equal(map[mb], good && c_kind(mb) == 2);
+	}
+	halite_reader_free(rd);
+
+	halite_session_free(s);
+	ext_end(&e);
+	halite_template_free(t);
+	munmap((void *)g_touched, TOUCHED_MAX);
+	g_touched = NULL;
+	free(img);
+	unlink(path);
+	remove_mem();
+}
 
 /* The whole of @path as a string (free() it). */
 static char *slurp(const char *path)
@@ -1096,6 +1349,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_reopen, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_attach, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_corrupt_lb, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_damaged_chunk, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_hot_set, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_hot_trace_read, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_hot_old_format, setup, teardown),
