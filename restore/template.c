@@ -119,6 +119,7 @@ struct halite_template {
 	uint64_t mb_stored;
 
 	int memfd, ro_fd, fillfd;
+	bool created_mem, created_fill; /* by this open: removed if it fails */
 	uint8_t *mem;	   /* MEM_PATH, shared, read-write */
 	uint64_t mem_size;
 	uint8_t *fillmap;  /* MEM_PATH.fill */
@@ -302,35 +303,109 @@ static void fill_header(const struct halite_template *t, uint8_t *h)
 	halite_put_le32(h + 40, t->fi->mb_size);
 }
 
+/*
+ * Create @path (O_EXCL, mode 0600: 1), or open the one there (0), refusing
+ * what another user could have put or changed under us: a symbolic link
+ * (not followed), anything but a regular file, a file of another uid, or
+ * one that group or others may write. Clones map the memory file, so its
+ * bytes are their memory.
+ */
+static int open_own(struct halite_template *t, const char *path, const char *what, int *fdp)
+{
+	struct stat st;
+	int fd;
+
+	fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd >= 0) {
+		*fdp = fd;
+		return 1;
+	}
+	if (errno != EEXIST)
+		return tpl_fail(t, -errno, "creating the %s %s", what, path);
+	fd = open(path, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+	if (fd < 0 && errno == ELOOP)
+		return tpl_fail(t, -EPERM, "the %s %s is a symbolic link, which the template does "
+				"not follow; remove it", what, path);
+	if (fd < 0)
+		return tpl_fail(t, -errno, "opening the %s %s", what, path);
+	*fdp = fd;
+	if (fstat(fd, &st))
+		return tpl_fail(t, -errno, "%s", path);
+	if (!S_ISREG(st.st_mode))
+		return tpl_fail(t, -EPERM, "the %s %s is not a regular file; remove it", what, path);
+	if (st.st_uid != geteuid())
+		return tpl_fail(t, -EPERM, "the %s %s belongs to uid %u, not to this process's "
+				"uid %u; remove it", what, path, (unsigned)st.st_uid,
+				(unsigned)geteuid());
+	if (st.st_mode & 022)
+		return tpl_fail(t, -EPERM, "the %s %s may be written by group or others (mode "
+				"%04o); remove it, or chmod it 0600", what, path,
+				(unsigned)(st.st_mode & 07777));
+	return 0;
+}
+
+static void uuid_hex(const uint8_t *u, char out[33])
+{
+	for (int i = 0; i < 16; i++)
+		snprintf(out + 2 * i, 3, "%02x", u[i]);
+}
+
 /* Reuse the files if they are this snapshot's (1), else start them over (0). */
 static int open_files(struct halite_template *t)
 {
 	uint64_t fill_size = FILL_HDR + t->fi->mb_count;
-	uint8_t want[FILL_HDR];
+	uint8_t want[FILL_HDR], have[FILL_HDR] = { 0 };
 	struct statfs sfs;
-	struct stat st;
+	struct stat st, ro;
 	bool reuse = false;
+	int ret;
 
-	t->memfd = open(t->mem_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-	if (t->memfd < 0)
-		return tpl_fail(t, -errno, "template memory file %s", t->mem_path);
+	ret = open_own(t, t->mem_path, "template memory file", &t->memfd);
+	if (ret < 0)
+		return ret;
+	t->created_mem = ret;
 	if (fstatfs(t->memfd, &sfs))
 		return tpl_fail(t, -errno, "%s", t->mem_path);
 	if (sfs.f_type != TMPFS_MAGIC)
 		return tpl_fail(t, -HALITE_E_UNSUPPORTED, "template memory file %s is not on tmpfs "
 				"(clones map it and fault on it as shared memory)", t->mem_path);
-	t->ro_fd = open(t->mem_path, O_RDONLY | O_CLOEXEC);
-	t->fillfd = open(t->fill_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-	if (t->ro_fd < 0 || t->fillfd < 0)
-		return tpl_fail(t, -errno, "%s", t->ro_fd < 0 ? t->mem_path : t->fill_path);
+	/* The same file, read-only for the clones: not whatever the path names by now. */
+	t->ro_fd = open(t->mem_path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (t->ro_fd < 0)
+		return tpl_fail(t, -errno, "%s", t->mem_path);
+	if (fstat(t->memfd, &st) || fstat(t->ro_fd, &ro) || st.st_dev != ro.st_dev ||
+	    st.st_ino != ro.st_ino)
+		return tpl_fail(t, -EPERM, "the template memory file %s was replaced while it was "
+				"being opened", t->mem_path);
+	ret = open_own(t, t->fill_path, "template fill map", &t->fillfd);
+	if (ret < 0)
+		return ret;
+	t->created_fill = ret;
 
 	fill_header(t, want);
-	if (!fstat(t->fillfd, &st) && (uint64_t)st.st_size == fill_size && !fstat(t->memfd, &st) &&
-	    (uint64_t)st.st_size == t->mem_size) {
-		uint8_t have[FILL_HDR];
+	if (!fstat(t->fillfd, &st) && (uint64_t)st.st_size >= FILL_HDR &&
+	    pread(t->fillfd, have, FILL_HDR, 0) == FILL_HDR) {
+		reuse = (uint64_t)st.st_size == fill_size && !memcmp(have, want, FILL_HDR) &&
+			!fstat(t->memfd, &st) && (uint64_t)st.st_size == t->mem_size;
+	}
+	if (!reuse && (t->o.flags & HALITE_TEMPLATE_NO_RESET) &&
+	    (!t->created_mem || !t->created_fill)) {
+		char h[33], w[33];
 
-		reuse = pread(t->fillfd, have, FILL_HDR, 0) == FILL_HDR &&
-			!memcmp(have, want, FILL_HDR);
+		uuid_hex(want + 8, w);
+		if (memcmp(have, FILL_MAGIC, 8))
+			return tpl_fail(t, -HALITE_E_STATE, "the template memory file %s exists and "
+					"its fill map %s names no snapshot (none, or damaged), not "
+					"snapshot %s: not starting them over "
+					"(HALITE_TEMPLATE_NO_RESET); remove both, or use another path",
+					t->mem_path, t->fill_path, w);
+		uuid_hex(have + 8, h);
+		return tpl_fail(t, -HALITE_E_STATE, "the template memory file %s belongs to "
+				"snapshot %s%s, not to snapshot %s: not starting it over "
+				"(HALITE_TEMPLATE_NO_RESET; clones may map it); remove it and %s, or "
+				"use another path", t->mem_path, h,
+				memcmp(have + 8, want + 8, 16) ? "" : " with another layout", w,
+				t->fill_path);
 	}
 	if (!reuse) {
 		/* Start over: drop any old contents, then size both files. */
@@ -352,6 +427,19 @@ static int open_files(struct halite_template *t)
 	}
 	t->fill = (_Atomic uint8_t *)(t->fillmap + FILL_HDR);
 	return reuse ? 1 : 0;
+}
+
+/* Remove what this open created, if the path still names it (a failed open leaves nothing). */
+static void remove_created(struct halite_template *t)
+{
+	struct stat a, b;
+
+	if (t->created_mem && t->memfd >= 0 && !fstat(t->memfd, &a) &&
+	    !lstat(t->mem_path, &b) && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+		unlink(t->mem_path);
+	if (t->created_fill && t->fillfd >= 0 && !fstat(t->fillfd, &a) &&
+	    !lstat(t->fill_path, &b) && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+		unlink(t->fill_path);
 }
 
 /* Count what a reopened template has, and forget bytes of blocks that cannot be in. */
@@ -1140,6 +1228,7 @@ err:
 	if (!t->errmsg[0] && ret)
 		tpl_fail(t, ret, "template %s", snapshot);
 	halite_logf(&t->log, HALITE_LOG_ERROR, "%s", t->errmsg);
+	remove_created(t);
 	halite_template_free(t);
 	return ret;
 }

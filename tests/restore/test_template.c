@@ -28,6 +28,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -1299,6 +1300,170 @@ static void test_hot_relayouted(void **state)
 	remove_mem();
 }
 
+static void snap_uuid(const char *path, char out[33])
+{
+	struct halite_reader *rd;
+
+	assert_int_equal(halite_reader_open(&rd, path, NULL), 0);
+	for (int i = 0; i < 16; i++)
+		snprintf(out + 2 * i, 3, "%02x", halite_reader_info(rd)->uuid[i]);
+	halite_reader_free(rd);
+}
+
+/* The last error a template logged (a failed open has no handle to ask). */
+static char g_last_err[1024];
+
+static void log_err(void *ctx, int level, const char *msg)
+{
+	(void)ctx;
+	if (level == HALITE_LOG_ERROR)
+		snprintf(g_last_err, sizeof(g_last_err), "%s", msg);
+}
+
+/* Open @snap over g_mem with @flags: its code; the template in *@tp if it opened. */
+static int try_open(const char *snap, unsigned flags, struct halite_template **tp)
+{
+	HALITE_OPTS(halite_template_opts, o);
+	struct halite_template *t = NULL;
+	int ret;
+
+	o.flags = flags | HALITE_TEMPLATE_NO_PREFETCH;
+	o.log = log_err;
+	o.log_level = HALITE_LOG_ERROR;
+	g_last_err[0] = 0;
+	ret = halite_template_open(&t, snap, g_mem, &o);
+	if (tp && !ret)
+		*tp = t;
+	else
+		halite_template_free(t);
+	return ret;
+}
+
+/* The open refused with @want, its message holding @says. */
+static void expect_refused(unsigned flags, int want, const char *says, const char *what)
+{
+	int ret = try_open(g_snap, flags, NULL);
+
+	if (ret != want || !strstr(g_last_err, says))
+		fail_msg("%s: %d '%s', want %d '...%s...'", what, ret, g_last_err, want, says);
+}
+
+/* The memory file as it is: inode, size, and a hash of its bytes. */
+static void mem_id(const char *path, struct stat *st, uint64_t *h)
+{
+	size_t len = 0;
+	char *b = t_slurp(path, &len);
+
+	assert_non_null(b);
+	assert_int_equal(stat(path, st), 0);
+	*h = XXH3_64bits(b, len);
+	free(b);
+}
+
+/*
+ * The memory and fill files: created 0600 (the hot set too), never through
+ * a symbolic link, never one another user owns or may write; with
+ * HALITE_TEMPLATE_NO_RESET a memory file of another snapshot is left as it
+ * is and the open fails naming both snapshots; without it, started over.
+ */
+static void test_files(void **state)
+{
+	char fill[128], other[128], u1[33], u2[33];
+	struct halite_template_stats st;
+	struct halite_template *t;
+	struct stat a, b;
+	uint64_t ha, hb;
+	int fd;
+
+	snprintf(fill, sizeof(fill), "%s.fill", g_mem);
+	snprintf(other, sizeof(other), "%s.target", g_mem);
+
+	/* Fresh: both 0600; the hot set file written 0600 too. */
+	assert_int_equal(try_open(g_snap, 0, &t), 0);
+	assert_int_equal(stat(g_mem, &a), 0);
+	assert_int_equal(a.st_mode & 07777, 0600);
+	assert_int_equal(stat(fill, &a), 0);
+	assert_int_equal(a.st_mode & 07777, 0600);
+	halite_template_free(t);
+	t = open_tpl(0, 0);
+	assert_int_equal(halite_template_hotset_save(t), 0);
+	assert_int_equal(stat(g_hot, &a), 0);
+	assert_int_equal(a.st_mode & 07777, 0600);
+	halite_template_free(t);
+	remove_mem();
+
+	/* A symbolic link: not followed, nothing made where it points. */
+	assert_int_equal(symlink(other, g_mem), 0);
+	expect_refused(0, -EPERM, "is a symbolic link", "MEM a symlink");
+	assert_int_equal(access(other, F_OK), -1);
+	assert_int_equal(lstat(g_mem, &a), 0);
+	assert_true(S_ISLNK(a.st_mode));
+	remove_mem();
+	/* The fill map a symbolic link: the same. */
+	assert_int_equal(symlink(other, fill), 0);
+	expect_refused(0, -EPERM, "is a symbolic link", "MEM.fill a symlink");
+	assert_int_equal(access(other, F_OK), -1);
+	remove_mem();
+
+	/* Writable by others. */
+	fd = open(g_mem, O_CREAT | O_EXCL | O_WRONLY, 0600);
+	assert_true(fd >= 0);
+	assert_int_equal(fchmod(fd, 0666), 0);
+	close(fd);
+	expect_refused(0, -EPERM, "may be written by group or others (mode 0666)", "MEM 0666");
+	remove_mem();
+	/* A fill map writable by the group. */
+	fd = open(fill, O_CREAT | O_EXCL | O_WRONLY, 0600);
+	assert_true(fd >= 0);
+	assert_int_equal(fchmod(fd, 0620), 0);
+	close(fd);
+	expect_refused(0, -EPERM, "may be written by group or others (mode 0620)", "fill 0620");
+	remove_mem();
+	/* Owned by another user (nobody): root only. */
+	if (!geteuid()) {
+		fd = open(g_mem, O_CREAT | O_EXCL | O_WRONLY, 0600);
+		assert_true(fd >= 0);
+		assert_int_equal(fchown(fd, 65534, 65534), 0);
+		close(fd);
+		expect_refused(0, -EPERM, "belongs to uid 65534", "MEM of nobody");
+		remove_mem();
+	} else {
+		fprintf(stderr, "test_files: not root, the other user's file is not tried\n");
+	}
+
+	/* A memory file of another snapshot (complete), then NO_RESET over it. */
+	write_snapshot(g_snap2, NULL);
+	snap_uuid(g_snap, u1);
+	snap_uuid(g_snap2, u2);
+	assert_string_not_equal(u1, u2);
+	assert_int_equal(halite_template_open(&t, g_snap2, g_mem, NULL), 0);
+	assert_int_equal(halite_template_wait(t, 10000), 0);
+	halite_template_free(t);
+	mem_id(g_mem, &a, &ha);
+	expect_refused(HALITE_TEMPLATE_NO_RESET, -HALITE_E_STATE, u2, "NO_RESET: the file's uuid");
+	assert_non_null(strstr(g_last_err, u1));
+	assert_non_null(strstr(g_last_err, "HALITE_TEMPLATE_NO_RESET"));
+	mem_id(g_mem, &b, &hb);
+	assert_int_equal(a.st_ino, b.st_ino);
+	assert_int_equal(a.st_size, b.st_size);
+	assert_int_equal(ha, hb);
+	/* The same snapshot with NO_RESET: reused, nothing read. */
+	assert_int_equal(try_open(g_snap2, HALITE_TEMPLATE_NO_RESET, &t), 0);
+	halite_template_stats(t, &st);
+	assert_int_equal(st.mb_in_at_open, st.mb_stored);
+	halite_template_free(t);
+	/* Without the flag: started over, as before. */
+	assert_int_equal(try_open(g_snap, 0, &t), 0);
+	halite_template_stats(t, &st);
+	assert_int_equal(st.mb_in_at_open, 0);
+	mem_id(g_mem, &b, &hb);
+	assert_int_equal(a.st_ino, b.st_ino);
+	assert_true(ha != hb);
+	halite_template_free(t);
+	unlink(g_snap2);
+	remove_mem();
+}
+
 static void test_bad_args(void **state)
 {
 	struct halite_template *t;
@@ -1350,6 +1515,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_attach, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_corrupt_lb, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_damaged_chunk, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_files, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_hot_set, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_hot_trace_read, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_hot_old_format, setup, teardown),
