@@ -18,6 +18,14 @@
  *                   40     4  memory block size (u32 LE)
  *                   44    20  zero
  *
+ * Both are created O_EXCL 0600 and never opened through a symbolic link; an
+ * existing pair is used only if both are regular files of our uid that no
+ * one else may write (clones map MEM_PATH: its bytes are their memory).
+ * Open reserves (fallocate) the ranges of every stored block in MEM_PATH and
+ * the whole fill map, so that a full tmpfs fails the open with -ENOSPC
+ * rather than a decode later; blocks are written with pwrite(), so a write
+ * that still fails is an LB's error, never SIGBUS.
+ *
  * The fill map is a shared mapping, so its bytes outlive this process: a
  * block's byte is set (release) only after the block is written, and a
  * template reopened over the same files keeps every block whose byte is
@@ -120,7 +128,6 @@ struct halite_template {
 
 	int memfd, ro_fd, fillfd;
 	bool created_mem, created_fill; /* by this open: removed if it fails */
-	uint8_t *mem;	   /* MEM_PATH, shared, read-write */
 	uint64_t mem_size;
 	uint8_t *fillmap;  /* MEM_PATH.fill */
 	_Atomic uint8_t *fill;
@@ -344,6 +351,64 @@ static int open_own(struct halite_template *t, const char *path, const char *wha
 	return 0;
 }
 
+/* Reserve @len bytes at @off of @fd (tmpfs: the pages are allocated now). 0 or -errno. */
+static int reserve_range(int fd, uint64_t off, uint64_t len)
+{
+	int ret;
+
+	if (!len)
+		return 0;
+	do
+		ret = fallocate(fd, 0, (off_t)off, (off_t)len);
+	while (ret && errno == EINTR);
+	return ret ? -errno : 0;
+}
+
+/*
+ * Reserve the space every stored block will take in the memory file (runs
+ * of neighbouring stored blocks, one fallocate() each; zero and
+ * never-touched blocks stay holes) and the whole fill map, so that filling
+ * them later cannot run out of room: on a full tmpfs a store to a shared
+ * mapping is SIGBUS, for the fill map's bytes as for memory. A block whose
+ * map entry fails is not reserved (it is never decoded; its sessions fail).
+ */
+static int reserve(struct halite_template *t, uint64_t fill_size)
+{
+	uint64_t run_off = 0, run_len = 0, mbsz = t->fi->mb_size;
+	uint64_t need = t->mb_stored * mbsz;
+	int ret = 0;
+
+	for (uint32_t i = 0; i < t->nregions && !ret; i++) {
+		const struct tpl_region *g = &t->regions[i];
+
+		for (uint64_t k = 0; k < g->mb_count && !ret; k++) {
+			uint64_t mb = g->first_mb + k, off = g->offset + k * mbsz;
+			uint64_t len = g->length - k * mbsz < mbsz ? g->length - k * mbsz : mbsz;
+			struct halite_mb_loc loc;
+
+			if (mb_lookup(t, mb, &loc) || loc.state != HALITE_MB_STORED)
+				continue;
+			if (run_len && run_off + run_len == off) {
+				run_len += len;
+				continue;
+			}
+			ret = reserve_range(t->memfd, run_off, run_len);
+			run_off = off;
+			run_len = len;
+		}
+	}
+	if (!ret)
+		ret = reserve_range(t->memfd, run_off, run_len);
+	if (ret)
+		return tpl_fail(t, ret, "reserving %llu MiB for the template memory file %s",
+				ULL((need + (1 << 20) - 1) >> 20), t->mem_path);
+	ret = reserve_range(t->fillfd, 0, fill_size);
+	if (ret)
+		return tpl_fail(t, ret, "reserving %llu KiB for the template fill map %s",
+				ULL((fill_size + 1023) >> 10), t->fill_path);
+	return 0;
+}
+
 static void uuid_hex(const uint8_t *u, char out[33])
 {
 	for (int i = 0; i < 16; i++)
@@ -414,11 +479,14 @@ static int open_files(struct halite_template *t)
 		    pwrite(t->fillfd, want, FILL_HDR, 0) != FILL_HDR)
 			return tpl_fail(t, -errno, "sizing %s and its fill map", t->mem_path);
 	}
-	t->mem = mmap(NULL, t->mem_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE,
-		      t->memfd, 0);
-	if (t->mem == MAP_FAILED) {
-		t->mem = NULL;
-		return tpl_fail(t, -errno, "mapping %s", t->mem_path);
+	ret = reserve(t, fill_size);
+	if (ret) {
+		/* Started over: give back what was reserved (a reused pair keeps its blocks). */
+		if (!reuse && !t->created_mem) {
+			(void)!ftruncate(t->memfd, 0);
+			(void)!ftruncate(t->memfd, (off_t)t->mem_size);
+		}
+		return ret;
 	}
 	t->fillmap = mmap(NULL, fill_size, PROT_READ | PROT_WRITE, MAP_SHARED, t->fillfd, 0);
 	if (t->fillmap == MAP_FAILED) {
@@ -927,24 +995,44 @@ void tpl_detach(struct halite_template *t, struct tpl_client *c)
 
 /* ---- reading and decoding ---------------------------------------------- */
 
-/* Block @mb of the verified LB @lbbuf into the memory file: 0, or < 0 and @why says what. */
-static int decode_mb(struct halite_template *t, uint64_t mb, const void *lbbuf, char *why,
-		     size_t whylen)
+/*
+ * Block @mb of the verified LB @lbbuf into the memory file, through @mbbuf
+ * (mb_size bytes): 0, or < 0 and @why says what. Written with pwrite(), not
+ * through a shared mapping: a failing write is an error to report, where a
+ * store into a mapping that cannot get a page is SIGBUS.
+ */
+static int decode_mb(struct halite_template *t, uint64_t mb, const void *lbbuf, uint8_t *mbbuf,
+		     char *why, size_t whylen)
 {
 	const struct tpl_region *g = mb_region(t, mb);
+	uint32_t len = halite_reader_mb_bytes(t->rd, mb);
+	uint64_t off;
 	int ret;
 
 	if (!g)
 		return -HALITE_E_INTERNAL;
 	if (atomic_load_explicit(&t->fill[mb], memory_order_acquire))
 		return 0; /* in already (a reopened template) */
-	ret = halite_reader_decode_mb(t->rd, mb, lbbuf,
-				      t->mem + g->offset + (mb - g->first_mb) * t->fi->mb_size);
+	ret = halite_reader_decode_mb(t->rd, mb, lbbuf, mbbuf);
 	if (ret) {
 		snprintf(why, whylen, "decoding memory block %llu: %s", ULL(mb),
 			 ret == -HALITE_E_CHECKSUM || ret == -HALITE_E_CORRUPT ?
 			 halite_reader_errmsg(t->rd) : halite_strerror(ret));
 		return ret;
+	}
+	off = g->offset + (mb - g->first_mb) * t->fi->mb_size;
+	for (uint32_t done = 0; done < len;) {
+		ssize_t n = pwrite(t->memfd, mbbuf + done, len - done, (off_t)(off + done));
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			ret = n < 0 ? -errno : -EIO;
+			snprintf(why, whylen, "writing memory block %llu to %s: %s", ULL(mb),
+				 t->mem_path, strerror(-ret));
+			return ret;
+		}
+		done += (uint32_t)n;
 	}
 	atomic_store_explicit(&t->fill[mb], 1, memory_order_release);
 	atomic_fetch_add(&t->mb_in, 1);
@@ -969,7 +1057,7 @@ static int read_lb(struct halite_template *t, uint64_t lb, void *buf)
 	return ret;
 }
 
-static void process_lb(struct halite_template *t, uint64_t lb, void *buf)
+static void process_lb(struct halite_template *t, uint64_t lb, void *buf, uint8_t *mbbuf)
 {
 	struct lbstate *l = &t->lbs[lb];
 	const uint64_t *mbs;
@@ -1002,7 +1090,7 @@ static void process_lb(struct halite_template *t, uint64_t lb, void *buf)
 			want[nwant++] = w->mb;
 		pthread_mutex_unlock(&t->mu);
 		for (size_t i = 0; !ret && i < nwant; i++)
-			ret = decode_mb(t, want[i], buf, why, sizeof(why));
+			ret = decode_mb(t, want[i], buf, mbbuf, why, sizeof(why));
 		free(want);
 		if (!ret) {
 			pthread_mutex_lock(&t->mu);
@@ -1021,7 +1109,7 @@ static void process_lb(struct halite_template *t, uint64_t lb, void *buf)
 			 */
 			if (mb_lookup(t, mbs[i], &loc))
 				continue;
-			ret = decode_mb(t, mbs[i], buf, why, sizeof(why));
+			ret = decode_mb(t, mbs[i], buf, mbbuf, why, sizeof(why));
 		}
 	}
 
@@ -1063,9 +1151,10 @@ static void *reader_main(void *arg)
 {
 	struct halite_template *t = arg;
 	void *buf = halite_reader_alloc_lb(t->rd);
+	uint8_t *mbbuf = malloc(t->fi->mb_size);
 
 	pthread_mutex_lock(&t->mu);
-	while (buf && !t->stop) {
+	while (buf && mbbuf && !t->stop) {
 		uint64_t lb = UINT64_MAX, now = halite_now_ns();
 		bool demand = false;
 
@@ -1092,10 +1181,11 @@ static void *reader_main(void *arg)
 			t->prefetch_bytes += t->fi->lb_size;
 		pthread_mutex_unlock(&t->mu);
 		atomic_fetch_add(demand ? &t->lb_demand : &t->lb_prefetch, 1);
-		process_lb(t, lb, buf);
+		process_lb(t, lb, buf, mbbuf);
 		pthread_mutex_lock(&t->mu);
 	}
 	pthread_mutex_unlock(&t->mu);
+	free(mbbuf);
 	halite_reader_free_lb(buf);
 	return NULL;
 }
@@ -1340,8 +1430,6 @@ void halite_template_free(struct halite_template *t)
 			}
 			free(t->lbs[lb].msg);
 		}
-	if (t->mem)
-		munmap(t->mem, t->mem_size);
 	if (t->fillmap)
 		munmap(t->fillmap, FILL_HDR + t->fi->mb_count);
 	if (t->memfd >= 0)

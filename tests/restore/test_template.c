@@ -14,6 +14,7 @@
  * (owner_pid set), as halite-cloned's clones do.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -27,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -147,6 +149,7 @@ static int setup(void **state)
 
 /* Clones of the running test (ext_start()), killed here if it fails before ext_end(). */
 static pid_t g_kids[8];
+static char g_mnt[96];
 
 static int teardown(void **state)
 {
@@ -156,6 +159,11 @@ static int teardown(void **state)
 			waitpid(g_kids[i], NULL, 0);
 			g_kids[i] = 0;
 		}
+	if (g_mnt[0]) {
+		umount2(g_mnt, MNT_DETACH);
+		rmdir(g_mnt);
+		g_mnt[0] = 0;
+	}
 	remove_mem();
 	return 0;
 }
@@ -1464,6 +1472,92 @@ static void test_files(void **state)
 	remove_mem();
 }
 
+/* g_mnt: a small tmpfs of the running test (test_enospc), unmounted by teardown. */
+
+static bool mount_small(const char *size)
+{
+	char opts[32];
+
+	snprintf(opts, sizeof(opts), "size=%s,mode=0700", size);
+	return !mount("tmpfs", g_mnt, "tmpfs", MS_NOSUID | MS_NODEV, opts);
+}
+
+static unsigned dir_entries(const char *path)
+{
+	DIR *d = opendir(path);
+	struct dirent *de;
+	unsigned n = 0;
+
+	assert_non_null(d);
+	while ((de = readdir(d)))
+		n += strcmp(de->d_name, ".") && strcmp(de->d_name, "..");
+	closedir(d);
+	return n;
+}
+
+/*
+ * Space is reserved at open: on a 4 MiB tmpfs the template of a snapshot
+ * storing more than that fails the open with -ENOSPC and a message saying
+ * so, no SIGBUS, no file left; on one that fits every clone page is exact.
+ */
+static void test_enospc(void **state)
+{
+	HALITE_OPTS(halite_template_opts, o);
+	struct halite_template_stats st;
+	struct halite_template *t = NULL;
+	struct halite_session *s;
+	struct toucher tc = { 0 };
+	char mem[160];
+	uint8_t *m;
+	int ret;
+
+	if (geteuid()) {
+		fprintf(stderr, "test_enospc: not root (mount): skipped\n");
+		skip();
+	}
+	snprintf(g_mnt, sizeof(g_mnt), "/tmp/halite-tpl-%d-mnt", (int)getpid());
+	assert_int_equal(mkdir(g_mnt, 0700), 0);
+	if (!mount_small("4m")) {
+		fprintf(stderr, "test_enospc: cannot mount a tmpfs (%s): skipped\n", strerror(errno));
+		rmdir(g_mnt);
+		g_mnt[0] = 0;
+		skip();
+	}
+	snprintf(mem, sizeof(mem), "%s/tpl.mem", g_mnt);
+	o.log = log_err;
+	o.log_level = HALITE_LOG_ERROR;
+	g_last_err[0] = 0;
+	ret = halite_template_open(&t, g_snap, mem, &o);
+	if (ret != -ENOSPC || !strstr(g_last_err, "reserving ") ||
+	    !strstr(g_last_err, "MiB for the template memory file") ||
+	    !strstr(g_last_err, "No space left on device"))
+		fail_msg("4 MiB tmpfs: %d '%s'", ret, g_last_err);
+	assert_null(t);
+	assert_int_equal(dir_entries(g_mnt), 0);
+	assert_int_equal(umount2(g_mnt, MNT_DETACH), 0);
+
+	/* Room enough: exact, every page. */
+	assert_true(mount_small("16m"));
+	o.flags = HALITE_TEMPLATE_NO_PREFETCH;
+	assert_int_equal(halite_template_open(&t, g_snap, mem, &o), 0);
+	m = map_clone(t);
+	s = start_local(t, m, 0);
+	tc.mem = m;
+	tc.seed = 3;
+	touch_all(&tc);
+	assert_int_equal(tc.mismatches, 0);
+	assert_int_equal(halite_session_wait(s, 10000), 0);
+	halite_template_stats(t, &st);
+	assert_true(st.complete);
+	assert_int_equal(st.error, 0);
+	halite_session_free(s);
+	munmap(m, LEN);
+	halite_template_free(t);
+	assert_int_equal(umount2(g_mnt, MNT_DETACH), 0);
+	rmdir(g_mnt);
+	g_mnt[0] = 0;
+}
+
 static void test_bad_args(void **state)
 {
 	struct halite_template *t;
@@ -1516,6 +1610,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_corrupt_lb, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_damaged_chunk, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_files, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_enospc, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_hot_set, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_hot_trace_read, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_hot_old_format, setup, teardown),
