@@ -1558,6 +1558,56 @@ static void test_enospc(void **state)
 	g_mnt[0] = 0;
 }
 
+/*
+ * A daemon keeps the snapshot's descriptor and opens the template through
+ * /proc/self/fd/N: the snapshot it opened, even once its path names another
+ * (renamed over it).
+ */
+static void test_proc_fd(void **state)
+{
+	char path[96], other[100], viafd[64], u1[33], u2[33], ut[33];
+	struct halite_template *t;
+	struct halite_session *s;
+	struct toucher tc = { 0 };
+	uint8_t *m;
+	int fd;
+
+	snprintf(path, sizeof(path), "/tmp/halite-tpl-%d-fd.hlt", (int)getpid());
+	snprintf(other, sizeof(other), "%s.new", path);
+	write_snapshot(path, NULL);
+	snap_uuid(path, u1);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	assert_true(fd >= 0);
+	/* Another snapshot, other bytes, renamed over the path. */
+	for (uint64_t i = 0; i < LEN; i++)
+		g_image[i] ^= 0x5a;
+	write_snapshot(other, NULL);
+	for (uint64_t i = 0; i < LEN; i++)
+		g_image[i] ^= 0x5a;
+	assert_int_equal(rename(other, path), 0);
+	snap_uuid(path, u2);
+	assert_string_not_equal(u1, u2);
+
+	snprintf(viafd, sizeof(viafd), "/proc/self/fd/%d", fd);
+	assert_int_equal(try_open(viafd, 0, &t), 0);
+	for (int i = 0; i < 16; i++)
+		snprintf(ut + 2 * i, 3, "%02x", halite_reader_info(halite_template_reader(t))->uuid[i]);
+	assert_string_equal(ut, u1);
+	m = map_clone(t);
+	s = start_local(t, m, 0);
+	tc.mem = m;
+	tc.seed = 8;
+	touch_all(&tc);
+	assert_int_equal(tc.mismatches, 0);
+	assert_int_equal(halite_session_wait(s, 10000), 0);
+	halite_session_free(s);
+	munmap(m, LEN);
+	halite_template_free(t);
+	close(fd);
+	unlink(path);
+	remove_mem();
+}
+
 static void test_bad_args(void **state)
 {
 	struct halite_template *t;
@@ -1611,6 +1661,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_damaged_chunk, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_files, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_enospc, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_proc_fd, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_hot_set, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_hot_trace_read, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_hot_old_format, setup, teardown),
