@@ -386,7 +386,17 @@ static int reserve(struct halite_template *t, uint64_t fill_size)
 			uint64_t len = g->length - k * mbsz < mbsz ? g->length - k * mbsz : mbsz;
 			struct halite_mb_loc loc;
 
-			if (mb_lookup(t, mb, &loc) || loc.state != HALITE_MB_STORED)
+			if (mb_lookup(t, mb, &loc)) {
+				/*
+				 * A failed chunk is read again at every use: skip
+				 * the rest of its smallest possible span (64
+				 * entries, 64-aligned: docs/format.md 5.7) rather
+				 * than re-read it for each entry.
+				 */
+				k += 63 - mb % 64;
+				continue;
+			}
+			if (loc.state != HALITE_MB_STORED)
 				continue;
 			if (run_len && run_off + run_len == off) {
 				run_len += len;
