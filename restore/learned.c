@@ -53,7 +53,8 @@ int trace_out_begin(struct trace_out *o, const char *path, unsigned version,
 		o->tmp = NULL;
 		return ret;
 	}
-	if (fchmod(fd, 0644) || !(o->f = fdopen(fd, "w"))) {
+	/* mkostemp() created it O_EXCL (no symlink followed); 0600: traces are not for others. */
+	if (fchmod(fd, 0600) || !(o->f = fdopen(fd, "w"))) {
 		ret = -errno;
 		close(fd);
 		unlink(o->tmp);

@@ -77,7 +77,7 @@ struct halite_session {
 	pthread_cond_t cv;
 	bool done;
 	int error;
-	char errmsg[256];
+	char errmsg[512];
 	struct halite_hist hist;
 
 	_Atomic uint8_t *mapped; /* per memory block: mapped in the clone by us */
@@ -187,7 +187,7 @@ static void block_in(struct tpl_client *c, uint64_t mb, uint64_t tag, int err)
 {
 	struct halite_session *s = (struct halite_session *)((char *)c -
 							     offsetof(struct halite_session, cl));
-	char msg[200];
+	char msg[512];
 
 	if (err) {
 		tpl_errmsg_mb(s->t, mb, msg, sizeof(msg));
@@ -228,7 +228,16 @@ static void serve(struct halite_session *s, const struct uffd_msg *m, uint64_t n
 		atomic_fetch_add(&s->faults_vcpu, 1);
 	tpl_fault_seen(s->t);
 
-	if (tpl_mb_state(s->t, mb) == TPL_MB_EMPTY) {
+	ret = tpl_mb_state(s->t, mb);
+	if (ret < 0) {
+		char msg[512];
+
+		/* Its map entry cannot be read: not a zero block. The thread stays blocked. */
+		tpl_errmsg_mb(s->t, mb, msg, sizeof(msg));
+		s_fail(s, ret, "%s", msg);
+		return;
+	}
+	if (ret == TPL_MB_EMPTY) {
 		atomic_fetch_add(&s->faults_zero, 1);
 		if (!install(s, mb, HALITE_GMEM_ZERO, HALITE_GMEM_ZERO_GONE))
 			timed(s, now);
@@ -247,7 +256,7 @@ static void serve(struct halite_session *s, const struct uffd_msg *m, uint64_t n
 	} else if (ret == 0) {
 		atomic_fetch_add(&s->faults_read, 1);
 	} else {
-		char msg[200];
+		char msg[512];
 
 		tpl_errmsg_mb(s->t, mb, msg, sizeof(msg));
 		s_fail(s, ret, "%s", msg);
@@ -396,6 +405,13 @@ static int premap_hot(struct halite_session *s)
 	for (uint64_t i = 0; i < n && ret >= 0; i++) {
 		ret = premap_one(s, mbs[i]);
 		mapped += ret >= 0;
+		if (ret < 0 && ret != -EINVAL && !failed(s)) {
+			char msg[512];
+
+			/* Its LB or its own map entry failed: named, as a fault's would be. */
+			tpl_errmsg_mb(s->t, mbs[i], msg, sizeof(msg));
+			s_fail(s, ret, "mapping the hot set: %s", msg);
+		}
 	}
 	if (ret >= 0)
 		ret = settle(s);
@@ -403,8 +419,18 @@ static int premap_hot(struct halite_session *s)
 		const uint64_t *lbm;
 		uint32_t k;
 
-		if (tpl_lb_members(s->t, mbs[i], &lbm, &k))
+		ret = tpl_lb_members(s->t, mbs[i], &lbm, &k);
+		if (ret == -HALITE_E_NOT_FOUND) {
+			ret = 0;
 			continue;
+		}
+		if (ret < 0) {
+			char msg[512];
+
+			tpl_errmsg_mb(s->t, mbs[i], msg, sizeof(msg));
+			s_fail(s, ret, "mapping the hot set: %s", msg);
+			break;
+		}
 		for (uint32_t j = 0; j < k && ret >= 0; j++) {
 			if (atomic_load_explicit(&s->mapped[lbm[j]], memory_order_relaxed))
 				continue;

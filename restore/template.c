@@ -18,6 +18,14 @@
  *                   40     4  memory block size (u32 LE)
  *                   44    20  zero
  *
+ * Both are created O_EXCL 0600 and never opened through a symbolic link; an
+ * existing pair is used only if both are regular files of our uid that no
+ * one else may write (clones map MEM_PATH: its bytes are their memory).
+ * Open reserves (fallocate) the ranges of every stored block in MEM_PATH and
+ * the whole fill map, so that a full tmpfs fails the open with -ENOSPC
+ * rather than a decode later; blocks are written with pwrite(), so a write
+ * that still fails is an LB's error, never SIGBUS.
+ *
  * The fill map is a shared mapping, so its bytes outlive this process: a
  * block's byte is set (release) only after the block is written, and a
  * template reopened over the same files keeps every block whose byte is
@@ -104,6 +112,7 @@ struct lbstate {
 	uint8_t st;
 	bool demand;
 	int err;
+	char *msg;		/* FAILED: what failed, said once when it did */
 	struct waiter *waiters;
 };
 
@@ -118,7 +127,7 @@ struct halite_template {
 	uint64_t mb_stored;
 
 	int memfd, ro_fd, fillfd;
-	uint8_t *mem;	   /* MEM_PATH, shared, read-write */
+	bool created_mem, created_fill; /* by this open: removed if it fails */
 	uint64_t mem_size;
 	uint8_t *fillmap;  /* MEM_PATH.fill */
 	_Atomic uint8_t *fill;
@@ -150,7 +159,7 @@ struct halite_template {
 	_Atomic uint64_t lb_demand, lb_prefetch, lb_failed, lb_retries, bytes_read, mb_decoded;
 	_Atomic uint64_t requests, hits, joined;
 	int error;
-	char errmsg[256];
+	char errmsg[512];
 };
 
 static int tpl_fail(struct halite_template *t, int err, const char *fmt, ...)
@@ -167,6 +176,40 @@ static int tpl_fail(struct halite_template *t, int err, const char *fmt, ...)
 		halite_logf(&t->log, HALITE_LOG_ERROR, "%s", t->errmsg);
 	}
 	return err;
+}
+
+/*
+ * A failure the template cannot serve past (an LB, or a lookup in a damaged
+ * index chunk): the first one becomes the template's error and errmsg.
+ * Takes t->mu.
+ */
+static void tpl_error(struct halite_template *t, int err, const char *msg)
+{
+	pthread_mutex_lock(&t->mu);
+	if (!t->error)
+		t->error = err;
+	tpl_fail(t, err, "%s", msg);
+	pthread_cond_broadcast(&t->state_cv);
+	pthread_mutex_unlock(&t->mu);
+}
+
+/*
+ * Where block @mb is. A format 1.1 file's lookup can fail after open (its
+ * index chunk damaged): that is the template's error, with the reader's
+ * message naming the chunk, and never a zero block (docs/failure-model.md).
+ */
+static int mb_lookup(struct halite_template *t, uint64_t mb, struct halite_mb_loc *loc)
+{
+	int ret = halite_reader_mb_lookup(t->rd, mb, loc);
+
+	if (ret) {
+		char msg[512];
+
+		snprintf(msg, sizeof(msg), "memory block %llu: %s", ULL(mb),
+			 halite_reader_errmsg(t->rd));
+		tpl_error(t, ret, msg);
+	}
+	return ret;
 }
 
 /* ---- geometry ---------------------------------------------------------- */
@@ -207,24 +250,37 @@ static const struct tpl_region *mb_region(const struct halite_template *t, uint6
 	return NULL;
 }
 
-int tpl_mb_state(const struct halite_template *t, uint64_t mb)
+int tpl_mb_state(struct halite_template *t, uint64_t mb)
 {
 	struct halite_mb_loc loc;
+	int ret;
 
 	if (atomic_load_explicit(&t->fill[mb], memory_order_acquire))
 		return TPL_MB_IN;
-	if (halite_reader_mb_lookup(t->rd, mb, &loc) || loc.state != HALITE_MB_STORED)
-		return TPL_MB_EMPTY;
-	return TPL_MB_OUT;
+	ret = mb_lookup(t, mb, &loc);
+	if (ret)
+		return ret;
+	return loc.state == HALITE_MB_STORED ? TPL_MB_OUT : TPL_MB_EMPTY;
 }
 
-int tpl_lb_members(const struct halite_template *t, uint64_t mb, const uint64_t **mbs, uint32_t *n)
+int tpl_lb_members(struct halite_template *t, uint64_t mb, const uint64_t **mbs, uint32_t *n)
 {
 	struct halite_mb_loc loc;
+	int ret = mb_lookup(t, mb, &loc);
 
-	if (halite_reader_mb_lookup(t->rd, mb, &loc) || loc.state != HALITE_MB_STORED)
+	if (ret)
+		return ret;
+	if (loc.state != HALITE_MB_STORED)
 		return -HALITE_E_NOT_FOUND;
-	return halite_reader_lb_members(t->rd, loc.lb, mbs, n);
+	ret = halite_reader_lb_members(t->rd, loc.lb, mbs, n);
+	if (ret) {
+		char msg[512];
+
+		snprintf(msg, sizeof(msg), "locality block %llu's member list: %s", ULL(loc.lb),
+			 halite_reader_errmsg(t->rd));
+		tpl_error(t, ret, msg);
+	}
+	return ret;
 }
 
 bool tpl_complete(struct halite_template *t)
@@ -254,35 +310,177 @@ static void fill_header(const struct halite_template *t, uint8_t *h)
 	halite_put_le32(h + 40, t->fi->mb_size);
 }
 
+/*
+ * Create @path (O_EXCL, mode 0600: 1), or open the one there (0), refusing
+ * what another user could have put or changed under us: a symbolic link
+ * (not followed), anything but a regular file, a file of another uid, or
+ * one that group or others may write. Clones map the memory file, so its
+ * bytes are their memory.
+ */
+static int open_own(struct halite_template *t, const char *path, const char *what, int *fdp)
+{
+	struct stat st;
+	int fd;
+
+	fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd >= 0) {
+		*fdp = fd;
+		return 1;
+	}
+	if (errno != EEXIST)
+		return tpl_fail(t, -errno, "creating the %s %s", what, path);
+	fd = open(path, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+	if (fd < 0 && errno == ELOOP)
+		return tpl_fail(t, -EPERM, "the %s %s is a symbolic link, which the template does "
+				"not follow; remove it", what, path);
+	if (fd < 0)
+		return tpl_fail(t, -errno, "opening the %s %s", what, path);
+	*fdp = fd;
+	if (fstat(fd, &st))
+		return tpl_fail(t, -errno, "%s", path);
+	if (!S_ISREG(st.st_mode))
+		return tpl_fail(t, -EPERM, "the %s %s is not a regular file; remove it", what, path);
+	if (st.st_uid != geteuid())
+		return tpl_fail(t, -EPERM, "the %s %s belongs to uid %u, not to this process's "
+				"uid %u; remove it", what, path, (unsigned)st.st_uid,
+				(unsigned)geteuid());
+	if (st.st_mode & 022)
+		return tpl_fail(t, -EPERM, "the %s %s may be written by group or others (mode "
+				"%04o); remove it, or chmod it 0600", what, path,
+				(unsigned)(st.st_mode & 07777));
+	return 0;
+}
+
+/* Reserve @len bytes at @off of @fd (tmpfs: the pages are allocated now). 0 or -errno. */
+static int reserve_range(int fd, uint64_t off, uint64_t len)
+{
+	int ret;
+
+	if (!len)
+		return 0;
+	do
+		ret = fallocate(fd, 0, (off_t)off, (off_t)len);
+	while (ret && errno == EINTR);
+	return ret ? -errno : 0;
+}
+
+/*
+ * Reserve the space every stored block will take in the memory file (runs
+ * of neighbouring stored blocks, one fallocate() each; zero and
+ * never-touched blocks stay holes) and the whole fill map, so that filling
+ * them later cannot run out of room: on a full tmpfs a store to a shared
+ * mapping is SIGBUS, for the fill map's bytes as for memory. A block whose
+ * map entry fails is not reserved (it is never decoded; its sessions fail).
+ */
+static int reserve(struct halite_template *t, uint64_t fill_size)
+{
+	uint64_t run_off = 0, run_len = 0, mbsz = t->fi->mb_size;
+	uint64_t need = t->mb_stored * mbsz;
+	int ret = 0;
+
+	for (uint32_t i = 0; i < t->nregions && !ret; i++) {
+		const struct tpl_region *g = &t->regions[i];
+
+		for (uint64_t k = 0; k < g->mb_count && !ret; k++) {
+			uint64_t mb = g->first_mb + k, off = g->offset + k * mbsz;
+			uint64_t len = g->length - k * mbsz < mbsz ? g->length - k * mbsz : mbsz;
+			struct halite_mb_loc loc;
+
+			if (mb_lookup(t, mb, &loc)) {
+				/*
+				 * A failed chunk is read again at every use: skip
+				 * the rest of its smallest possible span (64
+				 * entries, 64-aligned: docs/format.md 5.7) rather
+				 * than re-read it for each entry.
+				 */
+				k += 63 - mb % 64;
+				continue;
+			}
+			if (loc.state != HALITE_MB_STORED)
+				continue;
+			if (run_len && run_off + run_len == off) {
+				run_len += len;
+				continue;
+			}
+			ret = reserve_range(t->memfd, run_off, run_len);
+			run_off = off;
+			run_len = len;
+		}
+	}
+	if (!ret)
+		ret = reserve_range(t->memfd, run_off, run_len);
+	if (ret)
+		return tpl_fail(t, ret, "reserving %llu MiB for the template memory file %s",
+				ULL((need + (1 << 20) - 1) >> 20), t->mem_path);
+	ret = reserve_range(t->fillfd, 0, fill_size);
+	if (ret)
+		return tpl_fail(t, ret, "reserving %llu KiB for the template fill map %s",
+				ULL((fill_size + 1023) >> 10), t->fill_path);
+	return 0;
+}
+
+static void uuid_hex(const uint8_t *u, char out[33])
+{
+	for (int i = 0; i < 16; i++)
+		snprintf(out + 2 * i, 3, "%02x", u[i]);
+}
+
 /* Reuse the files if they are this snapshot's (1), else start them over (0). */
 static int open_files(struct halite_template *t)
 {
 	uint64_t fill_size = FILL_HDR + t->fi->mb_count;
-	uint8_t want[FILL_HDR];
+	uint8_t want[FILL_HDR], have[FILL_HDR] = { 0 };
 	struct statfs sfs;
-	struct stat st;
+	struct stat st, ro;
 	bool reuse = false;
+	int ret;
 
-	t->memfd = open(t->mem_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-	if (t->memfd < 0)
-		return tpl_fail(t, -errno, "template memory file %s", t->mem_path);
+	ret = open_own(t, t->mem_path, "template memory file", &t->memfd);
+	if (ret < 0)
+		return ret;
+	t->created_mem = ret;
 	if (fstatfs(t->memfd, &sfs))
 		return tpl_fail(t, -errno, "%s", t->mem_path);
 	if (sfs.f_type != TMPFS_MAGIC)
 		return tpl_fail(t, -HALITE_E_UNSUPPORTED, "template memory file %s is not on tmpfs "
 				"(clones map it and fault on it as shared memory)", t->mem_path);
-	t->ro_fd = open(t->mem_path, O_RDONLY | O_CLOEXEC);
-	t->fillfd = open(t->fill_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-	if (t->ro_fd < 0 || t->fillfd < 0)
-		return tpl_fail(t, -errno, "%s", t->ro_fd < 0 ? t->mem_path : t->fill_path);
+	/* The same file, read-only for the clones: not whatever the path names by now. */
+	t->ro_fd = open(t->mem_path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (t->ro_fd < 0)
+		return tpl_fail(t, -errno, "%s", t->mem_path);
+	if (fstat(t->memfd, &st) || fstat(t->ro_fd, &ro) || st.st_dev != ro.st_dev ||
+	    st.st_ino != ro.st_ino)
+		return tpl_fail(t, -EPERM, "the template memory file %s was replaced while it was "
+				"being opened", t->mem_path);
+	ret = open_own(t, t->fill_path, "template fill map", &t->fillfd);
+	if (ret < 0)
+		return ret;
+	t->created_fill = ret;
 
 	fill_header(t, want);
-	if (!fstat(t->fillfd, &st) && (uint64_t)st.st_size == fill_size && !fstat(t->memfd, &st) &&
-	    (uint64_t)st.st_size == t->mem_size) {
-		uint8_t have[FILL_HDR];
+	if (!fstat(t->fillfd, &st) && (uint64_t)st.st_size >= FILL_HDR &&
+	    pread(t->fillfd, have, FILL_HDR, 0) == FILL_HDR) {
+		reuse = (uint64_t)st.st_size == fill_size && !memcmp(have, want, FILL_HDR) &&
+			!fstat(t->memfd, &st) && (uint64_t)st.st_size == t->mem_size;
+	}
+	if (!reuse && (t->o.flags & HALITE_TEMPLATE_NO_RESET) &&
+	    (!t->created_mem || !t->created_fill)) {
+		char h[33], w[33];
 
-		reuse = pread(t->fillfd, have, FILL_HDR, 0) == FILL_HDR &&
-			!memcmp(have, want, FILL_HDR);
+		uuid_hex(want + 8, w);
+		if (memcmp(have, FILL_MAGIC, 8))
+			return tpl_fail(t, -HALITE_E_STATE, "the template memory file %s exists and "
+					"its fill map %s names no snapshot (none, or damaged), not "
+					"snapshot %s: not starting them over "
+					"(HALITE_TEMPLATE_NO_RESET); remove both, or use another path",
+					t->mem_path, t->fill_path, w);
+		uuid_hex(have + 8, h);
+		return tpl_fail(t, -HALITE_E_STATE, "the template memory file %s belongs to "
+				"snapshot %s%s, not to snapshot %s: not starting it over "
+				"(HALITE_TEMPLATE_NO_RESET; clones may map it); remove it and %s, or "
+				"use another path", t->mem_path, h,
+				memcmp(have + 8, want + 8, 16) ? "" : " with another layout", w,
+				t->fill_path);
 	}
 	if (!reuse) {
 		/* Start over: drop any old contents, then size both files. */
@@ -291,11 +489,14 @@ static int open_files(struct halite_template *t)
 		    pwrite(t->fillfd, want, FILL_HDR, 0) != FILL_HDR)
 			return tpl_fail(t, -errno, "sizing %s and its fill map", t->mem_path);
 	}
-	t->mem = mmap(NULL, t->mem_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE,
-		      t->memfd, 0);
-	if (t->mem == MAP_FAILED) {
-		t->mem = NULL;
-		return tpl_fail(t, -errno, "mapping %s", t->mem_path);
+	ret = reserve(t, fill_size);
+	if (ret) {
+		/* Started over: give back what was reserved (a reused pair keeps its blocks). */
+		if (!reuse && !t->created_mem) {
+			(void)!ftruncate(t->memfd, 0);
+			(void)!ftruncate(t->memfd, (off_t)t->mem_size);
+		}
+		return ret;
 	}
 	t->fillmap = mmap(NULL, fill_size, PROT_READ | PROT_WRITE, MAP_SHARED, t->fillfd, 0);
 	if (t->fillmap == MAP_FAILED) {
@@ -304,6 +505,19 @@ static int open_files(struct halite_template *t)
 	}
 	t->fill = (_Atomic uint8_t *)(t->fillmap + FILL_HDR);
 	return reuse ? 1 : 0;
+}
+
+/* Remove what this open created, if the path still names it (a failed open leaves nothing). */
+static void remove_created(struct halite_template *t)
+{
+	struct stat a, b;
+
+	if (t->created_mem && t->memfd >= 0 && !fstat(t->memfd, &a) &&
+	    !lstat(t->mem_path, &b) && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+		unlink(t->mem_path);
+	if (t->created_fill && t->fillfd >= 0 && !fstat(t->fillfd, &a) &&
+	    !lstat(t->fill_path, &b) && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+		unlink(t->fill_path);
 }
 
 /* Count what a reopened template has, and forget bytes of blocks that cannot be in. */
@@ -316,7 +530,11 @@ static void count_in(struct halite_template *t)
 
 		if (!atomic_load_explicit(&t->fill[mb], memory_order_relaxed))
 			continue;
-		if (halite_reader_mb_lookup(t->rd, mb, &loc) || loc.state != HALITE_MB_STORED) {
+		/*
+		 * A block whose entry cannot be read now is not served from the
+		 * file: its byte goes, and its sessions fail on their own lookup.
+		 */
+		if (mb_lookup(t, mb, &loc) || loc.state != HALITE_MB_STORED) {
 			atomic_store(&t->fill[mb], 0);
 			continue;
 		}
@@ -443,7 +661,12 @@ static int hot_load_old(struct halite_template *t, int fd, char *why, size_t why
 					  .kind = HALITE_MB_STORED };
 		struct halite_mb_loc loc;
 
-		if (halite_reader_mb_lookup(t->rd, lt.mb, &loc) || loc.state != HALITE_MB_STORED) {
+		if (halite_reader_mb_lookup(t->rd, lt.mb, &loc)) {
+			snprintf(why, whylen, "looking up its block %llu: %s", ULL(lt.mb),
+				 halite_reader_errmsg(t->rd));
+			goto out;
+		}
+		if (loc.state != HALITE_MB_STORED) {
 			snprintf(why, whylen, "an old-format hot set naming block %llu, which the "
 				 "snapshot does not store", ULL(lt.mb));
 			goto out;
@@ -523,8 +746,12 @@ static int hot_prefix(struct halite_template *t)
 		uint32_t m;
 		const uint64_t *mbs;
 
+		/* Only a hint: an LB whose list fails is left out (its sessions fail on use). */
 		if (!halite_reader_lb_members(t->rd, lb, &mbs, &m))
 			n += m;
+		else
+			halite_logf(&t->log, HALITE_LOG_WARN, "template: hot prefix without locality "
+				    "block %llu: %s", ULL(lb), halite_reader_errmsg(t->rd));
 	}
 	if (!n)
 		return 0;
@@ -609,28 +836,38 @@ static int build_porder(struct halite_template *t)
 
 /* ---- requests and callbacks -------------------------------------------- */
 
-static void lb_errmsg(struct halite_template *t, uint64_t lb, int err, char *buf, size_t len)
+/* "locality block 3 at offset 65536: <why>", or without the offset if its entry fails too. */
+static void lb_errmsg(struct halite_template *t, uint64_t lb, const char *why, char *buf,
+		      size_t len)
 {
 	struct halite_lb_info li = { 0 };
 
-	(void)halite_reader_lb_info(t->rd, lb, &li);
-	snprintf(buf, len, "locality block %llu at offset %llu: %s", ULL(lb), ULL(li.offset),
-		 err == -HALITE_E_LB_CHECKSUM ? "checksum mismatch" : halite_strerror(err));
+	if (halite_reader_lb_info(t->rd, lb, &li))
+		snprintf(buf, len, "locality block %llu: %s", ULL(lb), why);
+	else
+		snprintf(buf, len, "locality block %llu at offset %llu: %s", ULL(lb),
+			 ULL(li.offset), why);
 }
 
 void tpl_errmsg_mb(struct halite_template *t, uint64_t mb, char *buf, size_t len)
 {
 	struct halite_mb_loc loc;
-	int err;
 
-	if (halite_reader_mb_lookup(t->rd, mb, &loc) || loc.state != HALITE_MB_STORED) {
+	if (halite_reader_mb_lookup(t->rd, mb, &loc)) {
+		snprintf(buf, len, "memory block %llu: %s", ULL(mb), halite_reader_errmsg(t->rd));
+		return;
+	}
+	if (loc.state != HALITE_MB_STORED) {
 		snprintf(buf, len, "memory block %llu", ULL(mb));
 		return;
 	}
 	pthread_mutex_lock(&t->mu);
-	err = t->lbs[loc.lb].err;
+	if (t->lbs[loc.lb].msg)
+		snprintf(buf, len, "%s", t->lbs[loc.lb].msg);
+	else
+		lb_errmsg(t, loc.lb, halite_strerror(t->lbs[loc.lb].err ? t->lbs[loc.lb].err :
+						     -EIO), buf, len);
 	pthread_mutex_unlock(&t->mu);
-	lb_errmsg(t, loc.lb, err ? err : -EIO, buf, len);
 }
 
 int tpl_request(struct halite_template *t, struct tpl_client *c, uint64_t mb, uint64_t tag)
@@ -645,7 +882,10 @@ int tpl_request(struct halite_template *t, struct tpl_client *c, uint64_t mb, ui
 		atomic_fetch_add(&t->hits, 1);
 		return 1;
 	}
-	if (halite_reader_mb_lookup(t->rd, mb, &loc) || loc.state != HALITE_MB_STORED)
+	ret = mb_lookup(t, mb, &loc);
+	if (ret)
+		return ret; /* the index's failure: never a zero block */
+	if (loc.state != HALITE_MB_STORED)
 		return -EINVAL;
 	if (c && !(w = malloc(sizeof(*w))))
 		return -ENOMEM;
@@ -765,19 +1005,45 @@ void tpl_detach(struct halite_template *t, struct tpl_client *c)
 
 /* ---- reading and decoding ---------------------------------------------- */
 
-static int decode_mb(struct halite_template *t, uint64_t mb, const void *lbbuf)
+/*
+ * Block @mb of the verified LB @lbbuf into the memory file, through @mbbuf
+ * (mb_size bytes): 0, or < 0 and @why says what. Written with pwrite(), not
+ * through a shared mapping: a failing write is an error to report, where a
+ * store into a mapping that cannot get a page is SIGBUS.
+ */
+static int decode_mb(struct halite_template *t, uint64_t mb, const void *lbbuf, uint8_t *mbbuf,
+		     char *why, size_t whylen)
 {
 	const struct tpl_region *g = mb_region(t, mb);
+	uint32_t len = halite_reader_mb_bytes(t->rd, mb);
+	uint64_t off;
 	int ret;
 
 	if (!g)
 		return -HALITE_E_INTERNAL;
 	if (atomic_load_explicit(&t->fill[mb], memory_order_acquire))
 		return 0; /* in already (a reopened template) */
-	ret = halite_reader_decode_mb(t->rd, mb, lbbuf,
-				      t->mem + g->offset + (mb - g->first_mb) * t->fi->mb_size);
-	if (ret)
+	ret = halite_reader_decode_mb(t->rd, mb, lbbuf, mbbuf);
+	if (ret) {
+		snprintf(why, whylen, "decoding memory block %llu: %s", ULL(mb),
+			 ret == -HALITE_E_CHECKSUM || ret == -HALITE_E_CORRUPT ?
+			 halite_reader_errmsg(t->rd) : halite_strerror(ret));
 		return ret;
+	}
+	off = g->offset + (mb - g->first_mb) * t->fi->mb_size;
+	for (uint32_t done = 0; done < len;) {
+		ssize_t n = pwrite(t->memfd, mbbuf + done, len - done, (off_t)(off + done));
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			ret = n < 0 ? -errno : -EIO;
+			snprintf(why, whylen, "writing memory block %llu to %s: %s", ULL(mb),
+				 t->mem_path, strerror(-ret));
+			return ret;
+		}
+		done += (uint32_t)n;
+	}
 	atomic_store_explicit(&t->fill[mb], 1, memory_order_release);
 	atomic_fetch_add(&t->mb_in, 1);
 	atomic_fetch_add(&t->mb_decoded, 1);
@@ -801,7 +1067,7 @@ static int read_lb(struct halite_template *t, uint64_t lb, void *buf)
 	return ret;
 }
 
-static void process_lb(struct halite_template *t, uint64_t lb, void *buf)
+static void process_lb(struct halite_template *t, uint64_t lb, void *buf, uint8_t *mbbuf)
 {
 	struct lbstate *l = &t->lbs[lb];
 	const uint64_t *mbs;
@@ -809,11 +1075,20 @@ static void process_lb(struct halite_template *t, uint64_t lb, void *buf)
 	struct waiter *w;
 	uint64_t *want = NULL;
 	size_t nwant = 0;
+	char why[448] = "";
 	int ret;
 
 	ret = read_lb(t, lb, buf);
-	if (!ret)
+	if (ret)
+		snprintf(why, sizeof(why), "%s", ret == -HALITE_E_LB_CHECKSUM ? "checksum mismatch" :
+			 ret == -HALITE_E_CHECKSUM || ret == -HALITE_E_CORRUPT ?
+			 halite_reader_errmsg(t->rd) : halite_strerror(ret));
+	if (!ret) {
 		ret = halite_reader_lb_members(t->rd, lb, &mbs, &n);
+		if (ret)
+			snprintf(why, sizeof(why), "its member list: %s",
+				 halite_reader_errmsg(t->rd));
+	}
 	if (!ret) {
 		/* The blocks sessions wait for first. */
 		pthread_mutex_lock(&t->mu);
@@ -825,7 +1100,7 @@ static void process_lb(struct halite_template *t, uint64_t lb, void *buf)
 			want[nwant++] = w->mb;
 		pthread_mutex_unlock(&t->mu);
 		for (size_t i = 0; !ret && i < nwant; i++)
-			ret = decode_mb(t, want[i], buf);
+			ret = decode_mb(t, want[i], buf, mbbuf, why, sizeof(why));
 		free(want);
 		if (!ret) {
 			pthread_mutex_lock(&t->mu);
@@ -833,20 +1108,32 @@ static void process_lb(struct halite_template *t, uint64_t lb, void *buf)
 			pthread_mutex_unlock(&t->mu);
 			call_waiters(t, w, 0);
 		}
-		for (uint32_t i = 0; !ret && i < n; i++)
-			ret = decode_mb(t, mbs[i], buf);
+		for (uint32_t i = 0; !ret && i < n; i++) {
+			struct halite_mb_loc loc;
+
+			/*
+			 * A member whose own map entry fails (its index chunk
+			 * damaged) stays out, never marked in; that is the
+			 * template's error, and the sessions that need it fail
+			 * on their lookup. The LB's other blocks are good.
+			 */
+			if (mb_lookup(t, mbs[i], &loc))
+				continue;
+			ret = decode_mb(t, mbs[i], buf, mbbuf, why, sizeof(why));
+		}
 	}
 
 	pthread_mutex_lock(&t->mu);
 	if (ret) {
-		char msg[200];
+		char msg[512];
 
+		lb_errmsg(t, lb, why[0] ? why : halite_strerror(ret), msg, sizeof(msg));
 		l->st = LB_FAILED;
 		l->err = ret;
+		l->msg = strdup(msg);
 		atomic_fetch_add(&t->lb_failed, 1);
 		if (!t->error)
 			t->error = ret;
-		lb_errmsg(t, lb, ret, msg, sizeof(msg));
 		tpl_fail(t, ret, "%s", msg);
 	} else {
 		l->st = LB_DONE;
@@ -874,9 +1161,10 @@ static void *reader_main(void *arg)
 {
 	struct halite_template *t = arg;
 	void *buf = halite_reader_alloc_lb(t->rd);
+	uint8_t *mbbuf = malloc(t->fi->mb_size);
 
 	pthread_mutex_lock(&t->mu);
-	while (buf && !t->stop) {
+	while (buf && mbbuf && !t->stop) {
 		uint64_t lb = UINT64_MAX, now = halite_now_ns();
 		bool demand = false;
 
@@ -903,10 +1191,11 @@ static void *reader_main(void *arg)
 			t->prefetch_bytes += t->fi->lb_size;
 		pthread_mutex_unlock(&t->mu);
 		atomic_fetch_add(demand ? &t->lb_demand : &t->lb_prefetch, 1);
-		process_lb(t, lb, buf);
+		process_lb(t, lb, buf, mbbuf);
 		pthread_mutex_lock(&t->mu);
 	}
 	pthread_mutex_unlock(&t->mu);
+	free(mbbuf);
 	halite_reader_free_lb(buf);
 	return NULL;
 }
@@ -1039,6 +1328,7 @@ err:
 	if (!t->errmsg[0] && ret)
 		tpl_fail(t, ret, "template %s", snapshot);
 	halite_logf(&t->log, HALITE_LOG_ERROR, "%s", t->errmsg);
+	remove_created(t);
 	halite_template_free(t);
 	return ret;
 }
@@ -1141,15 +1431,15 @@ void halite_template_free(struct halite_template *t)
 		pthread_join(t->readers[i], NULL);
 	free(t->readers);
 	if (t->lbs)
-		for (uint64_t lb = 0; lb < t->fi->lb_count; lb++)
+		for (uint64_t lb = 0; lb < t->fi->lb_count; lb++) {
 			while (t->lbs[lb].waiters) {
 				struct waiter *w = t->lbs[lb].waiters;
 
 				t->lbs[lb].waiters = w->next;
 				free(w);
 			}
-	if (t->mem)
-		munmap(t->mem, t->mem_size);
+			free(t->lbs[lb].msg);
+		}
 	if (t->fillmap)
 		munmap(t->fillmap, FILL_HDR + t->fi->mb_count);
 	if (t->memfd >= 0)

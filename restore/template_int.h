@@ -36,8 +36,13 @@ int tpl_find_region(const struct halite_template *t, const char *name);
 
 /* What a block is: */
 enum { TPL_MB_EMPTY, TPL_MB_IN, TPL_MB_OUT };
-/* EMPTY (zero or never touched: the zero page), IN (in the memory file), OUT. */
-int tpl_mb_state(const struct halite_template *t, uint64_t mb);
+/*
+ * EMPTY (zero or never touched: the zero page), IN (in the memory file), OUT;
+ * or the failure of its map entry's lookup (a format 1.1 file's damaged
+ * index chunk, -HALITE_E_CHECKSUM, ...: the template's error, and
+ * tpl_errmsg_mb() names the chunk), which is never EMPTY.
+ */
+int tpl_mb_state(struct halite_template *t, uint64_t mb);
 
 /*
  * A session as the template sees it (embedded in the session): its
@@ -56,8 +61,9 @@ struct tpl_client {
  * Ask for stored block @mb on behalf of @c: 1 when it is in already (the
  * caller maps it), 0 when queued (c->block_in comes later, exactly once,
  * unless the client detaches first), or the failure of its LB
- * (-HALITE_E_LB_CHECKSUM, -EIO, ...: tpl_errmsg_mb() says which). @tag comes
- * back with the callback.
+ * (-HALITE_E_LB_CHECKSUM, -EIO, ...: tpl_errmsg_mb() says which), or the
+ * failure of its own map entry (as tpl_mb_state()). @tag comes back with the
+ * callback.
  */
 int tpl_request(struct halite_template *t, struct tpl_client *c, uint64_t mb, uint64_t tag);
 
@@ -70,8 +76,12 @@ uint64_t tpl_pending(struct halite_template *t, const struct tpl_client *c);
 /* Withdraw every request of @c and wait for callbacks on it to end. */
 void tpl_detach(struct halite_template *t, struct tpl_client *c);
 
-/* The stored blocks of @mb's locality block (the reader's array), or -HALITE_E_NOT_FOUND. */
-int tpl_lb_members(const struct halite_template *t, uint64_t mb, const uint64_t **mbs, uint32_t *n);
+/*
+ * The stored blocks of @mb's locality block (the reader's array),
+ * -HALITE_E_NOT_FOUND (@mb is not stored), or the lookup's failure (as
+ * tpl_mb_state()).
+ */
+int tpl_lb_members(struct halite_template *t, uint64_t mb, const uint64_t **mbs, uint32_t *n);
 
 /*
  * Note a fault on stored block @mb for the hot set (first time wins): by

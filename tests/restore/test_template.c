@@ -14,11 +14,13 @@
  * (owner_pid set), as halite-cloned's clones do.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -26,9 +28,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -142,8 +147,23 @@ static int setup(void **state)
 	return 0;
 }
 
+/* Clones of the running test (ext_start()), killed here if it fails before ext_end(). */
+static pid_t g_kids[8];
+static char g_mnt[96];
+
 static int teardown(void **state)
 {
+	for (unsigned i = 0; i < 8; i++)
+		if (g_kids[i]) {
+			kill(g_kids[i], SIGKILL);
+			waitpid(g_kids[i], NULL, 0);
+			g_kids[i] = 0;
+		}
+	if (g_mnt[0]) {
+		umount2(g_mnt, MNT_DETACH);
+		rmdir(g_mnt);
+		g_mnt[0] = 0;
+	}
 	remove_mem();
 	return 0;
 }
@@ -404,16 +424,40 @@ static void test_reopen(void **state)
 struct ext {
 	pid_t pid;
 	int sock, uffd;
-	uint64_t host;
+	uint64_t host, len;
 };
 
 struct ext_req {
 	uint64_t off, len;
 };
 
-static void ext_child(int sock, int memfd, uint64_t off)
+/*
+ * Pages a clone touched in a thread of its own (a request of length 0),
+ * shared with the test: 1 once the touch returned. A touch that must never
+ * return (a damaged block) is seen without blocking the clone's answers.
+ */
+#define TOUCHED_MAX 16384u
+static _Atomic uint8_t *g_touched;
+
+struct ext_touch {
+	volatile uint8_t *p;
+	uint64_t page;
+};
+
+static void *ext_touch_main(void *arg)
 {
-	uint8_t *mem = mmap(NULL, LEN, PROT_READ | PROT_WRITE, MAP_PRIVATE, memfd, (off_t)off);
+	struct ext_touch *et = arg;
+
+	(void)*et->p;
+	if (g_touched && et->page < TOUCHED_MAX)
+		atomic_store(&g_touched[et->page], 1);
+	free(et);
+	return NULL;
+}
+
+static void ext_child(int sock, int memfd, uint64_t off, uint64_t len)
+{
+	uint8_t *mem = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE, memfd, (off_t)off);
 	int uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
 	char cbuf[CMSG_SPACE(sizeof(int))] = { 0 };
 	uint64_t host = (uint64_t)(uintptr_t)mem;
@@ -432,13 +476,28 @@ static void ext_child(int sock, int memfd, uint64_t off)
 	if (sendmsg(sock, &mh, 0) != sizeof(host))
 		_exit(2);
 	while (read(sock, &rq, sizeof(rq)) == sizeof(rq)) {
-		uint64_t h = XXH3_64bits(mem + rq.off, rq.len);
+		uint64_t h;
+
+		if (!rq.len) {
+			struct ext_touch *et = malloc(sizeof(*et));
+			pthread_t th;
+
+			if (!et)
+				_exit(2);
+			*et = (struct ext_touch){ mem + rq.off, rq.off / PAGE };
+			if (pthread_create(&th, NULL, ext_touch_main, et))
+				_exit(2);
+			pthread_detach(th);
+			continue;
+		}
+		h = XXH3_64bits(mem + rq.off, rq.len);
 
 		if (write(sock, &h, sizeof(h)) != sizeof(h))
 			_exit(2);
 	}
 	_exit(0);
 }
+
 
 static void ext_start(struct ext *e, struct halite_template *t)
 {
@@ -449,15 +508,20 @@ static void ext_start(struct ext *e, struct halite_template *t)
 	uint64_t off;
 	int sv[2];
 
-	assert_int_equal(halite_template_region(t, "pc.ram", &off, NULL), 0);
+	assert_int_equal(halite_template_region(t, "pc.ram", &off, &e->len), 0);
 	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
 	e->pid = fork();
 	assert_true(e->pid >= 0);
 	if (!e->pid) {
 		close(sv[0]);
-		ext_child(sv[1], halite_template_memfd(t), off);
+		ext_child(sv[1], halite_template_memfd(t), off, e->len);
 	}
 	close(sv[1]);
+	for (unsigned i = 0; i < 8; i++)
+		if (!g_kids[i]) {
+			g_kids[i] = e->pid;
+			break;
+		}
 	e->sock = sv[0];
 	assert_int_equal(recvmsg(e->sock, &mh, 0), sizeof(e->host));
 	assert_non_null(CMSG_FIRSTHDR(&mh));
@@ -467,7 +531,7 @@ static void ext_start(struct ext *e, struct halite_template *t)
 static int ext_session(struct ext *e, struct halite_template *t, unsigned flags,
 		       struct halite_session **s)
 {
-	const struct halite_session_region r = { "pc.ram", e->host, LEN };
+	const struct halite_session_region r = { "pc.ram", e->host, e->len };
 	HALITE_OPTS(halite_session_opts, o);
 
 	o.flags = flags;
@@ -483,13 +547,31 @@ static void ext_ask(struct ext *e, uint64_t off, uint64_t len)
 	assert_int_equal(write(e->sock, &rq, sizeof(rq)), sizeof(rq));
 }
 
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 /* The answer within @ms: 1 and *h, or 0 when none came (the clone is blocked). */
 static int ext_answer(struct ext *e, int ms, uint64_t *h)
 {
 	struct timeval tv = { ms / 1000, (ms % 1000) * 1000 };
 
+	uint64_t end = mono_ns() + (uint64_t)ms * 1000000, now;
+	ssize_t n;
+
 	setsockopt(e->sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	return read(e->sock, h, sizeof(*h)) == sizeof(*h);
+	/* A signal (a clone's thread ending, ...) is not the end of the wait. */
+	while ((n = read(e->sock, h, sizeof(*h))) < 0 && errno == EINTR &&
+	       (now = mono_ns()) < end) {
+		tv.tv_sec = (time_t)((end - now) / 1000000000);
+		tv.tv_usec = (suseconds_t)((end - now) % 1000000000 / 1000);
+		setsockopt(e->sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	}
+	return n == sizeof(*h);
 }
 
 /* Block @mb as the clone reads it: answered within 10 s, and exactly the snapshot's. */
@@ -508,6 +590,9 @@ static void ext_end(struct ext *e)
 
 	kill(e->pid, SIGKILL);
 	waitpid(e->pid, &st, 0);
+	for (unsigned i = 0; i < 8; i++)
+		if (g_kids[i] == e->pid)
+			g_kids[i] = 0;
 	close(e->sock);
 	close(e->uffd);
 }
@@ -612,6 +697,183 @@ static void test_corrupt_lb(void **state)
 	remove_mem();
 }
 
+/*
+ * A snapshot of 8192 + 64 blocks of 4 KiB, format 1.1: two mb-map chunks
+ * (8192 entries each, docs/format.md 5.7), the second of 64. Blocks cycle
+ * through zero, never touched and stored (two of four), written in order.
+ * Returns the image (free() it).
+ */
+#define C_MB 4096u
+#define C_NMB (8192u + 64u)
+#define C_LEN ((uint64_t)C_NMB * C_MB)
+
+static int c_kind(uint64_t mb)
+{
+	return mb % 4 == 0 ? 1 : mb % 4 == 1 ? 0 : 2; /* 1 zero, 0 untouched, 2 stored */
+}
+
+static uint8_t *write_chunked(const char *path)
+{
+	const struct halite_region reg = { "pc.ram", 0, C_LEN };
+	HALITE_OPTS(halite_writer_opts, o);
+	struct halite_writer *w;
+	uint8_t *img = calloc(1, C_LEN);
+	uint64_t x = 0xc0ffee;
+
+	assert_non_null(img);
+	o.mb_pages = 1;
+	o.vcpu_count = 1;
+	o.flags = HALITE_WRITER_NO_SYNC;
+	assert_int_equal(halite_writer_create(&w, path, &reg, 1, &o), 0);
+	for (uint64_t mb = 0; mb < C_NMB; mb++) {
+		uint8_t *b = img + mb * C_MB;
+
+		if (c_kind(mb) == 1) {
+			assert_int_equal(halite_writer_put_zero(w, mb), 0);
+		} else if (c_kind(mb) == 2) {
+			for (uint32_t i = 0; i < 512; i++)
+				b[i] = (uint8_t)rnd(&x);
+			b[C_MB - 1] = (uint8_t)mb | 1;
+			assert_true(halite_writer_put(w, 0, mb, b) >= 0);
+		}
+	}
+	assert_int_equal(halite_writer_finish(w), 0);
+	halite_writer_free(w, true);
+	return img;
+}
+
+/* Flip a bit of block @mb's mb-map entry: its chunk's checksum fails (1.1). */
+static void damage_map_entry(const char *path, uint64_t mb)
+{
+	struct halite_reader *rd;
+	uint64_t off = 0, len;
+	uint32_t type;
+	uint8_t x;
+	int fd;
+
+	assert_int_equal(halite_reader_open(&rd, path, NULL), 0);
+	assert_int_equal(halite_reader_info(rd)->version_minor, 1);
+	for (uint32_t i = 0; i < halite_reader_section_count(rd); i++) {
+		assert_int_equal(halite_reader_section(rd, i, &type, &off, &len), 0);
+		if (type == HALITE_SECTION_MB_MAP)
+			break;
+	}
+	assert_int_equal(type, HALITE_SECTION_MB_MAP);
+	halite_reader_free(rd);
+	fd = open(path, O_RDWR);
+	assert_true(fd >= 0);
+	assert_int_equal(pread(fd, &x, 1, (off_t)(off + 8 * mb + 1)), 1);
+	x ^= 0x01;
+	assert_int_equal(pwrite(fd, &x, 1, (off_t)(off + 8 * mb + 1)), 1);
+	close(fd);
+}
+
+/*
+ * A format 1.1 file whose second mb-map chunk is damaged: it opens (chunks
+ * are checked on use). A clone faults on every block: those of the damaged
+ * chunk, zero and never-touched ones too, never complete (no zero page, no
+ * stale byte) and the session fails naming the chunk; every block of the
+ * good chunk is exact; the template's error says it, and no block of the
+ * damaged chunk is ever marked in (prefetch included).
+ */
+static void test_damaged_chunk(void **state)
+{
+	HALITE_OPTS(halite_template_opts, o);
+	struct halite_template_stats st;
+	struct halite_template *t;
+	struct halite_session *s;
+	struct halite_reader *rd;
+	char path[96], fill[128];
+	uint8_t *img, map[C_NMB];
+	uint64_t nbad = 0;
+	struct ext e;
+	int fd;
+
+	snprintf(path, sizeof(path), "/tmp/halite-tpl-%d-c.hlt", (int)getpid());
+	img = write_chunked(path);
+	damage_map_entry(path, 8192 + 7);
+	g_touched = mmap(NULL, TOUCHED_MAX, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+			 -1, 0);
+	assert_true(g_touched != MAP_FAILED);
+
+	assert_int_equal(halite_template_open(&t, path, g_mem, &o), 0);
+	ext_start(&e, t);
+	assert_int_equal(e.len, C_LEN);
+	assert_int_equal(ext_session(&e, t, 0, &s), 0);
+	/* Every block of the damaged chunk, each touched in a thread of its own. */
+	for (uint64_t mb = 8192; mb < C_NMB; mb++)
+		ext_ask(&e, mb * C_MB, 0);
+	assert_int_equal(halite_session_wait(s, 10000), -HALITE_E_CHECKSUM);
+	if (!strstr(halite_session_errmsg(s), "mb-map chunk 1 ") ||
+	    !strstr(halite_session_errmsg(s), "checksum mismatch"))
+		fail_msg("session error: '%s'", halite_session_errmsg(s));
+	/*
+	 * The rest, every block, bytes compared: the session serves it on. A
+	 * stored block of the good chunk whose LB holds blocks of the damaged
+	 * one cannot be looked up either (its LB's member list is checked
+	 * against their entries): as the reader says, it never completes.
+	 */
+	assert_int_equal(halite_reader_open(&rd, path, NULL), 0);
+	for (uint64_t mb = 0; mb < 8192; mb++) {
+		struct halite_mb_loc loc;
+		uint64_t h;
+
+		if (halite_reader_mb_lookup(rd, mb, &loc)) {
+			ext_ask(&e, mb * C_MB, 0);
+			nbad++;
+			continue;
+		}
+		ext_ask(&e, mb * C_MB, C_MB);
+		if (ext_answer(&e, 10000, &h) != 1) {
+			struct halite_session_stats ss;
+
+			halite_session_stats(s, &ss);
+			halite_template_stats(t, &st);
+			fail_msg("block %llu (kind %d) not answered (faults %llu read %llu cached %llu "
+				 "zero %llu; template in %llu failed %llu requests %llu)",
+				 (unsigned long long)mb, c_kind(mb), (unsigned long long)ss.faults,
+				 (unsigned long long)ss.faults_read, (unsigned long long)ss.faults_cached,
+				 (unsigned long long)ss.faults_zero, (unsigned long long)st.mb_in,
+				 (unsigned long long)st.lb_failed, (unsigned long long)st.requests);
+		}
+		if (h != XXH3_64bits(img + mb * C_MB, C_MB))
+			fail_msg("block %llu (kind %d) differs", (unsigned long long)mb, c_kind(mb));
+	}
+	assert_true(nbad < 256);
+	usleep(300000);
+	for (uint64_t mb = 0; mb < C_NMB; mb++)
+		if (atomic_load(&g_touched[mb]))
+			fail_msg("block %llu of the damaged chunk (kind %d) was answered",
+				 (unsigned long long)mb, c_kind(mb));
+	halite_template_stats(t, &st);
+	assert_int_equal(st.error, -HALITE_E_CHECKSUM);
+	assert_false(st.complete);
+	if (!strstr(halite_template_errmsg(t), "mb-map chunk 1 "))
+		fail_msg("template error: '%s'", halite_template_errmsg(t));
+	assert_int_equal(halite_template_wait(t, 100), -HALITE_E_CHECKSUM);
+	/* No block of the damaged chunk is in the file (its fill byte 0). */
+	snprintf(fill, sizeof(fill), "%s.fill", g_mem);
+	fd = open(fill, O_RDONLY);
+	assert_true(fd >= 0);
+	assert_int_equal(pread(fd, map, C_NMB, 64), C_NMB);
+	close(fd);
+	for (uint64_t mb = 0; mb < C_NMB; mb++) {
+		struct halite_mb_loc loc;
+		bool good = mb < 8192 && !halite_reader_mb_lookup(rd, mb, &loc);
+
+		assert_int_equal(map[mb], good && c_kind(mb) == 2);
+	}
+	halite_reader_free(rd);
+
+	halite_session_free(s);
+	ext_end(&e);
+	halite_template_free(t);
+	munmap((void *)g_touched, TOUCHED_MAX);
+	g_touched = NULL;
+	free(img);
+	unlink(path);
+	remove_mem();
+}
 
 /* The whole of @path as a string (free() it). */
 static char *slurp(const char *path)
@@ -1046,6 +1308,306 @@ static void test_hot_relayouted(void **state)
 	remove_mem();
 }
 
+static void snap_uuid(const char *path, char out[33])
+{
+	struct halite_reader *rd;
+
+	assert_int_equal(halite_reader_open(&rd, path, NULL), 0);
+	for (int i = 0; i < 16; i++)
+		snprintf(out + 2 * i, 3, "%02x", halite_reader_info(rd)->uuid[i]);
+	halite_reader_free(rd);
+}
+
+/* The last error a template logged (a failed open has no handle to ask). */
+static char g_last_err[1024];
+
+static void log_err(void *ctx, int level, const char *msg)
+{
+	(void)ctx;
+	if (level == HALITE_LOG_ERROR)
+		snprintf(g_last_err, sizeof(g_last_err), "%s", msg);
+}
+
+/* Open @snap over g_mem with @flags: its code; the template in *@tp if it opened. */
+static int try_open(const char *snap, unsigned flags, struct halite_template **tp)
+{
+	HALITE_OPTS(halite_template_opts, o);
+	struct halite_template *t = NULL;
+	int ret;
+
+	o.flags = flags | HALITE_TEMPLATE_NO_PREFETCH;
+	o.log = log_err;
+	o.log_level = HALITE_LOG_ERROR;
+	g_last_err[0] = 0;
+	ret = halite_template_open(&t, snap, g_mem, &o);
+	if (tp && !ret)
+		*tp = t;
+	else
+		halite_template_free(t);
+	return ret;
+}
+
+/* The open refused with @want, its message holding @says. */
+static void expect_refused(unsigned flags, int want, const char *says, const char *what)
+{
+	int ret = try_open(g_snap, flags, NULL);
+
+	if (ret != want || !strstr(g_last_err, says))
+		fail_msg("%s: %d '%s', want %d '...%s...'", what, ret, g_last_err, want, says);
+}
+
+/* The memory file as it is: inode, size, and a hash of its bytes. */
+static void mem_id(const char *path, struct stat *st, uint64_t *h)
+{
+	size_t len = 0;
+	char *b = t_slurp(path, &len);
+
+	assert_non_null(b);
+	assert_int_equal(stat(path, st), 0);
+	*h = XXH3_64bits(b, len);
+	free(b);
+}
+
+/*
+ * The memory and fill files: created 0600 (the hot set too), never through
+ * a symbolic link, never one another user owns or may write; with
+ * HALITE_TEMPLATE_NO_RESET a memory file of another snapshot is left as it
+ * is and the open fails naming both snapshots; without it, started over.
+ */
+static void test_files(void **state)
+{
+	char fill[128], other[128], u1[33], u2[33];
+	struct halite_template_stats st;
+	struct halite_template *t;
+	struct stat a, b;
+	uint64_t ha, hb;
+	int fd;
+
+	snprintf(fill, sizeof(fill), "%s.fill", g_mem);
+	snprintf(other, sizeof(other), "%s.target", g_mem);
+
+	/* Fresh: both 0600; the hot set file written 0600 too. */
+	assert_int_equal(try_open(g_snap, 0, &t), 0);
+	assert_int_equal(stat(g_mem, &a), 0);
+	assert_int_equal(a.st_mode & 07777, 0600);
+	assert_int_equal(stat(fill, &a), 0);
+	assert_int_equal(a.st_mode & 07777, 0600);
+	halite_template_free(t);
+	t = open_tpl(0, 0);
+	assert_int_equal(halite_template_hotset_save(t), 0);
+	assert_int_equal(stat(g_hot, &a), 0);
+	assert_int_equal(a.st_mode & 07777, 0600);
+	halite_template_free(t);
+	remove_mem();
+
+	/* A symbolic link: not followed, nothing made where it points. */
+	assert_int_equal(symlink(other, g_mem), 0);
+	expect_refused(0, -EPERM, "is a symbolic link", "MEM a symlink");
+	assert_int_equal(access(other, F_OK), -1);
+	assert_int_equal(lstat(g_mem, &a), 0);
+	assert_true(S_ISLNK(a.st_mode));
+	remove_mem();
+	/* The fill map a symbolic link: the same. */
+	assert_int_equal(symlink(other, fill), 0);
+	expect_refused(0, -EPERM, "is a symbolic link", "MEM.fill a symlink");
+	assert_int_equal(access(other, F_OK), -1);
+	remove_mem();
+
+	/* Writable by others. */
+	fd = open(g_mem, O_CREAT | O_EXCL | O_WRONLY, 0600);
+	assert_true(fd >= 0);
+	assert_int_equal(fchmod(fd, 0666), 0);
+	close(fd);
+	expect_refused(0, -EPERM, "may be written by group or others (mode 0666)", "MEM 0666");
+	remove_mem();
+	/* A fill map writable by the group. */
+	fd = open(fill, O_CREAT | O_EXCL | O_WRONLY, 0600);
+	assert_true(fd >= 0);
+	assert_int_equal(fchmod(fd, 0620), 0);
+	close(fd);
+	expect_refused(0, -EPERM, "may be written by group or others (mode 0620)", "fill 0620");
+	remove_mem();
+	/* Owned by another user (nobody): root only. */
+	if (!geteuid()) {
+		fd = open(g_mem, O_CREAT | O_EXCL | O_WRONLY, 0600);
+		assert_true(fd >= 0);
+		assert_int_equal(fchown(fd, 65534, 65534), 0);
+		close(fd);
+		expect_refused(0, -EPERM, "belongs to uid 65534", "MEM of nobody");
+		remove_mem();
+	} else {
+		fprintf(stderr, "test_files: not root, the other user's file is not tried\n");
+	}
+
+	/* A memory file of another snapshot (complete), then NO_RESET over it. */
+	write_snapshot(g_snap2, NULL);
+	snap_uuid(g_snap, u1);
+	snap_uuid(g_snap2, u2);
+	assert_string_not_equal(u1, u2);
+	assert_int_equal(halite_template_open(&t, g_snap2, g_mem, NULL), 0);
+	assert_int_equal(halite_template_wait(t, 10000), 0);
+	halite_template_free(t);
+	mem_id(g_mem, &a, &ha);
+	expect_refused(HALITE_TEMPLATE_NO_RESET, -HALITE_E_STATE, u2, "NO_RESET: the file's uuid");
+	assert_non_null(strstr(g_last_err, u1));
+	assert_non_null(strstr(g_last_err, "HALITE_TEMPLATE_NO_RESET"));
+	mem_id(g_mem, &b, &hb);
+	assert_int_equal(a.st_ino, b.st_ino);
+	assert_int_equal(a.st_size, b.st_size);
+	assert_int_equal(ha, hb);
+	/* The same snapshot with NO_RESET: reused, nothing read. */
+	assert_int_equal(try_open(g_snap2, HALITE_TEMPLATE_NO_RESET, &t), 0);
+	halite_template_stats(t, &st);
+	assert_int_equal(st.mb_in_at_open, st.mb_stored);
+	halite_template_free(t);
+	/* Without the flag: started over, as before. */
+	assert_int_equal(try_open(g_snap, 0, &t), 0);
+	halite_template_stats(t, &st);
+	assert_int_equal(st.mb_in_at_open, 0);
+	mem_id(g_mem, &b, &hb);
+	assert_int_equal(a.st_ino, b.st_ino);
+	assert_true(ha != hb);
+	halite_template_free(t);
+	unlink(g_snap2);
+	remove_mem();
+}
+
+/* g_mnt: a small tmpfs of the running test (test_enospc), unmounted by teardown. */
+
+static bool mount_small(const char *size)
+{
+	char opts[32];
+
+	snprintf(opts, sizeof(opts), "size=%s,mode=0700", size);
+	return !mount("tmpfs", g_mnt, "tmpfs", MS_NOSUID | MS_NODEV, opts);
+}
+
+static unsigned dir_entries(const char *path)
+{
+	DIR *d = opendir(path);
+	struct dirent *de;
+	unsigned n = 0;
+
+	assert_non_null(d);
+	while ((de = readdir(d)))
+		n += strcmp(de->d_name, ".") && strcmp(de->d_name, "..");
+	closedir(d);
+	return n;
+}
+
+/*
+ * Space is reserved at open: on a 4 MiB tmpfs the template of a snapshot
+ * storing more than that fails the open with -ENOSPC and a message saying
+ * so, no SIGBUS, no file left; on one that fits every clone page is exact.
+ */
+static void test_enospc(void **state)
+{
+	HALITE_OPTS(halite_template_opts, o);
+	struct halite_template_stats st;
+	struct halite_template *t = NULL;
+	struct halite_session *s;
+	struct toucher tc = { 0 };
+	char mem[160];
+	uint8_t *m;
+	int ret;
+
+	if (geteuid()) {
+		fprintf(stderr, "test_enospc: not root (mount): skipped\n");
+		skip();
+	}
+	snprintf(g_mnt, sizeof(g_mnt), "/tmp/halite-tpl-%d-mnt", (int)getpid());
+	assert_int_equal(mkdir(g_mnt, 0700), 0);
+	if (!mount_small("4m")) {
+		fprintf(stderr, "test_enospc: cannot mount a tmpfs (%s): skipped\n", strerror(errno));
+		rmdir(g_mnt);
+		g_mnt[0] = 0;
+		skip();
+	}
+	snprintf(mem, sizeof(mem), "%s/tpl.mem", g_mnt);
+	o.log = log_err;
+	o.log_level = HALITE_LOG_ERROR;
+	g_last_err[0] = 0;
+	ret = halite_template_open(&t, g_snap, mem, &o);
+	if (ret != -ENOSPC || !strstr(g_last_err, "reserving ") ||
+	    !strstr(g_last_err, "MiB for the template memory file") ||
+	    !strstr(g_last_err, "No space left on device"))
+		fail_msg("4 MiB tmpfs: %d '%s'", ret, g_last_err);
+	assert_null(t);
+	assert_int_equal(dir_entries(g_mnt), 0);
+	assert_int_equal(umount2(g_mnt, MNT_DETACH), 0);
+
+	/* Room enough: exact, every page. */
+	assert_true(mount_small("16m"));
+	o.flags = HALITE_TEMPLATE_NO_PREFETCH;
+	assert_int_equal(halite_template_open(&t, g_snap, mem, &o), 0);
+	m = map_clone(t);
+	s = start_local(t, m, 0);
+	tc.mem = m;
+	tc.seed = 3;
+	touch_all(&tc);
+	assert_int_equal(tc.mismatches, 0);
+	assert_int_equal(halite_session_wait(s, 10000), 0);
+	halite_template_stats(t, &st);
+	assert_true(st.complete);
+	assert_int_equal(st.error, 0);
+	halite_session_free(s);
+	munmap(m, LEN);
+	halite_template_free(t);
+	assert_int_equal(umount2(g_mnt, MNT_DETACH), 0);
+	rmdir(g_mnt);
+	g_mnt[0] = 0;
+}
+
+/*
+ * A daemon keeps the snapshot's descriptor and opens the template through
+ * /proc/self/fd/N: the snapshot it opened, even once its path names another
+ * (renamed over it).
+ */
+static void test_proc_fd(void **state)
+{
+	char path[96], other[100], viafd[64], u1[33], u2[33], ut[33];
+	struct halite_template *t;
+	struct halite_session *s;
+	struct toucher tc = { 0 };
+	uint8_t *m;
+	int fd;
+
+	snprintf(path, sizeof(path), "/tmp/halite-tpl-%d-fd.hlt", (int)getpid());
+	snprintf(other, sizeof(other), "%s.new", path);
+	write_snapshot(path, NULL);
+	snap_uuid(path, u1);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	assert_true(fd >= 0);
+	/* Another snapshot, other bytes, renamed over the path. */
+	for (uint64_t i = 0; i < LEN; i++)
+		g_image[i] ^= 0x5a;
+	write_snapshot(other, NULL);
+	for (uint64_t i = 0; i < LEN; i++)
+		g_image[i] ^= 0x5a;
+	assert_int_equal(rename(other, path), 0);
+	snap_uuid(path, u2);
+	assert_string_not_equal(u1, u2);
+
+	snprintf(viafd, sizeof(viafd), "/proc/self/fd/%d", fd);
+	assert_int_equal(try_open(viafd, 0, &t), 0);
+	for (int i = 0; i < 16; i++)
+		snprintf(ut + 2 * i, 3, "%02x", halite_reader_info(halite_template_reader(t))->uuid[i]);
+	assert_string_equal(ut, u1);
+	m = map_clone(t);
+	s = start_local(t, m, 0);
+	tc.mem = m;
+	tc.seed = 8;
+	touch_all(&tc);
+	assert_int_equal(tc.mismatches, 0);
+	assert_int_equal(halite_session_wait(s, 10000), 0);
+	halite_session_free(s);
+	munmap(m, LEN);
+	halite_template_free(t);
+	close(fd);
+	unlink(path);
+	remove_mem();
+}
+
 static void test_bad_args(void **state)
 {
 	struct halite_template *t;
@@ -1096,6 +1658,10 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_reopen, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_attach, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_corrupt_lb, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_damaged_chunk, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_files, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_enospc, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_proc_fd, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_hot_set, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_hot_trace_read, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_hot_old_format, setup, teardown),

@@ -99,9 +99,17 @@ struct halite_template_opts {
 
 /*
  * Open @snapshot and the template memory file @mem_path (on tmpfs:
- * -HALITE_E_UNSUPPORTED elsewhere), creating it and @mem_path.fill if missing, reusing them if they belong to
- * this snapshot (same file uuid and layout), else starting them over.
- * Returns 0, the reader's code for a bad file, -EINVAL, or -errno.
+ * -HALITE_E_UNSUPPORTED elsewhere), creating it and @mem_path.fill if
+ * missing (O_EXCL, mode 0600), reusing them if they belong to this snapshot
+ * (same file uuid and layout), else starting them over (unless
+ * HALITE_TEMPLATE_NO_RESET). Existing files are opened without following a
+ * symbolic link and refused with -EPERM unless they are regular files of
+ * this process's uid that group and others cannot write. @snapshot may be
+ * "/proc/self/fd/N" (a descriptor the caller keeps: the file it was opened
+ * as, whatever its path names since).
+ * Returns 0, the reader's code for a bad file, -EINVAL, -EPERM,
+ * -HALITE_E_STATE (NO_RESET), or -errno; a failed open leaves no file it
+ * created.
  */
 int halite_template_open(struct halite_template **t, const char *snapshot, const char *mem_path,
 			 const struct halite_template_opts *opts);
