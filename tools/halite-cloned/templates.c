@@ -518,10 +518,7 @@ void tmpl_save_hotsets(struct cloned *d, bool all)
 		    (!all && (!tp->hot_due_ns || cl_now_ns() < tp->hot_due_ns)))
 			continue;
 		tp->hot_due_ns = 0;
-		ret = halite_template_hotset_save(tp->t);
-		/* the trace writer makes its files 0644; the daemon's files are its own */
-		if (!ret && tp->hot_path && chmod(tp->hot_path, 0600))
-			ret = -errno;
+		ret = halite_template_hotset_save(tp->t); /* 0600, the engine's rule */
 		if (ret)
 			cl_log(d, HALITE_LOG_WARN, "template %s: saving its hot set: %s", tp->id,
 			       cl_errstr(ret));
