@@ -15,6 +15,7 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/types.h>
 
 #include <cjson/cJSON.h>
@@ -189,5 +190,16 @@ void reply_error(struct http_reply *r, unsigned status, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 int api_start(struct cloned *d, int unix_fd, int tcp_fd, void **mhd_unix, void **mhd_tcp);
 void api_stop(void *mhd);
+
+/* json_strict.c: strict JSON in (RFC 8259), valid UTF-8 out */
+#define JSON_MAX_DEPTH 32
+/* 0, or -EINVAL with "invalid JSON in the body at byte N: what" in @err. */
+int json_check_strict(const char *buf, size_t len, char *err, size_t errlen);
+bool utf8_valid(const char *s, size_t n, size_t *bad_at);
+/* @s as valid UTF-8 (invalid bytes: U+FFFD) of at most @max bytes, cut between
+ * characters; malloc'd, NULL: ENOMEM. */
+char *utf8_sanitize(const char *s, size_t n, size_t max);
+/* Every key and string of @j made valid UTF-8 the same way: 0 or -ENOMEM. */
+int json_sanitize_tree(cJSON *j);
 
 #endif
