@@ -38,6 +38,9 @@
 struct cloned_opts {
 	const char *socket_path;
 	const char *listen;	 /* "127.0.0.1:PORT" or NULL */
+	const char *token_file;	 /* --token-file: the TCP listener's bearer token */
+	char *token;		 /* its token, read at start (NULL: no TCP) */
+	const char *socket_group; /* --socket-group: the socket's group, or NULL */
 	const char *state_dir;
 	const char *mem_dir;
 	char *synth_bin;	 /* resolved at start */
@@ -188,8 +191,11 @@ struct http_reply {
 void reply_json(struct http_reply *r, unsigned status, cJSON *j);
 void reply_error(struct http_reply *r, unsigned status, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
-int api_start(struct cloned *d, int unix_fd, int tcp_fd, void **mhd_unix, void **mhd_tcp);
-void api_stop(void *mhd);
+struct api;
+int api_start(struct cloned *d, int unix_fd, int tcp_fd, struct api **out);
+/* Stops listening and gives slow requests @grace_ms to end: true if none is left. */
+bool api_stop(struct api *a, unsigned grace_ms);
+void api_print_routes(FILE *f);
 
 /* json_strict.c: strict JSON in (RFC 8259), valid UTF-8 out */
 #define JSON_MAX_DEPTH 32

@@ -9,18 +9,26 @@
  * clones, moves their states on and saves learned hot sets. Stopping frees
  * sessions and templates and leaves every clone running (they are in their
  * own sessions; the systemd unit has KillMode=process): the next daemon
- * re-attaches them.
+ * re-attaches them. A stop gives slow requests in flight a few seconds
+ * (API_STOP_GRACE_MS), then exits whatever clients do.
+ *
+ * Who may call: the unix socket by its permissions (0660, its group
+ * --socket-group, its directory 0750), the TCP listener by a bearer token
+ * (--token-file, required with --listen; checked in api.c).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
+#include <grp.h>
 #include <limits.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -31,6 +39,9 @@
 #include "cli.h"
 #include "cloned.h"
 
+/* In-flight slow requests at a stop: then the daemon exits anyway (the unit allows 10 s). */
+#define API_STOP_GRACE_MS 5000
+
 static void usage(FILE *f)
 {
 	fprintf(f,
@@ -40,7 +51,14 @@ static void usage(FILE *f)
 		"HTTP/JSON API (see GET /healthz, /metrics, /templates, /clones).\n"
 		"\n"
 		"  --socket PATH        the API's unix socket (/run/halite-cloned/api.sock)\n"
-		"  --listen ADDR:PORT   also TCP, loopback only (127.0.0.1:PORT, [::1]:PORT)\n"
+		"  --socket-group GROUP the socket's group (name or number): its members may\n"
+		"                       call the API (socket 0660, its directory 0750)\n"
+		"  --listen ADDR:PORT   also TCP, loopback only (127.0.0.1:PORT, [::1]:PORT);\n"
+		"                       needs --token-file\n"
+		"  --token-file PATH    the bearer token TCP callers must send\n"
+		"                       (Authorization: Bearer TOKEN): a file of this daemon's\n"
+		"                       user, mode 0600 or stricter, at least 32 characters\n"
+		"  --list-routes        print the API's routes (METHOD PATH fast|slow) and exit\n"
 		"  --state-dir DIR      templates and clones, kept across restarts\n"
 		"                       (/var/lib/halite-cloned)\n"
 		"  --mem-dir DIR        template memory files, on tmpfs (/dev/shm/halite-cloned)\n"
@@ -153,14 +171,105 @@ static int resolve_bin(char **bin, const char *name, const char *tree_dir, const
 }
 
 /*
+ * The socket's directory gets --socket-group and 0750 when it is this
+ * daemon's own (our uid, nothing for others): a shared directory such as
+ * /run or /tmp is left as it is, the socket's own mode guards it there.
+ */
+static int socket_dir_group(struct cloned *d, const char *dir, gid_t gid)
+{
+	struct stat st;
+
+	if (lstat(dir, &st) || !S_ISDIR(st.st_mode)) {
+		cl_log(d, HALITE_LOG_ERROR, "--socket: %s: %s", dir,
+		       S_ISDIR(st.st_mode) ? strerror(errno) : "not a directory");
+		return -1;
+	}
+	if (st.st_uid != geteuid() || (st.st_mode & 07007)) {
+		cl_log(d, HALITE_LOG_WARN, "--socket-group: %s is not the daemon's own directory "
+		       "(owner uid %u, mode %04o): left as it is", dir, (unsigned)st.st_uid,
+		       (unsigned)(st.st_mode & 07777));
+		return 0;
+	}
+	if (chown(dir, (uid_t)-1, gid) || chmod(dir, 0750)) {
+		cl_log(d, HALITE_LOG_ERROR, "--socket-group: %s: %s", dir, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+/*
+ * --token-file: the bearer token, from a file only this daemon's user can
+ * read. Anything looser is refused with its fix: a token others can read
+ * is no secret.
+ */
+static int read_token(struct cloned *d, const char *path)
+{
+	char buf[4097];
+	struct stat st;
+	ssize_t n;
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+
+	if (fd < 0) {
+		cl_log(d, HALITE_LOG_ERROR, "--token-file %s: %s%s", path, strerror(errno),
+		       errno == ELOOP ? " (a symbolic link: give the file itself)" : "");
+		return -1;
+	}
+	if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+		cl_log(d, HALITE_LOG_ERROR, "--token-file %s: not a regular file", path);
+		goto fail;
+	}
+	if (st.st_uid != geteuid()) {
+		cl_log(d, HALITE_LOG_ERROR, "--token-file %s: owned by uid %u, not by this daemon's "
+		       "uid %u: chown %u %s", path, (unsigned)st.st_uid, (unsigned)geteuid(),
+		       (unsigned)geteuid(), path);
+		goto fail;
+	}
+	if (st.st_mode & 077) {
+		cl_log(d, HALITE_LOG_ERROR, "--token-file %s: mode %04o lets other users read or "
+		       "change the token: chmod 600 %s", path, (unsigned)(st.st_mode & 07777),
+		       path);
+		goto fail;
+	}
+	n = read(fd, buf, sizeof(buf) - 1);
+	if (n < 0) {
+		cl_log(d, HALITE_LOG_ERROR, "--token-file %s: %s", path, strerror(errno));
+		goto fail;
+	}
+	buf[n] = 0;
+	while (n && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
+		buf[--n] = 0;
+	for (ssize_t i = 0; i < n; i++)
+		if (buf[i] <= ' ' || buf[i] > '~') {
+			cl_log(d, HALITE_LOG_ERROR, "--token-file %s: the token has a blank, control "
+			       "or non-ASCII byte at %zd: it must be printable ASCII (e.g. "
+			       "openssl rand -hex 32 > %s)", path, i, path);
+			goto fail;
+		}
+	if (n < 32) {
+		cl_log(d, HALITE_LOG_ERROR, "--token-file %s: the token has %zd characters, at least "
+		       "32 are needed (e.g. openssl rand -hex 32 > %s)", path, n, path);
+		goto fail;
+	}
+	close(fd);
+	d->o.token = strdup(buf);
+	explicit_bzero(buf, sizeof(buf));
+	return d->o.token ? 0 : -1;
+fail:
+	close(fd);
+	explicit_bzero(buf, sizeof(buf));
+	return -1;
+}
+
+/*
  * The API socket: a stale socket file (no daemon answers on it) is
  * replaced; a live one means another daemon: refused.
  */
-static int bind_unix(struct cloned *d, const char *path)
+static int bind_unix(struct cloned *d, const char *path, gid_t gid)
 {
 	struct sockaddr_un a = { .sun_family = AF_UNIX };
 	char dir[sizeof(a.sun_path)], *slash;
-	int fd, probe;
+	int fd, probe, err;
+	mode_t old;
 
 	if (strlen(path) >= sizeof(a.sun_path)) {
 		cl_log(d, HALITE_LOG_ERROR, "--socket %s: path too long (at most %zu bytes)", path,
@@ -177,6 +286,8 @@ static int bind_unix(struct cloned *d, const char *path)
 			       strerror(errno));
 			return -1;
 		}
+		if (d->o.socket_group && socket_dir_group(d, dir, gid))
+			return -1;
 	}
 	probe = ctl_connect(path, 1000);
 	if (probe >= 0) {
@@ -186,9 +297,15 @@ static int bind_unix(struct cloned *d, const char *path)
 	}
 	unlink(path);
 	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) || chmod(path, 0660) ||
-	    listen(fd, 128)) {
-		cl_log(d, HALITE_LOG_ERROR, "--socket %s: %s", path, strerror(errno));
+	/* born 0660: no moment when it is wider (no other thread runs yet) */
+	old = umask(0117);
+	err = fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) ? errno : 0;
+	umask(old);
+	if (!err && ((d->o.socket_group && lchown(path, (uid_t)-1, gid)) || chmod(path, 0660) ||
+		     listen(fd, 128)))
+		err = errno;
+	if (err) {
+		cl_log(d, HALITE_LOG_ERROR, "--socket %s: %s", path, strerror(err));
 		if (fd >= 0)
 			close(fd);
 		return -1;
@@ -243,8 +360,7 @@ static int parse_listen(const char *spec, struct sockaddr_storage *ss, socklen_t
 	}
 	return 0;
 not_loopback:
-	snprintf(err, errlen, "--listen %s: loopback addresses only (the API has no "
-		 "authentication)", spec);
+	snprintf(err, errlen, "--listen %s: loopback addresses only", spec);
 	return -1;
 }
 
@@ -325,7 +441,7 @@ static void shutdown_registry(struct cloned *d)
 }
 
 enum { O_SOCKET = 256, O_LISTEN, O_STATE, O_MEM, O_SYNTH, O_QEMU, O_READERS, O_LAT,
-       O_RATE, O_HOT, O_LOG, O_CACHE };
+       O_RATE, O_HOT, O_LOG, O_CACHE, O_TOKEN, O_SOCKGROUP, O_ROUTES };
 
 /* What each option with a range takes, as the help says it. */
 static const char *want_of(int c)
@@ -350,6 +466,8 @@ int main(int argc, char **argv)
 		{ "read-latency-us", 1, 0, O_LAT }, { "prefetch-rate", 1, 0, O_RATE },
 		{ "hot-window-ms", 1, 0, O_HOT },  { "log-level", 1, 0, O_LOG },
 		{ "cache-max", 1, 0, O_CACHE },	   { "qemu-bin", 1, 0, O_QEMU },
+		{ "token-file", 1, 0, O_TOKEN },   { "socket-group", 1, 0, O_SOCKGROUP },
+		{ "list-routes", 0, 0, O_ROUTES },
 		{ "help", 0, 0, 'h' },		   { "version", 0, 0, 'V' },
 		{ 0 },
 	};
@@ -360,8 +478,11 @@ int main(int argc, char **argv)
 		       .log_level = HALITE_LOG_INFO },
 		.lock = PTHREAD_MUTEX_INITIALIZER,
 	};
-	void *mhd_unix = NULL, *mhd_tcp = NULL;
+	struct api *api = NULL;
 	struct sockaddr_storage ss;
+	struct rlimit rl;
+	gid_t gid = (gid_t)-1;
+	bool clean;
 	socklen_t sslen;
 	char msg[512];
 	int c, ufd, tfd = -1, sig;
@@ -373,6 +494,11 @@ int main(int argc, char **argv)
 		switch (c) {
 		case O_SOCKET: d.o.socket_path = optarg; break;
 		case O_LISTEN: d.o.listen = optarg; break;
+		case O_TOKEN: d.o.token_file = optarg; break;
+		case O_SOCKGROUP: d.o.socket_group = optarg; break;
+		case O_ROUTES:
+			api_print_routes(stdout);
+			return 0;
 		case O_STATE: d.o.state_dir = optarg; break;
 		case O_MEM: d.o.mem_dir = optarg; break;
 		case O_SYNTH: d.o.synth_bin = strdup(optarg); break;
@@ -441,6 +567,29 @@ int main(int argc, char **argv)
 	}
 	if (d.o.listen && parse_listen(d.o.listen, &ss, &sslen, msg, sizeof(msg)))
 		goto usage_err;
+	if (d.o.listen && !d.o.token_file) {
+		snprintf(msg, sizeof(msg), "--listen needs --token-file PATH: TCP callers must "
+			 "authenticate (e.g. openssl rand -hex 32 > PATH; chmod 600 PATH)");
+		goto usage_err;
+	}
+	if (d.o.token_file && !d.o.listen) {
+		snprintf(msg, sizeof(msg), "--token-file is for --listen (the unix socket is "
+			 "guarded by its permissions: --socket-group)");
+		goto usage_err;
+	}
+	if (d.o.socket_group) {
+		struct group *g = getgrnam(d.o.socket_group);
+
+		if (g) {
+			gid = g->gr_gid;
+		} else if (!parse_u64(d.o.socket_group, &v) && v < (gid_t)-1) {
+			gid = (gid_t)v;
+		} else {
+			snprintf(msg, sizeof(msg), "--socket-group %s: no such group",
+				 d.o.socket_group);
+			goto usage_err;
+		}
+	}
 	if (resolve_bin(&d.o.synth_bin, "halite-synth", "guest", "--synth-bin") ||
 	    resolve_bin(&d.o.qemu_bin, "halite-qemu", "tools/halite-qemu", "--qemu-bin")) {
 		free(d.o.synth_bin);
@@ -464,9 +613,16 @@ int main(int argc, char **argv)
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
 	signal(SIGPIPE, SIG_IGN);
 
+	/* a connection is a descriptor: room for API's limit and the clones' */
+	if (!getrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		setrlimit(RLIMIT_NOFILE, &rl);
+	}
+	if (d.o.token_file && read_token(&d, d.o.token_file))
+		return 1;
 	if (prepare_dirs(&d))
 		return 1;
-	ufd = bind_unix(&d, d.o.socket_path);
+	ufd = bind_unix(&d, d.o.socket_path, gid);
 	if (ufd < 0)
 		return 1;
 	if (d.o.listen && (tfd = bind_tcp(&d, d.o.listen)) < 0) {
@@ -476,7 +632,7 @@ int main(int argc, char **argv)
 	}
 	tmpl_load_all(&d);
 	clones_load_all(&d);
-	if (api_start(&d, ufd, tfd, &mhd_unix, &mhd_tcp)) {
+	if (api_start(&d, ufd, tfd, &api)) {
 		cl_log(&d, HALITE_LOG_ERROR, "the HTTP server did not start");
 		shutdown_registry(&d);
 		close(ufd);
@@ -505,13 +661,15 @@ int main(int argc, char **argv)
 	}
 	cl_log(&d, HALITE_LOG_INFO, "%s: stopping; clones run on for the next daemon",
 	       strsignal(sig));
-	api_stop(mhd_tcp);
-	api_stop(mhd_unix);
+	clean = api_stop(api, API_STOP_GRACE_MS);
 	close(ufd);
 	if (tfd >= 0)
 		close(tfd);
 	unlink(d.o.socket_path);
-	shutdown_registry(&d);
+	/* a slow request still running uses the registry: the exit frees it */
+	if (clean)
+		shutdown_registry(&d);
+	free(d.o.token);
 	free(d.o.synth_bin);
 	free(d.o.qemu_bin);
 	return 0;
