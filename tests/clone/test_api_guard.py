@@ -42,6 +42,7 @@ import time
 import urllib.parse
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_clone  # noqa: E402
 from test_clone import CLONED, CLIENT, SYNTH, Env, Fail, check, log  # noqa: E402
 
 
@@ -281,19 +282,39 @@ def case_browser(e):
     check(len(templates(e)) == 1, "templates after the right POST: %s" % templates(e))
 
 
+def closed_count(socks):
+    """How many of @socks the daemon has closed (EOF or reset), without waiting."""
+    n = 0
+    for s in socks:
+        t = s.gettimeout()
+        s.settimeout(0)
+        try:
+            n += s.recv(1, socket.MSG_PEEK) == b""
+        except BlockingIOError:
+            pass
+        except OSError:
+            n += 1
+        s.settimeout(t)
+    return n
+
+
 def hold_nobody(sock, n, seconds):
-    """A process of nobody holding @n connections to @sock: (Popen, connected count)."""
+    """A process of nobody holding @n connections to @sock: (Popen, how many the daemon closed)."""
     code = ("import socket,sys,time\n"
+            "sys.path.insert(0, %r)\n"
+            "from test_api_guard import closed_count\n"
             "ss=[]\n"
             "for i in range(%d):\n"
             "    s=socket.socket(socket.AF_UNIX); s.connect(%r); ss.append(s)\n"
-            "print(len(ss), flush=True)\n"
-            "time.sleep(%d)\n" % (n, sock, seconds))
+            "time.sleep(1.5)\n"
+            "print(len(ss), closed_count(ss), flush=True)\n"
+            "time.sleep(%d)\n" % (os.path.dirname(os.path.abspath(__file__)), n, sock, seconds))
     p = subprocess.Popen(NOBODY + [sys.executable, "-c", code], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    line = p.stdout.readline().strip()
-    check(line == str(n), "nobody connected %r of %d: %s" % (line, n, p.stderr.read() if p.poll() is not None else ""))
-    return p
+                         stderr=subprocess.PIPE, text=True, cwd="/")
+    line = p.stdout.readline().split()
+    check(len(line) == 2 and line[0] == str(n),
+          "nobody connected %r of %d: %s" % (line, n, p.stderr.read() if p.poll() is not None else ""))
+    return p, int(line[1])
 
 
 def slowloris(t, src, stop, first=b"GET /healthz HTTP/1.1\r\nHost: "):
@@ -360,10 +381,16 @@ def case_limits(e):
             except OSError as x:
                 raise Fail("idle connection %d from 127.0.0.2: %s" % (i, x))
         lor = slowloris(t, "127.0.0.3", stop)
-        nob = hold_nobody(e.sock, 100, 60)
+        nob, nob_closed = hold_nobody(e.sock, 100, 60)
         log("  holding 300 idle TCP connections (127.0.0.2), a slowloris (127.0.0.3), "
             "100 idle socket connections of nobody")
-        time.sleep(1)
+        # 64 per client: the daemon closed the rest at once
+        tcp_closed = closed_count(held)
+        check(tcp_closed == 300 - 64, "of 300 connections from 127.0.0.2 the daemon closed %d, "
+              "wanted 236 (64 kept)" % tcp_closed)
+        check(nob_closed == 100 - 64, "of nobody's 100 socket connections the daemon closed %d, "
+              "wanted 36 (64 kept)" % nob_closed)
+        log("  per client: 64 kept of 300 TCP (127.0.0.2) and of nobody's 100 on the socket")
         worst = 0
         for rnd in range(3):
             for what, fn in (
@@ -396,7 +423,11 @@ def case_sigterm(e):
         f.write("#!/bin/sh\nexec sleep 30\n")
     os.chmod(fake, 0o755)
     snap = e.snapshot()
-    t = start_tcp(e, "--synth-bin", fake)
+    test_clone.SYNTH = fake  # the daemon's --synth-bin (Env passes it)
+    try:
+        t = start_tcp(e)
+    finally:
+        test_clone.SYNTH = SYNTH
     tid = e.template(snap)["id"]
     stop = threading.Event()
     held = [t.connect() for _ in range(20)]
