@@ -406,6 +406,12 @@ def case_limits(e):
         check(closed, "endless chunked body: the connection stays open after the 413")
         check(sent < 1 << 20, "endless chunked body: %d bytes sent before the 413" % sent)
         log("  endless chunked body: 413 and closed after %d KiB sent" % (sent >> 10))
+        # A 100 MB body announced: 413 at once, nothing read, closed.
+        st, h, body, closed = t.req("POST", "/templates", headers={
+            "Content-Type": "application/json", "Content-Length": "100000000"})
+        j = strict_json(body, "100 MB")
+        check(st == 413 and "65536" in j["error"] and closed, "a 100 MB Content-Length: %s %s closed %s" % (st, j, closed))
+        log("  100 MB announced: 413 at once, closed")
         check(templates(e) == [], "templates after the attack: %s" % templates(e))
     finally:
         stop.set()

@@ -14,7 +14,7 @@
  * and the connection closed), no Origin (a browser's request: 403), on TCP
  * a Host naming this daemon (DNS rebinding: 403), a URL of valid UTF-8
  * without control bytes, a known route, a body only as application/json
- * (415) and not declared over CLONED_MAX_BODY (413). A reply queued then
+ * (415) and not declared over API_LINGER_BODY (413). A reply queued then
  * makes MHD refuse the body. A body that grows past the cap while it
  * arrives (chunked) gets its 413 written on the socket and the connection
  * closed at once: MHD cannot queue a reply mid-body, and reading the rest
@@ -43,6 +43,13 @@
 #define API_IDLE_TIMEOUT_S 15
 #define API_MAX_WORKERS 8	 /* slow requests at once */
 #define API_MAX_UIDS 256	 /* distinct peers counted on the socket */
+/*
+ * A body declared over the cap but not above this is read and dropped
+ * before its 413: a client that sends its whole body before it reads
+ * (most do) would see its connection reset instead of the reply. Bigger
+ * declared bodies get the 413 at once, and chunked ones once past the cap.
+ */
+#define API_LINGER_BODY (1u << 20)
 
 struct api;
 
@@ -84,6 +91,7 @@ struct req {
 	char seg[4][128];
 	char allow[64];		/* a 405's Allow header */
 	enum req_state st;
+	bool too_big;		/* over the cap: the rest is dropped, then 413 */
 	char *body;
 	size_t len;
 	cJSON *json;
@@ -419,7 +427,7 @@ static bool gate(struct req *q, struct MHD_Connection *conn, const char *method,
 		reply_error(r, 415, "a request body must be Content-Type: application/json");
 		return false;
 	}
-	if (cl && strtoull(cl, NULL, 10) > CLONED_MAX_BODY) {
+	if (cl && strtoull(cl, NULL, 10) > API_LINGER_BODY) {
 		*close = true;
 		reply_error(r, 413, "request body over %d bytes", CLONED_MAX_BODY);
 		return false;
@@ -529,6 +537,10 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 		q->st = Q_DONE;
 		return send_reply(conn, &r, close);
 	}
+	if (q->st == Q_BODY && q->too_big && !*upload_size) {
+		reply_error(&q->reply, 413, "request body over %d bytes", CLONED_MAX_BODY);
+		q->st = Q_REPLY;
+	}
 	if (q->st == Q_BODY && !q->rt && !*upload_size)
 		q->st = Q_REPLY; /* a route's error, its body read */
 	if (q->st == Q_REPLY) {
@@ -540,9 +552,16 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 	if (q->st != Q_BODY)
 		return MHD_YES;
 	if (*upload_size) {
-		if (q->len + *upload_size > CLONED_MAX_BODY) {
-			refuse_mid_body(conn);
-			return MHD_NO;
+		if (q->too_big || q->len + *upload_size > CLONED_MAX_BODY) {
+			/* a declared length is at most API_LINGER_BODY (the gate) */
+			if (!MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+							 MHD_HTTP_HEADER_CONTENT_LENGTH)) {
+				refuse_mid_body(conn);
+				return MHD_NO;
+			}
+			q->too_big = true;
+			*upload_size = 0;
+			return MHD_YES;
 		}
 		char *b = realloc(q->body, q->len + *upload_size + 1);
 
