@@ -547,7 +547,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 		q->st = Q_DONE;
 		cl_log(d, HALITE_LOG_DEBUG, "%s %s -> %u", method, q->rt ? q->rt->path : "?",
 		       q->reply.status);
-		return send_reply(conn, &q->reply, false);
+		return send_reply(conn, &q->reply, q->too_big);
 	}
 	if (q->st != Q_BODY)
 		return MHD_YES;

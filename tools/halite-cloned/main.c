@@ -179,9 +179,12 @@ static int socket_dir_group(struct cloned *d, const char *dir, gid_t gid)
 {
 	struct stat st;
 
-	if (lstat(dir, &st) || !S_ISDIR(st.st_mode)) {
-		cl_log(d, HALITE_LOG_ERROR, "--socket: %s: %s", dir,
-		       S_ISDIR(st.st_mode) ? strerror(errno) : "not a directory");
+	if (lstat(dir, &st)) {
+		cl_log(d, HALITE_LOG_ERROR, "--socket: %s: %s", dir, strerror(errno));
+		return -1;
+	}
+	if (!S_ISDIR(st.st_mode)) {
+		cl_log(d, HALITE_LOG_ERROR, "--socket: %s is not a directory", dir);
 		return -1;
 	}
 	if (st.st_uid != geteuid() || (st.st_mode & 07007)) {
