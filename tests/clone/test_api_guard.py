@@ -452,9 +452,17 @@ def case_sigterm(e):
             t.req("POST", "/templates/%s/clones" % tid, b'{"count": 1}', timeout=30)
         except (Fail, OSError):
             pass  # the daemon ends it: its end is what the case waits for
-    slow = threading.Thread(target=slow_request, daemon=True)
-    slow.start()
+    # As many slow requests as the daemon runs at once (8): one more is a 503, and
+    # the fast routes still answer.
+    for _ in range(8):
+        threading.Thread(target=slow_request, daemon=True).start()
     time.sleep(1.5)
+    st, h, body, _ = t.req("POST", "/templates/%s/clones" % tid, b'{"count": 1}', wait_close=0)
+    j = strict_json(body, "a 9th slow request")
+    check(st == 503 and "busy" in j["error"], "a 9th slow request: %s %s" % (st, j))
+    st, h, body, _ = t.req("GET", "/healthz", timeout=2, wait_close=0)
+    check(st == 200, "/healthz with 8 slow requests running: %s" % st)
+    log("  8 slow requests running: a 9th gets 503, /healthz 200")
     try:
         t0 = time.time()
         e.daemon.send_signal(signal.SIGTERM)
@@ -465,8 +473,28 @@ def case_sigterm(e):
         dt = time.time() - t0
         e.daemon = None
         check(rc == 0, "the daemon exited %s after SIGTERM" % rc)
-        log("  SIGTERM with a slowloris, a half-sent body, 40 idle connections and a slow "
-            "request: exit 0 in %.1f s" % dt)
+        log("  SIGTERM with a slowloris, a half-sent body, 40 idle connections and 8 slow "
+            "requests: exit 0 in %.1f s" % dt)
+    finally:
+        stop.set()
+        for s in held:
+            s.close()
+    # SIGINT the same, with idle connections and a slowloris
+    t = start_tcp(e)
+    stop = threading.Event()
+    held = [t.connect() for _ in range(20)]
+    slowloris(t, "127.0.0.3", stop)
+    time.sleep(0.5)
+    try:
+        t0 = time.time()
+        e.daemon.send_signal(signal.SIGINT)
+        try:
+            rc = e.daemon.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            raise Fail("the daemon still runs 10 s after SIGINT")
+        e.daemon = None
+        check(rc == 0, "the daemon exited %s after SIGINT" % rc)
+        log("  SIGINT with a slowloris and 20 idle connections: exit 0 in %.1f s" % (time.time() - t0))
     finally:
         stop.set()
         for s in held:
