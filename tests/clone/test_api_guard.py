@@ -25,6 +25,11 @@ bytes on a socket where the case needs exact control of what is sent;
   control characters and 40-deep nesting -> 400 naming the problem and its
   byte; URLs with bytes 0xff 0xc3 and of 2000 bytes of 2-byte characters ->
   replies that are strict UTF-8 and JSON.
+- tls: --tls-cert/--tls-key/--tls-client-ca: a client with a certificate of
+  the CA and the token gets 200; without a certificate, or with one of
+  another CA, 403; plain HTTP on the port gets no reply; a key file 0644 is
+  refused at start; halite-clone over TLS works; an endless chunked body
+  over TLS still gets its 413.
 - socket: --socket-group G: the socket is root:G 0660 in a 0750 directory
   of G; nobody (not in G) gets EACCES, nobody with G gets in.
 """
@@ -34,6 +39,7 @@ import resource
 import select
 import signal
 import socket
+import ssl
 import stat
 import subprocess
 import sys
@@ -593,8 +599,107 @@ def case_socket(e):
     log("  socket root:%s 0660, dir 0750: nobody EACCES, nobody in %s 200" % (grp, grp))
 
 
+def openssl(*args, cwd):
+    subprocess.run(["openssl"] + list(args), cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+def make_pki(d):
+    """A CA, the daemon's certificate (127.0.0.1, localhost), a client's, and a stranger's (another CA)."""
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2"]
+    leaf = ["-addext", "basicConstraints=critical,CA:FALSE"]
+    for ca in ("ca", "rogue-ca"):
+        openssl("req", "-x509", *ec, "-keyout", ca + ".key", "-out", ca + ".crt", "-subj", "/CN=" + ca, cwd=d)
+    openssl("req", "-x509", "-CA", "ca.crt", "-CAkey", "ca.key", *ec, *leaf, "-keyout", "srv.key", "-out", "srv.crt",
+            "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+            "-addext", "extendedKeyUsage=serverAuth", cwd=d)
+    for name, ca in (("client", "ca"), ("stranger", "rogue-ca")):
+        openssl("req", "-x509", "-CA", ca + ".crt", "-CAkey", ca + ".key", *ec, *leaf, "-keyout", name + ".key",
+                "-out", name + ".crt", "-subj", "/CN=" + name, "-addext", "extendedKeyUsage=clientAuth", cwd=d)
+    for f in os.listdir(d):
+        if f.endswith(".key"):
+            os.chmod(os.path.join(d, f), 0o600)
+
+
+def case_tls(e):
+    if subprocess.run(["which", "openssl"], capture_output=True).returncode:
+        raise Skip("no openssl to make certificates")
+    pki = os.path.join(e.tmp, "pki")
+    os.mkdir(pki)
+    make_pki(pki)
+    P = lambda f: os.path.join(pki, f)  # noqa: E731
+    tls_args = ["--tls-cert", P("srv.crt"), "--tls-key", P("srv.key"), "--tls-client-ca", P("ca.crt")]
+    port = free_port()
+    tok = make_token(e)
+    loose = P("loose.key")
+    with open(P("srv.key")) as f, open(loose, "w") as g:
+        g.write(f.read())
+    os.chmod(loose, 0o644)
+    rc, out = run_daemon(e, "--listen", "127.0.0.1:%d" % port, "--token-file", tok, "--tls-cert", P("srv.crt"),
+                         "--tls-key", loose, "--tls-client-ca", P("ca.crt"))
+    check(rc == 1 and "chmod 600 " + loose in out, "a TLS key file 0644: rc %s: %s" % (rc, out))
+    rc, out = run_daemon(e, "--listen", "127.0.0.1:%d" % port, "--token-file", tok, "--tls-cert", P("srv.crt"))
+    check(rc == 2 and "go together" in out, "--tls-cert alone: rc %s: %s" % (rc, out))
+    t = start_tcp(e, *tls_args)
+
+    def tls_req(cert, data, wait_close=1.0):
+        ctx = ssl.create_default_context(cafile=P("ca.crt"))
+        if cert:
+            ctx.load_cert_chain(P(cert + ".crt"), P(cert + ".key"))
+        raw = socket.create_connection(("127.0.0.1", t.port), timeout=5)
+        s = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+        try:
+            s.sendall(data)
+            return read_reply(s, 5, wait_close)
+        finally:
+            s.close()
+    get = ("GET /healthz HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n\r\n" % (t.host, t.token)).encode()
+    st, h, body, _ = tls_req("client", get, 0)
+    check(st == 200 and strict_json(body, "tls")["ok"] is True, "TLS with the client's certificate: %s %r" % (st, body))
+    for who in (None, "stranger"):
+        try:
+            st, h, body, closed = tls_req(who, get)
+            j = strict_json(body, "tls %s" % who)
+            check(st == 403 and "client certificate" in j["error"] and closed,
+                  "TLS with %s: %s %s closed %s" % (who or "no certificate", st, j, closed))
+            how = "403 %s" % j["error"]
+        except (ssl.SSLError, ConnectionResetError) as x:
+            how = "refused in the handshake (%s)" % x  # as good
+        log("  TLS with %s: %s" % (who or "no certificate", how))
+    log("  TLS: the client's certificate 200; none, or another CA's: refused")
+    try:
+        st = t.raw(get)[0]
+        raise Fail("plain HTTP on the TLS listener got a reply: %s" % st)
+    except (Fail, OSError) as x:
+        check(not isinstance(x, Fail) or "before a reply" in str(x), str(x))
+    log("  plain HTTP on the TLS port: no reply")
+    r = subprocess.run([CLIENT, "--tcp", t.host, "--token-file", tok, "--tls-ca", P("ca.crt"), "--tls-cert",
+                        P("client.crt"), "--tls-key", P("client.key"), "health"], capture_output=True, text=True,
+                       timeout=30)
+    check(r.returncode == 0, "halite-clone over TLS: %s" % r)
+    # an endless chunked body inside TLS: the 413 comes inside TLS too
+    ctx = ssl.create_default_context(cafile=P("ca.crt"))
+    ctx.load_cert_chain(P("client.crt"), P("client.key"))
+    s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", t.port), timeout=10), server_hostname="127.0.0.1")
+    s.sendall(("POST /templates HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n"
+               "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" % (t.host, t.token)).encode())
+    sent, chunk = 0, b"1000\r\n" + b" " * 4096 + b"\r\n"
+    try:
+        while sent < 8 << 20:
+            if select.select([s], [], [], 0)[0] or s.pending():
+                break
+            s.sendall(chunk)
+            sent += len(chunk)
+            time.sleep(0.001)
+    except (ssl.SSLError, OSError):
+        pass
+    st, h, body, closed = read_reply(s, 10)
+    s.close()
+    check(st == 413 and sent < 1 << 20, "endless chunked body over TLS: %s after %d bytes" % (st, sent))
+    log("  halite-clone over TLS works; endless chunked body over TLS: 413 after %d KiB" % (sent >> 10))
+
+
 CASES = {"auth": case_auth, "browser": case_browser, "limits": case_limits, "sigterm": case_sigterm,
-         "json": case_json, "socket": case_socket}
+         "json": case_json, "socket": case_socket, "tls": case_tls}
 
 
 def main():

@@ -34,6 +34,7 @@
 #include <time.h>
 #include <sys/socket.h>
 
+#include <gnutls/gnutls.h>
 #include <microhttpd.h>
 
 #include "cloned.h"
@@ -57,6 +58,7 @@ struct listener {
 	struct api *a;
 	struct MHD_Daemon *mhd;
 	bool tcp;
+	bool tls;		/* TLS with client certificates (--tls-*) */
 	char hosts[4][80];	/* Host values that name this daemon (TCP) */
 };
 
@@ -326,6 +328,22 @@ static enum MHD_Result send_reply(struct MHD_Connection *conn, struct http_reply
 	return ret;
 }
 
+/* The TLS peer showed a certificate that --tls-client-ca signed, valid now. */
+static bool client_cert_ok(struct MHD_Connection *conn)
+{
+	const union MHD_ConnectionInfo *ci =
+		MHD_get_connection_info(conn, MHD_CONNECTION_INFO_GNUTLS_SESSION);
+	gnutls_session_t s;
+	unsigned status = 0, n = 0;
+
+	if (!ci || !ci->tls_session)
+		return false;
+	s = (gnutls_session_t)ci->tls_session;
+	if (!gnutls_certificate_get_peers(s, &n) || !n)
+		return false;
+	return gnutls_certificate_verify_peers2(s, &status) == 0 && status == 0;
+}
+
 /* "Bearer TOKEN" against the token, in time that depends on the token's length only. */
 static bool token_ok(const char *want, const char *hdr)
 {
@@ -376,6 +394,12 @@ static bool gate(struct req *q, struct MHD_Connection *conn, const char *method,
 	const char *h, *cl, *te;
 	bool has_body;
 
+	if (l->tls && !client_cert_ok(conn)) {
+		*close = true;
+		reply_error(r, 403, "a client certificate signed by the daemon's --tls-client-ca "
+			    "is required");
+		return false;
+	}
 	if (l->tcp && !token_ok(l->a->d->o.token,
 				MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
 							    MHD_HTTP_HEADER_AUTHORIZATION))) {
@@ -440,7 +464,7 @@ static bool gate(struct req *q, struct MHD_Connection *conn, const char *method,
  * written on the socket (a small reply into an empty send buffer) and MHD is
  * told to close the connection without reading on.
  */
-static void refuse_mid_body(struct MHD_Connection *conn)
+static void refuse_mid_body(struct MHD_Connection *conn, bool tls)
 {
 	const union MHD_ConnectionInfo *ci =
 		MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
@@ -454,6 +478,15 @@ static void refuse_mid_body(struct MHD_Connection *conn)
 	n = snprintf(msg, sizeof(msg),
 		     "HTTP/1.1 413 Request Entity Too Large\r\nContent-Type: application/json\r\n"
 		     "Connection: close\r\nContent-Length: %zu\r\n\r\n%s", strlen(body), body);
+	if (tls) {
+		/* inside the TLS stream: MHD's session, which ends with this connection */
+		const union MHD_ConnectionInfo *ti =
+			MHD_get_connection_info(conn, MHD_CONNECTION_INFO_GNUTLS_SESSION);
+
+		if (ti && ti->tls_session)
+			(void)gnutls_record_send((gnutls_session_t)ti->tls_session, msg, (size_t)n);
+		return;
+	}
 	(void)send(ci->connect_fd, msg, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
 	shutdown(ci->connect_fd, SHUT_WR);
 }
@@ -556,7 +589,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 			/* a declared length is at most API_LINGER_BODY (the gate) */
 			if (!MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
 							 MHD_HTTP_HEADER_CONTENT_LENGTH)) {
-				refuse_mid_body(conn);
+				refuse_mid_body(conn, l->tls);
 				return MHD_NO;
 			}
 			q->too_big = true;
@@ -680,7 +713,20 @@ static int start_one(struct api *a, struct listener *l, int fd)
 			 MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ITC | MHD_USE_ERROR_LOG;
 
 	l->a = a;
-	if (l->tcp) {
+	if (l->tls) {
+		l->mhd = MHD_start_daemon(flags | MHD_USE_TLS, 0, NULL, NULL, handler, l,
+					  MHD_OPTION_EXTERNAL_LOGGER, mhd_log, a->d,
+					  MHD_OPTION_LISTEN_SOCKET, fd,
+					  MHD_OPTION_NOTIFY_COMPLETED, completed, l,
+					  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)API_IDLE_TIMEOUT_S,
+					  MHD_OPTION_CONNECTION_LIMIT, (unsigned)API_MAX_CONNECTIONS,
+					  MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)API_PER_CLIENT,
+					  MHD_OPTION_HTTPS_MEM_KEY, a->d->o.tls_key,
+					  MHD_OPTION_HTTPS_MEM_CERT, a->d->o.tls_cert,
+					  /* a trust list makes MHD ask for the client's certificate */
+					  MHD_OPTION_HTTPS_MEM_TRUST, a->d->o.tls_ca,
+					  MHD_OPTION_END);
+	} else if (l->tcp) {
 		l->mhd = MHD_start_daemon(flags, 0, NULL, NULL, handler, l,
 					  MHD_OPTION_EXTERNAL_LOGGER, mhd_log, a->d,
 					  MHD_OPTION_LISTEN_SOCKET, fd,
@@ -732,6 +778,7 @@ int api_start(struct cloned *d, int unix_fd, int tcp_fd, struct api **out)
 		goto fail;
 	if (tcp_fd >= 0) {
 		a->l[1].tcp = true;
+		a->l[1].tls = d->o.tls_cert != NULL;
 		tcp_hosts(&a->l[1], d->o.listen);
 		if (start_one(a, &a->l[1], tcp_fd)) {
 			MHD_stop_daemon(a->l[0].mhd);

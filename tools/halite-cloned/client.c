@@ -31,6 +31,7 @@ struct opts {
 	const char *socket;
 	const char *tcp;	/* --tcp ADDR:PORT, or NULL: the socket */
 	const char *token_file;
+	const char *tls_ca, *tls_cert, *tls_key; /* --tcp over TLS: https */
 	char *auth;		/* "Authorization: Bearer TOKEN" (TCP) */
 	bool json;
 	const char *cmd;	/* the command, for the messages' prefix */
@@ -60,6 +61,9 @@ static void usage(FILE *f)
 		"  --tcp ADDR:PORT the daemon's --listen instead (127.0.0.1:PORT, [::1]:PORT)\n"
 		"  --token-file PATH  the daemon's bearer token, for --tcp\n"
 		"                  (default $HALITE_CLONED_TOKEN_FILE)\n"
+		"  --tls-ca PATH --tls-cert PATH --tls-key PATH\n"
+		"                  --tcp over TLS: the CA that signed the daemon's\n"
+		"                  certificate, and this client's certificate and key\n"
 		"  --json          the server's JSON instead of tables; on a failure\n"
 		"                  {\"ok\": false, \"error\", \"exit\", \"http_status\"}\n"
 		"  -h, --help      this text (also after COMMAND); --version: the version\n"
@@ -152,8 +156,13 @@ static long request(const struct opts *o, const char *method, const char *path,
 		return -1;
 	}
 	if (o->tcp) {
-		snprintf(url, sizeof(url), "http://%s%s", o->tcp, path);
+		snprintf(url, sizeof(url), "%s://%s%s", o->tls_ca ? "https" : "http", o->tcp, path);
 		h = curl_slist_append(h, o->auth);
+		if (o->tls_ca) {
+			curl_easy_setopt(c, CURLOPT_CAINFO, o->tls_ca);
+			curl_easy_setopt(c, CURLOPT_SSLCERT, o->tls_cert);
+			curl_easy_setopt(c, CURLOPT_SSLKEY, o->tls_key);
+		}
 		curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
 	} else {
 		snprintf(url, sizeof(url), "http://localhost%s", path);
@@ -571,15 +580,24 @@ int main(int argc, char **argv)
 				goto out;
 			}
 			o.socket = argv[++i];
-		} else if (!strcmp(a, "--tcp") || !strcmp(a, "--token-file")) {
+		} else if (!strcmp(a, "--tcp") || !strcmp(a, "--token-file") ||
+			   !strncmp(a, "--tls-", 6)) {
+			const char **dst = !strcmp(a, "--tcp") ? &o.tcp :
+					   !strcmp(a, "--token-file") ? &o.token_file :
+					   !strcmp(a, "--tls-ca") ? &o.tls_ca :
+					   !strcmp(a, "--tls-cert") ? &o.tls_cert :
+					   !strcmp(a, "--tls-key") ? &o.tls_key : NULL;
+
+			if (!dst) {
+				ret = usage_error(&o, NULL, "unknown option '%.*s'",
+						  (int)strcspn(a, "="), a);
+				goto out;
+			}
 			if (i + 1 == argc) {
 				ret = usage_error(&o, NULL, "option '%s' needs a value", a);
 				goto out;
 			}
-			if (a[2] == 't' && a[3] == 'c')
-				o.tcp = argv[++i];
-			else
-				o.token_file = argv[++i];
+			*dst = argv[++i];
 		} else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
 			usage(stdout);
 			ret = 0;
@@ -610,6 +628,12 @@ int main(int argc, char **argv)
 	}
 	if (!o.token_file)
 		o.token_file = getenv("HALITE_CLONED_TOKEN_FILE");
+	if ((o.tls_ca || o.tls_cert || o.tls_key) &&
+	    (!o.tls_ca || !o.tls_cert || !o.tls_key || !o.tcp)) {
+		ret = usage_error(&o, NULL, "--tls-ca, --tls-cert and --tls-key go together, "
+				  "with --tcp");
+		goto out;
+	}
 	if (o.tcp && (ret = load_token(&o)))
 		goto out;
 	if (curl_global_init(CURL_GLOBAL_NOTHING)) {

@@ -41,6 +41,8 @@ struct cloned_opts {
 	const char *token_file;	 /* --token-file: the TCP listener's bearer token */
 	char *token;		 /* its token, read at start (NULL: no TCP) */
 	const char *socket_group; /* --socket-group: the socket's group, or NULL */
+	const char *tls_cert_file, *tls_key_file, *tls_ca_file; /* TLS on TCP, or NULL */
+	char *tls_cert, *tls_key, *tls_ca; /* their PEM text, read at start */
 	const char *state_dir;
 	const char *mem_dir;
 	char *synth_bin;	 /* resolved at start */

@@ -58,6 +58,10 @@ static void usage(FILE *f)
 		"  --token-file PATH    the bearer token TCP callers must send\n"
 		"                       (Authorization: Bearer TOKEN): a file of this daemon's\n"
 		"                       user, mode 0600 or stricter, at least 32 characters\n"
+		"  --tls-cert PATH      TLS on the TCP listener: its certificate (PEM), with\n"
+		"  --tls-key PATH       its key (a file of this daemon's user, mode 0600)\n"
+		"  --tls-client-ca PATH and callers must show a certificate this CA signed\n"
+		"                       (all three together)\n"
 		"  --list-routes        print the API's routes (METHOD PATH fast|slow) and exit\n"
 		"  --state-dir DIR      templates and clones, kept across restarts\n"
 		"                       (/var/lib/halite-cloned)\n"
@@ -201,66 +205,112 @@ static int socket_dir_group(struct cloned *d, const char *dir, gid_t gid)
 }
 
 /*
- * --token-file: the bearer token, from a file only this daemon's user can
- * read. Anything looser is refused with its fix: a token others can read
- * is no secret.
+ * A secret file (--token-file, --tls-key): a regular file of this daemon's
+ * user that nobody else may read or change. Anything looser is refused with
+ * its fix: a secret others can read is none. Its text (NUL-terminated,
+ * malloc'd) into *@out; 0 or -1 (said so).
  */
-static int read_token(struct cloned *d, const char *path)
+static int read_private(struct cloned *d, const char *opt, const char *path, char **out)
 {
-	char buf[4097];
+	char *buf = NULL;
 	struct stat st;
 	ssize_t n;
 	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
 
 	if (fd < 0) {
-		cl_log(d, HALITE_LOG_ERROR, "--token-file %s: %s%s", path, strerror(errno),
+		cl_log(d, HALITE_LOG_ERROR, "%s %s: %s%s", opt, path, strerror(errno),
 		       errno == ELOOP ? " (a symbolic link: give the file itself)" : "");
 		return -1;
 	}
 	if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
-		cl_log(d, HALITE_LOG_ERROR, "--token-file %s: not a regular file", path);
+		cl_log(d, HALITE_LOG_ERROR, "%s %s: not a regular file", opt, path);
 		goto fail;
 	}
 	if (st.st_uid != geteuid()) {
-		cl_log(d, HALITE_LOG_ERROR, "--token-file %s: owned by uid %u, not by this daemon's "
-		       "uid %u: chown %u %s", path, (unsigned)st.st_uid, (unsigned)geteuid(),
+		cl_log(d, HALITE_LOG_ERROR, "%s %s: owned by uid %u, not by this daemon's uid %u: "
+		       "chown %u %s", opt, path, (unsigned)st.st_uid, (unsigned)geteuid(),
 		       (unsigned)geteuid(), path);
 		goto fail;
 	}
 	if (st.st_mode & 077) {
-		cl_log(d, HALITE_LOG_ERROR, "--token-file %s: mode %04o lets other users read or "
-		       "change the token: chmod 600 %s", path, (unsigned)(st.st_mode & 07777),
-		       path);
+		cl_log(d, HALITE_LOG_ERROR, "%s %s: mode %04o lets other users read or change "
+		       "it: chmod 600 %s", opt, path, (unsigned)(st.st_mode & 07777), path);
 		goto fail;
 	}
-	n = read(fd, buf, sizeof(buf) - 1);
+	if (st.st_size > 65536) {
+		cl_log(d, HALITE_LOG_ERROR, "%s %s: %lld bytes, more than a secret takes (64 KiB)",
+		       opt, path, (long long)st.st_size);
+		goto fail;
+	}
+	buf = calloc(1, (size_t)st.st_size + 1);
+	n = buf ? read(fd, buf, (size_t)st.st_size) : -1;
 	if (n < 0) {
-		cl_log(d, HALITE_LOG_ERROR, "--token-file %s: %s", path, strerror(errno));
+		cl_log(d, HALITE_LOG_ERROR, "%s %s: %s", opt, path, strerror(errno));
 		goto fail;
 	}
-	buf[n] = 0;
+	close(fd);
+	*out = buf;
+	return 0;
+fail:
+	free(buf);
+	close(fd);
+	return -1;
+}
+
+/* --token-file: the bearer token TCP callers send. */
+static int read_token(struct cloned *d, const char *path)
+{
+	char *buf;
+	size_t n;
+
+	if (read_private(d, "--token-file", path, &buf))
+		return -1;
+	n = strlen(buf);
 	while (n && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
 		buf[--n] = 0;
-	for (ssize_t i = 0; i < n; i++)
+	for (size_t i = 0; i < n; i++)
 		if (buf[i] <= ' ' || buf[i] > '~') {
 			cl_log(d, HALITE_LOG_ERROR, "--token-file %s: the token has a blank, control "
-			       "or non-ASCII byte at %zd: it must be printable ASCII (e.g. "
+			       "or non-ASCII byte at %zu: it must be printable ASCII (e.g. "
 			       "openssl rand -hex 32 > %s)", path, i, path);
 			goto fail;
 		}
 	if (n < 32) {
-		cl_log(d, HALITE_LOG_ERROR, "--token-file %s: the token has %zd characters, at least "
+		cl_log(d, HALITE_LOG_ERROR, "--token-file %s: the token has %zu characters, at least "
 		       "32 are needed (e.g. openssl rand -hex 32 > %s)", path, n, path);
 		goto fail;
 	}
-	close(fd);
-	d->o.token = strdup(buf);
-	explicit_bzero(buf, sizeof(buf));
-	return d->o.token ? 0 : -1;
+	d->o.token = buf;
+	return 0;
 fail:
-	close(fd);
-	explicit_bzero(buf, sizeof(buf));
+	explicit_bzero(buf, n);
+	free(buf);
 	return -1;
+}
+
+/* A certificate file (PEM) for TLS: public, any mode. */
+static int read_cert(struct cloned *d, const char *opt, const char *path, char **out)
+{
+	FILE *f = fopen(path, "re");
+	char *buf;
+
+	if (!f) {
+		cl_log(d, HALITE_LOG_ERROR, "%s %s: %s", opt, path, strerror(errno));
+		return -1;
+	}
+	buf = calloc(1, 65537);
+	if (buf)
+		fread(buf, 1, 65536, f);
+	if (!buf || ferror(f) || !feof(f) || !strstr(buf, "-----BEGIN CERTIFICATE-----")) {
+		cl_log(d, HALITE_LOG_ERROR, "%s %s: not a PEM certificate file of at most 64 KiB",
+		       opt, path);
+		fclose(f);
+		free(buf);
+		return -1;
+	}
+	fclose(f);
+	*out = buf;
+	return 0;
 }
 
 /*
@@ -444,7 +494,8 @@ static void shutdown_registry(struct cloned *d)
 }
 
 enum { O_SOCKET = 256, O_LISTEN, O_STATE, O_MEM, O_SYNTH, O_QEMU, O_READERS, O_LAT,
-       O_RATE, O_HOT, O_LOG, O_CACHE, O_TOKEN, O_SOCKGROUP, O_ROUTES };
+       O_RATE, O_HOT, O_LOG, O_CACHE, O_TOKEN, O_SOCKGROUP, O_ROUTES,
+       O_TLS_CERT, O_TLS_KEY, O_TLS_CA };
 
 /* What each option with a range takes, as the help says it. */
 static const char *want_of(int c)
@@ -470,7 +521,8 @@ int main(int argc, char **argv)
 		{ "hot-window-ms", 1, 0, O_HOT },  { "log-level", 1, 0, O_LOG },
 		{ "cache-max", 1, 0, O_CACHE },	   { "qemu-bin", 1, 0, O_QEMU },
 		{ "token-file", 1, 0, O_TOKEN },   { "socket-group", 1, 0, O_SOCKGROUP },
-		{ "list-routes", 0, 0, O_ROUTES },
+		{ "list-routes", 0, 0, O_ROUTES }, { "tls-cert", 1, 0, O_TLS_CERT },
+		{ "tls-key", 1, 0, O_TLS_KEY },	   { "tls-client-ca", 1, 0, O_TLS_CA },
 		{ "help", 0, 0, 'h' },		   { "version", 0, 0, 'V' },
 		{ 0 },
 	};
@@ -499,6 +551,9 @@ int main(int argc, char **argv)
 		case O_LISTEN: d.o.listen = optarg; break;
 		case O_TOKEN: d.o.token_file = optarg; break;
 		case O_SOCKGROUP: d.o.socket_group = optarg; break;
+		case O_TLS_CERT: d.o.tls_cert_file = optarg; break;
+		case O_TLS_KEY: d.o.tls_key_file = optarg; break;
+		case O_TLS_CA: d.o.tls_ca_file = optarg; break;
 		case O_ROUTES:
 			api_print_routes(stdout);
 			return 0;
@@ -580,6 +635,12 @@ int main(int argc, char **argv)
 			 "guarded by its permissions: --socket-group)");
 		goto usage_err;
 	}
+	if ((d.o.tls_cert_file || d.o.tls_key_file || d.o.tls_ca_file) &&
+	    (!d.o.tls_cert_file || !d.o.tls_key_file || !d.o.tls_ca_file || !d.o.listen)) {
+		snprintf(msg, sizeof(msg), "--tls-cert, --tls-key and --tls-client-ca go together, "
+			 "with --listen");
+		goto usage_err;
+	}
 	if (d.o.socket_group) {
 		struct group *g = getgrnam(d.o.socket_group);
 
@@ -622,6 +683,11 @@ int main(int argc, char **argv)
 		setrlimit(RLIMIT_NOFILE, &rl);
 	}
 	if (d.o.token_file && read_token(&d, d.o.token_file))
+		return 1;
+	if (d.o.tls_cert_file &&
+	    (read_cert(&d, "--tls-cert", d.o.tls_cert_file, &d.o.tls_cert) ||
+	     read_cert(&d, "--tls-client-ca", d.o.tls_ca_file, &d.o.tls_ca) ||
+	     read_private(&d, "--tls-key", d.o.tls_key_file, &d.o.tls_key)))
 		return 1;
 	if (prepare_dirs(&d))
 		return 1;
@@ -669,10 +735,16 @@ int main(int argc, char **argv)
 	if (tfd >= 0)
 		close(tfd);
 	unlink(d.o.socket_path);
-	/* a slow request still running uses the registry: the exit frees it */
-	if (clean)
-		shutdown_registry(&d);
+	/* a slow request still running uses the registry and options: the exit frees them */
+	if (!clean)
+		return 0;
+	shutdown_registry(&d);
 	free(d.o.token);
+	free(d.o.tls_cert);
+	free(d.o.tls_ca);
+	if (d.o.tls_key)
+		explicit_bzero(d.o.tls_key, strlen(d.o.tls_key));
+	free(d.o.tls_key);
 	free(d.o.synth_bin);
 	free(d.o.qemu_bin);
 	return 0;
