@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 /*
  * halite-clone: the command-line client of halite-cloned, over its unix
- * socket with libcurl. Human output is aligned tables; --json prints the
+ * socket with libcurl, or its TCP listener (--tcp) with the bearer token of
+ * --token-file (or $HALITE_CLONED_TOKEN_FILE). Human output is aligned tables; --json prints the
  * server's JSON as it came, and on a failure one object of ours ({"ok":
  * false, "error", "exit", "http_status"}). Exit 0 on a 2xx reply, 1 with the
  * server's error on stderr otherwise (or when the daemon cannot be
@@ -9,6 +10,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <limits.h>
 #include <stdbool.h>
@@ -16,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 #include <curl/curl.h>
@@ -26,6 +29,10 @@
 
 struct opts {
 	const char *socket;
+	const char *tcp;	/* --tcp ADDR:PORT, or NULL: the socket */
+	const char *token_file;
+	const char *tls_ca, *tls_cert, *tls_key; /* --tcp over TLS: https */
+	char *auth;		/* "Authorization: Bearer TOKEN" (TCP) */
 	bool json;
 	const char *cmd;	/* the command, for the messages' prefix */
 };
@@ -38,7 +45,8 @@ struct buf {
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"Usage: " PROG " [--socket PATH] [--json] COMMAND [ARGS]\n"
+		"Usage: " PROG " [--socket PATH | --tcp ADDR:PORT --token-file PATH] [--json]\n"
+		"       COMMAND [ARGS]\n"
 		"\n"
 		"  template create SNAPSHOT [--no-hotset]   a template from a snapshot file\n"
 		"  template list | template show ID | template delete ID\n"
@@ -50,6 +58,12 @@ static void usage(FILE *f)
 		"  metrics | health\n"
 		"\n"
 		"  --socket PATH   the daemon's socket (/run/halite-cloned/api.sock)\n"
+		"  --tcp ADDR:PORT the daemon's --listen instead (127.0.0.1:PORT, [::1]:PORT)\n"
+		"  --token-file PATH  the daemon's bearer token, for --tcp\n"
+		"                  (default $HALITE_CLONED_TOKEN_FILE)\n"
+		"  --tls-ca PATH --tls-cert PATH --tls-key PATH\n"
+		"                  --tcp over TLS: the CA that signed the daemon's\n"
+		"                  certificate, and this client's certificate and key\n"
 		"  --json          the server's JSON instead of tables; on a failure\n"
 		"                  {\"ok\": false, \"error\", \"exit\", \"http_status\"}\n"
 		"  -h, --help      this text (also after COMMAND); --version: the version\n"
@@ -141,8 +155,19 @@ static long request(const struct opts *o, const char *method, const char *path,
 		fail(o, 1, -1, "curl: out of memory");
 		return -1;
 	}
-	snprintf(url, sizeof(url), "http://localhost%s", path);
-	curl_easy_setopt(c, CURLOPT_UNIX_SOCKET_PATH, o->socket);
+	if (o->tcp) {
+		snprintf(url, sizeof(url), "%s://%s%s", o->tls_ca ? "https" : "http", o->tcp, path);
+		h = curl_slist_append(h, o->auth);
+		if (o->tls_ca) {
+			curl_easy_setopt(c, CURLOPT_CAINFO, o->tls_ca);
+			curl_easy_setopt(c, CURLOPT_SSLCERT, o->tls_cert);
+			curl_easy_setopt(c, CURLOPT_SSLKEY, o->tls_key);
+		}
+		curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+	} else {
+		snprintf(url, sizeof(url), "http://localhost%s", path);
+		curl_easy_setopt(c, CURLOPT_UNIX_SOCKET_PATH, o->socket);
+	}
 	curl_easy_setopt(c, CURLOPT_URL, url);
 	curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
 	curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
@@ -155,7 +180,9 @@ static long request(const struct opts *o, const char *method, const char *path,
 		curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
 	}
 	rc = curl_easy_perform(c);
-	if (rc != CURLE_OK) {
+	if (rc != CURLE_OK && o->tcp) {
+		fail(o, 1, -1, "%s: %s", o->tcp, err[0] ? err : curl_easy_strerror(rc));
+	} else if (rc != CURLE_OK) {
 		char why[PATH_MAX + 128];
 
 		unreachable(o, rc, err, why, sizeof(why));
@@ -494,6 +521,33 @@ static int run(struct opts *o, int argc, char **argv)
 	return ret;
 }
 
+/* The bearer token of @o->token_file into @o->auth; 0, or the exit code (said so). */
+static int load_token(struct opts *o)
+{
+	char buf[4097];
+	ssize_t n;
+	int fd;
+
+	if (!o->token_file)
+		return usage_error(o, NULL, "--tcp needs --token-file PATH (or "
+				   "HALITE_CLONED_TOKEN_FILE): the daemon's bearer token");
+	fd = open(o->token_file, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return fail(o, 1, -1, "--token-file %s: %s", o->token_file, strerror(errno));
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n < 0)
+		return fail(o, 1, -1, "--token-file %s: %s", o->token_file, strerror(errno));
+	buf[n] = 0;
+	while (n && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
+		buf[--n] = 0;
+	if (!n || strcspn(buf, "\r\n") != (size_t)n)
+		return fail(o, 1, -1, "--token-file %s: not a token (one line)", o->token_file);
+	if (asprintf(&o->auth, "Authorization: Bearer %s", buf) < 0)
+		return fail(o, 1, -1, "out of memory");
+	return 0;
+}
+
 static const char *const commands[] = { "template", "clone", "list", "show", "delete",
 					"metrics", "health" };
 
@@ -526,6 +580,24 @@ int main(int argc, char **argv)
 				goto out;
 			}
 			o.socket = argv[++i];
+		} else if (!strcmp(a, "--tcp") || !strcmp(a, "--token-file") ||
+			   !strncmp(a, "--tls-", 6)) {
+			const char **dst = !strcmp(a, "--tcp") ? &o.tcp :
+					   !strcmp(a, "--token-file") ? &o.token_file :
+					   !strcmp(a, "--tls-ca") ? &o.tls_ca :
+					   !strcmp(a, "--tls-cert") ? &o.tls_cert :
+					   !strcmp(a, "--tls-key") ? &o.tls_key : NULL;
+
+			if (!dst) {
+				ret = usage_error(&o, NULL, "unknown option '%.*s'",
+						  (int)strcspn(a, "="), a);
+				goto out;
+			}
+			if (i + 1 == argc) {
+				ret = usage_error(&o, NULL, "option '%s' needs a value", a);
+				goto out;
+			}
+			*dst = argv[++i];
 		} else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
 			usage(stdout);
 			ret = 0;
@@ -554,6 +626,16 @@ int main(int argc, char **argv)
 		ret = usage_error(&o, NULL, "unknown command '%s'", args[0]);
 		goto out;
 	}
+	if (!o.token_file)
+		o.token_file = getenv("HALITE_CLONED_TOKEN_FILE");
+	if ((o.tls_ca || o.tls_cert || o.tls_key) &&
+	    (!o.tls_ca || !o.tls_cert || !o.tls_key || !o.tcp)) {
+		ret = usage_error(&o, NULL, "--tls-ca, --tls-cert and --tls-key go together, "
+				  "with --tcp");
+		goto out;
+	}
+	if (o.tcp && (ret = load_token(&o)))
+		goto out;
 	if (curl_global_init(CURL_GLOBAL_NOTHING)) {
 		ret = fail(&o, 1, -1, "curl did not initialise");
 		goto out;
@@ -561,6 +643,7 @@ int main(int argc, char **argv)
 	ret = run(&o, n, args);
 	curl_global_cleanup();
 out:
+	free(o.auth);
 	free(args);
 	return ret;
 }

@@ -15,6 +15,7 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/types.h>
 
 #include <cjson/cJSON.h>
@@ -45,6 +46,11 @@ struct snapdir {
 struct cloned_opts {
 	const char *socket_path;
 	const char *listen;	 /* "127.0.0.1:PORT" or NULL */
+	const char *token_file;	 /* --token-file: the TCP listener's bearer token */
+	char *token;		 /* its token, read at start (NULL: no TCP) */
+	const char *socket_group; /* --socket-group: the socket's group, or NULL */
+	const char *tls_cert_file, *tls_key_file, *tls_ca_file; /* TLS on TCP, or NULL */
+	char *tls_cert, *tls_key, *tls_ca; /* their PEM text, read at start */
 	const char *state_dir;
 	const char *mem_dir;
 	char *synth_bin;	 /* resolved at start */
@@ -251,7 +257,21 @@ struct http_reply {
 void reply_json(struct http_reply *r, unsigned status, cJSON *j);
 void reply_error(struct http_reply *r, unsigned status, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
-int api_start(struct cloned *d, int unix_fd, int tcp_fd, void **mhd_unix, void **mhd_tcp);
-void api_stop(void *mhd);
+struct api;
+int api_start(struct cloned *d, int unix_fd, int tcp_fd, struct api **out);
+/* Stops listening and gives slow requests @grace_ms to end: true if none is left. */
+bool api_stop(struct api *a, unsigned grace_ms);
+void api_print_routes(FILE *f);
+
+/* json_strict.c: strict JSON in (RFC 8259), valid UTF-8 out */
+#define JSON_MAX_DEPTH 32
+/* 0, or -EINVAL with "invalid JSON in the body at byte N: what" in @err. */
+int json_check_strict(const char *buf, size_t len, char *err, size_t errlen);
+bool utf8_valid(const char *s, size_t n, size_t *bad_at);
+/* @s as valid UTF-8 (invalid bytes: U+FFFD) of at most @max bytes, cut between
+ * characters; malloc'd, NULL: ENOMEM. */
+char *utf8_sanitize(const char *s, size_t n, size_t max);
+/* Every key and string of @j made valid UTF-8 the same way: 0 or -ENOMEM. */
+int json_sanitize_tree(cJSON *j);
 
 #endif

@@ -9,13 +9,19 @@
  * clones, moves their states on and saves learned hot sets. Stopping frees
  * sessions and templates and leaves every clone running (they are in their
  * own sessions; the systemd unit has KillMode=process): the next daemon
- * re-attaches them.
+ * re-attaches them. A stop gives slow requests in flight a few seconds
+ * (API_STOP_GRACE_MS), then exits whatever clients do.
+ *
+ * Who may call: the unix socket by its permissions (0660, its group
+ * --socket-group, its directory 0750), the TCP listener by a bearer token
+ * (--token-file, required with --listen; checked in api.c).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
-#include <getopt.h>
 #include <fcntl.h>
+#include <getopt.h>
+#include <grp.h>
 #include <limits.h>
 #include <netinet/in.h>
 #include <pwd.h>
@@ -24,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -34,6 +41,9 @@
 #include "cli.h"
 #include "cloned.h"
 
+/* In-flight slow requests at a stop: then the daemon exits anyway (the unit allows 10 s). */
+#define API_STOP_GRACE_MS 5000
+
 static void usage(FILE *f)
 {
 	fprintf(f,
@@ -43,7 +53,18 @@ static void usage(FILE *f)
 		"HTTP/JSON API (see GET /healthz, /metrics, /templates, /clones).\n"
 		"\n"
 		"  --socket PATH        the API's unix socket (/run/halite-cloned/api.sock)\n"
-		"  --listen ADDR:PORT   also TCP, loopback only (127.0.0.1:PORT, [::1]:PORT)\n"
+		"  --socket-group GROUP the socket's group (name or number): its members may\n"
+		"                       call the API (socket 0660, its directory 0750)\n"
+		"  --listen ADDR:PORT   also TCP, loopback only (127.0.0.1:PORT, [::1]:PORT);\n"
+		"                       needs --token-file\n"
+		"  --token-file PATH    the bearer token TCP callers must send\n"
+		"                       (Authorization: Bearer TOKEN): a file of this daemon's\n"
+		"                       user, mode 0600 or stricter, at least 32 characters\n"
+		"  --tls-cert PATH      TLS on the TCP listener: its certificate (PEM), with\n"
+		"  --tls-key PATH       its key (a file of this daemon's user, mode 0600)\n"
+		"  --tls-client-ca PATH and callers must show a certificate this CA signed\n"
+		"                       (all three together)\n"
+		"  --list-routes        print the API's routes (METHOD PATH fast|slow) and exit\n"
 		"  --state-dir DIR      templates and clones, kept across restarts\n"
 		"                       (/var/lib/halite-cloned)\n"
 		"  --mem-dir DIR        template memory files, on tmpfs (/run/halite-cloned/mem);\n"
@@ -169,14 +190,154 @@ static int resolve_bin(char **bin, const char *name, const char *tree_dir, const
 }
 
 /*
+ * The socket's directory gets --socket-group and 0750 when it is this
+ * daemon's own (our uid, nothing for others): a shared directory such as
+ * /run or /tmp is left as it is, the socket's own mode guards it there.
+ */
+static int socket_dir_group(struct cloned *d, const char *dir, gid_t gid)
+{
+	struct stat st;
+
+	if (lstat(dir, &st)) {
+		cl_log(d, HALITE_LOG_ERROR, "--socket: %s: %s", dir, strerror(errno));
+		return -1;
+	}
+	if (!S_ISDIR(st.st_mode)) {
+		cl_log(d, HALITE_LOG_ERROR, "--socket: %s is not a directory", dir);
+		return -1;
+	}
+	if (st.st_uid != geteuid() || (st.st_mode & 07007)) {
+		cl_log(d, HALITE_LOG_WARN, "--socket-group: %s is not the daemon's own directory "
+		       "(owner uid %u, mode %04o): left as it is", dir, (unsigned)st.st_uid,
+		       (unsigned)(st.st_mode & 07777));
+		return 0;
+	}
+	if (chown(dir, (uid_t)-1, gid) || chmod(dir, 0750)) {
+		cl_log(d, HALITE_LOG_ERROR, "--socket-group: %s: %s", dir, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+/*
+ * A secret file (--token-file, --tls-key): a regular file of this daemon's
+ * user that nobody else may read or change. Anything looser is refused with
+ * its fix: a secret others can read is none. Its text (NUL-terminated,
+ * malloc'd) into *@out; 0 or -1 (said so).
+ */
+static int read_private(struct cloned *d, const char *opt, const char *path, char **out)
+{
+	char *buf = NULL;
+	struct stat st;
+	ssize_t n;
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+
+	if (fd < 0) {
+		cl_log(d, HALITE_LOG_ERROR, "%s %s: %s%s", opt, path, strerror(errno),
+		       errno == ELOOP ? " (a symbolic link: give the file itself)" : "");
+		return -1;
+	}
+	if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+		cl_log(d, HALITE_LOG_ERROR, "%s %s: not a regular file", opt, path);
+		goto fail;
+	}
+	if (st.st_uid != geteuid()) {
+		cl_log(d, HALITE_LOG_ERROR, "%s %s: owned by uid %u, not by this daemon's uid %u: "
+		       "chown %u %s", opt, path, (unsigned)st.st_uid, (unsigned)geteuid(),
+		       (unsigned)geteuid(), path);
+		goto fail;
+	}
+	if (st.st_mode & 077) {
+		cl_log(d, HALITE_LOG_ERROR, "%s %s: mode %04o lets other users read or change "
+		       "it: chmod 600 %s", opt, path, (unsigned)(st.st_mode & 07777), path);
+		goto fail;
+	}
+	if (st.st_size > 65536) {
+		cl_log(d, HALITE_LOG_ERROR, "%s %s: %lld bytes, more than a secret takes (64 KiB)",
+		       opt, path, (long long)st.st_size);
+		goto fail;
+	}
+	buf = calloc(1, (size_t)st.st_size + 1);
+	n = buf ? read(fd, buf, (size_t)st.st_size) : -1;
+	if (n < 0) {
+		cl_log(d, HALITE_LOG_ERROR, "%s %s: %s", opt, path, strerror(errno));
+		goto fail;
+	}
+	close(fd);
+	*out = buf;
+	return 0;
+fail:
+	free(buf);
+	close(fd);
+	return -1;
+}
+
+/* --token-file: the bearer token TCP callers send. */
+static int read_token(struct cloned *d, const char *path)
+{
+	char *buf;
+	size_t n;
+
+	if (read_private(d, "--token-file", path, &buf))
+		return -1;
+	n = strlen(buf);
+	while (n && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
+		buf[--n] = 0;
+	for (size_t i = 0; i < n; i++)
+		if (buf[i] <= ' ' || buf[i] > '~') {
+			cl_log(d, HALITE_LOG_ERROR, "--token-file %s: the token has a blank, control "
+			       "or non-ASCII byte at %zu: it must be printable ASCII (e.g. "
+			       "openssl rand -hex 32 > %s)", path, i, path);
+			goto fail;
+		}
+	if (n < 32) {
+		cl_log(d, HALITE_LOG_ERROR, "--token-file %s: the token has %zu characters, at least "
+		       "32 are needed (e.g. openssl rand -hex 32 > %s)", path, n, path);
+		goto fail;
+	}
+	d->o.token = buf;
+	return 0;
+fail:
+	explicit_bzero(buf, n);
+	free(buf);
+	return -1;
+}
+
+/* A certificate file (PEM) for TLS: public, any mode. */
+static int read_cert(struct cloned *d, const char *opt, const char *path, char **out)
+{
+	FILE *f = fopen(path, "re");
+	char *buf;
+
+	if (!f) {
+		cl_log(d, HALITE_LOG_ERROR, "%s %s: %s", opt, path, strerror(errno));
+		return -1;
+	}
+	buf = calloc(1, 65537);
+	if (buf)
+		fread(buf, 1, 65536, f);
+	if (!buf || ferror(f) || !feof(f) || !strstr(buf, "-----BEGIN CERTIFICATE-----")) {
+		cl_log(d, HALITE_LOG_ERROR, "%s %s: not a PEM certificate file of at most 64 KiB",
+		       opt, path);
+		fclose(f);
+		free(buf);
+		return -1;
+	}
+	fclose(f);
+	*out = buf;
+	return 0;
+}
+
+/*
  * The API socket: a stale socket file (no daemon answers on it) is
  * replaced; a live one means another daemon: refused.
  */
-static int bind_unix(struct cloned *d, const char *path)
+static int bind_unix(struct cloned *d, const char *path, gid_t gid)
 {
 	struct sockaddr_un a = { .sun_family = AF_UNIX };
 	char dir[sizeof(a.sun_path)], *slash;
-	int fd, probe;
+	int fd, probe, err;
+	mode_t old;
 
 	if (strlen(path) >= sizeof(a.sun_path)) {
 		cl_log(d, HALITE_LOG_ERROR, "--socket %s: path too long (at most %zu bytes)", path,
@@ -193,6 +354,8 @@ static int bind_unix(struct cloned *d, const char *path)
 			       strerror(errno));
 			return -1;
 		}
+		if (d->o.socket_group && socket_dir_group(d, dir, gid))
+			return -1;
 	}
 	probe = ctl_connect(path, 1000);
 	if (probe >= 0) {
@@ -202,9 +365,15 @@ static int bind_unix(struct cloned *d, const char *path)
 	}
 	unlink(path);
 	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) || chmod(path, 0660) ||
-	    listen(fd, 128)) {
-		cl_log(d, HALITE_LOG_ERROR, "--socket %s: %s", path, strerror(errno));
+	/* born 0660: no moment when it is wider (no other thread runs yet) */
+	old = umask(0117);
+	err = fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) ? errno : 0;
+	umask(old);
+	if (!err && ((d->o.socket_group && lchown(path, (uid_t)-1, gid)) || chmod(path, 0660) ||
+		     listen(fd, 128)))
+		err = errno;
+	if (err) {
+		cl_log(d, HALITE_LOG_ERROR, "--socket %s: %s", path, strerror(err));
 		if (fd >= 0)
 			close(fd);
 		return -1;
@@ -259,8 +428,7 @@ static int parse_listen(const char *spec, struct sockaddr_storage *ss, socklen_t
 	}
 	return 0;
 not_loopback:
-	snprintf(err, errlen, "--listen %s: loopback addresses only (the API has no "
-		 "authentication)", spec);
+	snprintf(err, errlen, "--listen %s: loopback addresses only", spec);
 	return -1;
 }
 
@@ -472,7 +640,8 @@ static int qemu_confinement(struct cloned *d, char *msg, size_t len)
 
 enum { O_SOCKET = 256, O_LISTEN, O_STATE, O_MEM, O_SYNTH, O_QEMU, O_READERS, O_LAT,
        O_RATE, O_HOT, O_LOG, O_CACHE, O_CLONE_MEM, O_CLONE_CPU,
-       O_QEMU_SYSTEM, O_CLONE_USER, O_QEMU_DIR, O_SNAPDIR };
+       O_QEMU_SYSTEM, O_CLONE_USER, O_QEMU_DIR, O_SNAPDIR, O_TOKEN, O_SOCKGROUP, O_ROUTES,
+       O_TLS_CERT, O_TLS_KEY, O_TLS_CA };
 
 /* What each option with a range takes, as the help says it. */
 static const char *want_of(int c)
@@ -505,6 +674,9 @@ int main(int argc, char **argv)
 		{ "clone-user", 1, 0, O_CLONE_USER },
 		{ "qemu-dir", 1, 0, O_QEMU_DIR },
 		{ "snapshot-dir", 1, 0, O_SNAPDIR },
+		{ "token-file", 1, 0, O_TOKEN },   { "socket-group", 1, 0, O_SOCKGROUP },
+		{ "list-routes", 0, 0, O_ROUTES }, { "tls-cert", 1, 0, O_TLS_CERT },
+		{ "tls-key", 1, 0, O_TLS_KEY },	   { "tls-client-ca", 1, 0, O_TLS_CA },
 		{ "help", 0, 0, 'h' },		   { "version", 0, 0, 'V' },
 		{ 0 },
 	};
@@ -519,8 +691,11 @@ int main(int argc, char **argv)
 	};
 	const char *snapdirs[16];
 	unsigned nsnapdirs = 0;
-	void *mhd_unix = NULL, *mhd_tcp = NULL;
+	struct api *api = NULL;
 	struct sockaddr_storage ss;
+	struct rlimit rl;
+	gid_t gid = (gid_t)-1;
+	bool clean;
 	socklen_t sslen;
 	char msg[512];
 	int c, ufd, tfd = -1, sig;
@@ -532,6 +707,14 @@ int main(int argc, char **argv)
 		switch (c) {
 		case O_SOCKET: d.o.socket_path = optarg; break;
 		case O_LISTEN: d.o.listen = optarg; break;
+		case O_TOKEN: d.o.token_file = optarg; break;
+		case O_SOCKGROUP: d.o.socket_group = optarg; break;
+		case O_TLS_CERT: d.o.tls_cert_file = optarg; break;
+		case O_TLS_KEY: d.o.tls_key_file = optarg; break;
+		case O_TLS_CA: d.o.tls_ca_file = optarg; break;
+		case O_ROUTES:
+			api_print_routes(stdout);
+			return 0;
 		case O_STATE: d.o.state_dir = optarg; break;
 		case O_MEM: d.o.mem_dir = optarg; break;
 		case O_SNAPDIR:
@@ -637,6 +820,35 @@ int main(int argc, char **argv)
 	}
 	if (d.o.listen && parse_listen(d.o.listen, &ss, &sslen, msg, sizeof(msg)))
 		goto usage_err;
+	if (d.o.listen && !d.o.token_file) {
+		snprintf(msg, sizeof(msg), "--listen needs --token-file PATH: TCP callers must "
+			 "authenticate (e.g. openssl rand -hex 32 > PATH; chmod 600 PATH)");
+		goto usage_err;
+	}
+	if (d.o.token_file && !d.o.listen) {
+		snprintf(msg, sizeof(msg), "--token-file is for --listen (the unix socket is "
+			 "guarded by its permissions: --socket-group)");
+		goto usage_err;
+	}
+	if ((d.o.tls_cert_file || d.o.tls_key_file || d.o.tls_ca_file) &&
+	    (!d.o.tls_cert_file || !d.o.tls_key_file || !d.o.tls_ca_file || !d.o.listen)) {
+		snprintf(msg, sizeof(msg), "--tls-cert, --tls-key and --tls-client-ca go together, "
+			 "with --listen");
+		goto usage_err;
+	}
+	if (d.o.socket_group) {
+		struct group *g = getgrnam(d.o.socket_group);
+
+		if (g) {
+			gid = g->gr_gid;
+		} else if (!parse_u64(d.o.socket_group, &v) && v < (gid_t)-1) {
+			gid = (gid_t)v;
+		} else {
+			snprintf(msg, sizeof(msg), "--socket-group %s: no such group",
+				 d.o.socket_group);
+			goto usage_err;
+		}
+	}
 	if (resolve_bin(&d.o.synth_bin, "halite-synth", "guest", "--synth-bin") ||
 	    resolve_bin(&d.o.qemu_bin, "halite-qemu", "tools/halite-qemu", "--qemu-bin")) {
 		free(d.o.synth_bin);
@@ -662,6 +874,18 @@ int main(int argc, char **argv)
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
 	signal(SIGPIPE, SIG_IGN);
 
+	/* a connection is a descriptor: room for API's limit and the clones' */
+	if (!getrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		setrlimit(RLIMIT_NOFILE, &rl);
+	}
+	if (d.o.token_file && read_token(&d, d.o.token_file))
+		goto start_err;
+	if (d.o.tls_cert_file &&
+	    (read_cert(&d, "--tls-cert", d.o.tls_cert_file, &d.o.tls_cert) ||
+	     read_cert(&d, "--tls-client-ca", d.o.tls_ca_file, &d.o.tls_ca) ||
+	     read_private(&d, "--tls-key", d.o.tls_key_file, &d.o.tls_key)))
+		goto start_err;
 	for (unsigned i = 0; i < nsnapdirs; i++) {
 		if (snapdir_add(&d, snapdirs[i], msg, sizeof(msg))) {
 			cl_log(&d, HALITE_LOG_ERROR, "%s", msg);
@@ -679,7 +903,7 @@ int main(int argc, char **argv)
 		cl_log(&d, HALITE_LOG_ERROR, "%s (--clone-memory-max, --clone-cpu-max)", msg);
 		goto start_err;
 	}
-	ufd = bind_unix(&d, d.o.socket_path);
+	ufd = bind_unix(&d, d.o.socket_path, gid);
 	if (ufd < 0)
 		goto start_err;
 	if (d.o.listen && (tfd = bind_tcp(&d, d.o.listen)) < 0) {
@@ -696,7 +920,7 @@ int main(int argc, char **argv)
 	tmpl_load_all(&d);
 	clones_load_all(&d);
 	confine_sweep(&d);
-	if (api_start(&d, ufd, tfd, &mhd_unix, &mhd_tcp)) {
+	if (api_start(&d, ufd, tfd, &api)) {
 		cl_log(&d, HALITE_LOG_ERROR, "the HTTP server did not start");
 		shutdown_registry(&d);
 		close(ufd);
@@ -726,17 +950,25 @@ int main(int argc, char **argv)
 	}
 	cl_log(&d, HALITE_LOG_INFO, "%s: stopping; clones run on for the next daemon",
 	       strsignal(sig));
-	api_stop(mhd_tcp);
-	api_stop(mhd_unix);
+	clean = api_stop(api, API_STOP_GRACE_MS);
 	close(ufd);
 	if (tfd >= 0)
 		close(tfd);
 	unlink(d.o.socket_path);
+	/* a slow request still running uses the registry and options: the exit frees them */
+	if (!clean)
+		return 0;
 	shutdown_registry(&d);
 	confine_fini(&d);
 	snapdir_free_all(&d);
 	if (d.lock_fd >= 0)
 		close(d.lock_fd);
+	free(d.o.token);
+	free(d.o.tls_cert);
+	free(d.o.tls_ca);
+	if (d.o.tls_key)
+		explicit_bzero(d.o.tls_key, strlen(d.o.tls_key));
+	free(d.o.tls_key);
 	free(d.o.synth_bin);
 	free(d.o.qemu_bin);
 	free(d.o.qemu_system);
