@@ -28,7 +28,7 @@ import test_clone as tc  # noqa: E402
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 SPEC = os.path.join(ROOT, "docs", "openapi.yaml")
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
-FUZZ_SECONDS = int(os.environ.get("HALITE_OPENAPI_FUZZ_SECONDS", "90"))
+FUZZ_SECONDS = int(os.environ.get("HALITE_OPENAPI_FUZZ_SECONDS", "60"))
 
 
 def load_spec():
