@@ -313,15 +313,18 @@ static uint64_t pss_of(pid_t pid)
 	return v;
 }
 
-/* This process's PSS of its mappings of @file (the engine's view of the template). */
-static uint64_t self_pss_of_file(const char *file)
+/* PSS of process @pid's mappings of @file (a clone's share of the template memory file). */
+static uint64_t pss_of_file(pid_t pid, const char *file)
 {
-	char line[PATH_MAX + 128];
+	char line[PATH_MAX + 128], path[64];
 	unsigned long long kb;
 	bool in = false;
 	uint64_t v = 0;
 	size_t fl = strlen(file);
-	FILE *f = fopen("/proc/self/smaps", "re");
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/smaps", (int)pid);
+	f = fopen(path, "re");
 
 	if (!f)
 		return 0;
@@ -559,7 +562,18 @@ joined:
 		r->bytes_read = ts.bytes_read;
 		r->lb_decoded = ts.lb_demand + ts.lb_prefetch;
 		r->cache_bytes = ts.mem_bytes;
-		r->pss = r->pss_clones + self_pss_of_file(b->mem);
+		/*
+		 * The host's memory: each clone's private pages, plus the template
+		 * memory file's resident pages once (the clones' PSS holds their
+		 * shares of the file's pages they map: taken out, the file counted
+		 * whole). Not the engine's own mapping: it writes with pwrite().
+		 */
+		uint64_t shared = 0;
+
+		for (unsigned i = 0; i < n; i++)
+			shared += pss_of_file(c[i].pid, b->mem);
+		r->pss = r->pss_clones - (shared < r->pss_clones ? shared : r->pss_clones) +
+			 r->cache_bytes;
 	} else {
 		r->bytes_read = r->lb_decoded = r->cache_bytes = 0;
 		for (unsigned i = 0; i < n; i++) {
