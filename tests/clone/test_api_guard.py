@@ -49,7 +49,8 @@ import urllib.parse
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_clone  # noqa: E402
-from test_clone import CLONED, CLIENT, SYNTH, Env, Fail, check, log  # noqa: E402
+import test_clone as tc  # noqa: E402
+from test_clone import CLONED, CLIENT, SYNTH, Fail, check, log  # noqa: E402
 
 
 class Skip(Exception):
@@ -57,14 +58,6 @@ class Skip(Exception):
 
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def read_reply(s, timeout=5.0, wait_close=1.0):
@@ -182,7 +175,7 @@ def make_token(e, name="token", mode=0o600, text=None):
 
 def start_tcp(e, *extra):
     """The daemon with --listen and --token-file: its Tcp."""
-    port = free_port()
+    port = tc.hg.free_port()
     tok = make_token(e)
     e.start("--listen", "127.0.0.1:%d" % port, "--token-file", tok, *extra)
     with open(tok) as f:
@@ -204,7 +197,7 @@ def templates(e):
 # --- cases -----------------------------------------------------------------
 
 def case_auth(e):
-    port = free_port()
+    port = tc.hg.free_port()
     rc, out = run_daemon(e, "--listen", "127.0.0.1:%d" % port)
     check(rc == 2 and "--token-file" in out, "--listen without --token-file: rc %s: %s" % (rc, out))
     bad = make_token(e, "t644", 0o644)
@@ -628,7 +621,7 @@ def case_tls(e):
     make_pki(pki)
     P = lambda f: os.path.join(pki, f)  # noqa: E731
     tls_args = ["--tls-cert", P("srv.crt"), "--tls-key", P("srv.key"), "--tls-client-ca", P("ca.crt")]
-    port = free_port()
+    port = tc.hg.free_port()
     tok = make_token(e)
     loose = P("loose.key")
     with open(P("srv.key")) as f, open(loose, "w") as g:
@@ -703,31 +696,7 @@ CASES = {"auth": case_auth, "browser": case_browser, "limits": case_limits, "sig
 
 
 def main():
-    if len(sys.argv) != 2 or sys.argv[1] not in CASES:
-        print(__doc__, file=sys.stderr)
-        return 2
-    for name, v in (("HALITE_CLONED_BIN", CLONED), ("HALITE_CLONE_BIN", CLIENT),
-                    ("HALITE_SYNTH_BIN", SYNTH)):
-        if not v:
-            print("%s not set" % name, file=sys.stderr)
-            return 2
-    if os.geteuid() != 0:
-        print("skip: the daemon serves other processes' userfaultfds, and nobody is played (root)")
-        return 77
-    e = Env("guard-" + sys.argv[1])
-    try:
-        CASES[sys.argv[1]](e)
-        log("%s: ok" % sys.argv[1])
-        return 0
-    except Skip as x:
-        log("skip: %s" % x)
-        return 77
-    except Exception as x:  # a Fail, or anything else: the daemon's log helps
-        log("%s: FAIL: %s: %s" % (sys.argv[1], type(x).__name__, x))
-        log("--- daemon log ---\n" + e.log_text())
-        return 1
-    finally:
-        e.cleanup()
+    return tc.run_cases(CASES, __doc__, "guard-")
 
 
 if __name__ == "__main__":

@@ -706,9 +706,13 @@ CASES = {"api": case_api, "bad-requests": case_bad_requests, "exact": case_exact
          "hotset-relayout": case_hotset_relayout}
 
 
-def main():
-    if len(sys.argv) != 2 or sys.argv[1] not in CASES:
-        print(__doc__, file=sys.stderr)
+def run_cases(cases, doc, prefix="", teardown=None):
+    """The case runner every tests/clone script shares: `SCRIPT CASE`, a daemon
+    environment of its own, exit 0 (pass), 1 (fail: the daemon's log shown),
+    2 (usage) or 77 (skip). @teardown(e), if given, ends the case instead of
+    e.cleanup() (and must call it)."""
+    if len(sys.argv) != 2 or sys.argv[1] not in cases:
+        print(doc, file=sys.stderr)
         return 2
     for name, v in (("HALITE_CLONED_BIN", CLONED), ("HALITE_CLONE_BIN", CLIENT),
                     ("HALITE_SYNTH_BIN", SYNTH), ("HALITE_INSPECT_BIN", INSPECT)):
@@ -718,9 +722,9 @@ def main():
     if os.geteuid() != 0:
         print("skip: the engine serves other processes' userfaultfds (root)")
         return 77
-    e = Env(sys.argv[1])
+    e = Env(prefix + sys.argv[1])
     try:
-        CASES[sys.argv[1]](e)
+        cases[sys.argv[1]](e)
         log("%s: ok" % sys.argv[1])
         return 0
     except Skip as x:
@@ -731,7 +735,11 @@ def main():
         log("--- daemon log ---\n" + e.log_text())
         return 1
     finally:
-        e.cleanup()
+        (teardown or Env.cleanup)(e)
+
+
+def main():
+    return run_cases(CASES, __doc__)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_clone  # noqa: E402
-from test_clone import (Env, Fail, INSPECT, check, ctl, log)  # noqa: E402
+import test_clone as tc  # noqa: E402
+from test_clone import (INSPECT, check, log)  # noqa: E402
 
 OTHER_SOCK = "/tmp/other.sock"
 
@@ -415,45 +416,28 @@ CASES = {"synth-args": case_synth_args, "cgroup": case_cgroup, "oom": case_oom,
          "qemu-args": case_qemu_args, "qemu": case_qemu}
 
 
-def main():
-    if len(sys.argv) != 2 or sys.argv[1] not in CASES:
-        print(__doc__, file=sys.stderr)
-        return 2
-    for name in ("HALITE_CLONED_BIN", "HALITE_SYNTH_BIN", "HALITE_INSPECT_BIN"):
-        if not os.environ.get(name):
-            print("%s not set" % name, file=sys.stderr)
-            return 2
-    if os.geteuid() != 0:
-        print("skip: the engine serves other processes' userfaultfds (root)")
-        return 77
-    e = Env("confine-" + sys.argv[1])
-    try:
-        CASES[sys.argv[1]](e)
-        log("%s: ok" % sys.argv[1])
-        return 0
-    except Skip as x:
-        log("skip: %s" % x)
-        return 77
-    except Exception as x:  # a Fail, or anything else: the daemon's log helps
-        log("%s: FAIL: %s: %s" % (sys.argv[1], type(x).__name__, x))
-        log("--- daemon log ---\n" + e.log_text())
-        return 1
-    finally:
-        cdir = os.path.join(e.state, "clones")
-        cids = os.listdir(cdir) if os.path.isdir(cdir) else []
-        e.cleanup()
-        _, mem, cpu = hierarchy()
-        for cid in cids:  # a failed case's cgroups; the daemon removes its own
-            for d in {mem, cpu} - {None}:
-                for _ in range(50):
-                    try:
-                        os.rmdir(os.path.join(d, "halite-cloned", cid))
-                    except FileNotFoundError:
-                        break
-                    except OSError:
-                        time.sleep(0.05)
-                        continue
+def teardown(e):
+    """The case's daemon and processes, then a failed case's cgroups (the
+    daemon removes its own clones')."""
+    cdir = os.path.join(e.state, "clones")
+    cids = os.listdir(cdir) if os.path.isdir(cdir) else []
+    e.cleanup()
+    _, mem, cpu = hierarchy()
+    for cid in cids:
+        for d in {mem, cpu} - {None}:
+            for _ in range(50):
+                try:
+                    os.rmdir(os.path.join(d, "halite-cloned", cid))
+                except FileNotFoundError:
                     break
+                except OSError:
+                    time.sleep(0.05)
+                    continue
+                break
+
+
+def main():
+    return tc.run_cases(CASES, __doc__, "confine-", teardown=teardown)
 
 
 if __name__ == "__main__":

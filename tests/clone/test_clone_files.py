@@ -42,7 +42,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_clone import (CLONED, INSPECT, SYNTH, Env, Fail, check, hg, log,  # noqa: E402
+import test_clone as tc  # noqa: E402
+from test_clone import (CLONED, INSPECT, SYNTH, Fail, check, hg, log,  # noqa: E402
                         slow_daemon_args, stop_daemon)
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
@@ -371,31 +372,10 @@ CASES = {"snapdir": case_snapdir, "resave": case_resave, "unavailable": case_una
 
 
 def main():
-    if len(sys.argv) != 2 or sys.argv[1] not in CASES:
-        print(__doc__, file=sys.stderr)
-        return 2
-    for name, v in (("HALITE_CLONED_BIN", CLONED), ("HALITE_SYNTH_BIN", SYNTH),
-                    ("HALITE_INSPECT_BIN", INSPECT)):
-        if not v:
-            print("%s not set" % name, file=sys.stderr)
-            return 2
-    if os.geteuid() != 0:
-        print("skip: the engine serves other processes' userfaultfds (root)")
-        return 77
     if not shutil.which("setpriv"):
         print("skip: no setpriv (util-linux) to act as user nobody")
         return 77
-    e = Env("files-" + sys.argv[1])
-    try:
-        CASES[sys.argv[1]](e)
-        log("%s: ok" % sys.argv[1])
-        return 0
-    except Exception as x:  # a Fail, or anything else: the daemon's log helps
-        log("%s: FAIL: %s: %s" % (sys.argv[1], type(x).__name__, x))
-        log("--- daemon log ---\n" + e.log_text())
-        return 1
-    finally:
-        e.cleanup()
+    return tc.run_cases(CASES, __doc__, "files-")
 
 
 if __name__ == "__main__":

@@ -30,14 +30,13 @@ descriptor 3.
 """
 import os
 import shutil
-import stat
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_clone as tc  # noqa: E402
-from test_clone import Env, Fail, Skip, check, log, hg  # noqa: E402
+from test_clone import Skip, check, log, hg  # noqa: E402
 
 META_SET = os.environ.get("HALITE_CLONE_META_SET_BIN")
 QEMU_SYSTEM = shutil.which("qemu-system-x86_64")
@@ -227,26 +226,7 @@ CASES = {"confine": case_confine}
 
 
 def main():
-    if len(sys.argv) != 2 or sys.argv[1] not in CASES:
-        print(__doc__, file=sys.stderr)
-        return 2
-    if os.geteuid() != 0:
-        print("skip: the engine serves other processes' userfaultfds (root)")
-        return 77
-    e = Env("qconfine")
-    try:
-        CASES[sys.argv[1]](e)
-        log("%s: ok" % sys.argv[1])
-        return 0
-    except Skip as x:
-        log("skip: %s" % x)
-        return 77
-    except Exception as x:
-        log("%s: FAIL: %s: %s" % (sys.argv[1], type(x).__name__, x))
-        log("--- daemon log ---\n" + e.log_text())
-        return 1
-    finally:
-        e.cleanup()
+    return tc.run_cases(CASES, __doc__, "qconfine-")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@
   reply is a 5xx, that every reply is valid JSON of the documented shape and
   content type, and that the daemon is alive and answers /healthz after.
 """
-import json
 import os
 import shutil
 import subprocess
@@ -107,16 +106,6 @@ def case_routes(e):
            % (len(want), sum(len(m) for m in want.values())))
 
 
-def free_port():
-    import socket
-
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def case_fuzz(e):
     st_bin = shutil.which("st") or shutil.which("schemathesis")
     tc.check(st_bin, "schemathesis is not installed (scripts/install-deps.sh installs it)")
@@ -125,7 +114,7 @@ def case_fuzz(e):
     fd = os.open(tokf, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     os.write(fd, (token + "\n").encode())
     os.close(fd)
-    port = free_port()
+    port = tc.hg.free_port()
     e.start("--listen", "127.0.0.1:%d" % port, "--token-file", tokf)
     # Something to find: a template, so GET /templates and /metrics have content.
     e.template(e.snapshot())
@@ -158,26 +147,7 @@ CASES = {"routes": case_routes, "fuzz": case_fuzz}
 
 
 def main():
-    if len(sys.argv) != 2 or sys.argv[1] not in CASES:
-        print(__doc__, file=sys.stderr)
-        return 2
-    if os.geteuid() != 0:
-        print("skip: the daemon serves other processes' userfaultfds (root)")
-        return 77
-    e = tc.Env("openapi-" + sys.argv[1])
-    try:
-        CASES[sys.argv[1]](e)
-        tc.log("%s: ok" % sys.argv[1])
-        return 0
-    except tc.Skip as x:
-        tc.log("skip: %s" % x)
-        return 77
-    except Exception as x:
-        tc.log("%s: FAIL: %s: %s" % (sys.argv[1], type(x).__name__, x))
-        tc.log("--- daemon log ---\n" + e.log_text())
-        return 1
-    finally:
-        e.cleanup()
+    return tc.run_cases(CASES, __doc__, "openapi-")
 
 
 if __name__ == "__main__":
