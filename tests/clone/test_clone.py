@@ -2,6 +2,7 @@
 """End-to-end tests of halite-cloned, the template fast-clone service (issue 14).
 
   test_clone.py CASE     CASE: api, bad-requests, exact, kill-restart, delete, corrupt,
+                         damaged-chunk, cache-limit, hotset-relayout,
                          qemu
 
 Each case starts its own daemon (temporary --socket, --state-dir, and a
@@ -32,6 +33,8 @@ every process it started at the end, clones included, even when it fails.
   privately) run at once, each on its own forwarded port, QMP socket, serial
   file and MAC, and the verifier inside each re-reads its 64 MiB and finds
   the snapshot's digest. Skipped (77) without QEMU or the guest image.
+- damaged-chunk: a format 1.1 template whose MB-map chunk is damaged: its clone
+  fails naming the chunk (never zero pages); a good template's clone is exact.
 - hotset-relayout: the learning loop (issue 17). Clones teach a template its
   hot set, which the daemon saves at the path the template's JSON names;
   `halite-inspect restore` reads it as a template's restore trace and
@@ -546,6 +549,43 @@ def case_corrupt(e):
     e.check_exact(cg, want)
 
 
+def damage_mb_map_entry(snap, out, mb):
+    """A copy of @snap with memory block @mb's entry in the MB map damaged (a
+    format 1.1 file: its chunk fails its checksum when first used)."""
+    shutil.copy(snap, out)
+    info = json.loads(subprocess.run([INSPECT, "info", "--json", out], stdout=subprocess.PIPE,
+                                     check=True, timeout=60).stdout)
+    check(str(info["version"]) == "1.1", "%s is format %s, not 1.1 (chunked index)" % (snap, info["version"]))
+    off = next(x["offset"] for x in info["sections"] if x["name"] == "mb-map")
+    with open(out, "r+b") as f:
+        f.seek(off + 8 * mb + 1)
+        b = f.read(1)
+        f.seek(off + 8 * mb + 1)
+        f.write(bytes([b[0] ^ 1]))
+
+
+def case_damaged_chunk(e):
+    """A damaged MB-map chunk (issue 24): the clone that needs it fails naming the
+    chunk, never runs on zero pages; a clone of a good template is exact."""
+    e.start()
+    good = e.snapshot("big.hlt", "--mem", "128")  # 16384 blocks: two MB-map chunks
+    bad = os.path.join(e.tmp, "bad.hlt")
+    damage_mb_map_entry(good, bad, 8192 + 7)
+    tb = e.template(bad, hotset=False)
+    cb = e.clones(tb["id"], 1, premap_hot=False, accesses=32768)[0]
+    c = e.wait_state(cb, ("failed", "done", "exited"), timeout=60)
+    check(c["state"] == "failed" and "mb-map chunk 1" in c["error"] and bad in c["error"],
+          "the clone of the damaged file: %s, %r (wanted failed, naming the file and "
+          "mb-map chunk 1)"
+          % (c["state"], c["error"]))
+    log("  failed clone: %s" % c["error"])
+    check(e.ok("GET", "/healthz")["ok"], "daemon unhealthy")
+    tg = e.template(good)
+    cg = e.clones(tg["id"], 1)[0]
+    e.wait_state(cg, ("done",), timeout=60)
+    e.check_exact(cg, e.extract(good))
+
+
 class Skip(Exception):
     pass
 
@@ -702,7 +742,7 @@ def case_hotset_relayout(e):
 
 CASES = {"api": case_api, "bad-requests": case_bad_requests, "exact": case_exact,
          "kill-restart": case_kill_restart, "delete": case_delete, "corrupt": case_corrupt,
-         "cache-limit": case_cache_limit, "qemu": case_qemu,
+         "cache-limit": case_cache_limit, "qemu": case_qemu, "damaged-chunk": case_damaged_chunk,
          "hotset-relayout": case_hotset_relayout}
 
 

@@ -205,6 +205,8 @@ void tmpl_create(struct cloned *d, const cJSON *body, struct http_reply *r);
 unsigned tmpl_open(struct cloned *d, struct tmpl *tp, bool reload, char *err, size_t errlen);
 void tmpl_destroy(struct tmpl *tp);
 struct tmpl *tmpl_find(struct cloned *d, const char *id); /* lock held */
+/* An engine message naming the snapshot, not the descriptor's /proc path. */
+void tmpl_engine_msg(const struct tmpl *tp, const char *msg, char *out, size_t len);
 cJSON *tmpl_json(struct tmpl *tp, bool detail);		  /* lock held */
 void tmpl_list(struct cloned *d, struct http_reply *r);
 void tmpl_show(struct cloned *d, const char *id, struct http_reply *r);

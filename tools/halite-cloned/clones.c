@@ -83,7 +83,7 @@ static void clone_refresh(struct clone *c)
 	halite_session_stats(c->s, &st);
 	if (st.error) {
 		c->state = CL_FAILED;
-		snprintf(c->error, sizeof(c->error), "%s", halite_session_errmsg(c->s));
+		tmpl_engine_msg(c->tp, halite_session_errmsg(c->s), c->error, sizeof(c->error));
 	} else if (st.done) {
 		c->state = CL_DONE;
 	}

@@ -44,6 +44,26 @@ static void fd_path(const struct tmpl *tp, char *buf, size_t len)
 	snprintf(buf, len, "/proc/self/fd/%d", tp->snap_fd);
 }
 
+/*
+ * The engine's message @msg with the descriptor's path put back as the
+ * snapshot's name (what the operator knows it by), into @out.
+ */
+void tmpl_engine_msg(const struct tmpl *tp, const char *msg, char *out, size_t len)
+{
+	char path[32];
+	const char *at;
+	size_t n;
+
+	fd_path(tp, path, sizeof(path));
+	n = strlen(path);
+	at = tp->snap_fd > 0 ? strstr(msg, path) : NULL;
+	if (!at || (at[n] >= '0' && at[n] <= '9')) {
+		snprintf(out, len, "%s", msg);
+		return;
+	}
+	snprintf(out, len, "%.*s%s%s", (int)(at - msg), msg, tp->snapshot, at + n);
+}
+
 struct tmpl *tmpl_find(struct cloned *d, const char *id)
 {
 	for (struct tmpl *tp = d->templates; tp; tp = tp->next)
@@ -319,7 +339,14 @@ cJSON *tmpl_json(struct tmpl *tp, bool detail)
 	cJSON_AddNumberToObject(s, "hot_mb", (double)st.hot_mb);
 	cJSON_AddNumberToObject(s, "hot_mb_prefix", (double)st.hot_mb_prefix);
 	cJSON_AddBoolToObject(s, "complete", st.complete);
-	cJSON_AddStringToObject(s, "error", st.error ? halite_template_errmsg(tp->t) : "");
+	if (st.error) {
+		char msg[1024];
+
+		tmpl_engine_msg(tp, halite_template_errmsg(tp->t), msg, sizeof(msg));
+		cJSON_AddStringToObject(s, "error", msg);
+	} else {
+		cJSON_AddStringToObject(s, "error", "");
+	}
 	return j;
 }
 
