@@ -315,10 +315,21 @@ char *confine_path(const struct cloned *d, const struct clone *c)
 	return cg_path(d->cg.mem ? d->cg.mem : d->cg.cpu, c->id);
 }
 
+/*
+ * @c's v1 cpu cgroup, only when it has a CPU limit: under CFS group
+ * scheduling a cgroup weighs as one task against every task outside it, so
+ * a clone's vCPU threads in a cgroup of their own would get far less CPU on
+ * a busy host than they do unconfined. NULL without.
+ */
+static char *cpu_path(const struct cloned *d, const struct clone *c)
+{
+	return d->cg.version == 1 && c->cpu_max > 0 ? cg_path(d->cg.cpu, c->id) : NULL;
+}
+
 /* The cgroup(s) of @c made and limited: 0, or -errno with @err. */
 int confine_create(struct cloned *d, struct clone *c, char *err, size_t errlen)
 {
-	char *mem = cg_path(d->cg.mem, c->id), *cpu = d->cg.version == 1 ? cg_path(d->cg.cpu, c->id) : NULL;
+	char *mem = cg_path(d->cg.mem, c->id), *cpu = cpu_path(d, c);
 	char v[64];
 	int ret = 0;
 
@@ -379,8 +390,7 @@ out:
 /* @pid moved into @c's cgroup(s); its children to come follow it. */
 int confine_attach(struct cloned *d, const struct clone *c, pid_t pid, char *err, size_t errlen)
 {
-	char *dirs[2] = { cg_path(d->cg.mem, c->id),
-			  d->cg.version == 1 ? cg_path(d->cg.cpu, c->id) : NULL };
+	char *dirs[2] = { cg_path(d->cg.mem, c->id), cpu_path(d, c) };
 	char v[32];
 	int ret = 0;
 
