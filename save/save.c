@@ -260,7 +260,7 @@ struct halite_save {
 	struct halite_defer defer; /* the background's: what its walk leaves for later */
 	uint32_t defer_window;	   /* HALITE_SAVE_DEFER_WINDOW, or a test's */
 	_Atomic bool test_hold_deferred; /* halite_save_test_hold_deferred() */
-	_Atomic bool deferred_held;	 /* the background waits for that hold's release */
+	_Atomic bool deferred_held;	 /* the background reached that hold (stays set) */
 	pthread_mutex_t roots_lock;
 	struct halite_save_test_walk walk_end; /* set by the background thread */
 
@@ -1391,7 +1391,6 @@ static int bg_deferred(struct halite_save *s, struct bg *b)
 		atomic_store(&s->deferred_held, true);
 		while (atomic_load(&s->test_hold_deferred) && !atomic_load(&s->stopping))
 			nanosleep(&ts, NULL);
-		atomic_store(&s->deferred_held, false);
 	}
 	for (size_t i = 0; i < d->n; i++) {
 		uint64_t mb = d->order[i];
