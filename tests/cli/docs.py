@@ -11,7 +11,9 @@
   from the programs' --help;
 - LICENSE is MIT as every SPDX header says; CHANGELOG.md has the version;
 - README.md's links and docs/ and scripts/ paths exist in the tree; the
-  README and docs/ use the CLI's words ("never touched").
+  README and docs/ use the CLI's words ("never touched");
+- the C examples of docs/examples/ (the README's) compile against the
+  public headers and link against the library built here.
 """
 import glob
 import os
@@ -329,6 +331,27 @@ def test_readme():
         check(word in readme, f"README.md mentions {word.strip()}")
 
 
+def test_examples():
+    """docs/examples/*.c: what the README shows must build as a user builds it."""
+    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if not check(cc, "a C compiler (cc) for docs/examples"):
+        return
+    lib = os.path.join(BUILD, "libhalite.so")
+    examples = sorted(glob.glob(os.path.join(SRC, "docs", "examples", "*.c")))
+    check(len(examples) >= 2, f"docs/examples has the restore and save examples ({len(examples)})")
+    with tempfile.TemporaryDirectory() as tmp:
+        for ex in examples:
+            name = os.path.relpath(ex, SRC)
+            cmd = [cc, "-std=c11", "-Wall", "-Wextra", "-Werror",
+                   "-I" + os.path.join(SRC, "halite", "include"), ex]
+            if os.path.exists(lib):
+                cmd += ["-o", os.path.join(tmp, "a.out"), lib]
+            else:
+                cmd += ["-fsyntax-only"]
+            r = run(cmd)
+            check(r.returncode == 0, f"{name} compiles: {r.stderr.strip()}")
+
+
 def main():
     tg, links, installed = targets()
     check(set(installed) == {"halite-inspect", "halite-qemu", "halite-synth", "halite-cloned",
@@ -343,6 +366,7 @@ def main():
     test_completion()
     test_license_changelog()
     test_readme()
+    test_examples()
     if failures:
         print(f"{len(failures)} check(s) failed")
         return 1
