@@ -450,6 +450,16 @@ def test_man3():
                           f"an installed .so link renders its page: {r.stderr.strip()}")
 
 
+def sanitize_flags():
+    """-fsanitize=... when BUILD is a sanitizer build (HALITE_SANITIZE)."""
+    try:
+        with open(os.path.join(BUILD, "CMakeCache.txt")) as f:
+            m = re.search(r"^HALITE_SANITIZE:STRING=(.+)$", f.read(), re.M)
+    except OSError:
+        return []
+    return ["-fsanitize=" + m.group(1).strip()] if m and m.group(1).strip() else []
+
+
 def test_examples():
     """docs/examples/*.c: what the README shows must build as a user builds it."""
     cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
@@ -464,7 +474,8 @@ def test_examples():
             cmd = [cc, "-std=c11", "-Wall", "-Wextra", "-Werror",
                    "-I" + os.path.join(SRC, "halite", "include"), ex]
             if os.path.exists(lib):
-                cmd += ["-o", os.path.join(tmp, "a.out"), lib]
+                # A sanitizer build's library needs its runtime linked in too.
+                cmd += ["-o", os.path.join(tmp, "a.out"), lib] + sanitize_flags()
             else:
                 cmd += ["-fsyntax-only"]
             r = run(cmd)
