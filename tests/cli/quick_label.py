@@ -14,56 +14,52 @@ import os
 import subprocess
 import sys
 
-SRC = os.environ.get("HALITE_SOURCE_DIR",
-                     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-BUILD = os.environ.get("HALITE_BINARY_DIR", os.path.join(SRC, "build"))
 FORBIDDEN = ("qemu", "reliability")
-
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what)
-    return cond
 
 
 def props(test):
     return {p["name"]: p["value"] for p in test.get("properties", [])}
 
 
-def main():
-    r = subprocess.run(["ctest", "--test-dir", BUILD, "--show-only=json-v1"],
+def label_problems(build):
+    """What is wrong with the quick label in @build's tests, one line each."""
+    r = subprocess.run(["ctest", "--test-dir", build, "--show-only=json-v1"],
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
     if r.returncode != 0:
-        print("ctest --show-only=json-v1 failed:", r.stderr.strip())
-        return 1
+        return ["ctest --show-only=json-v1: " + r.stderr.strip()]
     tests = json.loads(r.stdout)["tests"]
     quick = [t for t in tests if "quick" in props(t).get("LABELS", [])]
-    check(quick, "no test is labelled quick")
+    print(f"{len(quick)} of {len(tests)} tests labelled quick")
+    found = [] if quick else ["no test is labelled quick"]
     for t in quick:
         p = props(t)
-        labels = p.get("LABELS", [])
-        for bad in FORBIDDEN:
-            check(bad not in labels, f"{t['name']} is labelled quick and {bad}")
-        check("hugepages" not in p.get("RESOURCE_LOCK", []),
-              f"{t['name']} is labelled quick but takes the hugepages lock")
-        check(not p.get("RUN_SERIAL", False),
-              f"{t['name']} is labelled quick but runs alone (RUN_SERIAL)")
-    print(f"{len(quick)} of {len(tests)} tests labelled quick")
+        found += [f"{t['name']} is labelled quick and {bad}"
+                  for bad in FORBIDDEN if bad in p.get("LABELS", [])]
+        if "hugepages" in p.get("RESOURCE_LOCK", []):
+            found.append(f"{t['name']} is labelled quick but takes the hugepages lock")
+        if p.get("RUN_SERIAL", False):
+            found.append(f"{t['name']} is labelled quick but runs alone (RUN_SERIAL)")
+    return found
 
-    r = subprocess.run(["bash", os.path.join(SRC, "scripts", "test.sh"), "--help"],
+
+def help_problems(src):
+    """What scripts/test.sh --help fails to say."""
+    r = subprocess.run(["bash", os.path.join(src, "scripts", "test.sh"), "--help"],
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
-    check(r.returncode == 0, f"scripts/test.sh --help exits {r.returncode}")
-    for flag in ("--quick", "--release"):
-        check(flag in r.stdout, f"scripts/test.sh --help does not name {flag}")
+    found = [] if r.returncode == 0 else [f"scripts/test.sh --help exits {r.returncode}"]
+    return found + [f"scripts/test.sh --help does not name {flag}"
+                    for flag in ("--quick", "--release") if flag not in r.stdout]
 
-    if failures:
-        print(f"{len(failures)} failure(s)")
-        return 1
-    print("ok")
-    return 0
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    src = os.environ.get("HALITE_SOURCE_DIR") or os.path.dirname(os.path.dirname(here))
+    build = os.environ.get("HALITE_BINARY_DIR") or os.path.join(src, "build")
+    found = label_problems(build) + help_problems(src)
+    for what in found:
+        print("FAIL:", what)
+    print(f"{len(found)} failure(s)" if found else "ok")
+    return 1 if found else 0
 
 
 if __name__ == "__main__":
