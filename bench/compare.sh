@@ -35,8 +35,8 @@
 #   --dir DIR      where the temporary worktrees, builds and outputs go (/var/tmp)
 #   --keep         keep that directory (its path is printed)
 #
-# A full run (3 runs, every part) takes about 35 minutes on a quiet 2-core
-# machine, builds included; halve that without qemu.
+# A full run (3 runs, every part) takes about 30 minutes on a 2-core machine,
+# builds included; about 15 without qemu (docs/bench-compare.md).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 all_parts=fault,micro,clones,save,qemu
@@ -47,7 +47,7 @@ image=
 base=/var/tmp
 keep=0
 revs=()
-usage() { sed -n '3,37p' "$0"; }
+usage() { sed -n '3,39p' "$0"; }
 while [[ $# -gt 0 ]]; do
 	case "$1" in
 	--runs|--only|--json|--image|--dir)
