@@ -291,12 +291,12 @@ def fmt(v, unit):
 
 w = max([len(n) for n in order] + [6])
 lines = [f"A = {rev_a} ({sha_a[:12]}), B = {rev_b} ({sha_b[:12]}), medians of {runs} run(s)",
-         f"{'metric':<{w}}  unit  {'A':>10}  {'B':>10}  {'B/A':>6}"]
+         f"{'metric':<{w}}  unit  {'A':>10}  {'B':>10}  {'B/A':>7}  {'B-A':>10}"]
 for n in order:
     m = metrics[n]
     r = f"{m['ratio']:.3f}" if m["ratio"] is not None else "-"
     lines.append(f"{n:<{w}}  {m['unit']:<4}  {fmt(m['a_median'], m['unit']):>10}  "
-                 f"{fmt(m['b_median'], m['unit']):>10}  {r:>6}")
+                 f"{fmt(m['b_median'], m['unit']):>10}  {r:>7}  {fmt(m['diff'], m['unit']):>10}")
 for e in errors:
     lines.append("error: " + e)
 print("\n".join(lines), file=sys.stderr)
