@@ -1666,16 +1666,12 @@ static int open_uffd(struct halite_save *s, uint64_t *missing)
 	if (s->has_huge)
 		want |= UFFD_FEATURE_MINOR_HUGETLBFS | UFFD_FEATURE_MISSING_HUGETLBFS |
 			UFFD_FEATURE_EXACT_ADDRESS;
-	if (!s->o.owner_pid) {
-		s->uffd = halite_uffd_open(want, missing);
-		return s->uffd < 0 ? s->uffd : 0;
-	}
-	s->uffd = fcntl(s->o.owner_uffd, F_DUPFD_CLOEXEC, 0);
-	if (s->uffd < 0)
-		return -errno;
-	ret = halite_uffd_api(s->uffd, want, missing);
-	/* The handshake may only be done once, and is ours to do. */
-	return ret == -EINVAL ? -HALITE_E_STATE : ret;
+	/* The owner's descriptor is new: the handshake is ours (no TAKEOVER). */
+	ret = halite_uffd_acquire(s->o.owner_pid ? s->o.owner_uffd : -1, want, 0, missing, NULL);
+	if (ret < 0)
+		return ret;
+	s->uffd = ret;
+	return 0;
 }
 
 static int make_gmem(struct halite_save *s)
@@ -1996,9 +1992,7 @@ static void disarm_regions(struct halite_save *s, uint32_t n)
 		struct sregion *r = &s->regions[i];
 
 		if (r->registered) {
-			struct uffdio_range rg = { r->host, r->length };
-
-			ioctl(s->uffd, UFFDIO_UNREGISTER, &rg);
+			halite_uffd_unregister(s->uffd, r->host, r->length);
 			r->registered = false;
 		}
 		if (r->aside) {
@@ -2022,16 +2016,35 @@ static void disarm_regions(struct halite_save *s, uint32_t n)
 	}
 }
 
+/*
+ * Register @r for its kind, with the ioctl its give-backs need. @first: the
+ * registration at arm that refuses memory another userfaultfd has. 0, or the
+ * save's failure naming the region.
+ */
+static int register_region(struct halite_save *s, struct sregion *r, bool first)
+{
+	bool shared = r->kind == HALITE_MEM_SHARED;
+	uint64_t mode = shared ? UFFDIO_REGISTER_MODE_MINOR | UFFDIO_REGISTER_MODE_MISSING
+			       : UFFDIO_REGISTER_MODE_MISSING;
+	uint64_t need = 1ull << (shared ? _UFFDIO_CONTINUE : _UFFDIO_COPY);
+	int ret = halite_uffd_register(s->uffd, r->host, r->length, mode, need);
+
+	if (ret == -EBUSY && first)
+		return sfail(s, -EBUSY, "region '%s' is already registered with another "
+			     "userfaultfd: a save or restore of this memory is running", r->name);
+	if (ret && ret != -HALITE_E_UNSUPPORTED)
+		return sfail(s, ret, "region '%s': UFFDIO_REGISTER%s", r->name,
+			     first && shared ? " MINOR|MISSING (shared memory on tmpfs/memfd?)" : "");
+	r->registered = true;
+	if (ret)
+		return sfail(s, -HALITE_E_UNSUPPORTED, "region '%s': no UFFDIO_%s", r->name,
+			     shared ? "CONTINUE" : "COPY");
+	return 0;
+}
+
 static int arm_region(struct halite_save *s, struct sregion *r)
 {
 	bool shared = r->kind == HALITE_MEM_SHARED;
-	struct uffdio_register reg = {
-		.range = { r->host, r->length },
-		.mode = shared ? UFFDIO_REGISTER_MODE_MINOR | UFFDIO_REGISTER_MODE_MISSING
-			       : UFFDIO_REGISTER_MODE_MISSING,
-	};
-	uint64_t need = 1ull << (shared ? _UFFDIO_CONTINUE : _UFFDIO_COPY);
-	struct uffdio_range rg = { r->host, r->length };
 	int ret;
 
 	/* A copy: nobody else writes it, nothing to trap. */
@@ -2047,15 +2060,9 @@ static int arm_region(struct halite_save *s, struct sregion *r)
 	 * shared memory would fault before its discard guard is in place. The
 	 * guest is paused: nothing faults in between.
 	 */
-	if (ioctl(s->uffd, UFFDIO_REGISTER, &reg)) {
-		if (errno == EBUSY)
-			return sfail(s, -EBUSY, "region '%s' is already registered with another "
-				     "userfaultfd: a save or restore of this memory is running",
-				     r->name);
-		return sfail(s, -errno, "region '%s': UFFDIO_REGISTER%s", r->name,
-			     shared ? " MINOR|MISSING (shared memory on tmpfs/memfd?)" : "");
-	}
-	r->registered = true;
+	ret = register_region(s, r, true);
+	if (ret)
+		return ret;
 	if (!shared && s->o.owner_pid) {
 		/*
 		 * Another process's private memory: its pages move aside inside it
@@ -2075,8 +2082,9 @@ static int arm_region(struct halite_save *s, struct sregion *r)
 		atomic_store_explicit(&r->armed, true, memory_order_release);
 		goto registered;
 	}
-	if (ioctl(s->uffd, UFFDIO_UNREGISTER, &rg))
-		return sfail(s, -errno, "region '%s': UFFDIO_UNREGISTER", r->name);
+	ret = halite_uffd_unregister(s->uffd, r->host, r->length);
+	if (ret)
+		return sfail(s, ret, "region '%s': UFFDIO_UNREGISTER", r->name);
 	r->registered = false;
 	if (!shared) {
 		/*
@@ -2099,13 +2107,10 @@ static int arm_region(struct halite_save *s, struct sregion *r)
 	}
 	/* What the fault thread reads of the region, published to it (serve_fault()). */
 	atomic_store_explicit(&r->armed, true, memory_order_release);
-	if (ioctl(s->uffd, UFFDIO_REGISTER, &reg))
-		return sfail(s, -errno, "region '%s': UFFDIO_REGISTER", r->name);
-	r->registered = true;
+	ret = register_region(s, r, false);
+	if (ret)
+		return ret;
 registered:
-	if ((reg.ioctls & need) != need)
-		return sfail(s, -HALITE_E_UNSUPPORTED, "region '%s': no UFFDIO_%s", r->name,
-			     shared ? "CONTINUE" : "COPY");
 	if (!shared)
 		return 0;
 	/*
