@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
@@ -295,12 +296,20 @@ static void *touch(void *arg)
 	return NULL;
 }
 
-/* A guest of two registered pages, its source bytes, and its gmem. */
-static void setup_guest(struct loop_test *t, struct halite_gmem **gm)
+/* A guest of two registered pages, its source bytes, its gmem, and a loop. */
+struct guest {
+	struct loop_test t;
+	struct halite_gmem *gm;
+	struct runner r;
+};
+
+static int setup_guest(void **state)
 {
+	struct guest *g = calloc(1, sizeof(*g));
+	struct loop_test *t = &g->t;
 	struct halite_gmem_region gr;
 
-	*t = (struct loop_test){ 0 };
+	assert_non_null(g);
 	t->uffd = halite_uffd_acquire(-1, UFFD_FEATURE_THREAD_ID, 0, NULL, NULL);
 	assert_true(t->uffd >= 0);
 	t->guest = map_pages(2);
@@ -312,89 +321,79 @@ static void setup_guest(struct loop_test *t, struct halite_gmem **gm)
 					      UFFDIO_REGISTER_MODE_MISSING, 1ull << _UFFDIO_COPY),
 			 0);
 	gr = (struct halite_gmem_region){ (uintptr_t)t->guest, 2 * PAGE, PAGE, false };
-	assert_int_equal(halite_gmem_create(gm, t->uffd, &gr, 1), 0);
+	assert_int_equal(halite_gmem_create(&g->gm, t->uffd, &gr, 1), 0);
+	*state = g;
+	return 0;
 }
 
-static void teardown_guest(struct loop_test *t, struct halite_gmem *gm)
+static int teardown_guest(void **state)
 {
-	halite_uffd_unregister(t->uffd, (uintptr_t)t->guest, 2 * PAGE);
-	halite_gmem_free(gm);
-	close(t->uffd);
-	munmap(t->guest, 2 * PAGE);
-	munmap(t->src, 2 * PAGE);
+	struct guest *g = *state;
+
+	halite_uffd_unregister(g->t.uffd, (uintptr_t)g->t.guest, 2 * PAGE);
+	halite_gmem_free(g->gm);
+	close(g->t.uffd);
+	munmap(g->t.guest, 2 * PAGE);
+	munmap(g->t.src, 2 * PAGE);
+	free(g);
+	return 0;
 }
 
 static void test_loop_serves_until_next(void **state)
 {
-	struct loop_test t;
-	struct halite_gmem *gm;
-	struct toucher to;
-	struct runner r;
+	struct guest *g = *state;
+	struct toucher to = { .p = g->t.guest };
 	pthread_t th;
 
-	(void)state;
-	setup_guest(&t, &gm);
-	t.end_after = 2;
-	start_loop(&r, &t, gm, -1);
-	assert_int_equal(pthread_create(&r.thr, NULL, run_loop, &r), 0);
-	to = (struct toucher){ .p = t.guest };
+	g->t.end_after = 2;
+	start_loop(&g->r, &g->t, g->gm, -1);
+	assert_int_equal(pthread_create(&g->r.thr, NULL, run_loop, &g->r), 0);
 	assert_int_equal(pthread_create(&th, NULL, touch, &to), 0);
 	pthread_join(th, NULL);
-	WAIT_FOR(!atomic_load(&t.running));
-	pthread_join(r.thr, NULL);
-	assert_int_equal(atomic_load(&t.served), 2);
+	WAIT_FOR(!atomic_load(&g->t.running));
+	pthread_join(g->r.thr, NULL);
+	assert_int_equal(atomic_load(&g->t.served), 2);
 	assert_int_equal(to.seen[0], 0xc3);
 	assert_int_equal(to.seen[1], 0x3c);
-	assert_memory_equal(t.guest, t.src, 2 * PAGE);
-	assert_int_equal(atomic_load(&t.failed_err), 0);
-	teardown_guest(&t, gm);
+	assert_memory_equal(g->t.guest, g->t.src, 2 * PAGE);
+	assert_int_equal(atomic_load(&g->t.failed_err), 0);
 }
 
 static void test_loop_next_after_timeouts(void **state)
 {
-	struct loop_test t;
-	struct halite_gmem *gm;
-	struct runner r;
+	struct guest *g = *state;
 
-	(void)state;
-	setup_guest(&t, &gm);
-	t.end_after_idle = 3;
-	start_loop(&r, &t, gm, -1);
-	r.l.timeout_ms = loop_timeout;
-	run_loop(&r); /* wakes up empty-handed three times, then next() ends it */
-	assert_int_equal(atomic_load(&t.wakeups), 3);
-	assert_int_equal(atomic_load(&t.served), 0);
-	teardown_guest(&t, gm);
+	g->t.end_after_idle = 3;
+	start_loop(&g->r, &g->t, g->gm, -1);
+	g->r.l.timeout_ms = loop_timeout;
+	run_loop(&g->r); /* wakes up empty-handed three times, then next() ends it */
+	assert_int_equal(atomic_load(&g->t.wakeups), 3);
+	assert_int_equal(atomic_load(&g->t.served), 0);
 }
 
 static void test_loop_stop_value(void **state)
 {
-	struct loop_test t;
-	struct halite_gmem *gm;
-	struct runner r;
+	struct guest *g = *state;
 	int efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 
-	(void)state;
 	assert_true(efd >= 0);
-	setup_guest(&t, &gm);
-	start_loop(&r, &t, gm, efd);
-	r.l.stop = loop_stop;
-	assert_int_equal(pthread_create(&r.thr, NULL, run_loop, &r), 0);
+	start_loop(&g->r, &g->t, g->gm, efd);
+	g->r.l.stop = loop_stop;
+	assert_int_equal(pthread_create(&g->r.thr, NULL, run_loop, &g->r), 0);
 	/* A value stop() declines: the loop goes on. */
 	eventfd_write(efd, 1);
-	WAIT_FOR(atomic_load(&t.stop_seen) == 1 && atomic_load(&t.wakeups) >= 1);
-	assert_true(atomic_load(&t.running));
+	WAIT_FOR(atomic_load(&g->t.stop_seen) == 1 && atomic_load(&g->t.wakeups) >= 1);
+	assert_true(atomic_load(&g->t.running));
 	eventfd_write(efd, 2);
-	WAIT_FOR(!atomic_load(&t.running));
-	pthread_join(r.thr, NULL);
-	assert_int_equal(atomic_load(&t.stop_seen), 2);
+	WAIT_FOR(!atomic_load(&g->t.running));
+	pthread_join(g->r.thr, NULL);
+	assert_int_equal(atomic_load(&g->t.stop_seen), 2);
 
 	/* No stop(): any value ends it. */
-	start_loop(&r, &t, gm, efd);
+	start_loop(&g->r, &g->t, g->gm, efd);
 	eventfd_write(efd, 1);
-	run_loop(&r);
-	assert_false(atomic_load(&t.running));
-	teardown_guest(&t, gm);
+	run_loop(&g->r);
+	assert_false(atomic_load(&g->t.running));
 	close(efd);
 }
 
@@ -429,9 +428,9 @@ int main(void)
 		cmocka_unit_test(test_adopt_takeover),
 		cmocka_unit_test(test_adopt_not_uffd),
 		cmocka_unit_test(test_register),
-		cmocka_unit_test(test_loop_serves_until_next),
-		cmocka_unit_test(test_loop_next_after_timeouts),
-		cmocka_unit_test(test_loop_stop_value),
+		cmocka_unit_test_setup_teardown(test_loop_serves_until_next, setup_guest, teardown_guest),
+		cmocka_unit_test_setup_teardown(test_loop_next_after_timeouts, setup_guest, teardown_guest),
+		cmocka_unit_test_setup_teardown(test_loop_stop_value, setup_guest, teardown_guest),
 		cmocka_unit_test(test_loop_read_fails),
 	};
 	struct halite_uffd_caps caps;
