@@ -87,9 +87,8 @@
 
 #include "clone_policy.h"
 #include "clone_srv.h"
-#include "disks.h"
+#include "bring.h"
 #include "hq.h"
-#include "incoming.h"
 #include "inject.h"
 
 #define QEMU_DEFAULT "qemu-system-x86_64"
@@ -117,14 +116,9 @@ enum qc_state { QC_CREATED, QC_RUNNING, QC_PAUSED };
 struct qclone {
 	struct clone_params p;
 	char dir[PATH_MAX], qmp[PATH_MAX + 32], mem_file[PATH_MAX];
-	struct hq_config cfg;
-	struct hq_disks *disks;
-	int ndisks;
-	struct hq_vm vm;
-	pid_t qemu;
+	struct hq_bring b; /* the file (its device RAM decoded before QEMU starts), QEMU */
 	int qemu_pidfd;
 	int uffd, remote_uffd, lfd;
-	struct hq_snapfile f; /* its device RAM decoded before QEMU starts */
 	char macs[MAX_NICS][18];
 	int nmacs;
 	char user_qmp[PATH_MAX];   /* the first QMP/monitor socket the recorded line had, rewritten */
@@ -244,18 +238,10 @@ static int fail(struct qclone *c, int ret, const char *what, const char *detail)
 
 static int check_file(struct qclone *c)
 {
-	struct halite_reader *rd = NULL;
-	int ret;
+	int ret = hq_bring_read(&c->b, true, NULL);
 
-	ret = hq_snapfile_read(&c->f, c->p.path, &rd, c->err, sizeof(c->err));
-	if (ret)
-		return ret;
-	ret = hq_snapfile_devram_decode(&c->f, rd, c->err, sizeof(c->err));
-	if (!ret)
-		ret = hq_config_read(&c->cfg, rd, c->p.path, c->err, sizeof(c->err));
-	if (!ret && !c->cfg.rec.argc)
+	if (!ret && !c->b.cfg.rec.argc)
 		ret = fail(c, -EINVAL, c->p.path, "records no QEMU command line to clone");
-	halite_reader_free(rd);
 	/*
 	 * The service hands the file over as /proc/self/fd/N, read through
 	 * that path only: QEMU must not inherit N.
@@ -535,8 +521,8 @@ static int free_port(const struct hq_fwd *w, uint16_t *port)
 /* Each forward on a host port of its own: "tcp:ADDR:OLD-..." -> "tcp:ADDR:NEW-...". */
 static int new_ports(struct qclone *c)
 {
-	for (int i = 0; i < c->cfg.fwds.n; i++) {
-		struct hq_fwd *w = &c->cfg.fwds.v[i];
+	for (int i = 0; i < c->b.cfg.fwds.n; i++) {
+		struct hq_fwd *w = &c->b.cfg.fwds.v[i];
 		char *dash = strchr(w->rule, '-'), *colon, rule[sizeof(w->rule)];
 		uint16_t port = 0;
 		int ret;
@@ -603,8 +589,8 @@ static int resolve_run_as(struct qclone *c)
 static void policy_of(const struct qclone *c, struct hq_clone_policy *pol)
 {
 	*pol = (struct hq_clone_policy){ .sz = sizeof(*pol), .allow_dirs = c->p.allow_dirs,
-					 .nallow_dirs = c->p.nallow_dirs, .disks = c->disks,
-					 .cwd = c->cfg.rec_cwd };
+					 .nallow_dirs = c->p.nallow_dirs, .disks = c->b.disks,
+					 .cwd = c->b.cfg.rec_cwd };
 }
 
 /*
@@ -619,21 +605,21 @@ static int check_policy(struct qclone *c)
 	const char *env = getenv("HALITE_QEMU");
 	int ret;
 
-	if (c->cfg.rec_disks) {
-		c->disks = calloc(1, sizeof(*c->disks));
-		if (!c->disks)
+	if (c->b.cfg.rec_disks) {
+		c->b.disks = calloc(1, sizeof(*c->b.disks));
+		if (!c->b.disks)
 			return fail(c, -ENOMEM, "out of memory", NULL);
-		ret = hq_disks_parse(c->cfg.rec_disks, c->disks, c->err, sizeof(c->err));
+		ret = hq_disks_parse(c->b.cfg.rec_disks, c->b.disks, c->err, sizeof(c->err));
 		if (ret)
 			return ret;
 	}
 	if (!c->p.qemu_binary && !(env && *env)) {
-		ret = hq_clone_check_binary(c->cfg.rec.argv[0], c->err, sizeof(c->err));
+		ret = hq_clone_check_binary(c->b.cfg.rec.argv[0], c->err, sizeof(c->err));
 		if (ret)
 			return ret;
 	}
 	policy_of(c, &pol);
-	ret = hq_clone_policy_check(c->cfg.rec.argv, c->cfg.rec.argc, &pol, c->err,
+	ret = hq_clone_policy_check(c->b.cfg.rec.argv, c->b.cfg.rec.argc, &pol, c->err,
 				    sizeof(c->err));
 	if (ret && !c->err[0])
 		fail(c, ret, "checking the recorded command line", strerror(-ret));
@@ -650,7 +636,7 @@ static int check_policy(struct qclone *c)
  */
 static int add_confinement(struct qclone *c)
 {
-	struct hq_argv *a = &c->cfg.run;
+	struct hq_argv *a = &c->b.cfg.run;
 	int ret;
 
 	ret = hq_argv_push(a, "-sandbox");
@@ -675,27 +661,27 @@ static int prepare_cmdline(struct qclone *c)
 	ret = check_policy(c);
 	if (ret)
 		return ret;
-	ret = hq_cmdline_replay(c->cfg.rec.argv, c->cfg.rec.argc, &c->cfg.user,
-				&c->cfg.replay_flags);
+	ret = hq_cmdline_replay(c->b.cfg.rec.argv, c->b.cfg.rec.argc, &c->b.cfg.user,
+				&c->b.cfg.replay_flags);
 	if (ret)
 		return fail(c, ret, "replaying the recorded command line", strerror(-ret));
-	c->cfg.replayed = true;
-	c->cfg.cwd = c->cfg.rec_cwd;
+	c->b.cfg.replayed = true;
+	c->b.cfg.cwd = c->b.cfg.rec_cwd;
 	if (c->p.qemu_binary)
-		ret = set_arg(&c->cfg.user, 0, strdup(c->p.qemu_binary));
+		ret = set_arg(&c->b.cfg.user, 0, strdup(c->p.qemu_binary));
 	else if (getenv("HALITE_QEMU") && *getenv("HALITE_QEMU"))
-		ret = set_arg(&c->cfg.user, 0, strdup(getenv("HALITE_QEMU")));
+		ret = set_arg(&c->b.cfg.user, 0, strdup(getenv("HALITE_QEMU")));
 	if (!ret)
-		ret = rewrite_cmdline(c, &c->cfg.user);
+		ret = rewrite_cmdline(c, &c->b.cfg.user);
 	if (!ret) {
 		policy_of(c, &pol);
-		ret = hq_clone_open_paths(&c->cfg.user, &pol, c->host_fds, MAX_HOST_FILES,
+		ret = hq_clone_open_paths(&c->b.cfg.user, &pol, c->host_fds, MAX_HOST_FILES,
 					  &c->nhost_fds, c->err, sizeof(c->err));
 	}
 	if (!ret)
-		ret = hq_argv_copy(&c->cfg.run, c->cfg.user.argv, c->cfg.user.argc);
+		ret = hq_argv_copy(&c->b.cfg.run, c->b.cfg.user.argv, c->b.cfg.user.argc);
 	if (!ret)
-		ret = hq_fwd_take_out(&c->cfg.run, &c->cfg.fwds, c->err, sizeof(c->err));
+		ret = hq_fwd_take_out(&c->b.cfg.run, &c->b.cfg.fwds, c->err, sizeof(c->err));
 	if (!ret)
 		ret = new_ports(c);
 	if (!ret)
@@ -715,35 +701,24 @@ static int prepare_disks(struct qclone *c)
 {
 	const char *base = strrchr(c->dir, '/') ? strrchr(c->dir, '/') + 1 : c->dir;
 	char tag[128];
-	int ret, frozen = 0;
 
-	if (!c->cfg.rec_disks || !c->disks)
+	if (!c->b.cfg.rec_disks || !c->b.disks)
 		return 0; /* parsed by check_policy() */
-	for (int i = 0; i < c->disks->n; i++)
-		frozen += c->disks->d[i].frozen;
-	if (!frozen) {
-		if (hq_disks_writable(c->disks))
+	if (!hq_bring_frozen(&c->b)) {
+		if (hq_disks_writable(c->b.disks))
 			return fail(c, -HALITE_E_UNSUPPORTED, "the snapshot was saved with "
 				    "--no-disks", "clones would share its writable disks");
 		return 0;
 	}
-	ret = hq_disks_check_frozen(c->disks, c->err, sizeof(c->err));
-	if (ret)
-		return ret;
 	snprintf(tag, sizeof(tag), "clone-%.100s", base);
-	ret = hq_disks_make_overlays(c->disks, c->p.disk_dir ? c->p.disk_dir : c->dir, tag,
-				     c->err, sizeof(c->err));
-	if (ret)
-		return ret;
-	c->ndisks = frozen;
-	return hq_disks_rewrite(c->disks, &c->cfg.run, c->cfg.cwd, c->err, sizeof(c->err));
+	return hq_bring_disks(&c->b, c->p.disk_dir ? c->p.disk_dir : c->dir, tag);
 }
 
 /* --- QEMU ----------------------------------------------------------------- */
 
 static int spawn_qemu(struct qclone *c)
 {
-	struct hq_spawn s = { .cfg = &c->cfg, .qmp = c->qmp, .log_mode = 0640,
+	struct hq_spawn s = { .cfg = &c->b.cfg, .qmp = c->qmp, .log_mode = 0640,
 			      .die_with_us = true };
 	char log[PATH_MAX + 16];
 	int ret;
@@ -761,7 +736,7 @@ static int spawn_qemu(struct qclone *c)
 		if (c->devuffd < 0 && errno != ENOENT)
 			return fail(c, -errno, "/dev/userfaultfd", strerror(errno));
 	}
-	ret = hq_qemu_spawn(&s, &c->qemu, c->err, sizeof(c->err));
+	ret = hq_bring_spawn(&c->b, &s);
 	/* QEMU has its copies (same numbers); ours are done. */
 	for (int i = 0; i < c->nhost_fds; i++)
 		close(c->host_fds[i]);
@@ -770,7 +745,7 @@ static int spawn_qemu(struct qclone *c)
 	if (ret)
 		return ret;
 	/* Watched while serving: QEMU's exit ends this process. */
-	c->qemu_pidfd = (int)syscall(SYS_pidfd_open, c->qemu, 0);
+	c->qemu_pidfd = (int)syscall(SYS_pidfd_open, c->b.qemu, 0);
 	if (c->qemu_pidfd < 0)
 		return fail(c, -errno, "pidfd_open", strerror(errno));
 	return 0;
@@ -781,72 +756,30 @@ static int attach_qemu(struct qclone *c)
 	char see[PATH_MAX + 16];
 
 	snprintf(see, sizeof(see), "%.1000s/qemu.log", c->dir);
-	return hq_qemu_attach(&c->vm, &c->qemu, c->qmp, QMP_START_TIMEOUT_MS, 20000, see, NULL,
-			      NULL, c->err, sizeof(c->err));
+	return hq_bring_attach(&c->b, c->qmp, QMP_START_TIMEOUT_MS, 20000, see, NULL, NULL);
 }
 
 /*
  * QEMU is the file's machine, its RAM the file's guest RAM (same pieces,
  * names as the file has them), device RAM blocks of the same sizes.
+ * QEMU punches a discarded range out of a memory-backend-file's file even
+ * when it maps it privately (ram_block_discard_range): one clone's balloon
+ * would wipe the template every clone maps.
  */
 static int check_vm(struct qclone *c)
 {
-	uint32_t file_ram = 0;
-	char st[32];
-	int ret;
+	int ret = hq_bring_check_incoming(&c->b);
 
-	ret = hq_vm_status(&c->vm, st, sizeof(st));
-	if (ret)
-		return fail(c, ret, c->vm.err, NULL);
-	if (strcmp(st, "inmigrate"))
-		return fail(c, -HALITE_E_STATE, "QEMU is not waiting for an incoming state", st);
-	if (strcmp(c->vm.machine, c->f.machine))
-		return fail(c, -EINVAL, "QEMU's machine type is not the file's", c->vm.machine);
-	if (c->f.vcpus && c->f.vcpus != c->vm.nvcpus)
-		return fail(c, -EINVAL, "QEMU's vCPU count is not the file's", NULL);
-	ret = hq_config_check_devices(&c->cfg, c->vm.qmp, c->p.path, c->err, sizeof(c->err));
+	if (!ret)
+		ret = hq_bring_check_machine(&c->b);
 	if (ret)
 		return ret;
-	if (c->ndisks) {
-		ret = hq_disks_verify(&c->vm, c->disks, c->err, sizeof(c->err));
-		if (ret)
-			return ret;
-	}
-	/*
-	 * QEMU punches a discarded range out of a memory-backend-file's file even
-	 * when it maps it privately (ram_block_discard_range): one clone's
-	 * balloon would wipe the template every clone maps.
-	 */
-	if (hq_vm_discard_device(&c->vm))
+	if (hq_vm_discard_device(&c->b.vm))
 		return fail(c, -HALITE_E_UNSUPPORTED, "cloning a guest with a device that gives "
 			    "memory back (its discards would punch the shared template file)",
-			    hq_vm_discard_device(&c->vm));
-	c->vm.ram_find_only = true; /* a private file mapping: nothing to open */
-	ret = hq_vm_ram(&c->vm);
-	if (ret)
-		return fail(c, ret, c->vm.err, NULL);
-	for (uint32_t i = 0; i < c->f.nregions; i++) {
-		const struct halite_region_info *f = &c->f.regions[i];
-		uint32_t k;
-
-		if (c->f.devram_of[i])
-			continue;
-		file_ram++;
-		for (k = 0; k < c->vm.nregions; k++)
-			if (!strcmp(c->vm.regions[k].name, f->name) ||
-			    (c->vm.regions[k].gpa == f->gpa && c->vm.regions[k].length == f->length))
-				break;
-		if (k == c->vm.nregions || c->vm.regions[k].length != f->length)
-			return fail(c, -EINVAL, "the file's guest RAM has no counterpart of its "
-				    "size in the clone's QEMU", f->name);
-		/* the name the template knows it by (a backend renamed: pc.ram for mem0) */
-		if (strlen(f->name) >= sizeof(c->vm.regions[k].name))
-			return fail(c, -EINVAL, "the file's RAM region name is too long", f->name);
-		memcpy(c->vm.regions[k].name, f->name, strlen(f->name) + 1);
-	}
-	if (file_ram != c->vm.nregions)
-		return fail(c, -EINVAL, "the clone's QEMU has other guest RAM than the file", NULL);
-	return hq_qemu_check_devram(&c->vm, &c->f, c->err, sizeof(c->err));
+			    hq_vm_discard_device(&c->b.vm));
+	c->b.vm.ram_find_only = true; /* a private file mapping: nothing to open */
+	return hq_bring_find_ram(&c->b);
 }
 
 /* A system call inside QEMU (ptrace); its result, or < 0 with c->err. */
@@ -854,7 +787,7 @@ static long in_qemu(struct qclone *c, long nr, long a0, long a1, long a2, const 
 {
 	long args[6] = { a0, a1, a2 }, res = 0;
 	char err[512];
-	int ret = hq_inject_one(c->vm.pid, nr, args, &res, err, sizeof(err));
+	int ret = hq_inject_one(c->b.vm.pid, nr, args, &res, err, sizeof(err));
 
 	if (ret)
 		return fail(c, ret, what, err);
@@ -874,8 +807,8 @@ static int uffd_in_qemu(struct qclone *c)
 	long fd;
 
 	if (!c->runas[0] || c->devuffd < 0) {
-		c->uffd = hq_vm_uffd(&c->vm, &c->remote_uffd);
-		return c->uffd < 0 ? fail(c, c->uffd, c->vm.err, NULL) : 0;
+		c->uffd = hq_vm_uffd(&c->b.vm, &c->remote_uffd);
+		return c->uffd < 0 ? fail(c, c->uffd, c->b.vm.err, NULL) : 0;
 	}
 	fd = in_qemu(c, SYS_ioctl, c->devuffd, (long)USERFAULTFD_IOC_NEW, O_CLOEXEC | O_NONBLOCK,
 		     "USERFAULTFD_IOC_NEW inside QEMU");
@@ -885,7 +818,7 @@ static int uffd_in_qemu(struct qclone *c)
 		return -EIO;
 	c->devuffd = -1;
 	c->remote_uffd = (int)fd;
-	c->uffd = hq_fd_from_process(c->vm.pid, (int)fd, c->err, sizeof(c->err));
+	c->uffd = hq_fd_from_process(c->b.vm.pid, (int)fd, c->err, sizeof(c->err));
 	return c->uffd < 0 ? c->uffd : 0;
 }
 
@@ -903,7 +836,7 @@ static int drop_qemu_fds(struct qclone *c)
 	int fds[64], n = 0;
 	DIR *d;
 
-	snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)c->vm.pid);
+	snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)c->b.vm.pid);
 	d = opendir(dir);
 	if (!d)
 		return fail(c, -errno, dir, strerror(errno));
@@ -934,18 +867,6 @@ static int drop_qemu_fds(struct qclone *c)
 	return 0;
 }
 
-/* Nothing QEMU wrote or mapped while starting stays: the file's pages come through the session. */
-static int empty_ram(struct qclone *c)
-{
-	for (uint32_t i = 0; i < c->vm.nregions; i++) {
-		int ret = hq_qemu_drop_region(&c->vm, &c->vm.regions[i], c->err, sizeof(c->err));
-
-		if (ret)
-			return ret;
-	}
-	return 0;
-}
-
 /* The device state to QEMU (its RAM faults served by the session); wait for the load. */
 static int load_devices(struct qclone *c)
 {
@@ -968,21 +889,12 @@ static int load_devices(struct qclone *c)
 		}
 		dir = tmp;
 	}
-	ret = hq_qemu_load_devices(&c->vm, dir, c->f.dev, c->f.devlen, LOAD_TIMEOUT_MS, NULL, NULL,
-				   "(see its qemu.log)", c->err, sizeof(c->err));
+	ret = hq_bring_load_devices(&c->b, dir, LOAD_TIMEOUT_MS, NULL, NULL, "(see its qemu.log)");
 	snprintf(sock, sizeof(sock), "%s/in.sock", dir);
 	unlink(sock);
 	if (dir != c->dir)
 		rmdir(dir);
 	return ret;
-}
-
-/* The file's video memory over its block, where the guest sees it once loaded. */
-static int write_device_ram(struct qclone *c)
-{
-	uint64_t n;
-
-	return hq_qemu_write_devram(&c->vm, &c->f, &n, c->err, sizeof(c->err));
 }
 
 static int setup(struct qclone *c)
@@ -1032,7 +944,7 @@ static int setup(struct qclone *c)
 	if (!ret)
 		ret = check_vm(c);
 	if (!ret)
-		ret = empty_ram(c);
+		ret = hq_bring_empty_ram(&c->b);
 	if (!ret)
 		ret = uffd_in_qemu(c);
 	if (!ret)
@@ -1048,26 +960,26 @@ static cJSON *cmd_info(struct qclone *c)
 {
 	cJSON *r = cJSON_CreateObject(), *a;
 	char host[32];
-	const struct hq_region *g = &c->vm.regions[0];
+	const struct hq_region *g = &c->b.vm.regions[0];
 
 	if (!r)
 		return NULL;
 	snprintf(host, sizeof(host), "0x%" PRIx64, g->host);
-	cJSON_AddNumberToObject(r, "pid", (double)c->vm.pid);
+	cJSON_AddNumberToObject(r, "pid", (double)c->b.vm.pid);
 	cJSON_AddStringToObject(r, "host", host);
 	cJSON_AddNumberToObject(r, "mem_bytes", (double)g->length);
 	cJSON_AddStringToObject(r, "region", g->name);
 	cJSON_AddNumberToObject(r, "offset", (double)g->offset);
-	cJSON_AddNumberToObject(r, "nvcpus", c->vm.nvcpus);
+	cJSON_AddNumberToObject(r, "nvcpus", c->b.vm.nvcpus);
 	a = cJSON_AddArrayToObject(r, "vcpu_tids");
-	for (uint32_t v = 0; a && v < c->vm.nvcpus; v++)
-		cJSON_AddItemToArray(a, cJSON_CreateNumber(c->vm.vcpu_tids[v]));
-	if (c->vm.nregions > 1) {
+	for (uint32_t v = 0; a && v < c->b.vm.nvcpus; v++)
+		cJSON_AddItemToArray(a, cJSON_CreateNumber(c->b.vm.vcpu_tids[v]));
+	if (c->b.vm.nregions > 1) {
 		a = cJSON_AddArrayToObject(r, "regions");
-		for (uint32_t i = 0; a && i < c->vm.nregions; i++) {
+		for (uint32_t i = 0; a && i < c->b.vm.nregions; i++) {
 			cJSON *o = cJSON_CreateObject();
 
-			g = &c->vm.regions[i];
+			g = &c->b.vm.regions[i];
 			snprintf(host, sizeof(host), "0x%" PRIx64, g->host);
 			cJSON_AddStringToObject(o, "name", g->name);
 			cJSON_AddStringToObject(o, "host", host);
@@ -1078,11 +990,11 @@ static cJSON *cmd_info(struct qclone *c)
 	}
 	cJSON_AddStringToObject(r, "state", state_names[c->state]);
 	a = cJSON_AddArrayToObject(r, "forwards");
-	for (int i = 0; a && i < c->cfg.fwds.n; i++) {
+	for (int i = 0; a && i < c->b.cfg.fwds.n; i++) {
 		cJSON *o = cJSON_CreateObject();
 
-		cJSON_AddStringToObject(o, "rule", c->cfg.fwds.v[i].rule);
-		cJSON_AddNumberToObject(o, "host_port", c->cfg.fwds.v[i].host_port);
+		cJSON_AddStringToObject(o, "rule", c->b.cfg.fwds.v[i].rule);
+		cJSON_AddNumberToObject(o, "host_port", c->b.cfg.fwds.v[i].host_port);
 		cJSON_AddItemToArray(a, o);
 	}
 	a = cJSON_AddArrayToObject(r, "macs");
@@ -1091,30 +1003,32 @@ static cJSON *cmd_info(struct qclone *c)
 	cJSON_AddStringToObject(r, "qmp", c->user_qmp);
 	cJSON_AddStringToObject(r, "serial", c->serial);
 	a = cJSON_AddArrayToObject(r, "disks");
-	for (int i = 0; a && c->disks && i < c->disks->n; i++)
-		if (c->disks->d[i].frozen)
-			cJSON_AddItemToArray(a, cJSON_CreateString(c->disks->d[i].overlay));
+	for (int i = 0; a && c->b.disks && i < c->b.disks->n; i++)
+		if (c->b.disks->d[i].frozen)
+			cJSON_AddItemToArray(a, cJSON_CreateString(c->b.disks->d[i].overlay));
 	return r;
 }
 
 static cJSON *cmd_start(struct qclone *c)
 {
+	uint64_t written;
 	int ret;
 
 	if (c->state != QC_CREATED)
 		return clone_srv_error("start: already started (resume to run a paused guest)");
 	c->err[0] = '\0';
 	ret = load_devices(c);
+	/* The file's video memory over its block, where the guest sees it once loaded. */
 	if (!ret)
-		ret = write_device_ram(c);
+		ret = hq_bring_write_devram(&c->b, &written);
 	if (!ret) {
-		ret = hq_config_forward(&c->cfg, c->vm.qmp, c->err, sizeof(c->err));
+		ret = hq_config_forward(&c->b.cfg, c->b.vm.qmp, c->err, sizeof(c->err));
 		ret = ret > 0 ? 0 : ret;
 	}
 	if (!ret) {
-		ret = hq_vm_settle(&c->vm, true, HQ_QMP_TIMEOUT_MS, NULL);
+		ret = hq_vm_settle(&c->b.vm, true, HQ_QMP_TIMEOUT_MS, NULL);
 		if (ret)
-			fail(c, ret, "resuming the guest", c->vm.err);
+			fail(c, ret, "resuming the guest", c->b.vm.err);
 	}
 	if (ret)
 		return clone_srv_error("start: %s", c->err[0] ? c->err : halite_strerror(ret));
@@ -1128,9 +1042,9 @@ static cJSON *cmd_runstate(struct qclone *c, bool run)
 
 	if (c->state == QC_CREATED)
 		return clone_srv_error("%s: not started", run ? "resume" : "pause");
-	ret = hq_vm_settle(&c->vm, run, HQ_QMP_TIMEOUT_MS, NULL);
+	ret = hq_vm_settle(&c->b.vm, run, HQ_QMP_TIMEOUT_MS, NULL);
 	if (ret)
-		return clone_srv_error("%s: %s", run ? "resume" : "pause", c->vm.err);
+		return clone_srv_error("%s: %s", run ? "resume" : "pause", c->b.vm.err);
 	c->state = run ? QC_RUNNING : QC_PAUSED;
 	return clone_srv_ok();
 }
@@ -1140,7 +1054,7 @@ static cJSON *cmd_stats(struct qclone *c)
 	cJSON *r = cJSON_CreateObject();
 	char st[32] = "";
 
-	if (hq_vm_status(&c->vm, st, sizeof(st)))
+	if (hq_vm_status(&c->b.vm, st, sizeof(st)))
 		snprintf(st, sizeof(st), "unknown");
 	cJSON_AddStringToObject(r, "run_state", st);
 	cJSON_AddStringToObject(r, "state", state_names[c->state]);
@@ -1181,20 +1095,20 @@ static int stop_qemu(struct qclone *c)
 {
 	int st = 0;
 
-	if (c->qemu <= 0)
+	if (c->b.qemu <= 0)
 		return 0;
-	if (c->vm.qmp && hq_qmp_usable(c->vm.qmp))
-		hq_qmp_call(c->vm.qmp, "quit", NULL, NULL, 2000);
+	if (c->b.vm.qmp && hq_qmp_usable(c->b.vm.qmp))
+		hq_qmp_call(c->b.vm.qmp, "quit", NULL, NULL, 2000);
 	for (int i = 0; i < 200; i++) {
-		if (waitpid(c->qemu, &st, WNOHANG) == c->qemu) {
-			c->qemu = 0;
+		if (waitpid(c->b.qemu, &st, WNOHANG) == c->b.qemu) {
+			c->b.qemu = 0;
 			return 0;
 		}
 		usleep(10000);
 	}
-	kill(c->qemu, SIGKILL);
-	waitpid(c->qemu, NULL, 0);
-	c->qemu = 0;
+	kill(c->b.qemu, SIGKILL);
+	waitpid(c->b.qemu, NULL, 0);
+	c->b.qemu = 0;
 	return -ETIMEDOUT;
 }
 
@@ -1211,9 +1125,10 @@ int hq_cmd_clone(int argc, char **argv)
 		free(c);
 		return EXIT_USAGE;
 	}
+	c->b = (struct hq_bring){ .path = c->p.path, .err = c->err, .errlen = sizeof(c->err) };
 	c->uffd = c->remote_uffd = c->lfd = c->qemu_pidfd = c->devuffd = -1;
 	for (unsigned i = 0; i < HQ_MAX_REGIONS; i++)
-		c->vm.regions[i].fd = -1;
+		c->b.vm.regions[i].fd = -1;
 	/* The service that started us may go: we live on (and may lose our stdout). */
 	signal(SIGPIPE, SIG_IGN);
 	setsid();
@@ -1234,10 +1149,10 @@ int hq_cmd_clone(int argc, char **argv)
 	if (ret < 0)
 		hq_errorf("clone: accept: %s", strerror(-ret));
 	if (!c->quit) {
-		if (c->qemu > 0 && waitpid(c->qemu, &st, WNOHANG) == c->qemu)
-			c->qemu = 0;
+		if (c->b.qemu > 0 && waitpid(c->b.qemu, &st, WNOHANG) == c->b.qemu)
+			c->b.qemu = 0;
 		if (ret > 0)
-			hq_errorf("clone: QEMU (pid %d) exited; see %s/qemu.log", (int)c->vm.pid,
+			hq_errorf("clone: QEMU (pid %d) exited; see %s/qemu.log", (int)c->b.vm.pid,
 				  c->dir);
 		code = EXIT_FAIL;
 	}
@@ -1245,9 +1160,8 @@ out:
 	if (stop_qemu(c) && code == EXIT_OK)
 		code = EXIT_FAIL;
 	/* Overlays of a clone that never ran hold nothing; one that ran is the caller's. */
-	if (c->disks && c->ndisks && c->state == QC_CREATED)
-		hq_disks_remove_overlays(c->disks);
-	free(c->disks);
+	if (c->b.disks && c->b.ndisks && c->state == QC_CREATED)
+		hq_disks_remove_overlays(c->b.disks);
 	if (c->lfd >= 0) {
 		close(c->lfd);
 		unlink(c->p.control);
@@ -1256,9 +1170,8 @@ out:
 		close(c->uffd);
 	if (c->qemu_pidfd >= 0)
 		close(c->qemu_pidfd);
-	hq_snapfile_free(&c->f);
-	hq_config_free(&c->cfg);
-	hq_vm_release(&c->vm);
+	hq_bring_free(&c->b);
+	hq_vm_release(&c->b.vm);
 	unlink(c->qmp);
 	free(c);
 	return code;

@@ -50,9 +50,8 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "disks.h"
+#include "bring.h"
 #include "hq.h"
-#include "incoming.h"
 
 #define QEMU_DEFAULT "qemu-system-x86_64"
 #define QMP_START_TIMEOUT_MS 60000
@@ -89,19 +88,14 @@ struct restore_params {
 
 struct restore_run {
 	struct restore_params p;
-	struct hq_config cfg; /* the command line QEMU runs, its forwards, the file's record */
-	struct hq_disks *disks; /* the file's; the frozen ones each run on a new overlay */
-	int ndisks;		/* frozen disks given an overlay */
-	struct hq_vm vm;
+	struct hq_bring b; /* the file, QEMU's command line, disks and RAM */
 	/* --attach: QEMU's RAM as the restore's record has it, served before QMP is asked */
 	struct hq_vm *handed;
 	bool handoff;	/* our record for a take-over is written (hq_handoff_write()) */
 	struct halite_restore *rs;
-	pid_t qemu;
 	int uffd, remote_uffd;
 	int lock_fd; /* the file, LOCK_SH held from the check to the end */
 	char dir[64];
-	struct hq_snapfile f; /* what the file says; its device RAM read by the engine into copies */
 	bool file_paused;	/* its qemu.run-state: "paused" (none: running) */
 	bool paused;		/* the run state to leave the guest in */
 	uint64_t devram_written, devram_ns;
@@ -416,8 +410,8 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 static int fail(struct restore_run *r, int ret, const char *what, const char *detail)
 {
 	/* QEMU's own words when its error reply is the cause (the last QMP call's). */
-	if (!r->err[0] && r->vm.qmp && hq_qmp_qemu_error(r->vm.qmp)[0])
-		snprintf(r->qemu_err, sizeof(r->qemu_err), "%s", hq_qmp_qemu_error(r->vm.qmp));
+	if (!r->err[0] && r->b.vm.qmp && hq_qmp_qemu_error(r->b.vm.qmp)[0])
+		snprintf(r->qemu_err, sizeof(r->qemu_err), "%s", hq_qmp_qemu_error(r->b.vm.qmp));
 	return hq_fail(r->err, sizeof(r->err), ret, what, detail);
 }
 
@@ -488,12 +482,10 @@ static int check_file(struct restore_run *r)
 	r->lock_fd = open(r->p.path, O_RDONLY | O_CLOEXEC);
 	if (r->lock_fd >= 0 && flock(r->lock_fd, LOCK_SH | LOCK_NB) && r->p.out.verbose)
 		hq_errorf("restore: %s: flock: %s", r->p.path, strerror(errno));
-	ret = hq_snapfile_read(&r->f, r->p.path, &rd, r->err, sizeof(r->err));
+	ret = hq_bring_read(&r->b, false, &rd);
 	if (ret)
 		return ret;
-	ret = hq_config_read(&r->cfg, rd, r->p.path, r->err, sizeof(r->err));
-	if (!ret)
-		ret = file_run_state(r, rd);
+	ret = file_run_state(r, rd);
 	halite_reader_free(rd);
 	r->file_known = !ret;
 	return ret;
@@ -508,13 +500,13 @@ static int prepare_cmdline(struct restore_run *r)
 	const char *bin = getenv("HALITE_QEMU");
 	int ret;
 
-	ret = hq_config_prepare(&r->cfg, r->p.qemu_argv, r->p.qemu_argc,
+	ret = hq_config_prepare(&r->b.cfg, r->p.qemu_argv, r->p.qemu_argc,
 				bin && *bin ? bin : QEMU_DEFAULT, !r->p.no_cmdline_check, r->p.path,
 				r->err, sizeof(r->err));
 	if (ret && !r->err[0])
 		fail(r, ret, "QEMU's command line", strerror(-ret));
 	/* -daemonize at save: QEMU was to run on by itself, as --detach leaves it. */
-	if (!ret && (r->cfg.replay_flags & HQ_REPLAY_DAEMONIZE))
+	if (!ret && (r->b.cfg.replay_flags & HQ_REPLAY_DAEMONIZE))
 		r->p.detach = true;
 	return ret;
 }
@@ -528,43 +520,35 @@ static int prepare_disks(struct restore_run *r)
 	const char *base = strrchr(r->p.path, '/') ? strrchr(r->p.path, '/') + 1 : r->p.path;
 	char tag[128], when[32];
 	time_t now = time(NULL);
-	int ret, frozen = 0;
+	int ret, frozen;
 
-	if (!r->cfg.rec_disks)
+	if (!r->b.cfg.rec_disks)
 		return 0;
-	r->disks = calloc(1, sizeof(*r->disks));
-	if (!r->disks)
+	r->b.disks = calloc(1, sizeof(*r->b.disks));
+	if (!r->b.disks)
 		return fail(r, -ENOMEM, "out of memory", NULL);
-	ret = hq_disks_parse(r->cfg.rec_disks, r->disks, r->err, sizeof(r->err));
+	ret = hq_disks_parse(r->b.cfg.rec_disks, r->b.disks, r->err, sizeof(r->err));
 	if (ret)
 		return ret;
-	for (int i = 0; i < r->disks->n; i++)
-		frozen += r->disks->d[i].frozen;
+	frozen = hq_bring_frozen(&r->b);
 	if (!frozen || r->p.no_disks) {
-		if (hq_disks_writable(r->disks))
+		if (hq_disks_writable(r->b.disks))
 			hq_errorf("restore: warning: %s: the guest runs on its disks as they are "
 				  "now, not as they were at the snapshot", frozen ?
 				  "--no-disks" : "the snapshot was saved with --no-disks");
 		if (frozen)
-			for (int i = 0; i < r->disks->n; i++)
-				r->disks->d[i].frozen = false;
+			for (int i = 0; i < r->b.disks->n; i++)
+				r->b.disks->d[i].frozen = false;
 		return 0;
 	}
-	ret = hq_disks_check_frozen(r->disks, r->err, sizeof(r->err));
-	if (ret)
-		return ret;
 	strftime(when, sizeof(when), "%Y%m%d-%H%M%S", localtime(&now));
 	snprintf(tag, sizeof(tag), "%.*s-restore-%s", (int)strcspn(base, "."), base, when);
-	ret = hq_disks_make_overlays(r->disks, r->p.disk_dir, tag, r->err, sizeof(r->err));
-	if (ret)
-		return ret;
-	r->ndisks = frozen;
-	return hq_disks_rewrite(r->disks, &r->cfg.run, r->cfg.cwd, r->err, sizeof(r->err));
+	return hq_bring_disks(&r->b, r->p.disk_dir, tag);
 }
 
 static int spawn_qemu(struct restore_run *r)
 {
-	struct hq_spawn s = { .cfg = &r->cfg, .log = r->p.qemu_log, .detach = r->p.detach,
+	struct hq_spawn s = { .cfg = &r->b.cfg, .log = r->p.qemu_log, .detach = r->p.detach,
 			      .stdout_to_stderr = r->p.out.json };
 	char qmp[128], own[96];
 
@@ -581,7 +565,7 @@ static int spawn_qemu(struct restore_run *r)
 
 		r->log_start = stat(r->p.qemu_log, &sb) ? 0 : sb.st_size;
 	}
-	return hq_qemu_spawn(&s, &r->qemu, r->err, sizeof(r->err));
+	return hq_bring_spawn(&r->b, &s);
 }
 
 /* Connect to our QMP socket while watching that QEMU has not died starting. */
@@ -593,67 +577,7 @@ static int attach_qemu(struct restore_run *r)
 	snprintf(see, sizeof(see), "its messages %s%s",
 		 r->p.qemu_log ? "in " : r->p.detach ? "below" : "above",
 		 r->p.qemu_log ? r->p.qemu_log : "");
-	return hq_qemu_attach(&r->vm, &r->qemu, sock, QMP_START_TIMEOUT_MS, 0, see, give_up, r,
-			      r->err, sizeof(r->err));
-}
-
-/* Every region of the file has one in this QEMU, of the same length, and no more. */
-static int match_regions(struct restore_run *r)
-{
-	uint32_t file_ram = 0;
-	char a[32], b[32];
-
-	for (uint32_t i = 0; i < r->f.nregions; i++) {
-		const struct halite_region_info *f = &r->f.regions[i];
-		uint32_t k;
-
-		/* Device RAM is not guest RAM: hq_qemu_check_devram(). */
-		if (r->f.devram_of[i])
-			continue;
-		file_ram++;
-		for (k = 0; k < r->vm.nregions; k++)
-			if (!strcmp(r->vm.regions[k].name, f->name))
-				break;
-		/*
-		 * Another backend, another name (mem0 at save, pc.ram for a plain
-		 * -m now): the same piece of guest-physical memory is the same RAM.
-		 */
-		for (uint32_t j = 0; k == r->vm.nregions && j < r->vm.nregions; j++) {
-			struct hq_region *g = &r->vm.regions[j];
-			bool taken = false;
-
-			for (uint32_t x = 0; x < r->f.nregions && !taken; x++)
-				taken = !r->f.devram_of[x] && !strcmp(r->f.regions[x].name, g->name);
-			size_t n = strlen(f->name);
-
-			/* a name longer than ours is not one QEMU gave a RAM block */
-			if (!taken && g->gpa == f->gpa && g->length == f->length &&
-			    n < sizeof(g->name)) {
-				memcpy(g->name, f->name, n + 1);
-				k = j;
-			}
-		}
-		if (k == r->vm.nregions) {
-			snprintf(r->err, sizeof(r->err), "the file's guest RAM '%s' (%s) has no "
-				 "counterpart in this QEMU: give the same -m and memory backends as "
-				 "at save", f->name, hq_bytes(f->length, a, sizeof(a)));
-			return -EINVAL;
-		}
-		if (r->vm.regions[k].length != f->length) {
-			snprintf(r->err, sizeof(r->err), "the file's guest RAM '%s' is %s, this "
-				 "QEMU's is %s: give the same -m and memory backends as at save",
-				 f->name, hq_bytes(f->length, a, sizeof(a)),
-				 hq_bytes(r->vm.regions[k].length, b, sizeof(b)));
-			return -EINVAL;
-		}
-	}
-	if (r->vm.nregions != file_ram) {
-		snprintf(r->err, sizeof(r->err), "this QEMU has %u pieces of guest RAM, the file "
-			 "%u: give the same -m and memory backends as at save", r->vm.nregions,
-			 file_ram);
-		return -EINVAL;
-	}
-	return 0;
+	return hq_bring_attach(&r->b, sock, QMP_START_TIMEOUT_MS, 0, see, give_up, r);
 }
 
 /* The engine's regions: @vm's RAM pieces. */
@@ -684,15 +608,15 @@ static void engine_regions(const struct hq_vm *vm, struct halite_restore_region 
 static int devram_regions(struct restore_run *r, struct halite_restore_region *reg,
 			  uint32_t nram)
 {
-	for (uint32_t i = 0; i < r->f.ndevram; i++) {
+	for (uint32_t i = 0; i < r->b.f.ndevram; i++) {
 		/* Fresh: the engine writes only what the file stores, the rest reads zeros. */
-		int ret = hq_snapfile_devram_map(&r->f, i, r->err, sizeof(r->err));
+		int ret = hq_snapfile_devram_map(&r->b.f, i, r->err, sizeof(r->err));
 
 		if (ret)
 			return ret;
 		reg[nram + i] = (struct halite_restore_region){
-			.name = r->f.devram[i].name, .host = (uintptr_t)r->f.devram[i].copy,
-			.length = r->f.devram[i].length, .kind = HALITE_MEM_COPY, .fd = -1,
+			.name = r->b.f.devram[i].name, .host = (uintptr_t)r->b.f.devram[i].copy,
+			.length = r->b.f.devram[i].length, .kind = HALITE_MEM_COPY, .fd = -1,
 		};
 	}
 	return 0;
@@ -708,11 +632,11 @@ static int write_device_ram(struct restore_run *r)
 	uint64_t t0 = hq_now_ns();
 	int ret;
 
-	if (!r->f.ndevram) {
+	if (!r->b.f.ndevram) {
 		r->devram_done = true;
 		return 0;
 	}
-	ret = hq_qemu_write_devram(&r->vm, &r->f, &r->devram_written, r->err, sizeof(r->err));
+	ret = hq_bring_write_devram(&r->b, &r->devram_written);
 	if (ret)
 		return ret;
 	r->devram_ns = hq_now_ns() - t0;
@@ -721,38 +645,26 @@ static int write_device_ram(struct restore_run *r)
 }
 
 /*
- * This QEMU is the file's machine (type, vCPUs, RAM regions of the same
- * sizes); @reg gets the engine's regions. RAM on hugetlbfs is restored by
- * huge page (restore/huge.c), but not beside a device that punches holes
- * in it: hugetlbfs cannot refuse them.
+ * This QEMU is the file's machine (hq_bring_check_machine()), its RAM the
+ * file's (hq_bring_find_ram()); @reg gets the engine's regions. RAM on
+ * hugetlbfs is restored by huge page (restore/huge.c), but not beside a
+ * device that punches holes in it: hugetlbfs cannot refuse them.
  */
 static int check_vm(struct restore_run *r, struct halite_restore_region *reg)
 {
 	bool dev_checked = false;
 	int ret;
 
-	if (strcmp(r->vm.machine, r->f.machine)) {
-		snprintf(r->err, sizeof(r->err), "the file was saved on machine type %s, this "
-			 "QEMU runs %s: give the same -machine as at save", r->f.machine,
-			 r->vm.machine);
-		return -EINVAL;
-	}
-	if (r->f.vcpus && r->f.vcpus != r->vm.nvcpus) {
-		snprintf(r->err, sizeof(r->err), "the file has %u vCPUs, this QEMU %u: give the "
-			 "same -smp as at save", r->f.vcpus, r->vm.nvcpus);
-		return -EINVAL;
-	}
-	ret = hq_vm_ram(&r->vm);
-	if (ret)
-		return fail(r, ret, r->vm.err, NULL);
-	ret = match_regions(r);
+	ret = hq_bring_check_machine(&r->b);
+	if (!ret)
+		ret = hq_bring_find_ram(&r->b);
 	if (ret)
 		return ret;
-	for (uint32_t i = 0; i < r->vm.nregions; i++) {
-		struct hq_region *g = &r->vm.regions[i];
+	for (uint32_t i = 0; i < r->b.vm.nregions; i++) {
+		struct hq_region *g = &r->b.vm.regions[i];
 
 		if (g->hugetlb && !dev_checked) {
-			const char *dev = hq_vm_discard_device(&r->vm);
+			const char *dev = hq_vm_discard_device(&r->b.vm);
 
 			dev_checked = true;
 			if (dev) {
@@ -765,47 +677,18 @@ static int check_vm(struct restore_run *r, struct halite_restore_region *reg)
 			}
 		}
 	}
-	engine_regions(&r->vm, reg);
-	ret = hq_qemu_check_devram(&r->vm, &r->f, r->err, sizeof(r->err));
-	return ret ? ret : devram_regions(r, reg, r->vm.nregions);
+	engine_regions(&r->b.vm, reg);
+	return devram_regions(r, reg, r->b.vm.nregions);
 }
 
-/* Match the file's regions with this QEMU's RAM and empty it. */
+/* A new QEMU waiting for the file's state, its RAM matched with the file's and emptied. */
 static int prepare_ram(struct restore_run *r, struct halite_restore_region *reg)
 {
-	char st[32];
-	int ret;
+	int ret = hq_bring_check_incoming(&r->b);
 
-	ret = hq_vm_status(&r->vm, st, sizeof(st));
-	if (ret)
-		return fail(r, ret, r->vm.err, NULL);
-	if (strcmp(st, "inmigrate"))
-		return fail(r, -HALITE_E_STATE, "QEMU is not waiting for an incoming state", st);
-	ret = check_vm(r, reg);
-	for (uint32_t i = 0; i < r->vm.nregions && !ret; i++) {
-		struct hq_region *g = &r->vm.regions[i];
-
-		/*
-		 * Nothing QEMU may have written while starting survives: a page
-		 * present now would never fault and keep its bytes. Private memory
-		 * is dropped inside QEMU (an injected madvise), before it is
-		 * registered: registered, the drop would read as the guest's
-		 * discard.
-		 */
-		if (g->anon) {
-			ret = hq_qemu_drop_region(&r->vm, g, r->err, sizeof(r->err));
-			if (ret)
-				return ret;
-			continue;
-		}
-		if (fallocate(g->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-			      (off_t)g->fd_offset, (off_t)g->length)) {
-			snprintf(r->err, sizeof(r->err), "emptying guest RAM %s: fallocate: %s",
-				 g->name, strerror(errno));
-			return -errno;
-		}
-	}
-	return ret;
+	if (!ret)
+		ret = check_vm(r, reg);
+	return ret ? ret : hq_bring_empty_ram(&r->b);
 }
 
 /* The engine on QEMU @vm's RAM pieces @reg. */
@@ -842,7 +725,7 @@ static int start_restore(struct restore_run *r, struct hq_vm *vm,
 	o.log = hq_log;
 	o.log_ctx = &r->p.out;
 	o.log_level = r->p.out.verbose ? HALITE_LOG_DEBUG : HALITE_LOG_WARN;
-	ret = halite_restore_open(&r->rs, r->p.path, reg, vm->nregions + r->f.ndevram, &o);
+	ret = halite_restore_open(&r->rs, r->p.path, reg, vm->nregions + r->b.f.ndevram, &o);
 	if (ret == -EINVAL)
 		return fail(r, ret, "the file's memory regions do not match this QEMU's "
 			    "(same -m and memory backend ids as at save?)", NULL);
@@ -869,9 +752,8 @@ static int start_restore(struct restore_run *r, struct hq_vm *vm,
 /* Feed the device state to QEMU, wait for the load. */
 static int load_devices(struct restore_run *r)
 {
-	int ret = hq_qemu_load_devices(&r->vm, r->dir, r->f.dev, r->f.devlen, INCOMING_TIMEOUT_MS,
-				       give_up, r, "(no reason given; see QEMU's messages)", r->err,
-				       sizeof(r->err));
+	int ret = hq_bring_load_devices(&r->b, r->dir, INCOMING_TIMEOUT_MS, give_up, r,
+					"(no reason given; see QEMU's messages)");
 
 	if (!ret)
 		r->t_loaded = hq_now_ns();
@@ -891,11 +773,11 @@ static void progress(struct restore_run *r, bool final)
 		return;
 	halite_restore_stats(r->rs, &st);
 	in = st.mb_fault + st.mb_pool + st.mb_prefetch + st.mb_zero;
-	bytes = st.mb_total ? r->f.mem_bytes / st.mb_total * in : 0;
+	bytes = st.mb_total ? r->b.f.mem_bytes / st.mb_total * in : 0;
 	if (mode == HALITE_PROGRESS_JSON) {
 		struct halite_cli_progress pr = {
 			.op = "restore", .phase = "memory", .elapsed_s = elapsed,
-			.bytes = (int64_t)bytes, .total = (int64_t)r->f.mem_bytes,
+			.bytes = (int64_t)bytes, .total = (int64_t)r->b.f.mem_bytes,
 			.faults = (int64_t)st.faults, .done = final,
 		};
 
@@ -904,7 +786,7 @@ static void progress(struct restore_run *r, bool final)
 	}
 	hq_progressf(false, "restore: %3" PRIu64 "%%  %s of %s  %" PRIu64 " faults  %" PRIu64
 		     "/%" PRIu64 " LBs  %.1f s%s", st.mb_total ? 100 * in / st.mb_total : 0,
-		     hq_bytes(bytes, a, sizeof(a)), hq_bytes(r->f.mem_bytes, b, sizeof(b)),
+		     hq_bytes(bytes, a, sizeof(a)), hq_bytes(r->b.f.mem_bytes, b, sizeof(b)),
 		     st.faults, st.lb_demand + st.lb_prefetch, st.lb_total, elapsed,
 		     final ? "\n" : "");
 }
@@ -948,8 +830,8 @@ static int same_ram(struct restore_run *r)
 {
 	const struct hq_vm *h = r->handed;
 
-	for (uint32_t i = 0; i < r->vm.nregions; i++) {
-		const struct hq_region *g = &r->vm.regions[i], *k = NULL;
+	for (uint32_t i = 0; i < r->b.vm.nregions; i++) {
+		const struct hq_region *g = &r->b.vm.regions[i], *k = NULL;
 
 		for (uint32_t j = 0; j < h->nregions && !k; j++)
 			if (!strcmp(h->regions[j].name, g->name))
@@ -958,7 +840,7 @@ static int same_ram(struct restore_run *r)
 			return fail(r, -EPROTO, "QEMU's RAM is not what the restore's record says",
 				    g->name);
 	}
-	return r->vm.nregions == h->nregions ? 0 :
+	return r->b.vm.nregions == h->nregions ? 0 :
 	       fail(r, -EPROTO, "QEMU's RAM is not what the restore's record says", NULL);
 }
 
@@ -997,12 +879,12 @@ static int take_over(struct restore_run *r, struct halite_restore_region *reg)
 		 * One that another client holds answers nothing: the next one.
 		 * Once faults are served, QEMU may take a moment to catch up.
 		 */
-		ret = hq_vm_attach(&r->vm, socks[i], r->engine_running ? 10000 : 1000, need);
-		if (!ret && r->vm.pid == r->p.attach)
+		ret = hq_vm_attach(&r->b.vm, socks[i], r->engine_running ? 10000 : 1000, need);
+		if (!ret && r->b.vm.pid == r->p.attach)
 			break;
 		if (!ret)
 			ret = -EPROTO;
-		hq_vm_release(&r->vm);
+		hq_vm_release(&r->b.vm);
 	}
 	if (ret) {
 		snprintf(r->err, sizeof(r->err), "QEMU (pid %d): %s", (int)r->p.attach, n ?
@@ -1010,18 +892,18 @@ static int take_over(struct restore_run *r, struct halite_restore_region *reg)
 			 "no QMP unix socket on its command line (is it a QEMU?)");
 		return ret;
 	}
-	hq_qmp_set_abort(r->vm.qmp, give_up, r);
+	hq_qmp_set_abort(r->b.vm.qmp, give_up, r);
 	r->t_qmp = hq_now_ns();
 	/* The engine serves the record's RAM, its files open (and append-only: ours). */
-	r->vm.ram_find_only = r->engine_running;
-	ret = hq_vm_status(&r->vm, st, sizeof(st));
+	r->b.vm.ram_find_only = r->engine_running;
+	ret = hq_vm_status(&r->b.vm, st, sizeof(st));
 	if (ret)
-		return fail(r, ret, r->vm.err, NULL);
+		return fail(r, ret, r->b.vm.err, NULL);
 	ret = check_vm(r, reg);
 	if (!ret && r->engine_running)
 		ret = same_ram(r);
 	else if (!ret)
-		ret = start_restore(r, &r->vm, reg);
+		ret = start_restore(r, &r->b.vm, reg);
 	/*
 	 * Loaded, and the guest never ran since (the dead handler writes device
 	 * RAM before cont): it may have died before it wrote it. Written again,
@@ -1031,9 +913,9 @@ static int take_over(struct restore_run *r, struct halite_restore_region *reg)
 		return write_device_ram(r);
 	if (ret || strcmp(st, "inmigrate"))
 		return ret;
-	ret = hq_qmp_call(r->vm.qmp, "query-migrate", NULL, &mig, HQ_QMP_TIMEOUT_MS);
+	ret = hq_qmp_call(r->b.vm.qmp, "query-migrate", NULL, &mig, HQ_QMP_TIMEOUT_MS);
 	if (ret)
-		return fail(r, ret, "query-migrate", hq_qmp_errmsg(r->vm.qmp));
+		return fail(r, ret, "query-migrate", hq_qmp_errmsg(r->b.vm.qmp));
 	mst = cJSON_GetStringValue(cJSON_GetObjectItem(mig, "status"));
 	ret = !mst || !strcmp(mst, "none") ? 0 : -HALITE_E_STATE;
 	if (ret)
@@ -1064,7 +946,7 @@ static int run(struct restore_run *r)
 		ret = take_over(r, reg);
 		/* Forwards the dead handler had not added yet. */
 		if (!ret)
-			ret = hq_config_forward_pid(r->p.attach, r->vm.qmp, r->err, sizeof(r->err));
+			ret = hq_config_forward_pid(r->p.attach, r->b.vm.qmp, r->err, sizeof(r->err));
 		if (ret >= 0) {
 			r->nforwards = ret;
 			r->t_forwarded = hq_now_ns();
@@ -1081,14 +963,9 @@ static int run(struct restore_run *r)
 		if (!ret)
 			r->t_qmp = hq_now_ns();
 		if (!ret)
-			ret = hq_config_check_devices(&r->cfg, r->vm.qmp, r->p.path, r->err,
-						      sizeof(r->err));
-		if (!ret && r->ndisks)
-			ret = hq_disks_verify(&r->vm, r->disks, r->err, sizeof(r->err));
-		if (!ret)
 			ret = prepare_ram(r, reg);
 		if (!ret)
-			ret = start_restore(r, &r->vm, reg);
+			ret = start_restore(r, &r->b.vm, reg);
 		/* Test fault die-before-load: the handler killed with the device state not loaded. */
 		if (!ret && hq_fault("die-before-load"))
 			raise(SIGKILL);
@@ -1098,7 +975,7 @@ static int run(struct restore_run *r)
 			ret = write_device_ram(r);
 		/* Loaded and not yet running: connections from now on wait for the guest (hostfwd.c). */
 		if (!ret)
-			ret = hq_config_forward(&r->cfg, r->vm.qmp, r->err, sizeof(r->err));
+			ret = hq_config_forward(&r->b.cfg, r->b.vm.qmp, r->err, sizeof(r->err));
 		if (ret >= 0) {
 			r->t_forwarded = hq_now_ns();
 			r->nforwards = ret;
@@ -1108,10 +985,10 @@ static int run(struct restore_run *r)
 	if (ret)
 		return explain_failure(r, ret);
 	/* cont, confirmed by query-status (a cont whose reply is lost may have run or not). */
-	ret = hq_vm_settle(&r->vm, !r->paused, HQ_QMP_TIMEOUT_MS, &r->t_resume);
+	ret = hq_vm_settle(&r->b.vm, !r->paused, HQ_QMP_TIMEOUT_MS, &r->t_resume);
 	if (ret)
 		return explain_failure(r, fail(r, ret, r->paused ? "the guest did not stay "
-					      "paused" : "resuming the guest", r->vm.err));
+					      "paused" : "resuming the guest", r->b.vm.err));
 	if (!r->t_resume)
 		r->t_resume = hq_now_ns();
 	last_prog = r->t_resume;
@@ -1133,7 +1010,7 @@ static int run(struct restore_run *r)
 		return fail(r, ret, halite_restore_errmsg(r->rs)[0] ? halite_restore_errmsg(r->rs) :
 			    halite_strerror(ret), NULL);
 	/* Every range is unregistered: QEMU's copy of the descriptor has no more use. */
-	if (hq_vm_close_remote(&r->vm, r->remote_uffd) == 0)
+	if (hq_vm_close_remote(&r->b.vm, r->remote_uffd) == 0)
 		r->remote_uffd = -1;
 	return 0;
 }
@@ -1153,8 +1030,8 @@ static void report_disks_json(cJSON *o, const struct restore_run *r)
 		return;
 	}
 	a = cJSON_AddArrayToObject(o, "disks");
-	for (int i = 0; a && r->disks && r->ndisks && i < r->disks->n; i++) {
-		const struct hq_disk *d = &r->disks->d[i];
+	for (int i = 0; a && r->b.disks && r->b.ndisks && i < r->b.disks->n; i++) {
+		const struct hq_disk *d = &r->b.disks->d[i];
 		cJSON *j;
 
 		if (!d->frozen)
@@ -1182,7 +1059,7 @@ static void report_json(const struct restore_run *r, int code)
 	struct halite_restore_stats st = r->st;
 	bool stats = r->engine_running, file = r->file_known;
 	cJSON *o = hq_json_head(code, r->p.path, r->err, r->qemu_err[0] ? r->qemu_err :
-				r->vm.qemu_err, &r->vm);
+				r->b.vm.qemu_err, &r->b.vm);
 
 	if (!o) {
 		hq_json_print(NULL);
@@ -1197,7 +1074,7 @@ static void report_json(const struct restore_run *r, int code)
 	json_ms(o, "ready_to_resume_ms", r->t_qmp, r->t_resume);
 	hq_json_fixed(o, "done_s", r->t_resume && r->t_done >= r->t_resume,
 		      ms(r->t_resume, r->t_done) / 1e3, 3);
-	hq_json_u64(o, "memory_bytes", file, r->f.mem_bytes - hq_snapfile_devram_bytes(&r->f));
+	hq_json_u64(o, "memory_bytes", file, r->b.f.mem_bytes - hq_snapfile_devram_bytes(&r->b.f));
 	hq_json_u64(o, "faults", stats, st.faults);
 	hq_json_u64(o, "faults_vcpu", stats, st.faults_vcpu);
 	hq_json_u64(o, "faults_zero", stats, st.faults_zero);
@@ -1224,10 +1101,10 @@ static void report_json(const struct restore_run *r, int code)
 	hq_json_str(o, "saved_run_state", !file ? NULL : r->file_paused ? "paused" : "running");
 	hq_json_bool(o, "detached", r->p.parsed, r->p.detach);
 	hq_json_str(o, "cmdline", !r->p.parsed ? NULL : r->p.attach ? "attached" :
-		    r->cfg.replayed || !r->p.qemu_argc ? "recorded" : "given");
+		    r->b.cfg.replayed || !r->p.qemu_argc ? "recorded" : "given");
 	hq_json_u64(o, "forwards", r->t_forwarded, (uint64_t)r->nforwards);
 	json_ms(o, "forwarded_ms", r->t0, r->t_forwarded);
-	hq_json_u64(o, "device_ram_bytes", file, hq_snapfile_devram_bytes(&r->f));
+	hq_json_u64(o, "device_ram_bytes", file, hq_snapfile_devram_bytes(&r->b.f));
 	hq_json_u64(o, "device_ram_written_bytes", r->devram_done, r->devram_written);
 	hq_json_fixed(o, "device_ram_ms", r->devram_done, (double)r->devram_ns / 1e6, 3);
 	hq_json_bool(o, "bypass_cache", r->p.parsed, r->p.bypass_cache);
@@ -1250,8 +1127,8 @@ static void report(const struct restore_run *r, int ret)
 	}
 	if (ret)
 		return;
-	printf("restored %s into QEMU %d.%d.%d pid %d, %s, %u vCPUs\n", r->p.path, r->vm.major,
-	       r->vm.minor, r->vm.micro, (int)r->vm.pid, r->vm.machine, r->vm.nvcpus);
+	printf("restored %s into QEMU %d.%d.%d pid %d, %s, %u vCPUs\n", r->p.path, r->b.vm.major,
+	       r->b.vm.minor, r->b.vm.micro, (int)r->b.vm.pid, r->b.vm.machine, r->b.vm.nvcpus);
 	printf("  QEMU ready     %.0f ms after start (QMP up)\n", ms(r->t0, r->t_qmp));
 	printf("  guest %s  %.1f ms after QEMU was ready (devices loaded in %.1f ms)%s\n",
 	       r->paused ? "loaded " : "resumed", ms(r->t_qmp, r->t_resume),
@@ -1260,21 +1137,21 @@ static void report(const struct restore_run *r, int ret)
 	       "; left paused (cont runs it)");
 	printf("  all memory in  %.2f s after resume: %s, %" PRIu64 " LBs (%" PRIu64 " demand, %"
 	       PRIu64 " prefetch), %s read\n", ms(r->t_resume, r->t_done) / 1e3,
-	       hq_bytes(r->f.mem_bytes, a, sizeof(a)), st->lb_total, st->lb_demand, st->lb_prefetch,
+	       hq_bytes(r->b.f.mem_bytes, a, sizeof(a)), st->lb_total, st->lb_demand, st->lb_prefetch,
 	       hq_bytes(st->bytes_read, (char[32]){ 0 }, 32));
 	if (st->lb_hot)
 		printf("  hot prefix     %" PRIu64 " LBs (what earlier guests touched first) read "
 		       "first\n", st->lb_hot);
-	if (r->cfg.replayed)
+	if (r->b.cfg.replayed)
 		printf("  command line   the one the file records, run in %s\n",
-		       r->cfg.cwd ? r->cfg.cwd : "this directory");
+		       r->b.cfg.cwd ? r->b.cfg.cwd : "this directory");
 	if (r->nforwards)
 		printf("  host forwards  %d added %.1f ms after QEMU was ready, once the guest's "
 		       "state was loaded\n", r->nforwards, ms(r->t_qmp, r->t_forwarded));
-	for (uint32_t i = 0; i < r->f.ndevram; i++)
-		printf("  device RAM     %s, %s: in before the guest ran\n", r->f.devram[i].name,
-		       hq_bytes(r->f.devram[i].length, a, sizeof(a)));
-	if (r->f.ndevram)
+	for (uint32_t i = 0; i < r->b.f.ndevram; i++)
+		printf("  device RAM     %s, %s: in before the guest ran\n", r->b.f.devram[i].name,
+		       hq_bytes(r->b.f.devram[i].length, a, sizeof(a)));
+	if (r->b.f.ndevram)
 		printf("  device write   %s written into QEMU in %.2f ms, once the device state was "
 		       "loaded\n", hq_bytes(r->devram_written, a, sizeof(a)),
 		       (double)r->devram_ns / 1e6);
@@ -1285,11 +1162,11 @@ static void report(const struct restore_run *r, int ret)
 		printf("  learnt         the guest's first touches %s, in %s\n",
 		       r->p.learn_window_ms ? "in its first window" : "until all memory was in",
 		       r->p.learn);
-	for (int i = 0; r->disks && r->ndisks && i < r->disks->n; i++)
-		if (r->disks->d[i].frozen)
+	for (int i = 0; r->b.disks && r->b.ndisks && i < r->b.disks->n; i++)
+		if (r->b.disks->d[i].frozen)
 			printf("  disk           %s: runs on %s, a new overlay of %s (the disk as "
-			       "at the snapshot)\n", r->disks->d[i].name, r->disks->d[i].overlay,
-			       r->disks->d[i].image);
+			       "at the snapshot)\n", r->b.disks->d[i].name, r->b.disks->d[i].overlay,
+			       r->b.disks->d[i].image);
 	printf("  faults         %" PRIu64 " (vCPUs %" PRIu64 ", zero %" PRIu64 ", from an LB in "
 	       "memory %" PRIu64 "), service p50 %.0f us, p99 %.0f us\n", st->faults,
 	       st->faults_vcpu, st->faults_zero, st->faults_cached,
@@ -1379,22 +1256,24 @@ int hq_cmd_restore(int argc, char **argv)
 		return EXIT_USAGE;
 	}
 	r->t0 = hq_now_ns();
+	r->b = (struct hq_bring){ .path = r->p.path, .err = r->err, .errlen = sizeof(r->err),
+				  .qemu_err = r->qemu_err, .qemu_errlen = sizeof(r->qemu_err) };
 	r->uffd = r->remote_uffd = r->lock_fd = -1;
 	for (unsigned i = 0; i < HQ_MAX_REGIONS; i++)
-		r->vm.regions[i].fd = -1;
+		r->b.vm.regions[i].fd = -1;
 	hq_catch_stop_signals();
 	ret = run(r);
-	if (ret && r->qemu > 0 && waitpid(r->qemu, &st, WNOHANG) == r->qemu) {
+	if (ret && r->b.qemu > 0 && waitpid(r->b.qemu, &st, WNOHANG) == r->b.qemu) {
 		size_t n = strlen(r->err);
 
-		r->qemu = 0;
+		r->b.qemu = 0;
 		snprintf(r->err + n, sizeof(r->err) - n, " (QEMU exited, %s %d%s)",
 			 WIFEXITED(st) ? "status" : "signal",
 			 WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st),
 			 r->p.detach && !r->p.qemu_log ? "; its messages below" : "");
 	}
 	/* Gone on its own (reaped here, or by the wait for its QMP socket): why, in its words. */
-	if (ret && r->spawned && !r->qemu)
+	if (ret && r->spawned && !r->b.qemu)
 		qemu_last_words(r);
 	if (ret && r->p.attach && r->uffd >= 0) {
 		size_t n = strlen(r->err);
@@ -1407,39 +1286,37 @@ int hq_cmd_restore(int argc, char **argv)
 	if (ret && r->p.detach && !r->p.qemu_log && r->dir[0])
 		show_qemu_log(r);
 	report(r, ret);
-	if (ret && r->qemu > 0) {
+	if (ret && r->b.qemu > 0) {
 		/* Blocked on memory that will not come, or never started: it goes. */
-		kill(r->qemu, SIGKILL);
-		waitpid(r->qemu, NULL, 0);
-		r->qemu = 0;
+		kill(r->b.qemu, SIGKILL);
+		waitpid(r->b.qemu, NULL, 0);
+		r->b.qemu = 0;
 	}
-	if (ret && r->disks && r->ndisks && !r->p.attach) {
+	if (ret && r->b.disks && r->b.ndisks && !r->p.attach) {
 		/* Overlays the guest never wrote go; one it ran on holds its writes: it stays. */
 		if (!r->t_resume)
-			hq_disks_remove_overlays(r->disks);
+			hq_disks_remove_overlays(r->b.disks);
 		else
-			for (int i = 0; i < r->disks->n; i++)
-				if (r->disks->d[i].overlay_made)
+			for (int i = 0; i < r->b.disks->n; i++)
+				if (r->b.disks->d[i].overlay_made)
 					hq_errorf("restore: disk %s: the guest ran on %s, kept",
-						  r->disks->d[i].name, r->disks->d[i].overlay);
+						  r->b.disks->d[i].name, r->b.disks->d[i].overlay);
 	}
-	free(r->disks);
 	halite_restore_free(r->rs);
 	/* The restore is over, done or failed: nothing left to take over. */
 	if (r->handoff || (r->p.attach && !ret))
-		hq_handoff_remove(r->p.attach ? r->p.attach : r->vm.pid);
+		hq_handoff_remove(r->p.attach ? r->p.attach : r->b.vm.pid);
 	if (r->handed) {
 		hq_vm_release(r->handed);
 		free(r->handed);
 	}
 	/* The engine is gone: the copies of device RAM are ours again. */
-	hq_snapfile_free(&r->f);
-	hq_config_free(&r->cfg);
+	hq_bring_free(&r->b);
 	if (r->uffd >= 0)
 		close(r->uffd);
 	if (r->lock_fd >= 0)
 		close(r->lock_fd);
-	hq_vm_release(&r->vm);
+	hq_vm_release(&r->b.vm);
 	if (r->dir[0]) {
 		char p[96];
 
@@ -1452,11 +1329,11 @@ int hq_cmd_restore(int argc, char **argv)
 		rmdir(r->dir);
 	}
 	code = hq_exit_code(ret);
-	if (!ret && !r->p.detach && r->qemu > 0) {
+	if (!ret && !r->p.detach && r->b.qemu > 0) {
 		/* Like running QEMU: its exit is ours. */
-		while (waitpid(r->qemu, &st, 0) < 0 && errno == EINTR)
+		while (waitpid(r->b.qemu, &st, 0) < 0 && errno == EINTR)
 			if (hq_stop_signal)
-				kill(r->qemu, SIGTERM), hq_stop_signal = 0;
+				kill(r->b.qemu, SIGTERM), hq_stop_signal = 0;
 		code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 	}
 	free(r);
