@@ -81,7 +81,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <dirent.h>
 
 #include <cjson/cJSON.h>
 
@@ -831,29 +830,16 @@ static int uffd_in_qemu(struct qclone *c)
  */
 static int drop_qemu_fds(struct qclone *c)
 {
-	char dir[64], path[64 + 256], link[PATH_MAX];
-	struct dirent *e;
-	int fds[64], n = 0;
-	DIR *d;
+	int fds[64], n;
 
-	snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)c->b.vm.pid);
-	d = opendir(dir);
-	if (!d)
-		return fail(c, -errno, dir, strerror(errno));
-	while ((e = readdir(d)) && n < 64) {
-		ssize_t k;
+	n = hq_proc_fds_to(c->b.vm.pid, c->mem_file, fds, 64);
+	if (n < 0) {
+		char dir[64];
 
-		if (e->d_name[0] == '.')
-			continue;
-		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-		k = readlink(path, link, sizeof(link) - 1);
-		if (k <= 0)
-			continue;
-		link[k] = '\0';
-		if (!strcmp(link, c->mem_file))
-			fds[n++] = atoi(e->d_name);
+		snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)c->b.vm.pid);
+		return fail(c, n, dir, strerror(-n));
 	}
-	closedir(d);
+	n = n < 64 ? n : 64;
 	for (int i = 0; i < c->nhost_fds && n < 64; i++)
 		fds[n++] = c->host_fds[i];
 	for (int i = 0; i < n; i++) {

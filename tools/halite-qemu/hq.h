@@ -289,6 +289,18 @@ void hq_vmsetf(struct hq_vm *vm, const char *fmt, ...) __attribute__((format(pri
  * (above any character, so they collide with no command's own).
  */
 enum { HQ_OPT_PROGRESS = 0x100, HQ_OPT_VERSION, HQ_OPT_BYPASS_CACHE };
+/*
+ * The long options of save and restore that hq_out_opt() takes (and
+ * --bypass-cache, which both pass to their engine), for their getopt tables.
+ */
+#define HQ_OUT_LONGOPTS							\
+	{ "bypass-cache", no_argument, NULL, HQ_OPT_BYPASS_CACHE },	\
+	{ "json", no_argument, NULL, 'j' },				\
+	{ "progress", optional_argument, NULL, HQ_OPT_PROGRESS },	\
+	{ "quiet", no_argument, NULL, 'q' },				\
+	{ "verbose", no_argument, NULL, 'v' },				\
+	{ "help", no_argument, NULL, 'h' },				\
+	{ "version", no_argument, NULL, HQ_OPT_VERSION }
 
 /* What a command prints and how (--json, -q, -v, --progress), and its name. */
 struct hq_out {
@@ -313,6 +325,11 @@ int hq_out_opt(int c, struct hq_out *o, int argc, char **argv);
 void hq_bad_option(int argc, char **argv, char *buf, size_t len);
 /* A usage error in o->usage; returns -1. */
 int hq_usage(struct hq_out *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/*
+ * A usage error parsing found, on stderr ("CMD: what"); with --json also
+ * into @err for the command's JSON report, which it then prints: true.
+ */
+bool hq_usage_report(const struct hq_out *o, char *err, size_t len);
 /* The progress mode in effect: --progress, else none with -q, else text. */
 int hq_progress_mode(const struct hq_out *o);
 /*
@@ -361,6 +378,21 @@ int hq_parse_size(const char *s, uint64_t *out);
  * them too, and the command reports them once.
  */
 void hq_log(void *ctx, int level, const char *msg);
+
+/*
+ * The lines of a command's --help about the options hq_out_opt() takes:
+ * @cmd ("save", "restore") names what --json reports the failure of.
+ */
+#define HQ_HELP_OUT_OPTS(cmd)								\
+	"  --json             print the report as one JSON object on stdout, also when\n"	\
+	"                     the " cmd " fails (\"ok\": false, \"error\", \"exit\",\n"	\
+	"                     \"qemu_error\": QEMU's own message when it is the cause)\n"	\
+	"  --progress[=MODE]  progress on stderr: text (default), json (a JSON object\n"	\
+	"                     per line, twice a second) or none\n"				\
+	"  -q, --quiet        no progress on stderr (--progress=none)\n"			\
+	"  -v, --verbose      the engine's log on stderr\n"					\
+	"  -h, --help         this help\n"							\
+	"  --version          the version\n\n"
 
 /* --- commands --- */
 int hq_cmd_save(int argc, char **argv);

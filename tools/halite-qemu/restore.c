@@ -190,15 +190,7 @@ void hq_help_restore(FILE *f)
 		"                     256M; 0: off, the file is prefetched in order like any other)\n"
 		"  --bypass-cache     read FILE with O_DIRECT, around the host's page cache\n"
 		"                     (as virsh restore --bypass-cache)\n"
-		"  --json             print the report as one JSON object on stdout, also when\n"
-		"                     the restore fails (\"ok\": false, \"error\", \"exit\",\n"
-		"                     \"qemu_error\": QEMU's own message when it is the cause)\n"
-		"  --progress[=MODE]  progress on stderr: text (default), json (a JSON object\n"
-		"                     per line, twice a second) or none\n"
-		"  -q, --quiet        no progress on stderr (--progress=none)\n"
-		"  -v, --verbose      the engine's log on stderr\n"
-		"  -h, --help         this help\n"
-		"  --version          the version\n\n"
+		HQ_HELP_OUT_OPTS("restore")
 		"SIGINT or SIGTERM during the restore stops QEMU: the guest cannot run without\n"
 		"its memory. If " PROG " is killed outright, the guest blocks (it never\n"
 		"reads memory that was not restored) until '" PROG " restore --attach' takes\n"
@@ -240,13 +232,7 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 		{ "no-cmdline-check", no_argument, NULL, 'C' },
 		{ "no-disks", no_argument, NULL, 'D' },
 		{ "disk-dir", required_argument, NULL, 'K' },
-		{ "bypass-cache", no_argument, NULL, HQ_OPT_BYPASS_CACHE },
-		{ "json", no_argument, NULL, 'j' },
-		{ "progress", optional_argument, NULL, HQ_OPT_PROGRESS },
-		{ "quiet", no_argument, NULL, 'q' },
-		{ "verbose", no_argument, NULL, 'v' },
-		{ "help", no_argument, NULL, 'h' },
-		{ "version", no_argument, NULL, HQ_OPT_VERSION },
+		HQ_OUT_LONGOPTS,
 		{ 0 }
 	};
 	struct hq_out *o = &p->out;
@@ -1247,11 +1233,8 @@ int hq_cmd_restore(int argc, char **argv)
 	}
 	hq_out_init(&r->p.out, "restore", argc, argv);
 	if (parse_args(argc, argv, &r->p)) {
-		hq_errorf("restore: %s", r->p.out.usage);
-		if (r->p.out.json) {
-			snprintf(r->err, sizeof(r->err), "%s", r->p.out.usage);
+		if (hq_usage_report(&r->p.out, r->err, sizeof(r->err)))
 			report_json(r, EXIT_USAGE);
-		}
 		free(r);
 		return EXIT_USAGE;
 	}

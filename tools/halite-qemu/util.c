@@ -114,6 +114,14 @@ int hq_usage(struct hq_out *o, const char *fmt, ...)
 	return -1;
 }
 
+bool hq_usage_report(const struct hq_out *o, char *err, size_t len)
+{
+	hq_errorf("%s: %s", o->cmd, o->usage);
+	if (o->json)
+		snprintf(err, len, "%s", o->usage);
+	return o->json;
+}
+
 /*
  * The option getopt stopped at: "--name" without its "=value", or the
  * short one ("-m") as the user wrote it ("-machine" when that was the word).

@@ -8,7 +8,6 @@
  * shared/design/qemu-integration.md (checked on QEMU 7.2).
  */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -1041,33 +1040,14 @@ int hq_vm_uffd(struct hq_vm *vm, int *remote)
 
 int hq_vm_find_uffd(struct hq_vm *vm, int *remote)
 {
-	char dir[64], path[64 + 256], link[64], err[512];
-	struct dirent *e;
-	int found = -1, n = 0, fd;
-	DIR *d;
+	char err[512];
+	int found = -1, n, fd;
 
-	snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)vm->pid);
-	d = opendir(dir);
-	if (!d) {
-		hq_vmsetf(vm, "%s: %s", dir, strerror(errno));
-		return -errno;
+	n = hq_proc_fds_to(vm->pid, "anon_inode:[userfaultfd]", &found, 1);
+	if (n < 0) {
+		hq_vmsetf(vm, "/proc/%d/fd: %s", (int)vm->pid, strerror(-n));
+		return n;
 	}
-	while ((e = readdir(d))) {
-		ssize_t k;
-
-		if (e->d_name[0] == '.')
-			continue;
-		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-		k = readlink(path, link, sizeof(link) - 1);
-		if (k <= 0)
-			continue;
-		link[k] = '\0';
-		if (!strcmp(link, "anon_inode:[userfaultfd]")) {
-			found = atoi(e->d_name);
-			n++;
-		}
-	}
-	closedir(d);
 	if (!n) {
 		hq_vmsetf(vm, "QEMU (pid %d) holds no userfaultfd: not a halite-qemu restore, or "
 			  "one that finished", (int)vm->pid);
