@@ -8,14 +8,10 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <limits.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
-#include <sys/mman.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include "hq.h"
