@@ -71,6 +71,7 @@
 #include <pwd.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -87,7 +88,10 @@
 #include "clone_policy.h"
 #include "clone_srv.h"
 #include "bring.h"
-#include "hq.h"
+#include "tool.h"
+#include "proc.h"
+#include "inside.h"
+#include "runstate.h"
 #include "inject.h"
 
 #define QEMU_DEFAULT "qemu-system-x86_64"

@@ -41,6 +41,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
@@ -51,7 +52,12 @@
 
 #include "cli.h"
 #include "bring.h"
-#include "hq.h"
+#include "tool.h"
+#include "fault.h"
+#include "handoff.h"
+#include "inside.h"
+#include "records.h"
+#include "runstate.h"
 
 #define QEMU_DEFAULT "qemu-system-x86_64"
 #define QMP_START_TIMEOUT_MS 60000

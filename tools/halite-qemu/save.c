@@ -37,6 +37,7 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -45,7 +46,11 @@
 
 #include "cli.h"
 #include "disks.h"
-#include "hq.h"
+#include "tool.h"
+#include "devstate.h"
+#include "fault.h"
+#include "inside.h"
+#include "runstate.h"
 #include "vmconfig.h"
 
 struct save_params {

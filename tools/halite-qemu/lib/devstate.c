@@ -14,7 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "hq.h"
+#include "devstate.h"
 
 /* QEMU stream (migration/savevm.c): magic, version, section types. */
 #define QEVM_MAGIC 0x5145564du

@@ -17,7 +17,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "hq.h"
+#include "proc.h"
+#include "records.h"
 
 bool hq_aside_record_path(pid_t pid, char *buf, size_t len)
 {

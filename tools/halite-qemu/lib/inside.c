@@ -18,7 +18,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "hq.h"
+#include "proc.h"
+#include "inside.h"
+#include "records.h"
 #include "inject.h"
 
 /*

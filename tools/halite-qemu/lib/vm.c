@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <limits.h>
@@ -22,8 +23,8 @@
 #include <unistd.h>
 
 #include "discard.h"
-#include "hq.h"
-#include "inject.h"
+#include "vm.h"
+#include "records.h"
 #include "qemu_info.h"
 
 void hq_vmsetf(struct hq_vm *vm, const char *fmt, ...)

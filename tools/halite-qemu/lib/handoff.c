@@ -26,7 +26,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "hq.h"
+#include "handoff.h"
+#include "records.h"
 
 #define MAGIC "halite-qemu-restore 1"
 

@@ -9,9 +9,11 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "runstate.h"
 #include "bring.h"
 
 static int fail(struct hq_bring *b, int ret, const char *what, const char *detail)
