@@ -211,7 +211,7 @@ static int opt_u32(struct hq_out *o, const char *arg, const char *name, uint64_t
 {
 	uint64_t v;
 
-	if (hq_parse_size(arg, &v) || v < min || v > max)
+	if (halite_parse_size(arg, &v) || v < min || v > max)
 		return hq_usage(o, "--%s '%s': %llu..%llu %s", name, arg, (unsigned long long)min,
 				(unsigned long long)max, unit);
 	*out = (uint32_t)v;
@@ -290,7 +290,7 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 			p->learn_window_set = true;
 			break;
 		case 'H':
-			if (hq_parse_size(optarg, &p->hot_prefix))
+			if (halite_parse_size(optarg, &p->hot_prefix))
 				return hq_usage(o, "--hot-prefix '%s': a size in bytes (K, M, G "
 						"suffixes), 0 for off", optarg);
 			p->hot_prefix_set = true;
@@ -308,7 +308,7 @@ static int parse_args(int argc, char **argv, struct restore_params *p)
 			p->disk_dir = optarg;
 			break;
 		case 'A':
-			if (hq_parse_size(optarg, &v) || !v || v > INT32_MAX)
+			if (halite_parse_size(optarg, &v) || !v || v > INT32_MAX)
 				return hq_usage(o, "--attach '%s': the pid of a QEMU", optarg);
 			p->attach = (pid_t)v;
 			break;

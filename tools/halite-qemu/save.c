@@ -219,24 +219,24 @@ static int parse_args(int argc, char **argv, struct save_params *p)
 						"lz4 -128..12", optarg);
 			break;
 		case 'b':
-			if (hq_parse_size(optarg, &v) || v > UINT32_MAX)
+			if (halite_parse_size(optarg, &v) || v > UINT32_MAX)
 				return hq_usage(o, "--lb-size '%s': a size, a power of two from 8K to "
 						"4M", optarg);
 			p->lb_size = (uint32_t)v;
 			break;
 		case 'w':
-			if (hq_parse_size(optarg, &v) || v < 1 || v > 256)
+			if (halite_parse_size(optarg, &v) || v < 1 || v > 256)
 				return hq_usage(o, "--workers '%s': 1..256", optarg);
 			p->workers = (unsigned)v;
 			break;
 		case 'r':
-			if (hq_parse_size(optarg, &v) || v < (1u << 20))
+			if (halite_parse_size(optarg, &v) || v < (1u << 20))
 				return hq_usage(o, "--bg-rate '%s': at least 1M (bytes per second)",
 						optarg);
 			p->bg_min_rate = v;
 			break;
 		case 'i':
-			if (hq_parse_size(optarg, &v) || v < 1 || v > 60000)
+			if (halite_parse_size(optarg, &v) || v < 1 || v > 60000)
 				return hq_usage(o, "--root-interval '%s': 1..60000 ms", optarg);
 			p->root_ms = (unsigned)v;
 			break;

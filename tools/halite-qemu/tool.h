@@ -113,7 +113,6 @@ extern volatile sig_atomic_t hq_stop_signal;
 void hq_catch_stop_signals(void);
 void hq_errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void hq_progressf(bool quiet, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-int hq_parse_size(const char *s, uint64_t *out);
 /*
  * The engines' log (ctx: the command's struct hq_out): warnings always,
  * the rest with --verbose. Errors only with --verbose: the engine returns

@@ -55,12 +55,7 @@ void hq_progressf(bool quiet, const char *fmt, ...)
 	fprintf(stderr, tty ? "\r%s\033[K" : "%s\n", line);
 }
 
-int hq_parse_size(const char *s, uint64_t *out)
-{
-	return halite_parse_size(s, out) ? -EINVAL : 0;
-}
-
-/* The engines' log: warnings always, the rest with --verbose (hq.h). */
+/* The engines' log: warnings always, the rest with --verbose (tool.h). */
 void hq_log(void *ctx, int level, const char *msg)
 {
 	static const char *const names[] = { "error", "warning", "info", "debug" };

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * The record a restore leaves for a take-over (hq.h, hq_handoff_*).
+ * The record a restore leaves for a take-over (handoff.h).
  *
  * 'restore --attach' used to learn QEMU's RAM through QMP before it served
  * a fault. But once the handler is dead, any thread of QEMU's may be

@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: MIT
 /*
- * What halite-qemu learns about a running QEMU and does to it from outside:
- * its RAM (shared backends, reached through the backing file, and private
- * anonymous RAM, reached through QEMU's address space; QEMU's own accesses
- * through a userfaultfd created inside it), its vCPU threads and page-table roots, and its device state as a
- * device-only migration stream. Facts relied on are in
- * shared/design/qemu-integration.md (checked on QEMU 7.2).
+ * What halite-qemu learns about a running QEMU from outside (vm.h): its
+ * process and version, its vCPU threads and page-table roots, and its RAM:
+ * shared backends, reached through the backing file, and private anonymous
+ * RAM, reached through QEMU's address space. The QEMU behaviour relied on
+ * was checked on QEMU 7.2. What is done inside QEMU is inside.c; its device
+ * state, devstate.c.
  */
 #define _GNU_SOURCE
 #include <errno.h>
