@@ -64,78 +64,26 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
-#include <limits.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <linux/userfaultfd.h>
-#include <netinet/in.h>
-#include <pwd.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/ioctl.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-
 #include <cjson/cJSON.h>
 
-#include "clone_policy.h"
+#include "clone.h"
 #include "clone_srv.h"
-#include "bring.h"
-#include "tool.h"
-#include "proc.h"
-#include "inside.h"
-#include "runstate.h"
 #include "inject.h"
-
-#define QEMU_DEFAULT "qemu-system-x86_64"
-#define QMP_START_TIMEOUT_MS 60000
-#define LOAD_TIMEOUT_MS 120000
-#define MAX_NICS 16
-#define MAX_ALLOW_DIRS 16
-#define MAX_HOST_FILES 16
-
-struct clone_params {
-	const char *path;     /* the snapshot */
-	const char *mem_file; /* the template memory file */
-	const char *control;
-	const char *dir;      /* the clone's own files; default: the control socket's dir */
-	const char *qmp;      /* our QMP socket to QEMU; default DIR/halite-qmp.sock */
-	const char *disk_dir; /* overlays; default DIR */
-	const char *qemu_binary; /* --qemu-binary: QEMU, whatever the file records */
-	const char *run_as;   /* --run-as: QEMU's user (-runas), never root */
-	const char *allow_dirs[MAX_ALLOW_DIRS]; /* --allow-dir: where -kernel & co. may be */
-	int nallow_dirs;
-};
-
-enum qc_state { QC_CREATED, QC_RUNNING, QC_PAUSED };
-
-struct qclone {
-	struct clone_params p;
-	char dir[PATH_MAX], qmp[PATH_MAX + 32], mem_file[PATH_MAX];
-	struct hq_bring b; /* the file (its device RAM decoded before QEMU starts), QEMU */
-	int qemu_pidfd;
-	int uffd, remote_uffd, lfd;
-	char macs[MAX_NICS][18];
-	int nmacs;
-	char user_qmp[PATH_MAX];   /* the first QMP/monitor socket the recorded line had, rewritten */
-	char serial[PATH_MAX];	   /* the first serial file, rewritten */
-	enum qc_state state;
-	bool quit;
-	uid_t run_uid;
-	gid_t run_gid;
-	char runas[32];		   /* "UID:GID" for -runas; "" without --run-as */
-	int host_fds[MAX_HOST_FILES]; /* -kernel & co. opened beneath --allow-dir, QEMU's too */
-	int nhost_fds;
-	int devuffd;		   /* /dev/userfaultfd, inherited by QEMU under the same number */
-	char err[1280];
-};
+#include "inside.h"
+#include "proc.h"
+#include "runstate.h"
 
 void hq_help_clone(FILE *f)
 {
@@ -232,7 +180,7 @@ static int parse_args(int argc, char **argv, struct clone_params *p)
 	return 0;
 }
 
-static int fail(struct qclone *c, int ret, const char *what, const char *detail)
+int clone_fail(struct qclone *c, int ret, const char *what, const char *detail)
 {
 	return hq_fail(c->err, sizeof(c->err), ret, what, detail);
 }
@@ -244,458 +192,13 @@ static int check_file(struct qclone *c)
 	int ret = hq_bring_read(&c->b, true, NULL);
 
 	if (!ret && !c->b.cfg.rec.argc)
-		ret = fail(c, -EINVAL, c->p.path, "records no QEMU command line to clone");
+		ret = clone_fail(c, -EINVAL, c->p.path, "records no QEMU command line to clone");
 	/*
 	 * The service hands the file over as /proc/self/fd/N, read through
 	 * that path only: QEMU must not inherit N.
 	 */
 	if (!strncmp(c->p.path, "/proc/self/fd/", 14))
 		fcntl(atoi(c->p.path + 14), F_SETFD, FD_CLOEXEC);
-	return ret;
-}
-
-/* --- the command line: a machine of its own ------------------------------ */
-
-static int set_arg(struct hq_argv *a, int i, char *s)
-{
-	if (!s)
-		return -ENOMEM;
-	free(a->argv[i]);
-	a->argv[i] = s;
-	return 0;
-}
-
-/* "DIR/NAME" (malloc'd). */
-static char *in_dir(const struct qclone *c, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
-static char *in_dir(const struct qclone *c, const char *fmt, ...)
-{
-	char name[128], *s;
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(name, sizeof(name), fmt, ap);
-	va_end(ap);
-	return asprintf(&s, "%s/%s", c->dir, name) < 0 ? NULL : s;
-}
-
-static int new_mac(struct qclone *c, char *out)
-{
-	uint8_t b[3];
-
-	if (getrandom(b, sizeof(b), 0) != sizeof(b))
-		return fail(c, -errno, "getrandom", strerror(errno));
-	/* QEMU's own prefix (52:54:00, locally administered). */
-	snprintf(out, 18, "52:54:00:%02x:%02x:%02x", b[0], b[1], b[2]);
-	if (c->nmacs < MAX_NICS)
-		memcpy(c->macs[c->nmacs++], out, 18);
-	return 0;
-}
-
-/* @kv gets mac=NEW (replacing any). */
-static int kv_new_mac(struct qclone *c, struct hq_kvs *kv)
-{
-	char mac[18];
-	int ret = new_mac(c, mac);
-
-	if (ret)
-		return ret;
-	hq_kvs_del(kv, "mac");
-	return hq_kvs_add(kv, "mac", mac);
-}
-
-/* "unix:PATH[,opts]" with PATH in the clone's dir; others unchanged (NULL). */
-static char *unix_chardev(struct qclone *c, const char *arg, const char *name, char *first,
-			  size_t flen)
-{
-	const char *opts;
-	char *path, *s;
-
-	if (strncmp(arg, "unix:", 5))
-		return NULL;
-	opts = strchr(arg, ',');
-	path = in_dir(c, "%s", name);
-	if (!path || asprintf(&s, "unix:%s%s", path, opts ? opts : "") < 0)
-		s = NULL;
-	if (s && first && !first[0])
-		snprintf(first, flen, "%s", path);
-	free(path);
-	return s;
-}
-
-/* One -object: the RAM's backend becomes the template file, mapped privately. */
-static int ram_backend(struct qclone *c, const char *id, const char *size, char **out)
-{
-	return asprintf(out, "memory-backend-file,id=%s,size=%s,mem-path=%s,share=off", id, size,
-			c->mem_file) < 0 ? -ENOMEM : 0;
-}
-
-/*
- * The recorded line (replayed: no -S, -incoming, ...) in @a made this
- * clone's. Refuses what it cannot make its own: more than one memory
- * backend in use, NUMA.
- */
-static int rewrite_cmdline(struct qclone *c, struct hq_argv *a)
-{
-	struct hq_opt *o = NULL;
-	int n = 0, ret, nserial = 0, nmon = 0, nchar = 0;
-	char ram_id[128] = "", msize[64] = "";
-	bool ram_done = false;
-
-	ret = hq_opts_parse(a->argv + 1, a->argc - 1, &o, &n, c->err, sizeof(c->err));
-	if (ret)
-		return ret;
-	/* First pass: which backend is the RAM, and -m's size. */
-	for (int i = 0; i < n; i++) {
-		struct hq_kvs kv = { 0 };
-
-		if (!o[i].arg)
-			continue;
-		if (!strcmp(o[i].name, "machine") || !strcmp(o[i].name, "M")) {
-			if (hq_kvs_split(o[i].arg, "type", &kv))
-				continue;
-			if (hq_kvs_get(&kv, "memory-backend"))
-				snprintf(ram_id, sizeof(ram_id), "%s", hq_kvs_get(&kv, "memory-backend"));
-		} else if (!strcmp(o[i].name, "m")) {
-			if (hq_kvs_split(o[i].arg, "size", &kv))
-				continue;
-			if (hq_kvs_get(&kv, "size"))
-				snprintf(msize, sizeof(msize), "%s", hq_kvs_get(&kv, "size"));
-		} else if (!strcmp(o[i].name, "numa")) {
-			free(o);
-			return fail(c, -HALITE_E_UNSUPPORTED, "cloning a NUMA guest (-numa)",
-				    "one memory backend only");
-		}
-		hq_kvs_free(&kv);
-	}
-	for (int i = 0; i < n && !ret; i++) {
-		int ai = 1 + o[i].index + 1; /* the argument's index in @a */
-		const char *name = o[i].name;
-		struct hq_kvs kv = { 0 };
-		char *s = NULL;
-
-		if (!o[i].arg)
-			continue;
-		if (!strcmp(name, "object")) {
-			const char *t, *id;
-
-			if (hq_kvs_split(o[i].arg, "qom-type", &kv))
-				continue;
-			t = hq_kvs_get(&kv, "qom-type");
-			id = hq_kvs_get(&kv, "id");
-			if (t && !strncmp(t, "memory-backend-", 15)) {
-				if (!id || strcmp(id, ram_id)) {
-					ret = fail(c, -HALITE_E_UNSUPPORTED, "cloning a guest with a "
-						   "second memory backend", id ? id : "(no id)");
-				} else {
-					const char *sz = hq_kvs_get(&kv, "size");
-
-					ret = ram_backend(c, id, sz ? sz : msize, &s);
-					if (!ret)
-						ret = set_arg(a, ai, s);
-					ram_done = true;
-				}
-			}
-		} else if (!strcmp(name, "qmp") || !strcmp(name, "qmp-pretty") ||
-			   !strcmp(name, "monitor")) {
-			char nm[32];
-
-			snprintf(nm, sizeof(nm), "%s%d.sock", name, nmon++);
-			s = unix_chardev(c, o[i].arg, nm, name[0] == 'q' ? c->user_qmp : NULL,
-					 sizeof(c->user_qmp));
-			if (s)
-				ret = set_arg(a, ai, s);
-		} else if (!strcmp(name, "serial")) {
-			char nm[32];
-
-			if (!strncmp(o[i].arg, "file:", 5)) {
-				s = in_dir(c, "serial%d.log", nserial);
-				if (s && !c->serial[0])
-					snprintf(c->serial, sizeof(c->serial), "%s", s);
-				char *t = NULL;
-
-				if (s && asprintf(&t, "file:%s", s) < 0)
-					t = NULL;
-				free(s);
-				ret = set_arg(a, ai, t);
-			} else {
-				snprintf(nm, sizeof(nm), "serial%d.sock", nserial);
-				s = unix_chardev(c, o[i].arg, nm, NULL, 0);
-				if (s)
-					ret = set_arg(a, ai, s);
-			}
-			nserial++;
-		} else if (!strcmp(name, "chardev")) {
-			const char *be, *id;
-
-			if (hq_kvs_split(o[i].arg, "backend", &kv))
-				continue;
-			be = hq_kvs_get(&kv, "backend");
-			id = hq_kvs_get(&kv, "id");
-			if (be && hq_kvs_get(&kv, "path") && (!strcmp(be, "socket") ||
-							      !strcmp(be, "file"))) {
-				char *p = in_dir(c, "chardev%d-%.40s.%s", nchar++, id ? id : "",
-						 be[0] == 's' ? "sock" : "log");
-
-				hq_kvs_del(&kv, "path");
-				ret = p ? hq_kvs_add(&kv, "path", p) : -ENOMEM;
-				free(p);
-				if (!ret)
-					ret = set_arg(a, ai, hq_kvs_join(&kv, "backend"));
-			}
-		} else if (!strcmp(name, "pidfile")) {
-			ret = set_arg(a, ai, in_dir(c, "qemu.pid"));
-		} else if (!strcmp(name, "D")) {
-			ret = set_arg(a, ai, in_dir(c, "qemu-debug.log"));
-		} else if (!strcmp(name, "nic") || !strcmp(name, "net")) {
-			if (hq_kvs_split(o[i].arg, "type", &kv))
-				continue;
-			if (!strcmp(name, "nic") || (hq_kvs_get(&kv, "type") &&
-						     !strcmp(hq_kvs_get(&kv, "type"), "nic"))) {
-				ret = kv_new_mac(c, &kv);
-				if (!ret)
-					ret = set_arg(a, ai, hq_kvs_join(&kv, "type"));
-			}
-		} else if (!strcmp(name, "device")) {
-			const char *drv;
-
-			if (hq_kvs_split(o[i].arg, "driver", &kv))
-				continue;
-			drv = hq_kvs_get(&kv, "driver");
-			if (hq_kvs_has(&kv, "netdev")) {
-				ret = kv_new_mac(c, &kv);
-				if (!ret)
-					ret = set_arg(a, ai, hq_kvs_join(&kv, "driver"));
-			} else if (drv && !strcmp(drv, "vmgenid")) {
-				/* A new generation id: the guest reseeds its RNG. */
-				hq_kvs_del(&kv, "guid");
-				ret = hq_kvs_add(&kv, "guid", "auto");
-				if (!ret)
-					ret = set_arg(a, ai, hq_kvs_join(&kv, "driver"));
-			}
-		}
-		hq_kvs_free(&kv);
-	}
-	free(o);
-	if (ret)
-		return ret;
-	if (!ram_done) {
-		/* -m alone: QEMU's default RAM ("pc.ram") as the template file. */
-		char *obj = NULL;
-
-		if (!msize[0])
-			return fail(c, -HALITE_E_UNSUPPORTED, "cloning a guest without -m", NULL);
-		if (ram_id[0])
-			return fail(c, -EINVAL, "the recorded -machine memory-backend has no -object",
-				    ram_id);
-		ret = ram_backend(c, "pc.ram", msize, &obj);
-		if (!ret)
-			ret = hq_argv_push(a, "-object");
-		if (!ret)
-			ret = hq_argv_push_own(a, obj);
-		else
-			free(obj);
-		if (!ret)
-			ret = hq_argv_push(a, "-machine");
-		if (!ret)
-			ret = hq_argv_push(a, "memory-backend=pc.ram");
-	}
-	return ret;
-}
-
-/* A port the kernel gives now for @w's protocol and address. */
-static int free_port(const struct hq_fwd *w, uint16_t *port)
-{
-	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = w->host_addr };
-	socklen_t len = sizeof(sa);
-	int fd = socket(AF_INET, (w->udp ? SOCK_DGRAM : SOCK_STREAM) | SOCK_CLOEXEC, 0);
-	int ret = 0;
-
-	if (fd < 0)
-		return -errno;
-	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) ||
-	    getsockname(fd, (struct sockaddr *)&sa, &len))
-		ret = -errno;
-	close(fd);
-	*port = ntohs(sa.sin_port);
-	return ret;
-}
-
-/* Each forward on a host port of its own: "tcp:ADDR:OLD-..." -> "tcp:ADDR:NEW-...". */
-static int new_ports(struct qclone *c)
-{
-	for (int i = 0; i < c->b.cfg.fwds.n; i++) {
-		struct hq_fwd *w = &c->b.cfg.fwds.v[i];
-		char *dash = strchr(w->rule, '-'), *colon, rule[sizeof(w->rule)];
-		uint16_t port = 0;
-		int ret;
-
-		if (!dash)
-			return fail(c, -EINVAL, "hostfwd rule", w->rule);
-		*dash = '\0';
-		colon = strrchr(w->rule, ':');
-		*dash = '-';
-		if (!colon)
-			return fail(c, -EINVAL, "hostfwd rule", w->rule);
-		ret = free_port(w, &port);
-		if (ret)
-			return fail(c, ret, "a free host port", strerror(-ret));
-		snprintf(rule, sizeof(rule), "%.*s:%u%s", (int)(colon - w->rule), w->rule, port,
-			 dash);
-		memcpy(w->rule, rule, sizeof(rule));
-		w->host_port = port;
-	}
-	return 0;
-}
-
-/* --qemu-binary: absolute, an executable file (the service's configuration says which). */
-static int check_qemu_binary(struct qclone *c)
-{
-	const char *b = c->p.qemu_binary;
-	struct stat st;
-
-	if (b[0] != '/')
-		return fail(c, -EINVAL, "--qemu-binary: an absolute path please", b);
-	if (stat(b, &st) || !S_ISREG(st.st_mode) || access(b, X_OK))
-		return fail(c, -EINVAL, "--qemu-binary: not an executable file", b);
-	return 0;
-}
-
-/* --run-as: a user name or uid that is not root, as "UID:GID" for QEMU's -runas. */
-static int resolve_run_as(struct qclone *c)
-{
-	const char *u = c->p.run_as;
-	struct passwd *pw = getpwnam(u);
-	char *end;
-
-	if (!pw) {
-		unsigned long id;
-
-		errno = 0;
-		id = strtoul(u, &end, 10);
-		if (*u < '0' || *u > '9' || *end || errno || id > (uid_t)-2)
-			return fail(c, -EINVAL, "--run-as: no such user", u);
-		pw = getpwuid((uid_t)id);
-		c->run_uid = (uid_t)id;
-		c->run_gid = pw ? pw->pw_gid : (gid_t)id;
-	} else {
-		c->run_uid = pw->pw_uid;
-		c->run_gid = pw->pw_gid;
-	}
-	if (!c->run_uid || !c->run_gid)
-		return fail(c, -EINVAL, "--run-as: QEMU would run as root (uid or gid 0); name an "
-			    "unprivileged user", u);
-	snprintf(c->runas, sizeof(c->runas), "%u:%u", (unsigned)c->run_uid, (unsigned)c->run_gid);
-	return 0;
-}
-
-static void policy_of(const struct qclone *c, struct hq_clone_policy *pol)
-{
-	*pol = (struct hq_clone_policy){ .sz = sizeof(*pol), .allow_dirs = c->p.allow_dirs,
-					 .nallow_dirs = c->p.nallow_dirs, .disks = c->b.disks,
-					 .cwd = c->b.cfg.rec_cwd };
-}
-
-/*
- * The recorded line, as the file's writer gave it, against what a clone may
- * use (clone_policy.c), before anything of it runs: the binary (unless
- * --qemu-binary or $HALITE_QEMU says which), then every option. The frozen
- * disks are parsed here: they are the only images a -drive may name.
- */
-static int check_policy(struct qclone *c)
-{
-	struct hq_clone_policy pol;
-	const char *env = getenv("HALITE_QEMU");
-	int ret;
-
-	if (c->b.cfg.rec_disks) {
-		c->b.disks = calloc(1, sizeof(*c->b.disks));
-		if (!c->b.disks)
-			return fail(c, -ENOMEM, "out of memory", NULL);
-		ret = hq_disks_parse(c->b.cfg.rec_disks, c->b.disks, c->err, sizeof(c->err));
-		if (ret)
-			return ret;
-	}
-	if (!c->p.qemu_binary && !(env && *env)) {
-		ret = hq_clone_check_binary(c->b.cfg.rec.argv[0], c->err, sizeof(c->err));
-		if (ret)
-			return ret;
-	}
-	policy_of(c, &pol);
-	ret = hq_clone_policy_check(c->b.cfg.rec.argv, c->b.cfg.rec.argc, &pol, c->err,
-				    sizeof(c->err));
-	if (ret && !c->err[0])
-		fail(c, ret, "checking the recorded command line", strerror(-ret));
-	return ret;
-}
-
-/*
- * QEMU's own confinement, added last: the seccomp sandbox always, -runas
- * with --run-as. QEMU 7.2 installs its filter before -runas's setgid and
- * setuid (os_setup_post), so elevateprivileges=deny kills it there
- * (SIGSYS, checked by hand): with --run-as it stays allowed. Once every uid
- * and gid is the user's, with no_new_privs set and exec denied, there is no
- * privilege left to take back.
- */
-static int add_confinement(struct qclone *c)
-{
-	struct hq_argv *a = &c->b.cfg.run;
-	int ret;
-
-	ret = hq_argv_push(a, "-sandbox");
-	if (!ret)
-		ret = hq_argv_push(a, c->runas[0] ?
-				   "on,obsolete=deny,elevateprivileges=allow,spawn=deny,"
-				   "resourcecontrol=deny" :
-				   "on,obsolete=deny,elevateprivileges=deny,spawn=deny,"
-				   "resourcecontrol=deny");
-	if (!ret && c->runas[0])
-		ret = hq_argv_push(a, "-runas");
-	if (!ret && c->runas[0])
-		ret = hq_argv_push(a, c->runas);
-	return ret;
-}
-
-static int prepare_cmdline(struct qclone *c)
-{
-	struct hq_clone_policy pol;
-	int ret;
-
-	ret = check_policy(c);
-	if (ret)
-		return ret;
-	ret = hq_cmdline_replay(c->b.cfg.rec.argv, c->b.cfg.rec.argc, &c->b.cfg.user,
-				&c->b.cfg.replay_flags);
-	if (ret)
-		return fail(c, ret, "replaying the recorded command line", strerror(-ret));
-	c->b.cfg.replayed = true;
-	c->b.cfg.cwd = c->b.cfg.rec_cwd;
-	if (c->p.qemu_binary)
-		ret = set_arg(&c->b.cfg.user, 0, strdup(c->p.qemu_binary));
-	else if (getenv("HALITE_QEMU") && *getenv("HALITE_QEMU"))
-		ret = set_arg(&c->b.cfg.user, 0, strdup(getenv("HALITE_QEMU")));
-	if (!ret)
-		ret = rewrite_cmdline(c, &c->b.cfg.user);
-	if (!ret) {
-		policy_of(c, &pol);
-		ret = hq_clone_open_paths(&c->b.cfg.user, &pol, c->host_fds, MAX_HOST_FILES,
-					  &c->nhost_fds, c->err, sizeof(c->err));
-	}
-	if (!ret)
-		ret = hq_argv_copy(&c->b.cfg.run, c->b.cfg.user.argv, c->b.cfg.user.argc);
-	if (!ret)
-		ret = hq_fwd_take_out(&c->b.cfg.run, &c->b.cfg.fwds, c->err, sizeof(c->err));
-	if (!ret)
-		ret = new_ports(c);
-	if (!ret)
-		ret = add_confinement(c);
-	/*
-	 * Not hq_cmdline_check_host(): its sockets are in the clone's own
-	 * directory, and its memory file is the template's, which the service
-	 * and every other clone map by design.
-	 */
-	if (ret && !c->err[0])
-		fail(c, ret, "QEMU's command line", strerror(-ret));
 	return ret;
 }
 
@@ -709,7 +212,7 @@ static int prepare_disks(struct qclone *c)
 		return 0; /* parsed by check_policy() */
 	if (!hq_bring_frozen(&c->b)) {
 		if (hq_disks_writable(c->b.disks))
-			return fail(c, -HALITE_E_UNSUPPORTED, "the snapshot was saved with "
+			return clone_fail(c, -HALITE_E_UNSUPPORTED, "the snapshot was saved with "
 				    "--no-disks", "clones would share its writable disks");
 		return 0;
 	}
@@ -737,7 +240,7 @@ static int spawn_qemu(struct qclone *c)
 	if (c->runas[0]) {
 		c->devuffd = open("/dev/userfaultfd", O_RDWR);
 		if (c->devuffd < 0 && errno != ENOENT)
-			return fail(c, -errno, "/dev/userfaultfd", strerror(errno));
+			return clone_fail(c, -errno, "/dev/userfaultfd", strerror(errno));
 	}
 	ret = hq_bring_spawn(&c->b, &s);
 	/* QEMU has its copies (same numbers); ours are done. */
@@ -750,7 +253,7 @@ static int spawn_qemu(struct qclone *c)
 	/* Watched while serving: QEMU's exit ends this process. */
 	c->qemu_pidfd = (int)syscall(SYS_pidfd_open, c->b.qemu, 0);
 	if (c->qemu_pidfd < 0)
-		return fail(c, -errno, "pidfd_open", strerror(errno));
+		return clone_fail(c, -errno, "pidfd_open", strerror(errno));
 	return 0;
 }
 
@@ -778,7 +281,7 @@ static int check_vm(struct qclone *c)
 	if (ret)
 		return ret;
 	if (hq_vm_discard_device(&c->b.vm))
-		return fail(c, -HALITE_E_UNSUPPORTED, "cloning a guest with a device that gives "
+		return clone_fail(c, -HALITE_E_UNSUPPORTED, "cloning a guest with a device that gives "
 			    "memory back (its discards would punch the shared template file)",
 			    hq_vm_discard_device(&c->b.vm));
 	c->b.vm.ram_find_only = true; /* a private file mapping: nothing to open */
@@ -793,9 +296,9 @@ static long in_qemu(struct qclone *c, long nr, long a0, long a1, long a2, const 
 	int ret = hq_inject_one(c->b.vm.pid, nr, args, &res, err, sizeof(err));
 
 	if (ret)
-		return fail(c, ret, what, err);
+		return clone_fail(c, ret, what, err);
 	if (res < 0)
-		return fail(c, (int)res, what, strerror((int)-res));
+		return clone_fail(c, (int)res, what, strerror((int)-res));
 	return res;
 }
 
@@ -811,7 +314,7 @@ static int uffd_in_qemu(struct qclone *c)
 
 	if (!c->runas[0] || c->devuffd < 0) {
 		c->uffd = hq_vm_uffd(&c->b.vm, &c->remote_uffd);
-		return c->uffd < 0 ? fail(c, c->uffd, c->b.vm.err, NULL) : 0;
+		return c->uffd < 0 ? clone_fail(c, c->uffd, c->b.vm.err, NULL) : 0;
 	}
 	fd = in_qemu(c, SYS_ioctl, c->devuffd, (long)USERFAULTFD_IOC_NEW, O_CLOEXEC | O_NONBLOCK,
 		     "USERFAULTFD_IOC_NEW inside QEMU");
@@ -841,7 +344,7 @@ static int drop_qemu_fds(struct qclone *c)
 		char dir[64];
 
 		snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)c->b.vm.pid);
-		return fail(c, n, dir, strerror(-n));
+		return clone_fail(c, n, dir, strerror(-n));
 	}
 	n = n < 64 ? n : 64;
 	for (int i = 0; i < c->nhost_fds && n < 64; i++)
@@ -871,9 +374,9 @@ static int load_devices(struct qclone *c)
 	 */
 	if (c->runas[0]) {
 		if (!mkdtemp(tmp))
-			return fail(c, -errno, "a directory for the incoming socket", strerror(errno));
+			return clone_fail(c, -errno, "a directory for the incoming socket", strerror(errno));
 		if (chown(tmp, c->run_uid, c->run_gid)) {
-			ret = fail(c, -errno, tmp, strerror(errno));
+			ret = clone_fail(c, -errno, tmp, strerror(errno));
 			rmdir(tmp);
 			return ret;
 		}
@@ -893,10 +396,10 @@ static int setup(struct qclone *c)
 	int ret;
 
 	if (!realpath(c->p.mem_file, c->mem_file))
-		return fail(c, -errno, c->p.mem_file, strerror(errno));
+		return clone_fail(c, -errno, c->p.mem_file, strerror(errno));
 	/* QEMU's mem-path and its option syntax: a comma would split it. */
 	if (strchr(c->mem_file, ','))
-		return fail(c, -EINVAL, "--mem-file: a path without commas please", c->mem_file);
+		return clone_fail(c, -EINVAL, "--mem-file: a path without commas please", c->mem_file);
 	if (c->p.dir) {
 		snprintf(c->dir, sizeof(c->dir), "%s", c->p.dir);
 	} else {
@@ -911,20 +414,20 @@ static int setup(struct qclone *c)
 		char abs[PATH_MAX];
 
 		if (!realpath(c->dir, abs))
-			return fail(c, -errno, c->dir, strerror(errno));
+			return clone_fail(c, -errno, c->dir, strerror(errno));
 		snprintf(c->dir, sizeof(c->dir), "%s", abs);
 	}
 	if (c->p.qmp)
 		snprintf(c->qmp, sizeof(c->qmp), "%s", c->p.qmp);
 	else
 		snprintf(c->qmp, sizeof(c->qmp), "%s/halite-qmp.sock", c->dir);
-	ret = c->p.qemu_binary ? check_qemu_binary(c) : 0;
+	ret = c->p.qemu_binary ? clone_check_qemu_binary(c) : 0;
 	if (!ret && c->p.run_as)
-		ret = resolve_run_as(c);
+		ret = clone_resolve_run_as(c);
 	if (!ret)
 		ret = check_file(c);
 	if (!ret)
-		ret = prepare_cmdline(c);
+		ret = clone_prepare_cmdline(c);
 	if (!ret)
 		ret = prepare_disks(c);
 	if (!ret)
@@ -1018,7 +521,7 @@ static cJSON *cmd_start(struct qclone *c)
 	if (!ret) {
 		ret = hq_vm_settle(&c->b.vm, true, HQ_QMP_TIMEOUT_MS, NULL);
 		if (ret)
-			fail(c, ret, "resuming the guest", c->b.vm.err);
+			clone_fail(c, ret, "resuming the guest", c->b.vm.err);
 	}
 	if (ret)
 		return clone_srv_error("start: %s", c->err[0] ? c->err : halite_strerror(ret));
