@@ -14,6 +14,7 @@ endif()
 add_executable(test_inject
   ${CMAKE_SOURCE_DIR}/tools/halite-qemu/lib/inject.c
   ${CMAKE_SOURCE_DIR}/tools/halite-qemu/lib/inject_code.c
+  ${CMAKE_SOURCE_DIR}/tools/halite-qemu/lib/inject_util.c
   ${CMAKE_CURRENT_LIST_DIR}/test_inject.c)
 target_include_directories(test_inject PRIVATE ${CMAKE_SOURCE_DIR}/tools/halite-qemu/lib)
 target_link_libraries(test_inject PRIVATE Threads::Threads)

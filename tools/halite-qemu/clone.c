@@ -78,8 +78,8 @@
 
 #include <cjson/cJSON.h>
 
-#include "clone.h"
 #include "clone_srv.h"
+#include "clone_state.h"
 #include "inject.h"
 #include "inside.h"
 #include "proc.h"
@@ -178,11 +178,6 @@ static int parse_args(int argc, char **argv, struct clone_params *p)
 	}
 	p->path = argv[optind];
 	return 0;
-}
-
-int clone_fail(struct qclone *c, int ret, const char *what, const char *detail)
-{
-	return hq_fail(c->err, sizeof(c->err), ret, what, detail);
 }
 
 /* --- the snapshot ------------------------------------------------------- */

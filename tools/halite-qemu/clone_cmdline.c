@@ -21,7 +21,7 @@
 
 
 #include "clone_policy.h"
-#include "clone.h"
+#include "clone_state.h"
 
 /* --- the command line: a machine of its own ------------------------------ */
 

@@ -51,11 +51,11 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "restore.h"
 #include "fault.h"
 #include "handoff.h"
 #include "inside.h"
 #include "records.h"
+#include "restore_run.h"
 #include "runstate.h"
 
 static int fail(struct restore_run *r, int ret, const char *what, const char *detail)

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-/* halite-qemu restore: its --help and its options (restore.h). */
+/* halite-qemu restore: its --help and its options (restore_run.h). */
 #define _GNU_SOURCE
 #include <getopt.h>
 #include <stdio.h>
@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "restore.h"
+#include "restore_run.h"
 
 void hq_help_restore(FILE *f)
 {

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * halite-qemu restore: what it reports (restore.h): the text summary or
+ * halite-qemu restore: what it reports (restore_run.h): the text summary or
  * --json's object (docs/cli.md), and QEMU's own words when it failed.
  */
 #define _GNU_SOURCE
@@ -10,7 +10,7 @@
 #include <stdio.h>
 #include <unistd.h>
 
-#include "restore.h"
+#include "restore_run.h"
 
 static double ms(uint64_t a, uint64_t b)
 {

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The ptrace injection's insides, shared by inject.c (the session and its
- * calls) and inject_code.c (the code a call runs at and the signal frame
- * that gets the thread back): not for any other file.
+ * calls), inject_code.c (the code a call runs at and the signal frame that
+ * gets the thread back) and inject_util.c (messages, ptrace itself): not
+ * for any other file.
  */
 #ifndef HALITE_QEMU_INJECT_INT_H
 #define HALITE_QEMU_INJECT_INT_H
@@ -76,6 +77,8 @@ struct hq_inject {
 	int stop_sig;			/* signal of the current signal-delivery-stop to deliver */
 	int die;			/* test fault point, DIE_* */
 };
+
+/* --- inject_util.c --- */
 
 /* A message into @err (NULL or @len 0: none). */
 void inj_seterr(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

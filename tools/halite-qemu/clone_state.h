@@ -3,8 +3,8 @@
  * halite-qemu clone, private: one clone's state, shared by the clone's run
  * and control socket (clone.c) and its command line (clone_cmdline.c).
  */
-#ifndef HALITE_QEMU_CLONE_H
-#define HALITE_QEMU_CLONE_H
+#ifndef HALITE_QEMU_CLONE_STATE_H
+#define HALITE_QEMU_CLONE_STATE_H
 
 #include <limits.h>
 #include <stdbool.h>
@@ -57,7 +57,10 @@ struct qclone {
 };
 
 /* Record the first failure in c->err; returns @ret. */
-int clone_fail(struct qclone *c, int ret, const char *what, const char *detail);
+static inline int clone_fail(struct qclone *c, int ret, const char *what, const char *detail)
+{
+	return hq_fail(c->err, sizeof(c->err), ret, what, detail);
+}
 /* --qemu-binary: an executable file QEMU can be run from. */
 int clone_check_qemu_binary(struct qclone *c);
 /* --run-as: the user QEMU runs as (-runas), never root. */

@@ -4,8 +4,8 @@
  * parsing (restore_args.c), the run (restore.c) and its report
  * (restore_report.c).
  */
-#ifndef HALITE_QEMU_RESTORE_H
-#define HALITE_QEMU_RESTORE_H
+#ifndef HALITE_QEMU_RESTORE_RUN_H
+#define HALITE_QEMU_RESTORE_RUN_H
 
 #include <stdbool.h>
 #include <stdint.h>
