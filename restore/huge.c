@@ -201,8 +201,6 @@ void rs_huge_free(struct halite_restore *r)
  */
 int rs_huge_check_empty(struct halite_restore *r, const struct rregion *g)
 {
-	struct uffdio_register reg = { .range = { 0, g->length },
-				       .mode = UFFDIO_REGISTER_MODE_MINOR };
 	struct stat st;
 	uint64_t found = UINT64_MAX;
 	void *m;
@@ -216,9 +214,9 @@ int rs_huge_check_empty(struct halite_restore *r, const struct rregion *g)
 	if (m == MAP_FAILED)
 		return rs_fail(r, -errno, "region '%s': mapping its file", g->name);
 	fd = halite_uffd_open(UFFD_FEATURE_MINOR_HUGETLBFS, NULL);
-	reg.range.start = (uintptr_t)m;
-	if (fd < 0 || ioctl(fd, UFFDIO_REGISTER, &reg)) {
-		ret = fd < 0 ? fd : -errno;
+	ret = fd < 0 ? fd : halite_uffd_register(fd, (uintptr_t)m, g->length,
+						 UFFDIO_REGISTER_MODE_MINOR, 0);
+	if (ret) {
 		ret = rs_fail(r, ret, "region '%s': which huge pages its file holds (userfaultfd "
 			      "MINOR)", g->name);
 	}

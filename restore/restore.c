@@ -2041,9 +2041,10 @@ static int check_unpopulated(struct halite_restore *r, const struct rregion *g)
 
 static int open_uffd(struct halite_restore *r)
 {
-	uint64_t want = UFFD_FEATURE_THREAD_ID | HALITE_GMEM_EVENTS, missing = 0, have = 0;
+	uint64_t want = UFFD_FEATURE_THREAD_ID | HALITE_GMEM_EVENTS, missing = 0;
+	unsigned flags = (r->o.flags & HALITE_RESTORE_ATTACH) ? HALITE_UFFD_TAKEOVER : 0;
+	const char *why;
 	char names[128];
-	int ret;
 
 	if (r->has_shared)
 		want |= UFFD_FEATURE_MISSING_SHMEM;
@@ -2051,66 +2052,46 @@ static int open_uffd(struct halite_restore *r)
 	if (r->has_huge)
 		want |= UFFD_FEATURE_MISSING_HUGETLBFS | UFFD_FEATURE_MINOR_HUGETLBFS |
 			UFFD_FEATURE_EXACT_ADDRESS;
-	if (!r->external) {
-		r->uffd = halite_uffd_open(want, &missing);
-		ret = r->uffd < 0 ? r->uffd : 0;
-	} else {
-		/*
-		 * Our dup of the owner's: the owner keeps its copy, so if this
-		 * process dies the owner's faults block rather than the ranges
-		 * losing their registration and reading zeros.
-		 */
-		r->uffd = fcntl(r->o.owner_uffd, F_DUPFD_CLOEXEC, 0);
-		if (r->uffd < 0)
-			return rs_fail(r, -errno, "owner_uffd %d", r->o.owner_uffd);
-		if ((r->o.flags & HALITE_RESTORE_ATTACH) &&
-		    halite_uffd_handshaken(r->uffd, &have) == 1) {
-			/* The dead handler's handshake stands; it must have asked for ours. */
-			missing = want & ~have;
-			ret = missing ? -HALITE_E_UNSUPPORTED : 0;
-		} else {
-			ret = halite_uffd_api(r->uffd, want, &missing);
-			/* The handshake may only be done once, and is ours to do. */
-			if (ret == -EINVAL)
-				ret = -HALITE_E_STATE;
-		}
-	}
-	if (ret)
-		return rs_fail(r, ret, "userfaultfd%s%s", missing ? " lacks " : "",
-			     missing ? halite_uffd_feature_names(missing, names, sizeof(names)) : "");
-	return 0;
+	r->uffd = halite_uffd_acquire(r->external ? r->o.owner_uffd : -1, want, flags, &missing,
+				      &why);
+	if (r->uffd >= 0)
+		return 0;
+	if (why)
+		return rs_fail(r, r->uffd, "owner_uffd %d %s", r->o.owner_uffd, why);
+	/* Our dup of the owner's descriptor failed. */
+	if (r->external && (r->uffd == -EBADF || r->uffd == -EMFILE))
+		return rs_fail(r, r->uffd, "owner_uffd %d", r->o.owner_uffd);
+	return rs_fail(r, r->uffd, "userfaultfd%s%s", missing ? " lacks " : "",
+		       missing ? halite_uffd_feature_names(missing, names, sizeof(names)) : "");
 }
 
 static int register_region(struct halite_restore *r, struct rregion *g)
 {
-	struct uffdio_register reg = {
-		.range = { g->host, g->length },
-		.mode = UFFDIO_REGISTER_MODE_MISSING,
-	};
+	uint64_t mode = UFFDIO_REGISTER_MODE_MISSING;
 	uint64_t need = 1ull << _UFFDIO_COPY | 1ull << _UFFDIO_ZEROPAGE | 1ull << _UFFDIO_WAKE;
+	int ret;
 
 	/*
 	 * hugetlbfs: a page being assembled in the page cache faults MINOR
 	 * until UFFDIO_CONTINUE shows it (huge.c); no zero page there.
 	 */
 	if (g->hpage) {
-		reg.mode |= UFFDIO_REGISTER_MODE_MINOR;
+		mode |= UFFDIO_REGISTER_MODE_MINOR;
 		need = 1ull << _UFFDIO_COPY | 1ull << _UFFDIO_CONTINUE | 1ull << _UFFDIO_WAKE;
 	}
 	/* Registering again with the same descriptor (ATTACH) is allowed. */
-	if (ioctl(r->uffd, UFFDIO_REGISTER, &reg)) {
-		if (errno == EBUSY)
-			return rs_fail(r, -EBUSY, "region '%s' is already registered with another "
-				     "userfaultfd: a save or restore of this memory is running",
-				     g->name);
-		return rs_fail(r, -errno, "region '%s': UFFDIO_REGISTER %s (private anonymous "
+	ret = halite_uffd_register(r->uffd, g->host, g->length, mode, need);
+	if (ret == -EBUSY)
+		return rs_fail(r, -EBUSY, "region '%s' is already registered with another "
+			     "userfaultfd: a save or restore of this memory is running", g->name);
+	if (ret && ret != -HALITE_E_UNSUPPORTED)
+		return rs_fail(r, ret, "region '%s': UFFDIO_REGISTER %s (private anonymous "
 			     "or shared memfd/tmpfs/hugetlbfs memory?)", g->name,
 			     g->hpage ? "MISSING|MINOR" : "MISSING");
-	}
 	g->registered = true;
-	if ((reg.ioctls & need) != need)
-		return rs_fail(r, -HALITE_E_UNSUPPORTED, "region '%s': no UFFDIO_COPY and %s on "
-			     "this memory", g->name, g->hpage ? "UFFDIO_CONTINUE" : "UFFDIO_ZEROPAGE");
+	if (ret)
+		return rs_fail(r, ret, "region '%s': no UFFDIO_COPY and %s on this memory",
+			       g->name, g->hpage ? "UFFDIO_CONTINUE" : "UFFDIO_ZEROPAGE");
 	return 0;
 }
 
@@ -2118,9 +2099,8 @@ static void unregister_all(struct halite_restore *r)
 {
 	for (uint32_t i = 0; i < r->nregions; i++) {
 		struct rregion *g = &r->regions[i];
-		struct uffdio_range rg = { g->host, g->length };
 
-		if (g->registered && !ioctl(r->uffd, UFFDIO_UNREGISTER, &rg))
+		if (g->registered && !halite_uffd_unregister(r->uffd, g->host, g->length))
 			g->registered = false;
 	}
 }

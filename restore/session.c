@@ -330,60 +330,44 @@ static int open_uffd(struct halite_session *s)
 {
 	uint64_t want = UFFD_FEATURE_THREAD_ID | UFFD_FEATURE_MISSING_SHMEM |
 			UFFD_FEATURE_MINOR_SHMEM | HALITE_GMEM_EVENTS;
-	uint64_t missing = 0, have = 0;
+	unsigned flags = HALITE_UFFD_EXACT |
+			 ((s->o.flags & HALITE_SESSION_ATTACH) ? HALITE_UFFD_TAKEOVER : 0);
+	uint64_t missing = 0;
+	const char *why;
 	char names[160];
-	int ret, done;
 
-	if (!s->o.owner_pid) {
-		s->uffd = halite_uffd_open(want, &missing);
-		ret = s->uffd < 0 ? s->uffd : 0;
-		goto out;
-	}
-	s->uffd = fcntl(s->o.owner_uffd, F_DUPFD_CLOEXEC, 0);
-	if (s->uffd < 0)
-		return s_fail(s, -errno, "owner_uffd %d", s->o.owner_uffd);
-	done = halite_uffd_handshaken(s->uffd, &have);
-	if (done < 0)
-		return s_fail(s, done, "owner_uffd %d is not a userfaultfd", s->o.owner_uffd);
-	if (done != !!(s->o.flags & HALITE_SESSION_ATTACH))
-		return s_fail(s, -HALITE_E_STATE, "owner_uffd %d %s", s->o.owner_uffd,
-			      done ? "was set up by another handler (take it over with ATTACH)" :
-				     "was never set up: nothing to take over");
-	if (done) {
-		missing = want & ~have;
-		ret = missing ? -HALITE_E_UNSUPPORTED : 0;
-	} else {
-		ret = halite_uffd_api(s->uffd, want, &missing);
-	}
-out:
-	if (ret)
-		return s_fail(s, ret, "userfaultfd%s%s", missing ? " lacks " : "",
-			      missing ? halite_uffd_feature_names(missing, names, sizeof(names)) : "");
-	return 0;
+	s->uffd = halite_uffd_acquire(s->o.owner_pid ? s->o.owner_uffd : -1, want, flags,
+				      &missing, &why);
+	if (s->uffd >= 0)
+		return 0;
+	if (why)
+		return s_fail(s, s->uffd, "owner_uffd %d %s", s->o.owner_uffd, why);
+	/* Our dup of the owner's descriptor failed. */
+	if (s->o.owner_pid && (s->uffd == -EBADF || s->uffd == -EMFILE))
+		return s_fail(s, s->uffd, "owner_uffd %d", s->o.owner_uffd);
+	return s_fail(s, s->uffd, "userfaultfd%s%s", missing ? " lacks " : "",
+		      missing ? halite_uffd_feature_names(missing, names, sizeof(names)) : "");
 }
 
 static int register_regions(struct halite_session *s)
 {
+	uint64_t mode = UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_MINOR;
 	uint64_t need = 1ull << _UFFDIO_CONTINUE | 1ull << _UFFDIO_ZEROPAGE | 1ull << _UFFDIO_WAKE;
 
 	for (uint32_t i = 0; i < s->nregs; i++) {
 		struct sregion *g = &s->regs[i];
-		struct uffdio_register reg = {
-			.range = { g->host, g->length },
-			.mode = UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_MINOR,
-		};
+		int ret = halite_uffd_register(s->uffd, g->host, g->length, mode, need);
 
-		if (ioctl(s->uffd, UFFDIO_REGISTER, &reg)) {
-			if (errno == EBUSY)
-				return s_fail(s, -EBUSY, "region '%s' is registered with another "
-					      "userfaultfd", g->tr->name);
-			return s_fail(s, -errno, "region '%s' at 0x%llx: UFFDIO_REGISTER "
+		if (ret == -EBUSY)
+			return s_fail(s, -EBUSY, "region '%s' is registered with another "
+				      "userfaultfd", g->tr->name);
+		if (ret && ret != -HALITE_E_UNSUPPORTED)
+			return s_fail(s, ret, "region '%s' at 0x%llx: UFFDIO_REGISTER "
 				      "MISSING|MINOR (a private mapping of the template memory "
 				      "file?)", g->tr->name, (unsigned long long)g->host);
-		}
 		g->registered = true;
-		if ((reg.ioctls & need) != need)
-			return s_fail(s, -HALITE_E_UNSUPPORTED, "region '%s': no UFFDIO_CONTINUE "
+		if (ret)
+			return s_fail(s, ret, "region '%s': no UFFDIO_CONTINUE "
 				      "and UFFDIO_ZEROPAGE on this memory", g->tr->name);
 	}
 	return 0;
