@@ -6,7 +6,7 @@
  *
  * Every first touch must be a fault the engine sees, so while learning no
  * block reaches guest memory before the guest asks for it:
- * - the blocks of an LB no fault asked for are staged (restore.c's
+ * - the blocks of an LB no fault asked for are staged (install.c's
  *   install_lb, as with TRACK_ACCESS), whether the LB was read for a fault
  *   or, at start, for a copy (HALITE_MEM_COPY);
  * - the background prefetcher holds back (pf_hold) and stream readahead

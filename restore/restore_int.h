@@ -2,15 +2,21 @@
 /*
  * Private to the restore engine: its state, shared by its source files.
  *
- * restore.c   the engine: open, start, the LB states, demand readers, install
- *             pool, fault thread, prefetcher, the end (its top comment is the
- *             design)
+ * restore.c   the lifecycle: open, start (copies filled), wait, free
+ * state.c     the error, the end, a failed LB
+ * install.c   installs, stages, the install pool, an LB landing, the finish
+ * readers.c   demand queue and readers, stream readahead, page-cache reads
+ * fault.c     the fault path and the fault thread
+ * prefetch.c  the prefetcher and the hot prefix
+ * report.c    stats and the trace
+ * register.c  the userfaultfd, the regions' registration, gmem, discards
+ * attach.c    what memory holds at start: populated refused, or taken over
  * huge.c      hugetlbfs regions, whose unit of installation is the huge page
  * learn.c     HALITE_RESTORE_LEARN: the guest's first touches, recorded
  * learned.c   the trace's writing and the template's reading of its touch
  *             lines, shared with the template source (learned.h)
  *
- * Locks and states are described at the top of restore.c.
+ * The design (states, locks, threads, wake rules) is docs/architecture.md.
  */
 #ifndef HALITE_RESTORE_INT_H
 #define HALITE_RESTORE_INT_H
@@ -24,6 +30,7 @@
 
 #include <halite/restore.h>
 
+#include "endian_util.h"
 #include "gmem.h"
 #include "io.h"
 #include "learned.h"
@@ -188,35 +195,146 @@ struct fault {
 };
 
 
-/* ---- restore.c, for the engine's other files ---- */
+/* ---- inline: on the fault path, in every file ---- */
+
+static inline const struct rregion *rs_region_of_mb(const struct halite_restore *r, uint64_t mb)
+{
+	return &r->regions[halite_find_first_mb(r->regions, r->nregions, sizeof(r->regions[0]),
+						offsetof(struct rregion, first_mb), mb)];
+}
+
+/* CAS of memory block @mb from @from to MB_CLAIMED. */
+static inline bool rs_claim(struct halite_restore *r, uint64_t mb, uint8_t from)
+{
+	return atomic_compare_exchange_strong(&r->mb[mb], &from, MB_CLAIMED);
+}
+
+/*
+ * A claimed block is in: counted (BY_*), then MB_INSTALLED. Counted before
+ * the state says so: whoever sees MB_INSTALLED sees the count (rs_finish).
+ */
+static inline void rs_installed(struct halite_restore *r, uint64_t mb, int by)
+{
+	atomic_fetch_add(&r->n_mb[by], 1);
+	atomic_store(&r->mb[mb], MB_INSTALLED);
+}
+
+/* A fault served: its service time (message read to wake) into the histogram. */
+static inline void rs_fault_served(struct halite_restore *r, uint64_t t0)
+{
+	halite_hist_add(&r->hist, halite_now_ns() - t0);
+}
+
+static inline uint64_t rs_since_ready(const struct halite_restore *r)
+{
+	uint64_t now = halite_now_ns();
+
+	return now > r->ready_at ? now - r->ready_at : 0;
+}
+
+/* Memory block @mb as gmem sees it: its region's index and the offset in it. */
+static inline uint32_t rs_mb_region(const struct halite_restore *r, uint64_t mb, uint64_t *off)
+{
+	const struct rregion *g = rs_region_of_mb(r, mb);
+
+	*off = (mb - g->first_mb) * r->mb_size;
+	return (uint32_t)(g - r->regions);
+}
+
+/* Is @mb in a hugetlbfs region (installed by huge page, huge.c)? */
+static inline bool rs_mb_huge(const struct halite_restore *r, uint64_t mb)
+{
+	return r->has_huge && rs_region_of_mb(r, mb)->hpage;
+}
+
+/* TRACK_ACCESS: a block read with a demand fault, other than the faulting one, was touched. */
+static inline void rs_count_accessed(struct halite_restore *r, struct rlb *b)
+{
+	atomic_fetch_add(&b->accessed, 1);
+	atomic_fetch_add(&r->n_staged_accessed, 1);
+}
+
+/* ---- state.c ---- */
 
 /* The first message wins (save.c's sfail); returns -|err|. */
 __attribute__((format(printf, 3, 4)))
 int rs_fail(struct halite_restore *r, int err, const char *fmt, ...);
+/* The first message wins; logged at @level (later ones at debug). */
+void rs_errmsg_level(struct halite_restore *r, const char *msg, int level);
+void rs_errmsg(struct halite_restore *r, const char *msg);
 /* The first error wins; nothing is installed from here on. */
 void rs_set_failed(struct halite_restore *r, int err);
-const struct rregion *rs_region_of_mb(const struct halite_restore *r, uint64_t mb);
-/* CAS of memory block @mb from @from to MB_CLAIMED. */
-bool rs_claim(struct halite_restore *r, uint64_t mb, uint8_t from);
+/* Done (@err 0) or failed: the trace, then the state; once. */
+void rs_end(struct halite_restore *r, int err);
+/* Every read of @lb failed: the restore fails; its waiters stay blocked. */
+void rs_lb_failed(struct halite_restore *r, uint64_t lb, int err, unsigned reads);
+
+/* ---- install.c ---- */
+
+/* Fill block @mb with @src (NULL: zeros) and wake its faults (@flags: gmem). 0 or -errno. */
+int rs_mb_fill(struct halite_restore *r, uint64_t mb, const uint8_t *src, unsigned flags);
 /* What a failed install says about itself; returns the error. */
 int rs_install_failed(struct halite_restore *r, int ret, uint64_t mb, const char *how);
-/* A claimed block is in: counted (BY_*), then MB_INSTALLED. */
-void rs_installed(struct halite_restore *r, uint64_t mb, int by);
-/* A fault served: its service time (message read to wake) into the histogram. */
-void rs_fault_served(struct halite_restore *r, uint64_t t0);
-/* Under lk: queue @lb (READING) for the demand readers. 0 or -ENOMEM. */
-int rs_queue_push(struct halite_restore *r, uint64_t lb);
-/* Under lk: stream readahead after a demand read of @lb; how many readers to signal. */
-size_t rs_ra_push(struct halite_restore *r, uint64_t lb);
-/* Under lk: @lb's successor in its stream, or UINT64_MAX (looked up on first use). */
-uint64_t rs_ra_next(struct halite_restore *r, uint64_t lb);
-/* The fault thread reads @lb (READING) itself if all of it is in the page cache. */
-bool rs_read_cached(struct halite_restore *r, uint64_t lb);
-
+/* Decode verified block @mb from @lb_buf into @tmp and install it. 0 or -errno. */
+int rs_install_from_lb(struct halite_restore *r, uint64_t mb, const uint8_t *lb_buf,
+		       uint8_t *tmp, unsigned flags);
 /* Install a block claimed from STAGED, from its LB's stage (@flags: gmem). 0 or -errno. */
 int rs_install_staged(struct halite_restore *r, uint64_t lb, uint64_t mb, unsigned flags);
 /* The counter (BY_POOL, BY_PREFETCH) for a staged block of @lb, installed unasked. */
 int rs_staged_by(struct halite_restore *r, uint64_t lb);
+/* A verified LB: publish it, serve its waiters, hand the rest to the pool. Takes @buf. */
+void rs_lb_landed(struct halite_restore *r, uint64_t lb, uint8_t *buf, int how, uint8_t *tmp);
+/* Drop a reference to a cached LB; the last one frees its bytes (and may finish). */
+void rs_lb_release(struct halite_restore *r, uint64_t lb);
+/* Every stored block is in: install what is staged, unregister, done. */
+void rs_finish(struct halite_restore *r);
+/* rs_finish() as a pool task (@arg: the restore). */
+void rs_finish_task(void *arg);
+
+/* ---- readers.c ---- */
+
+/* Under lk: queue @lb (READING) for the demand readers. 0 or -ENOMEM. */
+int rs_queue_push(struct halite_restore *r, uint64_t lb);
+/* Under lk: stream readahead after a demand read of @lb; how many readers to signal. */
+size_t rs_ra_push(struct halite_restore *r, uint64_t lb);
+/* At open: the readahead successors' table. 0 or -ENOMEM. */
+int rs_ra_build(struct halite_restore *r);
+/* Under lk: @lb's successor in its stream, or UINT64_MAX (looked up on first use). */
+uint64_t rs_ra_next(struct halite_restore *r, uint64_t lb);
+/* The fault thread reads @lb (READING) itself if all of it is in the page cache. */
+bool rs_read_cached(struct halite_restore *r, uint64_t lb);
+/* Before reading @lb again after @err: counted, logged, its page-cache copy dropped. */
+void rs_lb_retrying(struct halite_restore *r, uint64_t lb, int err, unsigned reads);
+/* One LB into @buf, verified, read again on failure. 0 or the last failure. */
+int rs_read_lb_retrying(struct halite_restore *r, uint64_t lb, uint8_t *buf, unsigned *reads);
+/* A demand reader thread (@arg: the restore). */
+void *rs_reader_main(void *arg);
+
+/* ---- fault.c, prefetch.c, report.c ---- */
+
+/* The fault thread (@arg: the restore). */
+void *rs_fault_main(void *arg);
+/* The prefetcher thread (@arg: the restore). */
+void *rs_prefetch_main(void *arg);
+/* At open: a relayouted file's hot prefix, read first. */
+void rs_hot_init(struct halite_restore *r);
+void rs_fill_stats(struct halite_restore *r, struct halite_restore_stats *st);
+/* docs/restore-trace.md, written to a temporary file and renamed over the path. */
+int rs_write_trace(struct halite_restore *r, const struct halite_restore_stats *st);
+
+/* ---- register.c, attach.c: at start ---- */
+
+int rs_open_uffd(struct halite_restore *r);
+int rs_register_region(struct halite_restore *r, struct rregion *g);
+void rs_unregister_all(struct halite_restore *r);
+int rs_make_gmem(struct halite_restore *r);
+/* Shared regions' files refuse hole punches while the restore needs them, then allow them. */
+void rs_refuse_discards(struct halite_restore *r);
+void rs_allow_discards(struct halite_restore *r);
+/* A new restore: -EEXIST (with the message) when @g's memory is populated already. */
+int rs_check_unpopulated(struct halite_restore *r, const struct rregion *g);
+/* ATTACH: what is in memory already is installed, its LBs done. */
+int rs_attach_scan(struct halite_restore *r);
 
 /* ---- learn.c: HALITE_RESTORE_LEARN ---- */
 
