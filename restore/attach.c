@@ -142,7 +142,7 @@ int rs_check_unpopulated(struct halite_restore *r, const struct rregion *g)
 	int ret;
 
 	if (g->hpage)
-		return rs_huge_check_empty(r, g);
+		return r->huge->check_empty(r, g);
 	if (g->kind == HALITE_MEM_SHARED) {
 		off_t d = lseek(g->fd, (off_t)g->fd_off, SEEK_DATA);
 
@@ -247,7 +247,7 @@ int rs_attach_scan(struct halite_restore *r)
 			return rs_fail(r, ret, "region '%s': which pages are in already", g->name);
 		}
 		if (g->hpage)
-			rs_huge_attach(r, g, bits);
+			r->huge->attach(r, g, bits);
 		for (uint64_t k = 0; k < g->nmb; k++) {
 			uint64_t mb = g->first_mb + k, p0 = k * ppm;
 			struct halite_mb_loc loc;

@@ -209,7 +209,7 @@ static void serve_fault(struct halite_restore *r, const struct uffd_msg *m, uint
 		 * Install nothing more; only a raced fault on good bytes is
 		 * woken (a huge page's blocks are good once it is complete).
 		 */
-		if (g->hpage && rs_huge_in(r, mb))
+		if (g->hpage && r->huge->in(r, mb))
 			halite_gmem_wake(r->gm, f.ri, f.off - f.off % g->hpage, g->hpage);
 		else if (!g->hpage && atomic_load(&r->mb[mb]) == MB_INSTALLED)
 			halite_gmem_wake(r->gm, f.ri, f.off, r->page);
@@ -226,10 +226,10 @@ static void serve_fault(struct halite_restore *r, const struct uffd_msg *m, uint
 					 halite_reader_errmsg(r->rd)));
 		return;
 	}
-	if (r->learn)
-		rs_learn_fault(r, mb, loc.state, m->arg.pagefault.feat.ptid, t0);
+	if (r->obs)
+		r->obs->fault(r, mb, loc.state, m->arg.pagefault.feat.ptid, t0);
 	if (g->hpage)
-		rs_huge_fault(r, mb, &f);
+		r->huge->fault(r, mb, &f);
 	else if (loc.state != HALITE_MB_STORED)
 		serve_zero(r, mb, &f);
 	else
@@ -241,7 +241,7 @@ static int fault_timeout(void *ctx)
 	struct halite_restore *r = ctx;
 
 	/* Learning: woken when its window ends (learn.c). */
-	return r->learn ? rs_learn_tick(r) : -1;
+	return r->obs ? r->obs->tick(r) : -1;
 }
 
 static void fault_serve(void *ctx, const struct uffd_msg *m, int n, uint64_t t0)

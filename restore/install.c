@@ -230,7 +230,7 @@ static void install_lb(struct itask *t)
 		if (!rs_claim(r, mb, MB_NONE))
 			continue;
 		if (huge) {
-			ret = rs_huge_write(r, mb, t->buf, by);
+			ret = r->huge->write(r, mb, t->buf, by);
 			continue;
 		}
 		ret = rs_install_from_lb(r, mb, t->buf, tmp, 0);
@@ -312,8 +312,8 @@ void rs_lb_landed(struct halite_restore *r, uint64_t lb, uint8_t *buf, int how, 
 	}
 	/* Then the blocks of huge pages a fault waits for (huge.c), in address order. */
 	for (uint32_t i = 0; i < n && !ret && r->has_huge; i++)
-		if (rs_huge_wanted(r, mbs[i]) && rs_claim(r, mbs[i], MB_NONE))
-			ret = rs_huge_write(r, mbs[i], buf, BY_FAULT);
+		if (r->huge->wanted(r, mbs[i]) && rs_claim(r, mbs[i], MB_NONE))
+			ret = r->huge->write(r, mbs[i], buf, BY_FAULT);
 	if (ret)
 		rs_set_failed(r, ret);
 	/* No task, or no room in the pool: this thread installs the LB itself. */

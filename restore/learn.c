@@ -23,7 +23,7 @@
  * recorded, keyed by its first block, naming the block that faulted.
  *
  * The window: the fault thread polls with the time left as its timeout
- * (rs_learn_tick) and ends it when due. Then every staged block is
+ * (learn_tick) and ends it when due. Then every staged block is
  * installed (a pool task, unstage()) but, with TRACK_ACCESS, those of
  * demand LBs, which it keeps staged to the end as it always does (their
  * later touches count in vm_access_pct), readahead queues again from the next
@@ -46,10 +46,13 @@
 
 #define TOUCHES_FIRST 4096u
 
+static const struct rs_observer learn_observer;
+
 int rs_learn_init(struct halite_restore *r)
 {
 	if (!r->learn)
 		return 0;
+	r->obs = &learn_observer;
 	r->touched = halite_zalloc(r->mb_total ? r->mb_total : 1);
 	return r->touched ? 0 : -ENOMEM;
 }
@@ -123,7 +126,7 @@ static void window_end(struct halite_restore *r, const char *why)
 		unstage(r);
 }
 
-void rs_learn_fault(struct halite_restore *r, uint64_t mb, int kind, uint32_t tid, uint64_t t0)
+static void learn_fault(struct halite_restore *r, uint64_t mb, int kind, uint32_t tid, uint64_t t0)
 {
 	const struct rregion *g;
 	uint64_t key = mb;
@@ -159,7 +162,7 @@ void rs_learn_fault(struct halite_restore *r, uint64_t mb, int kind, uint32_t ti
 		window_end(r, "out of memory for the touch records");
 }
 
-int rs_learn_tick(struct halite_restore *r)
+static int learn_tick(struct halite_restore *r)
 {
 	uint64_t now;
 
@@ -173,7 +176,7 @@ int rs_learn_tick(struct halite_restore *r)
 	return (int)((r->learn_end_ns - now + 999999) / 1000000);
 }
 
-void rs_learn_stop(struct halite_restore *r, bool done)
+static void learn_stop(struct halite_restore *r, bool done)
 {
 	if (!r->learn)
 		return;
@@ -183,9 +186,16 @@ void rs_learn_stop(struct halite_restore *r, bool done)
 	pthread_mutex_unlock(&r->learn_lk);
 }
 
-void rs_learn_write(struct halite_restore *r, FILE *f)
+static void learn_write(struct halite_restore *r, FILE *f)
 {
 	pthread_mutex_lock(&r->learn_lk);
 	trace_write_learn(f, r->o.learn_window_ms, r->learn_complete, r->touches, r->ntouches);
 	pthread_mutex_unlock(&r->learn_lk);
 }
+
+static const struct rs_observer learn_observer = {
+	.fault = learn_fault,
+	.tick = learn_tick,
+	.stop = learn_stop,
+	.write = learn_write,
+};

@@ -106,7 +106,7 @@ int rs_write_trace(struct halite_restore *r, const struct halite_restore_stats *
 			r->track ? b->staged : 0, r->track ? atomic_load(&b->accessed) : 0);
 	}
 	pthread_mutex_unlock(&r->lk);
-	if (r->learn)
-		rs_learn_write(r, f);
+	if (r->obs)
+		r->obs->write(r, f);
 	return trace_out_end(&o, 0);
 }

@@ -262,7 +262,7 @@ HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *pa
 		r->regions[i].fd = -1;
 	ret = match_regions(r, regions, nregions);
 	if (!ret)
-		ret = rs_huge_init(r);
+		ret = r->huge ? r->huge->init(r) : 0;
 	if (ret)
 		goto err;
 	/* O(1) whatever the memory size (zalloc.h); pages appear as used. */
@@ -650,7 +650,8 @@ HALITE_EXPORT void halite_restore_free(struct halite_restore *r)
 		free(b->stage);
 	}
 	halite_io_close(r->pf_io);
-	rs_huge_free(r);
+	if (r->huge)
+		r->huge->free(r);
 	rs_learn_free(r);
 	halite_gmem_free(r->gm);
 	if (r->uffd >= 0)

@@ -100,6 +100,9 @@ struct itask {
 	uint8_t *buf;
 };
 
+struct rs_strategy;
+struct rs_observer;
+
 struct halite_restore {
 	struct halite_restore_opts o;
 	char *path;
@@ -113,6 +116,8 @@ struct halite_restore {
 	uint64_t page;		 /* host page size */
 	bool external, has_shared, track, has_copy;
 	bool has_huge;		 /* a region is on hugetlbfs */
+	const struct rs_strategy *huge; /* its strategy (huge.c), NULL without */
+	const struct rs_observer *obs;	 /* learning (learn.c), NULL without */
 	struct rhp *hps;	 /* the huge pages of hugetlbfs regions, regions in file order */
 	uint64_t nhp;
 	_Atomic uint8_t *mb;	 /* MB_* per memory block */
@@ -336,45 +341,65 @@ int rs_check_unpopulated(struct halite_restore *r, const struct rregion *g);
 /* ATTACH: what is in memory already is installed, its LBs done. */
 int rs_attach_scan(struct halite_restore *r);
 
-/* ---- learn.c: HALITE_RESTORE_LEARN ---- */
+/* ---- install strategies and observers ---- */
 
-/* At open: the touch map. 0 or -ENOMEM. */
-int rs_learn_init(struct halite_restore *r);
-void rs_learn_free(struct halite_restore *r);
-/* The fault thread: a fault on block @mb (@kind its state), from thread @tid, at @t0. */
-void rs_learn_fault(struct halite_restore *r, uint64_t mb, int kind, uint32_t tid, uint64_t t0);
-/* The fault thread's poll timeout while learning (ms, -1: none); ends the window when due. */
-int rs_learn_tick(struct halite_restore *r);
-/* The restore ends (done: @done): learning stops; the trace's "complete" says if it saw it. */
-void rs_learn_stop(struct halite_restore *r, bool done);
-/* docs/restore-trace.md's learn and touch lines. */
-void rs_learn_write(struct halite_restore *r, FILE *f);
-
-/* ---- huge.c: hugetlbfs regions ---- */
+/*
+ * How a region's blocks reach the guest when it is not the engine's own
+ * way: the engine's own, in install.c and fault.c, copies each block into
+ * private or shared memory as it comes (UFFDIO_COPY, UFFDIO_ZEROPAGE); the
+ * huge-page strategy (huge.c) assembles a huge page in the page cache and
+ * shows it whole (UFFDIO_CONTINUE). A region's strategy is chosen at open
+ * (rs_huge_region()); the engine calls it only for that region's blocks.
+ */
+struct rs_strategy {
+	const char *name;
+	/* After every region: its records. 0 or -ENOMEM. */
+	int (*init)(struct halite_restore *r);
+	void (*free)(struct halite_restore *r);
+	/* At start: -EEXIST (with the message) when @g's file holds a page. */
+	int (*check_empty)(struct halite_restore *r, const struct rregion *g);
+	/* ATTACH: the pages the owner maps (@bits: one per host page of @g) are in. */
+	void (*attach)(struct halite_restore *r, const struct rregion *g, const uint64_t *bits);
+	/* The fault thread: a fault on block @mb. */
+	void (*fault)(struct halite_restore *r, uint64_t mb, const struct fault *f);
+	/* Does a fault wait for the page of @mb? */
+	bool (*wanted)(struct halite_restore *r, uint64_t mb);
+	/*
+	 * Decode stored block @mb (claimed) from verified LB @lb_buf and count
+	 * it (@by); the page's last block shows the page and wakes its faults.
+	 * 0 or -errno (with the message).
+	 */
+	int (*write)(struct halite_restore *r, uint64_t mb, const uint8_t *lb_buf, int by);
+	/* Is the page of @mb complete and visible? */
+	bool (*in)(struct halite_restore *r, uint64_t mb);
+};
 
 /*
  * At open, a shared region with its fd: on hugetlbfs, its page size (the
- * alignment checked) and our mapping of it. 0 (not hugetlbfs too) or -errno.
+ * alignment checked), our mapping of it, and the huge-page strategy as
+ * r->huge. 0 (not hugetlbfs too) or -errno.
  */
 int rs_huge_region(struct halite_restore *r, struct rregion *g);
-/* After every region: the huge pages' records. 0 or -ENOMEM. */
-int rs_huge_init(struct halite_restore *r);
-void rs_huge_free(struct halite_restore *r);
-/* At start: -EEXIST (with the message) when the file range holds a page. */
-int rs_huge_check_empty(struct halite_restore *r, const struct rregion *g);
-/* ATTACH: the pages the owner maps (@bits: one per host page of @g) are in. */
-void rs_huge_attach(struct halite_restore *r, const struct rregion *g, const uint64_t *bits);
+
 /*
- * Decode stored block @mb (claimed, of a hugetlbfs region) from verified LB
- * @lb_buf into its page and count it (@by); the page's last block makes
- * the page visible and wakes its faults. 0 or -errno (with the message).
+ * What watches the restore without installing anything: learning
+ * (HALITE_RESTORE_LEARN, learn.c) records the guest's first touches. The
+ * engine calls it; it calls only the services above (claims, installs of
+ * staged blocks, the error), never back into the fault path.
  */
-int rs_huge_write(struct halite_restore *r, uint64_t mb, const uint8_t *lb_buf, int by);
-/* Does a fault wait for the huge page of @mb (false if not on hugetlbfs)? */
-bool rs_huge_wanted(struct halite_restore *r, uint64_t mb);
-/* Is the huge page of @mb (on hugetlbfs) complete and visible? */
-bool rs_huge_in(struct halite_restore *r, uint64_t mb);
-/* The fault thread: a fault on block @mb of a hugetlbfs region. */
-void rs_huge_fault(struct halite_restore *r, uint64_t mb, const struct fault *f);
+struct rs_observer {
+	/* The fault thread: a fault on block @mb (@kind its state), from thread @tid, at @t0. */
+	void (*fault)(struct halite_restore *r, uint64_t mb, int kind, uint32_t tid, uint64_t t0);
+	/* The fault thread's poll timeout (ms, -1: none); may end a window when due. */
+	int (*tick)(struct halite_restore *r);
+	/* The restore ends (done: @done). */
+	void (*stop)(struct halite_restore *r, bool done);
+	/* Its lines of the trace (docs/restore-trace.md). */
+	void (*write)(struct halite_restore *r, FILE *f);
+};
+
+/* At open: learning's touch map and r->obs, when learning. 0 or -ENOMEM. */
+int rs_learn_init(struct halite_restore *r);
+void rs_learn_free(struct halite_restore *r);
 
 #endif

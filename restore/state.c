@@ -82,7 +82,8 @@ void rs_end(struct halite_restore *r, int err)
 	r->ending = true;
 	r->done_ns = halite_now_ns();
 	pthread_mutex_unlock(&r->st_lock);
-	rs_learn_stop(r, !err);
+	if (r->obs)
+		r->obs->stop(r, !err);
 	if (r->o.trace_path) {
 		rs_fill_stats(r, &st);
 		st.done = !err;
