@@ -9,15 +9,8 @@
 #include <stdlib.h>
 
 #include "fault_loop.h"
+#include "guest_fault.h"
 #include "restore_int.h"
-
-static bool is_vcpu(const struct halite_restore *r, uint32_t tid)
-{
-	for (uint32_t i = 0; i < r->o.nvcpus; i++)
-		if ((uint32_t)r->o.vcpu_tids[i] == tid)
-			return true;
-	return false;
-}
 
 /*
  * A fault on page @off of region @ri of an installed block raced its
@@ -217,7 +210,7 @@ static void serve_fault(struct halite_restore *r, const struct uffd_msg *m, uint
 	}
 	atomic_store(&r->last_fault_ns, t0);
 	atomic_fetch_add(&r->n_faults, 1);
-	if (is_vcpu(r, m->arg.pagefault.feat.ptid))
+	if (guest_vcpu_of(r->o.vcpu_tids, r->o.nvcpus, m->arg.pagefault.feat.ptid))
 		atomic_fetch_add(&r->n_faults_vcpu, 1);
 	/* A 1.1 file's index chunks come in here on first use; damaged, it fails. */
 	ret = halite_reader_mb_lookup(r->rd, mb, &loc);

@@ -41,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "guest_fault.h"
 #include "restore_int.h"
 #include "zalloc.h"
 
@@ -61,15 +62,6 @@ void rs_learn_free(struct halite_restore *r)
 {
 	halite_zfree(r->touched);
 	free(r->touches);
-}
-
-/* Index in opts.vcpu_tids + 1, 0 for another thread. */
-static uint32_t vcpu_of(const struct halite_restore *r, uint32_t tid)
-{
-	for (uint32_t i = 0; i < r->o.nvcpus; i++)
-		if ((uint32_t)r->o.vcpu_tids[i] == tid)
-			return i + 1;
-	return 0;
 }
 
 /*
@@ -152,7 +144,7 @@ static void learn_fault(struct halite_restore *r, uint64_t mb, int kind, uint32_
 		if (!full) {
 			r->touched[key] = 1;
 			r->touches[r->ntouches++] = (struct learn_touch){
-				t0 > r->ready_at ? t0 - r->ready_at : 0, mb, vcpu_of(r, tid),
+				t0 > r->ready_at ? t0 - r->ready_at : 0, mb, guest_vcpu_of(r->o.vcpu_tids, r->o.nvcpus, tid),
 				(uint8_t)kind };
 		}
 	}

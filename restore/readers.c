@@ -7,11 +7,13 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/uio.h>
 
 #include "endian_util.h"
 #include "restore_int.h"
+#include "source.h"
 #include "zalloc.h"
 
 /*
@@ -20,14 +22,15 @@
  */
 void rs_lb_retrying(struct halite_restore *r, uint64_t lb, int err, unsigned reads)
 {
-	struct halite_lb_info li;
+	struct halite_lb_info li = { 0 };
+	char why[128], msg[sizeof(r->errmsg)];
 
 	halite_reader_lb_info(r->rd, lb, &li);
 	atomic_fetch_add(&r->n_lb_retries, 1);
-	halite_logf(&r->log, HALITE_LOG_WARN,
-		    "locality block %llu at offset %llu: %s; reading it again (%u of %u)",
-		    ULL(lb), ULL(li.offset), halite_strerror(err), reads + 1,
-		    r->o.read_retries + 1);
+	snprintf(why, sizeof(why), "%s; reading it again (%u of %u)", halite_strerror(err),
+		 reads + 1, r->o.read_retries + 1);
+	src_lb_errmsg(r->rd, lb, why, msg, sizeof(msg));
+	halite_logf(&r->log, HALITE_LOG_WARN, "%s", msg);
 	posix_fadvise(r->fd, (off_t)li.offset, r->lb_size, POSIX_FADV_DONTNEED);
 }
 
@@ -41,9 +44,7 @@ int rs_read_lb_retrying(struct halite_restore *r, uint64_t lb, uint8_t *buf, uns
 	int ret;
 
 	for (*reads = 1;; (*reads)++) {
-		ret = halite_reader_read_lb(r->rd, lb, buf);
-		if (!ret || ret == -HALITE_E_LB_CHECKSUM)
-			atomic_fetch_add(&r->n_bytes_read, r->lb_size);
+		ret = src_read_lb(r->rd, lb, buf, &r->n_bytes_read);
 		if (!ret || *reads > r->o.read_retries || atomic_load(&r->failed))
 			return ret;
 		rs_lb_retrying(r, lb, ret, *reads);

@@ -32,6 +32,7 @@
 
 #include "endian_util.h"
 #include "gmem.h"
+#include "guest_fault.h"
 #include "io.h"
 #include "learned.h"
 #include "log_internal.h"
@@ -227,7 +228,7 @@ static inline void rs_installed(struct halite_restore *r, uint64_t mb, int by)
 /* A fault served: its service time (message read to wake) into the histogram. */
 static inline void rs_fault_served(struct halite_restore *r, uint64_t t0)
 {
-	halite_hist_add(&r->hist, halite_now_ns() - t0);
+	guest_fault_timed(&r->hist, t0);
 }
 
 static inline uint64_t rs_since_ready(const struct halite_restore *r)

@@ -43,6 +43,7 @@
 
 #include "fault_loop.h"
 #include "gmem.h"
+#include "guest_fault.h"
 #include "log_internal.h"
 #include "opts.h"
 #include "stats.h"
@@ -73,7 +74,7 @@ struct halite_session {
 	atomic_bool stop;
 	uint64_t start_ns, ready_ns, done_ns;
 
-	pthread_mutex_t mu;	/* below, and the histogram */
+	pthread_mutex_t mu;	/* below (the histogram is lock-free) */
 	pthread_cond_t cv;
 	bool done;
 	int error;
@@ -173,15 +174,6 @@ static void map_neighbours(struct halite_session *s, uint64_t mb)
 	}
 }
 
-static void timed(struct halite_session *s, uint64_t t0)
-{
-	uint64_t dt = halite_now_ns() - t0;
-
-	pthread_mutex_lock(&s->mu);
-	halite_hist_add(&s->hist, dt);
-	pthread_mutex_unlock(&s->mu);
-}
-
 /* The template's answer to tpl_request() (tpl_client.block_in), from a reader thread. */
 static void block_in(struct tpl_client *c, uint64_t mb, uint64_t tag, int err)
 {
@@ -197,17 +189,8 @@ static void block_in(struct tpl_client *c, uint64_t mb, uint64_t tag, int err)
 	if (install(s, mb, HALITE_GMEM_CONTINUE, 0))
 		return;
 	if (tag != TAG_PREMAP)
-		timed(s, tag);
+		guest_fault_timed(&s->hist, tag);
 	map_neighbours(s, mb);
-}
-
-/* Index of @tid in the vCPU list + 1; 0 for another thread (the hot set's touch lines). */
-static uint32_t vcpu_of(const struct halite_session *s, pid_t tid)
-{
-	for (uint32_t i = 0; i < s->o.nvcpus; i++)
-		if (s->vcpus[i] == tid)
-			return i + 1;
-	return 0;
 }
 
 static void serve(struct halite_session *s, const struct uffd_msg *m, uint64_t now)
@@ -223,7 +206,7 @@ static void serve(struct halite_session *s, const struct uffd_msg *m, uint64_t n
 	}
 	mb = s->regs[ri].tr->first_mb + off / s->mb_size;
 	atomic_fetch_add(&s->faults, 1);
-	vcpu = s->o.nvcpus ? vcpu_of(s, (pid_t)m->arg.pagefault.feat.ptid) : 0;
+	vcpu = guest_vcpu_of(s->vcpus, s->o.nvcpus, m->arg.pagefault.feat.ptid);
 	if (vcpu)
 		atomic_fetch_add(&s->faults_vcpu, 1);
 	tpl_fault_seen(s->t);
@@ -240,7 +223,7 @@ static void serve(struct halite_session *s, const struct uffd_msg *m, uint64_t n
 	if (ret == TPL_MB_EMPTY) {
 		atomic_fetch_add(&s->faults_zero, 1);
 		if (!install(s, mb, HALITE_GMEM_ZERO, HALITE_GMEM_ZERO_GONE))
-			timed(s, now);
+			guest_fault_timed(&s->hist, now);
 		return;
 	}
 	/* Noted before the request: once it is answered the clone runs on. */
@@ -250,7 +233,7 @@ static void serve(struct halite_session *s, const struct uffd_msg *m, uint64_t n
 	if (ret == 1) {
 		atomic_fetch_add(&s->faults_cached, 1);
 		if (!install(s, mb, HALITE_GMEM_CONTINUE, 0)) {
-			timed(s, now);
+			guest_fault_timed(&s->hist, now);
 			map_neighbours(s, mb);
 		}
 	} else if (ret == 0) {

@@ -10,6 +10,7 @@
 #include <stdio.h>
 
 #include "restore_int.h"
+#include "source.h"
 
 void rs_errmsg_level(struct halite_restore *r, const char *msg, int level)
 {
@@ -50,17 +51,15 @@ void rs_set_failed(struct halite_restore *r, int err)
 /* Every read of @lb failed: the restore fails; its waiters stay blocked. */
 void rs_lb_failed(struct halite_restore *r, uint64_t lb, int err, unsigned reads)
 {
-	struct halite_lb_info li;
-	char msg[sizeof(r->errmsg)];
+	char why[128], msg[sizeof(r->errmsg)];
 
 	pthread_mutex_lock(&r->lk);
 	atomic_store(&r->lbs[lb].state, LB_FAILED);
 	pthread_mutex_unlock(&r->lk);
-	halite_reader_lb_info(r->rd, lb, &li);
-	snprintf(msg, sizeof(msg), "locality block %llu at offset %llu: %s after %u read%s",
-		 ULL(lb), ULL(li.offset),
+	snprintf(why, sizeof(why), "%s after %u read%s",
 		 err == -HALITE_E_LB_CHECKSUM ? "checksum mismatch" : halite_strerror(err), reads,
 		 reads == 1 ? "" : "s");
+	src_lb_errmsg(r->rd, lb, why, msg, sizeof(msg));
 	rs_errmsg(r, msg);
 	rs_set_failed(r, err);
 }

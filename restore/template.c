@@ -89,6 +89,7 @@
 #include "log_internal.h"
 #include "opts.h"
 #include "relayout_meta.h"
+#include "source.h"
 #include "stats.h"
 #include "template_int.h"
 #include "zalloc.h"
@@ -837,18 +838,6 @@ static int build_porder(struct halite_template *t)
 /* ---- requests and callbacks -------------------------------------------- */
 
 /* "locality block 3 at offset 65536: <why>", or without the offset if its entry fails too. */
-static void lb_errmsg(struct halite_template *t, uint64_t lb, const char *why, char *buf,
-		      size_t len)
-{
-	struct halite_lb_info li = { 0 };
-
-	if (halite_reader_lb_info(t->rd, lb, &li))
-		snprintf(buf, len, "locality block %llu: %s", ULL(lb), why);
-	else
-		snprintf(buf, len, "locality block %llu at offset %llu: %s", ULL(lb),
-			 ULL(li.offset), why);
-}
-
 void tpl_errmsg_mb(struct halite_template *t, uint64_t mb, char *buf, size_t len)
 {
 	struct halite_mb_loc loc;
@@ -865,7 +854,7 @@ void tpl_errmsg_mb(struct halite_template *t, uint64_t mb, char *buf, size_t len
 	if (t->lbs[loc.lb].msg)
 		snprintf(buf, len, "%s", t->lbs[loc.lb].msg);
 	else
-		lb_errmsg(t, loc.lb, halite_strerror(t->lbs[loc.lb].err ? t->lbs[loc.lb].err :
+		src_lb_errmsg(t->rd, loc.lb, halite_strerror(t->lbs[loc.lb].err ? t->lbs[loc.lb].err :
 						     -EIO), buf, len);
 	pthread_mutex_unlock(&t->mu);
 }
@@ -1058,9 +1047,7 @@ static int read_lb(struct halite_template *t, uint64_t lb, void *buf)
 	for (unsigned i = 0; i < tries; i++) {
 		if (i)
 			atomic_fetch_add(&t->lb_retries, 1);
-		ret = halite_reader_read_lb(t->rd, lb, buf);
-		if (!ret || ret == -HALITE_E_LB_CHECKSUM)
-			atomic_fetch_add(&t->bytes_read, t->fi->lb_size);
+		ret = src_read_lb(t->rd, lb, buf, &t->bytes_read);
 		if (!ret)
 			break;
 	}
@@ -1127,7 +1114,7 @@ static void process_lb(struct halite_template *t, uint64_t lb, void *buf, uint8_
 	if (ret) {
 		char msg[512];
 
-		lb_errmsg(t, lb, why[0] ? why : halite_strerror(ret), msg, sizeof(msg));
+		src_lb_errmsg(t->rd, lb, why[0] ? why : halite_strerror(ret), msg, sizeof(msg));
 		l->st = LB_FAILED;
 		l->err = ret;
 		l->msg = strdup(msg);
