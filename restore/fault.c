@@ -59,7 +59,7 @@ static void serve_stored(struct halite_restore *r, uint64_t mb, uint64_t lb,
 
 	for (;;) {
 		uint8_t s = atomic_load(&r->mb[mb]);
-		struct waiter *w;
+		struct fault_waiter *w;
 		uint8_t *buf;
 		uint64_t fault_mb;
 		size_t wake = 0;
@@ -107,7 +107,7 @@ static void serve_stored(struct halite_restore *r, uint64_t mb, uint64_t lb,
 						    ULL(mb)));
 				return;
 			}
-			*w = (struct waiter){ b->waiters, mb, t0 };
+			*w = (struct fault_waiter){ b->waiters, mb, t0 };
 			b->waiters = w;
 			ret = 0;
 			if (atomic_load(&b->state) == LB_IDLE) {

@@ -182,7 +182,7 @@ static int huge_init(struct halite_restore *r)
 static void huge_free(struct halite_restore *r)
 {
 	for (uint64_t i = 0; r->hps && i < r->nhp; i++) {
-		struct waiter *w;
+		struct fault_waiter *w;
 
 		while ((w = r->hps[i].waiters)) {
 			r->hps[i].waiters = w->next;
@@ -283,7 +283,7 @@ static int hp_complete(struct halite_restore *r, const struct rregion *g, struct
 		       uint64_t hpo)
 {
 	uint32_t ri = (uint32_t)(g - r->regions);
-	struct waiter *w, *next;
+	struct fault_waiter *w, *next;
 	int ret;
 
 	/* A hole (no stored block) gets zeros: gmem copies them in (EFAULT). */
@@ -367,7 +367,7 @@ static void huge_fault(struct halite_restore *r, uint64_t mb, const struct fault
 	uint64_t queued[64], first = UINT64_MAX;
 	struct halite_mb_loc loc;
 	size_t nq = 0, nread = 0, wake = 0;
-	struct waiter *w;
+	struct fault_waiter *w;
 	bool inline_read;
 	uint32_t stored;
 	int ret = hp_stored(r, g, hp, hpo, &stored);
@@ -397,7 +397,7 @@ static void huge_fault(struct halite_restore *r, uint64_t mb, const struct fault
 		rs_set_failed(r, rs_fail(r, -ENOMEM, "memory block %llu: waiter", ULL(mb)));
 		return;
 	}
-	*w = (struct waiter){ hp->waiters, mb, f->t0 };
+	*w = (struct fault_waiter){ hp->waiters, mb, f->t0 };
 	hp->waiters = w;
 	if (atomic_load(&hp->wanted)) {
 		/* Another fault on this page came first: its reads are on their way. */

@@ -257,7 +257,7 @@ static void install_task(void *arg)
 void rs_lb_landed(struct halite_restore *r, uint64_t lb, uint8_t *buf, int how, uint8_t *tmp)
 {
 	struct rlb *b = &r->lbs[lb];
-	struct waiter *w, *fifo = NULL;
+	struct fault_waiter *w, *fifo = NULL;
 	struct itask *t;
 	const uint64_t *mbs;
 	uint64_t fault_mb;

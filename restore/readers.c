@@ -13,7 +13,6 @@
 
 #include "endian_util.h"
 #include "restore_int.h"
-#include "source.h"
 #include "zalloc.h"
 
 /*

@@ -640,7 +640,7 @@ HALITE_EXPORT void halite_restore_free(struct halite_restore *r)
 	halite_pool_free(r->pool);
 	for (uint64_t lb = 0; r->lbs && lb < r->lb_total; lb++) {
 		struct rlb *b = &r->lbs[lb];
-		struct waiter *w;
+		struct fault_waiter *w;
 
 		while ((w = b->waiters)) {
 			b->waiters = w->next;

@@ -37,13 +37,13 @@
 #include "learned.h"
 #include "log_internal.h"
 #include "pool.h"
+#include "source.h"
 #include "stats.h"
 
 /* Stream readahead: the queue of LBs to read ahead. */
 #define RA_QUEUE 256u
 
 enum { MB_NONE, MB_CLAIMED, MB_INSTALLED, MB_STAGED };
-enum { LB_IDLE, LB_READING, LB_CACHED, LB_DONE, LB_FAILED };
 enum { HOW_NONE, HOW_DEMAND, HOW_PREFETCH };
 /* Who installed a block: which counter it goes to. */
 enum { BY_FAULT, BY_POOL, BY_PREFETCH };
@@ -65,8 +65,8 @@ struct rregion {
 };
 
 /* A fault waiting for its LB's read. */
-struct waiter {
-	struct waiter *next;
+struct fault_waiter {
+	struct fault_waiter *next;
 	uint64_t mb;
 	uint64_t t0; /* message read */
 };
@@ -76,7 +76,7 @@ struct rlb {
 	uint8_t how;		 /* HOW_*: set when the read lands; under lk */
 	uint32_t refs;		 /* holders of buf; under lk */
 	uint8_t *buf;		 /* CACHED: verified bytes; under lk */
-	struct waiter *waiters;	 /* READING: newest first; under lk */
+	struct fault_waiter *waiters;	 /* READING: newest first; under lk */
 	uint64_t t_ns;		 /* when the read landed, since ready; under lk */
 	uint64_t fault_mb;	 /* DEMAND: the block whose fault read it; under lk */
 	uint8_t *stage;		 /* TRACK_ACCESS demand LBs, any LB while learning: decoded
@@ -92,7 +92,7 @@ struct rhp {
 	_Atomic uint8_t alloc;	  /* allocated in the file */
 	_Atomic uint8_t in;	  /* complete and mapped for the guest; set under lk */
 	_Atomic uint8_t wanted;	  /* a fault waits for it; set under lk */
-	struct waiter *waiters;	  /* faults to count as served when it comes in; under lk */
+	struct fault_waiter *waiters;	  /* faults to count as served when it comes in; under lk */
 };
 
 struct itask {

@@ -15,6 +15,16 @@
 #include <halite/format.h>
 
 /*
+ * A locality block's state in either source, each LB read once: IDLE (not
+ * read), READING (one read in flight; faults on its blocks wait for it),
+ * DONE (every block in), FAILED (every read failed). The template also
+ * has QUEUED (on its demand queue); the single restore has CACHED (its
+ * verified bytes held while its blocks are installed). Zero is IDLE: the
+ * state arrays start zeroed.
+ */
+enum { LB_IDLE, LB_QUEUED, LB_READING, LB_CACHED, LB_DONE, LB_FAILED };
+
+/*
  * One read of LB @lb into @buf, verified (halite_reader_read_lb()): 0 or
  * its error. A read that came back whole, its checksum good or not, adds
  * the LB's size to *@bytes_read.

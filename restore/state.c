@@ -10,7 +10,6 @@
 #include <stdio.h>
 
 #include "restore_int.h"
-#include "source.h"
 
 void rs_errmsg_level(struct halite_restore *r, const char *msg, int level)
 {

@@ -100,10 +100,8 @@
 #define REGION_ALIGN (2ull << 20)
 #define ULL(x) ((unsigned long long)(x))
 
-enum { LB_IDLE, LB_QUEUED, LB_READING, LB_DONE, LB_FAILED };
-
-struct waiter {
-	struct waiter *next;
+struct session_waiter {
+	struct session_waiter *next;
 	struct tpl_client *c;
 	uint64_t mb;
 	uint64_t tag;
@@ -114,7 +112,7 @@ struct lbstate {
 	bool demand;
 	int err;
 	char *msg;		/* FAILED: what failed, said once when it did */
-	struct waiter *waiters;
+	struct session_waiter *waiters;
 };
 
 struct halite_template {
@@ -863,7 +861,7 @@ int tpl_request(struct halite_template *t, struct tpl_client *c, uint64_t mb, ui
 {
 	struct halite_mb_loc loc;
 	struct lbstate *l;
-	struct waiter *w = NULL;
+	struct session_waiter *w = NULL;
 	int ret = 0;
 
 	atomic_fetch_add(&t->requests, 1);
@@ -887,7 +885,7 @@ int tpl_request(struct halite_template *t, struct tpl_client *c, uint64_t mb, ui
 		ret = l->err;
 	} else {
 		if (w) {
-			*w = (struct waiter){ .next = l->waiters, .c = c, .mb = mb, .tag = tag };
+			*w = (struct session_waiter){ .next = l->waiters, .c = c, .mb = mb, .tag = tag };
 			l->waiters = w;
 			c->pending++;
 			w = NULL;
@@ -913,12 +911,12 @@ int tpl_request(struct halite_template *t, struct tpl_client *c, uint64_t mb, ui
  * Take the waiters of @l whose block is in (all of them if @all): under the
  * lock, each client's callback count is raised so tpl_detach() waits for it.
  */
-static struct waiter *take_waiters(struct halite_template *t, struct lbstate *l, bool all)
+static struct session_waiter *take_waiters(struct halite_template *t, struct lbstate *l, bool all)
 {
-	struct waiter *out = NULL, **pp = &l->waiters;
+	struct session_waiter *out = NULL, **pp = &l->waiters;
 
 	while (*pp) {
-		struct waiter *w = *pp;
+		struct session_waiter *w = *pp;
 
 		if (all || atomic_load_explicit(&t->fill[w->mb], memory_order_relaxed)) {
 			*pp = w->next;
@@ -933,10 +931,10 @@ static struct waiter *take_waiters(struct halite_template *t, struct lbstate *l,
 	return out;
 }
 
-static void call_waiters(struct halite_template *t, struct waiter *w, int err)
+static void call_waiters(struct halite_template *t, struct session_waiter *w, int err)
 {
 	while (w) {
-		struct waiter *next = w->next;
+		struct session_waiter *next = w->next;
 		struct tpl_client *c = w->c;
 
 		c->block_in(c, w->mb, w->tag, err);
@@ -973,10 +971,10 @@ void tpl_detach(struct halite_template *t, struct tpl_client *c)
 {
 	pthread_mutex_lock(&t->mu);
 	for (uint64_t lb = 0; c->pending && lb < t->fi->lb_count; lb++) {
-		struct waiter **pp = &t->lbs[lb].waiters;
+		struct session_waiter **pp = &t->lbs[lb].waiters;
 
 		while (*pp) {
-			struct waiter *w = *pp;
+			struct session_waiter *w = *pp;
 
 			if (w->c == c) {
 				*pp = w->next;
@@ -1059,7 +1057,7 @@ static void process_lb(struct halite_template *t, uint64_t lb, void *buf, uint8_
 	struct lbstate *l = &t->lbs[lb];
 	const uint64_t *mbs;
 	uint32_t n = 0;
-	struct waiter *w;
+	struct session_waiter *w;
 	uint64_t *want = NULL;
 	size_t nwant = 0;
 	char why[448] = "";
@@ -1420,7 +1418,7 @@ void halite_template_free(struct halite_template *t)
 	if (t->lbs)
 		for (uint64_t lb = 0; lb < t->fi->lb_count; lb++) {
 			while (t->lbs[lb].waiters) {
-				struct waiter *w = t->lbs[lb].waiters;
+				struct session_waiter *w = t->lbs[lb].waiters;
 
 				t->lbs[lb].waiters = w->next;
 				free(w);
