@@ -3,7 +3,8 @@
  * The template source (template.h): one snapshot, read and decoded once for
  * every clone, into the template memory file. This file: open, the
  * sessions' requests, reading and decoding, stats, free; the files below
- * are template_files.c's, the hot set hotset.c's (template_src.h).
+ * are template_files.c's, the hot set hotset.c's, its error template_err.c's
+ * (template_src.h).
  *
  * Files, both on tmpfs, beside each other:
  *   MEM_PATH       the snapshot's memory: region i at offset[i] (each region
@@ -88,53 +89,6 @@
 #include "template_int.h"
 #include "template_src.h"
 #include "zalloc.h"
-
-int tpl_fail(struct halite_template *t, int err, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (!t->errmsg[0]) {
-		va_start(ap, fmt);
-		halite_vformat_error(t->errmsg, sizeof(t->errmsg), err, fmt, ap);
-		va_end(ap);
-		halite_logf(&t->log, HALITE_LOG_ERROR, "%s", t->errmsg);
-	}
-	return err;
-}
-
-/*
- * A failure the template cannot serve past (an LB, or a lookup in a damaged
- * index chunk): the first one becomes the template's error and errmsg.
- * Takes t->mu.
- */
-static void tpl_error(struct halite_template *t, int err, const char *msg)
-{
-	pthread_mutex_lock(&t->mu);
-	if (!t->error)
-		t->error = err;
-	tpl_fail(t, err, "%s", msg);
-	pthread_cond_broadcast(&t->state_cv);
-	pthread_mutex_unlock(&t->mu);
-}
-
-/*
- * Where block @mb is. A format 1.1 file's lookup can fail after open (its
- * index chunk damaged): that is the template's error, with the reader's
- * message naming the chunk, and never a zero block (docs/failure-model.md).
- */
-int tpl_mb_lookup(struct halite_template *t, uint64_t mb, struct halite_mb_loc *loc)
-{
-	int ret = halite_reader_mb_lookup(t->rd, mb, loc);
-
-	if (ret) {
-		char msg[512];
-
-		snprintf(msg, sizeof(msg), "memory block %llu: %s", ULL(mb),
-			 halite_reader_errmsg(t->rd));
-		tpl_error(t, ret, msg);
-	}
-	return ret;
-}
 
 /* ---- geometry ---------------------------------------------------------- */
 

@@ -91,6 +91,8 @@ struct halite_template {
 /* The first message wins; returns @err. */
 __attribute__((format(printf, 3, 4)))
 int tpl_fail(struct halite_template *t, int err, const char *fmt, ...);
+/* A failure the template cannot serve past: the first sets error and errmsg. Takes t->mu. */
+void tpl_error(struct halite_template *t, int err, const char *msg);
 /* @mb's map entry (a 1.1 file's chunk read on first use): 0, or < 0 with the error set. */
 int tpl_mb_lookup(struct halite_template *t, uint64_t mb, struct halite_mb_loc *loc);
 
