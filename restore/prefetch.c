@@ -44,9 +44,6 @@ struct pf_slot {
  */
 static bool pf_hold(struct halite_restore *r, uint64_t start, uint64_t issued, bool hot)
 {
-	uint64_t now = halite_now_ns();
-	double owed;
-
 	/* Learning: nothing comes in unasked (learn.c). */
 	if (atomic_load(&r->learning))
 		return true;
@@ -55,10 +52,8 @@ static bool pf_hold(struct halite_restore *r, uint64_t start, uint64_t issued, b
 	/* The hot prefix: the guest's faults want these next. */
 	if (hot)
 		return false;
-	if (now - atomic_load(&r->last_fault_ns) >= (uint64_t)r->o.prefetch_idle_us * 1000)
-		return false;
-	owed = (double)(now - start) * (double)r->o.prefetch_min_rate / 1e9;
-	return (double)issued >= owed;
+	return !src_prefetch_may(halite_now_ns(), atomic_load(&r->last_fault_ns),
+				 r->o.prefetch_idle_us, start, r->o.prefetch_min_rate, issued);
 }
 
 /* The next LB in file order nobody has read, now READING; UINT64_MAX at the end. */

@@ -9,6 +9,7 @@
 #define HALITE_RESTORE_SOURCE_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -23,6 +24,22 @@
  * state arrays start zeroed.
  */
 enum { LB_IDLE, LB_QUEUED, LB_READING, LB_CACHED, LB_DONE, LB_FAILED };
+
+/*
+ * The prefetch throttle both sources use: a background read may go at
+ * @now when no fault came for @idle_us (the last at @last_fault), or when
+ * the reads @issued (bytes) since @since are behind @min_rate (bytes/s).
+ * Faults take the device first; the rate keeps the guest's whole memory
+ * coming in even while it faults without pause.
+ */
+static inline bool src_prefetch_may(uint64_t now, uint64_t last_fault, uint32_t idle_us,
+				    uint64_t since, uint64_t min_rate, uint64_t issued)
+{
+	/* @last_fault may be a little after @now, read by another thread. */
+	if (now > last_fault && now - last_fault >= (uint64_t)idle_us * 1000)
+		return true;
+	return (double)issued < (double)(now - since) * (double)min_rate / 1e9;
+}
 
 /*
  * One read of LB @lb into @buf, verified (halite_reader_read_lb()): 0 or

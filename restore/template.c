@@ -475,14 +475,11 @@ static void process_lb(struct halite_template *t, uint64_t lb, void *buf, uint8_
 
 static bool prefetch_allowed(struct halite_template *t, uint64_t now)
 {
-	uint64_t floor_bytes, last = atomic_load_explicit(&t->last_fault_ns, memory_order_relaxed);
-
 	if (t->o.flags & HALITE_TEMPLATE_NO_PREFETCH)
 		return false;
-	if (now > last && now - last >= (uint64_t)t->o.prefetch_idle_us * 1000)
-		return true;
-	floor_bytes = (uint64_t)((double)t->o.prefetch_min_rate * (double)(now - t->open_ns) / 1e9);
-	return t->prefetch_bytes < floor_bytes;
+	return src_prefetch_may(now, atomic_load_explicit(&t->last_fault_ns, memory_order_relaxed),
+				t->o.prefetch_idle_us, t->open_ns, t->o.prefetch_min_rate,
+				t->prefetch_bytes);
 }
 
 static void *reader_main(void *arg)
