@@ -113,7 +113,7 @@ static void serve_stored(struct halite_restore *r, uint64_t mb, uint64_t lb,
 			if (atomic_load(&b->state) == LB_IDLE) {
 				atomic_store(&b->state, LB_READING);
 				b->fault_mb = mb;
-				/* Nobody queued ahead: try the page cache first (read_cached). */
+				/* Nobody queued ahead: try the page cache first (rs_read_cached). */
 				if (r->inline_reads && !r->q_len) {
 					pthread_mutex_unlock(&r->lk);
 					if (rs_read_cached(r, lb))

@@ -29,7 +29,7 @@
  * later touches count in vm_access_pct), readahead queues again from the next
  * demand read and the prefetcher runs: the restore goes on as one without
  * LEARN. An LB whose install task was still staging when unstage() passed
- * it keeps those blocks staged until the end (finish() installs them), or
+ * it keeps those blocks staged until the end (rs_finish() installs them), or
  * until the guest touches them. If the restore ends first, done or failed,
  * learning stops there; "complete" says whether it was done.
  *
@@ -67,7 +67,7 @@ void rs_learn_free(struct halite_restore *r)
 /*
  * Every block staged for learning installed (the window's end); see the top
  * for the LBs it misses. With TRACK_ACCESS a demand LB's blocks stay staged
- * to the end (finish()), as without LEARN: vm_access_pct counts the guest's
+ * to the end (rs_finish()), as without LEARN: vm_access_pct counts the guest's
  * touches of them until then, not only those inside the window.
  */
 static void unstage(void *arg)

@@ -147,7 +147,7 @@ struct halite_restore {
 	uint64_t raq[RA_QUEUE];
 	size_t raq_head, raq_len;
 	unsigned ra_busy, ra_readers;
-	bool inline_reads;	 /* buffered, no added latency: read_cached() may read */
+	bool inline_reads;	 /* buffered, no added latency: rs_read_cached() may read */
 	_Atomic uint64_t lb_done, lbs_cached;
 
 	pthread_mutex_t st_lock; /* state, error, errmsg */
@@ -155,7 +155,7 @@ struct halite_restore {
 	int state, error;
 	bool ending;
 	_Atomic bool failed, stopping;
-	_Atomic bool ended;	 /* finish() is unregistering: the restore is done */
+	_Atomic bool ended;	 /* rs_finish() is unregistering: the restore is done */
 	_Atomic uint64_t last_fault_ns;
 	uint64_t open_ns, ready_at, ready_ns, done_ns;
 
