@@ -181,9 +181,7 @@ static void serve_fault(struct halite_restore *r, const struct uffd_msg *m, uint
 	uint64_t mb;
 	int ret;
 
-	if (!halite_gmem_lookup(r->gm, addr, &f.ri, &f.off)) {
-		/* Left behind by a move, or read before it: what the mapping holds. */
-		ret = halite_gmem_serve_stray(r->gm, m);
+	if (!guest_fault_place(r->gm, m, addr, &f.ri, &f.off, &ret)) {
 		if (ret)
 			rs_set_failed(r, rs_fail(r, ret, "fault at 0x%llx outside guest memory",
 					    ULL(addr)));

@@ -2,16 +2,34 @@
 /*
  * Private to restore/: what the fault paths of both engines share about the
  * guest side of a fault (the single restore's fault.c and learn.c, and a
- * clone session's session.c): which vCPU a fault came from, and a served
- * fault's time into the histogram. Inline: both run on the fault path.
+ * clone session's session.c): where a fault is, which vCPU it came from,
+ * and a served fault's time into the histogram. Inline: both run on the
+ * fault path.
  */
 #ifndef HALITE_RESTORE_GUEST_FAULT_H
 #define HALITE_RESTORE_GUEST_FAULT_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "gmem.h"
 #include "stats.h"
+
+/*
+ * Where fault @m (at @addr) is: true with its region and page offset
+ * (gmem.h, moves followed). False when it is outside guest memory now (left
+ * behind by a move, or read before it): then it has been served with what
+ * the mapping holds, and *@stray_err is 0 or that serving's -errno.
+ */
+static inline bool guest_fault_place(struct halite_gmem *gm, const struct uffd_msg *m,
+				     uint64_t addr, uint32_t *ri, uint64_t *off, int *stray_err)
+{
+	if (halite_gmem_lookup(gm, addr, ri, off))
+		return true;
+	*stray_err = halite_gmem_serve_stray(gm, m);
+	return false;
+}
 
 /*
  * The faulting thread @tid (UFFD_FEATURE_THREAD_ID) among the caller's

@@ -200,10 +200,9 @@ static void serve(struct halite_session *s, const struct uffd_msg *m, uint64_t n
 	uint32_t ri, vcpu;
 	int ret;
 
-	if (!halite_gmem_lookup(s->gm, addr, &ri, &off)) {
-		(void)halite_gmem_serve_stray(s->gm, m);
+	/* Outside guest memory: served as the mapping holds; its error is not the session's. */
+	if (!guest_fault_place(s->gm, m, addr, &ri, &off, &ret))
 		return;
-	}
 	mb = s->regs[ri].tr->first_mb + off / s->mb_size;
 	atomic_fetch_add(&s->faults, 1);
 	vcpu = guest_vcpu_of(s->vcpus, s->o.nvcpus, m->arg.pagefault.feat.ptid);
