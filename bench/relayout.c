@@ -24,6 +24,7 @@
 
 #include <halite/halite.h>
 
+#include "cli.h"
 #include "peers.h"
 
 static const char *const org_names[ORG_COUNT] = { "random", "physical", "locality", "halite" };
@@ -65,14 +66,6 @@ static int fail(struct ctx *c, int ret, const char *fmt, ...)
 static bool all_zero(const uint8_t *p, size_t n)
 {
 	return !n || (!p[0] && !memcmp(p, p + 1, n - 1));
-}
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
 /* splitmix64: a seeded order, the same on every machine. */
@@ -479,7 +472,7 @@ int relayout(const char *src, const char *dir, uint64_t seed, struct relayout_ou
 	struct ctx c = { .out = &o, .err = err, .errlen = errlen };
 	char rerr[256] = "";
 	HALITE_OPTS(halite_reader_opts, ro);
-	double t0 = now_s();
+	double t0 = halite_now_s();
 	struct stat st;
 	int ret;
 
@@ -532,7 +525,7 @@ out:
 			unlink(o.ws_path);
 		relayout_out_free(&o);
 	} else {
-		o.seconds = now_s() - t0;
+		o.seconds = halite_now_s() - t0;
 		*out = o;
 	}
 	free(c.vmbs);

@@ -10,6 +10,7 @@
 #include <halite/halite.h>
 
 #include "cli.h"
+#include "stats.h"
 
 int halite_parse_size(const char *s, uint64_t *out)
 {
@@ -47,6 +48,40 @@ int halite_parse_size(const char *s, uint64_t *out)
 	}
 	*out = (uint64_t)v << shift;
 	return 0;
+}
+
+int halite_parse_u64(const char *s, uint64_t *out)
+{
+	unsigned long long v;
+	char *end;
+
+	/* strtoull accepts "-1" and wraps, and skips spaces: a number starts with a digit. */
+	if (!s || !isdigit((unsigned char)s[0]))
+		return -EINVAL;
+	errno = 0;
+	v = strtoull(s, &end, 0);
+	if (errno || *end)
+		return -EINVAL;
+	*out = v;
+	return 0;
+}
+
+int halite_parse_u64_range(const char *s, uint64_t min, uint64_t max, uint64_t *out)
+{
+	uint64_t v;
+	int ret = halite_parse_u64(s, &v);
+
+	if (ret < 0)
+		return ret;
+	if (v < min || v > max)
+		return -ERANGE;
+	*out = v;
+	return 0;
+}
+
+double halite_now_s(void)
+{
+	return (double)halite_now_ns() / 1e9;
 }
 
 void halite_json_str(FILE *f, const char *s)

@@ -18,6 +18,18 @@
  */
 int halite_parse_size(const char *s, uint64_t *out);
 
+/*
+ * A whole number (decimal, 0x hex, 0 octal) and nothing after it; it must
+ * start with a digit (no sign, no space). 0 or -EINVAL.
+ */
+int halite_parse_u64(const char *s, uint64_t *out);
+
+/* As halite_parse_u64, and in [@min, @max]: 0, -EINVAL, or -ERANGE outside. */
+int halite_parse_u64_range(const char *s, uint64_t min, uint64_t max, uint64_t *out);
+
+/* Seconds on the monotonic clock, for elapsed times and progress reports. */
+double halite_now_s(void);
+
 /* @s as a JSON string, quotes included, to @f; NULL prints "". */
 void halite_json_str(FILE *f, const char *s);
 

@@ -556,7 +556,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 			return MHD_NO;
 		q->l = l;
 		q->conn = conn;
-		q->t0 = cl_now_ns();
+		q->t0 = halite_now_ns();
 		*con_cls = q;
 		shown = utf8_sanitize(url, strlen(url), 512);
 		if (!shown)

@@ -21,6 +21,7 @@
 #include <cjson/cJSON.h>
 
 #include "clone_ctl.h"
+#include "stats.h" /* halite_now_ns(), the monotonic clock */
 #include <halite/template.h>
 
 #define PROG "halite-cloned"
@@ -172,7 +173,6 @@ struct cloned {
 void cl_log(const struct cloned *d, int level, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 void cl_engine_log(void *ctx, int level, const char *msg);
-uint64_t cl_now_ns(void);
 int cl_random_id(char *out, char prefix);
 bool cl_valid_id(const char *s, char prefix);
 int cl_mkdir_p(const char *path, mode_t mode);

@@ -273,13 +273,13 @@ static int wait_ready(struct attach_job *j)
 {
 	int ms = j->c->tp->kind == TMPL_QEMU ? CLONED_QEMU_READY_TIMEOUT_MS :
 		 CLONED_READY_TIMEOUT_MS;
-	uint64_t deadline = cl_now_ns() + (uint64_t)ms * 1000000u;
+	uint64_t deadline = halite_now_ns() + (uint64_t)ms * 1000000u;
 	char buf[256];
 	size_t len = 0;
 
 	for (;;) {
 		struct pollfd p = { .fd = j->out_fd, .events = POLLIN };
-		uint64_t now = cl_now_ns();
+		uint64_t now = halite_now_ns();
 		ssize_t n;
 
 		if (now >= deadline) {
@@ -577,7 +577,7 @@ static void *attach_thread(void *arg)
 		j->ret = ctl_command(j->ctl, "start", NULL, NULL, c->tp->kind == TMPL_QEMU ?
 				     CLONED_QEMU_START_TIMEOUT_MS : CLONED_CTL_TIMEOUT_MS, j->err,
 				     sizeof(j->err));
-	j->ready_s = (double)(cl_now_ns() - j->t_request) / 1e9;
+	j->ready_s = (double)(halite_now_ns() - j->t_request) / 1e9;
 	return NULL;
 }
 
@@ -975,7 +975,7 @@ void clones_create(struct cloned *d, const char *tid, const cJSON *body, uint64_
 			c->started = true;
 			state_save_clone(d, c);
 			observe_ready(d, c->ready_s);
-			tp->hot_due_ns = cl_now_ns() + (d->o.hot_window_ms ? d->o.hot_window_ms : 2000) *
+			tp->hot_due_ns = halite_now_ns() + (d->o.hot_window_ms ? d->o.hot_window_ms : 2000) *
 								1000000ull + 500000000ull;
 			cJSON *o = cJSON_CreateObject();
 

@@ -542,7 +542,7 @@ void tmpl_save_hotsets(struct cloned *d, bool all)
 		int ret;
 
 		if (!tp->t || !tp->hotset ||
-		    (!all && (!tp->hot_due_ns || cl_now_ns() < tp->hot_due_ns)))
+		    (!all && (!tp->hot_due_ns || halite_now_ns() < tp->hot_due_ns)))
 			continue;
 		tp->hot_due_ns = 0;
 		ret = halite_template_hotset_save(tp->t); /* 0600, the engine's rule */
@@ -635,7 +635,7 @@ void tmpl_load_all(struct cloned *d)
 void tmpl_retry_unavailable(struct cloned *d)
 {
 	struct tmpl *todo = NULL;
-	uint64_t now = cl_now_ns();
+	uint64_t now = halite_now_ns();
 
 	if (now < d->retry_due_ns)
 		return;

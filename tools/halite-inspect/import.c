@@ -565,7 +565,7 @@ static int parse_region_spec(char *spec, struct source *s)
 	*eq = '\0';
 	s->path = eq + 1;
 	at = strrchr(s->path, '@');
-	if (at && parse_u64(at + 1, &s->gpa) == 0) {
+	if (at && halite_parse_u64(at + 1, &s->gpa) == 0) {
 		*at = '\0';
 		s->has_gpa = true;
 	}
@@ -609,7 +609,7 @@ static int parse_option(struct options *o, int c, char *arg, char **argv)
 		o->random = strcmp(arg, "random") == 0;
 		return 0;
 	case O_SEED:
-		if (parse_u64(arg, &o->seed) < 0)
+		if (halite_parse_u64(arg, &o->seed) < 0)
 			return usage_error("--seed: a number from 0 to 2^64-1, not '%s'", arg);
 		o->has_seed = true;
 		return 0;
@@ -632,20 +632,20 @@ static int parse_option(struct options *o, int c, char *arg, char **argv)
 		o->mb_pages = (uint32_t)l;
 		return 0;
 	case O_LB_SIZE:
-		if (parse_size(arg, &v) < 0 || !halite_is_pow2(v) || v < HALITE_MIN_LB_SIZE ||
+		if (halite_parse_size(arg, &v) < 0 || !halite_is_pow2(v) || v < HALITE_MIN_LB_SIZE ||
 		    v > HALITE_MAX_LB_SIZE)
 			return usage_error("--lb-size: a power of two from 4K to 4M, not '%s'",
 					   arg);
 		o->lb_size = (uint32_t)v;
 		return 0;
 	case O_PAGE_SIZE:
-		if (parse_size(arg, &v) < 0 || !halite_is_pow2(v) || v < 4096 || v > (4u << 20))
+		if (halite_parse_size(arg, &v) < 0 || !halite_is_pow2(v) || v < 4096 || v > (4u << 20))
 			return usage_error("--page-size: a power of two from 4K to 4M, not '%s'",
 					   arg);
 		o->page_size = (uint32_t)v;
 		return 0;
 	case O_GPA:
-		if (parse_u64(arg, &o->gpa) < 0)
+		if (halite_parse_u64(arg, &o->gpa) < 0)
 			return usage_error("--gpa: not an address: '%s'", arg);
 		o->has_gpa = true;
 		return 0;

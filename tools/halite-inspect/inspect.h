@@ -156,10 +156,6 @@ const char *describe_mb(const struct halite_reader *r, uint64_t mb, char *buf, s
 /* "LB 3 (offset 200704, stream vcpu0, seq 2)" */
 const char *describe_lb(const struct halite_reader *r, uint64_t lb, char *buf, size_t len);
 
-/* Decimal or 0x hex, full range, nothing trailing. */
-int parse_u64(const char *s, uint64_t *out);
-/* As parse_u64 with an optional K/M/G suffix (binary multiples; "KiB" too). */
-int parse_size(const char *s, uint64_t *out);
 int parse_int(const char *s, long min, long max, long *out);
 /* 0 = online CPUs. */
 unsigned default_jobs(void);

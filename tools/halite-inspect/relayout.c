@@ -687,7 +687,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			o->out = optarg;
 			break;
 		case O_HOT_MAX:
-			if (parse_size(optarg, &o->hot_max) < 0 || o->hot_max < HALITE_MIN_LB_SIZE ||
+			if (halite_parse_size(optarg, &o->hot_max) < 0 || o->hot_max < HALITE_MIN_LB_SIZE ||
 			    o->hot_max > INT64_MAX)
 				return usage_error("--hot-max: a size from 4K to 2^63 bytes, not '%s'",
 						   optarg);

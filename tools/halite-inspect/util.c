@@ -333,25 +333,17 @@ int progress_parse(const char *arg, int *mode)
 	return 0;
 }
 
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 void progress_begin(struct progress *p, int mode, const char *op, const char *path,
 		    int64_t total)
 {
 	*p = (struct progress){ .mode = mode, .op = op, .path = path, .total = total };
-	p->start = p->last = now_s();
+	p->start = p->last = halite_now_s();
 	p->tty = isatty(STDERR_FILENO);
 }
 
 void progress_update(struct progress *p, int64_t bytes, bool done)
 {
-	double t = now_s();
+	double t = halite_now_s();
 	char b1[32], b2[32];
 
 	if (p->mode < 0 || p->mode == HALITE_PROGRESS_NONE)
@@ -387,27 +379,6 @@ void progress_update(struct progress *p, int64_t bytes, bool done)
 		p->path, p->total > 0 ? 100.0 * (double)bytes / (double)p->total : 100.0, b1, b2,
 		done ? ", done" : "", p->tty && !done ? "\033[K" : "\n");
 	fflush(stderr);
-}
-
-int parse_u64(const char *s, uint64_t *out)
-{
-	unsigned long long v;
-	char *end;
-
-	/* strtoull accepts "-1" and wraps; a size never starts with a sign. */
-	if (!s || !isdigit((unsigned char)s[0]))
-		return -EINVAL;
-	errno = 0;
-	v = strtoull(s, &end, 0);
-	if (errno || *end)
-		return -EINVAL;
-	*out = v;
-	return 0;
-}
-
-int parse_size(const char *s, uint64_t *out)
-{
-	return halite_parse_size(s, out);
 }
 
 int parse_int(const char *s, long min, long max, long *out)
