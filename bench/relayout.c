@@ -78,25 +78,6 @@ static uint64_t next_rand(uint64_t *s)
 	return z ^ (z >> 31);
 }
 
-static int pwrite_all(int fd, const void *buf, size_t len, off_t off)
-{
-	const uint8_t *p = buf;
-
-	while (len) {
-		ssize_t n = pwrite(fd, p, len, off);
-
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		p += n;
-		len -= (size_t)n;
-		off += n;
-	}
-	return 0;
-}
-
 static int cmp_vmb(const void *a, const void *b)
 {
 	const struct vmb *x = a, *y = b;
@@ -165,7 +146,7 @@ static int write_sparse(struct ctx *c, int fd, const uint8_t *data, uint32_t len
 			;
 		if (end > len)
 			end = len;
-		int ret = pwrite_all(fd, data + off, end - off, (off_t)(gpa + off));
+		int ret = halite_pwrite_all(fd, data + off, end - off, gpa + off);
 
 		if (ret)
 			return ret;

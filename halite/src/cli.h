@@ -30,6 +30,15 @@ int halite_parse_u64_range(const char *s, uint64_t min, uint64_t max, uint64_t *
 /* Seconds on the monotonic clock, for elapsed times and progress reports. */
 double halite_now_s(void);
 
+/* A duration for people, into @buf: "412 ns", "8.1 us", "3.46 ms", "1.27 s". */
+const char *halite_human_ns(uint64_t ns, char *buf, size_t len);
+
+/*
+ * All of @len bytes to @fd at @off, through short writes and EINTR: 0, or
+ * -errno (-EIO when the file takes no more).
+ */
+int halite_pwrite_all(int fd, const void *buf, size_t len, uint64_t off);
+
 /* @s as a JSON string, quotes included, to @f; NULL prints "". */
 void halite_json_str(FILE *f, const char *s);
 

@@ -56,25 +56,6 @@ struct extract {
 	struct progress progress;
 };
 
-static int write_all(int fd, const void *buf, size_t len, uint64_t off)
-{
-	const char *p = buf;
-
-	while (len) {
-		ssize_t n = pwrite(fd, p, len, (off_t)off);
-
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		p += n;
-		len -= (size_t)n;
-		off += (uint64_t)n;
-	}
-	return 0;
-}
-
 /* Returns 0 or an exit code, having said what went wrong. */
 static int copy_blocks(struct extract *x)
 {
@@ -144,7 +125,7 @@ static int copy_blocks(struct extract *x)
 				ret = exit_code_for(ret);
 				goto out;
 			}
-			ret = write_all(x->fd, mb_buf, halite_reader_mb_bytes(x->r, m),
+			ret = halite_pwrite_all(x->fd, mb_buf, halite_reader_mb_bytes(x->r, m),
 					(m - first) * fi->mb_size);
 			if (ret < 0) {
 				errorf("%s: writing: %s", x->out, strerror(-ret));
@@ -227,14 +208,8 @@ int cmd_extract(int argc, char **argv)
 			if (progress_parse(optarg, &progress))
 				return EXIT_USAGE;
 			break;
-		case OPT_HELP:
-			run_stdout_taken();
-			help_extract(stdout);
-			return EXIT_OK;
-		case OPT_VERSION:
-			return print_version();
 		default:
-			return bad_option(c, argv);
+			return common_option(c, argv, help_extract);
 		}
 	}
 	json = run_json();

@@ -667,15 +667,10 @@ static int parse_option(struct options *o, int c, char *arg, char **argv)
 	case OPT_JSON:
 		run_set_json();
 		return 0;
-	case OPT_HELP:
-		run_stdout_taken();
-		help_import(stdout);
-		return -1;
-	case OPT_VERSION:
-		print_version();
-		return -1;
 	}
-	return bad_option(c, argv);
+	/* -1: done, exit 0 (help, version); else the exit code. */
+	c = common_option(c, argv, help_import);
+	return c == EXIT_OK ? -1 : c;
 }
 
 /*

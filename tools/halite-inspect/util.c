@@ -192,6 +192,68 @@ int refuse_input_as_output(const char *out, const char *in, const char *what)
 			   "what is read; give -o another file", out, in, what);
 }
 
+int common_option(int c, char **argv, void (*help)(FILE *))
+{
+	switch (c) {
+	case OPT_HELP:
+		run_stdout_taken();
+		help(stdout);
+		return EXIT_OK;
+	case OPT_VERSION:
+		return print_version();
+	}
+	return bad_option(c, argv);
+}
+
+int digits(uint64_t v)
+{
+	int n = 1;
+
+	while (v >= 10) {
+		v /= 10;
+		n++;
+	}
+	return n;
+}
+
+void *id_row(void *rows, size_t *n, size_t *cap, size_t size, uint32_t id, bool add)
+{
+	size_t lo = 0, hi = *n;
+	char *v;
+
+	/* The caller's array has its own row type: the pointer is copied, not cast. */
+	memcpy(&v, rows, sizeof(v));
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		uint32_t at;
+
+		memcpy(&at, v + mid * size, sizeof(at));
+		if (at == id)
+			return v + mid * size;
+		if (at < id)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (!add)
+		return NULL;
+	if (*n == *cap) {
+		size_t c = *cap ? 2 * *cap : 8;
+		char *nv = realloc(v, c * size);
+
+		if (!nv)
+			return NULL;
+		v = nv;
+		memcpy(rows, &v, sizeof(v));
+		*cap = c;
+	}
+	memmove(v + (lo + 1) * size, v + lo * size, (*n - lo) * size);
+	memset(v + lo * size, 0, size);
+	memcpy(v + lo * size, &id, sizeof(id));
+	(*n)++;
+	return v + lo * size;
+}
+
 int bad_option(int c, char **argv)
 {
 	const char *arg = argv[optind - 1];
