@@ -913,7 +913,7 @@ int main(int argc, char **argv)
 		clones_poll(&d);
 		pthread_mutex_unlock(&d.lock);
 		tmpl_save_hotsets(&d, false);
-		tmpl_retry_unavailable(&d);
+		tmpl_retry_unavailable(&d, clones_adopt);
 	}
 	cl_log(&d, HALITE_LOG_INFO, "%s: stopping; clones run on for the next daemon",
 	       strsignal(sig));
