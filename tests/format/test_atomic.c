@@ -329,20 +329,28 @@ static void test_write_failure(void **state)
 	}
 }
 
+/* A writer on @s's target with every MB put and vCPU 0's stream flushed: a save half done. */
+static struct halite_writer *create_half_done(struct scene *s)
+{
+	struct halite_writer *w;
+	int ret;
+
+	w = create(s->target, 0, &ret);
+	assert_int_equal(ret, 0);
+	assert_int_equal(put_all(w, s->mem), 0);
+	assert_int_equal(halite_writer_flush_stream(w, HALITE_STREAM(HALITE_STREAM_VCPU, 0)), 0);
+	return w;
+}
+
 /* Freed without finish, as a save that dies or is cancelled: with and without unlink. */
 static void test_free_without_finish(void **state)
 {
 	for (int keep = 0; keep < 2; keep++) {
 		struct scene s;
 		struct halite_writer *w;
-		int ret;
 
 		scene_init(&s, "nofinish");
-		w = create(s.target, 0, &ret);
-		assert_int_equal(ret, 0);
-		assert_int_equal(put_all(w, s.mem), 0);
-		assert_int_equal(halite_writer_flush_stream(w, HALITE_STREAM(HALITE_STREAM_VCPU, 0)),
-				 0);
+		w = create_half_done(&s);
 		expect_old(&s);
 		halite_writer_free(w, !keep);
 		expect_old(&s);
@@ -391,14 +399,9 @@ static void test_finish_failure(void **state)
 	for (int keep = 0; keep < 2; keep++) {
 		struct scene s;
 		struct halite_writer *w;
-		int ret;
 
 		scene_init(&s, "finfail");
-		w = create(s.target, 0, &ret);
-		assert_int_equal(ret, 0);
-		assert_int_equal(put_all(w, s.mem), 0);
-		assert_int_equal(halite_writer_flush_stream(w, HALITE_STREAM(HALITE_STREAM_VCPU, 0)),
-				 0);
+		w = create_half_done(&s);
 		assert_int_equal(halite_writer_flush_stream(w, HALITE_STREAM(HALITE_STREAM_VCPU, 1)),
 				 0);
 		/* Nothing more may be written: the sections fail. */
