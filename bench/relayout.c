@@ -78,6 +78,15 @@ static uint64_t next_rand(uint64_t *s)
 	return z ^ (z >> 31);
 }
 
+/* LB @i's table entry and the MBs it holds: 0 or the reader's error. */
+static int lb_members(struct ctx *c, uint64_t i, struct halite_lb_info *li, const uint64_t **mbs,
+		      uint32_t *n)
+{
+	int ret = halite_reader_lb_info(c->rd, i, li);
+
+	return ret ? ret : halite_reader_lb_members(c->rd, i, mbs, n);
+}
+
 static int cmp_vmb(const void *a, const void *b)
 {
 	const struct vmb *x = a, *y = b;
@@ -180,9 +189,7 @@ static int write_raw(struct ctx *c)
 		const uint64_t *mbs;
 		uint32_t n;
 
-		ret = halite_reader_lb_info(c->rd, i, &li);
-		if (!ret)
-			ret = halite_reader_lb_members(c->rd, i, &mbs, &n);
+		ret = lb_members(c, i, &li, &mbs, &n);
 		if (!ret)
 			ret = halite_reader_read_lb(c->rd, i, lb);
 		if (ret) {
@@ -346,9 +353,7 @@ static int put_locality(struct ctx *c, struct halite_writer *w)
 		const uint64_t *mbs;
 		uint32_t n;
 
-		ret = halite_reader_lb_info(c->rd, i, &li);
-		if (!ret)
-			ret = halite_reader_lb_members(c->rd, i, &mbs, &n);
+		ret = lb_members(c, i, &li, &mbs, &n);
 		if (ret)
 			return fail(c, ret, "locality block %llu: %s", (unsigned long long)i,
 				    halite_strerror(ret));
