@@ -135,7 +135,7 @@ static int find_synth(struct bench *b)
 		return fail("/proc/self/exe: %s", strerror(errno));
 	self[n] = 0;
 	dir = dirname(self);
-	snprintf(b->synth, sizeof(b->synth), "%s/../guest/halite-synth", dir);
+	snprintf(b->synth, sizeof(b->synth), "%s/../testing/synth/halite-synth", dir);
 	if (!access(b->synth, X_OK))
 		return 0;
 	snprintf(b->synth, sizeof(b->synth), "%s/halite-synth", dir);

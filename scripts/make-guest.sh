@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Build the QEMU test guest (guest-image/README.md): Debian's kernel from
+# Build the QEMU test guest (testing/guest-image/README.md): Debian's kernel from
 # linux-image-amd64 and a busybox-static initramfs whose /init starts busybox
-# httpd on port 80 and the verifier (guest-image/verifier.c, built here with
+# httpd on port 80 and the verifier (testing/guest-image/verifier.c, built here with
 # gcc -static), which fills memory with known data and keeps checking it.
 #
 #   scripts/make-guest.sh [--no-deps] [--boot-test] [--mib N] [--timeout S]
@@ -120,20 +120,20 @@ done
 [[ -L $stage/bin/sh ]] || die "busybox has no sh applet"
 
 cflags=(-static -O2 -std=c11 -Wall -Wextra -Werror)
-gcc "${cflags[@]}" -o "$out/verifier" "$root/guest-image/verifier.c" ||
+gcc "${cflags[@]}" -o "$out/verifier" "$root/testing/guest-image/verifier.c" ||
 	die "cannot build the verifier (needs gcc and libc6-dev's static libc)"
 install -m 0755 "$out/verifier" "$stage/bin/verifier"
-gcc "${cflags[@]}" -o "$out/disklog" "$root/guest-image/disklog.c" ||
+gcc "${cflags[@]}" -o "$out/disklog" "$root/testing/guest-image/disklog.c" ||
 	die "cannot build disklog"
 install -m 0755 "$out/disklog" "$stage/bin/disklog"
-gcc "${cflags[@]}" -o "$out/bario" "$root/guest-image/bario.c" ||
+gcc "${cflags[@]}" -o "$out/bario" "$root/testing/guest-image/bario.c" ||
 	die "cannot build bario"
 install -m 0755 "$out/bario" "$stage/bin/bario"
-gcc "${cflags[@]}" -o "$out/pages" "$root/guest-image/pages.c" ||
+gcc "${cflags[@]}" -o "$out/pages" "$root/testing/guest-image/pages.c" ||
 	die "cannot build pages"
 install -m 0755 "$out/pages" "$stage/bin/pages"
-install -m 0755 "$root/guest-image/init" "$stage/init"
-cp -r "$root/guest-image/www/." "$stage/www/"
+install -m 0755 "$root/testing/guest-image/init" "$stage/init"
+cp -r "$root/testing/guest-image/www/." "$stage/www/"
 chmod 0755 "$stage"/www/cgi-bin/*
 head -c $((1 << 20)) <(yes "halite test guest, static file for HTTP timing") >"$stage/www/blob.bin"
 

@@ -145,3 +145,61 @@ int halite_uffd_handshaken(int fd, uint64_t *features)
 	fclose(f);
 	return ret;
 }
+
+int halite_uffd_acquire(int owner_uffd, uint64_t features, unsigned flags, uint64_t *missing,
+			const char **why)
+{
+	uint64_t have = 0;
+	int fd, done, ret;
+
+	if (why)
+		*why = NULL;
+	if (owner_uffd < 0)
+		return halite_uffd_open(features, missing);
+	fd = fcntl(owner_uffd, F_DUPFD_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	done = (flags & (HALITE_UFFD_TAKEOVER | HALITE_UFFD_EXACT)) ?
+		       halite_uffd_handshaken(fd, &have) : 0;
+	if (done < 0) {
+		if (why)
+			*why = "is not a userfaultfd";
+		ret = done;
+	} else if ((flags & HALITE_UFFD_EXACT) && done != !!(flags & HALITE_UFFD_TAKEOVER)) {
+		if (why)
+			*why = done ? "was set up by another handler (take it over with ATTACH)" :
+				      "was never set up: nothing to take over";
+		ret = -HALITE_E_STATE;
+	} else if (done) {
+		/* The dead handler's handshake stands; it must have asked for ours. */
+		if (missing)
+			*missing = features & ~have;
+		ret = (features & ~have) ? -HALITE_E_UNSUPPORTED : 0;
+	} else {
+		ret = halite_uffd_api(fd, features, missing);
+		/* The handshake may only be done once, and is ours to do. */
+		if (ret == -EINVAL && !(flags & HALITE_UFFD_EXACT))
+			ret = -HALITE_E_STATE;
+	}
+	if (ret) {
+		close(fd);
+		return ret;
+	}
+	return fd;
+}
+
+int halite_uffd_register(int fd, uint64_t addr, uint64_t len, uint64_t mode, uint64_t need)
+{
+	struct uffdio_register reg = { .range = { addr, len }, .mode = mode };
+
+	if (ioctl(fd, UFFDIO_REGISTER, &reg))
+		return -errno;
+	return (reg.ioctls & need) == need ? 0 : -HALITE_E_UNSUPPORTED;
+}
+
+int halite_uffd_unregister(int fd, uint64_t addr, uint64_t len)
+{
+	struct uffdio_range range = { addr, len };
+
+	return ioctl(fd, UFFDIO_UNREGISTER, &range) ? -errno : 0;
+}

@@ -81,4 +81,38 @@ int halite_uffd_handshaken(int fd, uint64_t *features);
 /* "THREAD_ID|MINOR_SHMEM|..." for @features into buf; returns buf. */
 const char *halite_uffd_feature_names(uint64_t features, char *buf, size_t len);
 
+/*
+ * Our descriptor for @features: a new userfaultfd when @owner_uffd < 0, else
+ * our dup (close-on-exec) of @owner_uffd, a descriptor another process
+ * created and passed us. Ours means the owner keeps its copy, so if we die
+ * its faults block rather than its ranges losing their registration.
+ * The UFFDIO_API handshake is ours to do, except with HALITE_UFFD_TAKEOVER:
+ * a handshake a dead handler did stands if it asked for @features.
+ * HALITE_UFFD_EXACT (with or without TAKEOVER): the handshake must be done
+ * exactly when TAKEOVER says so.
+ *
+ * Returns the descriptor, or -errno with *why (if @why) a phrase to follow
+ * "owner_uffd N" in a message, or NULL where the error says it all:
+ *   -HALITE_E_UNSUPPORTED  the kernel or the handshake lacks *missing
+ *   -HALITE_E_STATE        the handshake was done by another handler, or
+ *                          (EXACT with TAKEOVER) never done
+ *   -EBADF, -EPROTO, ...   @owner_uffd is no descriptor, or no userfaultfd
+ */
+#define HALITE_UFFD_TAKEOVER (1u << 0)
+#define HALITE_UFFD_EXACT (1u << 1)
+int halite_uffd_acquire(int owner_uffd, uint64_t features, unsigned flags, uint64_t *missing,
+			const char **why);
+
+/*
+ * Register [@addr, @addr + @len) on @fd with @mode (UFFDIO_REGISTER_MODE_*).
+ * Registering a range again with the same descriptor is allowed. Returns 0;
+ * -errno of UFFDIO_REGISTER (-EBUSY: another userfaultfd has the range); or
+ * -HALITE_E_UNSUPPORTED when the range is registered but lacks an ioctl of
+ * @need (1 << _UFFDIO_*): the caller unregisters it like any other.
+ */
+int halite_uffd_register(int fd, uint64_t addr, uint64_t len, uint64_t mode, uint64_t need);
+
+/* Unregister [@addr, @addr + @len) on @fd: 0 or -errno. */
+int halite_uffd_unregister(int fd, uint64_t addr, uint64_t len);
+
 #endif

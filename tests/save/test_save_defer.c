@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -157,9 +158,17 @@ static uint64_t run(uint32_t window, enum vcpu_after after, uint64_t *vcpu_s, si
 
 	vcpu_touch(&v, 0, 1);
 	/* The walk and the sweep are over (the tables' and unmapped blocks saved). */
-	for (int i = 0; !halite_save_test_deferred_held(s); i++) {
-		if (i > 20000)
-			fail_msg("the background never reached the deferred blocks");
+	/*
+	 * A deadline in time, not in polls: on a busy host the background's
+	 * 500 ms of quiet and its walk take far longer than on an idle one.
+	 */
+	for (time_t end = time(NULL) + 60; !halite_save_test_deferred_held(s);) {
+		if (time(NULL) > end) {
+			int ret = halite_save_wait(s, 0);
+
+			fail_msg("the background never reached the deferred blocks in 60 s "
+				 "(the save: %d %s)", ret, halite_save_errmsg(s));
+		}
 		usleep(500);
 	}
 	if (after == TOUCH_DEFERRED)

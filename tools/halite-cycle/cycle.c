@@ -3,7 +3,7 @@
  * halite-cycle: the main job. Snapshot a running guest lazily, restore it
  * lazily, check the result byte for byte, and report.
  *
- * One run, on the synthetic guest (guest/synth.h):
+ * One run, on the synthetic guest (testing/synth/synth.h):
  * 1. A guest runs the paper's microbenchmark (sequential over each vCPU's
  *    working set, 16-page physical stride, data compressing to about 50%,
  *    30% of accesses writing) for a short warm-up.

@@ -10,6 +10,7 @@
 #include <halite/memory.h>
 #include <halite/restore.h>
 #include <halite/save.h>
+#include <halite/template.h>
 
 #define HALITE_VERSION_MAJOR 0
 #define HALITE_VERSION_MINOR 1

@@ -51,7 +51,9 @@ void halite_save_test_defer_window(struct halite_save *s, uint32_t window);
 /*
  * While @hold, the background thread waits before it saves what its walk
  * deferred (after the walk and the physical sweep), and
- * halite_save_test_deferred_held() says whether it is waiting there.
+ * halite_save_test_deferred_held() says whether it has come there: it stays
+ * true once it has, as a save with nothing deferred may end (and stop
+ * waiting) before the caller looks.
  */
 void halite_save_test_hold_deferred(struct halite_save *s, bool hold);
 bool halite_save_test_deferred_held(struct halite_save *s);

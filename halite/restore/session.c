@@ -41,6 +41,7 @@
 #include <halite/errors.h>
 #include <halite/template.h>
 
+#include "fault_loop.h"
 #include "gmem.h"
 #include "log_internal.h"
 #include "opts.h"
@@ -49,7 +50,6 @@
 #include "uffd.h"
 
 #define TAG_PREMAP 0 /* a request made at start: no fault to time */
-#define MAX_FAULTS 64
 
 struct sregion {
 	const struct tpl_region *tr;
@@ -279,33 +279,50 @@ static void finish(struct halite_session *s)
 	pthread_mutex_unlock(&s->mu);
 }
 
+static int fault_timeout(void *ctx)
+{
+	(void)ctx;
+	/* The end is looked for between faults: when nothing comes, every 20 ms. */
+	return 20;
+}
+
+static void fault_serve(void *ctx, const struct uffd_msg *m, int n, uint64_t t0)
+{
+	(void)t0;
+	for (int i = 0; i < n; i++)
+		serve(ctx, &m[i], halite_now_ns());
+}
+
+static bool fault_next(void *ctx, int n)
+{
+	struct halite_session *s = ctx;
+
+	if (atomic_load(&s->stop))
+		return false;
+	/* A failed session keeps the faulting threads blocked (and keeps reading). */
+	if (!n && !failed(s) && tpl_complete(s->t) && !tpl_pending(s->t, &s->cl)) {
+		finish(s);
+		return false;
+	}
+	return true;
+}
+
+static void fault_read_failed(void *ctx, int err)
+{
+	s_fail(ctx, err, "reading the clone's userfaultfd");
+}
+
 static void *fault_main(void *arg)
 {
 	struct halite_session *s = arg;
-	struct uffd_msg msgs[MAX_FAULTS];
+	struct halite_fault_loop loop = {
+		.gm = s->gm, .uffd = s->uffd, .stop_fd = -1, .ctx = s,
+		.timeout_ms = fault_timeout, .serve = fault_serve, .next = fault_next,
+		.failed = fault_read_failed,
+	};
 
-	while (!atomic_load(&s->stop)) {
-		struct pollfd pf[2] = {
-			{ .fd = s->uffd, .events = POLLIN },
-			{ .fd = halite_gmem_fault_fd(s->gm), .events = POLLIN },
-		};
-		int n;
-
-		if (poll(pf, 2, 20) < 0 && errno != EINTR)
-			break;
-		n = halite_gmem_take_faults(s->gm, msgs, MAX_FAULTS);
-		if (n < 0) {
-			s_fail(s, n, "reading the clone's userfaultfd");
-			break;
-		}
-		for (int i = 0; i < n; i++)
-			serve(s, &msgs[i], halite_now_ns());
-		/* A failed session keeps the faulting threads blocked (and keeps reading). */
-		if (!n && !failed(s) && tpl_complete(s->t) && !tpl_pending(s->t, &s->cl)) {
-			finish(s);
-			break;
-		}
-	}
+	if (!atomic_load(&s->stop))
+		halite_fault_loop_run(&loop);
 	return NULL;
 }
 

@@ -179,6 +179,7 @@
 #include "discard.h"
 #include "endian_util.h"
 #include "export.h"
+#include "fault_loop.h"
 #include "gmem.h"
 #include "io.h"
 #include "log_internal.h"
@@ -190,7 +191,6 @@
 #include "uffd.h"
 #include "zalloc.h"
 
-#define FAULT_BATCH 64
 #define QUEUE_DEPTH_DEFAULT 8u
 #define DEMAND_READERS_DEFAULT 16u
 #define READ_RETRIES_DEFAULT 2u
@@ -1094,10 +1094,34 @@ static void serve_fault(struct halite_restore *r, const struct uffd_msg *m, uint
 		serve_stored(r, mb, loc.lb, &f);
 }
 
+static int fault_timeout(void *ctx)
+{
+	struct halite_restore *r = ctx;
+
+	/* Learning: woken when its window ends (learn.c). */
+	return r->learn ? rs_learn_tick(r) : -1;
+}
+
+static void fault_serve(void *ctx, const struct uffd_msg *m, int n, uint64_t t0)
+{
+	for (int i = 0; i < n; i++)
+		serve_fault(ctx, &m[i], t0);
+}
+
+static void fault_read_failed(void *ctx, int err)
+{
+	struct halite_restore *r = ctx;
+
+	rs_set_failed(r, rs_fail(r, err, "reading the userfaultfd"));
+}
+
 static void *fault_main(void *arg)
 {
 	struct halite_restore *r = arg;
-	struct uffd_msg msgs[FAULT_BATCH];
+	struct halite_fault_loop loop = {
+		.gm = r->gm, .uffd = r->uffd, .stop_fd = r->stop_fd, .ctx = r,
+		.timeout_ms = fault_timeout, .serve = fault_serve, .failed = fault_read_failed,
+	};
 
 	pthread_setname_np(pthread_self(), "halite-rfault");
 	/*
@@ -1105,33 +1129,7 @@ static void *fault_main(void *arg)
 	 * ranges were unregistered) and after a failure (a fault that raced an
 	 * install is still woken).
 	 */
-	for (;;) {
-		/* Faults other threads read (gmem.h) come through the third descriptor. */
-		struct pollfd p[3] = { { r->uffd, POLLIN, 0 }, { r->stop_fd, POLLIN, 0 },
-				       { halite_gmem_fault_fd(r->gm), POLLIN, 0 } };
-		uint64_t t0;
-		int n;
-
-		/* Learning: woken when its window ends (learn.c). */
-		if (poll(p, 3, r->learn ? rs_learn_tick(r) : -1) < 0 && errno != EINTR)
-			break;
-		if (p[1].revents) {
-			eventfd_t v;
-
-			eventfd_read(r->stop_fd, &v);
-			break;
-		}
-		if (!(p[0].revents & POLLIN) && !(p[2].revents & POLLIN))
-			continue;
-		n = halite_gmem_take_faults(r->gm, msgs, FAULT_BATCH);
-		if (n < 0) {
-			rs_set_failed(r, rs_fail(r, n, "reading the userfaultfd"));
-			break;
-		}
-		t0 = halite_now_ns();
-		for (int i = 0; i < n; i++)
-			serve_fault(r, &msgs[i], t0);
-	}
+	halite_fault_loop_run(&loop);
 	return NULL;
 }
 

@@ -125,6 +125,7 @@
 #include "discard.h"
 #include "endian_util.h"
 #include "export.h"
+#include "fault_loop.h"
 #include "gmem.h"
 #include "log_internal.h"
 #include "opts.h"
@@ -135,7 +136,6 @@
 #include "save_test.h"
 #include "writer_test.h"
 
-#define FAULT_BATCH 64
 #define SAVE_PAGES_MAX 64 /* pages per memory block this engine handles */
 #define ITEMS_PREALLOC 512u /* queued blocks ahead of the writer before malloc */
 #define PAGEMAP_PRESENT (1ull << 63)
@@ -260,7 +260,7 @@ struct halite_save {
 	struct halite_defer defer; /* the background's: what its walk leaves for later */
 	uint32_t defer_window;	   /* HALITE_SAVE_DEFER_WINDOW, or a test's */
 	_Atomic bool test_hold_deferred; /* halite_save_test_hold_deferred() */
-	_Atomic bool deferred_held;	 /* the background waits for that hold's release */
+	_Atomic bool deferred_held;	 /* the background reached that hold (stays set) */
 	pthread_mutex_t roots_lock;
 	struct halite_save_test_walk walk_end; /* set by the background thread */
 
@@ -860,44 +860,50 @@ static void serve_batch(struct halite_save *s, const struct uffd_msg *msgs,
 	}
 }
 
+struct fault_ctx {
+	struct halite_save *s;
+	struct pending pend[HALITE_FAULT_BATCH];
+};
+
+/* A stop request with value 2 means "exit": ranges are gone. */
+static bool fault_stop(void *ctx, uint64_t v)
+{
+	(void)ctx;
+	return v >= 2;
+}
+
+static void fault_serve(void *ctx, const struct uffd_msg *m, int n, uint64_t t0)
+{
+	struct fault_ctx *fc = ctx;
+
+	(void)t0;
+	serve_batch(fc->s, m, fc->pend, n);
+}
+
+static void fault_read_failed(void *ctx, int err)
+{
+	struct fault_ctx *fc = ctx;
+
+	set_failed(fc->s, sfail(fc->s, err, "reading userfaultfd"));
+}
+
 static void *fault_main(void *arg)
 {
 	struct halite_save *s = arg;
-	struct uffd_msg msgs[FAULT_BATCH];
-	struct pending pend[FAULT_BATCH];
+	struct fault_ctx fc = { .s = s };
+	struct halite_fault_loop loop = {
+		.gm = s->gm, .uffd = s->uffd, .stop_fd = s->stop_fd, .ctx = &fc,
+		.stop = fault_stop, .serve = fault_serve, .failed = fault_read_failed,
+	};
 
 	fault_thread_sched(s);
 	/*
 	 * Serve faults until the ranges are unregistered, even after a failure:
 	 * the abort path gives every block back and a faulting vCPU must
-	 * always be woken.
+	 * always be woken. Events (the guest's discards, unmaps, moves) are
+	 * applied as they are read.
 	 */
-	for (;;) {
-		/* Faults other threads read (gmem.h) come through the third descriptor. */
-		struct pollfd p[3] = { { s->uffd, POLLIN, 0 }, { s->stop_fd, POLLIN, 0 },
-				       { halite_gmem_fault_fd(s->gm), POLLIN, 0 } };
-		int n;
-
-		if (poll(p, 3, -1) < 0 && errno != EINTR)
-			break;
-		if (p[1].revents) {
-			uint64_t v;
-
-			/* A stop request with value 2 means "exit": ranges are gone. */
-			eventfd_read(s->stop_fd, &v);
-			if (v >= 2)
-				break;
-		}
-		if (!(p[0].revents & POLLIN) && !(p[2].revents & POLLIN))
-			continue;
-		/* Events (the guest's discards, unmaps, moves) are applied as they are read. */
-		n = halite_gmem_take_faults(s->gm, msgs, FAULT_BATCH);
-		if (n < 0) {
-			set_failed(s, sfail(s, n, "reading userfaultfd"));
-			break;
-		}
-		serve_batch(s, msgs, pend, n);
-	}
+	halite_fault_loop_run(&loop);
 	return NULL;
 }
 
@@ -1385,7 +1391,6 @@ static int bg_deferred(struct halite_save *s, struct bg *b)
 		atomic_store(&s->deferred_held, true);
 		while (atomic_load(&s->test_hold_deferred) && !atomic_load(&s->stopping))
 			nanosleep(&ts, NULL);
-		atomic_store(&s->deferred_held, false);
 	}
 	for (size_t i = 0; i < d->n; i++) {
 		uint64_t mb = d->order[i];
