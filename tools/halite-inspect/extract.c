@@ -36,15 +36,9 @@ void help_extract(FILE *f)
 		   "  -r, --region NAME   the region (may be omitted if FILE has only one)\n"
 		   "  -o, --output IMAGE  the image to write (a regular file, never FILE;\n"
 		   "                      replaced only once complete; mode 0600: it holds\n"
-		   "                      guest memory)\n"
-		   "  --progress[=MODE]   progress on stderr about every 0.5 s: text (a\n"
-		   "                      line), json (one object a line) or none (the\n"
-		   "                      default)\n"
-		   "  --json              a JSON summary on stdout (mbs.untouched: the\n"
-		   "                      never-touched blocks)\n"
-		   "  -h, --help          this text\n"
-		   "  --version           the program's and the file format's version\n\n"
-		   "Exit status: 0 ok, 1 FILE is bad or the extract failed, 2 usage.\n");
+		   "                      guest memory)\n");
+	help_image_options(f, 20);
+	fputs("\nExit status: 0 ok, 1 FILE is bad or the extract failed, 2 usage.\n", f);
 }
 
 struct extract {

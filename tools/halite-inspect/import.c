@@ -66,21 +66,16 @@ void help_import(FILE *f)
 		"  --meta KEY=VALUE        a metadata entry (repeatable)\n"
 		"  -j, --jobs N            compression threads, 1 to 256 (default: online\n"
 		"                          CPUs)\n"
-		"  --no-sync               do not fdatasync the file at the end\n"
-		"  --progress[=MODE]       progress on stderr about every 0.5 s: text (a\n"
-		"                          line), json (one object a line) or none (the\n"
-		"                          default)\n"
-		"  --json                  a JSON summary on stdout (mbs.untouched: the\n"
-		"                          never-touched blocks)\n"
-		"  -h, --help              this text\n"
-		"  --version               the program's and the file format's version\n\n"
-		"Sizes take K, M and G suffixes (powers of 1024). Regions without @GPA\n"
-		"follow the previous one (the first starts at --gpa). Metadata\n"
-		"source=import, import.order and (random order) import.seed are recorded.\n\n"
-		"Exit status: 0 ok, 1 the import failed (an image that does not open or\n"
-		"read, the output not written), 2 usage: a bad option, an image that\n"
-		"cannot be a region, overlapping regions (nothing is written).\n",
+		"  --no-sync               do not fdatasync the file at the end\n",
 		llo, lhi, glo, ghi, zlo, zhi, HALITE_DEFAULT_MB_PAGES);
+	help_image_options(f, 24);
+	fputs("\nSizes take K, M and G suffixes (powers of 1024). Regions without @GPA\n"
+	      "follow the previous one (the first starts at --gpa). Metadata\n"
+	      "source=import, import.order and (random order) import.seed are recorded.\n\n"
+	      "Exit status: 0 ok, 1 the import failed (an image that does not open or\n"
+	      "read, the output not written), 2 usage: a bad option, an image that\n"
+	      "cannot be a region, overlapping regions (nothing is written).\n",
+	      f);
 }
 
 struct source {

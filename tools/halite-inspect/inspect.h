@@ -51,6 +51,11 @@ int cmd_extract(int argc, char **argv);
 int cmd_import(int argc, char **argv);
 int cmd_restore(int argc, char **argv);
 int cmd_relayout(int argc, char **argv);
+/*
+ * The options extract and import share (--progress, --json, --help,
+ * --version) in their help, the descriptions at column @col + 2.
+ */
+void help_image_options(FILE *f, int col);
 void help_info(FILE *f);
 void help_verify(FILE *f);
 void help_blocks(FILE *f);

@@ -192,6 +192,22 @@ int refuse_input_as_output(const char *out, const char *in, const char *what)
 			   "what is read; give -o another file", out, in, what);
 }
 
+void help_image_options(FILE *f, int col)
+{
+	static const char *const rows[][2] = {
+		{ "--progress[=MODE]", "progress on stderr about every 0.5 s: text (a" },
+		{ "", "line), json (one object a line) or none (the" },
+		{ "", "default)" },
+		{ "--json", "a JSON summary on stdout (mbs.untouched: the" },
+		{ "", "never-touched blocks)" },
+		{ "-h, --help", "this text" },
+		{ "--version", "the program's and the file format's version" },
+	};
+
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
+		fprintf(f, "  %-*s%s\n", col, rows[i][0], rows[i][1]);
+}
+
 int common_option(int c, char **argv, void (*help)(FILE *))
 {
 	switch (c) {
