@@ -86,6 +86,13 @@ double halite_now_s(void)
 	return (double)halite_now_ns() / 1e9;
 }
 
+void halite_cli_verrorf(const char *prog, const char *fmt, va_list ap)
+{
+	fprintf(stderr, "%s: ", prog);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+}
+
 const char *halite_human_ns(uint64_t ns, char *buf, size_t len)
 {
 	if (ns < 1000)

@@ -7,6 +7,7 @@
 #ifndef HALITE_CLI_H
 #define HALITE_CLI_H
 
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -29,6 +30,10 @@ int halite_parse_u64_range(const char *s, uint64_t min, uint64_t max, uint64_t *
 
 /* Seconds on the monotonic clock, for elapsed times and progress reports. */
 double halite_now_s(void);
+
+/* "@prog: " and the message on stderr, then a newline: a tool's error line. */
+void halite_cli_verrorf(const char *prog, const char *fmt, va_list ap)
+	__attribute__((format(printf, 2, 0)));
 
 /* A duration for people, into @buf: "412 ns", "8.1 us", "3.46 ms", "1.27 s". */
 const char *halite_human_ns(uint64_t ns, char *buf, size_t len);
