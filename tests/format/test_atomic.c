@@ -329,12 +329,16 @@ static void test_write_failure(void **state)
 	}
 }
 
-/* A writer on @s's target with every MB put and vCPU 0's stream flushed: a save half done. */
-static struct halite_writer *create_half_done(struct scene *s)
+/*
+ * Scene @name set up in @s, and a writer on its target with every MB put and
+ * vCPU 0's stream flushed: a save half done.
+ */
+static struct halite_writer *create_half_done(struct scene *s, const char *name)
 {
 	struct halite_writer *w;
 	int ret;
 
+	scene_init(s, name);
 	w = create(s->target, 0, &ret);
 	assert_int_equal(ret, 0);
 	assert_int_equal(put_all(w, s->mem), 0);
@@ -349,8 +353,7 @@ static void test_free_without_finish(void **state)
 		struct scene s;
 		struct halite_writer *w;
 
-		scene_init(&s, "nofinish");
-		w = create_half_done(&s);
+		w = create_half_done(&s, "nofinish");
 		expect_old(&s);
 		halite_writer_free(w, !keep);
 		expect_old(&s);
@@ -400,8 +403,7 @@ static void test_finish_failure(void **state)
 		struct scene s;
 		struct halite_writer *w;
 
-		scene_init(&s, "finfail");
-		w = create_half_done(&s);
+		w = create_half_done(&s, "finfail");
 		assert_int_equal(halite_writer_flush_stream(w, HALITE_STREAM(HALITE_STREAM_VCPU, 1)),
 				 0);
 		/* Nothing more may be written: the sections fail. */
