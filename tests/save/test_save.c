@@ -325,6 +325,19 @@ static void snapshot_copy(uint8_t *dst, const uint8_t *mem, size_t len)
 	free(vec);
 }
 
+/* Let the vCPUs run a bit, then the snapshot instant: what memory holds then (calloc'ed). */
+static uint8_t *run_to_snapshot(struct guest *g, size_t len)
+{
+	uint8_t *snap;
+
+	guest_resume(g);
+	usleep(20000);
+	guest_pause(g);
+	snap = calloc(1, len);
+	snapshot_copy(snap, g->mem, len);
+	return snap;
+}
+
 static char *tmp_path(const char *name)
 {
 	char *p;
@@ -487,12 +500,7 @@ static void run_save(enum mode mode, int codec, bool background, int fail)
 	int ret;
 
 	g = guest_init(mode, len, ws, &seed, &uffd);
-	/* Let them run a bit, then the snapshot instant. */
-	guest_resume(g);
-	usleep(20000);
-	guest_pause(g);
-	snap = calloc(1, len);
-	snapshot_copy(snap, g->mem, len);
+	snap = run_to_snapshot(g, len);
 	for (int i = 0; i < NVCPU; i++)
 		passes_at_snap[i] = atomic_load(&g->passes[i]);
 
@@ -739,11 +747,7 @@ static void run_copy(enum mode mode, bool background)
 	snapshot_copy(before, copy, clen);
 
 	g = guest_init(mode, len, ws, &seed, &uffd);
-	guest_resume(g);
-	usleep(20000);
-	guest_pause(g);
-	snap = calloc(1, len);
-	snapshot_copy(snap, g->mem, len);
+	snap = run_to_snapshot(g, len);
 	reg[0] = (struct halite_save_region){
 		.name = "pc.ram", .gpa = 0, .length = len, .host = (uintptr_t)g->mem,
 		.kind = mode == ANON ? HALITE_MEM_ANON : HALITE_MEM_SHARED, .fd = g->memfd,
