@@ -9,7 +9,10 @@
 # the guest's packages): the qemu tests then must run, never skip.
 #
 #   scripts/test.sh                 everything above
-#   scripts/test.sh --quick         step 1 only
+#   scripts/test.sh --quick         the normal build, then only the tests labelled
+#                                   quick (no root, QEMU, huge pages or network;
+#                                   under 2 minutes); no guest image is built
+#   scripts/test.sh --release       step 1 only (all tests of the normal build)
 #   scripts/test.sh -L LABEL        step 1, one area (format, inspect, unit, fuzz, ...)
 #   scripts/test.sh --tsan          the tests under ThreadSanitizer
 set -euo pipefail
@@ -20,9 +23,10 @@ ctest_args=()
 while [[ $# -gt 0 ]]; do
 	case "$1" in
 	--quick) mode=quick ;;
+	--release) mode=release ;;
 	--tsan) mode=tsan ;;
-	-L) mode=quick; ctest_args+=(-L "$2"); shift ;;
-	-h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+	-L) mode=release; ctest_args+=(-L "$2"); shift ;;
+	-h|--help) sed -n '2,17p' "$0"; exit 0 ;;
 	*) echo "test.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 	esac
 	shift
@@ -37,11 +41,18 @@ run_suite() { # name build-dir cmake-args...
 	ctest --test-dir "$dir" --output-on-failure -j "$jobs" "${ctest_args[@]}"
 }
 
-"$root/scripts/make-guest.sh" >/dev/null
-export HALITE_REQUIRE_QEMU=1
+# The quick label needs no QEMU: no guest to build, and nothing to require.
+if [[ $mode != quick ]]; then
+	"$root/scripts/make-guest.sh" >/dev/null
+	export HALITE_REQUIRE_QEMU=1
+fi
 
 case $mode in
 quick)
+	ctest_args+=(-L quick)
+	run_suite release "$root/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	;;
+release)
 	run_suite release "$root/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo
 	;;
 tsan)

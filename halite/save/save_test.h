@@ -23,7 +23,7 @@ void halite_save_test_fail_check(struct halite_save *s, uint64_t after);
 /*
  * "a file that cannot refuse hole punches": shared regions' files are left
  * as they are at arm, so the save must detect a punched hole instead of
- * preventing it (save.c, guard_discards()). Before arm.
+ * preventing it (arm.c, guard_discards()). Before arm.
  */
 void halite_save_test_no_discard_refusal(struct halite_save *s);
 

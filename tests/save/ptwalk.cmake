@@ -5,6 +5,6 @@
 halite_test(test_ptwalk
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_ptwalk.c ${CMAKE_SOURCE_DIR}/halite/save/ptwalk.c
   LIBS halite_common PkgConfig::CMOCKA
-  LABELS save
+  LABELS "save;quick"
   TIMEOUT 120)
 target_include_directories(test_ptwalk PRIVATE ${CMAKE_SOURCE_DIR}/halite/save)

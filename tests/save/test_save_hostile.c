@@ -106,6 +106,13 @@
 
 static uint64_t g_seed;
 
+struct guest;
+
+struct vcpu_arg {
+	struct guest *g;
+	int i;
+};
+
 struct guest {
 	uint8_t *mem;		/* region 0, then region 1 */
 	uint64_t tables_end;	/* GPA past the last table page */
@@ -113,11 +120,7 @@ struct guest {
 	_Atomic pid_t tid[NVCPU];
 	pid_t tids[NVCPU];
 	_Atomic int pause_req, parked, stop, scribble;
-};
-
-struct vcpu_arg {
-	struct guest *g;
-	int i;
+	struct vcpu_arg args[NVCPU]; /* each guest its own: two may run at once */
 };
 
 static void park(struct guest *g)
@@ -170,7 +173,6 @@ static void guest_pause(struct guest *g)
 /* Memory filled (data, region 1), no tables yet, vCPUs parked. */
 static struct guest *guest_new(void)
 {
-	static struct vcpu_arg args[NVCPU];
 	struct guest *g = calloc(1, sizeof(*g));
 	uint64_t seed = g_seed;
 
@@ -184,8 +186,8 @@ static struct guest *guest_new(void)
 	g->tables_end = DATA;
 	atomic_store(&g->pause_req, 1);
 	for (int i = 0; i < NVCPU; i++) {
-		args[i] = (struct vcpu_arg){ g, i };
-		assert_int_equal(pthread_create(&g->thr[i], NULL, vcpu_main, &args[i]), 0);
+		g->args[i] = (struct vcpu_arg){ g, i };
+		assert_int_equal(pthread_create(&g->thr[i], NULL, vcpu_main, &g->args[i]), 0);
 	}
 	while (atomic_load(&g->parked) != NVCPU)
 		usleep(50);
