@@ -346,6 +346,22 @@ static struct halite_writer *create_half_done(struct scene *s, const char *name)
 	return w;
 }
 
+/*
+ * The unfinished writer @w freed, @keep-ing its partial file or not: the
+ * older snapshot stays as it was either way, the partial file only if kept.
+ * @s freed.
+ */
+static void free_unfinished(struct scene *s, struct halite_writer *w, int keep)
+{
+	expect_old(s);
+	halite_writer_free(w, !keep);
+	expect_old(s);
+	expect_listing(s->dir, keep ? "snap.hlt snap.hlt.incomplete" : "snap.hlt");
+	if (keep)
+		expect_kept(s);
+	scene_free(s);
+}
+
 /* Freed without finish, as a save that dies or is cancelled: with and without unlink. */
 static void test_free_without_finish(void **state)
 {
@@ -354,13 +370,7 @@ static void test_free_without_finish(void **state)
 		struct halite_writer *w;
 
 		w = create_half_done(&s, "nofinish");
-		expect_old(&s);
-		halite_writer_free(w, !keep);
-		expect_old(&s);
-		expect_listing(s.dir, keep ? "snap.hlt snap.hlt.incomplete" : "snap.hlt");
-		if (keep)
-			expect_kept(&s);
-		scene_free(&s);
+		free_unfinished(&s, w, keep);
 	}
 	/* A kept partial file replaces an older one, and no partial file is ever the target. */
 	{
@@ -410,13 +420,7 @@ static void test_finish_failure(void **state)
 		halite_writer_test_fail_writes(w, 0, EIO);
 		assert_int_equal(halite_writer_finish(w), -EIO);
 		assert_non_null(strstr(halite_writer_errmsg(w), "writing sections"));
-		expect_old(&s);
-		halite_writer_free(w, !keep);
-		expect_old(&s);
-		expect_listing(s.dir, keep ? "snap.hlt snap.hlt.incomplete" : "snap.hlt");
-		if (keep)
-			expect_kept(&s);
-		scene_free(&s);
+		free_unfinished(&s, w, keep);
 	}
 }
 
