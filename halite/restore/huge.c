@@ -122,6 +122,8 @@ static int hp_stored(struct halite_restore *r, const struct rregion *g, struct r
 	return 0;
 }
 
+static const struct rs_strategy huge_strategy;
+
 int rs_huge_region(struct halite_restore *r, struct rregion *g)
 {
 	struct statfs sf;
@@ -157,10 +159,11 @@ int rs_huge_region(struct halite_restore *r, struct rregion *g)
 			       "it (open for reading and writing?)", g->name);
 	g->map = m;
 	r->has_huge = true;
+	r->huge = &huge_strategy;
 	return 0;
 }
 
-int rs_huge_init(struct halite_restore *r)
+static int huge_init(struct halite_restore *r)
 {
 	if (!r->has_huge)
 		return 0;
@@ -176,10 +179,10 @@ int rs_huge_init(struct halite_restore *r)
 	return r->hps ? 0 : -ENOMEM;
 }
 
-void rs_huge_free(struct halite_restore *r)
+static void huge_free(struct halite_restore *r)
 {
 	for (uint64_t i = 0; r->hps && i < r->nhp; i++) {
-		struct waiter *w;
+		struct fault_waiter *w;
 
 		while ((w = r->hps[i].waiters)) {
 			r->hps[i].waiters = w->next;
@@ -199,10 +202,8 @@ void rs_huge_free(struct halite_restore *r)
  * UFFDIO_CONTINUE on a scratch mapping registered MINOR, which maps a page
  * the file holds and fails with EFAULT on a hole, allocating nothing.
  */
-int rs_huge_check_empty(struct halite_restore *r, const struct rregion *g)
+static int huge_check_empty(struct halite_restore *r, const struct rregion *g)
 {
-	struct uffdio_register reg = { .range = { 0, g->length },
-				       .mode = UFFDIO_REGISTER_MODE_MINOR };
 	struct stat st;
 	uint64_t found = UINT64_MAX;
 	void *m;
@@ -216,9 +217,9 @@ int rs_huge_check_empty(struct halite_restore *r, const struct rregion *g)
 	if (m == MAP_FAILED)
 		return rs_fail(r, -errno, "region '%s': mapping its file", g->name);
 	fd = halite_uffd_open(UFFD_FEATURE_MINOR_HUGETLBFS, NULL);
-	reg.range.start = (uintptr_t)m;
-	if (fd < 0 || ioctl(fd, UFFDIO_REGISTER, &reg)) {
-		ret = fd < 0 ? fd : -errno;
+	ret = fd < 0 ? fd : halite_uffd_register(fd, (uintptr_t)m, g->length,
+						 UFFDIO_REGISTER_MODE_MINOR, 0);
+	if (ret) {
 		ret = rs_fail(r, ret, "region '%s': which huge pages its file holds (userfaultfd "
 			      "MINOR)", g->name);
 	}
@@ -242,7 +243,7 @@ int rs_huge_check_empty(struct halite_restore *r, const struct rregion *g)
 	return ret;
 }
 
-void rs_huge_attach(struct halite_restore *r, const struct rregion *g, const uint64_t *bits)
+static void huge_attach(struct halite_restore *r, const struct rregion *g, const uint64_t *bits)
 {
 	for (uint64_t o = 0; o < g->length; o += g->hpage) {
 		uint64_t p = o / r->page;
@@ -255,14 +256,14 @@ void rs_huge_attach(struct halite_restore *r, const struct rregion *g, const uin
 	}
 }
 
-bool rs_huge_in(struct halite_restore *r, uint64_t mb)
+static bool huge_in(struct halite_restore *r, uint64_t mb)
 {
 	const struct rregion *g = rs_region_of_mb(r, mb);
 
 	return atomic_load(&hp_at(r, g, (mb - g->first_mb) * r->mb_size)->in);
 }
 
-bool rs_huge_wanted(struct halite_restore *r, uint64_t mb)
+static bool huge_wanted(struct halite_restore *r, uint64_t mb)
 {
 	const struct rregion *g = rs_region_of_mb(r, mb);
 	struct rhp *hp;
@@ -282,7 +283,7 @@ static int hp_complete(struct halite_restore *r, const struct rregion *g, struct
 		       uint64_t hpo)
 {
 	uint32_t ri = (uint32_t)(g - r->regions);
-	struct waiter *w, *next;
+	struct fault_waiter *w, *next;
 	int ret;
 
 	/* A hole (no stored block) gets zeros: gmem copies them in (EFAULT). */
@@ -290,7 +291,7 @@ static int hp_complete(struct halite_restore *r, const struct rregion *g, struct
 	if (ret)
 		return rs_install_failed(r, ret, g->first_mb + hpo / r->mb_size,
 					 "UFFDIO_CONTINUE of its huge page");
-	/* Under lk with the waiters: a fault queued after this sees @in (rs_huge_fault). */
+	/* Under lk with the waiters: a fault queued after this sees @in (huge_fault). */
 	pthread_mutex_lock(&r->lk);
 	atomic_store(&hp->in, 1);
 	w = hp->waiters;
@@ -319,7 +320,7 @@ static int hp_alloc(struct halite_restore *r, const struct rregion *g, uint64_t 
 		       " (no free huge page: reserve more, vm.nr_hugepages)" : "");
 }
 
-int rs_huge_write(struct halite_restore *r, uint64_t mb, const uint8_t *lb_buf, int by)
+static int huge_write(struct halite_restore *r, uint64_t mb, const uint8_t *lb_buf, int by)
 {
 	const struct rregion *g = rs_region_of_mb(r, mb);
 	uint64_t off = (mb - g->first_mb) * r->mb_size, hpo = off - off % g->hpage;
@@ -358,7 +359,7 @@ static bool ra_end(struct halite_restore *r, uint64_t lb)
 	return r->ra_next && (next == UINT64_MAX || atomic_load(&r->lbs[next].state) == LB_IDLE);
 }
 
-void rs_huge_fault(struct halite_restore *r, uint64_t mb, const struct fault *f)
+static void huge_fault(struct halite_restore *r, uint64_t mb, const struct fault *f)
 {
 	const struct rregion *g = &r->regions[f->ri];
 	uint64_t hpo = f->off - f->off % g->hpage, mb0 = g->first_mb + hpo / r->mb_size;
@@ -366,7 +367,7 @@ void rs_huge_fault(struct halite_restore *r, uint64_t mb, const struct fault *f)
 	uint64_t queued[64], first = UINT64_MAX;
 	struct halite_mb_loc loc;
 	size_t nq = 0, nread = 0, wake = 0;
-	struct waiter *w;
+	struct fault_waiter *w;
 	bool inline_read;
 	uint32_t stored;
 	int ret = hp_stored(r, g, hp, hpo, &stored);
@@ -396,7 +397,7 @@ void rs_huge_fault(struct halite_restore *r, uint64_t mb, const struct fault *f)
 		rs_set_failed(r, rs_fail(r, -ENOMEM, "memory block %llu: waiter", ULL(mb)));
 		return;
 	}
-	*w = (struct waiter){ hp->waiters, mb, f->t0 };
+	*w = (struct fault_waiter){ hp->waiters, mb, f->t0 };
 	hp->waiters = w;
 	if (atomic_load(&hp->wanted)) {
 		/* Another fault on this page came first: its reads are on their way. */
@@ -477,3 +478,15 @@ void rs_huge_fault(struct halite_restore *r, uint64_t mb, const struct fault *f)
 			rs_set_failed(r, rs_fail(r, ret, "memory block %llu: demand queue", ULL(mb)));
 	}
 }
+
+static const struct rs_strategy huge_strategy = {
+	.name = "huge pages",
+	.init = huge_init,
+	.free = huge_free,
+	.check_empty = huge_check_empty,
+	.attach = huge_attach,
+	.fault = huge_fault,
+	.wanted = huge_wanted,
+	.write = huge_write,
+	.in = huge_in,
+};

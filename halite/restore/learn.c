@@ -6,7 +6,7 @@
  *
  * Every first touch must be a fault the engine sees, so while learning no
  * block reaches guest memory before the guest asks for it:
- * - the blocks of an LB no fault asked for are staged (restore.c's
+ * - the blocks of an LB no fault asked for are staged (install.c's
  *   install_lb, as with TRACK_ACCESS), whether the LB was read for a fault
  *   or, at start, for a copy (HALITE_MEM_COPY);
  * - the background prefetcher holds back (pf_hold) and stream readahead
@@ -23,13 +23,13 @@
  * recorded, keyed by its first block, naming the block that faulted.
  *
  * The window: the fault thread polls with the time left as its timeout
- * (rs_learn_tick) and ends it when due. Then every staged block is
+ * (learn_tick) and ends it when due. Then every staged block is
  * installed (a pool task, unstage()) but, with TRACK_ACCESS, those of
  * demand LBs, which it keeps staged to the end as it always does (their
  * later touches count in vm_access_pct), readahead queues again from the next
  * demand read and the prefetcher runs: the restore goes on as one without
  * LEARN. An LB whose install task was still staging when unstage() passed
- * it keeps those blocks staged until the end (finish() installs them), or
+ * it keeps those blocks staged until the end (rs_finish() installs them), or
  * until the guest touches them. If the restore ends first, done or failed,
  * learning stops there; "complete" says whether it was done.
  *
@@ -41,15 +41,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "guest_fault.h"
 #include "restore_int.h"
 #include "zalloc.h"
 
 #define TOUCHES_FIRST 4096u
 
+static const struct rs_observer learn_observer;
+
 int rs_learn_init(struct halite_restore *r)
 {
 	if (!r->learn)
 		return 0;
+	r->obs = &learn_observer;
 	r->touched = halite_zalloc(r->mb_total ? r->mb_total : 1);
 	return r->touched ? 0 : -ENOMEM;
 }
@@ -60,19 +64,10 @@ void rs_learn_free(struct halite_restore *r)
 	free(r->touches);
 }
 
-/* Index in opts.vcpu_tids + 1, 0 for another thread. */
-static uint32_t vcpu_of(const struct halite_restore *r, uint32_t tid)
-{
-	for (uint32_t i = 0; i < r->o.nvcpus; i++)
-		if ((uint32_t)r->o.vcpu_tids[i] == tid)
-			return i + 1;
-	return 0;
-}
-
 /*
  * Every block staged for learning installed (the window's end); see the top
  * for the LBs it misses. With TRACK_ACCESS a demand LB's blocks stay staged
- * to the end (finish()), as without LEARN: vm_access_pct counts the guest's
+ * to the end (rs_finish()), as without LEARN: vm_access_pct counts the guest's
  * touches of them until then, not only those inside the window.
  */
 static void unstage(void *arg)
@@ -123,7 +118,7 @@ static void window_end(struct halite_restore *r, const char *why)
 		unstage(r);
 }
 
-void rs_learn_fault(struct halite_restore *r, uint64_t mb, int kind, uint32_t tid, uint64_t t0)
+static void learn_fault(struct halite_restore *r, uint64_t mb, int kind, uint32_t tid, uint64_t t0)
 {
 	const struct rregion *g;
 	uint64_t key = mb;
@@ -149,7 +144,7 @@ void rs_learn_fault(struct halite_restore *r, uint64_t mb, int kind, uint32_t ti
 		if (!full) {
 			r->touched[key] = 1;
 			r->touches[r->ntouches++] = (struct learn_touch){
-				t0 > r->ready_at ? t0 - r->ready_at : 0, mb, vcpu_of(r, tid),
+				t0 > r->ready_at ? t0 - r->ready_at : 0, mb, guest_vcpu_of(r->o.vcpu_tids, r->o.nvcpus, tid),
 				(uint8_t)kind };
 		}
 	}
@@ -159,7 +154,7 @@ void rs_learn_fault(struct halite_restore *r, uint64_t mb, int kind, uint32_t ti
 		window_end(r, "out of memory for the touch records");
 }
 
-int rs_learn_tick(struct halite_restore *r)
+static int learn_tick(struct halite_restore *r)
 {
 	uint64_t now;
 
@@ -173,7 +168,7 @@ int rs_learn_tick(struct halite_restore *r)
 	return (int)((r->learn_end_ns - now + 999999) / 1000000);
 }
 
-void rs_learn_stop(struct halite_restore *r, bool done)
+static void learn_stop(struct halite_restore *r, bool done)
 {
 	if (!r->learn)
 		return;
@@ -183,9 +178,16 @@ void rs_learn_stop(struct halite_restore *r, bool done)
 	pthread_mutex_unlock(&r->learn_lk);
 }
 
-void rs_learn_write(struct halite_restore *r, FILE *f)
+static void learn_write(struct halite_restore *r, FILE *f)
 {
 	pthread_mutex_lock(&r->learn_lk);
 	trace_write_learn(f, r->o.learn_window_ms, r->learn_complete, r->touches, r->ntouches);
 	pthread_mutex_unlock(&r->learn_lk);
 }
+
+static const struct rs_observer learn_observer = {
+	.fault = learn_fault,
+	.tick = learn_tick,
+	.stop = learn_stop,
+	.write = learn_write,
+};

@@ -5,7 +5,7 @@
  *
  * the restore trace (docs/restore-trace.md), written by the restore
  * engine (restore.c, learn.c) and, version 2 without stat and lb lines,
- * by the template's hot set (template.c), which also reads the touch
+ * by the template's hot set (hotset.c), which also reads the touch
  * lines of any version 2 trace back. (The other form, a relayouted file's
  * hot prefix, is the format library's: relayout_meta.h.)
  */

@@ -2,15 +2,21 @@
 /*
  * Private to the restore engine: its state, shared by its source files.
  *
- * restore.c   the engine: open, start, the LB states, demand readers, install
- *             pool, fault thread, prefetcher, the end (its top comment is the
- *             design)
+ * restore.c   the lifecycle: open, start (copies filled), wait, free
+ * state.c     the error, the end, a failed LB
+ * install.c   installs, stages, the install pool, an LB landing, the finish
+ * readers.c   demand queue and readers, stream readahead, page-cache reads
+ * fault.c     the fault path and the fault thread
+ * prefetch.c  the prefetcher and the hot prefix
+ * report.c    stats and the trace
+ * register.c  the userfaultfd, the regions' registration, gmem, discards
+ * attach.c    what memory holds at start: populated refused, or taken over
  * huge.c      hugetlbfs regions, whose unit of installation is the huge page
  * learn.c     HALITE_RESTORE_LEARN: the guest's first touches, recorded
  * learned.c   the trace's writing and the template's reading of its touch
  *             lines, shared with the template source (learned.h)
  *
- * Locks and states are described at the top of restore.c.
+ * The design (states, locks, threads, wake rules) is docs/architecture.md.
  */
 #ifndef HALITE_RESTORE_INT_H
 #define HALITE_RESTORE_INT_H
@@ -24,18 +30,20 @@
 
 #include <halite/restore.h>
 
+#include "endian_util.h"
 #include "gmem.h"
+#include "guest_fault.h"
 #include "io.h"
 #include "learned.h"
 #include "log_internal.h"
 #include "pool.h"
+#include "source.h"
 #include "stats.h"
 
 /* Stream readahead: the queue of LBs to read ahead. */
 #define RA_QUEUE 256u
 
 enum { MB_NONE, MB_CLAIMED, MB_INSTALLED, MB_STAGED };
-enum { LB_IDLE, LB_READING, LB_CACHED, LB_DONE, LB_FAILED };
 enum { HOW_NONE, HOW_DEMAND, HOW_PREFETCH };
 /* Who installed a block: which counter it goes to. */
 enum { BY_FAULT, BY_POOL, BY_PREFETCH };
@@ -57,8 +65,8 @@ struct rregion {
 };
 
 /* A fault waiting for its LB's read. */
-struct waiter {
-	struct waiter *next;
+struct fault_waiter {
+	struct fault_waiter *next;
 	uint64_t mb;
 	uint64_t t0; /* message read */
 };
@@ -68,7 +76,7 @@ struct rlb {
 	uint8_t how;		 /* HOW_*: set when the read lands; under lk */
 	uint32_t refs;		 /* holders of buf; under lk */
 	uint8_t *buf;		 /* CACHED: verified bytes; under lk */
-	struct waiter *waiters;	 /* READING: newest first; under lk */
+	struct fault_waiter *waiters;	 /* READING: newest first; under lk */
 	uint64_t t_ns;		 /* when the read landed, since ready; under lk */
 	uint64_t fault_mb;	 /* DEMAND: the block whose fault read it; under lk */
 	uint8_t *stage;		 /* TRACK_ACCESS demand LBs, any LB while learning: decoded
@@ -84,7 +92,7 @@ struct rhp {
 	_Atomic uint8_t alloc;	  /* allocated in the file */
 	_Atomic uint8_t in;	  /* complete and mapped for the guest; set under lk */
 	_Atomic uint8_t wanted;	  /* a fault waits for it; set under lk */
-	struct waiter *waiters;	  /* faults to count as served when it comes in; under lk */
+	struct fault_waiter *waiters;	  /* faults to count as served when it comes in; under lk */
 };
 
 struct itask {
@@ -92,6 +100,9 @@ struct itask {
 	uint64_t lb;
 	uint8_t *buf;
 };
+
+struct rs_strategy;
+struct rs_observer;
 
 struct halite_restore {
 	struct halite_restore_opts o;
@@ -106,6 +117,8 @@ struct halite_restore {
 	uint64_t page;		 /* host page size */
 	bool external, has_shared, track, has_copy;
 	bool has_huge;		 /* a region is on hugetlbfs */
+	const struct rs_strategy *huge; /* its strategy (huge.c), NULL without */
+	const struct rs_observer *obs;	 /* learning (learn.c), NULL without */
 	struct rhp *hps;	 /* the huge pages of hugetlbfs regions, regions in file order */
 	uint64_t nhp;
 	_Atomic uint8_t *mb;	 /* MB_* per memory block */
@@ -134,7 +147,7 @@ struct halite_restore {
 	uint64_t raq[RA_QUEUE];
 	size_t raq_head, raq_len;
 	unsigned ra_busy, ra_readers;
-	bool inline_reads;	 /* buffered, no added latency: read_cached() may read */
+	bool inline_reads;	 /* buffered, no added latency: rs_read_cached() may read */
 	_Atomic uint64_t lb_done, lbs_cached;
 
 	pthread_mutex_t st_lock; /* state, error, errmsg */
@@ -142,7 +155,7 @@ struct halite_restore {
 	int state, error;
 	bool ending;
 	_Atomic bool failed, stopping;
-	_Atomic bool ended;	 /* finish() is unregistering: the restore is done */
+	_Atomic bool ended;	 /* rs_finish() is unregistering: the restore is done */
 	_Atomic uint64_t last_fault_ns;
 	uint64_t open_ns, ready_at, ready_ns, done_ns;
 
@@ -188,75 +201,206 @@ struct fault {
 };
 
 
-/* ---- restore.c, for the engine's other files ---- */
+/* ---- inline: on the fault path, in every file ---- */
+
+static inline const struct rregion *rs_region_of_mb(const struct halite_restore *r, uint64_t mb)
+{
+	return &r->regions[halite_find_first_mb(r->regions, r->nregions, sizeof(r->regions[0]),
+						offsetof(struct rregion, first_mb), mb)];
+}
+
+/* CAS of memory block @mb from @from to MB_CLAIMED. */
+static inline bool rs_claim(struct halite_restore *r, uint64_t mb, uint8_t from)
+{
+	return atomic_compare_exchange_strong(&r->mb[mb], &from, MB_CLAIMED);
+}
+
+/*
+ * A claimed block is in: counted (BY_*), then MB_INSTALLED. Counted before
+ * the state says so: whoever sees MB_INSTALLED sees the count (rs_finish).
+ */
+static inline void rs_installed(struct halite_restore *r, uint64_t mb, int by)
+{
+	atomic_fetch_add(&r->n_mb[by], 1);
+	atomic_store(&r->mb[mb], MB_INSTALLED);
+}
+
+/* A fault served: its service time (message read to wake) into the histogram. */
+static inline void rs_fault_served(struct halite_restore *r, uint64_t t0)
+{
+	guest_fault_timed(&r->hist, t0);
+}
+
+static inline uint64_t rs_since_ready(const struct halite_restore *r)
+{
+	uint64_t now = halite_now_ns();
+
+	return now > r->ready_at ? now - r->ready_at : 0;
+}
+
+/* Memory block @mb as gmem sees it: its region's index and the offset in it. */
+static inline uint32_t rs_mb_region(const struct halite_restore *r, uint64_t mb, uint64_t *off)
+{
+	const struct rregion *g = rs_region_of_mb(r, mb);
+
+	*off = (mb - g->first_mb) * r->mb_size;
+	return (uint32_t)(g - r->regions);
+}
+
+/* Is @mb in a hugetlbfs region (installed by huge page, huge.c)? */
+static inline bool rs_mb_huge(const struct halite_restore *r, uint64_t mb)
+{
+	return r->has_huge && rs_region_of_mb(r, mb)->hpage;
+}
+
+/* TRACK_ACCESS: a block read with a demand fault, other than the faulting one, was touched. */
+static inline void rs_count_accessed(struct halite_restore *r, struct rlb *b)
+{
+	atomic_fetch_add(&b->accessed, 1);
+	atomic_fetch_add(&r->n_staged_accessed, 1);
+}
+
+/* ---- state.c ---- */
 
 /* The first message wins (save.c's sfail); returns -|err|. */
 __attribute__((format(printf, 3, 4)))
 int rs_fail(struct halite_restore *r, int err, const char *fmt, ...);
+/* The first message wins; logged at @level (later ones at debug). */
+void rs_errmsg_level(struct halite_restore *r, const char *msg, int level);
+void rs_errmsg(struct halite_restore *r, const char *msg);
 /* The first error wins; nothing is installed from here on. */
 void rs_set_failed(struct halite_restore *r, int err);
-const struct rregion *rs_region_of_mb(const struct halite_restore *r, uint64_t mb);
-/* CAS of memory block @mb from @from to MB_CLAIMED. */
-bool rs_claim(struct halite_restore *r, uint64_t mb, uint8_t from);
+/* Done (@err 0) or failed: the trace, then the state; once. */
+void rs_end(struct halite_restore *r, int err);
+/* Every read of @lb failed: the restore fails; its waiters stay blocked. */
+void rs_lb_failed(struct halite_restore *r, uint64_t lb, int err, unsigned reads);
+
+/* ---- install.c ---- */
+
+/* Fill block @mb with @src (NULL: zeros) and wake its faults (@flags: gmem). 0 or -errno. */
+int rs_mb_fill(struct halite_restore *r, uint64_t mb, const uint8_t *src, unsigned flags);
 /* What a failed install says about itself; returns the error. */
 int rs_install_failed(struct halite_restore *r, int ret, uint64_t mb, const char *how);
-/* A claimed block is in: counted (BY_*), then MB_INSTALLED. */
-void rs_installed(struct halite_restore *r, uint64_t mb, int by);
-/* A fault served: its service time (message read to wake) into the histogram. */
-void rs_fault_served(struct halite_restore *r, uint64_t t0);
-/* Under lk: queue @lb (READING) for the demand readers. 0 or -ENOMEM. */
-int rs_queue_push(struct halite_restore *r, uint64_t lb);
-/* Under lk: stream readahead after a demand read of @lb; how many readers to signal. */
-size_t rs_ra_push(struct halite_restore *r, uint64_t lb);
-/* Under lk: @lb's successor in its stream, or UINT64_MAX (looked up on first use). */
-uint64_t rs_ra_next(struct halite_restore *r, uint64_t lb);
-/* The fault thread reads @lb (READING) itself if all of it is in the page cache. */
-bool rs_read_cached(struct halite_restore *r, uint64_t lb);
-
+/* Decode verified block @mb from @lb_buf into @tmp and install it. 0 or -errno. */
+int rs_install_from_lb(struct halite_restore *r, uint64_t mb, const uint8_t *lb_buf,
+		       uint8_t *tmp, unsigned flags);
 /* Install a block claimed from STAGED, from its LB's stage (@flags: gmem). 0 or -errno. */
 int rs_install_staged(struct halite_restore *r, uint64_t lb, uint64_t mb, unsigned flags);
 /* The counter (BY_POOL, BY_PREFETCH) for a staged block of @lb, installed unasked. */
 int rs_staged_by(struct halite_restore *r, uint64_t lb);
+/* A verified LB: publish it, serve its waiters, hand the rest to the pool. Takes @buf. */
+void rs_lb_landed(struct halite_restore *r, uint64_t lb, uint8_t *buf, int how, uint8_t *tmp);
+/* Drop a reference to a cached LB; the last one frees its bytes (and may finish). */
+void rs_lb_release(struct halite_restore *r, uint64_t lb);
+/* Every stored block is in: install what is staged, unregister, done. */
+void rs_finish(struct halite_restore *r);
+/* rs_finish() as a pool task (@arg: the restore). */
+void rs_finish_task(void *arg);
 
-/* ---- learn.c: HALITE_RESTORE_LEARN ---- */
+/* ---- readers.c ---- */
 
-/* At open: the touch map. 0 or -ENOMEM. */
-int rs_learn_init(struct halite_restore *r);
-void rs_learn_free(struct halite_restore *r);
-/* The fault thread: a fault on block @mb (@kind its state), from thread @tid, at @t0. */
-void rs_learn_fault(struct halite_restore *r, uint64_t mb, int kind, uint32_t tid, uint64_t t0);
-/* The fault thread's poll timeout while learning (ms, -1: none); ends the window when due. */
-int rs_learn_tick(struct halite_restore *r);
-/* The restore ends (done: @done): learning stops; the trace's "complete" says if it saw it. */
-void rs_learn_stop(struct halite_restore *r, bool done);
-/* docs/restore-trace.md's learn and touch lines. */
-void rs_learn_write(struct halite_restore *r, FILE *f);
+/* Under lk: queue @lb (READING) for the demand readers. 0 or -ENOMEM. */
+int rs_queue_push(struct halite_restore *r, uint64_t lb);
+/* Under lk: stream readahead after a demand read of @lb; how many readers to signal. */
+size_t rs_ra_push(struct halite_restore *r, uint64_t lb);
+/* At open: the readahead successors' table. 0 or -ENOMEM. */
+int rs_ra_build(struct halite_restore *r);
+/* Under lk: @lb's successor in its stream, or UINT64_MAX (looked up on first use). */
+uint64_t rs_ra_next(struct halite_restore *r, uint64_t lb);
+/* The fault thread reads @lb (READING) itself if all of it is in the page cache. */
+bool rs_read_cached(struct halite_restore *r, uint64_t lb);
+/* Before reading @lb again after @err: counted, logged, its page-cache copy dropped. */
+void rs_lb_retrying(struct halite_restore *r, uint64_t lb, int err, unsigned reads);
+/* One LB into @buf, verified, read again on failure. 0 or the last failure. */
+int rs_read_lb_retrying(struct halite_restore *r, uint64_t lb, uint8_t *buf, unsigned *reads);
+/* A demand reader thread (@arg: the restore). */
+void *rs_reader_main(void *arg);
 
-/* ---- huge.c: hugetlbfs regions ---- */
+/* ---- fault.c, prefetch.c, report.c ---- */
+
+/* The fault thread (@arg: the restore). */
+void *rs_fault_main(void *arg);
+/* The prefetcher thread (@arg: the restore). */
+void *rs_prefetch_main(void *arg);
+/* At open: a relayouted file's hot prefix, read first. */
+void rs_hot_init(struct halite_restore *r);
+void rs_fill_stats(struct halite_restore *r, struct halite_restore_stats *st);
+/* docs/restore-trace.md, written to a temporary file and renamed over the path. */
+int rs_write_trace(struct halite_restore *r, const struct halite_restore_stats *st);
+
+/* ---- register.c, attach.c: at start ---- */
+
+int rs_open_uffd(struct halite_restore *r);
+int rs_register_region(struct halite_restore *r, struct rregion *g);
+void rs_unregister_all(struct halite_restore *r);
+int rs_make_gmem(struct halite_restore *r);
+/* Shared regions' files refuse hole punches while the restore needs them, then allow them. */
+void rs_refuse_discards(struct halite_restore *r);
+void rs_allow_discards(struct halite_restore *r);
+/* A new restore: -EEXIST (with the message) when @g's memory is populated already. */
+int rs_check_unpopulated(struct halite_restore *r, const struct rregion *g);
+/* ATTACH: what is in memory already is installed, its LBs done. */
+int rs_attach_scan(struct halite_restore *r);
+
+/* ---- install strategies and observers ---- */
+
+/*
+ * How a region's blocks reach the guest when it is not the engine's own
+ * way: the engine's own, in install.c and fault.c, copies each block into
+ * private or shared memory as it comes (UFFDIO_COPY, UFFDIO_ZEROPAGE); the
+ * huge-page strategy (huge.c) assembles a huge page in the page cache and
+ * shows it whole (UFFDIO_CONTINUE). A region's strategy is chosen at open
+ * (rs_huge_region()); the engine calls it only for that region's blocks.
+ */
+struct rs_strategy {
+	const char *name;
+	/* After every region: its records. 0 or -ENOMEM. */
+	int (*init)(struct halite_restore *r);
+	void (*free)(struct halite_restore *r);
+	/* At start: -EEXIST (with the message) when @g's file holds a page. */
+	int (*check_empty)(struct halite_restore *r, const struct rregion *g);
+	/* ATTACH: the pages the owner maps (@bits: one per host page of @g) are in. */
+	void (*attach)(struct halite_restore *r, const struct rregion *g, const uint64_t *bits);
+	/* The fault thread: a fault on block @mb. */
+	void (*fault)(struct halite_restore *r, uint64_t mb, const struct fault *f);
+	/* Does a fault wait for the page of @mb? */
+	bool (*wanted)(struct halite_restore *r, uint64_t mb);
+	/*
+	 * Decode stored block @mb (claimed) from verified LB @lb_buf and count
+	 * it (@by); the page's last block shows the page and wakes its faults.
+	 * 0 or -errno (with the message).
+	 */
+	int (*write)(struct halite_restore *r, uint64_t mb, const uint8_t *lb_buf, int by);
+	/* Is the page of @mb complete and visible? */
+	bool (*in)(struct halite_restore *r, uint64_t mb);
+};
 
 /*
  * At open, a shared region with its fd: on hugetlbfs, its page size (the
- * alignment checked) and our mapping of it. 0 (not hugetlbfs too) or -errno.
+ * alignment checked), our mapping of it, and the huge-page strategy as
+ * r->huge. 0 (not hugetlbfs too) or -errno.
  */
 int rs_huge_region(struct halite_restore *r, struct rregion *g);
-/* After every region: the huge pages' records. 0 or -ENOMEM. */
-int rs_huge_init(struct halite_restore *r);
-void rs_huge_free(struct halite_restore *r);
-/* At start: -EEXIST (with the message) when the file range holds a page. */
-int rs_huge_check_empty(struct halite_restore *r, const struct rregion *g);
-/* ATTACH: the pages the owner maps (@bits: one per host page of @g) are in. */
-void rs_huge_attach(struct halite_restore *r, const struct rregion *g, const uint64_t *bits);
+
 /*
- * Decode stored block @mb (claimed, of a hugetlbfs region) from verified LB
- * @lb_buf into its page and count it (@by); the page's last block makes
- * the page visible and wakes its faults. 0 or -errno (with the message).
+ * What watches the restore without installing anything: learning
+ * (HALITE_RESTORE_LEARN, learn.c) records the guest's first touches. The
+ * engine calls it; it calls only the services above (claims, installs of
+ * staged blocks, the error), never back into the fault path.
  */
-int rs_huge_write(struct halite_restore *r, uint64_t mb, const uint8_t *lb_buf, int by);
-/* Does a fault wait for the huge page of @mb (false if not on hugetlbfs)? */
-bool rs_huge_wanted(struct halite_restore *r, uint64_t mb);
-/* Is the huge page of @mb (on hugetlbfs) complete and visible? */
-bool rs_huge_in(struct halite_restore *r, uint64_t mb);
-/* The fault thread: a fault on block @mb of a hugetlbfs region. */
-void rs_huge_fault(struct halite_restore *r, uint64_t mb, const struct fault *f);
+struct rs_observer {
+	/* The fault thread: a fault on block @mb (@kind its state), from thread @tid, at @t0. */
+	void (*fault)(struct halite_restore *r, uint64_t mb, int kind, uint32_t tid, uint64_t t0);
+	/* The fault thread's poll timeout (ms, -1: none); may end a window when due. */
+	int (*tick)(struct halite_restore *r);
+	/* The restore ends (done: @done). */
+	void (*stop)(struct halite_restore *r, bool done);
+	/* Its lines of the trace (docs/restore-trace.md). */
+	void (*write)(struct halite_restore *r, FILE *f);
+};
+
+/* At open: learning's touch map and r->obs, when learning. 0 or -ENOMEM. */
+int rs_learn_init(struct halite_restore *r);
+void rs_learn_free(struct halite_restore *r);
 
 #endif

@@ -43,6 +43,7 @@
 
 #include "fault_loop.h"
 #include "gmem.h"
+#include "guest_fault.h"
 #include "log_internal.h"
 #include "opts.h"
 #include "stats.h"
@@ -73,7 +74,7 @@ struct halite_session {
 	atomic_bool stop;
 	uint64_t start_ns, ready_ns, done_ns;
 
-	pthread_mutex_t mu;	/* below, and the histogram */
+	pthread_mutex_t mu;	/* below (the histogram is lock-free) */
 	pthread_cond_t cv;
 	bool done;
 	int error;
@@ -173,15 +174,6 @@ static void map_neighbours(struct halite_session *s, uint64_t mb)
 	}
 }
 
-static void timed(struct halite_session *s, uint64_t t0)
-{
-	uint64_t dt = halite_now_ns() - t0;
-
-	pthread_mutex_lock(&s->mu);
-	halite_hist_add(&s->hist, dt);
-	pthread_mutex_unlock(&s->mu);
-}
-
 /* The template's answer to tpl_request() (tpl_client.block_in), from a reader thread. */
 static void block_in(struct tpl_client *c, uint64_t mb, uint64_t tag, int err)
 {
@@ -197,17 +189,8 @@ static void block_in(struct tpl_client *c, uint64_t mb, uint64_t tag, int err)
 	if (install(s, mb, HALITE_GMEM_CONTINUE, 0))
 		return;
 	if (tag != TAG_PREMAP)
-		timed(s, tag);
+		guest_fault_timed(&s->hist, tag);
 	map_neighbours(s, mb);
-}
-
-/* Index of @tid in the vCPU list + 1; 0 for another thread (the hot set's touch lines). */
-static uint32_t vcpu_of(const struct halite_session *s, pid_t tid)
-{
-	for (uint32_t i = 0; i < s->o.nvcpus; i++)
-		if (s->vcpus[i] == tid)
-			return i + 1;
-	return 0;
 }
 
 static void serve(struct halite_session *s, const struct uffd_msg *m, uint64_t now)
@@ -217,13 +200,12 @@ static void serve(struct halite_session *s, const struct uffd_msg *m, uint64_t n
 	uint32_t ri, vcpu;
 	int ret;
 
-	if (!halite_gmem_lookup(s->gm, addr, &ri, &off)) {
-		(void)halite_gmem_serve_stray(s->gm, m);
+	/* Outside guest memory: served as the mapping holds; its error is not the session's. */
+	if (!guest_fault_place(s->gm, m, addr, &ri, &off, &ret))
 		return;
-	}
 	mb = s->regs[ri].tr->first_mb + off / s->mb_size;
 	atomic_fetch_add(&s->faults, 1);
-	vcpu = s->o.nvcpus ? vcpu_of(s, (pid_t)m->arg.pagefault.feat.ptid) : 0;
+	vcpu = guest_vcpu_of(s->vcpus, s->o.nvcpus, m->arg.pagefault.feat.ptid);
 	if (vcpu)
 		atomic_fetch_add(&s->faults_vcpu, 1);
 	tpl_fault_seen(s->t);
@@ -240,7 +222,7 @@ static void serve(struct halite_session *s, const struct uffd_msg *m, uint64_t n
 	if (ret == TPL_MB_EMPTY) {
 		atomic_fetch_add(&s->faults_zero, 1);
 		if (!install(s, mb, HALITE_GMEM_ZERO, HALITE_GMEM_ZERO_GONE))
-			timed(s, now);
+			guest_fault_timed(&s->hist, now);
 		return;
 	}
 	/* Noted before the request: once it is answered the clone runs on. */
@@ -250,7 +232,7 @@ static void serve(struct halite_session *s, const struct uffd_msg *m, uint64_t n
 	if (ret == 1) {
 		atomic_fetch_add(&s->faults_cached, 1);
 		if (!install(s, mb, HALITE_GMEM_CONTINUE, 0)) {
-			timed(s, now);
+			guest_fault_timed(&s->hist, now);
 			map_neighbours(s, mb);
 		}
 	} else if (ret == 0) {
@@ -330,60 +312,44 @@ static int open_uffd(struct halite_session *s)
 {
 	uint64_t want = UFFD_FEATURE_THREAD_ID | UFFD_FEATURE_MISSING_SHMEM |
 			UFFD_FEATURE_MINOR_SHMEM | HALITE_GMEM_EVENTS;
-	uint64_t missing = 0, have = 0;
+	unsigned flags = HALITE_UFFD_EXACT |
+			 ((s->o.flags & HALITE_SESSION_ATTACH) ? HALITE_UFFD_TAKEOVER : 0);
+	uint64_t missing = 0;
+	const char *why;
 	char names[160];
-	int ret, done;
 
-	if (!s->o.owner_pid) {
-		s->uffd = halite_uffd_open(want, &missing);
-		ret = s->uffd < 0 ? s->uffd : 0;
-		goto out;
-	}
-	s->uffd = fcntl(s->o.owner_uffd, F_DUPFD_CLOEXEC, 0);
-	if (s->uffd < 0)
-		return s_fail(s, -errno, "owner_uffd %d", s->o.owner_uffd);
-	done = halite_uffd_handshaken(s->uffd, &have);
-	if (done < 0)
-		return s_fail(s, done, "owner_uffd %d is not a userfaultfd", s->o.owner_uffd);
-	if (done != !!(s->o.flags & HALITE_SESSION_ATTACH))
-		return s_fail(s, -HALITE_E_STATE, "owner_uffd %d %s", s->o.owner_uffd,
-			      done ? "was set up by another handler (take it over with ATTACH)" :
-				     "was never set up: nothing to take over");
-	if (done) {
-		missing = want & ~have;
-		ret = missing ? -HALITE_E_UNSUPPORTED : 0;
-	} else {
-		ret = halite_uffd_api(s->uffd, want, &missing);
-	}
-out:
-	if (ret)
-		return s_fail(s, ret, "userfaultfd%s%s", missing ? " lacks " : "",
-			      missing ? halite_uffd_feature_names(missing, names, sizeof(names)) : "");
-	return 0;
+	s->uffd = halite_uffd_acquire(s->o.owner_pid ? s->o.owner_uffd : -1, want, flags,
+				      &missing, &why);
+	if (s->uffd >= 0)
+		return 0;
+	if (why)
+		return s_fail(s, s->uffd, "owner_uffd %d %s", s->o.owner_uffd, why);
+	/* Our dup of the owner's descriptor failed. */
+	if (s->o.owner_pid && (s->uffd == -EBADF || s->uffd == -EMFILE))
+		return s_fail(s, s->uffd, "owner_uffd %d", s->o.owner_uffd);
+	return s_fail(s, s->uffd, "userfaultfd%s%s", missing ? " lacks " : "",
+		      missing ? halite_uffd_feature_names(missing, names, sizeof(names)) : "");
 }
 
 static int register_regions(struct halite_session *s)
 {
+	uint64_t mode = UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_MINOR;
 	uint64_t need = 1ull << _UFFDIO_CONTINUE | 1ull << _UFFDIO_ZEROPAGE | 1ull << _UFFDIO_WAKE;
 
 	for (uint32_t i = 0; i < s->nregs; i++) {
 		struct sregion *g = &s->regs[i];
-		struct uffdio_register reg = {
-			.range = { g->host, g->length },
-			.mode = UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_MINOR,
-		};
+		int ret = halite_uffd_register(s->uffd, g->host, g->length, mode, need);
 
-		if (ioctl(s->uffd, UFFDIO_REGISTER, &reg)) {
-			if (errno == EBUSY)
-				return s_fail(s, -EBUSY, "region '%s' is registered with another "
-					      "userfaultfd", g->tr->name);
-			return s_fail(s, -errno, "region '%s' at 0x%llx: UFFDIO_REGISTER "
+		if (ret == -EBUSY)
+			return s_fail(s, -EBUSY, "region '%s' is registered with another "
+				      "userfaultfd", g->tr->name);
+		if (ret && ret != -HALITE_E_UNSUPPORTED)
+			return s_fail(s, ret, "region '%s' at 0x%llx: UFFDIO_REGISTER "
 				      "MISSING|MINOR (a private mapping of the template memory "
 				      "file?)", g->tr->name, (unsigned long long)g->host);
-		}
 		g->registered = true;
-		if ((reg.ioctls & need) != need)
-			return s_fail(s, -HALITE_E_UNSUPPORTED, "region '%s': no UFFDIO_CONTINUE "
+		if (ret)
+			return s_fail(s, ret, "region '%s': no UFFDIO_CONTINUE "
 				      "and UFFDIO_ZEROPAGE on this memory", g->tr->name);
 	}
 	return 0;

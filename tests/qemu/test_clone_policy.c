@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
  * What a clone's QEMU may be told by the snapshot it clones
- * (tools/halite-qemu/clone_policy.c), without a QEMU: every refusal with
+ * (halite/qemu/clone_policy.c), without a QEMU: every refusal with
  * its exact message, the test guest's recorded lines (scripts/halite_guest.py:
  * q35, tcg, -kernel/-initrd/-append, memfd backend, user netdev with
  * hostfwd, serial file, qmp unix, -drive and -blockdev disks) passing, the

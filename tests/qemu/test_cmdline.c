@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * halite-qemu's command-line rules (tools/halite-qemu/cmdline.c) and host
+ * halite-qemu's command-line rules (halite/qemu/cmdline.c) and host
  * forwards taken out (hostfwd.c), without a QEMU: QEMU 7.2's options and
  * their arguments, QemuOpts and JSON arguments, what matters for a restore
  * and the messages naming a difference, the recorded line made runnable,

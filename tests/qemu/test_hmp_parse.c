@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * halite-qemu's HMP parsers (tools/halite-qemu/qemu_info.c) on outputs
+ * halite-qemu's HMP parsers (halite/qemu/qemu_info.c) on outputs
  * captured from Debian's QEMU 7.2 (tests/qemu/hmp-samples/): q35 with 4 GiB
  * at reset (RAM split below and above 4 GiB), q35 with 512 MiB running the
  * test guest's Linux (PAM areas mapped as ROM, video memory at the VGA's BAR),

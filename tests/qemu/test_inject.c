@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * halite-qemu's ptrace injection (tools/halite-qemu/inject.c) against a
+ * halite-qemu's ptrace injection (halite/qemu/inject.c) against a
  * child built to look like QEMU where it matters: several threads, each
  * stopped somewhere else (main thread blocked in read() on a pipe, one in a
  * nanosleep loop, one in ppoll() with a signal mask, one spinning in user

@@ -149,7 +149,7 @@ def check(cond, msg):
 
 
 def run(cmd, timeout=300, check_rc=None, fault=None):
-    """Run @cmd; @fault sets HALITE_QEMU_TEST_FAULT (tools/halite-qemu/fault.c)."""
+    """Run @cmd; @fault sets HALITE_QEMU_TEST_FAULT (halite/qemu/fault.c)."""
     env = dict(os.environ, HALITE_QEMU_TEST_FAULT=fault) if fault else None
     t = time.monotonic()
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
@@ -1123,7 +1123,7 @@ def case_runstate(work):
     """Every way out of a save leaves the guest in the run state it had, and a
     restore's cont is confirmed, whatever became of stop and cont: QEMU hung
     at the stop, a stop or cont whose reply is lost, a cont that never arrived,
-    a failure between stop and arm (the fault points of tools/halite-qemu/fault.c).
+    a failure between stop and arm (the fault points of halite/qemu/fault.c).
     A paused guest's save and the run state a restore leaves the guest in."""
     src = hg.Guest(work, "source").boot().wait_ready()
     src.rewrites(False)

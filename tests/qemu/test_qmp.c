@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * halite-qemu's QMP client (tools/halite-qemu/qmp.c) against a scripted
+ * halite-qemu's QMP client (halite/qemu/qmp.c) against a scripted
  * server on a unix socket: the greeting in pieces, several messages in one
  * write, events before and between replies, a late reply to an abandoned
  * call, an error reply, a 1 MiB reply, no reply (timeout), the server

@@ -64,81 +64,26 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
-#include <limits.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <linux/userfaultfd.h>
-#include <netinet/in.h>
-#include <pwd.h>
 #include <signal.h>
-#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/ioctl.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <dirent.h>
-
 #include <cjson/cJSON.h>
 
-#include "clone_policy.h"
 #include "clone_srv.h"
-#include "disks.h"
-#include "hq.h"
-#include "incoming.h"
+#include "clone_state.h"
 #include "inject.h"
-
-#define QEMU_DEFAULT "qemu-system-x86_64"
-#define QMP_START_TIMEOUT_MS 60000
-#define LOAD_TIMEOUT_MS 120000
-#define MAX_NICS 16
-#define MAX_ALLOW_DIRS 16
-#define MAX_HOST_FILES 16
-
-struct clone_params {
-	const char *path;     /* the snapshot */
-	const char *mem_file; /* the template memory file */
-	const char *control;
-	const char *dir;      /* the clone's own files; default: the control socket's dir */
-	const char *qmp;      /* our QMP socket to QEMU; default DIR/halite-qmp.sock */
-	const char *disk_dir; /* overlays; default DIR */
-	const char *qemu_binary; /* --qemu-binary: QEMU, whatever the file records */
-	const char *run_as;   /* --run-as: QEMU's user (-runas), never root */
-	const char *allow_dirs[MAX_ALLOW_DIRS]; /* --allow-dir: where -kernel & co. may be */
-	int nallow_dirs;
-};
-
-enum qc_state { QC_CREATED, QC_RUNNING, QC_PAUSED };
-
-struct qclone {
-	struct clone_params p;
-	char dir[PATH_MAX], qmp[PATH_MAX + 32], mem_file[PATH_MAX];
-	struct hq_config cfg;
-	struct hq_disks *disks;
-	int ndisks;
-	struct hq_vm vm;
-	pid_t qemu;
-	int qemu_pidfd;
-	int uffd, remote_uffd, lfd;
-	struct hq_snapfile f; /* its device RAM decoded before QEMU starts */
-	char macs[MAX_NICS][18];
-	int nmacs;
-	char user_qmp[PATH_MAX];   /* the first QMP/monitor socket the recorded line had, rewritten */
-	char serial[PATH_MAX];	   /* the first serial file, rewritten */
-	enum qc_state state;
-	bool quit;
-	uid_t run_uid;
-	gid_t run_gid;
-	char runas[32];		   /* "UID:GID" for -runas; "" without --run-as */
-	int host_fds[MAX_HOST_FILES]; /* -kernel & co. opened beneath --allow-dir, QEMU's too */
-	int nhost_fds;
-	int devuffd;		   /* /dev/userfaultfd, inherited by QEMU under the same number */
-	char err[1280];
-};
+#include "inside.h"
+#include "proc.h"
+#include "runstate.h"
 
 void hq_help_clone(FILE *f)
 {
@@ -235,27 +180,14 @@ static int parse_args(int argc, char **argv, struct clone_params *p)
 	return 0;
 }
 
-static int fail(struct qclone *c, int ret, const char *what, const char *detail)
-{
-	return hq_fail(c->err, sizeof(c->err), ret, what, detail);
-}
-
 /* --- the snapshot ------------------------------------------------------- */
 
 static int check_file(struct qclone *c)
 {
-	struct halite_reader *rd = NULL;
-	int ret;
+	int ret = hq_bring_read(&c->b, true, NULL);
 
-	ret = hq_snapfile_read(&c->f, c->p.path, &rd, c->err, sizeof(c->err));
-	if (ret)
-		return ret;
-	ret = hq_snapfile_devram_decode(&c->f, rd, c->err, sizeof(c->err));
-	if (!ret)
-		ret = hq_config_read(&c->cfg, rd, c->p.path, c->err, sizeof(c->err));
-	if (!ret && !c->cfg.rec.argc)
-		ret = fail(c, -EINVAL, c->p.path, "records no QEMU command line to clone");
-	halite_reader_free(rd);
+	if (!ret && !c->b.cfg.rec.argc)
+		ret = clone_fail(c, -EINVAL, c->p.path, "records no QEMU command line to clone");
 	/*
 	 * The service hands the file over as /proc/self/fd/N, read through
 	 * that path only: QEMU must not inherit N.
@@ -265,485 +197,29 @@ static int check_file(struct qclone *c)
 	return ret;
 }
 
-/* --- the command line: a machine of its own ------------------------------ */
-
-static int set_arg(struct hq_argv *a, int i, char *s)
-{
-	if (!s)
-		return -ENOMEM;
-	free(a->argv[i]);
-	a->argv[i] = s;
-	return 0;
-}
-
-/* "DIR/NAME" (malloc'd). */
-static char *in_dir(const struct qclone *c, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
-static char *in_dir(const struct qclone *c, const char *fmt, ...)
-{
-	char name[128], *s;
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(name, sizeof(name), fmt, ap);
-	va_end(ap);
-	return asprintf(&s, "%s/%s", c->dir, name) < 0 ? NULL : s;
-}
-
-static int new_mac(struct qclone *c, char *out)
-{
-	uint8_t b[3];
-
-	if (getrandom(b, sizeof(b), 0) != sizeof(b))
-		return fail(c, -errno, "getrandom", strerror(errno));
-	/* QEMU's own prefix (52:54:00, locally administered). */
-	snprintf(out, 18, "52:54:00:%02x:%02x:%02x", b[0], b[1], b[2]);
-	if (c->nmacs < MAX_NICS)
-		memcpy(c->macs[c->nmacs++], out, 18);
-	return 0;
-}
-
-/* @kv gets mac=NEW (replacing any). */
-static int kv_new_mac(struct qclone *c, struct hq_kvs *kv)
-{
-	char mac[18];
-	int ret = new_mac(c, mac);
-
-	if (ret)
-		return ret;
-	hq_kvs_del(kv, "mac");
-	return hq_kvs_add(kv, "mac", mac);
-}
-
-/* "unix:PATH[,opts]" with PATH in the clone's dir; others unchanged (NULL). */
-static char *unix_chardev(struct qclone *c, const char *arg, const char *name, char *first,
-			  size_t flen)
-{
-	const char *opts;
-	char *path, *s;
-
-	if (strncmp(arg, "unix:", 5))
-		return NULL;
-	opts = strchr(arg, ',');
-	path = in_dir(c, "%s", name);
-	if (!path || asprintf(&s, "unix:%s%s", path, opts ? opts : "") < 0)
-		s = NULL;
-	if (s && first && !first[0])
-		snprintf(first, flen, "%s", path);
-	free(path);
-	return s;
-}
-
-/* One -object: the RAM's backend becomes the template file, mapped privately. */
-static int ram_backend(struct qclone *c, const char *id, const char *size, char **out)
-{
-	return asprintf(out, "memory-backend-file,id=%s,size=%s,mem-path=%s,share=off", id, size,
-			c->mem_file) < 0 ? -ENOMEM : 0;
-}
-
-/*
- * The recorded line (replayed: no -S, -incoming, ...) in @a made this
- * clone's. Refuses what it cannot make its own: more than one memory
- * backend in use, NUMA.
- */
-static int rewrite_cmdline(struct qclone *c, struct hq_argv *a)
-{
-	struct hq_opt *o = NULL;
-	int n = 0, ret, nserial = 0, nmon = 0, nchar = 0;
-	char ram_id[128] = "", msize[64] = "";
-	bool ram_done = false;
-
-	ret = hq_opts_parse(a->argv + 1, a->argc - 1, &o, &n, c->err, sizeof(c->err));
-	if (ret)
-		return ret;
-	/* First pass: which backend is the RAM, and -m's size. */
-	for (int i = 0; i < n; i++) {
-		struct hq_kvs kv = { 0 };
-
-		if (!o[i].arg)
-			continue;
-		if (!strcmp(o[i].name, "machine") || !strcmp(o[i].name, "M")) {
-			if (hq_kvs_split(o[i].arg, "type", &kv))
-				continue;
-			if (hq_kvs_get(&kv, "memory-backend"))
-				snprintf(ram_id, sizeof(ram_id), "%s", hq_kvs_get(&kv, "memory-backend"));
-		} else if (!strcmp(o[i].name, "m")) {
-			if (hq_kvs_split(o[i].arg, "size", &kv))
-				continue;
-			if (hq_kvs_get(&kv, "size"))
-				snprintf(msize, sizeof(msize), "%s", hq_kvs_get(&kv, "size"));
-		} else if (!strcmp(o[i].name, "numa")) {
-			free(o);
-			return fail(c, -HALITE_E_UNSUPPORTED, "cloning a NUMA guest (-numa)",
-				    "one memory backend only");
-		}
-		hq_kvs_free(&kv);
-	}
-	for (int i = 0; i < n && !ret; i++) {
-		int ai = 1 + o[i].index + 1; /* the argument's index in @a */
-		const char *name = o[i].name;
-		struct hq_kvs kv = { 0 };
-		char *s = NULL;
-
-		if (!o[i].arg)
-			continue;
-		if (!strcmp(name, "object")) {
-			const char *t, *id;
-
-			if (hq_kvs_split(o[i].arg, "qom-type", &kv))
-				continue;
-			t = hq_kvs_get(&kv, "qom-type");
-			id = hq_kvs_get(&kv, "id");
-			if (t && !strncmp(t, "memory-backend-", 15)) {
-				if (!id || strcmp(id, ram_id)) {
-					ret = fail(c, -HALITE_E_UNSUPPORTED, "cloning a guest with a "
-						   "second memory backend", id ? id : "(no id)");
-				} else {
-					const char *sz = hq_kvs_get(&kv, "size");
-
-					ret = ram_backend(c, id, sz ? sz : msize, &s);
-					if (!ret)
-						ret = set_arg(a, ai, s);
-					ram_done = true;
-				}
-			}
-		} else if (!strcmp(name, "qmp") || !strcmp(name, "qmp-pretty") ||
-			   !strcmp(name, "monitor")) {
-			char nm[32];
-
-			snprintf(nm, sizeof(nm), "%s%d.sock", name, nmon++);
-			s = unix_chardev(c, o[i].arg, nm, name[0] == 'q' ? c->user_qmp : NULL,
-					 sizeof(c->user_qmp));
-			if (s)
-				ret = set_arg(a, ai, s);
-		} else if (!strcmp(name, "serial")) {
-			char nm[32];
-
-			if (!strncmp(o[i].arg, "file:", 5)) {
-				s = in_dir(c, "serial%d.log", nserial);
-				if (s && !c->serial[0])
-					snprintf(c->serial, sizeof(c->serial), "%s", s);
-				char *t = NULL;
-
-				if (s && asprintf(&t, "file:%s", s) < 0)
-					t = NULL;
-				free(s);
-				ret = set_arg(a, ai, t);
-			} else {
-				snprintf(nm, sizeof(nm), "serial%d.sock", nserial);
-				s = unix_chardev(c, o[i].arg, nm, NULL, 0);
-				if (s)
-					ret = set_arg(a, ai, s);
-			}
-			nserial++;
-		} else if (!strcmp(name, "chardev")) {
-			const char *be, *id;
-
-			if (hq_kvs_split(o[i].arg, "backend", &kv))
-				continue;
-			be = hq_kvs_get(&kv, "backend");
-			id = hq_kvs_get(&kv, "id");
-			if (be && hq_kvs_get(&kv, "path") && (!strcmp(be, "socket") ||
-							      !strcmp(be, "file"))) {
-				char *p = in_dir(c, "chardev%d-%.40s.%s", nchar++, id ? id : "",
-						 be[0] == 's' ? "sock" : "log");
-
-				hq_kvs_del(&kv, "path");
-				ret = p ? hq_kvs_add(&kv, "path", p) : -ENOMEM;
-				free(p);
-				if (!ret)
-					ret = set_arg(a, ai, hq_kvs_join(&kv, "backend"));
-			}
-		} else if (!strcmp(name, "pidfile")) {
-			ret = set_arg(a, ai, in_dir(c, "qemu.pid"));
-		} else if (!strcmp(name, "D")) {
-			ret = set_arg(a, ai, in_dir(c, "qemu-debug.log"));
-		} else if (!strcmp(name, "nic") || !strcmp(name, "net")) {
-			if (hq_kvs_split(o[i].arg, "type", &kv))
-				continue;
-			if (!strcmp(name, "nic") || (hq_kvs_get(&kv, "type") &&
-						     !strcmp(hq_kvs_get(&kv, "type"), "nic"))) {
-				ret = kv_new_mac(c, &kv);
-				if (!ret)
-					ret = set_arg(a, ai, hq_kvs_join(&kv, "type"));
-			}
-		} else if (!strcmp(name, "device")) {
-			const char *drv;
-
-			if (hq_kvs_split(o[i].arg, "driver", &kv))
-				continue;
-			drv = hq_kvs_get(&kv, "driver");
-			if (hq_kvs_has(&kv, "netdev")) {
-				ret = kv_new_mac(c, &kv);
-				if (!ret)
-					ret = set_arg(a, ai, hq_kvs_join(&kv, "driver"));
-			} else if (drv && !strcmp(drv, "vmgenid")) {
-				/* A new generation id: the guest reseeds its RNG. */
-				hq_kvs_del(&kv, "guid");
-				ret = hq_kvs_add(&kv, "guid", "auto");
-				if (!ret)
-					ret = set_arg(a, ai, hq_kvs_join(&kv, "driver"));
-			}
-		}
-		hq_kvs_free(&kv);
-	}
-	free(o);
-	if (ret)
-		return ret;
-	if (!ram_done) {
-		/* -m alone: QEMU's default RAM ("pc.ram") as the template file. */
-		char *obj = NULL;
-
-		if (!msize[0])
-			return fail(c, -HALITE_E_UNSUPPORTED, "cloning a guest without -m", NULL);
-		if (ram_id[0])
-			return fail(c, -EINVAL, "the recorded -machine memory-backend has no -object",
-				    ram_id);
-		ret = ram_backend(c, "pc.ram", msize, &obj);
-		if (!ret)
-			ret = hq_argv_push(a, "-object");
-		if (!ret)
-			ret = hq_argv_push_own(a, obj);
-		else
-			free(obj);
-		if (!ret)
-			ret = hq_argv_push(a, "-machine");
-		if (!ret)
-			ret = hq_argv_push(a, "memory-backend=pc.ram");
-	}
-	return ret;
-}
-
-/* A port the kernel gives now for @w's protocol and address. */
-static int free_port(const struct hq_fwd *w, uint16_t *port)
-{
-	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = w->host_addr };
-	socklen_t len = sizeof(sa);
-	int fd = socket(AF_INET, (w->udp ? SOCK_DGRAM : SOCK_STREAM) | SOCK_CLOEXEC, 0);
-	int ret = 0;
-
-	if (fd < 0)
-		return -errno;
-	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) ||
-	    getsockname(fd, (struct sockaddr *)&sa, &len))
-		ret = -errno;
-	close(fd);
-	*port = ntohs(sa.sin_port);
-	return ret;
-}
-
-/* Each forward on a host port of its own: "tcp:ADDR:OLD-..." -> "tcp:ADDR:NEW-...". */
-static int new_ports(struct qclone *c)
-{
-	for (int i = 0; i < c->cfg.fwds.n; i++) {
-		struct hq_fwd *w = &c->cfg.fwds.v[i];
-		char *dash = strchr(w->rule, '-'), *colon, rule[sizeof(w->rule)];
-		uint16_t port = 0;
-		int ret;
-
-		if (!dash)
-			return fail(c, -EINVAL, "hostfwd rule", w->rule);
-		*dash = '\0';
-		colon = strrchr(w->rule, ':');
-		*dash = '-';
-		if (!colon)
-			return fail(c, -EINVAL, "hostfwd rule", w->rule);
-		ret = free_port(w, &port);
-		if (ret)
-			return fail(c, ret, "a free host port", strerror(-ret));
-		snprintf(rule, sizeof(rule), "%.*s:%u%s", (int)(colon - w->rule), w->rule, port,
-			 dash);
-		memcpy(w->rule, rule, sizeof(rule));
-		w->host_port = port;
-	}
-	return 0;
-}
-
-/* --qemu-binary: absolute, an executable file (the service's configuration says which). */
-static int check_qemu_binary(struct qclone *c)
-{
-	const char *b = c->p.qemu_binary;
-	struct stat st;
-
-	if (b[0] != '/')
-		return fail(c, -EINVAL, "--qemu-binary: an absolute path please", b);
-	if (stat(b, &st) || !S_ISREG(st.st_mode) || access(b, X_OK))
-		return fail(c, -EINVAL, "--qemu-binary: not an executable file", b);
-	return 0;
-}
-
-/* --run-as: a user name or uid that is not root, as "UID:GID" for QEMU's -runas. */
-static int resolve_run_as(struct qclone *c)
-{
-	const char *u = c->p.run_as;
-	struct passwd *pw = getpwnam(u);
-	char *end;
-
-	if (!pw) {
-		unsigned long id;
-
-		errno = 0;
-		id = strtoul(u, &end, 10);
-		if (*u < '0' || *u > '9' || *end || errno || id > (uid_t)-2)
-			return fail(c, -EINVAL, "--run-as: no such user", u);
-		pw = getpwuid((uid_t)id);
-		c->run_uid = (uid_t)id;
-		c->run_gid = pw ? pw->pw_gid : (gid_t)id;
-	} else {
-		c->run_uid = pw->pw_uid;
-		c->run_gid = pw->pw_gid;
-	}
-	if (!c->run_uid || !c->run_gid)
-		return fail(c, -EINVAL, "--run-as: QEMU would run as root (uid or gid 0); name an "
-			    "unprivileged user", u);
-	snprintf(c->runas, sizeof(c->runas), "%u:%u", (unsigned)c->run_uid, (unsigned)c->run_gid);
-	return 0;
-}
-
-static void policy_of(const struct qclone *c, struct hq_clone_policy *pol)
-{
-	*pol = (struct hq_clone_policy){ .sz = sizeof(*pol), .allow_dirs = c->p.allow_dirs,
-					 .nallow_dirs = c->p.nallow_dirs, .disks = c->disks,
-					 .cwd = c->cfg.rec_cwd };
-}
-
-/*
- * The recorded line, as the file's writer gave it, against what a clone may
- * use (clone_policy.c), before anything of it runs: the binary (unless
- * --qemu-binary or $HALITE_QEMU says which), then every option. The frozen
- * disks are parsed here: they are the only images a -drive may name.
- */
-static int check_policy(struct qclone *c)
-{
-	struct hq_clone_policy pol;
-	const char *env = getenv("HALITE_QEMU");
-	int ret;
-
-	if (c->cfg.rec_disks) {
-		c->disks = calloc(1, sizeof(*c->disks));
-		if (!c->disks)
-			return fail(c, -ENOMEM, "out of memory", NULL);
-		ret = hq_disks_parse(c->cfg.rec_disks, c->disks, c->err, sizeof(c->err));
-		if (ret)
-			return ret;
-	}
-	if (!c->p.qemu_binary && !(env && *env)) {
-		ret = hq_clone_check_binary(c->cfg.rec.argv[0], c->err, sizeof(c->err));
-		if (ret)
-			return ret;
-	}
-	policy_of(c, &pol);
-	ret = hq_clone_policy_check(c->cfg.rec.argv, c->cfg.rec.argc, &pol, c->err,
-				    sizeof(c->err));
-	if (ret && !c->err[0])
-		fail(c, ret, "checking the recorded command line", strerror(-ret));
-	return ret;
-}
-
-/*
- * QEMU's own confinement, added last: the seccomp sandbox always, -runas
- * with --run-as. QEMU 7.2 installs its filter before -runas's setgid and
- * setuid (os_setup_post), so elevateprivileges=deny kills it there
- * (SIGSYS, checked by hand): with --run-as it stays allowed. Once every uid
- * and gid is the user's, with no_new_privs set and exec denied, there is no
- * privilege left to take back.
- */
-static int add_confinement(struct qclone *c)
-{
-	struct hq_argv *a = &c->cfg.run;
-	int ret;
-
-	ret = hq_argv_push(a, "-sandbox");
-	if (!ret)
-		ret = hq_argv_push(a, c->runas[0] ?
-				   "on,obsolete=deny,elevateprivileges=allow,spawn=deny,"
-				   "resourcecontrol=deny" :
-				   "on,obsolete=deny,elevateprivileges=deny,spawn=deny,"
-				   "resourcecontrol=deny");
-	if (!ret && c->runas[0])
-		ret = hq_argv_push(a, "-runas");
-	if (!ret && c->runas[0])
-		ret = hq_argv_push(a, c->runas);
-	return ret;
-}
-
-static int prepare_cmdline(struct qclone *c)
-{
-	struct hq_clone_policy pol;
-	int ret;
-
-	ret = check_policy(c);
-	if (ret)
-		return ret;
-	ret = hq_cmdline_replay(c->cfg.rec.argv, c->cfg.rec.argc, &c->cfg.user,
-				&c->cfg.replay_flags);
-	if (ret)
-		return fail(c, ret, "replaying the recorded command line", strerror(-ret));
-	c->cfg.replayed = true;
-	c->cfg.cwd = c->cfg.rec_cwd;
-	if (c->p.qemu_binary)
-		ret = set_arg(&c->cfg.user, 0, strdup(c->p.qemu_binary));
-	else if (getenv("HALITE_QEMU") && *getenv("HALITE_QEMU"))
-		ret = set_arg(&c->cfg.user, 0, strdup(getenv("HALITE_QEMU")));
-	if (!ret)
-		ret = rewrite_cmdline(c, &c->cfg.user);
-	if (!ret) {
-		policy_of(c, &pol);
-		ret = hq_clone_open_paths(&c->cfg.user, &pol, c->host_fds, MAX_HOST_FILES,
-					  &c->nhost_fds, c->err, sizeof(c->err));
-	}
-	if (!ret)
-		ret = hq_argv_copy(&c->cfg.run, c->cfg.user.argv, c->cfg.user.argc);
-	if (!ret)
-		ret = hq_fwd_take_out(&c->cfg.run, &c->cfg.fwds, c->err, sizeof(c->err));
-	if (!ret)
-		ret = new_ports(c);
-	if (!ret)
-		ret = add_confinement(c);
-	/*
-	 * Not hq_cmdline_check_host(): its sockets are in the clone's own
-	 * directory, and its memory file is the template's, which the service
-	 * and every other clone map by design.
-	 */
-	if (ret && !c->err[0])
-		fail(c, ret, "QEMU's command line", strerror(-ret));
-	return ret;
-}
-
 /* The frozen disks, each on a new overlay in --disk-dir (or the clone's dir). */
 static int prepare_disks(struct qclone *c)
 {
 	const char *base = strrchr(c->dir, '/') ? strrchr(c->dir, '/') + 1 : c->dir;
 	char tag[128];
-	int ret, frozen = 0;
 
-	if (!c->cfg.rec_disks || !c->disks)
+	if (!c->b.cfg.rec_disks || !c->b.disks)
 		return 0; /* parsed by check_policy() */
-	for (int i = 0; i < c->disks->n; i++)
-		frozen += c->disks->d[i].frozen;
-	if (!frozen) {
-		if (hq_disks_writable(c->disks))
-			return fail(c, -HALITE_E_UNSUPPORTED, "the snapshot was saved with "
+	if (!hq_bring_frozen(&c->b)) {
+		if (hq_disks_writable(c->b.disks))
+			return clone_fail(c, -HALITE_E_UNSUPPORTED, "the snapshot was saved with "
 				    "--no-disks", "clones would share its writable disks");
 		return 0;
 	}
-	ret = hq_disks_check_frozen(c->disks, c->err, sizeof(c->err));
-	if (ret)
-		return ret;
 	snprintf(tag, sizeof(tag), "clone-%.100s", base);
-	ret = hq_disks_make_overlays(c->disks, c->p.disk_dir ? c->p.disk_dir : c->dir, tag,
-				     c->err, sizeof(c->err));
-	if (ret)
-		return ret;
-	c->ndisks = frozen;
-	return hq_disks_rewrite(c->disks, &c->cfg.run, c->cfg.cwd, c->err, sizeof(c->err));
+	return hq_bring_disks(&c->b, c->p.disk_dir ? c->p.disk_dir : c->dir, tag);
 }
 
 /* --- QEMU ----------------------------------------------------------------- */
 
 static int spawn_qemu(struct qclone *c)
 {
-	struct hq_spawn s = { .cfg = &c->cfg, .qmp = c->qmp, .log_mode = 0640,
+	struct hq_spawn s = { .cfg = &c->b.cfg, .qmp = c->qmp, .log_mode = 0640,
 			      .die_with_us = true };
 	char log[PATH_MAX + 16];
 	int ret;
@@ -759,9 +235,9 @@ static int spawn_qemu(struct qclone *c)
 	if (c->runas[0]) {
 		c->devuffd = open("/dev/userfaultfd", O_RDWR);
 		if (c->devuffd < 0 && errno != ENOENT)
-			return fail(c, -errno, "/dev/userfaultfd", strerror(errno));
+			return clone_fail(c, -errno, "/dev/userfaultfd", strerror(errno));
 	}
-	ret = hq_qemu_spawn(&s, &c->qemu, c->err, sizeof(c->err));
+	ret = hq_bring_spawn(&c->b, &s);
 	/* QEMU has its copies (same numbers); ours are done. */
 	for (int i = 0; i < c->nhost_fds; i++)
 		close(c->host_fds[i]);
@@ -770,9 +246,9 @@ static int spawn_qemu(struct qclone *c)
 	if (ret)
 		return ret;
 	/* Watched while serving: QEMU's exit ends this process. */
-	c->qemu_pidfd = (int)syscall(SYS_pidfd_open, c->qemu, 0);
+	c->qemu_pidfd = (int)syscall(SYS_pidfd_open, c->b.qemu, 0);
 	if (c->qemu_pidfd < 0)
-		return fail(c, -errno, "pidfd_open", strerror(errno));
+		return clone_fail(c, -errno, "pidfd_open", strerror(errno));
 	return 0;
 }
 
@@ -781,72 +257,30 @@ static int attach_qemu(struct qclone *c)
 	char see[PATH_MAX + 16];
 
 	snprintf(see, sizeof(see), "%.1000s/qemu.log", c->dir);
-	return hq_qemu_attach(&c->vm, &c->qemu, c->qmp, QMP_START_TIMEOUT_MS, 20000, see, NULL,
-			      NULL, c->err, sizeof(c->err));
+	return hq_bring_attach(&c->b, c->qmp, QMP_START_TIMEOUT_MS, 20000, see, NULL, NULL);
 }
 
 /*
  * QEMU is the file's machine, its RAM the file's guest RAM (same pieces,
  * names as the file has them), device RAM blocks of the same sizes.
+ * QEMU punches a discarded range out of a memory-backend-file's file even
+ * when it maps it privately (ram_block_discard_range): one clone's balloon
+ * would wipe the template every clone maps.
  */
 static int check_vm(struct qclone *c)
 {
-	uint32_t file_ram = 0;
-	char st[32];
-	int ret;
+	int ret = hq_bring_check_incoming(&c->b);
 
-	ret = hq_vm_status(&c->vm, st, sizeof(st));
-	if (ret)
-		return fail(c, ret, c->vm.err, NULL);
-	if (strcmp(st, "inmigrate"))
-		return fail(c, -HALITE_E_STATE, "QEMU is not waiting for an incoming state", st);
-	if (strcmp(c->vm.machine, c->f.machine))
-		return fail(c, -EINVAL, "QEMU's machine type is not the file's", c->vm.machine);
-	if (c->f.vcpus && c->f.vcpus != c->vm.nvcpus)
-		return fail(c, -EINVAL, "QEMU's vCPU count is not the file's", NULL);
-	ret = hq_config_check_devices(&c->cfg, c->vm.qmp, c->p.path, c->err, sizeof(c->err));
+	if (!ret)
+		ret = hq_bring_check_machine(&c->b);
 	if (ret)
 		return ret;
-	if (c->ndisks) {
-		ret = hq_disks_verify(&c->vm, c->disks, c->err, sizeof(c->err));
-		if (ret)
-			return ret;
-	}
-	/*
-	 * QEMU punches a discarded range out of a memory-backend-file's file even
-	 * when it maps it privately (ram_block_discard_range): one clone's
-	 * balloon would wipe the template every clone maps.
-	 */
-	if (hq_vm_discard_device(&c->vm))
-		return fail(c, -HALITE_E_UNSUPPORTED, "cloning a guest with a device that gives "
+	if (hq_vm_discard_device(&c->b.vm))
+		return clone_fail(c, -HALITE_E_UNSUPPORTED, "cloning a guest with a device that gives "
 			    "memory back (its discards would punch the shared template file)",
-			    hq_vm_discard_device(&c->vm));
-	c->vm.ram_find_only = true; /* a private file mapping: nothing to open */
-	ret = hq_vm_ram(&c->vm);
-	if (ret)
-		return fail(c, ret, c->vm.err, NULL);
-	for (uint32_t i = 0; i < c->f.nregions; i++) {
-		const struct halite_region_info *f = &c->f.regions[i];
-		uint32_t k;
-
-		if (c->f.devram_of[i])
-			continue;
-		file_ram++;
-		for (k = 0; k < c->vm.nregions; k++)
-			if (!strcmp(c->vm.regions[k].name, f->name) ||
-			    (c->vm.regions[k].gpa == f->gpa && c->vm.regions[k].length == f->length))
-				break;
-		if (k == c->vm.nregions || c->vm.regions[k].length != f->length)
-			return fail(c, -EINVAL, "the file's guest RAM has no counterpart of its "
-				    "size in the clone's QEMU", f->name);
-		/* the name the template knows it by (a backend renamed: pc.ram for mem0) */
-		if (strlen(f->name) >= sizeof(c->vm.regions[k].name))
-			return fail(c, -EINVAL, "the file's RAM region name is too long", f->name);
-		memcpy(c->vm.regions[k].name, f->name, strlen(f->name) + 1);
-	}
-	if (file_ram != c->vm.nregions)
-		return fail(c, -EINVAL, "the clone's QEMU has other guest RAM than the file", NULL);
-	return hq_qemu_check_devram(&c->vm, &c->f, c->err, sizeof(c->err));
+			    hq_vm_discard_device(&c->b.vm));
+	c->b.vm.ram_find_only = true; /* a private file mapping: nothing to open */
+	return hq_bring_find_ram(&c->b);
 }
 
 /* A system call inside QEMU (ptrace); its result, or < 0 with c->err. */
@@ -854,12 +288,12 @@ static long in_qemu(struct qclone *c, long nr, long a0, long a1, long a2, const 
 {
 	long args[6] = { a0, a1, a2 }, res = 0;
 	char err[512];
-	int ret = hq_inject_one(c->vm.pid, nr, args, &res, err, sizeof(err));
+	int ret = hq_inject_one(c->b.vm.pid, nr, args, &res, err, sizeof(err));
 
 	if (ret)
-		return fail(c, ret, what, err);
+		return clone_fail(c, ret, what, err);
 	if (res < 0)
-		return fail(c, (int)res, what, strerror((int)-res));
+		return clone_fail(c, (int)res, what, strerror((int)-res));
 	return res;
 }
 
@@ -874,8 +308,8 @@ static int uffd_in_qemu(struct qclone *c)
 	long fd;
 
 	if (!c->runas[0] || c->devuffd < 0) {
-		c->uffd = hq_vm_uffd(&c->vm, &c->remote_uffd);
-		return c->uffd < 0 ? fail(c, c->uffd, c->vm.err, NULL) : 0;
+		c->uffd = hq_vm_uffd(&c->b.vm, &c->remote_uffd);
+		return c->uffd < 0 ? clone_fail(c, c->uffd, c->b.vm.err, NULL) : 0;
 	}
 	fd = in_qemu(c, SYS_ioctl, c->devuffd, (long)USERFAULTFD_IOC_NEW, O_CLOEXEC | O_NONBLOCK,
 		     "USERFAULTFD_IOC_NEW inside QEMU");
@@ -885,7 +319,7 @@ static int uffd_in_qemu(struct qclone *c)
 		return -EIO;
 	c->devuffd = -1;
 	c->remote_uffd = (int)fd;
-	c->uffd = hq_fd_from_process(c->vm.pid, (int)fd, c->err, sizeof(c->err));
+	c->uffd = hq_fd_from_process(c->b.vm.pid, (int)fd, c->err, sizeof(c->err));
 	return c->uffd < 0 ? c->uffd : 0;
 }
 
@@ -898,29 +332,16 @@ static int uffd_in_qemu(struct qclone *c)
  */
 static int drop_qemu_fds(struct qclone *c)
 {
-	char dir[64], path[64 + 256], link[PATH_MAX];
-	struct dirent *e;
-	int fds[64], n = 0;
-	DIR *d;
+	int fds[64], n;
 
-	snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)c->vm.pid);
-	d = opendir(dir);
-	if (!d)
-		return fail(c, -errno, dir, strerror(errno));
-	while ((e = readdir(d)) && n < 64) {
-		ssize_t k;
+	n = hq_proc_fds_to(c->b.vm.pid, c->mem_file, fds, 64);
+	if (n < 0) {
+		char dir[64];
 
-		if (e->d_name[0] == '.')
-			continue;
-		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-		k = readlink(path, link, sizeof(link) - 1);
-		if (k <= 0)
-			continue;
-		link[k] = '\0';
-		if (!strcmp(link, c->mem_file))
-			fds[n++] = atoi(e->d_name);
+		snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)c->b.vm.pid);
+		return clone_fail(c, n, dir, strerror(-n));
 	}
-	closedir(d);
+	n = n < 64 ? n : 64;
 	for (int i = 0; i < c->nhost_fds && n < 64; i++)
 		fds[n++] = c->host_fds[i];
 	for (int i = 0; i < n; i++) {
@@ -930,18 +351,6 @@ static int drop_qemu_fds(struct qclone *c)
 		if (r < 0 && r != -EBADF)
 			return (int)r;
 		c->err[0] = '\0';
-	}
-	return 0;
-}
-
-/* Nothing QEMU wrote or mapped while starting stays: the file's pages come through the session. */
-static int empty_ram(struct qclone *c)
-{
-	for (uint32_t i = 0; i < c->vm.nregions; i++) {
-		int ret = hq_qemu_drop_region(&c->vm, &c->vm.regions[i], c->err, sizeof(c->err));
-
-		if (ret)
-			return ret;
 	}
 	return 0;
 }
@@ -960,29 +369,20 @@ static int load_devices(struct qclone *c)
 	 */
 	if (c->runas[0]) {
 		if (!mkdtemp(tmp))
-			return fail(c, -errno, "a directory for the incoming socket", strerror(errno));
+			return clone_fail(c, -errno, "a directory for the incoming socket", strerror(errno));
 		if (chown(tmp, c->run_uid, c->run_gid)) {
-			ret = fail(c, -errno, tmp, strerror(errno));
+			ret = clone_fail(c, -errno, tmp, strerror(errno));
 			rmdir(tmp);
 			return ret;
 		}
 		dir = tmp;
 	}
-	ret = hq_qemu_load_devices(&c->vm, dir, c->f.dev, c->f.devlen, LOAD_TIMEOUT_MS, NULL, NULL,
-				   "(see its qemu.log)", c->err, sizeof(c->err));
+	ret = hq_bring_load_devices(&c->b, dir, LOAD_TIMEOUT_MS, NULL, NULL, "(see its qemu.log)");
 	snprintf(sock, sizeof(sock), "%s/in.sock", dir);
 	unlink(sock);
 	if (dir != c->dir)
 		rmdir(dir);
 	return ret;
-}
-
-/* The file's video memory over its block, where the guest sees it once loaded. */
-static int write_device_ram(struct qclone *c)
-{
-	uint64_t n;
-
-	return hq_qemu_write_devram(&c->vm, &c->f, &n, c->err, sizeof(c->err));
 }
 
 static int setup(struct qclone *c)
@@ -991,10 +391,10 @@ static int setup(struct qclone *c)
 	int ret;
 
 	if (!realpath(c->p.mem_file, c->mem_file))
-		return fail(c, -errno, c->p.mem_file, strerror(errno));
+		return clone_fail(c, -errno, c->p.mem_file, strerror(errno));
 	/* QEMU's mem-path and its option syntax: a comma would split it. */
 	if (strchr(c->mem_file, ','))
-		return fail(c, -EINVAL, "--mem-file: a path without commas please", c->mem_file);
+		return clone_fail(c, -EINVAL, "--mem-file: a path without commas please", c->mem_file);
 	if (c->p.dir) {
 		snprintf(c->dir, sizeof(c->dir), "%s", c->p.dir);
 	} else {
@@ -1009,20 +409,20 @@ static int setup(struct qclone *c)
 		char abs[PATH_MAX];
 
 		if (!realpath(c->dir, abs))
-			return fail(c, -errno, c->dir, strerror(errno));
+			return clone_fail(c, -errno, c->dir, strerror(errno));
 		snprintf(c->dir, sizeof(c->dir), "%s", abs);
 	}
 	if (c->p.qmp)
 		snprintf(c->qmp, sizeof(c->qmp), "%s", c->p.qmp);
 	else
 		snprintf(c->qmp, sizeof(c->qmp), "%s/halite-qmp.sock", c->dir);
-	ret = c->p.qemu_binary ? check_qemu_binary(c) : 0;
+	ret = c->p.qemu_binary ? clone_check_qemu_binary(c) : 0;
 	if (!ret && c->p.run_as)
-		ret = resolve_run_as(c);
+		ret = clone_resolve_run_as(c);
 	if (!ret)
 		ret = check_file(c);
 	if (!ret)
-		ret = prepare_cmdline(c);
+		ret = clone_prepare_cmdline(c);
 	if (!ret)
 		ret = prepare_disks(c);
 	if (!ret)
@@ -1032,7 +432,7 @@ static int setup(struct qclone *c)
 	if (!ret)
 		ret = check_vm(c);
 	if (!ret)
-		ret = empty_ram(c);
+		ret = hq_bring_empty_ram(&c->b);
 	if (!ret)
 		ret = uffd_in_qemu(c);
 	if (!ret)
@@ -1048,26 +448,26 @@ static cJSON *cmd_info(struct qclone *c)
 {
 	cJSON *r = cJSON_CreateObject(), *a;
 	char host[32];
-	const struct hq_region *g = &c->vm.regions[0];
+	const struct hq_region *g = &c->b.vm.regions[0];
 
 	if (!r)
 		return NULL;
 	snprintf(host, sizeof(host), "0x%" PRIx64, g->host);
-	cJSON_AddNumberToObject(r, "pid", (double)c->vm.pid);
+	cJSON_AddNumberToObject(r, "pid", (double)c->b.vm.pid);
 	cJSON_AddStringToObject(r, "host", host);
 	cJSON_AddNumberToObject(r, "mem_bytes", (double)g->length);
 	cJSON_AddStringToObject(r, "region", g->name);
 	cJSON_AddNumberToObject(r, "offset", (double)g->offset);
-	cJSON_AddNumberToObject(r, "nvcpus", c->vm.nvcpus);
+	cJSON_AddNumberToObject(r, "nvcpus", c->b.vm.nvcpus);
 	a = cJSON_AddArrayToObject(r, "vcpu_tids");
-	for (uint32_t v = 0; a && v < c->vm.nvcpus; v++)
-		cJSON_AddItemToArray(a, cJSON_CreateNumber(c->vm.vcpu_tids[v]));
-	if (c->vm.nregions > 1) {
+	for (uint32_t v = 0; a && v < c->b.vm.nvcpus; v++)
+		cJSON_AddItemToArray(a, cJSON_CreateNumber(c->b.vm.vcpu_tids[v]));
+	if (c->b.vm.nregions > 1) {
 		a = cJSON_AddArrayToObject(r, "regions");
-		for (uint32_t i = 0; a && i < c->vm.nregions; i++) {
+		for (uint32_t i = 0; a && i < c->b.vm.nregions; i++) {
 			cJSON *o = cJSON_CreateObject();
 
-			g = &c->vm.regions[i];
+			g = &c->b.vm.regions[i];
 			snprintf(host, sizeof(host), "0x%" PRIx64, g->host);
 			cJSON_AddStringToObject(o, "name", g->name);
 			cJSON_AddStringToObject(o, "host", host);
@@ -1078,11 +478,11 @@ static cJSON *cmd_info(struct qclone *c)
 	}
 	cJSON_AddStringToObject(r, "state", state_names[c->state]);
 	a = cJSON_AddArrayToObject(r, "forwards");
-	for (int i = 0; a && i < c->cfg.fwds.n; i++) {
+	for (int i = 0; a && i < c->b.cfg.fwds.n; i++) {
 		cJSON *o = cJSON_CreateObject();
 
-		cJSON_AddStringToObject(o, "rule", c->cfg.fwds.v[i].rule);
-		cJSON_AddNumberToObject(o, "host_port", c->cfg.fwds.v[i].host_port);
+		cJSON_AddStringToObject(o, "rule", c->b.cfg.fwds.v[i].rule);
+		cJSON_AddNumberToObject(o, "host_port", c->b.cfg.fwds.v[i].host_port);
 		cJSON_AddItemToArray(a, o);
 	}
 	a = cJSON_AddArrayToObject(r, "macs");
@@ -1091,30 +491,32 @@ static cJSON *cmd_info(struct qclone *c)
 	cJSON_AddStringToObject(r, "qmp", c->user_qmp);
 	cJSON_AddStringToObject(r, "serial", c->serial);
 	a = cJSON_AddArrayToObject(r, "disks");
-	for (int i = 0; a && c->disks && i < c->disks->n; i++)
-		if (c->disks->d[i].frozen)
-			cJSON_AddItemToArray(a, cJSON_CreateString(c->disks->d[i].overlay));
+	for (int i = 0; a && c->b.disks && i < c->b.disks->n; i++)
+		if (c->b.disks->d[i].frozen)
+			cJSON_AddItemToArray(a, cJSON_CreateString(c->b.disks->d[i].overlay));
 	return r;
 }
 
 static cJSON *cmd_start(struct qclone *c)
 {
+	uint64_t written;
 	int ret;
 
 	if (c->state != QC_CREATED)
 		return clone_srv_error("start: already started (resume to run a paused guest)");
 	c->err[0] = '\0';
 	ret = load_devices(c);
+	/* The file's video memory over its block, where the guest sees it once loaded. */
 	if (!ret)
-		ret = write_device_ram(c);
+		ret = hq_bring_write_devram(&c->b, &written);
 	if (!ret) {
-		ret = hq_config_forward(&c->cfg, c->vm.qmp, c->err, sizeof(c->err));
+		ret = hq_config_forward(&c->b.cfg, c->b.vm.qmp, c->err, sizeof(c->err));
 		ret = ret > 0 ? 0 : ret;
 	}
 	if (!ret) {
-		ret = hq_vm_settle(&c->vm, true, HQ_QMP_TIMEOUT_MS, NULL);
+		ret = hq_vm_settle(&c->b.vm, true, HQ_QMP_TIMEOUT_MS, NULL);
 		if (ret)
-			fail(c, ret, "resuming the guest", c->vm.err);
+			clone_fail(c, ret, "resuming the guest", c->b.vm.err);
 	}
 	if (ret)
 		return clone_srv_error("start: %s", c->err[0] ? c->err : halite_strerror(ret));
@@ -1128,9 +530,9 @@ static cJSON *cmd_runstate(struct qclone *c, bool run)
 
 	if (c->state == QC_CREATED)
 		return clone_srv_error("%s: not started", run ? "resume" : "pause");
-	ret = hq_vm_settle(&c->vm, run, HQ_QMP_TIMEOUT_MS, NULL);
+	ret = hq_vm_settle(&c->b.vm, run, HQ_QMP_TIMEOUT_MS, NULL);
 	if (ret)
-		return clone_srv_error("%s: %s", run ? "resume" : "pause", c->vm.err);
+		return clone_srv_error("%s: %s", run ? "resume" : "pause", c->b.vm.err);
 	c->state = run ? QC_RUNNING : QC_PAUSED;
 	return clone_srv_ok();
 }
@@ -1140,7 +542,7 @@ static cJSON *cmd_stats(struct qclone *c)
 	cJSON *r = cJSON_CreateObject();
 	char st[32] = "";
 
-	if (hq_vm_status(&c->vm, st, sizeof(st)))
+	if (hq_vm_status(&c->b.vm, st, sizeof(st)))
 		snprintf(st, sizeof(st), "unknown");
 	cJSON_AddStringToObject(r, "run_state", st);
 	cJSON_AddStringToObject(r, "state", state_names[c->state]);
@@ -1181,20 +583,20 @@ static int stop_qemu(struct qclone *c)
 {
 	int st = 0;
 
-	if (c->qemu <= 0)
+	if (c->b.qemu <= 0)
 		return 0;
-	if (c->vm.qmp && hq_qmp_usable(c->vm.qmp))
-		hq_qmp_call(c->vm.qmp, "quit", NULL, NULL, 2000);
+	if (c->b.vm.qmp && hq_qmp_usable(c->b.vm.qmp))
+		hq_qmp_call(c->b.vm.qmp, "quit", NULL, NULL, 2000);
 	for (int i = 0; i < 200; i++) {
-		if (waitpid(c->qemu, &st, WNOHANG) == c->qemu) {
-			c->qemu = 0;
+		if (waitpid(c->b.qemu, &st, WNOHANG) == c->b.qemu) {
+			c->b.qemu = 0;
 			return 0;
 		}
 		usleep(10000);
 	}
-	kill(c->qemu, SIGKILL);
-	waitpid(c->qemu, NULL, 0);
-	c->qemu = 0;
+	kill(c->b.qemu, SIGKILL);
+	waitpid(c->b.qemu, NULL, 0);
+	c->b.qemu = 0;
 	return -ETIMEDOUT;
 }
 
@@ -1211,9 +613,10 @@ int hq_cmd_clone(int argc, char **argv)
 		free(c);
 		return EXIT_USAGE;
 	}
+	c->b = (struct hq_bring){ .path = c->p.path, .err = c->err, .errlen = sizeof(c->err) };
 	c->uffd = c->remote_uffd = c->lfd = c->qemu_pidfd = c->devuffd = -1;
 	for (unsigned i = 0; i < HQ_MAX_REGIONS; i++)
-		c->vm.regions[i].fd = -1;
+		c->b.vm.regions[i].fd = -1;
 	/* The service that started us may go: we live on (and may lose our stdout). */
 	signal(SIGPIPE, SIG_IGN);
 	setsid();
@@ -1234,10 +637,10 @@ int hq_cmd_clone(int argc, char **argv)
 	if (ret < 0)
 		hq_errorf("clone: accept: %s", strerror(-ret));
 	if (!c->quit) {
-		if (c->qemu > 0 && waitpid(c->qemu, &st, WNOHANG) == c->qemu)
-			c->qemu = 0;
+		if (c->b.qemu > 0 && waitpid(c->b.qemu, &st, WNOHANG) == c->b.qemu)
+			c->b.qemu = 0;
 		if (ret > 0)
-			hq_errorf("clone: QEMU (pid %d) exited; see %s/qemu.log", (int)c->vm.pid,
+			hq_errorf("clone: QEMU (pid %d) exited; see %s/qemu.log", (int)c->b.vm.pid,
 				  c->dir);
 		code = EXIT_FAIL;
 	}
@@ -1245,9 +648,8 @@ out:
 	if (stop_qemu(c) && code == EXIT_OK)
 		code = EXIT_FAIL;
 	/* Overlays of a clone that never ran hold nothing; one that ran is the caller's. */
-	if (c->disks && c->ndisks && c->state == QC_CREATED)
-		hq_disks_remove_overlays(c->disks);
-	free(c->disks);
+	if (c->b.disks && c->b.ndisks && c->state == QC_CREATED)
+		hq_disks_remove_overlays(c->b.disks);
 	if (c->lfd >= 0) {
 		close(c->lfd);
 		unlink(c->p.control);
@@ -1256,9 +658,8 @@ out:
 		close(c->uffd);
 	if (c->qemu_pidfd >= 0)
 		close(c->qemu_pidfd);
-	hq_snapfile_free(&c->f);
-	hq_config_free(&c->cfg);
-	hq_vm_release(&c->vm);
+	hq_bring_free(&c->b);
+	hq_vm_release(&c->b.vm);
 	unlink(c->qmp);
 	free(c);
 	return code;

@@ -8,7 +8,8 @@
 #include <string.h>
 
 #include "cli.h"
-#include "hq.h"
+#include "tool.h"
+#include "fault.h"
 
 static void usage(FILE *f)
 {

@@ -28,14 +28,17 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "cli.h"
-#include "hq.h"
+#include "tool.h"
+#include "inside.h"
+#include "records.h"
+#include "runstate.h"
 #include "uffd.h"
 
 #define PM_PRESENT (1ull << 63)

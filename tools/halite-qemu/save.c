@@ -37,6 +37,7 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -45,7 +46,11 @@
 
 #include "cli.h"
 #include "disks.h"
-#include "hq.h"
+#include "tool.h"
+#include "devstate.h"
+#include "fault.h"
+#include "inside.h"
+#include "runstate.h"
 #include "vmconfig.h"
 
 struct save_params {
@@ -136,15 +141,7 @@ void hq_help_save(FILE *f)
 		"  --recover          no FILE: give back to QEMU the private RAM a save that\n"
 		"                     died (killed) had moved aside, let QEMU go on (its guest\n"
 		"                     waits for that memory meanwhile); then save again\n"
-		"  --json             print the report as one JSON object on stdout, also when\n"
-		"                     the save fails (\"ok\": false, \"error\", \"exit\",\n"
-		"                     \"qemu_error\": QEMU's own message when it is the cause)\n"
-		"  --progress[=MODE]  progress on stderr: text (default), json (a JSON object\n"
-		"                     per line, twice a second) or none\n"
-		"  -q, --quiet        no progress on stderr (--progress=none)\n"
-		"  -v, --verbose      the engine's log on stderr\n"
-		"  -h, --help         this help\n"
-		"  --version          the version\n\n"
+		HQ_HELP_OUT_OPTS("save")
 		"Exit status: 0 saved, 1 failed (the guest is back in the run state it had,\n"
 		"its memory unchanged, unless the error says it may be left paused), 2 usage,\n"
 		"77 the kernel or QEMU lacks a needed feature.\n");
@@ -198,13 +195,7 @@ static int parse_args(int argc, char **argv, struct save_params *p)
 		{ "recover", no_argument, NULL, 'R' },
 		{ "no-disks", no_argument, NULL, 'D' },
 		{ "disk-dir", required_argument, NULL, 'd' },
-		{ "bypass-cache", no_argument, NULL, HQ_OPT_BYPASS_CACHE },
-		{ "json", no_argument, NULL, 'j' },
-		{ "progress", optional_argument, NULL, HQ_OPT_PROGRESS },
-		{ "quiet", no_argument, NULL, 'q' },
-		{ "verbose", no_argument, NULL, 'v' },
-		{ "help", no_argument, NULL, 'h' },
-		{ "version", no_argument, NULL, HQ_OPT_VERSION },
+		HQ_OUT_LONGOPTS,
 		{ 0 }
 	};
 	struct hq_out *o = &p->out;
@@ -228,24 +219,24 @@ static int parse_args(int argc, char **argv, struct save_params *p)
 						"lz4 -128..12", optarg);
 			break;
 		case 'b':
-			if (hq_parse_size(optarg, &v) || v > UINT32_MAX)
+			if (halite_parse_size(optarg, &v) || v > UINT32_MAX)
 				return hq_usage(o, "--lb-size '%s': a size, a power of two from 8K to "
 						"4M", optarg);
 			p->lb_size = (uint32_t)v;
 			break;
 		case 'w':
-			if (hq_parse_size(optarg, &v) || v < 1 || v > 256)
+			if (halite_parse_size(optarg, &v) || v < 1 || v > 256)
 				return hq_usage(o, "--workers '%s': 1..256", optarg);
 			p->workers = (unsigned)v;
 			break;
 		case 'r':
-			if (hq_parse_size(optarg, &v) || v < (1u << 20))
+			if (halite_parse_size(optarg, &v) || v < (1u << 20))
 				return hq_usage(o, "--bg-rate '%s': at least 1M (bytes per second)",
 						optarg);
 			p->bg_min_rate = v;
 			break;
 		case 'i':
-			if (hq_parse_size(optarg, &v) || v < 1 || v > 60000)
+			if (halite_parse_size(optarg, &v) || v < 1 || v > 60000)
 				return hq_usage(o, "--root-interval '%s': 1..60000 ms", optarg);
 			p->root_ms = (unsigned)v;
 			break;
@@ -869,11 +860,8 @@ int hq_cmd_save(int argc, char **argv)
 	r->p = (struct save_params){ .codec = HALITE_CODEC_LZ4, .root_ms = 100 };
 	hq_out_init(&r->p.out, "save", argc, argv);
 	if (parse_args(argc, argv, &r->p)) {
-		hq_errorf("save: %s", r->p.out.usage);
-		if (r->p.out.json) {
-			snprintf(r->err, sizeof(r->err), "%s", r->p.out.usage);
+		if (hq_usage_report(&r->p.out, r->err, sizeof(r->err)))
 			report_json(r, EXIT_USAGE);
-		}
 		free(r);
 		return EXIT_USAGE;
 	}
@@ -893,11 +881,8 @@ int hq_cmd_save(int argc, char **argv)
 	if (ret == -EINVAL) {
 		/* No file name at all ("" on the command line): usage. */
 		hq_usage(&r->p.out, "%s (" PROG " save --help)", r->err);
-		hq_errorf("save: %s", r->p.out.usage);
-		if (r->p.out.json) {
-			snprintf(r->err, sizeof(r->err), "%s", r->p.out.usage);
+		if (hq_usage_report(&r->p.out, r->err, sizeof(r->err)))
 			report_json(r, EXIT_USAGE);
-		}
 		free(r->disks);
 		free(r);
 		return EXIT_USAGE;

@@ -6,21 +6,14 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "cli.h"
-#include "hq.h"
-
-uint64_t hq_now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
+#include "tool.h"
 
 void hq_errorf(const char *fmt, ...)
 {
@@ -62,30 +55,7 @@ void hq_progressf(bool quiet, const char *fmt, ...)
 	fprintf(stderr, tty ? "\r%s\033[K" : "%s\n", line);
 }
 
-char *hq_bytes(uint64_t b, char *buf, size_t len)
-{
-	static const char *const unit[] = { "bytes", "KiB", "MiB", "GiB", "TiB" };
-	double v = (double)b;
-	unsigned u = 0;
-
-	while (v >= 1024 && u < 4) {
-		v /= 1024;
-		u++;
-	}
-	if (u == 0)
-		snprintf(buf, len, "%llu bytes", (unsigned long long)b);
-	else
-		snprintf(buf, len, v < 10 ? "%.2f %s" : v < 100 ? "%.1f %s" : "%.0f %s", v,
-			 unit[u]);
-	return buf;
-}
-
-int hq_parse_size(const char *s, uint64_t *out)
-{
-	return halite_parse_size(s, out) ? -EINVAL : 0;
-}
-
-/* The engines' log: warnings always, the rest with --verbose (hq.h). */
+/* The engines' log: warnings always, the rest with --verbose (tool.h). */
 void hq_log(void *ctx, int level, const char *msg)
 {
 	static const char *const names[] = { "error", "warning", "info", "debug" };
@@ -112,6 +82,14 @@ int hq_usage(struct hq_out *o, const char *fmt, ...)
 	vsnprintf(o->usage, sizeof(o->usage), fmt, ap);
 	va_end(ap);
 	return -1;
+}
+
+bool hq_usage_report(const struct hq_out *o, char *err, size_t len)
+{
+	hq_errorf("%s: %s", o->cmd, o->usage);
+	if (o->json)
+		snprintf(err, len, "%s", o->usage);
+	return o->json;
 }
 
 /*
@@ -188,14 +166,6 @@ bool hq_progress_due(const struct hq_out *o, uint64_t *last, uint64_t now)
 		return false;
 	*last = now;
 	return true;
-}
-
-int hq_fail(char *err, size_t len, int ret, const char *what, const char *detail)
-{
-	if (!err[0])
-		snprintf(err, len, "%s%s%s", what, detail && *detail ? ": " : "",
-			 detail ? detail : "");
-	return ret;
 }
 
 int hq_exit_code(int ret)

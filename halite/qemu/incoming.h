@@ -10,7 +10,7 @@
 #ifndef HALITE_QEMU_INCOMING_H
 #define HALITE_QEMU_INCOMING_H
 
-#include "hq.h"
+#include "vm.h"
 #include "vmconfig.h"
 
 /* --- snapfile.c --- */

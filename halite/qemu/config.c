@@ -35,7 +35,8 @@
 #include <cjson/cJSON.h>
 #include <halite/halite.h>
 
-#include "hq.h"
+#include "proc.h"
+#include "vm.h"
 #include "vmconfig.h"
 
 /* The user's command line of a QEMU started by halite-qemu restore, as a JSON array. */

@@ -27,7 +27,8 @@
 #include <unistd.h>
 
 #include "disks.h"
-#include "hq.h"
+#include "proc.h"
+#include "vm.h"
 
 #define JOB_TIMEOUT_MS 60000
 

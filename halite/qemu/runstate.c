@@ -19,7 +19,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "hq.h"
+#include "proc.h"
+#include "fault.h"
+#include "runstate.h"
 
 /*
  * The only place a stop or cont is sent: the test fault points may take it

@@ -9,10 +9,12 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
+#include "devstate.h"
 #include "incoming.h"
 
 static int failf(char *err, size_t len, int ret, const char *what, const char *detail)

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: MIT
 /* What /proc says of a process (proc.h). */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,4 +88,35 @@ char hq_proc_state(pid_t pid)
 	s = p && p[1] == ' ' && p[2] ? p[2] : '?';
 	free(buf);
 	return s;
+}
+
+int hq_proc_fds_to(pid_t pid, const char *target, int *fds, int max)
+{
+	char dir[64], path[64 + 256], link[PATH_MAX];
+	struct dirent *e;
+	int n = 0;
+	DIR *d;
+
+	snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)pid);
+	d = opendir(dir);
+	if (!d)
+		return -errno;
+	while ((e = readdir(d))) {
+		ssize_t k;
+
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+		k = readlink(path, link, sizeof(link) - 1);
+		if (k <= 0)
+			continue;
+		link[k] = '\0';
+		if (strcmp(link, target))
+			continue;
+		if (n < max)
+			fds[n] = atoi(e->d_name);
+		n++;
+	}
+	closedir(d);
+	return n;
 }

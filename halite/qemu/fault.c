@@ -36,7 +36,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "hq.h"
+#include "fault.h"
 
 #define HANG_STOP_TIMEOUT_MS 200
 

@@ -27,4 +27,11 @@ int hq_proc_status(pid_t pid, struct hq_proc_status *st);
  */
 char hq_proc_state(pid_t pid);
 
+/*
+ * The descriptors of @pid whose /proc/PID/fd link reads @target (a path, or
+ * "anon_inode:[userfaultfd]"): at most @max into @fds. How many it holds
+ * (more than @max possibly), or -errno when its fd directory cannot be read.
+ */
+int hq_proc_fds_to(pid_t pid, const char *target, int *fds, int max);
+
 #endif

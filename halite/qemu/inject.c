@@ -135,150 +135,7 @@
 #include <unistd.h>
 
 #include "inject.h"
-
-#ifndef SYS_pidfd_open
-#define SYS_pidfd_open 434
-#endif
-#ifndef SYS_pidfd_getfd
-#define SYS_pidfd_getfd 438
-#endif
-
-#ifndef SYS_SECCOMP
-#define SYS_SECCOMP 1 /* si_code of a seccomp SECCOMP_RET_TRAP (asm-generic/siginfo.h) */
-#endif
-
-#define USER64_CS 0x33	/* __USER_CS: a thread in 64-bit code; compat code has other numbers */
-#define MAX_RETRIES 16	/* foreign signal stops or stray traps tolerated per call */
-#define SYSCALL_STOP (SIGTRAP | 0x80)	/* WSTOPSIG of a syscall stop (PTRACE_O_TRACESYSGOOD) */
-#define RED_ZONE 128	/* x86-64 ABI: below rsp, the thread's own */
-
-/* Kernel restart codes (include/linux/errno.h) */
-#define ERESTARTSYS 512
-#define ERESTARTNOINTR 513
-#define ERESTARTNOHAND 514
-#define ERESTART_RESTARTBLOCK 516
-
-/* The signal frame of x86-64 (arch/x86/include/asm/sigframe.h, uapi sigcontext.h, ucontext.h) */
-struct k_sigcontext {
-	uint64_t r8, r9, r10, r11, r12, r13, r14, r15;
-	uint64_t di, si, bp, bx, dx, ax, cx, sp, ip, flags;
-	uint16_t cs, gs, fs, ss;
-	uint64_t err, trapno, oldmask, cr2;
-	uint64_t fpstate;	/* the FXSAVE/XSAVE image, or 0 */
-	uint64_t reserved1[8];
-};
-
-struct k_ucontext {
-	uint64_t uc_flags;
-	uint64_t uc_link;
-	struct {
-		uint64_t ss_sp;
-		int32_t ss_flags;
-		int32_t pad;
-		uint64_t ss_size;
-	} uc_stack;
-	struct k_sigcontext uc_mcontext;
-	uint64_t uc_sigmask;	/* the kernel's sigset_t: 8 bytes */
-};
-
-struct k_rt_sigframe {
-	uint64_t pretcode;	/* popped by the `ret`; rt_sigreturn finds uc right above */
-	struct k_ucontext uc;
-	uint8_t info[128];	/* siginfo: unused by rt_sigreturn, there for the size it checks */
-};
-
-_Static_assert(sizeof(struct k_sigcontext) == 256, "struct sigcontext_64");
-_Static_assert(offsetof(struct k_ucontext, uc_mcontext) == 40, "uc_mcontext");
-_Static_assert(offsetof(struct k_ucontext, uc_sigmask) == 296, "uc_sigmask");
-_Static_assert(offsetof(struct k_rt_sigframe, uc) == 8, "rt_sigframe.uc");
-
-#define UC_FP_XSTATE 0x1
-#define UC_SIGCONTEXT_SS 0x2
-#define UC_STRICT_RESTORE_SS 0x4	/* ss exactly as saved, no force_valid_ss() */
-
-/* FXSAVE/XSAVE layout (uapi asm/sigcontext.h) */
-#define FXSAVE_SIZE 512
-#define XSAVE_HDR_SIZE 64
-#define SW_RESERVED 464		/* struct _fpx_sw_bytes in the FXSAVE area */
-#ifndef FP_XSTATE_MAGIC1	/* glibc's bits/sigcontext.h has them */
-#define FP_XSTATE_MAGIC1 0x46505853U
-#define FP_XSTATE_MAGIC2 0x46505845U
-#define FP_XSTATE_MAGIC2_SIZE 4
-#endif
-#define XFEATURE_XTILE_DATA 18	/* the one dynamic (XFD) feature: AMX tile data */
-#define XSTATE_BUF_SIZE 65536	/* the regset is fpu_user_cfg.max_size: 11008 with AMX */
-
-struct fpx_sw_bytes {
-	uint32_t magic1;
-	uint32_t extended_size;	/* xstate_size + FP_XSTATE_MAGIC2_SIZE */
-	uint64_t xfeatures;
-	uint32_t xstate_size;
-	uint32_t padding[7];
-};
-
-_Static_assert(sizeof(struct fpx_sw_bytes) == 48, "struct _fpx_sw_bytes");
-
-/* syscall; ret. And glibc's __restore_rt: mov $15 (__NR_rt_sigreturn),%rax; syscall */
-static const uint8_t syscall_ret[] = { 0x0f, 0x05, 0xc3 };
-static const uint8_t restore_rt[] = { 0x48, 0xc7, 0xc0, 0x0f, 0x00, 0x00, 0x00, 0x0f, 0x05 };
-
-struct xmap {
-	uint64_t start, end;
-	int rank; /* 1 libc, 2 [vdso], 3 another executable file mapping, 0 other executable */
-};
-
-enum { DIE_NONE, DIE_ARMED, DIE_ENTRY, DIE_DURING, DIE_EXIT, DIE_BACK };
-
-struct hq_inject {
-	pid_t pid, tid;
-	pid_t owner;			/* our thread that seized it: the only one ptrace obeys */
-	int mem;			/* /proc/PID/mem, -1 until needed */
-	struct xmap *maps;		/* the executable mappings, found with the code */
-	size_t nmaps;
-	uint64_t syscall_ip;		/* a 0f 05: the call without a frame */
-	uint64_t gadget_ip;		/* 0f 05 c3, 0 if none */
-	uint64_t restorer_ip;		/* __restore_rt, 0 if none */
-	bool shstk;			/* the thread has a user shadow stack: no frame */
-	uint8_t *fpbuf;			/* the frame's FPU image, XSTATE_BUF_SIZE */
-	struct user_regs_struct saved;	/* the thread's own, read at its last event stop */
-	uint64_t saved_mask;		/* kernel sigset: bit n-1 is signal n */
-	bool mask_saved;		/* PTRACE_GETSIGMASK worked */
-	bool dirty;			/* registers or mask are the injected ones */
-	bool parked;			/* in an event stop with its own registers and mask */
-	bool gone;			/* the thread ended (and was reaped): no ptrace calls */
-	int stop_sig;			/* signal of the current signal-delivery-stop to deliver */
-	int die;			/* test fault point, DIE_* */
-};
-
-static void seterr(char *err, size_t len, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t len, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (!err || !len)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, len, fmt, ap);
-	va_end(ap);
-}
-
-/* "ESRCH (No such process)" */
-static const char *estr(int e, char *buf, size_t len)
-{
-	const char *name = strerrorname_np(e);
-	char text[128];
-
-	snprintf(buf, len, "%s (%s)", name ? name : "errno", strerror_r(e, text, sizeof(text)));
-	return buf;
-}
-
-#define ESTR(e) estr((e), (char[192]){ 0 }, 192)
-
-static long xptrace(int req, pid_t tid, uintptr_t addr, uintptr_t data)
-{
-	return ptrace((enum __ptrace_request)req, tid, (void *)addr, (void *)data);
-}
+#include "inject_int.h"
 
 static int die_point(void)
 {
@@ -325,18 +182,18 @@ static int wait_stop(struct hq_inject *in, int *st, char *err, size_t errlen)
 		if (r < 0 && errno == EINTR)
 			continue;
 		in->gone = true; /* ECHILD: it is no longer our tracee */
-		seterr(err, errlen, "waiting for thread %d of process %d: %s", (int)in->tid,
+		inj_seterr(err, errlen, "waiting for thread %d of process %d: %s", (int)in->tid,
 		       (int)in->pid, ESTR(r < 0 ? errno : ECHILD));
 		return -ESRCH;
 	}
 	if (WIFEXITED(*st) || WIFSIGNALED(*st)) {
 		in->gone = true;
 		if (WIFSIGNALED(*st))
-			seterr(err, errlen, "thread %d of process %d was killed by signal %d (%s) "
+			inj_seterr(err, errlen, "thread %d of process %d was killed by signal %d (%s) "
 			       "during the injection", (int)in->tid, (int)in->pid, WTERMSIG(*st),
 			       sigabbrev_np(WTERMSIG(*st)) ?: "?");
 		else
-			seterr(err, errlen, "thread %d of process %d exited (status %d) during "
+			inj_seterr(err, errlen, "thread %d of process %d exited (status %d) during "
 			       "the injection", (int)in->tid, (int)in->pid, WEXITSTATUS(*st));
 		return -ESRCH;
 	}
@@ -348,13 +205,13 @@ static int ptrace_failed(struct hq_inject *in, const char *what, char *err, size
 {
 	int e = errno;
 
-	seterr(err, errlen, "ptrace(%s) of thread %d of process %d: %s", what, (int)in->tid,
+	inj_seterr(err, errlen, "ptrace(%s) of thread %d of process %d: %s", what, (int)in->tid,
 	       (int)in->pid, ESTR(e));
 	if (e == ESRCH) {
 		/* Out of its stop while traced: only SIGKILL (or exec) does that. */
 		reap_gone(in);
 		if (in->gone)
-			seterr(err, errlen, "thread %d of process %d was killed during the "
+			inj_seterr(err, errlen, "thread %d of process %d was killed during the "
 			       "injection", (int)in->tid, (int)in->pid);
 	}
 	return -e;
@@ -378,7 +235,7 @@ static int settle(struct hq_inject *in, char *err, size_t errlen)
 			in->parked = true;
 			return 0;
 		}
-		if (xptrace(PTRACE_CONT, in->tid, 0, (st >> 16) ? 0 : (uintptr_t)WSTOPSIG(st)))
+		if (inj_ptrace(PTRACE_CONT, in->tid, 0, (st >> 16) ? 0 : (uintptr_t)WSTOPSIG(st)))
 			return ptrace_failed(in, "PTRACE_CONT", err, errlen);
 	}
 }
@@ -386,10 +243,10 @@ static int settle(struct hq_inject *in, char *err, size_t errlen)
 /* Registers and mask of the parked thread: what to put back, and the base of a call. */
 static int snapshot(struct hq_inject *in, char *err, size_t errlen)
 {
-	if (xptrace(PTRACE_GETREGS, in->tid, 0, (uintptr_t)&in->saved))
+	if (inj_ptrace(PTRACE_GETREGS, in->tid, 0, (uintptr_t)&in->saved))
 		return ptrace_failed(in, "PTRACE_GETREGS", err, errlen);
 	/* The kernel's sigset_t is 8 bytes here; addr must say so. */
-	in->mask_saved = !xptrace(PTRACE_GETSIGMASK, in->tid, sizeof(in->saved_mask),
+	in->mask_saved = !inj_ptrace(PTRACE_GETSIGMASK, in->tid, sizeof(in->saved_mask),
 				  (uintptr_t)&in->saved_mask);
 	return 0;
 }
@@ -403,10 +260,10 @@ static int put_back(struct hq_inject *in, char *err, size_t errlen)
 {
 	if (!in->dirty || in->gone)
 		return 0;
-	if (in->mask_saved && xptrace(PTRACE_SETSIGMASK, in->tid, sizeof(in->saved_mask),
+	if (in->mask_saved && inj_ptrace(PTRACE_SETSIGMASK, in->tid, sizeof(in->saved_mask),
 				      (uintptr_t)&in->saved_mask))
 		return ptrace_failed(in, "PTRACE_SETSIGMASK", err, errlen);
-	if (xptrace(PTRACE_SETREGS, in->tid, 0, (uintptr_t)&in->saved))
+	if (inj_ptrace(PTRACE_SETREGS, in->tid, 0, (uintptr_t)&in->saved))
 		return ptrace_failed(in, "PTRACE_SETREGS", err, errlen);
 	in->dirty = false;
 	return 0;
@@ -421,9 +278,9 @@ static int repark(struct hq_inject *in, int sig, char *err, size_t errlen)
 {
 	int ret;
 
-	if (xptrace(PTRACE_INTERRUPT, in->tid, 0, 0))
+	if (inj_ptrace(PTRACE_INTERRUPT, in->tid, 0, 0))
 		return ptrace_failed(in, "PTRACE_INTERRUPT", err, errlen);
-	if (xptrace(PTRACE_CONT, in->tid, 0, (uintptr_t)sig))
+	if (inj_ptrace(PTRACE_CONT, in->tid, 0, (uintptr_t)sig))
 		return ptrace_failed(in, "PTRACE_CONT", err, errlen);
 	ret = settle(in, err, errlen);
 	return ret ? ret : snapshot(in, err, errlen);
@@ -436,295 +293,6 @@ static void recover(struct hq_inject *in, int sig)
 		return;
 	if (!put_back(in, NULL, 0) && !in->parked)
 		repark(in, sig, NULL, 0);
-}
-
-static int read_mem(struct hq_inject *in, uint64_t addr, void *buf, size_t len)
-{
-	char path[64];
-
-	if (in->mem < 0) {
-		snprintf(path, sizeof(path), "/proc/%d/mem", (int)in->pid);
-		in->mem = open(path, O_RDONLY | O_CLOEXEC);
-		if (in->mem < 0)
-			return -errno;
-	}
-	return pread(in->mem, buf, len, (off_t)addr) == (ssize_t)len ? 0 : -EIO;
-}
-
-/* First @pat in [start, end) read in chunks of @size overlapping by the pattern less a byte. */
-static uint64_t scan_range(struct hq_inject *in, uint64_t start, uint64_t end, uint8_t *buf,
-			   size_t size, const uint8_t *pat, size_t plen)
-{
-	for (uint64_t a = start; a + plen <= end; a += size - (plen - 1)) {
-		size_t n = end - a < size ? (size_t)(end - a) : size;
-		const uint8_t *hit;
-
-		if (read_mem(in, a, buf, n))
-			return 0;
-		hit = memmem(buf, n, pat, plen);
-		if (hit)
-			return a + (uint64_t)(hit - buf);
-		if (n < size)
-			break;
-	}
-	return 0;
-}
-
-/* Whether the thread runs with a user shadow stack (CET): a `ret` of ours would not match it. */
-static bool has_shadow_stack(const struct hq_inject *in)
-{
-	char path[64], line[256];
-	bool on = false;
-	FILE *f;
-
-	snprintf(path, sizeof(path), "/proc/%d/task/%d/status", (int)in->pid, (int)in->tid);
-	f = fopen(path, "re");
-	if (!f)
-		return false;
-	while (fgets(line, sizeof(line), f))
-		if (!strncmp(line, "x86_Thread_features:", 20))
-			on = strstr(line + 20, "shstk") != NULL;
-	fclose(f);
-	return on;
-}
-
-/*
- * The executable mappings, and the code in them the calls use (see top).
- * Run before the thread is stopped: reading libc takes a while.
- */
-static int find_code(struct hq_inject *in, char *err, size_t errlen)
-{
-	static const uint8_t bare[] = { 0x0f, 0x05 };
-	struct xmap *maps = NULL;
-	size_t n = 0, cap = 0, linecap = 0;
-	char path[64], *line = NULL;
-	uint8_t *buf;
-	FILE *f;
-
-	snprintf(path, sizeof(path), "/proc/%d/maps", (int)in->pid);
-	f = fopen(path, "re");
-	if (!f) {
-		int e = errno;
-
-		seterr(err, errlen, "%s: %s", path, ESTR(e));
-		return -e;
-	}
-	while (getline(&line, &linecap, f) > 0) {
-		unsigned long long s, e;
-		char perms[8];
-		int off = 0, rank;
-		const char *name;
-
-		if (sscanf(line, "%llx-%llx %7s %*s %*s %*s %n", &s, &e, perms, &off) < 3 ||
-		    perms[2] != 'x')
-			continue;
-		name = off ? line + off : "";
-		if (!strncmp(name, "[vdso]", 6))
-			rank = 2;
-		else if (name[0] == '[')
-			continue; /* [vsyscall], [uprobes] */
-		else if (name[0] == '\n' || !name[0])
-			rank = 0; /* anonymous (JIT) code: only for the rip-2 check */
-		else if (strstr(name, "/libc.so") || strstr(name, "/libc-"))
-			rank = 1;
-		else
-			rank = 3;
-		if (n == cap) {
-			struct xmap *m = realloc(maps, (cap = cap ? 2 * cap : 32) * sizeof(*m));
-
-			if (!m)
-				break;
-			maps = m;
-		}
-		maps[n++] = (struct xmap){ s, e, rank };
-	}
-	free(line);
-	fclose(f);
-
-	buf = malloc(65536);
-	for (int rank = 1; buf && rank <= 3; rank++)
-		for (size_t i = 0; i < n; i++) {
-			if (maps[i].rank != rank)
-				continue;
-			if (!in->gadget_ip)
-				in->gadget_ip = scan_range(in, maps[i].start, maps[i].end, buf,
-							   65536, syscall_ret, sizeof(syscall_ret));
-			if (!in->restorer_ip)
-				in->restorer_ip = scan_range(in, maps[i].start, maps[i].end, buf,
-							     65536, restore_rt, sizeof(restore_rt));
-			if (!in->gadget_ip && !in->syscall_ip)
-				in->syscall_ip = scan_range(in, maps[i].start, maps[i].end, buf,
-							    65536, bare, sizeof(bare));
-		}
-	free(buf);
-	if (in->gadget_ip)
-		in->syscall_ip = in->gadget_ip; /* a 0f 05 too */
-	free(in->maps);
-	in->maps = maps;
-	in->nmaps = n;
-	in->shstk = has_shadow_stack(in);
-	if (!in->syscall_ip) {
-		seterr(err, errlen, "no syscall instruction (0f 05) found in the executable "
-		       "mappings of process %d", (int)in->pid);
-		return -ENOEXEC;
-	}
-	return 0;
-}
-
-/*
- * For a call without a frame: the thread's own 0f 05 at rip-2 if it sits
- * just after one (it was in a call), on rip's page and in an executable
- * mapping, so it is left where it was if we die; else the one found.
- */
-static uint64_t bare_syscall_ip(struct hq_inject *in)
-{
-	uint64_t rip = in->saved.rip;
-	uint8_t insn[2];
-
-	if ((rip & 4095) < 2)
-		return in->syscall_ip;
-	for (size_t i = 0; i < in->nmaps; i++)
-		if (rip - 2 >= in->maps[i].start && rip <= in->maps[i].end &&
-		    !read_mem(in, rip - 2, insn, 2) && insn[0] == 0x0f && insn[1] == 0x05)
-			return rip - 2;
-	return in->syscall_ip;
-}
-
-/*
- * The thread's FPU state as a signal frame carries it, in in->fpbuf; its
- * length (0: none, the frame then has fpstate NULL) and *xsave whether it is
- * an XSAVE image (else FXSAVE). See the top for the sizes.
- */
-static size_t read_fpstate(struct hq_inject *in, bool *xsave)
-{
-	struct iovec iov = { in->fpbuf, XSTATE_BUF_SIZE };
-	struct fpx_sw_bytes sw = { 0 };
-	uint64_t max, bv, want;
-	unsigned int eax, ebx, ecx, edx, top;
-	uint32_t size = FXSAVE_SIZE + XSAVE_HDR_SIZE, magic2 = FP_XSTATE_MAGIC2;
-
-	*xsave = false;
-	if (!xptrace(PTRACE_GETREGSET, in->tid, NT_X86_XSTATE, (uintptr_t)&iov) &&
-	    iov.iov_len >= size) {
-		memcpy(&max, in->fpbuf + SW_RESERVED, 8);	/* the user XCR0 */
-		memcpy(&bv, in->fpbuf + FXSAVE_SIZE, 8);	/* XSTATE_BV */
-		want = (max & ~(1ull << XFEATURE_XTILE_DATA)) | (bv & max) | 3;
-		top = 63 - (unsigned int)__builtin_clzll(want);
-		if (top >= 2 && __get_cpuid_count(0xd, top, &eax, &ebx, &ecx, &edx) &&
-		    ebx + eax > size)
-			size = ebx + eax;	/* standard-format offset + size of the top feature */
-		/* MAGIC2 after the image: in our buffer, past what the regset filled if need be. */
-		if (size <= iov.iov_len && size + FP_XSTATE_MAGIC2_SIZE <= XSTATE_BUF_SIZE) {
-			sw.magic1 = FP_XSTATE_MAGIC1;
-			sw.extended_size = size + FP_XSTATE_MAGIC2_SIZE;
-			sw.xfeatures = want;
-			sw.xstate_size = size;
-			memcpy(in->fpbuf + SW_RESERVED, &sw, sizeof(sw));
-			memcpy(in->fpbuf + size, &magic2, sizeof(magic2));
-			*xsave = true;
-			return size + FP_XSTATE_MAGIC2_SIZE;
-		}
-	}
-	/* No XSAVE: FP/SSE only, no magic1 (check_xstate_in_sigframe's fx-only path). */
-	iov = (struct iovec){ in->fpbuf, FXSAVE_SIZE };
-	if (!xptrace(PTRACE_GETREGSET, in->tid, NT_PRFPREG, (uintptr_t)&iov) &&
-	    iov.iov_len == FXSAVE_SIZE) {
-		memset(in->fpbuf + SW_RESERVED, 0, FXSAVE_SIZE - SW_RESERVED);
-		return FXSAVE_SIZE;
-	}
-	return 0;
-}
-
-/*
- * Write the frame that brings the thread back to in->saved by itself (see
- * the top) below its red zone; its address, or 0 when there cannot be one.
- */
-static uint64_t write_frame(struct hq_inject *in)
-{
-	const struct user_regs_struct *r = &in->saved;
-	struct k_rt_sigframe f = { 0 };
-	struct k_sigcontext *sc = &f.uc.uc_mcontext;
-	uint64_t top, fp = 0, frame, ax = r->rax, ip = r->rip;
-	size_t fplen = 0, len;
-	bool xsave = false;
-	struct iovec local[3], remote;
-	uint8_t gap[64] = { 0 };
-	int nl = 0;
-
-	if (!in->gadget_ip || !in->restorer_ip || in->shstk || !in->mask_saved)
-		return 0;
-	if (r->rsp < RED_ZONE + sizeof(f) + XSTATE_BUF_SIZE + 4096)
-		return 0; /* not a stack */
-	if (!in->fpbuf && !(in->fpbuf = malloc(XSTATE_BUF_SIZE)))
-		return 0;
-	fplen = read_fpstate(in, &xsave);
-
-	top = r->rsp - RED_ZONE;
-	/* As get_sigframe(): fpstate 64-byte aligned, the frame 16-byte aligned less 8. */
-	if (fplen)
-		fp = (top - fplen) & ~63ull;
-	frame = (((fplen ? fp : top) - sizeof(f)) & ~15ull) - 8;
-
-	/*
-	 * What arch_do_signal_or_restart() would do next without a handler,
-	 * but the call itself again for the restart block too (see top).
-	 */
-	if (r->orig_rax != (unsigned long long)-1) {
-		switch ((long)r->rax) {
-		case -ERESTARTSYS:
-		case -ERESTARTNOINTR:
-		case -ERESTARTNOHAND:
-		case -ERESTART_RESTARTBLOCK:
-			ax = r->orig_rax;
-			ip = r->rip - 2;
-			break;
-		}
-	}
-
-	f.pretcode = in->restorer_ip;
-	f.uc.uc_flags = UC_SIGCONTEXT_SS | UC_STRICT_RESTORE_SS | (xsave ? UC_FP_XSTATE : 0);
-	f.uc.uc_stack.ss_flags = SS_ONSTACK | SS_DISABLE; /* an invalid mode: altstack untouched */
-	sc->r8 = r->r8;
-	sc->r9 = r->r9;
-	sc->r10 = r->r10;
-	sc->r11 = r->r11;
-	sc->r12 = r->r12;
-	sc->r13 = r->r13;
-	sc->r14 = r->r14;
-	sc->r15 = r->r15;
-	sc->di = r->rdi;
-	sc->si = r->rsi;
-	sc->bp = r->rbp;
-	sc->bx = r->rbx;
-	sc->dx = r->rdx;
-	sc->ax = ax;
-	sc->cx = r->rcx;
-	sc->sp = r->rsp;
-	sc->ip = ip;
-	sc->flags = r->eflags;
-	sc->cs = (uint16_t)r->cs;
-	sc->ss = (uint16_t)r->ss;
-	sc->oldmask = in->saved_mask;
-	sc->fpstate = fp;
-	f.uc.uc_sigmask = in->saved_mask;
-
-	/* One write: the frame, zeros up to fpstate, the FPU image. */
-	local[nl++] = (struct iovec){ &f, sizeof(f) };
-	len = sizeof(f);
-	if (fplen) {
-		size_t between = fp - (frame + sizeof(f));
-
-		if (between > sizeof(gap))
-			return 0;	/* cannot happen: both are aligned to at most 64 */
-		if (between)
-			local[nl++] = (struct iovec){ gap, between };
-		local[nl++] = (struct iovec){ in->fpbuf, fplen };
-		len += between + fplen;
-	}
-	remote = (struct iovec){ (void *)(uintptr_t)frame, len };
-	if (process_vm_writev(in->pid, local, (unsigned long)nl, &remote, 1, 0) != (ssize_t)len)
-		return 0;
-	return frame;
 }
 
 /* Why PTRACE_SEIZE said EPERM, from what /proc tells about the thread. */
@@ -754,28 +322,28 @@ static void explain_eperm(pid_t pid, pid_t tid, char *err, size_t errlen)
 	}
 
 	if (pid == getpid())
-		seterr(err, errlen, "ptrace(PTRACE_SEIZE) of process %d not allowed: it is this "
+		inj_seterr(err, errlen, "ptrace(PTRACE_SEIZE) of process %d not allowed: it is this "
 		       "process", (int)pid);
 	else if (tracer)
-		seterr(err, errlen, "ptrace(PTRACE_SEIZE) of process %d not allowed: thread %d "
+		inj_seterr(err, errlen, "ptrace(PTRACE_SEIZE) of process %d not allowed: thread %d "
 		       "is already traced by process %ld%s", (int)pid, (int)tid, tracer,
 		       tracer == getpid() ? " (this one: an injection session left open?)"
 					  : " (a debugger, strace, another halite-qemu?)");
 	else if (state == 'Z' || state == 'X')
-		seterr(err, errlen, "ptrace(PTRACE_SEIZE) of process %d not allowed: thread %d "
+		inj_seterr(err, errlen, "ptrace(PTRACE_SEIZE) of process %d not allowed: thread %d "
 		       "has exited%s", (int)pid, (int)tid, tid == pid ? " (pass another "
 		       "thread's id if the process lives on)" : "");
 	else if (scope == 3)
-		seterr(err, errlen, "ptrace(PTRACE_SEIZE) of process %d not allowed: "
+		inj_seterr(err, errlen, "ptrace(PTRACE_SEIZE) of process %d not allowed: "
 		       "kernel.yama.ptrace_scope is 3 (no attaching until reboot)", (int)pid);
 	else if (geteuid() != 0 && scope > 0)
-		seterr(err, errlen, "ptrace(PTRACE_SEIZE) of process %d not allowed: run as root "
+		inj_seterr(err, errlen, "ptrace(PTRACE_SEIZE) of process %d not allowed: run as root "
 		       "or set kernel.yama.ptrace_scope to 0 (now %d)", (int)pid, scope);
 	else if (geteuid() != 0)
-		seterr(err, errlen, "ptrace(PTRACE_SEIZE) of process %d not allowed: run as root "
+		inj_seterr(err, errlen, "ptrace(PTRACE_SEIZE) of process %d not allowed: run as root "
 		       "(or with CAP_SYS_PTRACE), or as its user", (int)pid);
 	else
-		seterr(err, errlen, "ptrace(PTRACE_SEIZE) of process %d not allowed even for "
+		inj_seterr(err, errlen, "ptrace(PTRACE_SEIZE) of process %d not allowed even for "
 		       "root%s: a kernel thread, another user namespace, or a security module "
 		       "(SELinux, AppArmor, lockdown)?", (int)pid,
 		       scope >= 0 ? "" : " (no yama here)");
@@ -788,7 +356,7 @@ int hq_inject_begin(struct hq_inject **ip, pid_t pid, pid_t tid, char *err, size
 	int ret;
 
 	if (!ip || pid <= 0 || tid < 0) {
-		seterr(err, errlen, "hq_inject_begin: bad arguments (pid %d, tid %d)", (int)pid,
+		inj_seterr(err, errlen, "hq_inject_begin: bad arguments (pid %d, tid %d)", (int)pid,
 		       (int)tid);
 		return -EINVAL;
 	}
@@ -800,17 +368,17 @@ int hq_inject_begin(struct hq_inject **ip, pid_t pid, pid_t tid, char *err, size
 
 		snprintf(path, sizeof(path), "/proc/%d", (int)pid);
 		if (e == ENOENT && access(path, F_OK))
-			seterr(err, errlen, "no process %d", (int)pid);
+			inj_seterr(err, errlen, "no process %d", (int)pid);
 		else if (e == ENOENT)
-			seterr(err, errlen, "no thread %d in process %d", (int)tid, (int)pid);
+			inj_seterr(err, errlen, "no thread %d in process %d", (int)tid, (int)pid);
 		else
-			seterr(err, errlen, "%s: %s", path, ESTR(e));
+			inj_seterr(err, errlen, "%s: %s", path, ESTR(e));
 		return e == ENOENT ? -ESRCH : -e;
 	}
 
 	in = calloc(1, sizeof(*in));
 	if (!in) {
-		seterr(err, errlen, "out of memory");
+		inj_seterr(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
 	in->pid = pid;
@@ -819,32 +387,32 @@ int hq_inject_begin(struct hq_inject **ip, pid_t pid, pid_t tid, char *err, size
 	in->mem = -1;
 	in->die = die_point();
 	/* While the thread runs; a failure is reported by the first call, which tries again. */
-	find_code(in, NULL, 0);
+	inj_find_code(in, NULL, 0);
 	/*
 	 * No PTRACE_O_EXITKILL: QEMU must outlive a crash of ours. TRACESYSGOOD:
 	 * syscall stops report SIGTRAP|0x80, which cannot become a signal (top).
 	 */
-	if (xptrace(PTRACE_SEIZE, tid, 0, PTRACE_O_TRACESYSGOOD)) {
+	if (inj_ptrace(PTRACE_SEIZE, tid, 0, PTRACE_O_TRACESYSGOOD)) {
 		ret = -errno;
 		if (ret == -EPERM)
 			explain_eperm(pid, tid, err, errlen);
 		else if (ret == -ESRCH)
-			seterr(err, errlen, "no process %d (thread %d)", (int)pid, (int)tid);
+			inj_seterr(err, errlen, "no process %d (thread %d)", (int)pid, (int)tid);
 		else
-			seterr(err, errlen, "ptrace(PTRACE_SEIZE) of thread %d of process %d: %s",
+			inj_seterr(err, errlen, "ptrace(PTRACE_SEIZE) of thread %d of process %d: %s",
 			       (int)tid, (int)pid, ESTR(-ret));
 		free(in->maps);
 		free(in);
 		return ret;
 	}
-	if (xptrace(PTRACE_INTERRUPT, tid, 0, 0))
+	if (inj_ptrace(PTRACE_INTERRUPT, tid, 0, 0))
 		ret = ptrace_failed(in, "PTRACE_INTERRUPT", err, errlen);
 	else
 		ret = settle(in, err, errlen);
 	if (!ret)
 		ret = snapshot(in, err, errlen);
 	if (!ret && in->saved.cs != USER64_CS) {
-		seterr(err, errlen, "thread %d of process %d runs 32-bit code (cs 0x%llx): "
+		inj_seterr(err, errlen, "thread %d of process %d runs 32-bit code (cs 0x%llx): "
 		       "not supported", (int)tid, (int)pid, (unsigned long long)in->saved.cs);
 		ret = -ENOEXEC;
 	}
@@ -860,7 +428,7 @@ int hq_inject_begin(struct hq_inject **ip, pid_t pid, pid_t tid, char *err, size
 static int resume(struct hq_inject *in, int req, const char *what, int *st, char *err,
 		  size_t errlen)
 {
-	if (xptrace(req, in->tid, 0, 0))
+	if (inj_ptrace(req, in->tid, 0, 0))
 		return ptrace_failed(in, what, err, errlen);
 	in->parked = false;
 	return wait_stop(in, st, err, errlen);
@@ -871,7 +439,7 @@ static bool seccomp_trap_queued(struct hq_inject *in)
 {
 	struct __ptrace_peeksiginfo_args pa = { .off = 0, .flags = 0, .nr = 8 };
 	siginfo_t si[8];
-	long n = xptrace(PTRACE_PEEKSIGINFO, in->tid, (uintptr_t)&pa, (uintptr_t)si);
+	long n = inj_ptrace(PTRACE_PEEKSIGINFO, in->tid, (uintptr_t)&pa, (uintptr_t)si);
 
 	for (long i = 0; i < n; i++)
 		if (si[i].si_signo == SIGSYS && si[i].si_code == SYS_SECCOMP)
@@ -899,7 +467,7 @@ static int drop_seccomp_trap(struct hq_inject *in, char *err, size_t errlen)
 		}
 		sig = WSTOPSIG(st);
 		in->stop_sig = sig;
-		if (xptrace(PTRACE_GETSIGINFO, in->tid, 0, (uintptr_t)&si))
+		if (inj_ptrace(PTRACE_GETSIGINFO, in->tid, 0, (uintptr_t)&si))
 			return ptrace_failed(in, "PTRACE_GETSIGINFO", err, errlen);
 		if (sig == SIGSYS && si.si_code == SYS_SECCOMP)
 			sig = 0;
@@ -925,26 +493,26 @@ int hq_inject_syscall(struct hq_inject *in, long nr, const long args[6], long *r
 	long res;
 
 	if (!in || !args || !result || nr < 0) {
-		seterr(err, errlen, "hq_inject_syscall: bad arguments");
+		inj_seterr(err, errlen, "hq_inject_syscall: bad arguments");
 		return -EINVAL;
 	}
 	if (in->owner != gettid()) {
-		seterr(err, errlen, "the injection session of thread %d belongs to our thread %d, "
+		inj_seterr(err, errlen, "the injection session of thread %d belongs to our thread %d, "
 		       "not %d (ptrace obeys its tracer thread only)", (int)in->tid,
 		       (int)in->owner, (int)gettid());
 		return -EINVAL;
 	}
 	if (in->gone) {
-		seterr(err, errlen, "thread %d of process %d is gone", (int)in->tid, (int)in->pid);
+		inj_seterr(err, errlen, "thread %d of process %d is gone", (int)in->tid, (int)in->pid);
 		return -ESRCH;
 	}
 	if (!in->parked) {
-		seterr(err, errlen, "the injection session of thread %d is unusable after an "
+		inj_seterr(err, errlen, "the injection session of thread %d is unusable after an "
 		       "earlier error", (int)in->tid);
 		return -EIO;
 	}
 	if (!in->syscall_ip) {
-		ret = find_code(in, err, errlen);
+		ret = inj_find_code(in, err, errlen);
 		if (ret)
 			return ret;
 	}
@@ -952,14 +520,14 @@ int hq_inject_syscall(struct hq_inject *in, long nr, const long args[6], long *r
 	/* Up to the syscall-entry stop; a foreign signal first is delivered, then again. */
 	for (int tries = 0;; tries++) {
 		if (tries >= MAX_RETRIES) {
-			seterr(err, errlen, "thread %d of process %d: the call did not start "
+			inj_seterr(err, errlen, "thread %d of process %d: the call did not start "
 			       "after %d signals or stops", (int)in->tid, (int)in->pid, tries);
 			ret = -EAGAIN;
 			goto fail;
 		}
 		/* A new frame each time: a delivered signal changes what the thread is. */
-		frame = write_frame(in);
-		ip = frame ? in->gadget_ip : bare_syscall_ip(in);
+		frame = inj_write_frame(in);
+		ip = frame ? in->gadget_ip : inj_bare_syscall_ip(in);
 		regs = in->saved;
 		regs.rip = ip;
 		if (frame)
@@ -973,12 +541,12 @@ int hq_inject_syscall(struct hq_inject *in, long nr, const long args[6], long *r
 		regs.r8 = (unsigned long long)args[4];
 		regs.r9 = (unsigned long long)args[5];
 		in->dirty = true;
-		if (xptrace(PTRACE_SETREGS, in->tid, 0, (uintptr_t)&regs)) {
+		if (inj_ptrace(PTRACE_SETREGS, in->tid, 0, (uintptr_t)&regs)) {
 			ret = ptrace_failed(in, "PTRACE_SETREGS", err, errlen);
 			goto fail;
 		}
 		if (in->mask_saved &&
-		    xptrace(PTRACE_SETSIGMASK, in->tid, sizeof(block), (uintptr_t)&block)) {
+		    inj_ptrace(PTRACE_SETSIGMASK, in->tid, sizeof(block), (uintptr_t)&block)) {
 			ret = ptrace_failed(in, "PTRACE_SETSIGMASK", err, errlen);
 			goto fail;
 		}
@@ -997,25 +565,25 @@ int hq_inject_syscall(struct hq_inject *in, long nr, const long args[6], long *r
 		if (sig == SYSCALL_STOP)
 			break;
 		in->stop_sig = sig;
-		if (xptrace(PTRACE_GETSIGINFO, in->tid, 0, (uintptr_t)&si)) {
+		if (inj_ptrace(PTRACE_GETSIGINFO, in->tid, 0, (uintptr_t)&si)) {
 			ret = ptrace_failed(in, "PTRACE_GETSIGINFO", err, errlen);
 			goto fail;
 		}
-		if (xptrace(PTRACE_GETREGS, in->tid, 0, (uintptr_t)&regs)) {
+		if (inj_ptrace(PTRACE_GETREGS, in->tid, 0, (uintptr_t)&regs)) {
 			ret = ptrace_failed(in, "PTRACE_GETREGS", err, errlen);
 			goto fail;
 		}
 		if (si.si_code > 0 && regs.rip == ip &&
 		    (sig == SIGSEGV || sig == SIGBUS || sig == SIGILL)) {
 			in->stop_sig = 0; /* ours: the target never sees it */
-			seterr(err, errlen, "the syscall instruction at 0x%llx in process %d "
+			inj_seterr(err, errlen, "the syscall instruction at 0x%llx in process %d "
 			       "faulted (%s)", (unsigned long long)ip, (int)in->pid,
 			       sigabbrev_np(sig) ?: "?");
 			ret = -EFAULT;
 			goto fail;
 		}
 		if (regs.rip != ip) {
-			seterr(err, errlen, "thread %d of process %d stopped with signal %d at "
+			inj_seterr(err, errlen, "thread %d of process %d stopped with signal %d at "
 			       "0x%llx, not at the injected call at 0x%llx", (int)in->tid,
 			       (int)in->pid, sig, (unsigned long long)regs.rip,
 			       (unsigned long long)ip);
@@ -1032,7 +600,7 @@ int hq_inject_syscall(struct hq_inject *in, long nr, const long args[6], long *r
 
 	/* The entry stop: the call runs once we resume, and ends in the exit stop. */
 	test_die(in, DIE_ENTRY);
-	if (xptrace(PTRACE_SYSCALL, in->tid, 0, 0)) {
+	if (inj_ptrace(PTRACE_SYSCALL, in->tid, 0, 0)) {
 		ret = ptrace_failed(in, "PTRACE_SYSCALL", err, errlen);
 		goto fail;
 	}
@@ -1042,12 +610,12 @@ int hq_inject_syscall(struct hq_inject *in, long nr, const long args[6], long *r
 		goto fail;
 	if ((st >> 16) || WSTOPSIG(st) != SYSCALL_STOP) {
 		in->stop_sig = (st >> 16) ? 0 : WSTOPSIG(st);
-		seterr(err, errlen, "thread %d of process %d: stop 0x%x, not the end of the "
+		inj_seterr(err, errlen, "thread %d of process %d: stop 0x%x, not the end of the "
 		       "injected call", (int)in->tid, (int)in->pid, st);
 		ret = -EPROTO;
 		goto fail;
 	}
-	if (xptrace(PTRACE_GETREGS, in->tid, 0, (uintptr_t)&regs)) {
+	if (inj_ptrace(PTRACE_GETREGS, in->tid, 0, (uintptr_t)&regs)) {
 		ret = ptrace_failed(in, "PTRACE_GETREGS", err, errlen);
 		goto fail;
 	}
@@ -1055,11 +623,11 @@ int hq_inject_syscall(struct hq_inject *in, long nr, const long args[6], long *r
 	test_die(in, DIE_EXIT);
 
 	/* Parked again before user mode, so before the `ret`: own registers back there. */
-	if (xptrace(PTRACE_INTERRUPT, in->tid, 0, 0)) {
+	if (inj_ptrace(PTRACE_INTERRUPT, in->tid, 0, 0)) {
 		ret = ptrace_failed(in, "PTRACE_INTERRUPT", err, errlen);
 		goto fail;
 	}
-	if (xptrace(PTRACE_CONT, in->tid, 0, 0)) {
+	if (inj_ptrace(PTRACE_CONT, in->tid, 0, 0)) {
 		ret = ptrace_failed(in, "PTRACE_CONT", err, errlen);
 		goto fail;
 	}
@@ -1067,12 +635,12 @@ int hq_inject_syscall(struct hq_inject *in, long nr, const long args[6], long *r
 	if (ret)
 		goto fail;
 	test_die(in, DIE_BACK);
-	if (xptrace(PTRACE_GETREGS, in->tid, 0, (uintptr_t)&regs)) {
+	if (inj_ptrace(PTRACE_GETREGS, in->tid, 0, (uintptr_t)&regs)) {
 		ret = ptrace_failed(in, "PTRACE_GETREGS", err, errlen);
 		goto fail;
 	}
 	if (regs.rip != ip + 2) {
-		seterr(err, errlen, "thread %d of process %d stopped at 0x%llx after the "
+		inj_seterr(err, errlen, "thread %d of process %d stopped at 0x%llx after the "
 		       "injected call at 0x%llx, not right after it", (int)in->tid, (int)in->pid,
 		       (unsigned long long)regs.rip, (unsigned long long)ip);
 		ret = -EPROTO;
@@ -1081,7 +649,7 @@ int hq_inject_syscall(struct hq_inject *in, long nr, const long args[6], long *r
 	if (seccomp_trap_queued(in)) {
 		ret = drop_seccomp_trap(in, err, errlen);
 		if (!ret) {
-			seterr(err, errlen, "a seccomp filter of process %d traps system call %ld",
+			inj_seterr(err, errlen, "a seccomp filter of process %d traps system call %ld",
 			       (int)in->pid, nr);
 			ret = -EPERM;
 		}
@@ -1104,7 +672,7 @@ void hq_inject_end(struct hq_inject *in)
 	if (!in->gone) {
 		/* Normally parked and clean: a plain detach, the kernel restarts what we interrupted. */
 		put_back(in, NULL, 0);
-		if (xptrace(PTRACE_DETACH, in->tid, 0, (uintptr_t)in->stop_sig) && errno == ESRCH)
+		if (inj_ptrace(PTRACE_DETACH, in->tid, 0, (uintptr_t)in->stop_sig) && errno == ESRCH)
 			reap_gone(in);
 	}
 	if (in->mem >= 0)
@@ -1133,7 +701,7 @@ int hq_fd_from_process(pid_t pid, int remote_fd, char *err, size_t errlen)
 	int pidfd, fd, e;
 
 	if (pid <= 0 || remote_fd < 0) {
-		seterr(err, errlen, "hq_fd_from_process: bad arguments (pid %d, fd %d)", (int)pid,
+		inj_seterr(err, errlen, "hq_fd_from_process: bad arguments (pid %d, fd %d)", (int)pid,
 		       remote_fd);
 		return -EINVAL;
 	}
@@ -1141,12 +709,12 @@ int hq_fd_from_process(pid_t pid, int remote_fd, char *err, size_t errlen)
 	if (pidfd < 0) {
 		e = errno;
 		if (e == ESRCH)
-			seterr(err, errlen, "pidfd_open(%d): no process %d", (int)pid, (int)pid);
+			inj_seterr(err, errlen, "pidfd_open(%d): no process %d", (int)pid, (int)pid);
 		else if (e == EINVAL)
-			seterr(err, errlen, "pidfd_open(%d): %s: not a process id (a thread id?)",
+			inj_seterr(err, errlen, "pidfd_open(%d): %s: not a process id (a thread id?)",
 			       (int)pid, ESTR(e));
 		else
-			seterr(err, errlen, "pidfd_open(%d): %s%s", (int)pid, ESTR(e),
+			inj_seterr(err, errlen, "pidfd_open(%d): %s%s", (int)pid, ESTR(e),
 			       e == ENOSYS ? ": the kernel is older than 5.3" : "");
 		return -e;
 	}
@@ -1157,13 +725,13 @@ int hq_fd_from_process(pid_t pid, int remote_fd, char *err, size_t errlen)
 	if (fd >= 0)
 		return fd;
 	if (e == EBADF)
-		seterr(err, errlen, "pidfd_getfd: process %d has no descriptor %d", (int)pid,
+		inj_seterr(err, errlen, "pidfd_getfd: process %d has no descriptor %d", (int)pid,
 		       remote_fd);
 	else if (e == EPERM)
-		seterr(err, errlen, "pidfd_getfd of descriptor %d of process %d not allowed "
+		inj_seterr(err, errlen, "pidfd_getfd of descriptor %d of process %d not allowed "
 		       "(ptrace access rules: run as root)", remote_fd, (int)pid);
 	else
-		seterr(err, errlen, "pidfd_getfd(process %d, descriptor %d): %s%s", (int)pid,
+		inj_seterr(err, errlen, "pidfd_getfd(process %d, descriptor %d): %s%s", (int)pid,
 		       remote_fd, ESTR(e), e == ENOSYS ? ": the kernel is older than 5.6" : "");
 	return -e;
 }
