@@ -467,7 +467,7 @@ static int uffd_from_proc(pid_t pid, char *err, size_t errlen)
 {
 	int pfd, fd = -ENOENT, num, n;
 
-	n = halite_proc_find_uffd(pid, &num);
+	n = hq_proc_fds_to(pid, "anon_inode:[userfaultfd]", &num, 1);
 	if (n < 0) {
 		snprintf(err + strlen(err), errlen - strlen(err), "; /proc/%d/fd: %s", (int)pid,
 			 strerror(-n));
