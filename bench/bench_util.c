@@ -114,17 +114,7 @@ out:
 
 bool bench_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out)
 {
-	char *end;
-	unsigned long long v;
-
-	if (!*s || *s == '-' || *s == '+')
-		return false;
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (errno || *end || v < min || v > max)
-		return false;
-	*out = v;
-	return true;
+	return halite_parse_u64_range(s, min, max, out) == 0;
 }
 
 int bench_bad_arg(const char *prog, bool json, const char *opt, const char *val,

@@ -46,7 +46,7 @@ int bench_drop_cache(const char *path);
 /* Warm: every page of @path read into the page cache. 0 or -errno. */
 int bench_warm_file(const char *path);
 
-/* A decimal in [min, max], nothing else (no sign, no suffix). */
+/* halite_parse_u64_range() as a yes or no: a number in [min, max], no sign, no suffix. */
 bool bench_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out);
 
 /*

@@ -203,8 +203,15 @@ class Clone:
             self.error = f"{self.name}: {e}"
 
 
-def check_digests(clones, src_digest):
-    """Every clone's verifier re-reads its region: its digest must be the snapshot's."""
+def check_digests(res, clones, src_digest):
+    """Every clone's verifier re-reads its region: its digest must be the snapshot's.
+    res["digest_ok"] says whether all are; a BenchError names the clones that differ."""
+    res["digest_ok"] = digests_match(clones, src_digest)
+    if not res["digest_ok"]:
+        raise BenchError("; ".join(c.error for c in clones if c.error))
+
+
+def digests_match(clones, src_digest):
     ok = True
     for c in clones:
         if c.error:
@@ -321,9 +328,7 @@ def run_service(args, reaper, n, snap, src_digest):
             res["template_file_bytes"] = os.stat(os.path.join(d.mem, tid + ".mem")).st_blocks * 512
         except OSError:
             pass
-        res["digest_ok"] = check_digests(clones, src_digest)
-        if not res["digest_ok"]:
-            raise BenchError("; ".join(c.error for c in clones if c.error))
+        check_digests(res, clones, src_digest)
     except (BenchError, hg.GuestError, OSError, KeyError, ValueError) as e:
         res["error"] = str(e)
     finally:
@@ -426,9 +431,7 @@ def run_independent(args, reaper, n, snap, image, src_digest):
         res["lb_decoded"] = sum(lbs)
         overlays = {dk.get("overlay") for r in reports for dk in r.get("disks", [])}
         res["disk_overlays"] = len(overlays)
-        res["digest_ok"] = check_digests(clones, src_digest)
-        if not res["digest_ok"]:
-            raise BenchError("; ".join(c.error for c in clones if c.error))
+        check_digests(res, clones, src_digest)
     except (BenchError, hg.GuestError, OSError, KeyError, ValueError) as e:
         res["error"] = str(e)
     finally:
@@ -644,18 +647,13 @@ def main():
                             f"{r['first_answer_p50_s']}, p95 {r['first_answer_p95_s']}), all "
                             f"in {r['all_in_s']} s, {mib(r['bytes_read'])} read, PSS "
                             f"{mib(r['pss_bytes'])}, digests ok")
-    except KeyboardInterrupt as e:
-        result["errors"].append(f"interrupted ({e})")
-        code = 1
-    except (BenchError, hg.GuestError, subprocess.SubprocessError, OSError) as e:
-        log(f"FAILED: {e}")
-        result["errors"].append(str(e))
-        code = 1
+    except (KeyboardInterrupt, BenchError, hg.GuestError, subprocess.SubprocessError,
+            OSError) as e:
+        code = qb.record_failure(result, e)
     finally:
         reaper.kill_all()
         if not args.keep:
-            for d in (workdir, filedir, memdir):
-                subprocess.run(["rm", "-rf", "--", d])
+            qb.remove_dirs(workdir, filedir, memdir)
         else:
             log(f"kept {workdir}, {filedir} and {memdir}")
     result["results"] = [aggregate(n, m, [r for r in raw if r["clones"] == n and r["mode"] == m])

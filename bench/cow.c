@@ -32,6 +32,7 @@
 
 #include <halite/errors.h>
 
+#include "cli.h"
 #include "cow.h"
 #include "stats.h"
 #include "uffd.h"
@@ -139,22 +140,6 @@ static void fail(struct cow_save *c, int err)
 	wp(c, 0, c->len, false);
 }
 
-static int pwrite_all(int fd, const void *buf, size_t len, off_t off)
-{
-	while (len) {
-		ssize_t n = pwrite(fd, buf, len, off);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return n < 0 ? -errno : -EIO;
-		buf = (const char *)buf + n;
-		len -= (size_t)n;
-		off += n;
-	}
-	return 0;
-}
-
 /* Save page @p if nobody has; returns 1 if this call saved it, 0 if not, < 0. */
 /*
  * Copy, un-protect (which wakes a writer), and only then write the copy out,
@@ -176,7 +161,7 @@ static int take_and_save(struct cow_save *c, uint64_t p, void *buf, uint64_t t0)
 	if (t0)
 		halite_hist_add(c->hist, halite_now_ns() - t0);
 	if (!ret)
-		ret = pwrite_all(c->fd, buf, PAGE, (off_t)(p * PAGE));
+		ret = halite_pwrite_all(c->fd, buf, PAGE, p * PAGE);
 	return ret < 0 ? ret : 1;
 }
 

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "delayfs.h"
+#include "stats.h"
 
 #define DELAYFS_NAME "image"
 #define FILE_INO 2
@@ -46,14 +47,6 @@ struct server {
 	uint32_t latency_us;
 	struct delayfs_shared *sh;
 };
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 static void fill_attr(const struct server *s, fuse_ino_t ino, struct stat *st)
 {
@@ -116,7 +109,7 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		    struct fuse_file_info *fi)
 {
 	struct server *s = fuse_req_userdata(req);
-	uint64_t t = now_ns(), a_off, a_end, got = 0;
+	uint64_t t = halite_now_ns(), a_off, a_end, got = 0;
 	uint8_t *buf = NULL;
 	size_t out = 0;
 

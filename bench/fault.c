@@ -157,11 +157,6 @@ struct fb {
 
 /* --- small helpers --- */
 
-static double now_s(void)
-{
-	return (double)halite_now_ns() / 1e9;
-}
-
 static void sleep_until(uint64_t ns)
 {
 	struct timespec ts = { (time_t)(ns / 1000000000u), (long)(ns % 1000000000u) };
@@ -181,7 +176,7 @@ static void progress(const struct fb *b, const char *fmt, ...)
 {
 	va_list ap;
 
-	fprintf(stderr, PROG ": [%5.1f s] ", now_s() - b->t_start);
+	fprintf(stderr, PROG ": [%5.1f s] ", halite_now_s() - b->t_start);
 	va_start(ap, fmt);
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);
@@ -277,7 +272,7 @@ static int write_file(struct fb *b)
 	uint8_t *buf = NULL;
 	uint64_t nmb;
 	uint32_t mbsz;
-	double t0 = now_s();
+	double t0 = halite_now_s();
 	int ret;
 
 	wo.codec = HALITE_CODEC_LZ4;
@@ -303,7 +298,7 @@ static int write_file(struct fb *b)
 		     halite_writer_errmsg(w));
 	halite_writer_free(w, true);
 	free(buf);
-	b->write_s = now_s() - t0;
+	b->write_s = halite_now_s() - t0;
 	return ret ? -1 : 0;
 }
 
@@ -1251,7 +1246,7 @@ int cmd_fault(int argc, char **argv)
 		return ret;
 	/* Precise short sleeps, for us and for the engine's threads, which inherit it. */
 	prctl(PR_SET_TIMERSLACK, 1ul);
-	b.t_start = now_s();
+	b.t_start = halite_now_s();
 	if (asprintf(&b.path, "%s/halite-bench-fault.%d.hlt", p->dir, (int)getpid()) < 0) {
 		b.path = NULL;
 		fail(&b, "out of memory");

@@ -178,11 +178,6 @@ enum { FC_OTHER, FC_PT, FC_WS };
 
 /* --- small helpers --- */
 
-static double now_s(void)
-{
-	return (double)halite_now_ns() / 1e9;
-}
-
 static void sleep_us(unsigned us)
 {
 	struct timespec ts = { us / 1000000u, (long)(us % 1000000u) * 1000l };
@@ -196,7 +191,7 @@ static void progress(struct bench *b, const char *fmt, ...)
 {
 	va_list ap;
 
-	fprintf(stderr, ME ": [%5.1f s] ", now_s() - b->t_start);
+	fprintf(stderr, ME ": [%5.1f s] ", halite_now_s() - b->t_start);
 	va_start(ap, fmt);
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);
@@ -526,10 +521,10 @@ static int run_source(struct bench *b)
 		goto out;
 	}
 	/* The snapshot instant: the slowest vCPU half-way through its run. */
-	tw = now_s();
+	tw = halite_now_s();
 	if (b->p.trace)
 		synth_wait_done(g, b->p.timeout_s * 1000u);
-	while (!b->p.trace && !past_half(b, g) && now_s() - tw < b->p.timeout_s)
+	while (!b->p.trace && !past_half(b, g) && halite_now_s() - tw < b->p.timeout_s)
 		sleep_us(100);
 	ret = synth_pause(g);
 	if (ret) {
@@ -1534,7 +1529,7 @@ static int micro(int argc, char **argv)
 		return ret;
 	/* Precise short sleeps for the first-access watch. */
 	prctl(PR_SET_TIMERSLACK, 1ul);
-	b.t_start = now_s();
+	b.t_start = halite_now_s();
 	if (p->trace) {
 		ret = size_from_trace(&b);
 		if (ret)

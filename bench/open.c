@@ -32,17 +32,10 @@
 
 #include "bench_util.h"
 #include "cli.h"
+#include "stats.h"
 
 #define GIB (1ull << 30)
 #define MAX_RUNS 15
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 /* MB @m's bytes: its index, then a pattern half of which is noise (lz4 halves it). */
 static void mb_data(uint64_t m, uint8_t *p, uint32_t len)
@@ -117,9 +110,9 @@ static int one_run(const char *path, uint64_t bytes, uint64_t every, struct run 
 	uint8_t *mem;
 	int ret;
 
-	t0 = now_ns();
+	t0 = halite_now_ns();
 	ret = halite_reader_open(&rd, path, NULL);
-	out->reader_open_ms = (double)(now_ns() - t0) / 1e6;
+	out->reader_open_ms = (double)(halite_now_ns() - t0) / 1e6;
 	halite_reader_free(rd);
 	if (ret)
 		return ret;
@@ -131,15 +124,15 @@ static int one_run(const char *path, uint64_t bytes, uint64_t every, struct run 
 	ro.flags = HALITE_RESTORE_NO_PREFETCH;
 	/* An MB in the middle of memory, one that was stored: the guest's first access. */
 	mb = (bytes / 8192 / 2) / every * every;
-	t0 = now_ns();
+	t0 = halite_now_ns();
 	ret = halite_restore_open(&r, path, &reg, 1, &ro);
-	t1 = now_ns();
+	t1 = halite_now_ns();
 	if (!ret)
 		ret = halite_restore_start(r);
-	t2 = now_ns();
+	t2 = halite_now_ns();
 	if (!ret) {
 		got = *(volatile uint64_t *)(mem + mb * 8192);
-		t3 = now_ns();
+		t3 = halite_now_ns();
 		want[0] = mb;
 		ret = got == want[0] ? 0 : 1;
 		if (ret)

@@ -125,6 +125,22 @@ def log(msg):
     print(msg, file=sys.stderr, flush=True)
 
 
+def record_failure(result, e):
+    """What ended a benchmark's run (an error, or ^C) in result["errors"], and said;
+    returns 1, the exit code."""
+    if isinstance(e, KeyboardInterrupt):
+        result["errors"].append(f"interrupted ({e})")
+    else:
+        log(f"FAILED: {e}")
+        result["errors"].append(str(e))
+    return 1
+
+
+def remove_dirs(*dirs):
+    for d in dirs:
+        subprocess.run(["rm", "-rf", "--", d])
+
+
 def now():
     return time.monotonic()
 
@@ -1149,18 +1165,13 @@ def main():
                     if r["error"]:
                         result["errors"].append(f"{m} {cache} run {run}: {r['error']}")
                         code = 1
-    except KeyboardInterrupt as e:
-        result["errors"].append(f"interrupted ({e})")
-        code = 1
-    except (BenchError, hg.GuestError, subprocess.TimeoutExpired, OSError) as e:
-        log(f"FAILED: {e}")
-        result["errors"].append(str(e))
-        code = 1
+    except (KeyboardInterrupt, BenchError, hg.GuestError, subprocess.TimeoutExpired,
+            OSError) as e:
+        code = record_failure(result, e)
     finally:
         reaper.kill_all()
         if not args.keep:
-            for d in (workdir, filedir):
-                subprocess.run(["rm", "-rf", "--", d])
+            remove_dirs(workdir, filedir)
         else:
             log(f"kept {workdir} and {filedir}")
     result["summary"] = {c: summarize(result["runs"], c, args.methods) for c in args.caches}

@@ -24,6 +24,7 @@
 
 #include <halite/halite.h>
 
+#include "cli.h"
 #include "peers.h"
 
 static const char *const org_names[ORG_COUNT] = { "random", "physical", "locality", "halite" };
@@ -67,14 +68,6 @@ static bool all_zero(const uint8_t *p, size_t n)
 	return !n || (!p[0] && !memcmp(p, p + 1, n - 1));
 }
 
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 /* splitmix64: a seeded order, the same on every machine. */
 static uint64_t next_rand(uint64_t *s)
 {
@@ -85,23 +78,13 @@ static uint64_t next_rand(uint64_t *s)
 	return z ^ (z >> 31);
 }
 
-static int pwrite_all(int fd, const void *buf, size_t len, off_t off)
+/* LB @i's table entry and the MBs it holds: 0 or the reader's error. */
+static int lb_members(struct ctx *c, uint64_t i, struct halite_lb_info *li, const uint64_t **mbs,
+		      uint32_t *n)
 {
-	const uint8_t *p = buf;
+	int ret = halite_reader_lb_info(c->rd, i, li);
 
-	while (len) {
-		ssize_t n = pwrite(fd, p, len, off);
-
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		p += n;
-		len -= (size_t)n;
-		off += n;
-	}
-	return 0;
+	return ret ? ret : halite_reader_lb_members(c->rd, i, mbs, n);
 }
 
 static int cmp_vmb(const void *a, const void *b)
@@ -172,7 +155,7 @@ static int write_sparse(struct ctx *c, int fd, const uint8_t *data, uint32_t len
 			;
 		if (end > len)
 			end = len;
-		int ret = pwrite_all(fd, data + off, end - off, (off_t)(gpa + off));
+		int ret = halite_pwrite_all(fd, data + off, end - off, gpa + off);
 
 		if (ret)
 			return ret;
@@ -206,9 +189,7 @@ static int write_raw(struct ctx *c)
 		const uint64_t *mbs;
 		uint32_t n;
 
-		ret = halite_reader_lb_info(c->rd, i, &li);
-		if (!ret)
-			ret = halite_reader_lb_members(c->rd, i, &mbs, &n);
+		ret = lb_members(c, i, &li, &mbs, &n);
 		if (!ret)
 			ret = halite_reader_read_lb(c->rd, i, lb);
 		if (ret) {
@@ -372,9 +353,7 @@ static int put_locality(struct ctx *c, struct halite_writer *w)
 		const uint64_t *mbs;
 		uint32_t n;
 
-		ret = halite_reader_lb_info(c->rd, i, &li);
-		if (!ret)
-			ret = halite_reader_lb_members(c->rd, i, &mbs, &n);
+		ret = lb_members(c, i, &li, &mbs, &n);
 		if (ret)
 			return fail(c, ret, "locality block %llu: %s", (unsigned long long)i,
 				    halite_strerror(ret));
@@ -479,7 +458,7 @@ int relayout(const char *src, const char *dir, uint64_t seed, struct relayout_ou
 	struct ctx c = { .out = &o, .err = err, .errlen = errlen };
 	char rerr[256] = "";
 	HALITE_OPTS(halite_reader_opts, ro);
-	double t0 = now_s();
+	double t0 = halite_now_s();
 	struct stat st;
 	int ret;
 
@@ -532,7 +511,7 @@ out:
 			unlink(o.ws_path);
 		relayout_out_free(&o);
 	} else {
-		o.seconds = now_s() - t0;
+		o.seconds = halite_now_s() - t0;
 		*out = o;
 	}
 	free(c.vmbs);

@@ -301,17 +301,12 @@ def main():
             raise BenchError("the guest's on-demand digest differs from the expected one "
                              "after the saves")
         result["summary"] = summarize(result["saves"])
-    except KeyboardInterrupt as e:
-        result["errors"].append(f"interrupted ({e})")
-        code = 1
-    except (BenchError, hg.GuestError, subprocess.SubprocessError, OSError) as e:
-        log(f"FAILED: {e}")
-        result["errors"].append(str(e))
-        code = 1
+    except (KeyboardInterrupt, BenchError, hg.GuestError, subprocess.SubprocessError,
+            OSError) as e:
+        code = qb.record_failure(result, e)
     finally:
         reaper.kill_all()
-        for d in (workdir, filedir):
-            subprocess.run(["rm", "-rf", "--", d])
+        qb.remove_dirs(workdir, filedir)
     qb.emit(result, args, t_start, table)
     return code
 

@@ -11,8 +11,8 @@
 #   scripts/demo.sh --synthetic [--size MiB] [--codec C] [--keep DIR]
 #
 # --synthetic runs the same cycle on the in-process synthetic guest instead
-# (bench/cycle.c, halite-cycle), which also compares the restored memory byte
-# for byte with a copy taken at the snapshot instant.
+# (halite-cycle, tools/halite-cycle/cycle.c), which also compares the
+# restored memory byte for byte with a copy taken at the snapshot instant.
 # --keep DIR keeps the snapshot file (and consoles) in DIR; --build DIR
 # builds there (default: build/). Exit 0 when the check passes, 77 when the
 # kernel lacks a userfaultfd feature, 1 otherwise.
@@ -53,7 +53,7 @@ if [[ $synthetic -eq 0 ]]; then
 	"$inspect" info "$work/guest.hlt"
 	exit 0
 fi
-cycle=$build/bench/halite-cycle
+cycle=$build/tools/halite-cycle/halite-cycle
 work=${keep:-$(mktemp -d /tmp/halite-demo.XXXXXX)}
 [[ -n $keep ]] || trap 'rm -rf "$work"' EXIT
 # A directory of its own, so the one file in it is this run's.

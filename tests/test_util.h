@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* Shared by the tests: seeded randomness, scratch files, test data. */
+/* Shared by the tests: seeded randomness, scratch files, test data, fd passing. */
 #ifndef HALITE_TEST_UTIL_H
 #define HALITE_TEST_UTIL_H
 
@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <unistd.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 #include <time.h>
 
 /* xorshift64*: deterministic for a seed, printed so a failure can be replayed. */
@@ -104,6 +106,55 @@ static inline const char *t_tmpdir(void)
 		atexit(t_tmpdir_remove);
 	}
 	return dir;
+}
+
+/* --- descriptors over a unix socket (SCM_RIGHTS) --- */
+
+/* One byte and room for one descriptor: what both ends exchange. */
+struct t_fd_msg {
+	char byte;
+	struct iovec iov;
+	union {
+		char buf[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} u;
+	struct msghdr m;
+};
+
+static inline struct msghdr *t_fd_msg_init(struct t_fd_msg *f)
+{
+	memset(f, 0, sizeof(*f));
+	f->iov = (struct iovec){ &f->byte, 1 };
+	f->m = (struct msghdr){ .msg_iov = &f->iov, .msg_iovlen = 1, .msg_control = f->u.buf,
+				.msg_controllen = sizeof(f->u.buf) };
+	return &f->m;
+}
+
+/* @fd to the other end of @sock: 0 or -errno. */
+static inline int t_send_fd(int sock, int fd)
+{
+	struct t_fd_msg f;
+	struct msghdr *m = t_fd_msg_init(&f);
+	struct cmsghdr *c0 = CMSG_FIRSTHDR(m);
+
+	c0->cmsg_level = SOL_SOCKET;
+	c0->cmsg_type = SCM_RIGHTS;
+	c0->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(c0), &fd, sizeof(int));
+	return sendmsg(sock, m, MSG_NOSIGNAL) == 1 ? 0 : -errno;
+}
+
+/* The descriptor the other end of @sock sent (close-on-exec), or -1. */
+static inline int t_recv_fd(int sock)
+{
+	struct t_fd_msg f;
+	struct msghdr *m = t_fd_msg_init(&f);
+	int fd;
+
+	if (recvmsg(sock, m, MSG_CMSG_CLOEXEC) != 1 || !CMSG_FIRSTHDR(m))
+		return -1;
+	memcpy(&fd, CMSG_DATA(CMSG_FIRSTHDR(m)), sizeof(int));
+	return fd;
 }
 
 #endif

@@ -7,6 +7,7 @@
 #ifndef HALITE_CLI_H
 #define HALITE_CLI_H
 
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -17,6 +18,31 @@
  * one, -ERANGE when it does not fit 64 bits.
  */
 int halite_parse_size(const char *s, uint64_t *out);
+
+/*
+ * A whole number (decimal, 0x hex, 0 octal) and nothing after it; it must
+ * start with a digit (no sign, no space). 0 or -EINVAL.
+ */
+int halite_parse_u64(const char *s, uint64_t *out);
+
+/* As halite_parse_u64, and in [@min, @max]: 0, -EINVAL, or -ERANGE outside. */
+int halite_parse_u64_range(const char *s, uint64_t min, uint64_t max, uint64_t *out);
+
+/* Seconds on the monotonic clock, for elapsed times and progress reports. */
+double halite_now_s(void);
+
+/* "@prog: " and the message on stderr, then a newline: a tool's error line. */
+void halite_cli_verrorf(const char *prog, const char *fmt, va_list ap)
+	__attribute__((format(printf, 2, 0)));
+
+/* A duration for people, into @buf: "412 ns", "8.1 us", "3.46 ms", "1.27 s". */
+const char *halite_human_ns(uint64_t ns, char *buf, size_t len);
+
+/*
+ * All of @len bytes to @fd at @off, through short writes and EINTR: 0, or
+ * -errno (-EIO when the file takes no more).
+ */
+int halite_pwrite_all(int fd, const void *buf, size_t len, uint64_t off);
 
 /* @s as a JSON string, quotes included, to @f; NULL prints "". */
 void halite_json_str(FILE *f, const char *s);

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
  * halite-synth save: run a synthetic guest, then save it with the lazy save
- * engine while it runs on, as a VMM would (bench/cycle.c does the same for
+ * engine while it runs on, as a VMM would (tools/halite-cycle/cycle.c does the same for
  * the demo). The file records the guest's layout options (synth.args), so
  * that `halite-synth clone` and the tests can build the guest that fits
  * the memory again.

@@ -653,6 +653,17 @@ static int lock_quiet(struct synth_guest *g)
 	return 0;
 }
 
+/*
+ * A control call without arguments begins: forwarded as @op when a child
+ * process runs the guest, else lock_quiet(). true when that is all (its
+ * result in @ret); false with ctl_mu held, for the call to go on here.
+ */
+static bool quiet_or_forward(struct synth_guest *g, unsigned op, int *ret)
+{
+	*ret = g->rem ? synth_remote_call(g, op, 0, 0, 0, NULL, 0, NULL) : lock_quiet(g);
+	return g->rem || *ret;
+}
+
 /* --- the public API: child mode forwards --- */
 
 int synth_create(struct synth_guest **gp, const struct synth_opts *opts)
@@ -957,10 +968,7 @@ int synth_log_reset(struct synth_guest *g)
 {
 	int ret;
 
-	if (g->rem)
-		return synth_remote_call(g, OP_LOG_RESET, 0, 0, 0, NULL, 0, NULL);
-	ret = lock_quiet(g);
-	if (ret)
+	if (quiet_or_forward(g, OP_LOG_RESET, &ret))
 		return ret;
 	for (unsigned v = 0; v < g->nvcpus; v++) {
 		__atomic_store_n(&g->vcpu[v].log_len, 0, __ATOMIC_RELAXED);
@@ -976,10 +984,7 @@ int synth_trace_flush(struct synth_guest *g)
 {
 	int ret;
 
-	if (g->rem)
-		return synth_remote_call(g, OP_TRACE_FLUSH, 0, 0, 0, NULL, 0, NULL);
-	ret = lock_quiet(g);
-	if (ret)
+	if (quiet_or_forward(g, OP_TRACE_FLUSH, &ret))
 		return ret;
 	for (unsigned v = 0; v < g->nvcpus && !ret && g->trace_fd >= 0; v++)
 		ret = synth_trace_flush_vcpu(&g->vcpu[v]);

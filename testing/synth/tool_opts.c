@@ -141,24 +141,13 @@ static const struct option long_opts[] = {
 
 static const char *const cmd_names[] = { "run", "save", "clone" };
 
-static int parse_u64(const char *s, uint64_t *v)
-{
-	char *end;
-
-	if (!s || *s < '0' || *s > '9')
-		return -1;
-	errno = 0;
-	*v = strtoull(s, &end, 0);
-	return errno || end == s || *end ? -1 : 0;
-}
-
 /* MiB as a plain number (as always), or a size with a K, M or G suffix. */
 static int parse_mib(const char *s, uint64_t *v)
 {
 	size_t n = strlen(s);
 
 	if (n && s[n - 1] >= '0' && s[n - 1] <= '9') {
-		if (parse_u64(s, v) || *v > (UINT64_MAX >> 20))
+		if (halite_parse_u64(s, v) || *v > (UINT64_MAX >> 20))
 			return -1;
 		*v <<= 20;
 		return 0;
@@ -171,7 +160,7 @@ static int parse_uint(const char *s, unsigned min, unsigned max, unsigned *v)
 {
 	uint64_t x;
 
-	if (parse_u64(s, &x) || x < min || x > max)
+	if (halite_parse_u64_range(s, min, max, &x))
 		return -1;
 	*v = (unsigned)x;
 	return 0;
@@ -307,11 +296,11 @@ int hs_parse(int argc, char **argv, enum hs_cmd cmd, struct hs_args *a)
 		case O_TRACE: a->o.trace_in = v; a->o.pattern = SYNTH_PAT_TRACE; break;
 		case O_RECORD: a->o.trace_out = v; break;
 		case O_LOOP: a->o.flags |= SYNTH_F_TRACE_LOOP; break;
-		case O_SEED: ret = parse_u64(v, &a->o.seed); break;
+		case O_SEED: ret = halite_parse_u64(v, &a->o.seed); break;
 		case O_TLB: ret = parse_uint(v, 0, 1u << 20, &a->o.tlb_entries); break;
-		case O_ACCESSES: ret = parse_u64(v, &a->o.max_accesses); break;
+		case O_ACCESSES: ret = halite_parse_u64(v, &a->o.max_accesses); break;
 		case O_SECONDS:
-			ret = parse_u64(v, &a->seconds) || a->seconds > 86400 ? -1 : 0;
+			ret = halite_parse_u64(v, &a->seconds) || a->seconds > 86400 ? -1 : 0;
 			a->seconds_set = true;
 			break;
 		case O_CHILD: a->o.flags |= SYNTH_F_CHILD; break;
@@ -323,7 +312,7 @@ int hs_parse(int argc, char **argv, enum hs_cmd cmd, struct hs_args *a)
 			break;
 		case O_MEM_FILE: a->mem_file = v; break;
 		case O_MEM_OFFSET:
-			ret = parse_u64(v, &x) || x % 4096 ? -1 : 0;
+			ret = halite_parse_u64(v, &x) || x % 4096 ? -1 : 0;
 			a->mem_offset = x;
 			break;
 		case O_CONTROL: a->control = v; break;

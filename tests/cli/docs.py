@@ -40,14 +40,7 @@ ENV_BIN = {
     "halite-bench-open": "HALITE_BENCH_OPEN_BIN", "halite-trace-lackey": "HALITE_TRACE_LACKEY_BIN",
 }
 
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what)
-    return cond
+from checks import check, failures  # noqa: E402
 
 
 def binary(prog):

@@ -29,14 +29,7 @@ RUNTIME_DEPS = ["liblz4", "libzstd", "zlib1g", "libxxhash", "libcjson", "liburin
                 "libmicrohttpd", "libcurl", "libc6"]
 STATUS = "/var/lib/dpkg/status"
 
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what)
-    return cond
+from checks import check, failures  # noqa: E402
 
 
 def sha256(path):

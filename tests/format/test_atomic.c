@@ -329,27 +329,48 @@ static void test_write_failure(void **state)
 	}
 }
 
+/*
+ * Scene @name set up in @s, and a writer on its target with every MB put and
+ * vCPU 0's stream flushed: a save half done.
+ */
+static struct halite_writer *create_half_done(struct scene *s, const char *name)
+{
+	struct halite_writer *w;
+	int ret;
+
+	scene_init(s, name);
+	w = create(s->target, 0, &ret);
+	assert_int_equal(ret, 0);
+	assert_int_equal(put_all(w, s->mem), 0);
+	assert_int_equal(halite_writer_flush_stream(w, HALITE_STREAM(HALITE_STREAM_VCPU, 0)), 0);
+	return w;
+}
+
+/*
+ * The unfinished writer @w freed, @keep-ing its partial file or not: the
+ * older snapshot stays as it was either way, the partial file only if kept.
+ * @s freed.
+ */
+static void free_unfinished(struct scene *s, struct halite_writer *w, int keep)
+{
+	expect_old(s);
+	halite_writer_free(w, !keep);
+	expect_old(s);
+	expect_listing(s->dir, keep ? "snap.hlt snap.hlt.incomplete" : "snap.hlt");
+	if (keep)
+		expect_kept(s);
+	scene_free(s);
+}
+
 /* Freed without finish, as a save that dies or is cancelled: with and without unlink. */
 static void test_free_without_finish(void **state)
 {
 	for (int keep = 0; keep < 2; keep++) {
 		struct scene s;
 		struct halite_writer *w;
-		int ret;
 
-		scene_init(&s, "nofinish");
-		w = create(s.target, 0, &ret);
-		assert_int_equal(ret, 0);
-		assert_int_equal(put_all(w, s.mem), 0);
-		assert_int_equal(halite_writer_flush_stream(w, HALITE_STREAM(HALITE_STREAM_VCPU, 0)),
-				 0);
-		expect_old(&s);
-		halite_writer_free(w, !keep);
-		expect_old(&s);
-		expect_listing(s.dir, keep ? "snap.hlt snap.hlt.incomplete" : "snap.hlt");
-		if (keep)
-			expect_kept(&s);
-		scene_free(&s);
+		w = create_half_done(&s, "nofinish");
+		free_unfinished(&s, w, keep);
 	}
 	/* A kept partial file replaces an older one, and no partial file is ever the target. */
 	{
@@ -391,27 +412,15 @@ static void test_finish_failure(void **state)
 	for (int keep = 0; keep < 2; keep++) {
 		struct scene s;
 		struct halite_writer *w;
-		int ret;
 
-		scene_init(&s, "finfail");
-		w = create(s.target, 0, &ret);
-		assert_int_equal(ret, 0);
-		assert_int_equal(put_all(w, s.mem), 0);
-		assert_int_equal(halite_writer_flush_stream(w, HALITE_STREAM(HALITE_STREAM_VCPU, 0)),
-				 0);
+		w = create_half_done(&s, "finfail");
 		assert_int_equal(halite_writer_flush_stream(w, HALITE_STREAM(HALITE_STREAM_VCPU, 1)),
 				 0);
 		/* Nothing more may be written: the sections fail. */
 		halite_writer_test_fail_writes(w, 0, EIO);
 		assert_int_equal(halite_writer_finish(w), -EIO);
 		assert_non_null(strstr(halite_writer_errmsg(w), "writing sections"));
-		expect_old(&s);
-		halite_writer_free(w, !keep);
-		expect_old(&s);
-		expect_listing(s.dir, keep ? "snap.hlt snap.hlt.incomplete" : "snap.hlt");
-		if (keep)
-			expect_kept(&s);
-		scene_free(&s);
+		free_unfinished(&s, w, keep);
 	}
 }
 

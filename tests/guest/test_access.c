@@ -18,6 +18,17 @@ struct wcount {
 	uint64_t *cnt;	/* per 8-byte word of memory */
 };
 
+
+/* The guest's memory before and after one whole run, paused at the end. */
+static void run_between_copies(struct synth_guest *g, uint8_t *before, uint8_t *after)
+{
+	CHECK_OK(synth_copy_memory(g, before));
+	CHECK_OK(synth_start(g));
+	CHECK_OK(synth_wait_done(g, 30000));
+	CHECK_OK(synth_pause(g));
+	CHECK_OK(synth_copy_memory(g, after));
+}
+
 static void seq_writes(uint64_t seed)
 {
 	SYNTH_OPTS(o, .mem_bytes = 32 << 20, .nvcpus = 3, .map_bytes = 2 << 20,
@@ -37,12 +48,7 @@ static void seq_writes(uint64_t seed)
 	after = xmalloc(info.mem_bytes);
 	cnt = calloc(words, 8);
 	CHECK(cnt);
-	CHECK_OK(synth_copy_memory(g, before));
-
-	CHECK_OK(synth_start(g));
-	CHECK_OK(synth_wait_done(g, 30000));
-	CHECK_OK(synth_pause(g));
-	CHECK_OK(synth_copy_memory(g, after));
+	run_between_copies(g, before, after);
 
 	for (unsigned v = 0; v < info.nvcpus; v++) {
 		struct synth_vcpu_info vi;
@@ -164,11 +170,7 @@ static void random_ad(uint64_t seed)
 	written = calloc(pages, 1);
 	kinds = xmalloc(pages);
 	CHECK_EQ(synth_frame_kinds(g, 0, kinds, pages), pages);
-	CHECK_OK(synth_copy_memory(g, before));
-	CHECK_OK(synth_start(g));
-	CHECK_OK(synth_wait_done(g, 30000));
-	CHECK_OK(synth_pause(g));
-	CHECK_OK(synth_copy_memory(g, after));
+	run_between_copies(g, before, after);
 
 	for (unsigned v = 0; v < info.nvcpus; v++) {
 		struct synth_vcpu_stats st;

@@ -27,6 +27,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "test_util.h"
+
 #define R_PAGE 4096u
 
 static inline uint64_t r_now_ms(void)
@@ -62,46 +64,6 @@ static inline void r_shared_free(void *p, size_t len)
 {
 	if (p)
 		munmap(p, len ? len : 1);
-}
-
-/* --- descriptors over a unix socket (SCM_RIGHTS) --- */
-
-static inline int r_send_fd(int sock, int fd)
-{
-	char c = 0;
-	struct iovec iov = { &c, 1 };
-	union {
-		char buf[CMSG_SPACE(sizeof(int))];
-		struct cmsghdr align;
-	} u;
-	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
-			    .msg_controllen = sizeof(u.buf) };
-	struct cmsghdr *c0 = CMSG_FIRSTHDR(&m);
-
-	memset(&u, 0, sizeof(u));
-	c0->cmsg_level = SOL_SOCKET;
-	c0->cmsg_type = SCM_RIGHTS;
-	c0->cmsg_len = CMSG_LEN(sizeof(int));
-	memcpy(CMSG_DATA(c0), &fd, sizeof(int));
-	return sendmsg(sock, &m, MSG_NOSIGNAL) == 1 ? 0 : -errno;
-}
-
-static inline int r_recv_fd(int sock)
-{
-	char c;
-	struct iovec iov = { &c, 1 };
-	union {
-		char buf[CMSG_SPACE(sizeof(int))];
-		struct cmsghdr align;
-	} u;
-	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
-			    .msg_controllen = sizeof(u.buf) };
-	int fd;
-
-	if (recvmsg(sock, &m, MSG_CMSG_CLOEXEC) != 1 || !CMSG_FIRSTHDR(&m))
-		return -1;
-	memcpy(&fd, CMSG_DATA(CMSG_FIRSTHDR(&m)), sizeof(int));
-	return fd;
 }
 
 /* --- what the kernel says --- */

@@ -518,12 +518,12 @@ static void sg_start_owner(struct sg *g, int *uffd)
 			_exit(3);
 		/* The owner makes the userfaultfd and keeps its own copy, as QEMU would. */
 		fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
-		if (fd < 0 || r_send_fd(sv[1], fd))
+		if (fd < 0 || t_send_fd(sv[1], fd))
 			_exit(3);
 		sg_child_loop(g);
 	}
 	close(sv[1]);
-	*uffd = r_recv_fd(sv[0]);
+	*uffd = t_recv_fd(sv[0]);
 	close(sv[0]);
 	assert_true(*uffd >= 0);
 	g->owner = pid; /* also written by the child: the same value */

@@ -1379,7 +1379,7 @@ static void test_attach(void **state)
 		int u = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
 
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		if (u < 0 || r_send_fd(sv[1], u))
+		if (u < 0 || t_send_fd(sv[1], u))
 			_exit(3);
 		for (int i = 0; i < 2; i++)
 			pthread_create(&thr[i], NULL, owner_thread, a);
@@ -1391,7 +1391,7 @@ static void test_attach(void **state)
 	}
 	/* This process never touches the memory: a read would allocate a page. */
 	munmap(mem, nhp * HP);
-	uffd = r_recv_fd(sv[0]);
+	uffd = t_recv_fd(sv[0]);
 	assert_true(uffd >= 0);
 	reg = (struct halite_restore_region){ reg_names[0], (uintptr_t)mem, nhp * HP,
 					      HALITE_MEM_SHARED, fd, 0 };

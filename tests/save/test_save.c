@@ -169,44 +169,6 @@ static void start_vcpus(struct guest *g)
 	}
 }
 
-static void send_fd(int sock, int fd)
-{
-	char c = 0;
-	struct iovec iov = { &c, 1 };
-	union {
-		char buf[CMSG_SPACE(sizeof(int))];
-		struct cmsghdr align;
-	} u;
-	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
-			    .msg_controllen = sizeof(u.buf) };
-	struct cmsghdr *c0 = CMSG_FIRSTHDR(&m);
-
-	c0->cmsg_level = SOL_SOCKET;
-	c0->cmsg_type = SCM_RIGHTS;
-	c0->cmsg_len = CMSG_LEN(sizeof(int));
-	memcpy(CMSG_DATA(c0), &fd, sizeof(int));
-	if (sendmsg(sock, &m, 0) != 1)
-		abort();
-}
-
-static int recv_fd(int sock)
-{
-	char c;
-	struct iovec iov = { &c, 1 };
-	union {
-		char buf[CMSG_SPACE(sizeof(int))];
-		struct cmsghdr align;
-	} u;
-	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
-			    .msg_controllen = sizeof(u.buf) };
-	int fd;
-
-	if (recvmsg(sock, &m, 0) != 1 || !CMSG_FIRSTHDR(&m))
-		return -1;
-	memcpy(&fd, CMSG_DATA(CMSG_FIRSTHDR(&m)), sizeof(int));
-	return fd;
-}
-
 /*
  * The child owns the guest: vCPU threads, and a userfaultfd created here and
  * handed to the test. It keeps its own copy open, as QEMU would. It serves
@@ -218,7 +180,8 @@ static void child_main(struct guest *g)
 
 	if (uffd < 0)
 		_exit(3);
-	send_fd(g->sock, uffd);
+	if (t_send_fd(g->sock, uffd))
+		abort();
 	start_vcpus(g);
 	while (!atomic_load(&g->stop)) {
 		if (atomic_load(&g->drop_req) == 1) {
@@ -307,7 +270,7 @@ static struct guest *guest_init(enum mode mode, size_t len, size_t ws, uint64_t 
 		}
 		g->child = pid;
 		close(sv[1]);
-		*uffd = recv_fd(sv[0]);
+		*uffd = t_recv_fd(sv[0]);
 		close(sv[0]);
 		assert_true(*uffd >= 0);
 	} else {
@@ -360,6 +323,19 @@ static void snapshot_copy(uint8_t *dst, const uint8_t *mem, size_t len)
 		if (vec[p] & 1)
 			memcpy(dst + p * PAGE, mem + p * PAGE, PAGE);
 	free(vec);
+}
+
+/* Let the vCPUs run a bit, then the snapshot instant: what memory holds then (calloc'ed). */
+static uint8_t *run_to_snapshot(struct guest *g, size_t len)
+{
+	uint8_t *snap;
+
+	guest_resume(g);
+	usleep(20000);
+	guest_pause(g);
+	snap = calloc(1, len);
+	snapshot_copy(snap, g->mem, len);
+	return snap;
 }
 
 static char *tmp_path(const char *name)
@@ -524,12 +500,7 @@ static void run_save(enum mode mode, int codec, bool background, int fail)
 	int ret;
 
 	g = guest_init(mode, len, ws, &seed, &uffd);
-	/* Let them run a bit, then the snapshot instant. */
-	guest_resume(g);
-	usleep(20000);
-	guest_pause(g);
-	snap = calloc(1, len);
-	snapshot_copy(snap, g->mem, len);
+	snap = run_to_snapshot(g, len);
 	for (int i = 0; i < NVCPU; i++)
 		passes_at_snap[i] = atomic_load(&g->passes[i]);
 
@@ -776,11 +747,7 @@ static void run_copy(enum mode mode, bool background)
 	snapshot_copy(before, copy, clen);
 
 	g = guest_init(mode, len, ws, &seed, &uffd);
-	guest_resume(g);
-	usleep(20000);
-	guest_pause(g);
-	snap = calloc(1, len);
-	snapshot_copy(snap, g->mem, len);
+	snap = run_to_snapshot(g, len);
 	reg[0] = (struct halite_save_region){
 		.name = "pc.ram", .gpa = 0, .length = len, .host = (uintptr_t)g->mem,
 		.kind = mode == ANON ? HALITE_MEM_ANON : HALITE_MEM_SHARED, .fd = g->memfd,

@@ -502,6 +502,24 @@ static void opts_for(struct halite_save_opts *o, const pid_t *tids)
 	o->log_level = HALITE_LOG_WARN;
 }
 
+/*
+ * The save to its end, then what it did: its stats and walk in @st and @w,
+ * the save freed; the nanoseconds since @t0.
+ */
+static uint64_t walk_done(struct halite_save *s, uint64_t t0, struct halite_save_stats *st,
+			  struct halite_save_test_walk *w)
+{
+	uint64_t ns;
+
+	assert_int_equal(halite_save_wait(s, -1), 0);
+	ns = now_ns() - t0;
+	unwatch();
+	halite_save_stats(s, st);
+	halite_save_test_walk(s, w);
+	halite_save_free(s);
+	return ns;
+}
+
 static void print_walk(const char *what, const struct halite_save_test_walk *w, uint64_t ns)
 {
 	fprintf(stderr, "%s: walk work %llu of budget %llu%s, %u roots, %llu tables, "
@@ -561,12 +579,7 @@ static void run_hostile(enum hcase c)
 		root = root_of(j % NVCPU, 4, h.late[j]);
 		assert_int_equal(halite_save_add_root(s, &root), 0);
 	}
-	assert_int_equal(halite_save_wait(s, -1), 0);
-	ns = now_ns() - t0;
-	unwatch();
-	halite_save_stats(s, &st);
-	halite_save_test_walk(s, &w);
-	halite_save_free(s);
+	ns = walk_done(s, t0, &st, &w);
 	print_walk(what, &w, ns);
 
 	assert_true(st.done);
@@ -716,12 +729,7 @@ static void test_legit_guest(void **state)
 	halite_save_test_defer_window(s, 0);
 	assert_int_equal(halite_save_arm(s), 0);
 	assert_int_equal(synth_resume(g), 0);
-	assert_int_equal(halite_save_wait(s, -1), 0);
-	ns = now_ns() - t0;
-	unwatch();
-	halite_save_stats(s, &st);
-	halite_save_test_walk(s, &w);
-	halite_save_free(s);
+	ns = walk_done(s, t0, &st, &w);
 	assert_int_equal(synth_stop(g), 0);
 	print_walk("legit", &w, ns);
 	assert_true(st.done);

@@ -83,6 +83,21 @@ static struct halite_io *open_io(int backend, const char *path, unsigned qd, uns
 	return io;
 }
 
+/* open_io() on a new file in @dir, its name in @path; the test skipped when the backend refuses. */
+static struct halite_io *open_temp_io(int backend, char *path, size_t len, const char *dir,
+				      unsigned qd, unsigned flags, uint32_t latency_us)
+{
+	struct halite_io *io;
+
+	temp_path(path, len, dir);
+	io = open_io(backend, path, qd, flags, latency_us);
+	if (!io) {
+		unlink(path);
+		skip();
+	}
+	return io;
+}
+
 /* Reap until at least @min; check each completion against the expectations. */
 static unsigned reap_check(struct halite_io *io, unsigned min, unsigned nreq,
 			   const size_t *lens, unsigned *seen)
@@ -124,12 +139,7 @@ static void async_round_trip(int backend, unsigned qd, bool direct, size_t chunk
 	unsigned i, pending = 0;
 	int ret;
 
-	temp_path(path, sizeof(path), direct ? direct_dir : test_dir);
-	io = open_io(backend, path, qd, direct ? HALITE_IO_DIRECT : 0, 0);
-	if (!io) {
-		unlink(path);
-		skip();
-	}
+	io = open_temp_io(backend, path, sizeof(path), direct ? direct_dir : test_dir, qd, direct ? HALITE_IO_DIRECT : 0, 0);
 	if (chunk)
 		halite_io_test_set_chunk(io, chunk);
 	src = halite_io_alloc((size_t)NREQ * SLOT);
@@ -233,12 +243,7 @@ static void test_sync(void **state)
 	struct halite_io *io;
 	char path[4200];
 
-	temp_path(path, sizeof(path), test_dir);
-	io = open_io(backend, path, 0, 0, 0);
-	if (!io) {
-		unlink(path);
-		skip();
-	}
+	io = open_temp_io(backend, path, sizeof(path), test_dir, 0, 0, 0);
 	t_fill(src, len, 100, &s);
 	assert_int_equal(halite_io_write(io, src, len, 12345), 0);
 	assert_int_equal(halite_io_sync(io), 0);
@@ -269,12 +274,7 @@ static void test_truncated(void **state)
 	struct halite_io *io;
 	char path[4200];
 
-	temp_path(path, sizeof(path), test_dir);
-	io = open_io(backend, path, 4, 0, 0);
-	if (!io) {
-		unlink(path);
-		skip();
-	}
+	io = open_temp_io(backend, path, sizeof(path), test_dir, 4, 0, 0);
 	memset(buf, 0x5a, sizeof(buf));
 	assert_int_equal(halite_io_write(io, buf, 10000, 0), 0);
 
@@ -326,12 +326,7 @@ static void test_fail_writes(void **state)
 	char path[4200];
 	int n = 0;
 
-	temp_path(path, sizeof(path), test_dir);
-	io = open_io(backend, path, 4, 0, 0);
-	if (!io) {
-		unlink(path);
-		skip();
-	}
+	io = open_temp_io(backend, path, sizeof(path), test_dir, 4, 0, 0);
 	memset(buf, 0x5a, sizeof(buf));
 	halite_io_test_fail_writes(io, 3 * 4096, ENOSPC);
 	assert_int_equal(halite_io_submit_write(io, buf, 4096, 0, 0), 0);
@@ -372,12 +367,7 @@ static void test_queue_full(void **state)
 	struct halite_io *io;
 	char path[4200];
 
-	temp_path(path, sizeof(path), test_dir);
-	io = open_io(backend, path, 2, 0, 0);
-	if (!io) {
-		unlink(path);
-		skip();
-	}
+	io = open_temp_io(backend, path, sizeof(path), test_dir, 2, 0, 0);
 	memset(buf, 1, sizeof(buf));
 	assert_int_equal(halite_io_submit_write(io, buf[0], 4096, 0, 10), 0);
 	assert_int_equal(halite_io_submit_write(io, buf[1], 4096, 4096, 11), 0);
@@ -408,12 +398,7 @@ static void test_latency(void **state)
 	char path[4200];
 	int n, i;
 
-	temp_path(path, sizeof(path), test_dir);
-	io = open_io(backend, path, 8, 0, lat_us);
-	if (!io) {
-		unlink(path);
-		skip();
-	}
+	io = open_temp_io(backend, path, sizeof(path), test_dir, 8, 0, lat_us);
 	memset(buf, 3, sizeof(buf));
 	assert_int_equal(halite_io_write(io, buf, sizeof(buf), 0), 0);
 
@@ -469,12 +454,7 @@ static void test_direct_sync(void **state)
 		print_message("# no file system here takes O_DIRECT\n");
 		skip();
 	}
-	temp_path(path, sizeof(path), direct_dir);
-	io = open_io(backend, path, 4, HALITE_IO_DIRECT, 0);
-	if (!io) {
-		unlink(path);
-		skip();
-	}
+	io = open_temp_io(backend, path, sizeof(path), direct_dir, 4, HALITE_IO_DIRECT, 0);
 	a = halite_io_alloc(3 * HALITE_IO_ALIGN);
 	b = halite_io_alloc(3 * HALITE_IO_ALIGN);
 	t_fill(a, 3 * HALITE_IO_ALIGN, 100, &s);

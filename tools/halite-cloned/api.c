@@ -556,7 +556,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 			return MHD_NO;
 		q->l = l;
 		q->conn = conn;
-		q->t0 = cl_now_ns();
+		q->t0 = halite_now_ns();
 		*con_cls = q;
 		shown = utf8_sanitize(url, strlen(url), 512);
 		if (!shown)
@@ -711,40 +711,33 @@ static int start_one(struct api *a, struct listener *l, int fd)
 {
 	unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL |
 			 MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ITC | MHD_USE_ERROR_LOG;
+	struct MHD_OptionItem o[12];
+	int n = 0;
 
+/* Two-pointer options (a function and its argument) carry the function in .value. */
+#define OPT(opt, v, p) (o[n++] = (struct MHD_OptionItem){ (opt), (intptr_t)(v), (p) })
 	l->a = a;
+	OPT(MHD_OPTION_EXTERNAL_LOGGER, mhd_log, a->d);
+	OPT(MHD_OPTION_LISTEN_SOCKET, fd, NULL);
+	OPT(MHD_OPTION_NOTIFY_COMPLETED, completed, l);
+	OPT(MHD_OPTION_CONNECTION_TIMEOUT, API_IDLE_TIMEOUT_S, NULL);
+	OPT(MHD_OPTION_CONNECTION_LIMIT, API_MAX_CONNECTIONS, NULL);
+	/* Network clients are limited each; the unix socket checks its peer instead. */
+	if (l->tls || l->tcp)
+		OPT(MHD_OPTION_PER_IP_CONNECTION_LIMIT, API_PER_CLIENT, NULL);
+	else
+		OPT(MHD_OPTION_NOTIFY_CONNECTION, notify, l);
 	if (l->tls) {
-		l->mhd = MHD_start_daemon(flags | MHD_USE_TLS, 0, NULL, NULL, handler, l,
-					  MHD_OPTION_EXTERNAL_LOGGER, mhd_log, a->d,
-					  MHD_OPTION_LISTEN_SOCKET, fd,
-					  MHD_OPTION_NOTIFY_COMPLETED, completed, l,
-					  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)API_IDLE_TIMEOUT_S,
-					  MHD_OPTION_CONNECTION_LIMIT, (unsigned)API_MAX_CONNECTIONS,
-					  MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)API_PER_CLIENT,
-					  MHD_OPTION_HTTPS_MEM_KEY, a->d->o.tls_key,
-					  MHD_OPTION_HTTPS_MEM_CERT, a->d->o.tls_cert,
-					  /* a trust list makes MHD ask for the client's certificate */
-					  MHD_OPTION_HTTPS_MEM_TRUST, a->d->o.tls_ca,
-					  MHD_OPTION_END);
-	} else if (l->tcp) {
-		l->mhd = MHD_start_daemon(flags, 0, NULL, NULL, handler, l,
-					  MHD_OPTION_EXTERNAL_LOGGER, mhd_log, a->d,
-					  MHD_OPTION_LISTEN_SOCKET, fd,
-					  MHD_OPTION_NOTIFY_COMPLETED, completed, l,
-					  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)API_IDLE_TIMEOUT_S,
-					  MHD_OPTION_CONNECTION_LIMIT, (unsigned)API_MAX_CONNECTIONS,
-					  MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)API_PER_CLIENT,
-					  MHD_OPTION_END);
-	} else {
-		l->mhd = MHD_start_daemon(flags, 0, NULL, NULL, handler, l,
-					  MHD_OPTION_EXTERNAL_LOGGER, mhd_log, a->d,
-					  MHD_OPTION_LISTEN_SOCKET, fd,
-					  MHD_OPTION_NOTIFY_COMPLETED, completed, l,
-					  MHD_OPTION_NOTIFY_CONNECTION, notify, l,
-					  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)API_IDLE_TIMEOUT_S,
-					  MHD_OPTION_CONNECTION_LIMIT, (unsigned)API_MAX_CONNECTIONS,
-					  MHD_OPTION_END);
+		flags |= MHD_USE_TLS;
+		OPT(MHD_OPTION_HTTPS_MEM_KEY, 0, (void *)a->d->o.tls_key);
+		OPT(MHD_OPTION_HTTPS_MEM_CERT, 0, (void *)a->d->o.tls_cert);
+		/* a trust list makes MHD ask for the client's certificate */
+		OPT(MHD_OPTION_HTTPS_MEM_TRUST, 0, (void *)a->d->o.tls_ca);
 	}
+	OPT(MHD_OPTION_END, 0, NULL);
+#undef OPT
+	l->mhd = MHD_start_daemon(flags, 0, NULL, NULL, handler, l, MHD_OPTION_ARRAY, o,
+				  MHD_OPTION_END);
 	return l->mhd ? 0 : -EIO;
 }
 

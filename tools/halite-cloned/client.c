@@ -321,16 +321,6 @@ static int show(const struct opts *o, const char *what, long status, const struc
 	return 0;
 }
 
-static int parse_uint(const char *s, unsigned long long min, unsigned long long max,
-		      unsigned long long *v)
-{
-	char *end;
-
-	errno = 0;
-	*v = strtoull(s, &end, 10);
-	return errno || end == s || *end || *s == '-' || *v < min || *v > max ? -1 : 0;
-}
-
 static char *path_of(const char *fmt, const char *id)
 {
 	char *p;
@@ -366,7 +356,7 @@ static int usage_error(const struct opts *o, const char *sub, const char *fmt, .
 /* clone TEMPLATE's options into the request body @j; 0 or a usage error's exit code. */
 static int clone_opts(const struct opts *o, int argc, char **argv, cJSON *j)
 {
-	unsigned long long v;
+	uint64_t v;
 
 	for (int i = 2; i < argc; i++) {
 		const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -387,16 +377,16 @@ static int clone_opts(const struct opts *o, int argc, char **argv, cJSON *j)
 		i++;
 		if (!strcmp(a, "-n") || !strcmp(a, "--count")) {
 			/* The daemon's most per request (CLONED_MAX_COUNT). */
-			if (parse_uint(val, 1, 64, &v))
+			if (halite_parse_u64_range(val, 1, 64, &v))
 				return usage_error(o, "clone", "%s '%s': want 1 .. 64", a, val);
 			cJSON_AddNumberToObject(j, "count", (double)v);
 		} else if (!strcmp(a, "--accesses")) {
-			if (parse_uint(val, 0, 1ull << 50, &v))
+			if (halite_parse_u64_range(val, 0, 1ull << 50, &v))
 				return usage_error(o, "clone", "--accesses '%s': want 0 .. 2^50",
 						   val);
 			cJSON_AddNumberToObject(j, "accesses", (double)v);
 		} else if (!strcmp(a, "--write")) {
-			if (parse_uint(val, 0, 100, &v))
+			if (halite_parse_u64_range(val, 0, 100, &v))
 				return usage_error(o, "clone",
 						   "--write '%s': want percent, 0 .. 100", val);
 			cJSON_AddNumberToObject(j, "write_pct", (double)v);

@@ -21,6 +21,7 @@
 #include <cjson/cJSON.h>
 
 #include "clone_ctl.h"
+#include "stats.h" /* halite_now_ns(), the monotonic clock */
 #include <halite/template.h>
 
 #define PROG "halite-cloned"
@@ -172,7 +173,6 @@ struct cloned {
 void cl_log(const struct cloned *d, int level, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 void cl_engine_log(void *ctx, int level, const char *msg);
-uint64_t cl_now_ns(void);
 int cl_random_id(char *out, char prefix);
 bool cl_valid_id(const char *s, char prefix);
 int cl_mkdir_p(const char *path, mode_t mode);
@@ -192,6 +192,8 @@ char *state_template_file(const struct cloned *d, const char *tid, const char *e
 char *state_mem_file(const struct cloned *d, const char *tid);
 const char *state_jstr(const cJSON *j, const char *k);
 double state_jnum(const cJSON *j, const char *k, double def);
+/* A clone state as clone.json, the API and the metrics name it: "running", ... */
+const char *clone_state_name(enum clone_state s);
 
 /* snapdir.c: snapshots from the operator's directories only */
 int snapdir_add(struct cloned *d, const char *path, char *err, size_t errlen);
@@ -213,7 +215,13 @@ void tmpl_show(struct cloned *d, const char *id, struct http_reply *r);
 void tmpl_delete(struct cloned *d, const char *id, struct http_reply *r);
 void tmpl_save_hotsets(struct cloned *d, bool all);
 void tmpl_load_all(struct cloned *d);
-void tmpl_retry_unavailable(struct cloned *d); /* the monitor: lock not held */
+/*
+ * The monitor (lock not held): unavailable templates opened again; @loaded is
+ * called, lock held, for each that opens (clones_adopt: re-attach its clones),
+ * so that templates never call up into clones.c.
+ */
+void tmpl_retry_unavailable(struct cloned *d,
+			    void (*loaded)(struct cloned *d, struct tmpl *tp));
 
 /* clones.c */
 void clones_create(struct cloned *d, const char *tid, const cJSON *body, uint64_t t_request,
@@ -227,9 +235,8 @@ int clone_reattach(struct cloned *d, struct clone *c, char *err, size_t errlen);
 void clone_destroy(struct clone *c);
 void clones_load_all(struct cloned *d); /* after tmpl_load_all() */
 void clones_adopt(struct cloned *d, struct tmpl *tp); /* tp loaded again; lock held */
-const char *clone_state_name(enum clone_state s);
 
-/* a clone's control socket: guest/clone_ctl.h */
+/* a clone's control socket: clone/clone_ctl.h */
 
 /* confine.c */
 int confine_synth_args_check(const char *args, char *err, size_t errlen);

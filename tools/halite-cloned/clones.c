@@ -44,16 +44,9 @@
 #include <halite/errors.h>
 
 #include "cloned.h"
+#include "proc.h"
 
 extern char **environ;
-
-static const char *const state_names[CL_NSTATES] = { "starting", "running", "done", "failed",
-						     "exited", "orphaned" };
-
-const char *clone_state_name(enum clone_state s)
-{
-	return state_names[s];
-}
 
 void clone_destroy(struct clone *c)
 {
@@ -172,7 +165,7 @@ static cJSON *clone_json(struct cloned *d, struct clone *c)
 	cJSON_AddStringToObject(j, "id", c->id);
 	cJSON_AddStringToObject(j, "template", c->tp->id);
 	cJSON_AddNumberToObject(j, "pid", c->pid);
-	cJSON_AddStringToObject(j, "state", state_names[c->state]);
+	cJSON_AddStringToObject(j, "state", clone_state_name(c->state));
 	cJSON_AddNumberToObject(j, "created", (double)c->created);
 	cJSON_AddNumberToObject(j, "ready_s", c->ready_s);
 	cJSON_AddNumberToObject(j, "faults", (double)st.faults);
@@ -273,13 +266,13 @@ static int wait_ready(struct attach_job *j)
 {
 	int ms = j->c->tp->kind == TMPL_QEMU ? CLONED_QEMU_READY_TIMEOUT_MS :
 		 CLONED_READY_TIMEOUT_MS;
-	uint64_t deadline = cl_now_ns() + (uint64_t)ms * 1000000u;
+	uint64_t deadline = halite_now_ns() + (uint64_t)ms * 1000000u;
 	char buf[256];
 	size_t len = 0;
 
 	for (;;) {
 		struct pollfd p = { .fd = j->out_fd, .events = POLLIN };
-		uint64_t now = cl_now_ns();
+		uint64_t now = halite_now_ns();
 		ssize_t n;
 
 		if (now >= deadline) {
@@ -472,37 +465,23 @@ out:
  */
 static int uffd_from_proc(pid_t pid, char *err, size_t errlen)
 {
-	char path[64], link[64];
-	int pfd, fd = -ENOENT;
-	struct dirent *e;
-	DIR *dir;
+	int pfd, fd = -ENOENT, num, n;
 
-	snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
-	dir = opendir(path);
-	if (!dir) {
-		snprintf(err + strlen(err), errlen - strlen(err), "; %s: %s", path, strerror(errno));
-		return -errno;
+	n = hq_proc_fds_to(pid, "anon_inode:[userfaultfd]", &num, 1);
+	if (n < 0) {
+		snprintf(err + strlen(err), errlen - strlen(err), "; /proc/%d/fd: %s", (int)pid,
+			 strerror(-n));
+		return n;
 	}
 	pfd = (int)syscall(SYS_pidfd_open, pid, 0);
-	while (pfd >= 0 && fd < 0 && (e = readdir(dir))) {
-		ssize_t n;
-
-		if (e->d_name[0] == '.')
-			continue;
-		n = readlinkat(dirfd(dir), e->d_name, link, sizeof(link) - 1);
-		if (n <= 0)
-			continue;
-		link[n] = 0;
-		if (!strcmp(link, "anon_inode:[userfaultfd]"))
-			fd = (int)syscall(SYS_pidfd_getfd, pfd, atoi(e->d_name), 0);
-	}
+	if (pfd >= 0 && n > 0)
+		fd = (int)syscall(SYS_pidfd_getfd, pfd, num, 0);
 	if (pfd < 0 || fd < 0)
 		snprintf(err + strlen(err), errlen - strlen(err),
 			 "; its userfaultfd not taken from /proc: %s",
 			 strerror(pfd < 0 ? errno : fd == -ENOENT ? ENOENT : errno));
 	if (pfd >= 0)
 		close(pfd);
-	closedir(dir);
 	return fd >= 0 ? fd : -ENOENT;
 }
 
@@ -577,7 +556,7 @@ static void *attach_thread(void *arg)
 		j->ret = ctl_command(j->ctl, "start", NULL, NULL, c->tp->kind == TMPL_QEMU ?
 				     CLONED_QEMU_START_TIMEOUT_MS : CLONED_CTL_TIMEOUT_MS, j->err,
 				     sizeof(j->err));
-	j->ready_s = (double)(cl_now_ns() - j->t_request) / 1e9;
+	j->ready_s = (double)(halite_now_ns() - j->t_request) / 1e9;
 	return NULL;
 }
 
@@ -975,7 +954,7 @@ void clones_create(struct cloned *d, const char *tid, const cJSON *body, uint64_
 			c->started = true;
 			state_save_clone(d, c);
 			observe_ready(d, c->ready_s);
-			tp->hot_due_ns = cl_now_ns() + (d->o.hot_window_ms ? d->o.hot_window_ms : 2000) *
+			tp->hot_due_ns = halite_now_ns() + (d->o.hot_window_ms ? d->o.hot_window_ms : 2000) *
 								1000000ull + 500000000ull;
 			cJSON *o = cJSON_CreateObject();
 
@@ -1214,7 +1193,7 @@ void clones_load_all(struct cloned *d)
 			snprintf(c->error, sizeof(c->error), "%stemplate %s is unavailable: %.400s",
 				 alive ? "" : "its process is gone; its ", c->tp->id, c->tp->error);
 			cl_log(d, HALITE_LOG_WARN, "clone %s (pid %d) %s: %s", c->id, (int)c->pid,
-			       state_names[c->state], c->error);
+			       clone_state_name(c->state), c->error);
 		} else if (c && (cl_proc_starttime(c->pid, &st) || st != c->starttime)) {
 			snprintf(err, sizeof(err), "its process %d is gone", (int)c->pid);
 			clone_destroy(c);

@@ -101,39 +101,6 @@ static void usage(FILE *f)
 		"the socket, another daemon on it), 2 usage (nothing bound or created).\n");
 }
 
-static int parse_u64(const char *s, uint64_t *v)
-{
-	char *end;
-
-	errno = 0;
-	*v = strtoull(s, &end, 0);
-	return errno || end == s || *end || *s == '-' ? -1 : 0;
-}
-
-/* Bytes, or a number with K, M or G (binary). */
-static int parse_size(const char *s, uint64_t *v)
-{
-	char *end;
-	unsigned shift = 0;
-
-	errno = 0;
-	*v = strtoull(s, &end, 10);
-	if (errno || end == s || *s == '-')
-		return -1;
-	if (*end == 'K' || *end == 'k')
-		shift = 10;
-	else if (*end == 'M' || *end == 'm')
-		shift = 20;
-	else if (*end == 'G' || *end == 'g')
-		shift = 30;
-	else if (*end)
-		return -1;
-	if (shift && (end[1] || *v > (UINT64_MAX >> shift)))
-		return -1;
-	*v <<= shift;
-	return 0;
-}
-
 /* @name next to this program, in the build tree's @tree_dir, else from PATH; NULL if none. */
 static char *find_prog(const char *name, const char *tree_dir)
 {
@@ -397,7 +364,7 @@ static int parse_listen(const char *spec, struct sockaddr_storage *ss, socklen_t
 	size_t hl;
 
 	memset(ss, 0, sizeof(*ss));
-	if (!colon || parse_u64(colon + 1, &port) || port == 0 || port > 65535 ||
+	if (!colon || halite_parse_u64(colon + 1, &port) || port == 0 || port > 65535 ||
 	    (hl = (size_t)(colon - spec)) >= sizeof(host)) {
 		snprintf(err, errlen, "--listen %s: want ADDR:PORT, PORT 1 .. 65535", spec);
 		return -1;
@@ -728,22 +695,22 @@ int main(int argc, char **argv)
 		case O_SYNTH: d.o.synth_bin = strdup(optarg); break;
 		case O_QEMU: d.o.qemu_bin = strdup(optarg); break;
 		case O_READERS:
-			if (parse_u64(optarg, &v) || v < 1 || v > 64)
+			if (halite_parse_u64(optarg, &v) || v < 1 || v > 64)
 				goto bad;
 			d.o.readers = (unsigned)v;
 			break;
 		case O_LAT:
-			if (parse_u64(optarg, &v) || v > 10000000)
+			if (halite_parse_u64(optarg, &v) || v > 10000000)
 				goto bad;
 			d.o.read_latency_us = (uint32_t)v;
 			break;
 		case O_RATE:
-			if (parse_u64(optarg, &v))
+			if (halite_parse_u64(optarg, &v))
 				goto bad;
 			d.o.prefetch_rate = v;
 			break;
 		case O_CACHE:
-			if (parse_size(optarg, &v))
+			if (halite_parse_size(optarg, &v))
 				goto bad;
 			d.o.cache_max = v;
 			break;
@@ -762,7 +729,7 @@ int main(int argc, char **argv)
 			break;
 		}
 		case O_CLONE_MEM:
-			if (parse_size(optarg, &v) || v < (1 << 20))
+			if (halite_parse_size(optarg, &v) || v < (1 << 20))
 				goto bad;
 			d.o.clone_memory_max = v;
 			break;
@@ -777,7 +744,7 @@ int main(int argc, char **argv)
 			break;
 		}
 		case O_HOT:
-			if (parse_u64(optarg, &v) || v > 3600000)
+			if (halite_parse_u64(optarg, &v) || v > 3600000)
 				goto bad;
 			d.o.hot_window_ms = (uint32_t)v;
 			break;
@@ -841,7 +808,7 @@ int main(int argc, char **argv)
 
 		if (g) {
 			gid = g->gr_gid;
-		} else if (!parse_u64(d.o.socket_group, &v) && v < (gid_t)-1) {
+		} else if (!halite_parse_u64(d.o.socket_group, &v) && v < (gid_t)-1) {
 			gid = (gid_t)v;
 		} else {
 			snprintf(msg, sizeof(msg), "--socket-group %s: no such group",
@@ -946,7 +913,7 @@ int main(int argc, char **argv)
 		clones_poll(&d);
 		pthread_mutex_unlock(&d.lock);
 		tmpl_save_hotsets(&d, false);
-		tmpl_retry_unavailable(&d);
+		tmpl_retry_unavailable(&d, clones_adopt);
 	}
 	cl_log(&d, HALITE_LOG_INFO, "%s: stopping; clones run on for the next daemon",
 	       strsignal(sig));

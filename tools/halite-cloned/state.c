@@ -34,6 +34,14 @@
 
 #include "cloned.h"
 
+static const char *const state_names[CL_NSTATES] = { "starting", "running", "done", "failed",
+						     "exited", "orphaned" };
+
+const char *clone_state_name(enum clone_state s)
+{
+	return state_names[s];
+}
+
 char *state_clone_dir(const struct cloned *d, const char *cid)
 {
 	char *p;

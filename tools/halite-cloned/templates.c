@@ -542,7 +542,7 @@ void tmpl_save_hotsets(struct cloned *d, bool all)
 		int ret;
 
 		if (!tp->t || !tp->hotset ||
-		    (!all && (!tp->hot_due_ns || cl_now_ns() < tp->hot_due_ns)))
+		    (!all && (!tp->hot_due_ns || halite_now_ns() < tp->hot_due_ns)))
 			continue;
 		tp->hot_due_ns = 0;
 		ret = halite_template_hotset_save(tp->t); /* 0600, the engine's rule */
@@ -632,10 +632,11 @@ void tmpl_load_all(struct cloned *d)
  * the lock (it reads the snapshot); one that opens takes the copy's engine
  * and descriptor, and its orphaned clones are re-attached.
  */
-void tmpl_retry_unavailable(struct cloned *d)
+void tmpl_retry_unavailable(struct cloned *d,
+			    void (*loaded)(struct cloned *d, struct tmpl *tp))
 {
 	struct tmpl *todo = NULL;
-	uint64_t now = cl_now_ns();
+	uint64_t now = halite_now_ns();
 
 	if (now < d->retry_due_ns)
 		return;
@@ -690,7 +691,7 @@ void tmpl_retry_unavailable(struct cloned *d)
 			memset(n, 0, sizeof(*n));
 			cl_log(d, HALITE_LOG_INFO, "template %s loaded again: %s", tp->id,
 			       tp->snapshot);
-			clones_adopt(d, tp);
+			loaded(d, tp);
 		}
 		pthread_mutex_unlock(&d->lock);
 		tmpl_destroy(n);

@@ -51,14 +51,6 @@ void cl_engine_log(void *ctx, int level, const char *msg)
 	cl_log(ctx, level, "engine: %s", msg);
 }
 
-uint64_t cl_now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 int cl_random_id(char *out, char prefix)
 {
 	uint32_t v;

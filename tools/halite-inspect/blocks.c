@@ -36,17 +36,6 @@ void help_map(FILE *f)
 		   "  --version          the program's and the file format's version\n");
 }
 
-static int digits(uint64_t v)
-{
-	int n = 1;
-
-	while (v >= 10) {
-		v /= 10;
-		n++;
-	}
-	return n;
-}
-
 static int hex_digits(uint64_t v)
 {
 	int n = 1;
@@ -58,9 +47,12 @@ static int hex_digits(uint64_t v)
 	return n + 2;
 }
 
-/* Parses [--json] [--region NAME] FILE; region only when @region is not NULL. */
+/*
+ * Parses [--json] [--region NAME] FILE (region only when @region is not
+ * NULL) and opens FILE. -1: done, exit 0 (help, version); else the exit code.
+ */
 static int parse(int argc, char **argv, bool *json, const char **region,
-		 void (*help)(FILE *), const char **path)
+		 void (*help)(FILE *), const char **path, struct halite_reader **r)
 {
 	static const struct option lo[] = {
 		LONGOPTS_COMMON,
@@ -80,15 +72,10 @@ static int parse(int argc, char **argv, bool *json, const char **region,
 				return bad_option('?', argv);
 			*region = optarg;
 			break;
-		case OPT_HELP:
-			run_stdout_taken();
-			help(stdout);
-			return -1;
-		case OPT_VERSION:
-			print_version();
-			return -1;
 		default:
-			return bad_option(c, argv);
+			/* -1: done, exit 0 (help, version); else the exit code. */
+			c = common_option(c, argv, help);
+			return c == EXIT_OK ? -1 : c;
 		}
 	}
 	*json = run_json();
@@ -98,7 +85,7 @@ static int parse(int argc, char **argv, bool *json, const char **region,
 	cJSON_AddStringToObject(run_result(), "file", *path);
 	if (region && *region)
 		cJSON_AddStringToObject(run_result(), "region", *region);
-	return 0;
+	return open_reader(r, *path);
 }
 
 /*
@@ -142,12 +129,9 @@ int cmd_blocks(int argc, char **argv)
 	int ret;
 
 	run_keys(blocks_keys);
-	ret = parse(argc, argv, &json, NULL, help_blocks, &path);
+	ret = parse(argc, argv, &json, NULL, help_blocks, &path, &r);
 	if (ret)
 		return ret < 0 ? EXIT_OK : ret;
-	ret = open_reader(&r, path);
-	if (ret)
-		return ret;
 	fi = halite_reader_info(r);
 
 	if (json) {
@@ -216,12 +200,9 @@ int cmd_map(int argc, char **argv)
 	int ret;
 
 	run_keys(map_keys);
-	ret = parse(argc, argv, &json, &region, help_map, &path);
+	ret = parse(argc, argv, &json, &region, help_map, &path, &r);
 	if (ret)
 		return ret < 0 ? EXIT_OK : ret;
-	ret = open_reader(&r, path);
-	if (ret)
-		return ret;
 	fi = halite_reader_info(r);
 	r1 = fi->region_count;
 	if (region) {

@@ -36,15 +36,9 @@ void help_extract(FILE *f)
 		   "  -r, --region NAME   the region (may be omitted if FILE has only one)\n"
 		   "  -o, --output IMAGE  the image to write (a regular file, never FILE;\n"
 		   "                      replaced only once complete; mode 0600: it holds\n"
-		   "                      guest memory)\n"
-		   "  --progress[=MODE]   progress on stderr about every 0.5 s: text (a\n"
-		   "                      line), json (one object a line) or none (the\n"
-		   "                      default)\n"
-		   "  --json              a JSON summary on stdout (mbs.untouched: the\n"
-		   "                      never-touched blocks)\n"
-		   "  -h, --help          this text\n"
-		   "  --version           the program's and the file format's version\n\n"
-		   "Exit status: 0 ok, 1 FILE is bad or the extract failed, 2 usage.\n");
+		   "                      guest memory)\n");
+	help_image_options(f, 20);
+	fputs("\nExit status: 0 ok, 1 FILE is bad or the extract failed, 2 usage.\n", f);
 }
 
 struct extract {
@@ -55,25 +49,6 @@ struct extract {
 	uint64_t lbs_read, stored, zero, untouched;
 	struct progress progress;
 };
-
-static int write_all(int fd, const void *buf, size_t len, uint64_t off)
-{
-	const char *p = buf;
-
-	while (len) {
-		ssize_t n = pwrite(fd, p, len, (off_t)off);
-
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		p += n;
-		len -= (size_t)n;
-		off += (uint64_t)n;
-	}
-	return 0;
-}
 
 /* Returns 0 or an exit code, having said what went wrong. */
 static int copy_blocks(struct extract *x)
@@ -144,7 +119,7 @@ static int copy_blocks(struct extract *x)
 				ret = exit_code_for(ret);
 				goto out;
 			}
-			ret = write_all(x->fd, mb_buf, halite_reader_mb_bytes(x->r, m),
+			ret = halite_pwrite_all(x->fd, mb_buf, halite_reader_mb_bytes(x->r, m),
 					(m - first) * fi->mb_size);
 			if (ret < 0) {
 				errorf("%s: writing: %s", x->out, strerror(-ret));
@@ -227,14 +202,8 @@ int cmd_extract(int argc, char **argv)
 			if (progress_parse(optarg, &progress))
 				return EXIT_USAGE;
 			break;
-		case OPT_HELP:
-			run_stdout_taken();
-			help_extract(stdout);
-			return EXIT_OK;
-		case OPT_VERSION:
-			return print_version();
 		default:
-			return bad_option(c, argv);
+			return common_option(c, argv, help_extract);
 		}
 	}
 	json = run_json();

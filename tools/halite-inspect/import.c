@@ -66,21 +66,16 @@ void help_import(FILE *f)
 		"  --meta KEY=VALUE        a metadata entry (repeatable)\n"
 		"  -j, --jobs N            compression threads, 1 to 256 (default: online\n"
 		"                          CPUs)\n"
-		"  --no-sync               do not fdatasync the file at the end\n"
-		"  --progress[=MODE]       progress on stderr about every 0.5 s: text (a\n"
-		"                          line), json (one object a line) or none (the\n"
-		"                          default)\n"
-		"  --json                  a JSON summary on stdout (mbs.untouched: the\n"
-		"                          never-touched blocks)\n"
-		"  -h, --help              this text\n"
-		"  --version               the program's and the file format's version\n\n"
-		"Sizes take K, M and G suffixes (powers of 1024). Regions without @GPA\n"
-		"follow the previous one (the first starts at --gpa). Metadata\n"
-		"source=import, import.order and (random order) import.seed are recorded.\n\n"
-		"Exit status: 0 ok, 1 the import failed (an image that does not open or\n"
-		"read, the output not written), 2 usage: a bad option, an image that\n"
-		"cannot be a region, overlapping regions (nothing is written).\n",
+		"  --no-sync               do not fdatasync the file at the end\n",
 		llo, lhi, glo, ghi, zlo, zhi, HALITE_DEFAULT_MB_PAGES);
+	help_image_options(f, 24);
+	fputs("\nSizes take K, M and G suffixes (powers of 1024). Regions without @GPA\n"
+	      "follow the previous one (the first starts at --gpa). Metadata\n"
+	      "source=import, import.order and (random order) import.seed are recorded.\n\n"
+	      "Exit status: 0 ok, 1 the import failed (an image that does not open or\n"
+	      "read, the output not written), 2 usage: a bad option, an image that\n"
+	      "cannot be a region, overlapping regions (nothing is written).\n",
+	      f);
 }
 
 struct source {
@@ -565,7 +560,7 @@ static int parse_region_spec(char *spec, struct source *s)
 	*eq = '\0';
 	s->path = eq + 1;
 	at = strrchr(s->path, '@');
-	if (at && parse_u64(at + 1, &s->gpa) == 0) {
+	if (at && halite_parse_u64(at + 1, &s->gpa) == 0) {
 		*at = '\0';
 		s->has_gpa = true;
 	}
@@ -609,7 +604,7 @@ static int parse_option(struct options *o, int c, char *arg, char **argv)
 		o->random = strcmp(arg, "random") == 0;
 		return 0;
 	case O_SEED:
-		if (parse_u64(arg, &o->seed) < 0)
+		if (halite_parse_u64(arg, &o->seed) < 0)
 			return usage_error("--seed: a number from 0 to 2^64-1, not '%s'", arg);
 		o->has_seed = true;
 		return 0;
@@ -632,20 +627,20 @@ static int parse_option(struct options *o, int c, char *arg, char **argv)
 		o->mb_pages = (uint32_t)l;
 		return 0;
 	case O_LB_SIZE:
-		if (parse_size(arg, &v) < 0 || !halite_is_pow2(v) || v < HALITE_MIN_LB_SIZE ||
+		if (halite_parse_size(arg, &v) < 0 || !halite_is_pow2(v) || v < HALITE_MIN_LB_SIZE ||
 		    v > HALITE_MAX_LB_SIZE)
 			return usage_error("--lb-size: a power of two from 4K to 4M, not '%s'",
 					   arg);
 		o->lb_size = (uint32_t)v;
 		return 0;
 	case O_PAGE_SIZE:
-		if (parse_size(arg, &v) < 0 || !halite_is_pow2(v) || v < 4096 || v > (4u << 20))
+		if (halite_parse_size(arg, &v) < 0 || !halite_is_pow2(v) || v < 4096 || v > (4u << 20))
 			return usage_error("--page-size: a power of two from 4K to 4M, not '%s'",
 					   arg);
 		o->page_size = (uint32_t)v;
 		return 0;
 	case O_GPA:
-		if (parse_u64(arg, &o->gpa) < 0)
+		if (halite_parse_u64(arg, &o->gpa) < 0)
 			return usage_error("--gpa: not an address: '%s'", arg);
 		o->has_gpa = true;
 		return 0;
@@ -667,15 +662,10 @@ static int parse_option(struct options *o, int c, char *arg, char **argv)
 	case OPT_JSON:
 		run_set_json();
 		return 0;
-	case OPT_HELP:
-		run_stdout_taken();
-		help_import(stdout);
-		return -1;
-	case OPT_VERSION:
-		print_version();
-		return -1;
 	}
-	return bad_option(c, argv);
+	/* -1: done, exit 0 (help, version); else the exit code. */
+	c = common_option(c, argv, help_import);
+	return c == EXIT_OK ? -1 : c;
 }
 
 /*

@@ -39,32 +39,7 @@ struct streams {
 
 static struct stream_stat *stream_get(struct streams *s, uint32_t id)
 {
-	size_t lo = 0, hi = s->n;
-
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-
-		if (s->v[mid].id == id)
-			return &s->v[mid];
-		if (s->v[mid].id < id)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	if (s->n == s->cap) {
-		size_t cap = s->cap ? 2 * s->cap : 8;
-		struct stream_stat *v = realloc(s->v, cap * sizeof(*v));
-
-		if (!v)
-			return NULL;
-		s->v = v;
-		s->cap = cap;
-	}
-	memmove(&s->v[lo + 1], &s->v[lo], (s->n - lo) * sizeof(*s->v));
-	memset(&s->v[lo], 0, sizeof(*s->v));
-	s->v[lo].id = id;
-	s->n++;
-	return &s->v[lo];
+	return id_row(&s->v, &s->n, &s->cap, sizeof(*s->v), id, true);
 }
 
 struct totals {
@@ -180,6 +155,24 @@ static uint32_t nul_list(const uint8_t *p, uint32_t len)
 		i += l + 1;
 	}
 	return n;
+}
+
+/* A metadata entry, and how it reads. */
+struct meta {
+	const char *key;
+	const void *val;
+	uint32_t len;
+};
+enum meta_kind { META_NONE, META_LIST, META_TEXT, META_HEX };
+
+/* Entry @i into @m: a list (nul_list), printable text, or bytes; META_NONE if unreadable. */
+static enum meta_kind meta_at(struct halite_reader *r, uint32_t i, struct meta *m)
+{
+	if (halite_reader_meta(r, i, &m->key, &m->val, &m->len) < 0)
+		return META_NONE;
+	if (nul_list(m->val, m->len))
+		return META_LIST;
+	return printable(m->val, m->len) ? META_TEXT : META_HEX;
 }
 
 /*
@@ -369,25 +362,24 @@ static cJSON *info_json(struct halite_reader *r, const char *path,
 
 	o = cJSON_AddObjectToObject(root, "metadata");
 	for (uint32_t i = 0; i < halite_reader_meta_count(r); i++) {
-		const char *key;
-		const void *val;
-		uint32_t len;
+		struct meta m;
+		const char *val;
+		enum meta_kind kind = meta_at(r, i, &m);
 
-		if (halite_reader_meta(r, i, &key, &val, &len) < 0)
-			continue;
-		if (nul_list(val, len)) {
-			cJSON *l = cJSON_AddArrayToObject(o, key);
+		val = m.val;
+		if (kind == META_LIST) {
+			cJSON *l = cJSON_AddArrayToObject(o, m.key);
 
-			for (uint32_t k = 0; k < len; k += (uint32_t)strlen((const char *)val + k) + 1)
-				cJSON_AddItemToArray(l, cJSON_CreateString((const char *)val + k));
-		} else if (printable(val, len)) {
-			char *s = strndup(val, len);
+			for (uint32_t k = 0; k < m.len; k += (uint32_t)strlen(val + k) + 1)
+				cJSON_AddItemToArray(l, cJSON_CreateString(val + k));
+		} else if (kind == META_TEXT) {
+			char *s = strndup(val, m.len);
 
-			cJSON_AddStringToObject(o, key, s ? s : "");
+			cJSON_AddStringToObject(o, m.key, s ? s : "");
 			free(s);
-		} else {
-			char *h = hex_string(val, len);
-			cJSON *hx = cJSON_AddObjectToObject(o, key);
+		} else if (kind == META_HEX) {
+			char *h = hex_string(m.val, m.len);
+			cJSON *hx = cJSON_AddObjectToObject(o, m.key);
 
 			cJSON_AddStringToObject(hx, "hex", h ? h : "");
 			free(h);
@@ -545,21 +537,18 @@ static void info_text(struct halite_reader *r, const char *path,
 	if (halite_reader_meta_count(r)) {
 		printf("\nMetadata:\n");
 		for (uint32_t i = 0; i < halite_reader_meta_count(r); i++) {
-			const char *key;
-			const void *val;
-			uint32_t len;
+			struct meta m;
+			enum meta_kind kind = meta_at(r, i, &m);
 
-			if (halite_reader_meta(r, i, &key, &val, &len) < 0)
-				continue;
-			if (nul_list(val, len)) {
-				printf("  %s = ", key);
-				print_list(val, len, strlen(key) + 5);
-			} else if (printable(val, len)) {
-				print_text(key, val, len);
-			} else {
-				char *h = hex_string(val, len);
+			if (kind == META_LIST) {
+				printf("  %s = ", m.key);
+				print_list(m.val, m.len, strlen(m.key) + 5);
+			} else if (kind == META_TEXT) {
+				print_text(m.key, m.val, m.len);
+			} else if (kind == META_HEX) {
+				char *h = hex_string(m.val, m.len);
 
-				printf("  %s = hex:%s\n", key, h ? h : "?");
+				printf("  %s = hex:%s\n", m.key, h ? h : "?");
 				free(h);
 			}
 		}
@@ -625,14 +614,8 @@ int cmd_info(int argc, char **argv)
 		case OPT_JSON:
 			run_set_json();
 			break;
-		case OPT_HELP:
-			run_stdout_taken();
-			help_info(stdout);
-			return EXIT_OK;
-		case OPT_VERSION:
-			return print_version();
 		default:
-			return bad_option(c, argv);
+			return common_option(c, argv, help_info);
 		}
 	}
 	json = run_json();

@@ -51,6 +51,11 @@ int cmd_extract(int argc, char **argv);
 int cmd_import(int argc, char **argv);
 int cmd_restore(int argc, char **argv);
 int cmd_relayout(int argc, char **argv);
+/*
+ * The options extract and import share (--progress, --json, --help,
+ * --version) in their help, the descriptions at column @col + 2.
+ */
+void help_image_options(FILE *f, int col);
 void help_info(FILE *f);
 void help_verify(FILE *f);
 void help_blocks(FILE *f);
@@ -118,6 +123,13 @@ int bad_option(int c, char **argv);
 int print_version(void);
 
 /*
+ * The getopt result no subcommand handles itself: --help (@help on stdout),
+ * --version, or a bad option. Returns the exit code: EXIT_OK after help
+ * and version.
+ */
+int common_option(int c, char **argv, void (*help)(FILE *));
+
+/*
  * Exit code for a failed Halite call: EXIT_USAGE where the caller asked for
  * what is not there (a region) or named what cannot be a snapshot (-EINVAL:
  * not a regular file); else EXIT_BAD or EXIT_FAIL, both 1.
@@ -156,13 +168,19 @@ const char *describe_mb(const struct halite_reader *r, uint64_t mb, char *buf, s
 /* "LB 3 (offset 200704, stream vcpu0, seq 2)" */
 const char *describe_lb(const struct halite_reader *r, uint64_t lb, char *buf, size_t len);
 
-/* Decimal or 0x hex, full range, nothing trailing. */
-int parse_u64(const char *s, uint64_t *out);
-/* As parse_u64 with an optional K/M/G suffix (binary multiples; "KiB" too). */
-int parse_size(const char *s, uint64_t *out);
 int parse_int(const char *s, long min, long max, long *out);
 /* 0 = online CPUs. */
 unsigned default_jobs(void);
+/* Decimal digits of @v, for a table column's width. */
+int digits(uint64_t v);
+
+/*
+ * Rows of @size bytes that each start with a uint32_t id, sorted by it (a
+ * file's streams: a few, looked up once per LB). @rows is the address of the
+ * array pointer. The row of @id; with @add, a zeroed one put in its place
+ * when there is none. NULL: none, or out of memory.
+ */
+void *id_row(void *rows, size_t *n, size_t *cap, size_t size, uint32_t id, bool add);
 
 /* "1.5 MiB" style, into buf. */
 const char *human_bytes(uint64_t v, char *buf, size_t len);

@@ -687,7 +687,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			o->out = optarg;
 			break;
 		case O_HOT_MAX:
-			if (parse_size(optarg, &o->hot_max) < 0 || o->hot_max < HALITE_MIN_LB_SIZE ||
+			if (halite_parse_size(optarg, &o->hot_max) < 0 || o->hot_max < HALITE_MIN_LB_SIZE ||
 			    o->hot_max > INT64_MAX)
 				return usage_error("--hot-max: a size from 4K to 2^63 bytes, not '%s'",
 						   optarg);
@@ -702,15 +702,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case OPT_JSON:
 			run_set_json();
 			break;
-		case OPT_HELP:
-			run_stdout_taken();
-			help_relayout(stdout);
-			return -1;
-		case OPT_VERSION:
-			print_version();
-			return -1;
 		default:
-			return bad_option(c, argv);
+			/* -1: done, exit 0 (help, version); else the exit code. */
+			c = common_option(c, argv, help_relayout);
+			return c == EXIT_OK ? -1 : c;
 		}
 	}
 	o->json = run_json();

@@ -94,58 +94,30 @@ struct stream_row {
 
 struct streams {
 	struct stream_row *v;
-	size_t n;
+	size_t n, cap;
 };
 
 /* Sorted by id; a file has a few streams (one per vCPU) and many LBs. */
-static struct stream_row *stream_find(const struct streams *s, uint32_t id)
+static struct stream_row *stream_find(struct streams *s, uint32_t id)
 {
-	size_t lo = 0, hi = s->n;
-
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-
-		if (s->v[mid].id == id)
-			return &s->v[mid];
-		if (s->v[mid].id < id)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	return NULL;
+	return id_row(&s->v, &s->n, &s->cap, sizeof(*s->v), id, false);
 }
 
 static int streams_gather(struct halite_reader *r, struct streams *s)
 {
 	const struct halite_file_info *fi = halite_reader_info(r);
-	size_t cap = 0;
 
 	for (uint64_t i = 0; i < fi->lb_count; i++) {
 		struct halite_lb_info li;
 		struct stream_row *row;
-		size_t at;
 		int ret;
 
 		ret = halite_reader_lb_info(r, i, &li);
 		if (ret < 0)
 			return ret;
-		row = stream_find(s, li.stream);
-		if (!row) {
-			if (s->n == cap) {
-				struct stream_row *v;
-
-				cap = cap ? 2 * cap : 8;
-				v = realloc(s->v, cap * sizeof(*v));
-				if (!v)
-					return -ENOMEM;
-				s->v = v;
-			}
-			for (at = s->n; at > 0 && s->v[at - 1].id > li.stream; at--)
-				s->v[at] = s->v[at - 1];
-			s->v[at] = (struct stream_row){ .id = li.stream };
-			s->n++;
-			row = &s->v[at];
-		}
+		row = id_row(&s->v, &s->n, &s->cap, sizeof(*s->v), li.stream, true);
+		if (!row)
+			return -ENOMEM;
 		row->lbs++;
 	}
 	return 0;
@@ -219,19 +191,6 @@ static bool parse_stream(const char *s, uint32_t *id)
 }
 
 /* ---- output ---- */
-
-static const char *human_ns(uint64_t ns, char *buf, size_t len)
-{
-	if (ns < 1000)
-		snprintf(buf, len, "%" PRIu64 " ns", ns);
-	else if (ns < 1000000)
-		snprintf(buf, len, "%.1f us", (double)ns / 1e3);
-	else if (ns < 1000000000)
-		snprintf(buf, len, "%.2f ms", (double)ns / 1e6);
-	else
-		snprintf(buf, len, "%.2f s", (double)ns / 1e9);
-	return buf;
-}
 
 struct opts {
 	const char *file, *trace;
@@ -389,16 +348,16 @@ static void text_summary(const struct opts *o, const struct trace *t, const stru
 		printf(KV "done\n", "Result:");
 	else
 		printf(KV "failed: %s (%d)\n", "Result:", halite_strerror(t->error), t->error);
-	printf(KV "%s (open to ready)\n", "Ready:", human_ns(u[S_READY_NS], b1, sizeof(b1)));
+	printf(KV "%s (open to ready)\n", "Ready:", halite_human_ns(u[S_READY_NS], b1, sizeof(b1)));
 	printf(KV "%s (ready to the end)\n", "Duration:",
-	       human_ns(u[S_DURATION_NS], b1, sizeof(b1)));
+	       halite_human_ns(u[S_DURATION_NS], b1, sizeof(b1)));
 	printf(KV "%" PRIu64 " (answered from memory %" PRIu64 ", zero %" PRIu64
 		  ", from vCPUs %" PRIu64 ")\n",
 	       "Faults:", u[S_FAULTS], u[S_FAULTS_CACHED], u[S_FAULTS_ZERO], u[S_FAULTS_VCPU]);
 	if (u[S_FAULTS]) {
 		printf(KV "p50 %s, ", "Fault service:",
-		       human_ns(u[S_FAULT_P50_NS], b1, sizeof(b1)));
-		printf("p99 %s\n", human_ns(u[S_FAULT_P99_NS], b1, sizeof(b1)));
+		       halite_human_ns(u[S_FAULT_P50_NS], b1, sizeof(b1)));
+		printf("p99 %s\n", halite_human_ns(u[S_FAULT_P99_NS], b1, sizeof(b1)));
 	} else {
 		printf(KV "no faults\n", "Fault service:");
 	}
@@ -544,17 +503,6 @@ static int row_lb(void *ctx, const struct lb_line *l)
 	return row(w, l->index, l);
 }
 
-static int digits(uint64_t v)
-{
-	int n = 1;
-
-	while (v >= 10) {
-		v /= 10;
-		n++;
-	}
-	return n;
-}
-
 /* Second pass over the trace, printing as it goes. */
 static int list_blocks(const struct opts *o, struct trace *t, cJSON *head)
 {
@@ -619,15 +567,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			o->stream_name = optarg;
 			o->blocks = true;
 			break;
-		case OPT_HELP:
-			run_stdout_taken();
-			help_restore(stdout);
-			return -1;
-		case OPT_VERSION:
-			print_version();
-			return -1;
 		default:
-			return bad_option(c, argv);
+			/* -1: done, exit 0 (help, version); else the exit code. */
+			c = common_option(c, argv, help_restore);
+			return c == EXIT_OK ? -1 : c;
 		}
 	}
 	o->json = run_json();

@@ -192,6 +192,84 @@ int refuse_input_as_output(const char *out, const char *in, const char *what)
 			   "what is read; give -o another file", out, in, what);
 }
 
+void help_image_options(FILE *f, int col)
+{
+	static const char *const rows[][2] = {
+		{ "--progress[=MODE]", "progress on stderr about every 0.5 s: text (a" },
+		{ "", "line), json (one object a line) or none (the" },
+		{ "", "default)" },
+		{ "--json", "a JSON summary on stdout (mbs.untouched: the" },
+		{ "", "never-touched blocks)" },
+		{ "-h, --help", "this text" },
+		{ "--version", "the program's and the file format's version" },
+	};
+
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
+		fprintf(f, "  %-*s%s\n", col, rows[i][0], rows[i][1]);
+}
+
+int common_option(int c, char **argv, void (*help)(FILE *))
+{
+	switch (c) {
+	case OPT_HELP:
+		run_stdout_taken();
+		help(stdout);
+		return EXIT_OK;
+	case OPT_VERSION:
+		return print_version();
+	}
+	return bad_option(c, argv);
+}
+
+int digits(uint64_t v)
+{
+	int n = 1;
+
+	while (v >= 10) {
+		v /= 10;
+		n++;
+	}
+	return n;
+}
+
+void *id_row(void *rows, size_t *n, size_t *cap, size_t size, uint32_t id, bool add)
+{
+	size_t lo = 0, hi = *n;
+	char *v;
+
+	/* The caller's array has its own row type: the pointer is copied, not cast. */
+	memcpy(&v, rows, sizeof(v));
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		uint32_t at;
+
+		memcpy(&at, v + mid * size, sizeof(at));
+		if (at == id)
+			return v + mid * size;
+		if (at < id)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (!add)
+		return NULL;
+	if (*n == *cap) {
+		size_t c = *cap ? 2 * *cap : 8;
+		char *nv = realloc(v, c * size);
+
+		if (!nv)
+			return NULL;
+		v = nv;
+		memcpy(rows, &v, sizeof(v));
+		*cap = c;
+	}
+	memmove(v + (lo + 1) * size, v + lo * size, (*n - lo) * size);
+	memset(v + lo * size, 0, size);
+	memcpy(v + lo * size, &id, sizeof(id));
+	(*n)++;
+	return v + lo * size;
+}
+
 int bad_option(int c, char **argv)
 {
 	const char *arg = argv[optind - 1];
@@ -333,25 +411,17 @@ int progress_parse(const char *arg, int *mode)
 	return 0;
 }
 
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 void progress_begin(struct progress *p, int mode, const char *op, const char *path,
 		    int64_t total)
 {
 	*p = (struct progress){ .mode = mode, .op = op, .path = path, .total = total };
-	p->start = p->last = now_s();
+	p->start = p->last = halite_now_s();
 	p->tty = isatty(STDERR_FILENO);
 }
 
 void progress_update(struct progress *p, int64_t bytes, bool done)
 {
-	double t = now_s();
+	double t = halite_now_s();
 	char b1[32], b2[32];
 
 	if (p->mode < 0 || p->mode == HALITE_PROGRESS_NONE)
@@ -387,27 +457,6 @@ void progress_update(struct progress *p, int64_t bytes, bool done)
 		p->path, p->total > 0 ? 100.0 * (double)bytes / (double)p->total : 100.0, b1, b2,
 		done ? ", done" : "", p->tty && !done ? "\033[K" : "\n");
 	fflush(stderr);
-}
-
-int parse_u64(const char *s, uint64_t *out)
-{
-	unsigned long long v;
-	char *end;
-
-	/* strtoull accepts "-1" and wraps; a size never starts with a sign. */
-	if (!s || !isdigit((unsigned char)s[0]))
-		return -EINVAL;
-	errno = 0;
-	v = strtoull(s, &end, 0);
-	if (errno || *end)
-		return -EINVAL;
-	*out = v;
-	return 0;
-}
-
-int parse_size(const char *s, uint64_t *out)
-{
-	return halite_parse_size(s, out);
 }
 
 int parse_int(const char *s, long min, long max, long *out)

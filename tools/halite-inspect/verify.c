@@ -391,14 +391,8 @@ int cmd_verify(int argc, char **argv)
 			if (progress_parse(optarg, &progress))
 				return EXIT_USAGE;
 			break;
-		case OPT_HELP:
-			run_stdout_taken();
-			help_verify(stdout);
-			return EXIT_OK;
-		case OPT_VERSION:
-			return print_version();
 		default:
-			return bad_option(c, argv);
+			return common_option(c, argv, help_verify);
 		}
 	}
 	v.json = run_json();

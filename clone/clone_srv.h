@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Private: a clone's control socket, the server side (clone_srv.c), shared
- * by halite-synth clone (guest/cmd_clone.c) and halite-qemu clone
+ * by halite-synth clone (testing/synth/cmd_clone.c) and halite-qemu clone
  * (tools/halite-qemu/clone.c); the client is clone_ctl.h.
  */
 #ifndef HALITE_CLONE_SRV_H

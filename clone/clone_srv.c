@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
  * The server side of a clone's control socket (protocol in
- * guest/cmd_clone.c and tools/halite-qemu/clone.c; client: clone_ctl.c):
+ * testing/synth/cmd_clone.c and tools/halite-qemu/clone.c; client: clone_ctl.c):
  * one connection at a time, newline-terminated commands, one JSON line
  * answers each, a descriptor riding with a reply as SCM_RIGHTS. The
  * commands are the caller's; framing, replies and the socket are here.

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
  * The client side of a synthetic clone's control socket (halite-synth
- * clone --control, protocol in guest/cmd_clone.c): one line command, one
+ * clone --control, protocol in testing/synth/cmd_clone.c): one line command, one
  * JSON line reply; `uffd` brings the userfaultfd created inside the clone
  * as SCM_RIGHTS. One connection per command, so a command that blocks in
  * the clone (it touched memory no one serves) never holds up the next one,

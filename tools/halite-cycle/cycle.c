@@ -3,7 +3,7 @@
  * halite-cycle: the main job. Snapshot a running guest lazily, restore it
  * lazily, check the result byte for byte, and report.
  *
- * One run, on the synthetic guest (guest/synth.h):
+ * One run, on the synthetic guest (testing/synth/synth.h):
  * 1. A guest runs the paper's microbenchmark (sequential over each vCPU's
  *    working set, 16-page physical stride, data compressing to about 50%,
  *    30% of accesses writing) for a short warm-up.
@@ -150,20 +150,6 @@ static void sleep_ms(unsigned ms)
 static double sec(uint64_t ns)
 {
 	return (double)ns / 1e9;
-}
-
-/* A duration for people: "412 ns", "8.1 us", "3.46 ms", "1.27 s". */
-static const char *dur(char *buf, size_t len, uint64_t ns)
-{
-	if (ns < 1000)
-		snprintf(buf, len, "%" PRIu64 " ns", ns);
-	else if (ns < 1000000)
-		snprintf(buf, len, "%.1f us", (double)ns / 1e3);
-	else if (ns < 1000000000)
-		snprintf(buf, len, "%.2f ms", (double)ns / 1e6);
-	else
-		snprintf(buf, len, "%.2f s", (double)ns / 1e9);
-	return buf;
 }
 
 /*
@@ -876,11 +862,11 @@ static void print_report(const struct cycle *c)
 	printf("save                 %s, while the guest runs (%s)\n",
 	       halite_codec_name(p->codec), p->trace ? "the trace's writes" :
 	       "30% of its accesses write");
-	printf("  pause              %s\n", dur(a, sizeof(a), sv->pause_ns));
+	printf("  pause              %s\n", halite_human_ns(sv->pause_ns, a, sizeof(a)));
 	printf("  pause->arm         %s (pause %s + arm %s: the guest stood still)\n",
-	       dur(a, sizeof(a), sv->pause_ns + sv->arm_ns), dur(b, sizeof(b), sv->pause_ns),
-	       dur(d, sizeof(d), sv->arm_ns));
-	printf("  save time          %s, arm to file complete\n", dur(a, sizeof(a), ss->duration_ns));
+	       halite_human_ns(sv->pause_ns + sv->arm_ns, a, sizeof(a)), halite_human_ns(sv->pause_ns, b, sizeof(b)),
+	       halite_human_ns(sv->arm_ns, d, sizeof(d)));
+	printf("  save time          %s, arm to file complete\n", halite_human_ns(ss->duration_ns, a, sizeof(a)));
 	printf("  file               %.1f MiB, %.1f%% of memory; compression %.2fx\n",
 	       (double)sv->file_bytes / MIB, 100.0 * ratio(sv->file_bytes, c->mem_bytes),
 	       ratio(ss->raw_bytes, ss->stored_bytes));
@@ -901,18 +887,18 @@ static void print_report(const struct cycle *c)
 	if (sv->mb_stream_other)
 		printf(", other %" PRIu64, sv->mb_stream_other);
 	printf("; %" PRIu64 " zero or untouched\n", ss->mb_zero + ss->mb_untouched);
-	printf("  fault p50 / p99    %s / %s\n", dur(a, sizeof(a), ss->fault_p50_ns),
-	       dur(b, sizeof(b), ss->fault_p99_ns));
+	printf("  fault p50 / p99    %s / %s\n", halite_human_ns(ss->fault_p50_ns, a, sizeof(a)),
+	       halite_human_ns(ss->fault_p99_ns, b, sizeof(b)));
 	if (!c->restored)
 		return;
 	printf("restore              into an empty guest whose vCPUs start at once and only read\n");
 	printf("  time to resume     %s (open %s + start %s + vCPUs started)\n",
-	       dur(a, sizeof(a), rr->resume_ns), dur(b, sizeof(b), rr->open_ns),
-	       dur(d, sizeof(d), rr->start_ns));
+	       halite_human_ns(rr->resume_ns, a, sizeof(a)), halite_human_ns(rr->open_ns, b, sizeof(b)),
+	       halite_human_ns(rr->start_ns, d, sizeof(d)));
 	if (rr->first_access_ns)
 		printf("  first access       %s after resume (every vCPU: %s)\n",
-		       dur(a, sizeof(a), rr->first_access_ns),
-		       rr->all_first_access_ns ? dur(b, sizeof(b), rr->all_first_access_ns)
+		       halite_human_ns(rr->first_access_ns, a, sizeof(a)),
+		       rr->all_first_access_ns ? halite_human_ns(rr->all_first_access_ns, b, sizeof(b))
 					       : "not seen");
 	printf("  faults             %" PRIu64 ": %" PRIu64 " from storage, %" PRIu64
 	       " from memory, %" PRIu64 " zero\n",
@@ -931,9 +917,9 @@ static void print_report(const struct cycle *c)
 		       rs->vm_access_pct, rs->mb_staged_accessed, rs->mb_staged);
 	else
 		printf("  VM access          not measured (nothing staged)\n");
-	printf("  fault p50 / p99    %s / %s\n", dur(a, sizeof(a), rs->fault_p50_ns),
-	       dur(b, sizeof(b), rs->fault_p99_ns));
-	printf("  time to done       %s after open\n", dur(a, sizeof(a), rr->done_ns));
+	printf("  fault p50 / p99    %s / %s\n", halite_human_ns(rs->fault_p50_ns, a, sizeof(a)),
+	       halite_human_ns(rs->fault_p99_ns, b, sizeof(b)));
+	printf("  time to done       %s after open\n", halite_human_ns(rr->done_ns, a, sizeof(a)));
 	if (!c->checked)
 		return;
 	if (!c->pages_wrong)
