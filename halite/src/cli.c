@@ -61,7 +61,14 @@ int halite_parse_u64(const char *s, uint64_t *out)
 	if (!s || !isdigit((unsigned char)s[0]))
 		return -EINVAL;
 	errno = 0;
-	v = strtoull(s, &end, 0);
+	/* Decimal or 0x hex: a leading 0 is no octal ("010" is ten, as people mean it). */
+	if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
+		if (!isxdigit((unsigned char)s[2]))
+			return -EINVAL;
+		v = strtoull(s + 2, &end, 16);
+	} else {
+		v = strtoull(s, &end, 10);
+	}
 	if (errno || *end)
 		return -EINVAL;
 	*out = v;

@@ -20,7 +20,7 @@
 int halite_parse_size(const char *s, uint64_t *out);
 
 /*
- * A whole number (decimal, 0x hex, 0 octal) and nothing after it; it must
+ * A whole number (decimal, or hex after 0x) and nothing after it; it must
  * start with a digit (no sign, no space). 0 or -EINVAL.
  */
 int halite_parse_u64(const char *s, uint64_t *out);
