@@ -236,7 +236,7 @@ void clone_destroy(struct clone *c);
 void clones_load_all(struct cloned *d); /* after tmpl_load_all() */
 void clones_adopt(struct cloned *d, struct tmpl *tp); /* tp loaded again; lock held */
 
-/* a clone's control socket: clone/clone_ctl.h */
+/* a clone's control socket: halite/clone/clone_ctl.h */
 
 /* confine.c */
 int confine_synth_args_check(const char *args, char *err, size_t errlen);
