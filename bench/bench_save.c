@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * halite-bench-save: the save engine against plain copy-on-write tracking,
- * in the same run, on the synthetic guest (guest/synth.h).
+ * in the same run, on the synthetic guest (testing/synth/synth.h).
  *
  * For each peer a fresh guest (same options, same seed, so the same memory
  * and page tables) runs unsaved for --duration seconds (its baseline access

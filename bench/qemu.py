@@ -27,7 +27,7 @@ One run of this script:
      connected_s   when that connection was accepted
      requests      right after that answer, --requests (1000) GETs of the
                    guest's numbered pages (/p/I.txt, 4-16 KiB each, written
-                   into its memory at boot by guest-image/pages.c), I drawn
+                   into its memory at boot by testing/guest-image/pages.c), I drawn
                    from a Gaussian over 0..1999 (mean 1000, --sigma 300,
                    rounded and clipped; --seed, in the JSON), one after
                    another, each on a new connection (busybox httpd closes

@@ -2,7 +2,7 @@
 /*
  * Access traces as a benchmark's workload: checked and sized before a guest
  * is made from them, so a trace that cannot be replayed is refused with the
- * reason (the guest's own loader, guest/trace.c, only says -EINVAL). The
+ * reason (the guest's own loader, testing/synth/trace.c, only says -EINVAL). The
  * file is input: nothing in it is used before being checked.
  */
 #define _GNU_SOURCE

@@ -1,7 +1,7 @@
 """The QEMU test guest from Python: boot it, watch its console, talk HTTP and
 QMP, fetch and check its numbered pages, run halite-qemu on it. Shared by
 tests/qemu, bench/qemu.py and scripts/demo_qemu.py; the guest itself is
-built by scripts/make-guest.sh (guest-image/README.md).
+built by scripts/make-guest.sh (testing/guest-image/README.md).
 
 Every wait has a deadline and every failure raises GuestError with what was
 seen (the console's last lines), so a broken guest fails a test instead of
@@ -195,7 +195,7 @@ class Guest:
 
     def disklog(self):
         """(disk, memory before, memory after, ok) from the guest's disklog: the
-        count on its disk and in its memory, which agree (guest-image/disklog.c)."""
+        count on its disk and in its memory, which agree (testing/guest-image/disklog.c)."""
         body = self.http("/cgi-bin/disklog").strip()
         m = re.match(r"disklog disk (\d+) mem (\d+) (\d+) (ok|MISMATCH)$", body)
         if not m:
@@ -389,7 +389,7 @@ def held_get(port, path, deadline, alive=None, host="127.0.0.1"):
     return t_conn, t_ans, int(parts[1]), body.decode(errors="replace")
 
 
-# --- the guest's numbered pages (guest-image/pages.c writes them at boot) ---
+# --- the guest's numbered pages (testing/guest-image/pages.c writes them at boot) ---
 
 PAGES = 2000  # what /init asks pages.c for: /www/p/0.txt .. /www/p/1999.txt
 _ALPHABET = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 \n"

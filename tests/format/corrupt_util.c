@@ -3,7 +3,7 @@
  * Test helpers: view, rebuild and re-seal v1 files (see corrupt_util.h).
  *
  * Checksums are computed here straight from docs/format.md with libxxhash,
- * not through format/layout.c, so that a seeding or range mistake in the
+ * not through halite/format/layout.c, so that a seeding or range mistake in the
  * implementation cannot hide behind the same mistake in the tests.
  */
 #include <errno.h>

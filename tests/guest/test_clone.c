@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
- * halite-synth save and clone (guest/tool.h, guest/cmd_save.c,
- * guest/cmd_clone.c):
+ * halite-synth save and clone (testing/synth/tool.h, testing/synth/cmd_save.c,
+ * testing/synth/cmd_clone.c):
  *
  * - save in process: the file holds the guest's memory at the pause, byte
  *   for byte, while the guest runs on and writes during the save;

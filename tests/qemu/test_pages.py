@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The test guest's pages: guest-image/pages.c (PAGES_BIN, run on the host)
+"""The test guest's pages: testing/guest-image/pages.c (PAGES_BIN, run on the host)
 writes exactly the bytes halite_guest.page_bytes() says, for every one of
 the 2000 pages; bad arguments are refused; the Gaussian request list is the
 same for a seed and stays within the pages. Exit 0 pass, 1 fail, 2 usage.

@@ -12,7 +12,7 @@
  *   first visit a vCPU compares the whole page with the snapshot (what the
  *   guest saw, not only what is left at the end), then bumps a counter word
  *   and counts the bump, so the memory at the end is known exactly;
- * - by the save engine on a running synthetic guest (guest/synth.h), restored
+ * - by the save engine on a running synthetic guest (testing/synth/synth.h), restored
  *   into a guest created with SYNTH_F_ATTACH: empty memory, the same layout,
  *   vCPUs that translate through the page tables the restore is bringing in
  *   (4- and 5-level, 2 MiB pages, the MMU writing A/D bits). Every access is

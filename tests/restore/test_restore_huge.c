@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The lazy restore onto hugetlbfs (restore/huge.c): the unit of installation
+ * The lazy restore onto hugetlbfs (halite/restore/huge.c): the unit of installation
  * is the huge page, which the guest sees only once every block of it is
  * decoded and verified.
  *

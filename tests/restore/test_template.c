@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * The template source and clone sessions (restore/template.c, session.c):
+ * The template source and clone sessions (halite/restore/template.c, session.c):
  * every clone's memory exact, each locality block read and decoded once for
  * all clones, writes private to their clone, a template reopened over its
  * files keeping what it had, a session taken over (ATTACH) after its

@@ -1,4 +1,4 @@
-# The guest page-table walker (save/ptwalk.c), tested alone against page
+# The guest page-table walker (halite/save/ptwalk.c), tested alone against page
 # tables the test builds in a plain buffer. Included from
 # tests/save/CMakeLists.txt; CMAKE_CURRENT_LIST_DIR (this file's directory)
 # rather than CMAKE_CURRENT_SOURCE_DIR, so it works from any includer.

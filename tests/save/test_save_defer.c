@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The background walk's deferral (save/defer.c), with exact counts: a
+ * The background walk's deferral (halite/save/defer.c), with exact counts: a
  * 1 MiB guest whose page tables map 64 data blocks at VA 0 in address
  * order, and one thread registered as vCPU 0 that touches them when told.
  * The background is held back until the guest is quiet (bg_idle_us 500 ms,

@@ -725,7 +725,7 @@ static void test_legit_guest(void **state)
 		assert_int_equal(halite_save_add_root(s, &root), 0);
 	}
 	t0 = watch("legit");
-	/* The walk's order exactly: no deferral (save/defer.c; test_save_defer has it). */
+	/* The walk's order exactly: no deferral (halite/save/defer.c; test_save_defer has it). */
 	halite_save_test_defer_window(s, 0);
 	assert_int_equal(halite_save_arm(s), 0);
 	assert_int_equal(synth_resume(g), 0);

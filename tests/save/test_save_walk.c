@@ -1,12 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The save engine on the synthetic guest (guest/synth.h): real x86-64 page
+ * The save engine on the synthetic guest (testing/synth/synth.h): real x86-64 page
  * tables in guest memory, physical frames allocated with the paper's 16-page
  * stride, vCPUs that translate every access through those tables. Checked:
  * - exact content against a copy taken at the snapshot instant;
  * - the guest-virtual stream exists and follows page-table order: its blocks
  *   appear in the order a walk of the snapshot's page tables meets them,
- *   those the walk saved first, then those it deferred (save/defer.c: next
+ *   those the walk saved first, then those it deferred (halite/save/defer.c: next
  *   to a block a vCPU's fault took) and no vCPU took since, no more of them
  *   than it deferred;
  * - every block some page table maps was saved by a fault or by the walk,

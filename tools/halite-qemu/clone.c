@@ -2,7 +2,7 @@
 /*
  * halite-qemu clone: one clone of a QEMU guest saved by halite-qemu save,
  * the process a clone service (halite-cloned, issue 14) starts per clone:
- * the QEMU counterpart of `halite-synth clone` (guest/cmd_clone.c), same
+ * the QEMU counterpart of `halite-synth clone` (testing/synth/cmd_clone.c), same
  * control protocol.
  *
  * QEMU runs the snapshot's recorded command line, made a machine of its

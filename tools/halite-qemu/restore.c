@@ -298,7 +298,7 @@ static int write_device_ram(struct restore_run *r)
 /*
  * This QEMU is the file's machine (hq_bring_check_machine()), its RAM the
  * file's (hq_bring_find_ram()); @reg gets the engine's regions. RAM on
- * hugetlbfs is restored by huge page (restore/huge.c), but not beside a
+ * hugetlbfs is restored by huge page (halite/restore/huge.c), but not beside a
  * device that punches holes in it: hugetlbfs cannot refuse them.
  */
 static int check_vm(struct restore_run *r, struct halite_restore_region *reg)
