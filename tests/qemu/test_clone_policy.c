@@ -23,27 +23,17 @@
 #include "clone_policy.h"
 #include "disks.h"
 #include "vmconfig.h"
+#include "qemu_test.h"
 
 static struct hq_disks ds; /* large: not on the stack */
 
-/* A command line from one string, words split at spaces. */
-static struct hq_argv words(const char *s)
-{
-	struct hq_argv a = { 0 };
-	char *dup = strdup(s), *save = NULL;
-
-	for (char *w = strtok_r(dup, " ", &save); w; w = strtok_r(NULL, " ", &save))
-		hq_argv_push(&a, w);
-	free(dup);
-	return a;
-}
 
 /* The policy's verdict on @line: "" when it passes, else the message. */
 static const char *verdict(const char *line)
 {
 	static char err[1024];
 	struct hq_clone_policy p = { .sz = sizeof(p), .disks = &ds, .cwd = "/img" };
-	struct hq_argv a = words(line);
+	struct hq_argv a = q_words(line);
 	int ret;
 
 	err[0] = '\0';
@@ -352,7 +342,7 @@ static void boot_files(void)
 	/* beneath: opened, replaced by /proc/self/fd/N */
 	snprintf(line, sizeof(line), "qemu-system-x86_64 -kernel %s/vmlinux -L %s/bios -append x",
 		 allow, allow);
-	a = words(line);
+	a = q_words(line);
 	ret = hq_clone_open_paths(&a, &p, fds, 8, &n, err, sizeof(err));
 	CHECK(!ret && n == 2, "beneath: %d %d %s", ret, n, err);
 	if (!ret && n == 2) {
@@ -371,7 +361,7 @@ static void boot_files(void)
 
 	/* outside, through "..", through a symlink out */
 	snprintf(line, sizeof(line), "qemu-system-x86_64 -initrd %s", out);
-	a = words(line);
+	a = q_words(line);
 	ret = hq_clone_open_paths(&a, &p, fds, 8, &n, err, sizeof(err));
 	snprintf(f, sizeof(f), "-initrd %s: outside the allowed directories; a clone boots only "
 		 "from files beneath the directories it allows (--allow-dir)", out);
@@ -379,7 +369,7 @@ static void boot_files(void)
 	hq_argv_free(&a);
 
 	snprintf(line, sizeof(line), "qemu-system-x86_64 -bios %s/../secret", allow);
-	a = words(line);
+	a = q_words(line);
 	ret = hq_clone_open_paths(&a, &p, fds, 8, &n, err, sizeof(err));
 	snprintf(f, sizeof(f), "-bios %s/../secret: outside the allowed directories; a clone boots "
 		 "only from files beneath the directories it allows (--allow-dir)", allow);
@@ -387,7 +377,7 @@ static void boot_files(void)
 	hq_argv_free(&a);
 
 	snprintf(line, sizeof(line), "qemu-system-x86_64 -dtb %s/link", allow);
-	a = words(line);
+	a = q_words(line);
 	ret = hq_clone_open_paths(&a, &p, fds, 8, &n, err, sizeof(err));
 	snprintf(f, sizeof(f), "-dtb %s/link: not found beneath its allowed directory (a link out "
 		 "of it, or gone); a clone boots only from files beneath the directories it allows "
@@ -399,21 +389,21 @@ static void boot_files(void)
 	snprintf(f, sizeof(f), "%s/alias", top);
 	CHECK(!symlink(allow, f), "symlink to the directory");
 	snprintf(line, sizeof(line), "qemu-system-x86_64 -kernel %s/alias/vmlinux", top);
-	a = words(line);
+	a = q_words(line);
 	ret = hq_clone_open_paths(&a, &p, fds, 8, &n, err, sizeof(err));
 	CHECK(!ret && n == 1, "through a symlinked directory: %d %s", ret, err);
 	if (!ret)
 		close(fds[0]);
 	hq_argv_free(&a);
 	snprintf(line, sizeof(line), "qemu-system-x86_64 -kernel %s/alias/link", top);
-	a = words(line);
+	a = q_words(line);
 	ret = hq_clone_open_paths(&a, &p, fds, 8, &n, err, sizeof(err));
 	CHECK(ret == -EPERM, "through a symlinked directory to a link out: %d %s", ret, err);
 	hq_argv_free(&a);
 
 	/* relative to the recorded cwd */
 	p.cwd = allow;
-	a = words("qemu-system-x86_64 -kernel vmlinux");
+	a = q_words("qemu-system-x86_64 -kernel vmlinux");
 	ret = hq_clone_open_paths(&a, &p, fds, 8, &n, err, sizeof(err));
 	CHECK(!ret && n == 1, "relative: %d %s", ret, err);
 	if (!ret)
@@ -423,7 +413,7 @@ static void boot_files(void)
 	/* no --allow-dir: as recorded (the CLI) */
 	p.nallow_dirs = 0;
 	snprintf(line, sizeof(line), "qemu-system-x86_64 -kernel %s", out);
-	a = words(line);
+	a = q_words(line);
 	ret = hq_clone_open_paths(&a, &p, fds, 8, &n, err, sizeof(err));
 	CHECK(!ret && n == 0 && !strcmp(a.argv[2], out), "no --allow-dir: %d", ret);
 	hq_argv_free(&a);

@@ -20,37 +20,19 @@
 #include "test_util.h"
 #include "disks.h"
 #include "vmconfig.h"
+#include "qemu_test.h"
 
 static const char *dir;
 
 static char *sample(const char *name)
 {
-	char path[512], *buf;
-
-	snprintf(path, sizeof(path), "%s/%s", dir, name);
-	buf = t_slurp(path, NULL);
-	if (!buf) {
-		printf("FAIL: %s: %s\n", path, strerror(errno));
-		exit(1);
-	}
-	return buf;
+	return q_sample(dir, name);
 }
 
-/* A command line from one string, words split at spaces (none of these need quoting). */
-static struct hq_argv words(const char *s)
-{
-	struct hq_argv a = { 0 };
-	char *dup = strdup(s), *save = NULL;
-
-	for (char *w = strtok_r(dup, " ", &save); w; w = strtok_r(NULL, " ", &save))
-		hq_argv_push(&a, w);
-	free(dup);
-	return a;
-}
 
 static void opts(void)
 {
-	struct hq_argv a = words("-machine q35 -S -nographic disk.img --smp 2 -m 512M -bogus x "
+	struct hq_argv a = q_words("-machine q35 -S -nographic disk.img --smp 2 -m 512M -bogus x "
 				 "-bogus2 -incoming defer");
 	struct hq_opt *o = NULL;
 	char err[128] = "";
@@ -69,7 +51,7 @@ static void opts(void)
 	}
 	free(o);
 	hq_argv_free(&a);
-	a = words("-m 1G -kernel");
+	a = q_words("-m 1G -kernel");
 	CHECK(hq_opts_parse(a.argv, a.argc, &o, &n, err, sizeof(err)) == -EINVAL &&
 	      !strcmp(err, "QEMU option -kernel needs an argument"), "%s", err);
 	hq_argv_free(&a);
@@ -140,7 +122,7 @@ static int resolve(void *ctx, const char *type, char *out, size_t len)
 static const char *differ(const char *now)
 {
 	static char msg[2048];
-	struct hq_argv a = words(GUEST), b = words(now);
+	struct hq_argv a = q_words(GUEST), b = q_words(now);
 	int calls = 0, ret;
 
 	msg[0] = '\0';
@@ -212,7 +194,7 @@ static void compare(void)
 	      "cpu, global, vga, drive, nodefaults: %s", m);
 	/* Without any -nic, QEMU's default NIC is there: the same as "-nic user". */
 	{
-		struct hq_argv a = words("qemu -m 1G -nic user"), b = words("qemu -m 1G");
+		struct hq_argv a = q_words("qemu -m 1G -nic user"), b = q_words("qemu -m 1G");
 		char msg[256];
 
 		CHECK(!hq_cmdline_compare(a.argv, a.argc, b.argv, b.argc, NULL, NULL, NULL, msg,
@@ -226,11 +208,11 @@ static void compare(void)
 	 * line, not listed) may be left out; e1000 for virtio-net may not.
 	 */
 	{
-		struct hq_argv a = words("qemu -m 1G -device virtio-balloon-pci -device "
+		struct hq_argv a = q_words("qemu -m 1G -device virtio-balloon-pci -device "
 					 "virtio-net-pci,netdev=n -netdev user,id=n"),
-			       b = words("qemu -m 1G -device virtio-rng-pci,id=rng0 -device "
+			       b = q_words("qemu -m 1G -device virtio-rng-pci,id=rng0 -device "
 					 "e1000,netdev=n -netdev user,id=n"),
-			       d = words("ps2-mouse virtio-net-pci virtio-rng-pci");
+			       d = q_words("ps2-mouse virtio-net-pci virtio-rng-pci");
 		char msg[512] = "";
 
 		CHECK(hq_cmdline_compare(a.argv, a.argc, b.argv, b.argc, &d, NULL, NULL, msg,
@@ -245,7 +227,7 @@ static void compare(void)
 
 static void replay(void)
 {
-	struct hq_argv a = words("/usr/bin/qemu-system-x86_64 -S -machine q35 -daemonize -incoming "
+	struct hq_argv a = q_words("/usr/bin/qemu-system-x86_64 -S -machine q35 -daemonize -incoming "
 				 "defer -loadvm snap1 -pidfile /run/vm.pid -m 1G disk.img"),
 		       out = { 0 };
 	unsigned flags = 0;
@@ -311,7 +293,7 @@ static void qtree(void)
 
 static void forwards(void)
 {
-	struct hq_argv a = words("qemu -m 1G -nic user,model=e1000,hostfwd=tcp:127.0.0.1:8080-:80,"
+	struct hq_argv a = q_words("qemu -m 1G -nic user,model=e1000,hostfwd=tcp:127.0.0.1:8080-:80,"
 				 "hostfwd=udp::5353-:53 -netdev user,id=n1,hostfwd=tcp::2222-:22 "
 				 "-device e1000,netdev=n1 -nic tap,ifname=t0 -net user,hostfwd=tcp::9-:9 "
 				 "-net nic -nic user,id=mine,hostfwd=tcp:10.0.0.1:99-10.0.2.16:98 "
@@ -345,7 +327,7 @@ static void forwards(void)
 	hq_fwds_free(&f);
 	hq_argv_free(&a);
 
-	a = words("qemu -nic user,hostfwd=tcp::http-:80");
+	a = q_words("qemu -nic user,hostfwd=tcp::http-:80");
 	CHECK(hq_fwd_take_out(&a, &f, err, sizeof(err)) == -EINVAL &&
 	      strstr(err, "hostfwd=tcp::http-:80: not a host forwarding rule"), "%s", err);
 	hq_fwds_free(&f);
@@ -368,7 +350,7 @@ static char *joined(const struct hq_argv *a)
 static void rewrite(const struct hq_disks *ds, const char *line, const char *cwd, char *out,
 		    size_t len)
 {
-	struct hq_argv a = words(line);
+	struct hq_argv a = q_words(line);
 	char err[512] = "";
 	int ret = hq_disks_rewrite(ds, &a, cwd, err, sizeof(err));
 	char *s = joined(&a);

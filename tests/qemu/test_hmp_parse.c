@@ -18,20 +18,13 @@
 #include "check.h"
 #include "test_util.h"
 #include "qemu_info.h"
+#include "qemu_test.h"
 
 static const char *dir;
 
 static char *sample(const char *name)
 {
-	char path[512], *buf;
-
-	snprintf(path, sizeof(path), "%s/%s", dir, name);
-	buf = t_slurp(path, NULL);
-	if (!buf) {
-		printf("FAIL: %s: %s\n", path, strerror(errno));
-		exit(1);
-	}
-	return buf;
+	return q_sample(dir, name);
 }
 
 static void ramblocks(void)

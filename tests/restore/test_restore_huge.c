@@ -1127,6 +1127,29 @@ static bool plan_corrupt(struct halite_reader *rd, uint64_t nhp, struct fail_pla
 	return false;
 }
 
+/*
+ * An image of @nhp huge pages written to @path (@codec, 32 KiB LBs) that has
+ * such a plan (a random one has, nearly always: up to 20 tries); its reader
+ * open in *@rd.
+ */
+static void image_with_plan(struct image *img, const char *path, int codec, uint64_t nhp,
+			    struct halite_reader **rd, struct fail_plan *fp)
+{
+	int tries = 0;
+
+	do {
+		make_image(img, HP, nhp, 0, false, t_rand(&g_seed));
+		write_image(path, img, codec, 32768, false, 0);
+		assert_int_equal(halite_reader_open(rd, path, NULL), 0);
+		if (plan_corrupt(*rd, nhp, fp))
+			return;
+		halite_reader_free(*rd);
+		free_image(img);
+	} while (++tries < 20);
+	fail_msg("no image of %llu huge pages with a corruptible LB in 20 tries",
+		 (unsigned long long)nhp);
+}
+
 static void test_corrupt_lb(void **state)
 {
 	const uint64_t nhp = 6;
@@ -1140,21 +1163,12 @@ static void test_corrupt_lb(void **state)
 	const uint64_t *mbs;
 	uint32_t n;
 	uint64_t t0;
-	int st = 0, tries = 0;
+	int st = 0;
 	pid_t pid;
 
 	(void)state;
 	assert_true(huge_pages((long)nhp + 2));
-	do {
-		make_image(&img, HP, nhp, 0, false, t_rand(&g_seed));
-		write_image(good, &img, HALITE_CODEC_ZSTD, 32768, false, 0);
-		assert_int_equal(halite_reader_open(&rd, good, NULL), 0);
-		if (plan_corrupt(rd, nhp, &fp))
-			break;
-		halite_reader_free(rd);
-		free_image(&img);
-	} while (++tries < 20);
-	assert_true(tries < 20);
+	image_with_plan(&img, good, HALITE_CODEC_ZSTD, nhp, &rd, &fp);
 	fp.path = bad;
 	fp.img = &img;
 	/* One byte of the stored bytes of the bad LB's first block. */
@@ -1231,20 +1245,10 @@ static void test_punch(void **state)
 	struct image img;
 	struct mem mem;
 	uint64_t k, first;
-	int tries = 0;
 
 	(void)state;
 	assert_true(huge_pages((long)nhp + 4));
-	do {
-		make_image(&img, HP, nhp, 0, false, t_rand(&g_seed));
-		write_image(path, &img, HALITE_CODEC_LZ4, 32768, false, 0);
-		assert_int_equal(halite_reader_open(&rd, path, NULL), 0);
-		if (plan_corrupt(rd, nhp, &fp))
-			break;
-		halite_reader_free(rd);
-		free_image(&img);
-	} while (++tries < 20);
-	assert_true(tries < 20);
+	image_with_plan(&img, path, HALITE_CODEC_LZ4, nhp, &rd, &fp);
 	assert_int_equal(mem_map_try(&mem, &img), 0);
 	mem_regions(&mem, &img, reg);
 	toucher_start(&t);
