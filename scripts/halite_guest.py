@@ -509,3 +509,32 @@ def bench_prerequisites(image, binaries, root_why="halite-qemu ptraces QEMU"):
 
 def make_workdir(prefix="halite-qemu-test."):
     return tempfile.mkdtemp(prefix=prefix)
+
+
+# --- a socket nobody answers: did a program try to talk to it? ---
+
+def unix_listener(path):
+    """A unix socket nobody accepts on: accepted() says whether anyone connected."""
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(8)
+    return srv
+
+
+def accepted(srv):
+    """Whether a connection to unix_listener()'s socket is waiting (taken and closed)."""
+    srv.settimeout(0)
+    try:
+        c, _ = srv.accept()
+        c.close()
+        return True
+    except BlockingIOError:
+        return False
+
+
+def qmp_greet(conn, version):
+    """A fake QMP server's greeting on @conn, as QEMU @version (major, minor, micro) sends it."""
+    major, minor, micro = version
+    conn.sendall(json.dumps({"QMP": {"version": {"qemu": {
+        "major": major, "minor": minor, "micro": micro}, "package": ""},
+        "capabilities": []}}).encode() + b"\r\n")

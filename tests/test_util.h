@@ -4,11 +4,13 @@
 #define HALITE_TEST_UTIL_H
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -155,6 +157,37 @@ static inline int t_recv_fd(int sock)
 		return -1;
 	memcpy(&fd, CMSG_DATA(CMSG_FIRSTHDR(m)), sizeof(int));
 	return fd;
+}
+
+/*
+ * A test guest's vCPU threads started: wait until all @n have parked
+ * (*@parked == @n), then take their thread ids from @tid into @tids.
+ */
+static inline void t_wait_parked(_Atomic int *parked, int n, _Atomic pid_t *tid, pid_t *tids)
+{
+	while (atomic_load(parked) != n)
+		usleep(50);
+	for (int i = 0; i < n; i++)
+		tids[i] = atomic_load(&tid[i]);
+}
+
+/*
+ * Copy guest memory without touching it: reading a never-touched page maps
+ * the zero page there, and an engine would rightly see it as touched.
+ * Unpopulated 4 KiB pages are left as they are in @dst.
+ */
+static inline void t_copy_resident(uint8_t *dst, const uint8_t *mem, size_t len)
+{
+	unsigned char *vec = malloc(len / 4096);
+
+	if (!vec || mincore((void *)mem, len, vec)) {
+		fprintf(stderr, "t_copy_resident: mincore: %s\n", strerror(errno));
+		abort();
+	}
+	for (size_t p = 0; p < len / 4096; p++)
+		if (vec[p] & 1)
+			memcpy(dst + p * 4096, mem + p * 4096, 4096);
+	free(vec);
 }
 
 #endif

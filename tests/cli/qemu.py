@@ -32,6 +32,9 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+import halite_guest as hg  # noqa: E402
+
 HQ = os.environ.get("HALITE_QEMU_BIN") or os.path.join(
     os.environ.get("HALITE_BINARY_DIR", "build"), "tools", "halite-qemu", "halite-qemu")
 VERSION = re.compile(r"^halite-qemu \d+\.\d+\.\d+ \(file format \d+\.\d+\)\n$")
@@ -80,22 +83,6 @@ def one_error(p, cmd):
     return lines[0][len(prefix):]
 
 
-def listener(path):
-    """A unix socket nobody accepts on: accepted() says whether anyone connected."""
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    srv.bind(path)
-    srv.listen(8)
-    return srv
-
-
-def accepted(srv):
-    srv.settimeout(0)
-    try:
-        c, _ = srv.accept()
-        c.close()
-        return True
-    except BlockingIOError:
-        return False
 
 
 def fake_qmp(path, version, errors=None):
@@ -111,10 +98,7 @@ def fake_qmp(path, version, errors=None):
 
     def serve():
         c, _ = srv.accept()
-        major, minor, micro = version
-        c.sendall(json.dumps({"QMP": {"version": {"qemu": {
-            "major": major, "minor": minor, "micro": micro}, "package": ""},
-            "capabilities": []}}).encode() + b"\r\n")
+        hg.qmp_greet(c, version)
         for line in c.makefile("rb"):
             req = json.loads(line)
             cmd = req.get("execute")
@@ -182,7 +166,7 @@ def test_help_version():
 def test_save_parse(work):
     """Every bad option: exit 2 before QMP is reached or any file is created."""
     sock = os.path.join(work, "qmp.sock")
-    srv = listener(sock)
+    srv = hg.unix_listener(sock)
     out = os.path.join(work, "out.hlt")
     cases = [
         (["--lb-size", "8M"], "--lb-size: locality-block size 8 MiB: a power of two"),
@@ -231,7 +215,7 @@ def test_save_parse(work):
         p = run(args)
         rep = json_failure(p, "save", 2, SAVE_KEYS)
         check(p.returncode == 2 and rep and text in rep["error"], f"{args[2:]}: {text}")
-    check(not accepted(srv), "no bad option made halite-qemu connect to QMP")
+    check(not hg.accepted(srv), "no bad option made halite-qemu connect to QMP")
     check(os.listdir(work) == ["qmp.sock"], f"no file created ({os.listdir(work)})")
     srv.close()
     os.unlink(sock)

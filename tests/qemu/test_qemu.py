@@ -1244,7 +1244,7 @@ def case_runstate(work):
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         sock = os.path.join(work, "untouched-qmp.sock")
-        listener = qmp_listener(sock)
+        listener = hg.unix_listener(sock)
         # From the moment its QEMU starts (the file checked, the engine not yet
         # started), and once the devices are loaded (the guest paused).
         deadline = time.monotonic() + 60
@@ -1256,7 +1256,7 @@ def case_runstate(work):
             p, _ = run([hq, "save", "--qmp", sock, path])
             err = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
             check(p.returncode == 1 and "is being restored from" in err and
-                  not connected(listener), f"save onto a file being restored ({when}): {err}")
+                  not hg.accepted(listener), f"save onto a file being restored ({when}): {err}")
         listener.close()
     finally:
         holder.send_signal(signal.SIGTERM)
@@ -1297,10 +1297,7 @@ def fake_qmp(path, version):
 
     def serve():
         c, _ = srv.accept()
-        major, minor, micro = version
-        c.sendall(json.dumps({"QMP": {"version": {"qemu": {
-            "major": major, "minor": minor, "micro": micro}, "package": ""},
-            "capabilities": []}}).encode() + b"\r\n")
+        hg.qmp_greet(c, version)
         f = c.makefile("rb")
         for line in f:
             req = json.loads(line)
@@ -1313,23 +1310,6 @@ def fake_qmp(path, version):
     return t
 
 
-def qmp_listener(path):
-    """A unix socket nobody accepts on: connected() says whether anyone connected."""
-    import socket
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    srv.bind(path)
-    srv.listen(4)
-    return srv
-
-
-def connected(srv):
-    srv.settimeout(0)
-    try:
-        c, _ = srv.accept()
-        c.close()
-        return True
-    except BlockingIOError:
-        return False
 
 
 def case_4g(work):
@@ -1748,7 +1728,7 @@ def case_cli(work):
     check(not os.path.exists(os.path.join(work, "old.hlt")), "no file left behind")
     # The output path is checked before QEMU is touched: no connection at all.
     sock = os.path.join(work, "untouched-qmp.sock")
-    listener = qmp_listener(sock)
+    listener = hg.unix_listener(sock)
     held = os.path.join(work, "held.hlt")
     with open(held, "wb") as f:
         f.write(b"an older snapshot")
@@ -1760,7 +1740,7 @@ def case_cli(work):
                                (held, 1, "is being restored from (a running restore reads it)"),
                                ("", 2, "no file name given")):
             expect(["save", "--qmp", sock, path], rc, text)
-    check(not connected(listener), "no bad path made halite-qemu connect to QEMU")
+    check(not hg.accepted(listener), "no bad path made halite-qemu connect to QEMU")
     with open(held, "rb") as f:
         check(f.read() == b"an older snapshot", "the file a restore holds is untouched")
     listener.close()
@@ -1866,7 +1846,7 @@ def cli_recorded(work, expect):
     check(os.path.exists(out), "--no-cmdline-check runs a differing command line")
 
     # In use: the QMP socket (QEMU would take its path over), a host port, a memory file.
-    listener = qmp_listener(qmp)
+    listener = hg.unix_listener(qmp)
     rep, err = restore()
     check(f"-qmp unix:{qmp},server=on,wait=off: the socket {qmp} is in use (process "
           f"{os.getpid()}" in err and not os.path.exists(out), f"a socket in use: {err}")

@@ -276,10 +276,7 @@ static struct guest *guest_init(enum mode mode, size_t len, size_t ws, uint64_t 
 	} else {
 		start_vcpus(g);
 	}
-	while (atomic_load(&g->parked) != NVCPU)
-		usleep(50);
-	for (int i = 0; i < NVCPU; i++)
-		g->tids[i] = atomic_load(&g->tid[i]);
+	t_wait_parked(&g->parked, NVCPU, g->tid, g->tids);
 	return g;
 }
 
@@ -309,21 +306,6 @@ static void guest_free(struct guest *g)
 	munmap(g, sizeof(*g));
 }
 
-/*
- * Copy guest memory without touching it: reading a never-touched page maps
- * the zero page there, and the engine would rightly see it as touched.
- * Unpopulated pages are left zero in @dst.
- */
-static void snapshot_copy(uint8_t *dst, const uint8_t *mem, size_t len)
-{
-	unsigned char *vec = malloc(len / PAGE);
-
-	assert_int_equal(mincore((void *)mem, len, vec), 0);
-	for (size_t p = 0; p < len / PAGE; p++)
-		if (vec[p] & 1)
-			memcpy(dst + p * PAGE, mem + p * PAGE, PAGE);
-	free(vec);
-}
 
 /* Let the vCPUs run a bit, then the snapshot instant: what memory holds then (calloc'ed). */
 static uint8_t *run_to_snapshot(struct guest *g, size_t len)
@@ -334,7 +316,7 @@ static uint8_t *run_to_snapshot(struct guest *g, size_t len)
 	usleep(20000);
 	guest_pause(g);
 	snap = calloc(1, len);
-	snapshot_copy(snap, g->mem, len);
+	t_copy_resident(snap, g->mem, len);
 	return snap;
 }
 
@@ -744,7 +726,7 @@ static void run_copy(enum mode mode, bool background)
 	memset(copy + (256 << 10), 0, 64 << 10);	 /* zero, written */
 	memset(copy + clen - PAGE, 'v', PAGE);		 /* stored; holes before it */
 	before = calloc(1, clen);
-	snapshot_copy(before, copy, clen);
+	t_copy_resident(before, copy, clen);
 
 	g = guest_init(mode, len, ws, &seed, &uffd);
 	snap = run_to_snapshot(g, len);

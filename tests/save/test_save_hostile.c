@@ -189,10 +189,7 @@ static struct guest *guest_new(void)
 		g->args[i] = (struct vcpu_arg){ g, i };
 		assert_int_equal(pthread_create(&g->thr[i], NULL, vcpu_main, &g->args[i]), 0);
 	}
-	while (atomic_load(&g->parked) != NVCPU)
-		usleep(50);
-	for (int i = 0; i < NVCPU; i++)
-		g->tids[i] = atomic_load(&g->tid[i]);
+	t_wait_parked(&g->parked, NVCPU, g->tid, g->tids);
 	return g;
 }
 
@@ -339,16 +336,6 @@ static void build(struct guest *g, enum hcase c, struct hostile *h)
 	}
 }
 
-static void snapshot_copy(uint8_t *dst, const uint8_t *mem, size_t len)
-{
-	unsigned char *vec = malloc(len / PAGE);
-
-	assert_int_equal(mincore((void *)mem, len, vec), 0);
-	for (size_t p = 0; p < len / PAGE; p++)
-		if (vec[p] & 1)
-			memcpy(dst + p * PAGE, mem + p * PAGE, PAGE);
-	free(vec);
-}
 
 /* Region 0's blocks come first in the file, then region 1's: as in memory. */
 static void check_content(const char *path, const uint8_t *snap)
@@ -558,7 +545,7 @@ static void run_hostile(enum hcase c)
 	usleep(10000);
 	guest_pause(g);
 	snap = calloc(1, MEM);
-	snapshot_copy(snap, g->mem, MEM);
+	t_copy_resident(snap, g->mem, MEM);
 
 	reg[0] = (struct halite_save_region){ .name = "pc.ram", .gpa = 0, .length = R0_LEN,
 					      .host = (uintptr_t)g->mem,
