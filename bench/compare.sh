@@ -154,7 +154,10 @@ run_part() {
 	local file=$out/$part-$side-$run.json
 	say "run $run/$runs: $part $side"
 	t0=$(date +%s%N)
-	HALITE_SYNTH_BIN=$src/build/guest/halite-synth HALITE_REQUIRE_QEMU=1 \
+	# halite-synth moved from guest/ to testing/synth/: a revision has one of them.
+	local synth=$src/build/testing/synth/halite-synth
+	[[ -x $synth ]] || synth=$src/build/guest/halite-synth
+	HALITE_SYNTH_BIN=$synth HALITE_REQUIRE_QEMU=1 \
 		"${cmd[@]}" >"$file" 2>"${file%.json}.log" || rc=$?
 	t0=$((($(date +%s%N) - t0) / 100000000))
 	printf '%s\t%s\t%d\t%d\t%d.%d\t%s\n' "$part" "$side" "$run" "$rc" \
