@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "test_util.h"
+#include "vmconfig.h"
 
 /* The text of sample @name of @dir (free() it); a missing one fails the test. */
 static inline char *q_sample(const char *dir, const char *name)
@@ -27,7 +28,6 @@ static inline char *q_sample(const char *dir, const char *name)
 	return buf;
 }
 
-#ifdef HALITE_QEMU_VMCONFIG_H
 /* A command line from one string, words split at spaces (none of these need quoting). */
 static inline struct hq_argv q_words(const char *s)
 {
@@ -39,6 +39,5 @@ static inline struct hq_argv q_words(const char *s)
 	free(dup);
 	return a;
 }
-#endif
 
 #endif
