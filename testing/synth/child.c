@@ -177,35 +177,40 @@ static void serve(struct synth_guest *g, int sock, uint8_t *buf)
 
 		switch (req.op) {
 		case OP_START:
-			ret = synth_start(g);
+			ret = synth_local_run(g, true);
 			break;
 		case OP_PAUSE:
-			ret = a0 == UINT64_MAX ? synth_pause(g) :
-						 synth_pause_timed(g, a0 > UINT_MAX ? UINT_MAX : (unsigned)a0);
+			ret = synth_local_pause(g, a0 == UINT64_MAX ? -1 :
+						   a0 > UINT_MAX ? (long)UINT_MAX : (long)a0);
 			break;
 		case OP_RESUME:
-			ret = synth_resume(g);
+			ret = synth_local_run(g, false);
 			break;
 		case OP_STOP:
-			ret = synth_stop(g);
+			ret = synth_local_stop(g);
 			break;
 		case OP_WAIT_DONE:
-			ret = synth_wait_done(g, a0 > UINT_MAX ? UINT_MAX : (unsigned)a0);
+			ret = synth_local_wait_done(g, a0 > UINT_MAX ? UINT_MAX : (unsigned)a0);
 			break;
 		case OP_STATS:
-			ret = synth_vcpu_stats(g, (unsigned)a0, (struct synth_vcpu_stats *)buf);
+			ret = a0 < g->nvcpus ? 0 : -EINVAL;
+			if (!ret)
+				synth_local_vcpu_stats(g, (unsigned)a0, (struct synth_vcpu_stats *)buf);
 			len = ret ? 0 : sizeof(struct synth_vcpu_stats);
 			break;
 		case OP_LOG_READ:
-			ret = synth_log_read(g, (unsigned)a0, a1, w,
-					     a2 < MAX_PAYLOAD / 8 ? a2 : MAX_PAYLOAD / 8);
+			ret = a0 < g->nvcpus ?
+				synth_local_log_read(g, (unsigned)a0, a1, w,
+						     a2 < MAX_PAYLOAD / 8 ? a2 : MAX_PAYLOAD / 8) :
+				-EINVAL;
 			len = ret > 0 ? (uint32_t)ret * 8 : 0;
 			break;
 		case OP_PAGES: {
 			size_t n = a2 < MAX_PAYLOAD / 16 ? a2 : MAX_PAYLOAD / 16;
 			uint64_t va[MAX_PAYLOAD / 16], gpa[MAX_PAYLOAD / 16];
 
-			ret = synth_vcpu_pages(g, (unsigned)a0, a1, va, gpa, n);
+			ret = a0 < g->nvcpus ?
+				synth_local_vcpu_pages(g, (unsigned)a0, a1, va, gpa, n) : -EINVAL;
 			for (int i = 0; i < ret; i++) {
 				w[2 * i] = va[i];
 				w[2 * i + 1] = gpa[i];
@@ -214,21 +219,21 @@ static void serve(struct synth_guest *g, int sock, uint8_t *buf)
 			break;
 		}
 		case OP_KINDS:
-			ret = synth_frame_kinds(g, a0, buf, a1 < MAX_PAYLOAD ? a1 : MAX_PAYLOAD);
+			ret = synth_local_frame_kinds(g, a0, buf, a1 < MAX_PAYLOAD ? a1 : MAX_PAYLOAD);
 			len = ret > 0 ? (uint32_t)ret : 0;
 			break;
 		case OP_LOG_RESET:
-			ret = synth_log_reset(g);
+			ret = synth_local_log_reset(g);
 			break;
 		case OP_TRACE_FLUSH:
-			ret = synth_trace_flush(g);
+			ret = synth_local_trace_flush(g);
 			break;
 		case OP_UFFD:
-			fd = synth_get_uffd(g);
+			fd = synth_local_get_uffd();
 			ret = fd < 0 ? fd : 0;
 			break;
 		case OP_MADVISE:
-			ret = synth_madvise_dontneed(g, a0, a1);
+			ret = synth_local_madvise_dontneed(g, a0, a1);
 			break;
 		case OP_EXIT:
 			reply(sock, &req, 0, NULL, 0, -1);
@@ -278,7 +283,7 @@ static void __attribute__((noreturn)) child_main(const struct synth_opts *po, in
 	if (!send_msg(sock, &m, &h, g->memfd))
 		serve(g, sock, buf);
 	/* Parent gone or asked us to go: stop the vCPUs, flush the trace. */
-	synth_free(g);
+	synth_local_free(g);
 	free(buf);
 	_exit(0);
 }

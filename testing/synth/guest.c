@@ -1,670 +1,13 @@
 // SPDX-License-Identifier: MIT
 /*
- * The synthetic guest: options, memory, vCPU threads, control, introspection.
- * Every public call checks for child mode first and forwards (child.c).
- *
- * Parking. The state (created, run, pause, stop) changes under g->mu; a vCPU
- * loads it relaxed before each access and, when it is not "run", parks under
- * g->mu and counts itself in nparked. pause() sets "pause" and waits for
- * nparked == nvcpus: an access in flight always completes first, and the
- * mutex hand-off makes every write a vCPU did visible to the caller.
+ * The synthetic guest's API (synth.h): each call runs on the guest in this
+ * process (local.c), or, in child mode, is forwarded to the child that holds
+ * it (child.c). Arguments are checked here, once for both.
  */
-#define _GNU_SOURCE
 #include <errno.h>
-#include <fcntl.h>
-#include <pthread.h>
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <sys/syscall.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "internal.h"
-#include "opts.h"
-#include "stats.h"
-
-#define DEFAULT_LOG_ENTRIES 65536ull
-#define MAX_TLB (1u << 20)
-
-const char *synth_pattern_name(unsigned pattern)
-{
-	switch (pattern) {
-	case SYNTH_PAT_SEQ:
-		return "seq";
-	case SYNTH_PAT_RANDOM:
-		return "random";
-	case SYNTH_PAT_TRACE:
-		return "trace";
-	}
-	return "?";
-}
-
-#define ALL_FLAGS (SYNTH_F_CHILD | SYNTH_F_SHARED_AS | SYNTH_F_NP_JUNK | SYNTH_F_AD_BITS | \
-		   SYNTH_F_TRACE_LOOP | SYNTH_F_LOG_WALK | SYNTH_F_ATTACH)
-
-#define BAD(...)                                                                  \
-	do {                                                                      \
-		halite_logf(lg, HALITE_LOG_ERROR, "synth: invalid options: " __VA_ARGS__); \
-		return -EINVAL;                                                   \
-	} while (0)
-
-/* The VA extent reserved per vCPU: its layout (synth.h) rounded up to 1 GiB. */
-static uint64_t vspan_of(const struct synth_opts *o)
-{
-	uint64_t huge = o->huge_2m * (2ull << 20) + o->huge_1g * (1ull << 30);
-	uint64_t n4k = (o->map_bytes - huge) / PG_SIZE;
-	uint64_t vpages = n4k && o->hole_every ? n4k + (n4k - 1) / (o->hole_every - 1) : n4k;
-	uint64_t ext = ((vpages * PG_SIZE + (2ull << 20) - 1) & ~((2ull << 20) - 1)) +
-		       o->huge_2m * (2ull << 20);
-	uint64_t span;
-
-	if (o->huge_1g)
-		ext = ((ext + (1ull << 30) - 1) & ~((1ull << 30) - 1)) + o->huge_1g * (1ull << 30);
-	span = (ext + (1ull << 30) - 1) & ~((1ull << 30) - 1);
-	return span ? span : 1ull << 30;
-}
-
-int synth_normalize_opts(struct synth_opts *o, const struct synth_opts *in)
-{
-	struct halite_logger l = { 0 }, *lg = &l;
-	uint64_t huge, span, limit;
-
-	if (halite_opts_copy(o, sizeof(*o), in))
-		return -EINVAL;
-	l.fn = o->log_fn;
-	l.ctx = o->log_ctx;
-	l.level = HALITE_LOG_DEBUG;
-
-	if (!o->mem_bytes)
-		o->mem_bytes = 1ull << 30;
-	if (!o->nvcpus)
-		o->nvcpus = 4;
-	if (!o->paging_levels)
-		o->paging_levels = 4;
-	if (!o->stride)
-		o->stride = 16;
-	if (!o->compress_pct)
-		o->compress_pct = 50;
-	if (!o->seed)
-		o->seed = 1;
-	if (o->log_mode && !o->log_entries)
-		o->log_entries = DEFAULT_LOG_ENTRIES;
-
-	if (o->mem_bytes % (2ull << 20) || o->mem_bytes < (4ull << 20) || o->mem_bytes > (1ull << 40))
-		BAD("mem_bytes %llu: a multiple of 2 MiB from 4 MiB to 1 TiB",
-		    (unsigned long long)o->mem_bytes);
-	if (o->nvcpus > SYNTH_MAX_VCPUS)
-		BAD("nvcpus %u: 1 to %u", o->nvcpus, SYNTH_MAX_VCPUS);
-	if (o->flags & ~ALL_FLAGS)
-		BAD("unknown flags 0x%x", o->flags & ~ALL_FLAGS);
-	if (o->backing > SYNTH_MEM_SHARED)
-		BAD("backing %u", o->backing);
-	if (o->paging_levels != 4 && o->paging_levels != 5)
-		BAD("paging_levels %u: 4 or 5", o->paging_levels);
-	if (o->stride > (1u << 20))
-		BAD("stride %u: at most 2^20", o->stride);
-	if (o->hole_every == 1)
-		BAD("hole_every 1 would map nothing");
-	if (o->compress_pct > 100 || o->zero_pct > 100 || o->untouched_pct > 100 ||
-	    o->write_pct > 100)
-		BAD("percentages are 0 to 100");
-	if (o->pattern > SYNTH_PAT_TRACE)
-		BAD("pattern %u", o->pattern);
-	if ((o->pattern == SYNTH_PAT_TRACE) != !!o->trace_in)
-		BAD("trace_in is for, and needed by, pattern trace");
-	if (o->log_mode > SYNTH_LOG_FIRST)
-		BAD("log_mode %u", o->log_mode);
-	if (o->log_entries > (1ull << 32))
-		BAD("log_entries %llu: at most 2^32", (unsigned long long)o->log_entries);
-	if (o->tlb_entries > MAX_TLB)
-		BAD("tlb_entries %u: at most %u", o->tlb_entries, MAX_TLB);
-	if (o->mem_host && ((o->flags & (SYNTH_F_ATTACH | SYNTH_F_CHILD)) != SYNTH_F_ATTACH ||
-			    o->backing != SYNTH_MEM_ANON || (uintptr_t)o->mem_host % PG_SIZE))
-		BAD("mem_host: page aligned, only with SYNTH_F_ATTACH, in this process, backing anon");
-
-	huge = o->huge_2m * (2ull << 20) + o->huge_1g * (1ull << 30);
-	if (!o->ws_bytes)
-		o->ws_bytes = o->map_bytes ? o->map_bytes :
-					     o->mem_bytes / 4 / o->nvcpus / PG_SIZE * PG_SIZE;
-	if (!o->map_bytes)
-		o->map_bytes = o->ws_bytes > huge ? o->ws_bytes : huge;
-	if (o->ws_bytes % PG_SIZE || o->map_bytes % PG_SIZE)
-		BAD("ws_bytes and map_bytes are multiples of 4 KiB");
-	if (o->ws_bytes > o->map_bytes)
-		BAD("ws_bytes %llu is more than map_bytes %llu", (unsigned long long)o->ws_bytes,
-		    (unsigned long long)o->map_bytes);
-	if (o->map_bytes < huge)
-		BAD("map_bytes %llu is less than the huge pages in it (%llu)",
-		    (unsigned long long)o->map_bytes, (unsigned long long)huge);
-	if (!o->ws_bytes && o->pattern != SYNTH_PAT_TRACE)
-		BAD("an empty working set");
-	if (o->map_bytes > o->mem_bytes / o->nvcpus)
-		BAD("working set larger than memory: %u vCPUs x %llu KiB mapped > %llu KiB",
-		    o->nvcpus, (unsigned long long)(o->map_bytes >> 10),
-		    (unsigned long long)(o->mem_bytes >> 10));
-
-	span = vspan_of(o);
-	limit = o->paging_levels == 5 ? 1ull << 56 : 1ull << 47;
-	if (!o->vbase)
-		o->vbase = o->paging_levels == 5 ? 0x7f000000000000ull : 0x7f0000000000ull;
-	if (o->vbase % (1ull << 30) || o->vbase >= limit ||
-	    (limit - o->vbase) / o->nvcpus < span)
-		BAD("vbase 0x%llx: 1 GiB aligned, and %u x %llu GiB above it must stay below 0x%llx",
-		    (unsigned long long)o->vbase, o->nvcpus, (unsigned long long)(span >> 30),
-		    (unsigned long long)limit);
-	return 0;
-}
-
-/* --- logging of accesses --- */
-
-void synth_log_append(struct synth_vcpu *vc, uint64_t ent)
-{
-	struct synth_guest *g = vc->g;
-	uint64_t len = vc->log_len;
-
-	if (g->o.log_mode == SYNTH_LOG_FIRST) {
-		uint64_t pfn = SYNTH_LOG_PFN(ent), bit = 1ull << (pfn & 63);
-
-		if (pfn >= g->nframes)
-			return;
-		if (__atomic_fetch_or(&g->touched[pfn >> 6], bit, __ATOMIC_RELAXED) & bit)
-			return;
-	}
-	if (len >= g->o.log_entries) {
-		__atomic_store_n(&vc->log_dropped, vc->log_dropped + 1, __ATOMIC_RELAXED);
-		return;
-	}
-	vc->log[len] = ent;
-	/* Release: a reader that sees the new length sees the entry. */
-	__atomic_store_n(&vc->log_len, len + 1, __ATOMIC_RELEASE);
-}
-
-/* --- vCPUs --- */
-
-static void vcpu_access(struct synth_vcpu *vc, uint64_t va, bool wr)
-{
-	struct synth_guest *g = vc->g;
-	uint64_t gpa = 0, *w, v;
-	struct tlb_entry *t = NULL;
-	bool hit = false;
-
-	if (vc->tlb) {
-		t = &vc->tlb[(va >> PG_SHIFT) % g->o.tlb_entries];
-		/* In A/D mode a write through an entry whose D was not set must walk. */
-		hit = t->tag == (va >> PG_SHIFT) + 1 &&
-		      (!wr || !(g->o.flags & SYNTH_F_AD_BITS) || (t->gpa & 1));
-		if (hit)
-			gpa = (t->gpa & ~(PG_SIZE - 1)) | (va & (PG_SIZE - 1));
-	}
-	if (!hit) {
-		__atomic_store_n(&vc->walks, vc->walks + 1, __ATOMIC_RELAXED);
-		if (synth_mmu_translate(vc, va, wr, &gpa)) {
-			__atomic_store_n(&vc->faults, vc->faults + 1, __ATOMIC_RELAXED);
-			return;
-		}
-		if (t) {
-			t->tag = (va >> PG_SHIFT) + 1;
-			t->gpa = (gpa & ~(PG_SIZE - 1)) | (wr ? 1 : 0);
-		}
-	}
-	/*
-	 * Relaxed atomics: the guest's memory is also read by the engine (and
-	 * by process_vm_readv, uffd copies) while we run, like a real guest's.
-	 * The RMW is deliberately not locked: a plain guest store.
-	 */
-	w = (uint64_t *)(g->mem + (gpa & ~7ull));
-	v = __atomic_load_n(w, __ATOMIC_RELAXED);
-	if (wr) {
-		__atomic_store_n(w, v + SYNTH_WRITE_ADD, __ATOMIC_RELAXED);
-		__atomic_store_n(&vc->writes, vc->writes + 1, __ATOMIC_RELAXED);
-	} else {
-		vc->sink += v;
-	}
-	if (g->o.log_mode)
-		synth_log_append(vc, (gpa >> PG_SHIFT) | (wr ? SYNTH_LOG_WRITE : 0));
-}
-
-/* One step of the pattern; false when the trace is finished. */
-static bool vcpu_step(struct synth_vcpu *vc, uint64_t i)
-{
-	struct synth_guest *g = vc->g;
-	uint64_t va, u;
-	bool wr;
-
-	switch (g->o.pattern) {
-	case SYNTH_PAT_SEQ:
-		u = i % vc->ws_units;
-		va = vc->unit_va[u] + (((i / vc->ws_units) * 8) & (PG_SIZE - 1));
-		wr = synth_rand(&vc->rng) % 100 < g->o.write_pct;
-		break;
-	case SYNTH_PAT_RANDOM:
-		u = synth_rand(&vc->rng) % vc->ws_units;
-		va = vc->unit_va[u] + (synth_rand(&vc->rng) % (PG_SIZE / 8)) * 8;
-		wr = synth_rand(&vc->rng) % 100 < g->o.write_pct;
-		break;
-	default:
-		if (!vc->rep_n || (i >= vc->rep_n && !(g->o.flags & SYNTH_F_TRACE_LOOP)))
-			return false;
-		u = i % vc->rep_n;
-		va = vc->rep_va[u];
-		wr = vc->rep_wr[u];
-		break;
-	}
-	if (vc->rec)
-		synth_trace_append(vc, va, wr);
-	vcpu_access(vc, va, wr);
-	return true;
-}
-
-/* Park until running (and not done) or stopping; returns the state. */
-static int vcpu_park(struct synth_vcpu *vc, bool done)
-{
-	struct synth_guest *g = vc->g;
-	int st;
-
-	pthread_mutex_lock(&g->mu);
-	if (done && !vc->done) {
-		vc->done = true;
-		g->ndone++;
-		pthread_cond_broadcast(&g->cv_parked);
-	}
-	if (g->state == ST_RUN && !vc->done) {
-		pthread_mutex_unlock(&g->mu);
-		return ST_RUN;
-	}
-	g->nparked++;
-	pthread_cond_broadcast(&g->cv_parked);
-	while (g->state != ST_STOP && (g->state != ST_RUN || vc->done))
-		pthread_cond_wait(&g->cv_run, &g->mu);
-	g->nparked--;
-	st = g->state;
-	pthread_mutex_unlock(&g->mu);
-	return st;
-}
-
-static void *vcpu_main(void *arg)
-{
-	struct synth_vcpu *vc = arg;
-	struct synth_guest *g = vc->g;
-	char name[16];
-	uint64_t i = 0;
-
-	vc->tid = (pid_t)syscall(SYS_gettid);
-	snprintf(name, sizeof(name), "synth-vcpu%u", vc->idx);
-	pthread_setname_np(pthread_self(), name);
-	for (;;) {
-		uint64_t lim = __atomic_load_n(&vc->limit, __ATOMIC_RELAXED);
-		bool done = lim && i >= lim;
-
-		if (done || __atomic_load_n(&g->state, __ATOMIC_RELAXED) != ST_RUN) {
-			if (vcpu_park(vc, done) == ST_STOP)
-				break;
-			i = vc->accesses; /* synth_vcpu_seek() may have moved it */
-			continue;
-		}
-		if (!vcpu_step(vc, i)) {
-			if (vcpu_park(vc, true) == ST_STOP)
-				break;
-			continue;
-		}
-		__atomic_store_n(&vc->accesses, ++i, __ATOMIC_RELAXED);
-	}
-	return NULL;
-}
-
-/* --- memory --- */
-
-static int map_memory(struct synth_guest *g)
-{
-	size_t len = (size_t)(g->nframes << PG_SHIFT);
-	void *p;
-	int ret;
-
-	if (g->o.mem_host) {
-		g->mem = g->o.mem_host;
-		return 0;
-	}
-	if (g->o.backing == SYNTH_MEM_SHARED) {
-		g->memfd = memfd_create("halite-synth", MFD_CLOEXEC);
-		if (g->memfd < 0)
-			return -errno;
-		if (ftruncate(g->memfd, (off_t)len))
-			return -errno;
-		p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, g->memfd, 0);
-	} else {
-		p = mmap(NULL, len, PROT_READ | PROT_WRITE,
-			 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-	}
-	if (p == MAP_FAILED) {
-		ret = -errno;
-		synth_err(g, "cannot map %zu bytes of guest memory: %s", len, strerror(errno));
-		return ret;
-	}
-	g->mem = p;
-	/*
-	 * Guest pages are 4 KiB to the host as well: with THP one write would
-	 * populate the 2 MiB around it and "never touched" would be a lie, and
-	 * an engine's faults would come in 2 MiB.
-	 */
-	madvise(p, len, MADV_NOHUGEPAGE); /* shmem THP honours it too */
-	return 0;
-}
-
-/* A vCPU's random state at step 0. */
-static uint64_t vcpu_seed(const struct synth_opts *o, unsigned v)
-{
-	return synth_seed(o->seed, 0x76637075ull << 8 | v); /* "vcpu" */
-}
-
-static int alloc_vcpus(struct synth_guest *g)
-{
-	const struct synth_opts *o = &g->o;
-	uint64_t span = vspan_of(o);
-
-	for (unsigned v = 0; v < g->nvcpus; v++) {
-		struct synth_vcpu *vc = &g->vcpu[v];
-
-		vc->g = g;
-		vc->idx = v;
-		vc->limit = o->max_accesses;
-		vc->vbase = o->vbase + v * span;
-		vc->vspan = span;
-		vc->map_units = o->map_bytes / PG_SIZE;
-		vc->ws_units = o->ws_bytes / PG_SIZE;
-		vc->rng = vcpu_seed(o, v);
-		vc->unit_va = malloc((vc->map_units + 1) * sizeof(uint64_t));
-		vc->unit_gpa = malloc((vc->map_units + 1) * sizeof(uint64_t));
-		if (!vc->unit_va || !vc->unit_gpa)
-			return -ENOMEM;
-		if (o->log_mode && !(vc->log = malloc(o->log_entries * sizeof(uint64_t))))
-			return -ENOMEM;
-		if (o->tlb_entries && !(vc->tlb = calloc(o->tlb_entries, sizeof(*vc->tlb))))
-			return -ENOMEM;
-		if (o->trace_out && !(vc->rec = malloc((size_t)REC_BUF * SYNTH_TRACE_REC)))
-			return -ENOMEM;
-	}
-	return 0;
-}
-
-static void local_free(struct synth_guest *g);
-static int local_stop(struct synth_guest *g);
-
-int synth_local_create(struct synth_guest **gp, const struct synth_opts *o)
-{
-	struct synth_guest *g = calloc(1, sizeof(*g));
-	int ret;
-
-	if (!g)
-		return -ENOMEM;
-	g->o = *o;
-	g->log.fn = o->log_fn;
-	g->log.ctx = o->log_ctx;
-	g->log.level = HALITE_LOG_DEBUG;
-	g->memfd = -1;
-	g->trace_fd = -1;
-	g->nvcpus = o->nvcpus;
-	g->nframes = o->mem_bytes >> PG_SHIFT;
-	g->state = ST_CREATED;
-
-	pthread_mutex_init(&g->ctl_mu, NULL);
-	pthread_mutex_init(&g->mu, NULL);
-	pthread_mutex_init(&g->trace_mu, NULL);
-	ret = halite_cond_init_mono(&g->cv_run);
-	if (!ret)
-		ret = halite_cond_init_mono(&g->cv_parked);
-	if (ret) {
-		free(g);
-		return ret;
-	}
-	g->mu_ok = true;
-
-	ret = alloc_vcpus(g);
-	if (ret)
-		goto fail;
-	if (o->pattern == SYNTH_PAT_TRACE) {
-		ret = synth_trace_load(g);
-		if (ret)
-			goto fail;
-	}
-	g->kinds = calloc(g->nframes, 1);
-	if (!g->kinds) {
-		ret = -ENOMEM;
-		goto fail;
-	}
-	if (o->log_mode == SYNTH_LOG_FIRST &&
-	    !(g->touched = calloc((g->nframes + 63) / 64, sizeof(uint64_t)))) {
-		ret = -ENOMEM;
-		goto fail;
-	}
-	ret = map_memory(g);
-	if (ret)
-		goto fail;
-	if (o->flags & SYNTH_F_ATTACH) {
-		/*
-		 * The same builder, the same allocation order, into scratch
-		 * memory that is thrown away: every layout fact (CR3s, units,
-		 * kinds) is what the guest made with these options has, and
-		 * guest memory stays untouched for whoever fills it.
-		 */
-		size_t len = (size_t)(g->nframes << PG_SHIFT);
-		void *scratch = mmap(NULL, len, PROT_READ | PROT_WRITE,
-				     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-
-		if (scratch == MAP_FAILED) {
-			ret = -errno;
-			goto fail;
-		}
-		ret = synth_build_tables(g, scratch);
-		munmap(scratch, len);
-	} else {
-		ret = synth_build_tables(g, g->mem);
-	}
-	if (ret)
-		goto fail;
-	ret = synth_fill(g, !(o->flags & SYNTH_F_ATTACH));
-	if (ret)
-		goto fail;
-	if (o->trace_out) {
-		ret = synth_trace_open_out(g);
-		if (ret)
-			goto fail;
-	}
-
-	g->info.host_addr = g->mem;
-	g->info.local_addr = g->mem;
-	g->info.mem_bytes = o->mem_bytes;
-	g->info.gpa_base = 0;
-	g->info.memfd = g->memfd;
-	g->info.owner_pid = getpid();
-	g->info.nvcpus = g->nvcpus;
-	g->info.paging_levels = o->paging_levels;
-	g->info.backing = o->backing;
-	g->info.stride = o->stride;
-
-	for (unsigned v = 0; v < g->nvcpus; v++) {
-		ret = -pthread_create(&g->vcpu[v].thread, NULL, vcpu_main, &g->vcpu[v]);
-		if (ret)
-			goto fail;
-		g->vcpu[v].thread_ok = true;
-	}
-	/* Created paused: every vCPU parked, so its tid is known. */
-	pthread_mutex_lock(&g->mu);
-	while (g->nparked < g->nvcpus)
-		pthread_cond_wait(&g->cv_parked, &g->mu);
-	pthread_mutex_unlock(&g->mu);
-	*gp = g;
-	return 0;
-
-fail:
-	local_free(g);
-	return ret;
-}
-
-static void local_free(struct synth_guest *g)
-{
-	local_stop(g);
-	for (unsigned v = 0; v < g->nvcpus; v++) {
-		struct synth_vcpu *vc = &g->vcpu[v];
-
-		free(vc->unit_va);
-		free(vc->unit_gpa);
-		free(vc->rep_va);
-		free(vc->rep_wr);
-		free(vc->log);
-		free(vc->tlb);
-		free(vc->rec);
-	}
-	if (g->mem && !g->o.mem_host)
-		munmap(g->mem, (size_t)(g->nframes << PG_SHIFT));
-	if (g->memfd >= 0)
-		close(g->memfd);
-	if (g->trace_fd >= 0)
-		close(g->trace_fd);
-	free(g->kinds);
-	free(g->touched);
-	if (g->mu_ok) {
-		pthread_cond_destroy(&g->cv_run);
-		pthread_cond_destroy(&g->cv_parked);
-	}
-	pthread_mutex_destroy(&g->mu);
-	pthread_mutex_destroy(&g->ctl_mu);
-	pthread_mutex_destroy(&g->trace_mu);
-	free(g);
-}
-
-/* --- control --- */
-
-/* Under ctl_mu and mu: from created (start) or paused (resume) to running. */
-static int local_run(struct synth_guest *g, bool start)
-{
-	int ret = 0;
-
-	pthread_mutex_lock(&g->ctl_mu);
-	pthread_mutex_lock(&g->mu);
-	if (g->state == ST_STOP)
-		ret = -ESRCH;
-	else if (start && g->state != ST_CREATED)
-		ret = -EALREADY;
-	else if (!start && g->state == ST_CREATED)
-		ret = -EINVAL;
-	if (!ret && g->state != ST_RUN) {
-		__atomic_store_n(&g->state, ST_RUN, __ATOMIC_RELAXED);
-		pthread_cond_broadcast(&g->cv_run);
-	}
-	pthread_mutex_unlock(&g->mu);
-	pthread_mutex_unlock(&g->ctl_mu);
-	return ret;
-}
-
-/* timeout_ms < 0: forever. */
-static int local_pause(struct synth_guest *g, long timeout_ms)
-{
-	struct timespec dl;
-	int ret = 0;
-
-	if (timeout_ms >= 0)
-		halite_deadline(&dl, (uint64_t)timeout_ms * 1000000);
-	pthread_mutex_lock(&g->ctl_mu);
-	pthread_mutex_lock(&g->mu);
-	if (g->state == ST_STOP) {
-		ret = -ESRCH;
-		goto out;
-	}
-	if (g->state == ST_RUN) {
-		__atomic_store_n(&g->state, ST_PAUSE, __ATOMIC_RELAXED);
-		pthread_cond_broadcast(&g->cv_run);
-	}
-	while (g->nparked < g->nvcpus && !ret) {
-		if (timeout_ms < 0)
-			pthread_cond_wait(&g->cv_parked, &g->mu);
-		else if (pthread_cond_timedwait(&g->cv_parked, &g->mu, &dl) == ETIMEDOUT)
-			ret = g->nparked < g->nvcpus ? -ETIMEDOUT : 0;
-	}
-out:
-	pthread_mutex_unlock(&g->mu);
-	pthread_mutex_unlock(&g->ctl_mu);
-	return ret;
-}
-
-static int local_stop(struct synth_guest *g)
-{
-	int ret = 0;
-
-	pthread_mutex_lock(&g->ctl_mu);
-	pthread_mutex_lock(&g->mu);
-	__atomic_store_n(&g->state, ST_STOP, __ATOMIC_RELAXED);
-	pthread_cond_broadcast(&g->cv_run);
-	pthread_mutex_unlock(&g->mu);
-	for (unsigned v = 0; v < g->nvcpus; v++) {
-		struct synth_vcpu *vc = &g->vcpu[v];
-
-		if (vc->thread_ok) {
-			pthread_join(vc->thread, NULL);
-			vc->thread_ok = false;
-		}
-		if (vc->rec && g->trace_fd >= 0) {
-			int r = synth_trace_flush_vcpu(vc);
-
-			ret = ret ? ret : r;
-		}
-	}
-	pthread_mutex_unlock(&g->ctl_mu);
-	return ret;
-}
-
-static int local_wait_done(struct synth_guest *g, unsigned timeout_ms)
-{
-	struct timespec dl;
-	int ret = 0;
-
-	if (!g->o.max_accesses &&
-	    (g->o.pattern != SYNTH_PAT_TRACE || (g->o.flags & SYNTH_F_TRACE_LOOP)))
-		return -EINVAL;
-	if (timeout_ms)
-		halite_deadline(&dl, (uint64_t)timeout_ms * 1000000);
-	pthread_mutex_lock(&g->mu);
-	while (g->ndone < g->nvcpus && !ret) {
-		if (!timeout_ms)
-			pthread_cond_wait(&g->cv_parked, &g->mu);
-		else if (pthread_cond_timedwait(&g->cv_parked, &g->mu, &dl) == ETIMEDOUT)
-			ret = g->ndone < g->nvcpus ? -ETIMEDOUT : 0;
-	}
-	pthread_mutex_unlock(&g->mu);
-	return ret;
-}
-
-/* Returns with ctl_mu held when the guest is not running; else -EBUSY. */
-static int lock_quiet(struct synth_guest *g)
-{
-	pthread_mutex_lock(&g->ctl_mu);
-	pthread_mutex_lock(&g->mu);
-	if (g->state == ST_RUN || g->nparked < g->nvcpus) {
-		bool stopped = g->state == ST_STOP;
-
-		pthread_mutex_unlock(&g->mu);
-		if (stopped)
-			return 0; /* threads joined or joining under ctl_mu: quiet */
-		pthread_mutex_unlock(&g->ctl_mu);
-		return -EBUSY;
-	}
-	pthread_mutex_unlock(&g->mu);
-	return 0;
-}
-
-/*
- * A control call without arguments begins: forwarded as @op when a child
- * process runs the guest, else lock_quiet(). true when that is all (its
- * result in @ret); false with ctl_mu held, for the call to go on here.
- */
-static bool quiet_or_forward(struct synth_guest *g, unsigned op, int *ret)
-{
-	*ret = g->rem ? synth_remote_call(g, op, 0, 0, 0, NULL, 0, NULL) : lock_quiet(g);
-	return g->rem || *ret;
-}
-
-/* --- the public API: child mode forwards --- */
 
 int synth_create(struct synth_guest **gp, const struct synth_opts *opts)
 {
@@ -706,128 +49,67 @@ void synth_free(struct synth_guest *g)
 		free(g);
 		return;
 	}
-	local_free(g);
+	synth_local_free(g);
 }
 
 int synth_start(struct synth_guest *g)
 {
 	if (g->rem)
 		return synth_remote_call(g, OP_START, 0, 0, 0, NULL, 0, NULL);
-	return local_run(g, true);
+	return synth_local_run(g, true);
 }
 
 int synth_vcpu_seek(struct synth_guest *g, unsigned vcpu, uint64_t accesses)
 {
-	struct synth_vcpu *vc;
-	uint64_t draws;
-	int ret = 0;
-
 	if (g->rem)
 		return -ENOTSUP;
 	if (vcpu >= g->nvcpus)
 		return -EINVAL;
-	vc = &g->vcpu[vcpu];
-	/* The random draws of one step (vcpu_step): write choice, and unit and offset. */
-	draws = g->o.pattern == SYNTH_PAT_SEQ ? 1 : g->o.pattern == SYNTH_PAT_RANDOM ? 3 : 0;
-	pthread_mutex_lock(&g->mu);
-	if (g->state != ST_CREATED) {
-		ret = -EBUSY;
-	} else {
-		/* The thread is parked: it rereads its position under g->mu when it wakes. */
-		vc->rng = vcpu_seed(&g->o, vcpu);
-		for (uint64_t n = accesses * draws; n; n--)
-			synth_rand(&vc->rng);
-		__atomic_store_n(&vc->accesses, accesses, __ATOMIC_RELAXED);
-	}
-	pthread_mutex_unlock(&g->mu);
-	return ret;
+	return synth_local_vcpu_seek(g, vcpu, accesses);
 }
 
 int synth_vcpu_limit(struct synth_guest *g, unsigned vcpu, uint64_t accesses)
 {
-	struct synth_vcpu *vc;
-	int ret;
-
 	if (g->rem)
 		return -ENOTSUP;
 	if (vcpu >= g->nvcpus)
 		return -EINVAL;
-	vc = &g->vcpu[vcpu];
-	ret = lock_quiet(g);
-	if (ret)
-		return ret;
-	pthread_mutex_lock(&g->mu);
-	__atomic_store_n(&vc->limit, accesses, __ATOMIC_RELAXED);
-	/* Done only by the old limit: it runs again once resumed (a finished trace ends it again). */
-	if (vc->done && (!accesses || accesses > vc->accesses)) {
-		vc->done = false;
-		g->ndone--;
-	}
-	pthread_mutex_unlock(&g->mu);
-	pthread_mutex_unlock(&g->ctl_mu);
-	return 0;
+	return synth_local_vcpu_limit(g, vcpu, accesses);
 }
 
 int synth_resume(struct synth_guest *g)
 {
 	if (g->rem)
 		return synth_remote_call(g, OP_RESUME, 0, 0, 0, NULL, 0, NULL);
-	return local_run(g, false);
+	return synth_local_run(g, false);
 }
 
 int synth_pause(struct synth_guest *g)
 {
 	if (g->rem)
 		return synth_remote_call(g, OP_PAUSE, UINT64_MAX, 0, 0, NULL, 0, NULL);
-	return local_pause(g, -1);
+	return synth_local_pause(g, -1);
 }
 
 int synth_pause_timed(struct synth_guest *g, unsigned timeout_ms)
 {
 	if (g->rem)
 		return synth_remote_call(g, OP_PAUSE, timeout_ms, 0, 0, NULL, 0, NULL);
-	return local_pause(g, timeout_ms);
+	return synth_local_pause(g, timeout_ms);
 }
 
 int synth_stop(struct synth_guest *g)
 {
 	if (g->rem)
 		return synth_remote_call(g, OP_STOP, 0, 0, 0, NULL, 0, NULL);
-	return local_stop(g);
+	return synth_local_stop(g);
 }
 
 int synth_wait_done(struct synth_guest *g, unsigned timeout_ms)
 {
 	if (g->rem)
 		return synth_remote_call(g, OP_WAIT_DONE, timeout_ms, 0, 0, NULL, 0, NULL);
-	return local_wait_done(g, timeout_ms);
-}
-
-int synth_info(const struct synth_guest *g, struct synth_info *info)
-{
-	if (!g || !info)
-		return -EINVAL;
-	*info = g->info;
-	return 0;
-}
-
-int synth_vcpu_info(const struct synth_guest *g, unsigned vcpu, struct synth_vcpu_info *info)
-{
-	const struct synth_vcpu *vc;
-
-	if (!g || !info || vcpu >= g->nvcpus)
-		return -EINVAL;
-	vc = &g->vcpu[vcpu];
-	*info = (struct synth_vcpu_info){
-		.tid = vc->tid,
-		.cr3 = vc->cr3,
-		.paging_levels = g->o.paging_levels,
-		.vbase = vc->vbase,
-		.vspan = vc->vspan,
-		.map_units = vc->map_units,
-		.ws_units = vc->ws_units,
-	};
-	return 0;
+	return synth_local_wait_done(g, timeout_ms);
 }
 
 #define CHUNK_ENTRIES 4096u
@@ -835,8 +117,6 @@ int synth_vcpu_info(const struct synth_guest *g, unsigned vcpu, struct synth_vcp
 int synth_vcpu_pages(struct synth_guest *g, unsigned vcpu, uint64_t first, uint64_t *va,
 		     uint64_t *gpa, size_t n)
 {
-	const struct synth_vcpu *vc;
-
 	if (vcpu >= g->nvcpus)
 		return -EINVAL;
 	if (g->rem) {
@@ -862,18 +142,7 @@ int synth_vcpu_pages(struct synth_guest *g, unsigned vcpu, uint64_t first, uint6
 		}
 		return (int)done;
 	}
-	vc = &g->vcpu[vcpu];
-	if (first >= vc->map_units)
-		return 0;
-	if (n > vc->map_units - first)
-		n = (size_t)(vc->map_units - first);
-	if (n > INT32_MAX)
-		n = INT32_MAX;
-	if (va)
-		memcpy(va, vc->unit_va + first, n * sizeof(uint64_t));
-	if (gpa)
-		memcpy(gpa, vc->unit_gpa + first, n * sizeof(uint64_t));
-	return (int)n;
+	return synth_local_vcpu_pages(g, vcpu, first, va, gpa, n);
 }
 
 int synth_frame_kinds(struct synth_guest *g, uint64_t first, uint8_t *kinds, size_t n)
@@ -894,46 +163,24 @@ int synth_frame_kinds(struct synth_guest *g, uint64_t first, uint8_t *kinds, siz
 		}
 		return (int)done;
 	}
-	if (first >= g->nframes)
-		return 0;
-	if (n > g->nframes - first)
-		n = (size_t)(g->nframes - first);
-	if (n > INT32_MAX)
-		n = INT32_MAX;
-	memcpy(kinds, g->kinds + first, n);
-	return (int)n;
+	return synth_local_frame_kinds(g, first, kinds, n);
 }
 
 int synth_vcpu_stats(struct synth_guest *g, unsigned vcpu, struct synth_vcpu_stats *st)
 {
-	struct synth_vcpu *vc;
-
 	if (vcpu >= g->nvcpus || !st)
 		return -EINVAL;
-	if (g->rem)
-	{
+	if (g->rem) {
 		int ret = synth_remote_call(g, OP_STATS, vcpu, 0, 0, st, sizeof(*st), NULL);
 
 		return ret < 0 ? ret : 0;
 	}
-	vc = &g->vcpu[vcpu];
-	st->accesses = __atomic_load_n(&vc->accesses, __ATOMIC_RELAXED);
-	st->writes = __atomic_load_n(&vc->writes, __ATOMIC_RELAXED);
-	st->faults = __atomic_load_n(&vc->faults, __ATOMIC_RELAXED);
-	st->walks = __atomic_load_n(&vc->walks, __ATOMIC_RELAXED);
-	st->log_len = __atomic_load_n(&vc->log_len, __ATOMIC_ACQUIRE);
-	st->log_dropped = __atomic_load_n(&vc->log_dropped, __ATOMIC_RELAXED);
-	pthread_mutex_lock(&g->mu);
-	st->done = vc->done;
-	pthread_mutex_unlock(&g->mu);
+	synth_local_vcpu_stats(g, vcpu, st);
 	return 0;
 }
 
 int synth_log_read(struct synth_guest *g, unsigned vcpu, uint64_t off, uint64_t *out, size_t max)
 {
-	struct synth_vcpu *vc;
-	uint64_t len;
-
 	if (vcpu >= g->nvcpus)
 		return -EINVAL;
 	if (g->rem) {
@@ -952,95 +199,21 @@ int synth_log_read(struct synth_guest *g, unsigned vcpu, uint64_t off, uint64_t 
 		}
 		return (int)done;
 	}
-	vc = &g->vcpu[vcpu];
-	len = __atomic_load_n(&vc->log_len, __ATOMIC_ACQUIRE);
-	if (off >= len)
-		return 0;
-	if (max > len - off)
-		max = (size_t)(len - off);
-	if (max > INT32_MAX)
-		max = INT32_MAX;
-	memcpy(out, vc->log + off, max * sizeof(uint64_t));
-	return (int)max;
+	return synth_local_log_read(g, vcpu, off, out, max);
 }
 
 int synth_log_reset(struct synth_guest *g)
 {
-	int ret;
-
-	if (quiet_or_forward(g, OP_LOG_RESET, &ret))
-		return ret;
-	for (unsigned v = 0; v < g->nvcpus; v++) {
-		__atomic_store_n(&g->vcpu[v].log_len, 0, __ATOMIC_RELAXED);
-		__atomic_store_n(&g->vcpu[v].log_dropped, 0, __ATOMIC_RELAXED);
-	}
-	if (g->touched)
-		memset(g->touched, 0, (g->nframes + 63) / 64 * sizeof(uint64_t));
-	pthread_mutex_unlock(&g->ctl_mu);
-	return 0;
+	if (g->rem)
+		return synth_remote_call(g, OP_LOG_RESET, 0, 0, 0, NULL, 0, NULL);
+	return synth_local_log_reset(g);
 }
 
 int synth_trace_flush(struct synth_guest *g)
 {
-	int ret;
-
-	if (quiet_or_forward(g, OP_TRACE_FLUSH, &ret))
-		return ret;
-	for (unsigned v = 0; v < g->nvcpus && !ret && g->trace_fd >= 0; v++)
-		ret = synth_trace_flush_vcpu(&g->vcpu[v]);
-	pthread_mutex_unlock(&g->ctl_mu);
-	return ret;
-}
-
-static int pread_all(int fd, uint8_t *buf, uint64_t len, uint64_t off)
-{
-	while (len) {
-		ssize_t n = pread(fd, buf, len > (1u << 30) ? (1u << 30) : (size_t)len, (off_t)off);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
-			return -errno;
-		if (n == 0) {
-			memset(buf, 0, (size_t)len);
-			return 0;
-		}
-		buf += n;
-		off += (uint64_t)n;
-		len -= (uint64_t)n;
-	}
-	return 0;
-}
-
-/* Shared by the local and remote paths: a memfd read never fills holes. */
-int synth_memfd_copy(int fd, uint64_t gpa, uint64_t len, void *buf)
-{
-	return pread_all(fd, buf, len, gpa);
-}
-
-static int anon_copy(struct synth_guest *g, uint64_t gpa, uint64_t len, uint8_t *buf)
-{
-	enum { CHUNK = 4096 };
-	unsigned char vec[CHUNK];
-
-	for (uint64_t done = 0; done < len;) {
-		uint64_t n = (len - done) / PG_SIZE < CHUNK ? (len - done) / PG_SIZE : CHUNK;
-		uint8_t *src = g->mem + gpa + done;
-
-		/* Skip what was never populated: reading it would map the zero page. */
-		if (mincore(src, n * PG_SIZE, vec)) {
-			memcpy(buf + done, src, n * PG_SIZE);
-		} else {
-			for (uint64_t i = 0; i < n; i++) {
-				if (vec[i] & 1)
-					memcpy(buf + done + i * PG_SIZE, src + i * PG_SIZE, PG_SIZE);
-				else
-					memset(buf + done + i * PG_SIZE, 0, PG_SIZE);
-			}
-		}
-		done += n * PG_SIZE;
-	}
-	return 0;
+	if (g->rem)
+		return synth_remote_call(g, OP_TRACE_FLUSH, 0, 0, 0, NULL, 0, NULL);
+	return synth_local_trace_flush(g);
 }
 
 static int check_range(struct synth_guest *g, uint64_t gpa, uint64_t len)
@@ -1060,15 +233,7 @@ int synth_copy_range(struct synth_guest *g, uint64_t gpa, uint64_t len, void *bu
 		return ret;
 	if (g->rem)
 		return synth_remote_copy(g, gpa, len, buf);
-	ret = lock_quiet(g);
-	if (ret)
-		return ret;
-	if (g->memfd >= 0)
-		ret = synth_memfd_copy(g->memfd, gpa, len, buf);
-	else
-		ret = anon_copy(g, gpa, len, buf);
-	pthread_mutex_unlock(&g->ctl_mu);
-	return ret;
+	return synth_local_copy_range(g, gpa, len, buf);
 }
 
 int synth_copy_memory(struct synth_guest *g, void *buf)
@@ -1085,10 +250,7 @@ int synth_get_uffd(struct synth_guest *g)
 
 		return ret < 0 ? ret : fd;
 	}
-	/* Not UFFD_USER_MODE_ONLY: the vCPU's accesses come from user space
-	 * anyway, but an engine also wants faults from process_vm_readv & co. */
-	fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
-	return fd < 0 ? -errno : fd;
+	return synth_local_get_uffd();
 }
 
 int synth_madvise_dontneed(struct synth_guest *g, uint64_t gpa, uint64_t len)
@@ -1099,7 +261,5 @@ int synth_madvise_dontneed(struct synth_guest *g, uint64_t gpa, uint64_t len)
 		return ret;
 	if (g->rem)
 		return synth_remote_call(g, OP_MADVISE, gpa, len, 0, NULL, 0, NULL);
-	if (len && madvise(g->mem + gpa, (size_t)len, MADV_DONTNEED))
-		return -errno;
-	return 0;
+	return synth_local_madvise_dontneed(g, gpa, len);
 }

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* Private to guest/: the guest's insides, shared by its .c files. */
+/* Private to testing/synth: the guest's insides, shared by its .c files. */
 #ifndef HALITE_SYNTH_INTERNAL_H
 #define HALITE_SYNTH_INTERNAL_H
 
@@ -106,6 +106,11 @@ struct synth_guest {
 	struct synth_vcpu vcpu[SYNTH_MAX_VCPUS];
 };
 
+/* options.c */
+int synth_normalize_opts(struct synth_opts *o, const struct synth_opts *in);
+/* The VA extent reserved per vCPU: its layout (synth.h) rounded up to 1 GiB. */
+uint64_t synth_vspan(const struct synth_opts *o);
+
 /* pagetable.c */
 /* Build the tables into @mem (guest memory, or a scratch copy with SYNTH_F_ATTACH). */
 int synth_build_tables(struct synth_guest *g, uint8_t *mem);
@@ -122,14 +127,42 @@ int synth_trace_load(struct synth_guest *g);
 void synth_trace_append(struct synth_vcpu *vc, uint64_t va, bool write);
 int synth_trace_flush_vcpu(struct synth_vcpu *vc);
 
-/* guest.c */
+/* log.c */
 void synth_log_append(struct synth_vcpu *vc, uint64_t ent);
+int synth_local_log_read(struct synth_guest *g, unsigned vcpu, uint64_t off, uint64_t *out,
+			 size_t max);
+/* Every vCPU parked: the logs and the first-touch bitmap emptied. */
+void synth_log_clear(struct synth_guest *g);
+
+/*
+ * local.c: the guest in this process, for the API in guest.c and for the
+ * child's server in child.c. Arguments are checked by the caller (a vCPU
+ * index below nvcpus; a range of whole pages inside memory); the calls that
+ * need the guest quiet return -EBUSY while it runs, as the API says.
+ */
 int synth_local_create(struct synth_guest **gp, const struct synth_opts *o);
-int synth_normalize_opts(struct synth_opts *o, const struct synth_opts *in);
+void synth_local_free(struct synth_guest *g);
+/* From created (@start) or paused to running. */
+int synth_local_run(struct synth_guest *g, bool start);
+/* @timeout_ms < 0: wait forever. */
+int synth_local_pause(struct synth_guest *g, long timeout_ms);
+int synth_local_stop(struct synth_guest *g);
+int synth_local_wait_done(struct synth_guest *g, unsigned timeout_ms);
+int synth_local_vcpu_seek(struct synth_guest *g, unsigned vcpu, uint64_t accesses);
+int synth_local_vcpu_limit(struct synth_guest *g, unsigned vcpu, uint64_t accesses);
+int synth_local_vcpu_pages(struct synth_guest *g, unsigned vcpu, uint64_t first, uint64_t *va,
+			   uint64_t *gpa, size_t n);
+int synth_local_frame_kinds(struct synth_guest *g, uint64_t first, uint8_t *kinds, size_t n);
+void synth_local_vcpu_stats(struct synth_guest *g, unsigned vcpu, struct synth_vcpu_stats *st);
+int synth_local_log_reset(struct synth_guest *g);
+int synth_local_trace_flush(struct synth_guest *g);
+int synth_local_copy_range(struct synth_guest *g, uint64_t gpa, uint64_t len, void *buf);
+int synth_local_get_uffd(void);
+int synth_local_madvise_dontneed(struct synth_guest *g, uint64_t gpa, uint64_t len);
 /* Copy [gpa, gpa+len) of a memfd: pread, which reads holes as zeros without filling them. */
 int synth_memfd_copy(int fd, uint64_t gpa, uint64_t len, void *buf);
 
-/* child.c */
+/* child.c: the child that holds the guest in child mode, and the parent's end of it. */
 int synth_remote_create(struct synth_guest *g);
 void synth_remote_free(struct synth_guest *g);
 int synth_remote_call(struct synth_guest *g, unsigned op, uint64_t a0, uint64_t a1,
