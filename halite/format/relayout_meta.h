@@ -1,12 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Private: the record `halite-inspect relayout` leaves in a file it rewrote,
- * metadata HLT_RELAYOUT_META = "traces=N hot-lbs=K hot-blocks=M
- * source-uuid=HEX": the file's first K locality blocks (its hot prefix)
- * hold what the guests of N learning traces touched first. Written by
- * relayout.c; read here once for every reader of it: the restore engine and
- * the template source (which read their hot prefix first) and
- * halite-inspect restore (which shows it).
+ * Internal, not the public API: used by the library and by tool
+ * halite-inspect (halite_format). The record `halite-inspect relayout`
+ * leaves in a file it rewrote, metadata HLT_RELAYOUT_META = "traces=N
+ * hot-lbs=K hot-blocks=M source-uuid=HEX": the file's first K locality
+ * blocks (its hot prefix) hold what the guests of N learning traces touched
+ * first. Written by relayout.c; read here once for every reader of it: the
+ * restore engine and the template source (which read their hot prefix
+ * first) and halite-inspect restore (which shows it).
  */
 #ifndef HALITE_FORMAT_RELAYOUT_META_H
 #define HALITE_FORMAT_RELAYOUT_META_H

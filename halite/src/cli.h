@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Private: what the command-line tools share (halite-inspect, halite-qemu,
- * halite-synth, halite-cloned, halite-clone, the benchmarks). The
- * conventions they follow are in docs/cli.md.
+ * Internal, not the public API: used by the library and by tools
+ * halite-inspect, halite-qemu, halite-cloned, halite-clone, halite-cycle,
+ * halite-synth and the benchmarks (halite_common), for what every command
+ * line shares. The conventions they follow are in docs/cli.md.
  */
 #ifndef HALITE_CLI_H
 #define HALITE_CLI_H

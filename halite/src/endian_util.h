@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Private: little-endian load/store for on-disk structures. Never cast a
- * struct to or from file bytes; every field goes through these.
+ * Internal, not the public API: used by the library and by tools
+ * halite-inspect, halite-cycle, halite-synth and the benchmarks
+ * (halite_common). Little-endian load/store for on-disk structures: never
+ * cast a struct to or from file bytes; every field goes through these.
  */
 #ifndef HALITE_ENDIAN_UTIL_H
 #define HALITE_ENDIAN_UTIL_H

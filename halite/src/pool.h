@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Private: a fixed-size thread pool. Used by the save engine (compression),
- * the restore engine (installing the rest of a locality block) and the tools
- * (parallel import/verify).
+ * Internal, not the public API: used by the library and by tools
+ * halite-inspect (parallel import and verify) and halite-synth
+ * (halite_common). A fixed-size thread pool: the save engine compresses on
+ * it, the restore engine installs the rest of a locality block on it.
  */
 #ifndef HALITE_POOL_H
 #define HALITE_POOL_H

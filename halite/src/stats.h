@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Private: time and latency histograms for engine statistics (fault service
- * p50/p99 and the like).
+ * Internal, not the public API: used by the library and by tools
+ * halite-cloned and halite-cycle, halite-synth and the benchmarks
+ * (halite_common) for the monotonic clock. Time and latency histograms for
+ * engine statistics (fault service p50/p99 and the like).
  *
  * The histogram is log-linear (HdrHistogram-style): values up to 2^HALITE_HIST_SUB_BITS
  * are exact, above that each power of two is split into 2^HALITE_HIST_SUB_BITS

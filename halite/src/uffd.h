@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Private: userfaultfd, for the save and restore engines.
+ * Internal, not the public API: used by the library (the save and restore
+ * engines) and by the benchmarks (halite_common): userfaultfd.
  *
  * The one compat header: Debian 12's uapi headers (Linux 6.1) predate
  * UFFDIO_MOVE and a few feature bits that the running kernel (6.8+) has, so

@@ -65,7 +65,6 @@
 #include "stats.h"
 #include "synth.h"
 #include "trace_file.h"
-#include "uffd.h"
 
 #define PROG "halite-cycle"
 #define MIB ((uint64_t)1 << 20)

@@ -28,6 +28,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <linux/userfaultfd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,7 +40,6 @@
 #include "inside.h"
 #include "records.h"
 #include "runstate.h"
-#include "uffd.h"
 
 #define PM_PRESENT (1ull << 63)
 #define PM_SWAPPED (1ull << 62)
