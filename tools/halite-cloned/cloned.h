@@ -35,7 +35,7 @@
 #define CLONED_QEMU_READY_TIMEOUT_MS 60000
 #define CLONED_QEMU_START_TIMEOUT_MS 120000
 #define CLONED_MAX_REGIONS 8	     /* guest RAM pieces of a QEMU clone */
-#define CLONED_MAX_QEMU_DIRS 32	     /* --qemu-dir: with the rest, within spawn_clone's argv */
+#define CLONED_MAX_QEMU_DIRS 32	     /* --qemu-dir: with the rest, within clone_spawn's argv */
 
 /* A --snapshot-dir: snapshots are opened beneath it only (snapdir.c). */
 struct snapdir {
@@ -218,21 +218,54 @@ void tmpl_load_all(struct cloned *d);
 /*
  * The monitor (lock not held): unavailable templates opened again; @loaded is
  * called, lock held, for each that opens (clones_adopt: re-attach its clones),
- * so that templates never call up into clones.c.
+ * so that templates never call up into the clones' files.
  */
 void tmpl_retry_unavailable(struct cloned *d,
 			    void (*loaded)(struct cloned *d, struct tmpl *tp));
 
-/* clones.c */
+/* clones.c: the clones API */
 void clones_create(struct cloned *d, const char *tid, const cJSON *body, uint64_t t_request,
 		   struct http_reply *r);
 void clones_list(struct cloned *d, struct http_reply *r);
 void clones_show(struct cloned *d, const char *id, struct http_reply *r);
 void clones_delete(struct cloned *d, const char *id, struct http_reply *r);
-void clones_poll(struct cloned *d);		 /* reap, states; lock held */
 void clone_stats(struct clone *c, struct halite_session_stats *st); /* lock held */
-int clone_reattach(struct cloned *d, struct clone *c, char *err, size_t errlen);
 void clone_destroy(struct clone *c);
+
+/* clone_process.c: a clone's process */
+void clones_poll(struct cloned *d);		 /* reap, states; lock held */
+void clone_refresh(struct clone *c);	 /* running -> done or failed; lock held */
+/* @c's process started, its control socket @ctl in @dir, its stdout's read end in *out_fd. */
+int clone_spawn(struct cloned *d, struct clone *c, const char *dir, const char *ctl,
+		int *out_fd, char *err, size_t errlen);
+void clone_abort(struct cloned *d, struct clone *c); /* did not start: ended, files removed */
+
+/* clone_attach.c: a clone attached, at its start or after a daemon restart */
+/* One clone's start after its spawn, on a thread of its own: results its own until published. */
+struct attach_job {
+	struct cloned *d;
+	struct clone *c;	 /* read-only here: results go below */
+	char *ctl;		 /* control socket path */
+	int out_fd;		 /* the clone's stdout (read end) */
+	uint64_t t_request;
+	/* results, published under the lock */
+	int ret;
+	struct halite_session *s;
+	uint64_t host;
+	uint32_t nvcpus;
+	pid_t *tids;
+	pid_t vm_pid;
+	uint32_t nregs;
+	struct halite_session_region regs[CLONED_MAX_REGIONS];
+	char reg_names[CLONED_MAX_REGIONS][96];
+	char *info;
+	double ready_s;
+	char err[512];
+};
+void *clone_attach_thread(void *arg); /* a struct attach_job: its results filled in */
+int clone_reattach(struct cloned *d, struct clone *c, char *err, size_t errlen);
+
+/* clone_restart.c: the clones a daemon restart finds */
 void clones_load_all(struct cloned *d); /* after tmpl_load_all() */
 void clones_adopt(struct cloned *d, struct tmpl *tp); /* tp loaded again; lock held */
 
