@@ -5,6 +5,7 @@
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "log_internal.h"
@@ -210,6 +211,16 @@ static inline uint64_t synth_seed(uint64_t seed, uint64_t salt)
 	uint64_t s = synth_mix(seed ^ synth_mix(salt));
 
 	return s ? s : 1;
+}
+
+/* How many of @n items from @first a reply holds: those below @total, at most INT32_MAX. */
+static inline size_t synth_run_len(uint64_t first, uint64_t total, size_t n)
+{
+	if (first >= total)
+		return 0;
+	if (n > total - first)
+		n = (size_t)(total - first);
+	return n > INT32_MAX ? INT32_MAX : n;
 }
 
 #define synth_err(g, ...) halite_logf(&(g)->log, HALITE_LOG_ERROR, "synth: " __VA_ARGS__)

@@ -543,12 +543,9 @@ int synth_local_vcpu_pages(struct synth_guest *g, unsigned vcpu, uint64_t first,
 {
 	const struct synth_vcpu *vc = &g->vcpu[vcpu];
 
-	if (first >= vc->map_units)
+	n = synth_run_len(first, vc->map_units, n);
+	if (!n)
 		return 0;
-	if (n > vc->map_units - first)
-		n = (size_t)(vc->map_units - first);
-	if (n > INT32_MAX)
-		n = INT32_MAX;
 	if (va)
 		memcpy(va, vc->unit_va + first, n * sizeof(uint64_t));
 	if (gpa)
@@ -558,13 +555,9 @@ int synth_local_vcpu_pages(struct synth_guest *g, unsigned vcpu, uint64_t first,
 
 int synth_local_frame_kinds(struct synth_guest *g, uint64_t first, uint8_t *kinds, size_t n)
 {
-	if (first >= g->nframes)
-		return 0;
-	if (n > g->nframes - first)
-		n = (size_t)(g->nframes - first);
-	if (n > INT32_MAX)
-		n = INT32_MAX;
-	memcpy(kinds, g->kinds + first, n);
+	n = synth_run_len(first, g->nframes, n);
+	if (n)
+		memcpy(kinds, g->kinds + first, n);
 	return (int)n;
 }
 

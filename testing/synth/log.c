@@ -37,13 +37,9 @@ int synth_local_log_read(struct synth_guest *g, unsigned vcpu, uint64_t off, uin
 	struct synth_vcpu *vc = &g->vcpu[vcpu];
 	uint64_t len = __atomic_load_n(&vc->log_len, __ATOMIC_ACQUIRE);
 
-	if (off >= len)
-		return 0;
-	if (max > len - off)
-		max = (size_t)(len - off);
-	if (max > INT32_MAX)
-		max = INT32_MAX;
-	memcpy(out, vc->log + off, max * sizeof(uint64_t));
+	max = synth_run_len(off, len, max);
+	if (max)
+		memcpy(out, vc->log + off, max * sizeof(uint64_t));
 	return (int)max;
 }
 
