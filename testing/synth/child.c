@@ -2,9 +2,10 @@
 /*
  * Child mode: the whole guest (memory, page tables, vCPU threads) lives in a
  * forked child, the way a QEMU process holds a VM, and the parent drives it
- * over a socketpair with the same API. The engine under test works from
- * outside: it gets a userfaultfd created in the child, the memfd, and asks
- * the child to drop its page-table entries.
+ * over a socketpair with the same API: guest.c forwards each call here, and
+ * the child answers it from its guest in-process (local.c). The engine under
+ * test works from outside: it gets a userfaultfd created in the child, the
+ * memfd, and asks the child to drop its page-table entries.
  *
  * Protocol: one request, one reply, strictly alternating; a message is a
  * struct synth_msg followed by len payload bytes, and a descriptor may ride
