@@ -111,8 +111,8 @@ static void make_snapshot(void)
 		if (g_kind[mb] == 1)
 			assert_int_equal(halite_writer_put_zero(w, mb), 0);
 		else if (g_kind[mb] == 2)
-			assert_true(halite_writer_put(w, HALITE_STREAM(HALITE_STREAM_VCPU, i % 3), mb,
-						      g_image + mb * MB_SIZE) >= 0);
+			assert_true(halite_writer_put(w, HALITE_STREAM(HALITE_STREAM_VCPU, i % 3),
+						      mb, g_image + mb * MB_SIZE) >= 0);
 	}
 	assert_int_equal(halite_writer_finish(w), 0);
 	halite_writer_free(w, true);
@@ -194,7 +194,8 @@ static int eng_open(struct eng *e, const char *file, const struct eng_opts *eo)
 		e->mb_size = have ? halite_reader_info(rd)->mb_size : MB_SIZE;
 		ret = e->nreg > NREG ? -EINVAL : 0;
 		for (uint32_t i = 0; !ret && i < e->nreg; i++) {
-			const struct halite_region_info *ri = have ? halite_reader_region(rd, i) : NULL;
+			const struct halite_region_info *ri =
+				have ? halite_reader_region(rd, i) : NULL;
 			void *p;
 
 			snprintf(e->name[i], sizeof(e->name[i]), "%s", ri ? ri->name : g_rname[i]);
@@ -207,8 +208,9 @@ static int eng_open(struct eng *e, const char *file, const struct eng_opts *eo)
 				break;
 			}
 			e->mem[i] = p;
-			reg[i] = (struct halite_restore_region){ e->name[i], (uintptr_t)p, e->len[i],
-								 HALITE_MEM_ANON, -1, 0 };
+			reg[i] = (struct halite_restore_region){ e->name[i], (uintptr_t)p,
+								 e->len[i], HALITE_MEM_ANON, -1,
+								 0 };
 		}
 		if (have)
 			halite_reader_free(rd);
@@ -266,7 +268,8 @@ static int eng_start(struct eng *e)
 	if (e->kind == ENG_RESTORE)
 		return halite_restore_start(e->r);
 	for (uint32_t i = 0; i < e->nreg; i++)
-		reg[i] = (struct halite_session_region){ e->name[i], (uintptr_t)e->mem[i], e->len[i] };
+		reg[i] = (struct halite_session_region){ e->name[i], (uintptr_t)e->mem[i],
+							 e->len[i] };
 	o.owner_uffd = -1;
 	return halite_session_start(&e->s, e->t, reg, e->nreg, &o);
 }
@@ -281,7 +284,9 @@ static int eng_open_start(struct eng *e, const char *file, const struct eng_opts
 /* 0 once every block is in and the ranges unregistered, -ETIMEDOUT, or the failure. */
 static int eng_wait(struct eng *e, int ms)
 {
-	return e->kind == ENG_RESTORE ? halite_restore_wait(e->r, ms) : halite_session_wait(e->s, ms);
+	if (e->kind == ENG_RESTORE)
+		return halite_restore_wait(e->r, ms);
+	return halite_session_wait(e->s, ms);
 }
 
 static const char *eng_errmsg(struct eng *e)
@@ -422,7 +427,8 @@ static int run_child(void (*fn)(struct eng *, void *, struct child_res *), struc
 		if (r_now_ms() - t0 > 120000) {
 			kill(pid, SIGKILL);
 			waitpid(pid, &st, 0);
-			fail_msg("%s, %s: the child hung in phase %d", what, eng_name[e->kind], res->phase);
+			fail_msg("%s, %s: the child hung in phase %d", what, eng_name[e->kind],
+				 res->phase);
 		}
 	if (res->err)
 		fail_msg("%s, %s: %s: %s", what, eng_name[e->kind], res->what,
@@ -499,7 +505,8 @@ static void *read_all(void *arg)
 
 		while (p * PAGE >= off + a->e->len[r])
 			off += a->e->len[r++];
-		a->mismatches += !!memcmp(a->e->mem[r] + (p * PAGE - off), a->image + p * PAGE, PAGE);
+		a->mismatches +=
+			!!memcmp(a->e->mem[r] + (p * PAGE - off), a->image + p * PAGE, PAGE);
 		a->pages++;
 	}
 	free(order);
@@ -560,7 +567,8 @@ static uint64_t lb_present(const struct eng *e, const struct bad_lb *b)
 	uint64_t n = 0;
 
 	for (uint32_t i = 0; i < b->n; i++)
-		n += (uint64_t)r_pages_present(getpid(), (uintptr_t)eng_mb(e, b->mbs[i]), MB_SIZE, NULL);
+		n += (uint64_t)r_pages_present(getpid(), (uintptr_t)eng_mb(e, b->mbs[i]),
+					       MB_SIZE, NULL);
 	return n;
 }
 
@@ -620,16 +628,18 @@ static void pick_lb(const char *file, struct bad_lb *b, struct halite_lb_info *l
 	halite_reader_free(rd);
 }
 
-/* A copy of the snapshot at @path with one byte of @b's LB payload flipped; its offset. */
-static uint64_t corrupt_copy(const char *path, struct bad_lb *b)
+/*
+ * A copy of the snapshot at @path with one byte of @b's LB payload flipped;
+ * its offset. The LB's entry in *@li.
+ */
+static uint64_t corrupt_copy(const char *path, struct bad_lb *b, struct halite_lb_info *li)
 {
-	struct halite_lb_info li;
 	uint64_t off;
 
-	pick_lb(g_snap, b, &li);
+	pick_lb(g_snap, b, li);
 	b->file = path;
 	assert_int_equal(r_copy_file(g_snap, path), 0);
-	off = li.offset + li.used / 2;
+	off = li->offset + li->used / 2;
 	assert_int_equal(r_flip_byte(path, off, 0x10), 0);
 	return off;
 }
@@ -639,11 +649,12 @@ static void test_corrupt_lb(void **state)
 	const int kind = (int)(intptr_t)*state;
 	struct child_res *res = r_shared_alloc(sizeof(*res));
 	char *path = scratch("corrupt.hlt");
+	struct halite_lb_info li;
 	struct bad_lb b;
 	struct eng e;
 	int st;
 
-	corrupt_copy(path, &b);
+	corrupt_copy(path, &b, &li);
 	eng_init(&e, kind);
 	st = run_child(corrupt_child, &e, &b, res, "corrupt LB");
 	fprintf(stderr, "  %s: LB %llu: %s; \"%s\"; %llu retries\n", eng_name[kind],
@@ -682,7 +693,8 @@ static bool lb_cached(const struct retry_arg *a)
 	uint64_t first = a->li.offset / PAGE, last = (a->li.offset + a->li.used - 1) / PAGE;
 	unsigned char vec[64];
 
-	if (last - first + 1 > sizeof(vec) || mincore(a->map + first * PAGE, (last - first + 1) * PAGE, vec))
+	if (last - first + 1 > sizeof(vec) ||
+	    mincore(a->map + first * PAGE, (last - first + 1) * PAGE, vec))
 		return true;
 	for (uint64_t p = 0; p <= last - first; p++)
 		if (vec[p] & 1)
@@ -727,7 +739,7 @@ static void retry_child(struct eng *e, void *arg, struct child_res *res)
 		if (r_now_ms() - t0 > 5000)
 			child_fail(res, -ETIMEDOUT, "the engine never read LB %llu",
 				   (unsigned long long)a->b.lb);
-	r_sleep_us(20000);
+	r_sleep_us(50000);
 	ret = r_flip_byte(a->b.file, a->off, 0x10);
 	if (ret)
 		child_fail(res, ret, "putting the byte back");
@@ -757,33 +769,45 @@ static void test_read_retry(void **state)
 	struct eng e;
 	int st;
 
-	a->off = corrupt_copy(path, &a->b);
-	pick_lb(g_snap, &a->b, &a->li);
-	a->b.file = path;
-	a->map_fd = open(path, O_RDWR | O_CLOEXEC);
-	assert_true(a->map_fd >= 0);
-	a->map = mmap(NULL, r_file_size(path), PROT_READ, MAP_SHARED, a->map_fd, 0);
-	assert_true(a->map != MAP_FAILED);
-	eng_init(&e, kind);
-	st = run_child(retry_child, &e, a, res, "read retry");
-	if (a->cached) {
-		fprintf(stderr, "  %s: the file system keeps %s cached: a read cannot be seen\n",
-			eng_name[kind], path);
-		skip();
+	/*
+	 * The byte is put back once the LB's pages are in the page cache, a
+	 * little later than the read that brought them; should the read
+	 * still have seen the good byte (no retry: nothing was tested), the
+	 * run is made again, up to three times.
+	 */
+	for (int attempt = 1; attempt <= 3; attempt++) {
+		memset(a, 0, sizeof(*a));
+		a->off = corrupt_copy(path, &a->b, &a->li);
+		a->map_fd = open(path, O_RDWR | O_CLOEXEC);
+		assert_true(a->map_fd >= 0);
+		a->map = mmap(NULL, r_file_size(path), PROT_READ, MAP_SHARED, a->map_fd, 0);
+		assert_true(a->map != MAP_FAILED);
+		eng_init(&e, kind);
+		st = run_child(retry_child, &e, a, res, "read retry");
+		munmap(a->map, r_file_size(path));
+		close(a->map_fd);
+		if (a->cached) {
+			fprintf(stderr, "  %s: the file system keeps %s cached: a read cannot be "
+				"seen\n", eng_name[kind], path);
+			unlink(path);
+			skip();
+		}
+		assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+		assert_int_equal(res->phase, 4);
+		fprintf(stderr, "  %s: LB %llu: %s; %llu retries\n", eng_name[kind],
+			(unsigned long long)a->b.lb, halite_strerror(res->ret),
+			(unsigned long long)res->retries);
+		/* Every byte exact, the one the thread read included, and done. */
+		assert_int_equal(atomic_load(&res->t[0].returned), 1);
+		assert_int_equal(res->t[0].got, g_image[a->b.mbs[0] * MB_SIZE + 40]);
+		assert_int_equal(res->checked, NMB);
+		assert_int_equal(res->mismatches, 0);
+		assert_int_equal(res->ret, 0);
+		if (res->retries)
+			break;
 	}
-	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-	assert_int_equal(res->phase, 4);
-	fprintf(stderr, "  %s: LB %llu recovered: %s; %llu retries\n", eng_name[kind],
-		(unsigned long long)a->b.lb, halite_strerror(res->ret),
-		(unsigned long long)res->retries);
-	assert_int_equal(atomic_load(&res->t[0].returned), 1);
-	assert_int_equal(res->t[0].got, g_image[a->b.mbs[0] * MB_SIZE + 40]);
-	assert_int_equal(res->checked, NMB);
-	assert_int_equal(res->mismatches, 0);
-	assert_int_equal(res->ret, 0);
+	/* The failed read was read again once, and verified. */
 	assert_int_equal(res->retries, 1);
-	munmap(a->map, r_file_size(path));
-	close(a->map_fd);
 	unlink(path);
 	free(path);
 	r_shared_free(a, sizeof(*a));
@@ -824,8 +848,9 @@ static void test_refused_file(void **state)
 
 			assert_int_equal(halite_reader_open(&rd, g_snap, NULL), 0);
 			for (uint32_t i = 0; i < halite_reader_section_count(rd); i++) {
-				assert_int_equal(halite_reader_section(rd, i, &type, &off, &len), 0);
-				/* 1.1: open verifies the index (the map's chunks on use: case 5). */
+				assert_int_equal(halite_reader_section(rd, i, &type, &off, &len),
+						 0);
+				/* 1.1: open verifies the index (the map's chunks on use). */
 				if (type == HALITE_SECTION_INDEX)
 					assert_int_equal(r_flip_byte(path, off + len / 2, 0x40), 0);
 			}
@@ -839,7 +864,8 @@ static void test_refused_file(void **state)
 			halite_strerror(ret), (int)(e.log.len ? e.log.len - 1 : 0), e.log.buf);
 		if (ret != code[k])
 			fail_msg("%s, %s: open returned %d (%s), expected %d (%s)", eng_name[kind],
-				 what[k], ret, halite_strerror(ret), code[k], halite_strerror(code[k]));
+				 what[k], ret, halite_strerror(ret), code[k],
+				 halite_strerror(code[k]));
 		/* Nothing opened, and a message naming the file and the reader's reason. */
 		assert_null(e.r);
 		assert_null(e.t);
@@ -887,7 +913,8 @@ static void chunk_child(struct eng *e, void *arg, struct child_res *res)
 
 		if (halite_reader_mb_lookup(rd, mb, &loc))
 			continue;
-		res->mismatches += !!memcmp(eng_mb(e, mb), a->img + mb * R_CHUNKED_MB, R_CHUNKED_MB);
+		res->mismatches +=
+			!!memcmp(eng_mb(e, mb), a->img + mb * R_CHUNKED_MB, R_CHUNKED_MB);
 		res->checked++;
 	}
 	halite_reader_free(rd);
@@ -902,8 +929,8 @@ static void chunk_child(struct eng *e, void *arg, struct child_res *res)
 	res->phase = 3;
 	r_sleep_us(300000);
 	for (uint32_t i = 0; i < a->bad.n; i++)
-		res->present += (uint64_t)r_pages_present(getpid(), (uintptr_t)eng_mb(e, a->bad.mbs[i]),
-							  R_CHUNKED_MB, NULL);
+		res->present += (uint64_t)r_pages_present(
+			getpid(), (uintptr_t)eng_mb(e, a->bad.mbs[i]), R_CHUNKED_MB, NULL);
 	child_free_blocked(e, res);
 }
 
@@ -972,7 +999,8 @@ static uint64_t stored_from(uint64_t from)
 static void test_discard(void **state)
 {
 	const int kind = (int)(intptr_t)*state;
-	const uint64_t a = stored_from(NMB / 4), b = stored_from(NMB / 2), c = stored_from(3 * NMB / 4);
+	const uint64_t a = stored_from(NMB / 4), b = stored_from(NMB / 2);
+	const uint64_t c = stored_from(3 * NMB / 4);
 	static uint8_t zero[MB_SIZE];
 	struct eng_opts eo = { 0 };
 	const uint8_t *want;
