@@ -2,7 +2,8 @@
 /*
  * Shared by the restore engine's tests: what the kernel says about a range of
  * some process's memory (present pages, userfaultfd registration, a thread's
- * state), descriptor passing, scratch files and their damage, a log capture.
+ * state), descriptor passing, scratch files and their damage (a format 1.1
+ * file with a damaged index chunk among them), a log capture.
  * Nothing here uses cmocka: forked children call these too, and a cmocka
  * failure inside a child would run the rest of the suite there.
  */
@@ -26,6 +27,8 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <halite/halite.h>
 
 #include "test_util.h"
 
@@ -231,6 +234,88 @@ static inline bool r_names_lb(const char *msg, uint64_t lb)
 		}
 	}
 	return false;
+}
+
+/* --- a format 1.1 file with two mb-map chunks, and damage to one --- */
+
+/*
+ * 8192 + 64 blocks of 4 KiB in one region "pc.ram": two mb-map chunks
+ * (8192 entries each, docs/format.md 5.7), the second of 64. Blocks cycle
+ * through zero, never touched and stored (two of four), written in order
+ * into one stream, so an LB holds consecutive blocks.
+ */
+#define R_CHUNKED_MB 4096u
+#define R_CHUNKED_NMB (8192u + 64u)
+#define R_CHUNKED_LEN ((uint64_t)R_CHUNKED_NMB * R_CHUNKED_MB)
+
+/* Block @mb's kind: 1 zero, 0 never touched, 2 stored. */
+static inline int r_chunked_kind(uint64_t mb)
+{
+	return mb % 4 == 0 ? 1 : mb % 4 == 1 ? 0 : 2;
+}
+
+/* Writes that file at @path; its image (R_CHUNKED_LEN bytes, free() it) in *@img. 0 or < 0. */
+static inline int r_write_chunked(const char *path, uint8_t **img)
+{
+	const struct halite_region reg = { "pc.ram", 0, R_CHUNKED_LEN };
+	HALITE_OPTS(halite_writer_opts, o);
+	struct halite_writer *w = NULL;
+	uint8_t *im = calloc(1, R_CHUNKED_LEN);
+	uint64_t x = 0xc0ffee;
+	int ret;
+
+	if (!im)
+		return -ENOMEM;
+	o.mb_pages = 1;
+	o.vcpu_count = 1;
+	o.flags = HALITE_WRITER_NO_SYNC;
+	ret = halite_writer_create(&w, path, &reg, 1, &o);
+	for (uint64_t mb = 0; !ret && mb < R_CHUNKED_NMB; mb++) {
+		uint8_t *b = im + mb * R_CHUNKED_MB;
+
+		if (r_chunked_kind(mb) == 1) {
+			ret = halite_writer_put_zero(w, mb);
+		} else if (r_chunked_kind(mb) == 2) {
+			for (uint32_t i = 0; i < 512; i++)
+				b[i] = (uint8_t)t_rand(&x);
+			b[R_CHUNKED_MB - 1] = (uint8_t)mb | 1;
+			ret = halite_writer_put(w, 0, mb, b);
+			ret = ret > 0 ? 0 : ret;
+		}
+	}
+	if (!ret)
+		ret = halite_writer_finish(w);
+	if (w)
+		halite_writer_free(w, true);
+	if (ret) {
+		free(im);
+		return ret;
+	}
+	*img = im;
+	return 0;
+}
+
+/* Flips a bit of block @mb's mb-map entry in 1.1 file @path: its chunk's checksum fails. */
+static inline int r_damage_map_entry(const char *path, uint64_t mb)
+{
+	struct halite_reader *rd;
+	uint64_t off = 0, len;
+	uint32_t type = 0;
+	int ret = halite_reader_open(&rd, path, NULL);
+
+	if (ret)
+		return ret;
+	if (halite_reader_info(rd)->version_minor != 1)
+		ret = -EINVAL;
+	for (uint32_t i = 0; !ret && i < halite_reader_section_count(rd); i++) {
+		ret = halite_reader_section(rd, i, &type, &off, &len);
+		if (type == HALITE_SECTION_MB_MAP)
+			break;
+	}
+	halite_reader_free(rd);
+	if (!ret && type != HALITE_SECTION_MB_MAP)
+		ret = -HALITE_E_NOT_FOUND;
+	return ret ? ret : r_flip_byte(path, off + 8 * mb + 1, 0x01);
 }
 
 /* --- a log capture: every message kept (up to a size), and echoed at WARN and above --- */

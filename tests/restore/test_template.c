@@ -42,6 +42,7 @@
 #include <halite/halite.h>
 #include <halite/template.h>
 
+#include "restore_util.h"
 #include "test_util.h"
 #include "uffd.h"
 
@@ -697,76 +698,11 @@ static void test_corrupt_lb(void **state)
 	remove_mem();
 }
 
-/*
- * A snapshot of 8192 + 64 blocks of 4 KiB, format 1.1: two mb-map chunks
- * (8192 entries each, docs/format.md 5.7), the second of 64. Blocks cycle
- * through zero, never touched and stored (two of four), written in order.
- * Returns the image (free() it).
- */
-#define C_MB 4096u
-#define C_NMB (8192u + 64u)
-#define C_LEN ((uint64_t)C_NMB * C_MB)
-
-static int c_kind(uint64_t mb)
-{
-	return mb % 4 == 0 ? 1 : mb % 4 == 1 ? 0 : 2; /* 1 zero, 0 untouched, 2 stored */
-}
-
-static uint8_t *write_chunked(const char *path)
-{
-	const struct halite_region reg = { "pc.ram", 0, C_LEN };
-	HALITE_OPTS(halite_writer_opts, o);
-	struct halite_writer *w;
-	uint8_t *img = calloc(1, C_LEN);
-	uint64_t x = 0xc0ffee;
-
-	assert_non_null(img);
-	o.mb_pages = 1;
-	o.vcpu_count = 1;
-	o.flags = HALITE_WRITER_NO_SYNC;
-	assert_int_equal(halite_writer_create(&w, path, &reg, 1, &o), 0);
-	for (uint64_t mb = 0; mb < C_NMB; mb++) {
-		uint8_t *b = img + mb * C_MB;
-
-		if (c_kind(mb) == 1) {
-			assert_int_equal(halite_writer_put_zero(w, mb), 0);
-		} else if (c_kind(mb) == 2) {
-			for (uint32_t i = 0; i < 512; i++)
-				b[i] = (uint8_t)rnd(&x);
-			b[C_MB - 1] = (uint8_t)mb | 1;
-			assert_true(halite_writer_put(w, 0, mb, b) >= 0);
-		}
-	}
-	assert_int_equal(halite_writer_finish(w), 0);
-	halite_writer_free(w, true);
-	return img;
-}
-
-/* Flip a bit of block @mb's mb-map entry: its chunk's checksum fails (1.1). */
-static void damage_map_entry(const char *path, uint64_t mb)
-{
-	struct halite_reader *rd;
-	uint64_t off = 0, len;
-	uint32_t type;
-	uint8_t x;
-	int fd;
-
-	assert_int_equal(halite_reader_open(&rd, path, NULL), 0);
-	assert_int_equal(halite_reader_info(rd)->version_minor, 1);
-	for (uint32_t i = 0; i < halite_reader_section_count(rd); i++) {
-		assert_int_equal(halite_reader_section(rd, i, &type, &off, &len), 0);
-		if (type == HALITE_SECTION_MB_MAP)
-			break;
-	}
-	assert_int_equal(type, HALITE_SECTION_MB_MAP);
-	halite_reader_free(rd);
-	fd = open(path, O_RDWR);
-	assert_true(fd >= 0);
-	assert_int_equal(pread(fd, &x, 1, (off_t)(off + 8 * mb + 1)), 1);
-	x ^= 0x01;
-	assert_int_equal(pwrite(fd, &x, 1, (off_t)(off + 8 * mb + 1)), 1);
-	close(fd);
-}
+/* The format 1.1 file of two mb-map chunks: r_write_chunked() (restore_util.h). */
+#define C_MB R_CHUNKED_MB
+#define C_NMB R_CHUNKED_NMB
+#define C_LEN R_CHUNKED_LEN
+#define c_kind r_chunked_kind
 
 /*
  * A format 1.1 file whose second mb-map chunk is damaged: it opens (chunks
@@ -784,7 +720,7 @@ static void test_damaged_chunk(void **state)
 	struct halite_session *s;
 	struct halite_reader *rd;
 	char path[96], fill[128];
-	uint8_t *img, map[C_NMB];
+	uint8_t *img = NULL, map[C_NMB];
 	uint64_t nbad = 0;
 	struct ext e;
 	int fd;
@@ -798,8 +734,8 @@ static void test_damaged_chunk(void **state)
 	skip();
 #endif
 	snprintf(path, sizeof(path), "/tmp/halite-tpl-%d-c.hlt", (int)getpid());
-	img = write_chunked(path);
-	damage_map_entry(path, 8192 + 7);
+	assert_int_equal(r_write_chunked(path, &img), 0);
+	assert_int_equal(r_damage_map_entry(path, 8192 + 7), 0);
 	g_touched = mmap(NULL, TOUCHED_MAX, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
 			 -1, 0);
 	assert_true(g_touched != MAP_FAILED);
