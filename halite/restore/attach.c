@@ -282,7 +282,7 @@ int rs_attach_scan(struct halite_restore *r)
 		for (k = 0; k < n && atomic_load(&r->mb[mbs[k]]) == MB_INSTALLED; k++)
 			;
 		if (k == n) {
-			atomic_store(&r->lbs[lb].state, LB_DONE);
+			atomic_store(&r->src.st[lb], LB_DONE);
 			atomic_fetch_add(&r->lb_done, 1);
 		}
 	}

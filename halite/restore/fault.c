@@ -96,13 +96,13 @@ static void serve_stored(struct halite_restore *r, uint64_t mb, uint64_t lb,
 			rs_fault_served(r, t0);
 			return;
 		}
-		pthread_mutex_lock(&r->lk);
-		switch (atomic_load(&b->state)) {
+		pthread_mutex_lock(&r->src.lk);
+		switch (atomic_load(&r->src.st[lb])) {
 		case LB_IDLE:
 		case LB_READING:
 			w = malloc(sizeof(*w));
 			if (!w) {
-				pthread_mutex_unlock(&r->lk);
+				pthread_mutex_unlock(&r->src.lk);
 				rs_set_failed(r, rs_fail(r, -ENOMEM, "memory block %llu: waiter",
 						    ULL(mb)));
 				return;
@@ -110,24 +110,24 @@ static void serve_stored(struct halite_restore *r, uint64_t mb, uint64_t lb,
 			*w = (struct fault_waiter){ b->waiters, mb, t0 };
 			b->waiters = w;
 			ret = 0;
-			if (atomic_load(&b->state) == LB_IDLE) {
-				atomic_store(&b->state, LB_READING);
+			if (atomic_load(&r->src.st[lb]) == LB_IDLE) {
+				atomic_store(&r->src.st[lb], LB_READING);
 				b->fault_mb = mb;
 				/* Nobody queued ahead: try the page cache first (rs_read_cached). */
-				if (r->inline_reads && !r->q_len) {
-					pthread_mutex_unlock(&r->lk);
-					if (rs_read_cached(r, lb))
+				if (src_inline_ok(&r->src)) {
+					pthread_mutex_unlock(&r->src.lk);
+					if (src_read_cached(&r->src, lb, r->fault_tmp))
 						return;
-					pthread_mutex_lock(&r->lk);
+					pthread_mutex_lock(&r->src.lk);
 				}
-				ret = rs_queue_push(r, lb);
+				ret = src_queue_push(&r->src, lb);
 				if (!ret)
-					wake = 1 + rs_ra_push(r, lb);
+					wake = 1 + src_ra_push(&r->src, lb);
 			}
-			pthread_mutex_unlock(&r->lk);
+			pthread_mutex_unlock(&r->src.lk);
 			/* A reader for the demand read, and one per readahead read it may start. */
 			while (wake--)
-				pthread_cond_signal(&r->q_cond);
+				pthread_cond_signal(&r->src.q_cond);
 			if (ret)
 				rs_set_failed(r, rs_fail(r, ret, "locality block %llu: demand queue",
 						    ULL(lb)));
@@ -137,7 +137,7 @@ static void serve_stored(struct halite_restore *r, uint64_t mb, uint64_t lb,
 			buf = b->buf;
 			how = b->how;
 			fault_mb = b->fault_mb;
-			pthread_mutex_unlock(&r->lk);
+			pthread_mutex_unlock(&r->src.lk);
 			if (!rs_claim(r, mb, MB_NONE)) {
 				rs_lb_release(r, lb);
 				continue; /* the pool took it meanwhile */
@@ -155,12 +155,12 @@ static void serve_stored(struct halite_restore *r, uint64_t mb, uint64_t lb,
 				rs_set_failed(r, ret);
 			return;
 		case LB_FAILED:
-			pthread_mutex_unlock(&r->lk);
+			pthread_mutex_unlock(&r->src.lk);
 			return; /* the restore has failed: the thread stays blocked */
 		default:
 			/* DONE: every block was claimed since the load above. */
 			s = atomic_load(&r->mb[mb]);
-			pthread_mutex_unlock(&r->lk);
+			pthread_mutex_unlock(&r->src.lk);
 			if (s != MB_NONE)
 				continue;
 			if (!atomic_load(&r->failed))
@@ -206,7 +206,7 @@ static void serve_fault(struct halite_restore *r, const struct uffd_msg *m, uint
 			halite_gmem_wake(r->gm, f.ri, f.off, r->page);
 		return;
 	}
-	atomic_store(&r->last_fault_ns, t0);
+	atomic_store(&r->src.last_fault_ns, t0);
 	atomic_fetch_add(&r->n_faults, 1);
 	if (guest_vcpu_of(r->o.vcpu_tids, r->o.nvcpus, m->arg.pagefault.feat.ptid))
 		atomic_fetch_add(&r->n_faults_vcpu, 1);

@@ -292,11 +292,11 @@ static int hp_complete(struct halite_restore *r, const struct rregion *g, struct
 		return rs_install_failed(r, ret, g->first_mb + hpo / r->mb_size,
 					 "UFFDIO_CONTINUE of its huge page");
 	/* Under lk with the waiters: a fault queued after this sees @in (huge_fault). */
-	pthread_mutex_lock(&r->lk);
+	pthread_mutex_lock(&r->src.lk);
 	atomic_store(&hp->in, 1);
 	w = hp->waiters;
 	hp->waiters = NULL;
-	pthread_mutex_unlock(&r->lk);
+	pthread_mutex_unlock(&r->src.lk);
 	for (; w; w = next) {
 		next = w->next;
 		rs_fault_served(r, w->t0);
@@ -354,9 +354,9 @@ static int huge_write(struct halite_restore *r, uint64_t mb, const uint8_t *lb_b
  */
 static bool ra_end(struct halite_restore *r, uint64_t lb)
 {
-	uint64_t next = r->ra_next ? rs_ra_next(r, lb) : UINT64_MAX;
+	uint64_t next = r->src.ra_next ? src_ra_next(&r->src, lb) : UINT64_MAX;
 
-	return r->ra_next && (next == UINT64_MAX || atomic_load(&r->lbs[next].state) == LB_IDLE);
+	return r->src.ra_next && (next == UINT64_MAX || atomic_load(&r->src.st[next]) == LB_IDLE);
 }
 
 static void huge_fault(struct halite_restore *r, uint64_t mb, const struct fault *f)
@@ -377,10 +377,10 @@ static void huge_fault(struct halite_restore *r, uint64_t mb, const struct fault
 		rs_set_failed(r, ret);
 		return;
 	}
-	pthread_mutex_lock(&r->lk);
+	pthread_mutex_lock(&r->src.lk);
 	if (atomic_load(&hp->in)) {
 		/* Raced with its completion, or the guest punched the page out since. */
-		pthread_mutex_unlock(&r->lk);
+		pthread_mutex_unlock(&r->src.lk);
 		atomic_fetch_add(stored ? &r->n_faults_cached : &r->n_faults_zero, 1);
 		/* Present: EEXIST, woken; a hole: zeros, what a discard means. */
 		ret = halite_gmem_fill(r->gm, f->ri, hpo, g->hpage, NULL, HALITE_GMEM_CONTINUE, 0);
@@ -393,7 +393,7 @@ static void huge_fault(struct halite_restore *r, uint64_t mb, const struct fault
 	}
 	w = malloc(sizeof(*w));
 	if (!w) {
-		pthread_mutex_unlock(&r->lk);
+		pthread_mutex_unlock(&r->src.lk);
 		rs_set_failed(r, rs_fail(r, -ENOMEM, "memory block %llu: waiter", ULL(mb)));
 		return;
 	}
@@ -401,13 +401,13 @@ static void huge_fault(struct halite_restore *r, uint64_t mb, const struct fault
 	hp->waiters = w;
 	if (atomic_load(&hp->wanted)) {
 		/* Another fault on this page came first: its reads are on their way. */
-		pthread_mutex_unlock(&r->lk);
+		pthread_mutex_unlock(&r->src.lk);
 		return;
 	}
 	atomic_store(&hp->wanted, 1);
 	if (!stored) {
 		/* A page of zeros, installed by this fault (only faults install these). */
-		pthread_mutex_unlock(&r->lk);
+		pthread_mutex_unlock(&r->src.lk);
 		atomic_fetch_add(&r->n_faults_zero, 1);
 		ret = hp_complete(r, g, hp, hpo);
 		if (ret)
@@ -421,16 +421,16 @@ static void huge_fault(struct halite_restore *r, uint64_t mb, const struct fault
 	 * queued ahead, the fault thread reads the first itself if the page
 	 * cache has it (rs_read_cached), while the readers take the others.
 	 */
-	inline_read = r->inline_reads && !r->q_len;
+	inline_read = src_inline_ok(&r->src);
 	halite_reader_mb_lookup(r->rd, mb, &loc);
-	if (loc.state == HALITE_MB_STORED && atomic_load(&r->lbs[loc.lb].state) == LB_IDLE) {
+	if (loc.state == HALITE_MB_STORED && atomic_load(&r->src.st[loc.lb]) == LB_IDLE) {
 		first = loc.lb;
-		atomic_store(&r->lbs[first].state, LB_READING);
+		atomic_store(&r->src.st[first], LB_READING);
 		r->lbs[first].fault_mb = mb;
 		queued[nq++] = first;
 		nread++;
 		if (!inline_read) {
-			ret = rs_queue_push(r, first);
+			ret = src_queue_push(&r->src, first);
 			wake++;
 		}
 	}
@@ -441,12 +441,12 @@ static void huge_fault(struct halite_restore *r, uint64_t mb, const struct fault
 		if (loc.state != HALITE_MB_STORED)
 			continue;
 		b = &r->lbs[loc.lb];
-		if (atomic_load(&b->state) != LB_IDLE)
+		if (atomic_load(&r->src.st[loc.lb]) != LB_IDLE)
 			continue;
-		atomic_store(&b->state, LB_READING);
+		atomic_store(&r->src.st[loc.lb], LB_READING);
 		/* For the trace: a block of the page in that LB (docs/restore-trace.md). */
 		b->fault_mb = m;
-		ret = rs_queue_push(r, loc.lb);
+		ret = src_queue_push(&r->src, loc.lb);
 		wake++;
 		nread++;
 		if (nq < HALITE_ARRAY_SIZE(queued))
@@ -458,10 +458,10 @@ static void huge_fault(struct halite_restore *r, uint64_t mb, const struct fault
 	 */
 	for (size_t i = 0; i < nq && !ret; i++)
 		if ((queued[i] != first || !inline_read) && ra_end(r, queued[i]))
-			wake += rs_ra_push(r, queued[i]);
-	pthread_mutex_unlock(&r->lk);
+			wake += src_ra_push(&r->src, queued[i]);
+	pthread_mutex_unlock(&r->src.lk);
 	while (wake--)
-		pthread_cond_signal(&r->q_cond);
+		pthread_cond_signal(&r->src.q_cond);
 	if (ret) {
 		rs_set_failed(r, rs_fail(r, ret, "memory block %llu: demand queue", ULL(mb)));
 		return;
@@ -469,11 +469,11 @@ static void huge_fault(struct halite_restore *r, uint64_t mb, const struct fault
 	if (!nread)
 		/* Its blocks are all in memory or being read: nothing to read for it. */
 		atomic_fetch_add(&r->n_faults_cached, 1);
-	if (first != UINT64_MAX && inline_read && !rs_read_cached(r, first)) {
-		pthread_mutex_lock(&r->lk);
-		ret = rs_queue_push(r, first);
-		pthread_mutex_unlock(&r->lk);
-		pthread_cond_signal(&r->q_cond);
+	if (first != UINT64_MAX && inline_read && !src_read_cached(&r->src, first, r->fault_tmp)) {
+		pthread_mutex_lock(&r->src.lk);
+		ret = src_queue_push(&r->src, first);
+		pthread_mutex_unlock(&r->src.lk);
+		pthread_cond_signal(&r->src.q_cond);
 		if (ret)
 			rs_set_failed(r, rs_fail(r, ret, "memory block %llu: demand queue", ULL(mb)));
 	}

@@ -134,9 +134,9 @@ int rs_staged_by(struct halite_restore *r, uint64_t lb)
 {
 	int how;
 
-	pthread_mutex_lock(&r->lk);
+	pthread_mutex_lock(&r->src.lk);
 	how = r->lbs[lb].how;
-	pthread_mutex_unlock(&r->lk);
+	pthread_mutex_unlock(&r->src.lk);
 	return how == HOW_DEMAND ? BY_POOL : BY_PREFETCH;
 }
 
@@ -151,13 +151,13 @@ void rs_lb_release(struct halite_restore *r, uint64_t lb)
 	struct rlb *b = &r->lbs[lb];
 	uint8_t *buf = NULL;
 
-	pthread_mutex_lock(&r->lk);
+	pthread_mutex_lock(&r->src.lk);
 	if (--b->refs == 0) {
 		buf = b->buf;
 		b->buf = NULL;
-		atomic_store(&b->state, LB_DONE);
+		atomic_store(&r->src.st[lb], LB_DONE);
 	}
-	pthread_mutex_unlock(&r->lk);
+	pthread_mutex_unlock(&r->src.lk);
 	if (!buf)
 		return;
 	halite_reader_free_lb(buf);
@@ -184,10 +184,10 @@ static void install_lb(struct itask *t)
 	int by, ret = 0;
 	bool stage;
 
-	pthread_mutex_lock(&r->lk);
+	pthread_mutex_lock(&r->src.lk);
 	by = b->how == HOW_DEMAND ? BY_POOL : BY_PREFETCH;
 	stage = (r->track && b->how == HOW_DEMAND) || atomic_load(&r->learning);
-	pthread_mutex_unlock(&r->lk);
+	pthread_mutex_unlock(&r->src.lk);
 	halite_reader_lb_members(r->rd, t->lb, &mbs, &n);
 	if (stage) {
 		/* Published to the fault thread by the STAGED stores below. */
@@ -271,8 +271,8 @@ void rs_lb_landed(struct halite_restore *r, uint64_t lb, uint8_t *buf, int how, 
 	}
 	halite_reader_lb_members(r->rd, lb, &mbs, &n);
 	atomic_fetch_add(&r->lbs_cached, 1);
-	pthread_mutex_lock(&r->lk);
-	atomic_store(&b->state, LB_CACHED);
+	pthread_mutex_lock(&r->src.lk);
+	atomic_store(&r->src.st[lb], LB_CACHED);
 	b->buf = buf;
 	b->refs = 1;
 	b->how = (uint8_t)how;
@@ -285,8 +285,7 @@ void rs_lb_landed(struct halite_restore *r, uint64_t lb, uint8_t *buf, int how, 
 		w->next = fifo;
 		fifo = w;
 	}
-	pthread_mutex_unlock(&r->lk);
-	atomic_fetch_add(how == HOW_DEMAND ? &r->n_lb_demand : &r->n_lb_prefetch, 1);
+	pthread_mutex_unlock(&r->src.lk);
 	atomic_fetch_add(&r->n_staged, staged);
 	while ((w = fifo)) {
 		fifo = w->next;

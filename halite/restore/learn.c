@@ -76,7 +76,7 @@ static void unstage(void *arg)
 	int ret = 0;
 
 	for (uint64_t lb = 0; lb < r->lb_total && !ret && !atomic_load(&r->failed); lb++) {
-		uint8_t s = atomic_load(&r->lbs[lb].state);
+		uint8_t s = atomic_load(&r->src.st[lb]);
 		const uint64_t *mbs;
 		uint32_t n;
 		int by;

@@ -1,22 +1,23 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The prefetcher: every LB nobody has read, in file order, queue_depth reads
- * in flight, held back while faults come; a relayouted file's hot prefix
- * first and unthrottled.
+ * What the restore asks of its snapshot source (source.h), which reads
+ * every LB: a verified LB lands (install.c), a failed one fails the
+ * restore; the prefetcher is held back while the pool has enough
+ * prefetched LBs waiting and while learning; a relayouted file's hot
+ * prefix is its first list, read unthrottled.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include "endian_util.h"
 #include "relayout_meta.h"
 #include "restore_int.h"
 
-/* The prefetcher naps this long when held back with nothing in flight (save.c's bg nap). */
-#define PREFETCH_NAP_NS 200000L
-/* ... and while learning (learn.c), when it cannot run at all until the window ends. */
-#define LEARN_NAP_NS 10000000L
+/* The prefetcher naps this long while learning (learn.c): it cannot run until the window ends. */
+#define LEARN_NAP_US 10000u
+/* ... and this long when the pool's backlog holds it back (save.c's bg nap). */
+#define BACKLOG_NAP_US 200u
 /*
  * Prefetched LBs waiting for the pool, at most this many per read in flight:
  * bounds the memory held when reads outrun decoding.
@@ -31,205 +32,58 @@
  */
 #define HOT_PREFIX_DEFAULT (256ull << 20)
 
-struct pf_slot {
-	uint64_t lb;
-	uint8_t *buf;
-	unsigned reads;
-};
+static void src_landed(void *ctx, uint64_t lb, uint8_t *buf, int how, uint8_t *tmp)
+{
+	rs_lb_landed(ctx, lb, buf, how, tmp);
+}
+
+/* Every read of @lb failed: the restore fails; its waiters stay blocked. */
+static void src_failed(void *ctx, uint64_t lb, int err, const char *msg)
+{
+	struct halite_restore *r = ctx;
+
+	(void)lb;
+	rs_errmsg(r, msg);
+	rs_set_failed(r, err);
+}
 
 /*
- * Hold back? While faults come (one within prefetch_idle_us), unless behind
- * prefetch_min_rate since the prefetcher started; and while the pool has
- * enough prefetched LBs waiting.
+ * Hold the prefetcher back while learning (nothing comes in unasked,
+ * learn.c), and while the pool has enough prefetched LBs waiting.
  */
-static bool pf_hold(struct halite_restore *r, uint64_t start, uint64_t issued, bool hot)
+static uint32_t src_hold(void *ctx)
 {
-	/* Learning: nothing comes in unasked (learn.c). */
+	struct halite_restore *r = ctx;
+
 	if (atomic_load(&r->learning))
-		return true;
+		return LEARN_NAP_US;
 	if (atomic_load(&r->lbs_cached) >= (uint64_t)PREFETCH_BACKLOG_PER_QD * r->o.queue_depth)
-		return true;
-	/* The hot prefix: the guest's faults want these next. */
-	if (hot)
-		return false;
-	return !src_prefetch_may(halite_now_ns(), atomic_load(&r->last_fault_ns),
-				 r->o.prefetch_idle_us, start, r->o.prefetch_min_rate, issued);
-}
-
-/* The next LB in file order nobody has read, now READING; UINT64_MAX at the end. */
-static uint64_t pf_next(struct halite_restore *r, uint64_t *cursor)
-{
-	while (*cursor < r->lb_total) {
-		struct rlb *b = &r->lbs[(*cursor)++];
-		bool mine = false;
-
-		if (atomic_load(&b->state) != LB_IDLE)
-			continue;
-		pthread_mutex_lock(&r->lk);
-		if (atomic_load(&b->state) == LB_IDLE) {
-			atomic_store(&b->state, LB_READING);
-			mine = true;
-		}
-		pthread_mutex_unlock(&r->lk);
-		if (mine)
-			return (uint64_t)(b - r->lbs);
-	}
-	return UINT64_MAX;
-}
-
-static int pf_submit(struct halite_restore *r, struct pf_slot *s, unsigned tag)
-{
-	struct halite_lb_info li;
-	const uint64_t *mbs;
-	uint32_t n;
-	int ret;
-
-	/* Its index entries first (a 1.1 file's chunks load here, off the fault path). */
-	ret = halite_reader_lb_members(r->rd, s->lb, &mbs, &n);
-	if (!ret)
-		ret = halite_reader_lb_info(r->rd, s->lb, &li);
-	if (ret)
-		return rs_fail(r, ret, "locality block %llu: %s", ULL(s->lb),
-			       halite_reader_errmsg(r->rd));
-	ret = halite_io_submit_read(r->pf_io, s->buf, r->lb_size, li.offset, tag);
-	if (ret)
-		return rs_fail(r, ret, "locality block %llu at offset %llu: submitting a read",
-			     ULL(s->lb), ULL(li.offset));
+		return BACKLOG_NAP_US;
 	return 0;
 }
 
-/* A read came back: land it, read it again, or fail. True when the slot is free again. */
-static bool pf_complete(struct halite_restore *r, struct pf_slot *s, unsigned tag, int64_t res,
-			uint8_t *tmp)
+/* Learning: nothing is read ahead either. */
+static bool src_ra_ok(void *ctx)
 {
-	int ret;
+	struct halite_restore *r = ctx;
 
-	if (res == (int64_t)r->lb_size) {
-		atomic_fetch_add(&r->n_bytes_read, r->lb_size);
-		ret = halite_reader_verify_lb(r->rd, s->lb, s->buf);
-	} else {
-		ret = res < 0 ? (int)res : -HALITE_E_TRUNCATED;
-	}
-	if (!ret) {
-		/* Counted before it lands, so a caller that sees the restore done sees it. */
-		if (s->lb < r->hot_lbs)
-			atomic_fetch_add(&r->n_lb_hot, 1);
-		rs_lb_landed(r, s->lb, s->buf, HOW_PREFETCH, tmp);
-		s->buf = NULL;
-		return true;
-	}
-	if (s->reads <= r->o.read_retries && !atomic_load(&r->failed)) {
-		rs_lb_retrying(r, s->lb, ret, s->reads);
-		s->reads++;
-		ret = pf_submit(r, s, tag);
-		if (!ret)
-			return false;
-	}
-	halite_reader_free_lb(s->buf);
-	s->buf = NULL;
-	rs_lb_failed(r, s->lb, ret, s->reads);
-	return true;
+	return !atomic_load(&r->learning);
 }
 
-void *rs_prefetch_main(void *arg)
+static void src_fatal(void *ctx, int err, const char *msg)
 {
-	struct halite_restore *r = arg;
-	unsigned qd = r->o.queue_depth, nfree = qd;
-	struct pf_slot *slots = calloc(qd, sizeof(*slots));
-	unsigned *freel = calloc(qd, sizeof(*freel));
-	struct halite_io_done *done = calloc(qd, sizeof(*done));
-	uint8_t *tmp = halite_io_alloc(r->mb_size);
-	uint64_t cursor = 0, issued = 0, start = halite_now_ns();
+	struct halite_restore *r = ctx;
 
-	pthread_setname_np(pthread_self(), "halite-prefetch");
-	if (!slots || !freel || !done || !tmp) {
-		rs_set_failed(r, rs_fail(r, -ENOMEM, "prefetcher buffers"));
-		goto out;
-	}
-	for (unsigned i = 0; i < qd; i++)
-		freel[i] = qd - 1 - i;
-	while (!atomic_load(&r->stopping) && !atomic_load(&r->failed)) {
-		unsigned inflight = halite_io_inflight(r->pf_io);
-		bool more, hot, hold;
-		struct pf_slot *s;
-		uint64_t lb;
-		unsigned tag;
-		int n;
-
-		/*
-		 * Past what faults read already first: whether the next read
-		 * is a hot one (unthrottled) is the next LB's to say, not the
-		 * one a fault took.
-		 */
-		while (cursor < r->lb_total && atomic_load(&r->lbs[cursor].state) != LB_IDLE)
-			cursor++;
-		more = cursor < r->lb_total;
-		hot = cursor < r->hot_lbs;
-		hold = !more || !nfree || pf_hold(r, start, issued, hot);
-
-		if (!more && !inflight)
-			break;
-		if (inflight) {
-			/*
-			 * Collect what has landed (its waiters are waiting);
-			 * block for it only when there is nothing to submit.
-			 */
-			n = halite_io_reap(r->pf_io, done, qd, hold ? 1 : 0);
-			if (n < 0) {
-				rs_set_failed(r, rs_fail(r, n, "prefetch reads"));
-				break;
-			}
-			for (int i = 0; i < n; i++) {
-				tag = (unsigned)done[i].tag;
-				if (pf_complete(r, &slots[tag], tag, done[i].res, tmp))
-					freel[nfree++] = tag;
-			}
-			if (hold)
-				continue;
-		} else if (hold) {
-			struct timespec ts = { 0, atomic_load(&r->learning) ? LEARN_NAP_NS :
-						  PREFETCH_NAP_NS };
-
-			nanosleep(&ts, NULL);
-			continue;
-		}
-		lb = pf_next(r, &cursor);
-		if (lb == UINT64_MAX)
-			continue;
-		tag = freel[--nfree];
-		s = &slots[tag];
-		*s = (struct pf_slot){ lb, halite_reader_alloc_lb(r->rd), 1 };
-		if (!s->buf) {
-			rs_set_failed(r, rs_fail(r, -ENOMEM, "locality block %llu: read buffer", ULL(lb)));
-			break;
-		}
-		n = pf_submit(r, s, tag);
-		if (n) {
-			halite_reader_free_lb(s->buf);
-			s->buf = NULL;
-			rs_set_failed(r, n);
-			break;
-		}
-		/* The minimum rate is owed from the end of the hot prefix on. */
-		if (hot)
-			start = halite_now_ns();
-		else
-			issued += r->lb_size;
-	}
-	/* Stopped (failed, or freed): the kernel may still write into the buffers. */
-	while (halite_io_inflight(r->pf_io))
-		if (halite_io_reap(r->pf_io, done, qd, 1) < 0)
-			break;
-out:
-	/* A buffer a read may still target is left to leak, never freed under it. */
-	for (unsigned i = 0; slots && i < qd && !halite_io_inflight(r->pf_io); i++)
-		halite_reader_free_lb(slots[i].buf);
-	free(slots);
-	free(freel);
-	free(done);
-	halite_io_free(tmp);
-	return NULL;
+	rs_set_failed(r, rs_fail(r, err, "%s", msg));
 }
+
+static const struct src_ops restore_src_ops = {
+	.landed = src_landed,
+	.failed = src_failed,
+	.hold = src_hold,
+	.ra_ok = src_ra_ok,
+	.error = src_fatal,
+};
 
 /*
  * A relayouted file's hot prefix, from its metadata (halite-inspect
@@ -238,7 +92,7 @@ out:
  * read is ignored with a warning rather than refused: it only orders the
  * reads, and every LB is verified whatever the order.
  */
-void rs_hot_init(struct halite_restore *r)
+static void hot_init(struct halite_restore *r)
 {
 	uint64_t max = r->o.hot_prefix_max ? r->o.hot_prefix_max : HOT_PREFIX_DEFAULT;
 	struct hlt_relayout rel;
@@ -256,4 +110,32 @@ void rs_hot_init(struct halite_restore *r)
 	if (r->hot_lbs)
 		halite_logf(&r->log, HALITE_LOG_DEBUG, "%s: hot prefix: LBs 0..%llu read first",
 			    r->path, ULL(r->hot_lbs - 1));
+}
+
+int rs_source_init(struct halite_restore *r)
+{
+	struct src_opts so = {
+		.readers = r->o.demand_readers,
+		/* Readahead takes at most half the readers: the rest serve faults. */
+		.ra_readers = r->o.demand_readers / 2 ? r->o.demand_readers / 2 : 1,
+		.readahead = r->o.readahead,
+		.read_retries = r->o.read_retries,
+		.prefetch = !(r->o.flags & HALITE_RESTORE_NO_PREFETCH),
+		.first_unthrottled = true,
+		.inline_reads = !(r->o.flags & HALITE_RESTORE_DIRECT) && !r->o.read_latency_us,
+		.queue_depth = r->o.queue_depth,
+		.prefetch_idle_us = r->o.prefetch_idle_us,
+		.prefetch_min_rate = r->o.prefetch_min_rate,
+		.io_backend = r->o.io_backend,
+		.io_flags = (r->o.flags & HALITE_RESTORE_DIRECT) ? HALITE_IO_DIRECT : 0,
+		.read_latency_us = r->o.read_latency_us,
+		.thread_name = "halite-rread",
+	};
+	int ret = src_init(&r->src, r->rd, r->path, r->fd, &so, &restore_src_ops, r, &r->log);
+
+	if (ret)
+		return ret;
+	hot_init(r);
+	r->src.nfirst = r->hot_lbs; /* LBs 0..hot_lbs-1 (src.first NULL) */
+	return 0;
 }

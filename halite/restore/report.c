@@ -38,11 +38,11 @@ void rs_fill_stats(struct halite_restore *r, struct halite_restore_stats *st)
 	st->faults_zero = atomic_load(&r->n_faults_zero);
 	st->faults_vcpu = atomic_load(&r->n_faults_vcpu);
 	st->lb_total = r->lb_total;
-	st->lb_demand = atomic_load(&r->n_lb_demand);
-	st->lb_prefetch = atomic_load(&r->n_lb_prefetch);
-	st->lb_hot = atomic_load(&r->n_lb_hot);
-	st->lb_retries = atomic_load(&r->n_lb_retries);
-	st->bytes_read = atomic_load(&r->n_bytes_read);
+	st->lb_demand = atomic_load(&r->src.n_demand);
+	st->lb_prefetch = atomic_load(&r->src.n_prefetch);
+	st->lb_hot = atomic_load(&r->src.n_first);
+	st->lb_retries = atomic_load(&r->src.n_retries);
+	st->bytes_read = atomic_load(&r->src.n_bytes);
 	staged = atomic_load(&r->n_staged);
 	acc = atomic_load(&r->n_staged_accessed);
 	if (r->track) {
@@ -92,7 +92,7 @@ int rs_write_trace(struct halite_restore *r, const struct halite_restore_stats *
 	/* Added later: after the others, which version 1 readers know (they skip this). */
 	STAT(lb_hot);
 #undef STAT
-	pthread_mutex_lock(&r->lk);
+	pthread_mutex_lock(&r->src.lk);
 	for (uint64_t lb = 0; lb < r->lb_total; lb++) {
 		const struct rlb *b = &r->lbs[lb];
 		char fmb[24] = "-";
@@ -105,7 +105,7 @@ int rs_write_trace(struct halite_restore *r, const struct halite_restore_stats *
 			b->how == HOW_DEMAND ? "demand" : "prefetch", ULL(b->t_ns), fmb,
 			r->track ? b->staged : 0, r->track ? atomic_load(&b->accessed) : 0);
 	}
-	pthread_mutex_unlock(&r->lk);
+	pthread_mutex_unlock(&r->src.lk);
 	if (r->obs)
 		r->obs->write(r, f);
 	return trace_out_end(&o, 0);

@@ -154,7 +154,6 @@ HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *pa
 				      uint32_t nregions, const struct halite_restore_opts *opts)
 {
 	HALITE_OPTS(halite_reader_opts, ro);
-	HALITE_OPTS(halite_io_opts, io);
 	struct halite_restore *r;
 	char rerr[256] = "";
 	bool want_trace;
@@ -167,8 +166,6 @@ HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *pa
 		return -ENOMEM;
 	r->open_ns = halite_now_ns();
 	r->uffd = r->stop_fd = r->fd = -1;
-	pthread_mutex_init(&r->lk, NULL);
-	pthread_cond_init(&r->q_cond, NULL);
 	pthread_mutex_init(&r->st_lock, NULL);
 	pthread_mutex_init(&r->learn_lk, NULL);
 	halite_cond_init_mono(&r->st_cond);
@@ -198,8 +195,6 @@ HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *pa
 		r->o.readahead = READAHEAD_DEFAULT;
 	if (r->o.flags & HALITE_RESTORE_NO_READAHEAD)
 		r->o.readahead = 0;
-	r->ra_readers = r->o.demand_readers / 2 ? r->o.demand_readers / 2 : 1;
-	r->inline_reads = !(r->o.flags & HALITE_RESTORE_DIRECT) && !r->o.read_latency_us;
 	if (!r->o.read_retries)
 		r->o.read_retries = READ_RETRIES_DEFAULT;
 	if (!r->o.prefetch_idle_us)
@@ -269,17 +264,13 @@ HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *pa
 	r->mb = halite_zalloc(r->mb_total);
 	r->lbs = halite_zalloc(r->lb_total * sizeof(*r->lbs));
 	r->fault_tmp = halite_io_alloc(r->mb_size);
-	r->rd_thr = calloc(r->o.demand_readers, sizeof(*r->rd_thr));
-	if (!r->mb || !r->lbs || !r->fault_tmp || !r->rd_thr) {
+	if (!r->mb || !r->lbs || !r->fault_tmp) {
 		ret = -ENOMEM;
 		goto err;
 	}
-	ret = rs_ra_build(r);
-	if (!ret)
-		ret = rs_learn_init(r);
+	ret = rs_learn_init(r);
 	if (ret)
 		goto err;
-	rs_hot_init(r);
 	r->fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (r->fd < 0) {
 		ret = rs_fail(r, -errno, "%s: cannot open", path);
@@ -291,20 +282,9 @@ HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *pa
 	 */
 	if (flock(r->fd, LOCK_SH | LOCK_NB) && errno != EWOULDBLOCK)
 		halite_logf(&r->log, HALITE_LOG_DEBUG, "%s: flock: %s", path, strerror(errno));
-	if (!(r->o.flags & HALITE_RESTORE_NO_PREFETCH)) {
-		io.backend = r->o.io_backend;
-		io.queue_depth = r->o.queue_depth;
-		io.flags = (r->o.flags & HALITE_RESTORE_DIRECT) ? HALITE_IO_DIRECT : 0;
-		io.read_latency_us = r->o.read_latency_us;
-		ret = halite_io_open(&r->pf_io, path, O_RDONLY | O_CLOEXEC, 0, &io);
-		if (ret) {
-			ret = rs_fail(r, ret, "%s: opening for prefetch reads (%s%s)", path,
-				    r->o.io_backend ? halite_io_backend_name(r->o.io_backend)
-						    : "default backend",
-				    io.flags ? ", O_DIRECT" : "");
-			goto err;
-		}
-	}
+	ret = rs_source_init(r);
+	if (ret)
+		goto err;
 	halite_logf(&r->log, HALITE_LOG_DEBUG,
 		    "%s: %llu memory blocks (%llu stored) in %llu locality blocks, %u regions",
 		    path, ULL(r->mb_total), ULL(r->fi->mb_stored), ULL(r->lb_total), r->nregions);
@@ -384,12 +364,12 @@ static int fill_copies(struct halite_restore *r)
 			}
 			if (loc.state != HALITE_MB_STORED)
 				continue;
-			pthread_mutex_lock(&r->lk);
-			if (atomic_load(&r->lbs[loc.lb].state) == LB_IDLE) {
-				atomic_store(&r->lbs[loc.lb].state, LB_READING);
+			pthread_mutex_lock(&r->src.lk);
+			if (atomic_load(&r->src.st[loc.lb]) == LB_IDLE) {
+				atomic_store(&r->src.st[loc.lb], LB_READING);
 				mine = true;
 			}
-			pthread_mutex_unlock(&r->lk);
+			pthread_mutex_unlock(&r->src.lk);
 			if (!mine)
 				continue; /* read here for an earlier block */
 			buf = halite_reader_alloc_lb(r->rd);
@@ -398,10 +378,10 @@ static int fill_copies(struct halite_restore *r)
 				rs_set_failed(r, ret);
 				break;
 			}
-			ret = rs_read_lb_retrying(r, loc.lb, buf, &reads);
+			ret = src_read_lb_retrying(&r->src, loc.lb, buf, &reads);
 			if (ret) {
 				halite_reader_free_lb(buf);
-				rs_lb_failed(r, loc.lb, ret, reads);
+				src_lb_failed(&r->src, loc.lb, ret, reads);
 				break;
 			}
 			ret = decode_copies(r, loc.lb, buf);
@@ -410,7 +390,7 @@ static int fill_copies(struct halite_restore *r)
 				rs_set_failed(r, ret);
 				break;
 			}
-			rs_lb_landed(r, loc.lb, buf, HOW_PREFETCH, tmp);
+			src_land(&r->src, loc.lb, buf, SRC_PREFETCH, tmp);
 		}
 	}
 	halite_io_free(tmp);
@@ -433,16 +413,7 @@ static int start_thread(pthread_t *t, void *(*fn)(void *), void *arg)
 /* Stop and join every thread; the pool finishes its tasks first. */
 static void stop_threads(struct halite_restore *r)
 {
-	atomic_store(&r->stopping, true);
-	pthread_mutex_lock(&r->lk);
-	pthread_cond_broadcast(&r->q_cond);
-	pthread_mutex_unlock(&r->lk);
-	if (r->pf_started)
-		pthread_join(r->pf_thr, NULL);
-	r->pf_started = false;
-	for (unsigned i = 0; i < r->readers_started; i++)
-		pthread_join(r->rd_thr[i], NULL);
-	r->readers_started = 0;
+	src_join(&r->src);
 	/*
 	 * The fault thread before the pool: it submits install tasks too (an
 	 * LB it read from the page cache), and a task submitted to a freed
@@ -508,7 +479,7 @@ HALITE_EXPORT int halite_restore_start(struct halite_restore *r)
 	if (r->learn && r->o.learn_window_ms)
 		r->learn_end_ns = r->ready_at + (uint64_t)r->o.learn_window_ms * 1000000;
 	atomic_store(&r->learning, r->learn);
-	atomic_store(&r->last_fault_ns, r->ready_at);
+	atomic_store(&r->src.last_fault_ns, r->ready_at);
 	/* Before the copies: their LBs' installs may finish the restore themselves. */
 	nothing = atomic_load(&r->lb_done) == r->lb_total;
 	ret = fill_copies(r);
@@ -519,15 +490,8 @@ HALITE_EXPORT int halite_restore_start(struct halite_restore *r)
 	}
 	ret = start_thread(&r->fault_thr, rs_fault_main, r);
 	r->fault_started = !ret;
-	for (unsigned i = 0; i < r->o.demand_readers && !ret; i++) {
-		ret = start_thread(&r->rd_thr[i], rs_reader_main, r);
-		if (!ret)
-			r->readers_started++;
-	}
-	if (!ret && r->pf_io) {
-		ret = start_thread(&r->pf_thr, rs_prefetch_main, r);
-		r->pf_started = !ret;
-	}
+	if (!ret)
+		ret = src_start(&r->src);
 	if (ret) {
 		/* Nothing can have faulted yet: the caller resumes the guest after this. */
 		ret = rs_fail(r, ret, "starting threads");
@@ -649,7 +613,7 @@ HALITE_EXPORT void halite_restore_free(struct halite_restore *r)
 		halite_reader_free_lb(b->buf);
 		free(b->stage);
 	}
-	halite_io_close(r->pf_io);
+	src_destroy(&r->src);
 	if (r->huge)
 		r->huge->free(r);
 	rs_learn_free(r);
@@ -670,15 +634,10 @@ HALITE_EXPORT void halite_restore_free(struct halite_restore *r)
 	free(r->by_host);
 	halite_zfree((void *)r->mb);
 	halite_zfree(r->lbs);
-	free(r->q);
-	halite_zfree(r->ra_next);
-	free(r->rd_thr);
 	halite_io_free(r->fault_tmp);
 	free((void *)r->o.vcpu_tids);
 	free((void *)r->o.trace_path);
 	free(r->path);
-	pthread_mutex_destroy(&r->lk);
-	pthread_cond_destroy(&r->q_cond);
 	pthread_mutex_destroy(&r->st_lock);
 	pthread_mutex_destroy(&r->learn_lk);
 	pthread_cond_destroy(&r->st_cond);

@@ -5,9 +5,10 @@
  * restore.c   the lifecycle: open, start (copies filled), wait, free
  * state.c     the error, the end, a failed LB
  * install.c   installs, stages, the install pool, an LB landing, the finish
- * readers.c   demand queue and readers, stream readahead, page-cache reads
  * fault.c     the fault path and the fault thread
- * prefetch.c  the prefetcher and the hot prefix
+ * prefetch.c  what the restore asks of its snapshot source (source.h: the
+ *             LB states, readers, readahead, page-cache reads, retries, the
+ *             prefetcher): its callbacks, the hot prefix read first
  * report.c    stats and the trace
  * register.c  the userfaultfd, the regions' registration, gmem, discards
  * attach.c    what memory holds at start: populated refused, or taken over
@@ -40,11 +41,9 @@
 #include "source.h"
 #include "stats.h"
 
-/* Stream readahead: the queue of LBs to read ahead. */
-#define RA_QUEUE 256u
-
 enum { MB_NONE, MB_CLAIMED, MB_INSTALLED, MB_STAGED };
-enum { HOW_NONE, HOW_DEMAND, HOW_PREFETCH };
+/* How an LB came in: the source's SRC_* (nothing yet: HOW_NONE). */
+enum { HOW_NONE, HOW_DEMAND = SRC_DEMAND, HOW_PREFETCH = SRC_PREFETCH };
 /* Who installed a block: which counter it goes to. */
 enum { BY_FAULT, BY_POOL, BY_PREFETCH };
 enum { S_CREATED, S_RUNNING, S_DONE, S_FAILED };
@@ -71,8 +70,8 @@ struct fault_waiter {
 	uint64_t t0; /* message read */
 };
 
+/* What the restore keeps per LB beside its state (r->src.st[lb]); "lk" is r->src.lk. */
 struct rlb {
-	_Atomic uint8_t state;	 /* written under lk */
 	uint8_t how;		 /* HOW_*: set when the read lands; under lk */
 	uint32_t refs;		 /* holders of buf; under lk */
 	uint8_t *buf;		 /* CACHED: verified bytes; under lk */
@@ -124,53 +123,39 @@ struct halite_restore {
 	_Atomic uint8_t *mb;	 /* MB_* per memory block */
 	struct rlb *lbs;
 
-	int uffd, stop_fd, fd;	 /* fd: for dropping cached LB pages before a retry */
+	int uffd, stop_fd, fd;	 /* fd: the source's page-cache reads and drops, the lock */
 	struct halite_gmem *gm;	 /* every install and wake, and the uffd's events */
-	struct halite_io *pf_io; /* the prefetcher's, NULL with NO_PREFETCH */
 	struct halite_pool *pool;
-	pthread_t fault_thr, pf_thr, *rd_thr;
-	unsigned readers_started;
-	bool fault_started, pf_started, started;
+	pthread_t fault_thr;
+	bool fault_started, started;
 	uint8_t *fault_tmp;	 /* the fault thread's decode buffer */
 
-	pthread_mutex_t lk;	 /* LB states, waiters, the demand and readahead queues */
-	pthread_cond_t q_cond;
-	uint64_t *q;		 /* demand queue: a ring of LB indices */
-	size_t q_cap, q_head, q_len;
 	/*
-	 * Stream readahead: ra_next[lb] is 1 + the next LB of lb's stream (file
-	 * order), 0 until looked up, UINT64_MAX for none (rs_ra_next()); raq a
-	 * ring of LBs to read ahead,
-	 * oldest dropped when full; ra_busy readers reading one now.
+	 * The snapshot source: the LB states, the demand and readahead
+	 * queues, the readers and the prefetcher. Its lock (src.lk, "lk" in
+	 * comments) guards the states and struct rlb's fields marked so.
 	 */
-	uint64_t *ra_next;
-	uint64_t raq[RA_QUEUE];
-	size_t raq_head, raq_len;
-	unsigned ra_busy, ra_readers;
-	bool inline_reads;	 /* buffered, no added latency: rs_read_cached() may read */
+	struct src src;
 	_Atomic uint64_t lb_done, lbs_cached;
 
 	pthread_mutex_t st_lock; /* state, error, errmsg */
 	pthread_cond_t st_cond;
 	int state, error;
 	bool ending;
-	_Atomic bool failed, stopping;
+	_Atomic bool failed;
 	_Atomic bool ended;	 /* rs_finish() is unregistering: the restore is done */
-	_Atomic uint64_t last_fault_ns;
 	uint64_t open_ns, ready_at, ready_ns, done_ns;
 
 	_Atomic uint64_t n_mb[3]; /* BY_* */
 	uint64_t n_mb_present;	  /* ATTACH: found in memory at start */
 	_Atomic uint64_t n_faults, n_faults_cached, n_faults_zero, n_faults_vcpu;
-	_Atomic uint64_t n_lb_demand, n_lb_prefetch, n_lb_retries, n_bytes_read;
 	_Atomic uint64_t n_staged, n_staged_accessed;
 	struct halite_hist hist;
 	/*
 	 * A relayouted file's hot prefix (opts.hot_prefix_max): the prefetcher
-	 * reads LBs 0..hot_lbs-1 first, unthrottled; n_lb_hot of them so far.
+	 * reads LBs 0..hot_lbs-1 first (the source's first list), unthrottled.
 	 */
 	uint64_t hot_lbs;
-	_Atomic uint64_t n_lb_hot;
 
 	/*
 	 * HALITE_RESTORE_LEARN (learn.c). @learning from ready until the
@@ -272,8 +257,6 @@ void rs_errmsg(struct halite_restore *r, const char *msg);
 void rs_set_failed(struct halite_restore *r, int err);
 /* Done (@err 0) or failed: the trace, then the state; once. */
 void rs_end(struct halite_restore *r, int err);
-/* Every read of @lb failed: the restore fails; its waiters stay blocked. */
-void rs_lb_failed(struct halite_restore *r, uint64_t lb, int err, unsigned reads);
 
 /* ---- install.c ---- */
 
@@ -297,33 +280,15 @@ void rs_finish(struct halite_restore *r);
 /* rs_finish() as a pool task (@arg: the restore). */
 void rs_finish_task(void *arg);
 
-/* ---- readers.c ---- */
-
-/* Under lk: queue @lb (READING) for the demand readers. 0 or -ENOMEM. */
-int rs_queue_push(struct halite_restore *r, uint64_t lb);
-/* Under lk: stream readahead after a demand read of @lb; how many readers to signal. */
-size_t rs_ra_push(struct halite_restore *r, uint64_t lb);
-/* At open: the readahead successors' table. 0 or -ENOMEM. */
-int rs_ra_build(struct halite_restore *r);
-/* Under lk: @lb's successor in its stream, or UINT64_MAX (looked up on first use). */
-uint64_t rs_ra_next(struct halite_restore *r, uint64_t lb);
-/* The fault thread reads @lb (READING) itself if all of it is in the page cache. */
-bool rs_read_cached(struct halite_restore *r, uint64_t lb);
-/* Before reading @lb again after @err: counted, logged, its page-cache copy dropped. */
-void rs_lb_retrying(struct halite_restore *r, uint64_t lb, int err, unsigned reads);
-/* One LB into @buf, verified, read again on failure. 0 or the last failure. */
-int rs_read_lb_retrying(struct halite_restore *r, uint64_t lb, uint8_t *buf, unsigned *reads);
-/* A demand reader thread (@arg: the restore). */
-void *rs_reader_main(void *arg);
-
 /* ---- fault.c, prefetch.c, report.c ---- */
 
 /* The fault thread (@arg: the restore). */
 void *rs_fault_main(void *arg);
-/* The prefetcher thread (@arg: the restore). */
-void *rs_prefetch_main(void *arg);
-/* At open: a relayouted file's hot prefix, read first. */
-void rs_hot_init(struct halite_restore *r);
+/*
+ * At open, after the reader and r->fd: the source, its prefetcher's first
+ * list a relayouted file's hot prefix. 0 or -errno (the message set).
+ */
+int rs_source_init(struct halite_restore *r);
 void rs_fill_stats(struct halite_restore *r, struct halite_restore_stats *st);
 /* docs/restore-trace.md, written to a temporary file and renamed over the path. */
 int rs_write_trace(struct halite_restore *r, const struct halite_restore_stats *st);

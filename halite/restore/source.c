@@ -1,10 +1,25 @@
 /* SPDX-License-Identifier: MIT */
-/* A snapshot source's reads and failure messages, shared by both engines (source.h). */
+/*
+ * A snapshot source's reading (source.h): its LB states, the demand queue
+ * and its reader threads, stream readahead (ra_next), a read straight from
+ * the page cache (src_read_cached), an LB's read again after a failure,
+ * and the message that names a failed LB.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <sys/uio.h>
 
 #include <halite/errors.h>
 
+#include "endian_util.h"
 #include "source.h"
+#include "zalloc.h"
+
+#define ULL(x) ((unsigned long long)(x))
 
 int src_read_lb(struct halite_reader *rd, uint64_t lb, void *buf, _Atomic uint64_t *bytes_read)
 {
@@ -21,8 +36,387 @@ void src_lb_errmsg(struct halite_reader *rd, uint64_t lb, const char *why, char 
 	struct halite_lb_info li = { 0 };
 
 	if (halite_reader_lb_info(rd, lb, &li))
-		snprintf(buf, len, "locality block %llu: %s", (unsigned long long)lb, why);
+		snprintf(buf, len, "locality block %llu: %s", ULL(lb), why);
 	else
-		snprintf(buf, len, "locality block %llu at offset %llu: %s", (unsigned long long)lb,
-			 (unsigned long long)li.offset, why);
+		snprintf(buf, len, "locality block %llu at offset %llu: %s", ULL(lb),
+			 ULL(li.offset), why);
+}
+
+static void src_error(struct src *s, int err, const char *msg)
+{
+	if (s->ops->error)
+		s->ops->error(s->ctx, err, msg);
+}
+
+/*
+ * Before reading an LB again: drop its page-cache copy (clean pages only),
+ * so the retry reaches the device rather than the same cached bytes.
+ */
+void src_lb_retrying(struct src *s, uint64_t lb, int err, unsigned reads)
+{
+	struct halite_lb_info li = { 0 };
+	char why[128], msg[256];
+
+	halite_reader_lb_info(s->rd, lb, &li);
+	atomic_fetch_add(&s->n_retries, 1);
+	snprintf(why, sizeof(why), "%s; reading it again (%u of %u)", halite_strerror(err),
+		 reads + 1, s->o.read_retries + 1);
+	src_lb_errmsg(s->rd, lb, why, msg, sizeof(msg));
+	halite_logf(s->log, HALITE_LOG_WARN, "%s", msg);
+	posix_fadvise(s->fd, (off_t)li.offset, s->lb_size, POSIX_FADV_DONTNEED);
+}
+
+/*
+ * One LB into @buf, verified, read again up to read_retries times if it
+ * fails (each time from the device: src_lb_retrying()). 0, or the last
+ * failure, with *@reads saying how many reads it took.
+ */
+int src_read_lb_retrying(struct src *s, uint64_t lb, uint8_t *buf, unsigned *reads)
+{
+	int ret;
+
+	for (*reads = 1;; (*reads)++) {
+		ret = src_read_lb(s->rd, lb, buf, &s->n_bytes);
+		if (!ret || *reads > s->o.read_retries || atomic_load(&s->failed))
+			return ret;
+		src_lb_retrying(s, lb, ret, *reads);
+	}
+}
+
+void src_lb_failed(struct src *s, uint64_t lb, int err, unsigned reads)
+{
+	char why[448], msg[512];
+	const char *what = err == -HALITE_E_LB_CHECKSUM ? "checksum mismatch" :
+			   err == -HALITE_E_CHECKSUM || err == -HALITE_E_CORRUPT ?
+			   halite_reader_errmsg(s->rd) : halite_strerror(err);
+
+	pthread_mutex_lock(&s->lk);
+	atomic_store(&s->st[lb], LB_FAILED);
+	pthread_mutex_unlock(&s->lk);
+	snprintf(why, sizeof(why), "%s after %u read%s", what, reads, reads == 1 ? "" : "s");
+	src_lb_errmsg(s->rd, lb, why, msg, sizeof(msg));
+	s->ops->failed(s->ctx, lb, err, msg);
+}
+
+void src_land(struct src *s, uint64_t lb, uint8_t *buf, int how, uint8_t *tmp)
+{
+	/* After a failure nothing more is handed on. */
+	if (atomic_load(&s->failed)) {
+		halite_reader_free_lb(buf);
+		return;
+	}
+	atomic_fetch_add(how == SRC_DEMAND ? &s->n_demand : &s->n_prefetch, 1);
+	s->ops->landed(s->ctx, lb, buf, how, tmp);
+}
+
+/*
+ * Under lk. The caller signals q_cond after unlocking: a reader woken under
+ * the lock would run, find lk held and sleep again, two context switches
+ * on the fault's path (on 2 cores, measured by halite-bench fault).
+ */
+int src_queue_push(struct src *s, uint64_t lb)
+{
+	if (s->q_len == s->q_cap) {
+		size_t cap = s->q_cap ? 2 * s->q_cap : 64;
+		uint64_t *q = malloc(cap * sizeof(*q));
+
+		if (!q)
+			return -ENOMEM;
+		for (size_t i = 0; i < s->q_len; i++)
+			q[i] = s->q[(s->q_head + i) % s->q_cap];
+		free(s->q);
+		s->q = q;
+		s->q_cap = cap;
+		s->q_head = 0;
+	}
+	s->q[(s->q_head + s->q_len++) % s->q_cap] = lb;
+	return 0;
+}
+
+/*
+ * Under lk, after a demand read of @lb: the next LBs of its stream, those
+ * nobody has read, to be read ahead. They are claimed only when a reader
+ * takes them (ra_take), so dropping the oldest of a full queue loses
+ * nothing but the hint. Returns how many readers may start on them now: the
+ * caller signals q_cond that often once it has unlocked.
+ */
+size_t src_ra_push(struct src *s, uint64_t lb)
+{
+	if (!s->ra_next || (s->ops->ra_ok && !s->ops->ra_ok(s->ctx)))
+		return 0;
+	for (unsigned i = 0; i < s->o.readahead; i++) {
+		lb = src_ra_next(s, lb);
+		if (lb == UINT64_MAX)
+			break;
+		if (atomic_load(&s->st[lb]) != LB_IDLE)
+			continue;
+		if (s->raq_len == SRC_RA_QUEUE) {
+			s->raq_head = (s->raq_head + 1) % SRC_RA_QUEUE;
+			s->raq_len--;
+		}
+		s->raq[(s->raq_head + s->raq_len++) % SRC_RA_QUEUE] = lb;
+	}
+	return HALITE_MIN(s->raq_len, (size_t)(s->o.ra_readers - s->ra_busy));
+}
+
+/* A reader is through with its readahead read: another may take one. */
+static void ra_done(struct src *s, bool ahead)
+{
+	bool more;
+
+	if (!ahead)
+		return;
+	pthread_mutex_lock(&s->lk);
+	s->ra_busy--;
+	more = s->raq_len > 0;
+	pthread_mutex_unlock(&s->lk);
+	if (more)
+		pthread_cond_signal(&s->q_cond);
+}
+
+/*
+ * Under lk: an LB to read ahead, now READING, or UINT64_MAX. Readahead
+ * takes at most ra_readers readers at a time, so the others stay free for
+ * demand reads, which a consumer is waiting for.
+ */
+static uint64_t ra_take(struct src *s)
+{
+	while (s->raq_len && s->ra_busy < s->o.ra_readers) {
+		uint64_t lb = s->raq[s->raq_head];
+
+		s->raq_head = (s->raq_head + 1) % SRC_RA_QUEUE;
+		s->raq_len--;
+		if (atomic_load(&s->st[lb]) == LB_IDLE) {
+			atomic_store(&s->st[lb], LB_READING);
+			s->ra_busy++;
+			return lb;
+		}
+	}
+	return UINT64_MAX;
+}
+
+static void *reader_main(void *arg)
+{
+	struct src *s = arg;
+	uint8_t *tmp = halite_io_alloc(s->mb_size);
+
+	pthread_setname_np(pthread_self(), s->o.thread_name);
+	for (;;) {
+		uint64_t lb = UINT64_MAX;
+		bool ahead = false;
+		uint8_t *buf;
+		unsigned reads;
+		int ret;
+
+		pthread_mutex_lock(&s->lk);
+		/* Demand first: a consumer waits for it. */
+		while (!atomic_load(&s->stopping) && !s->q_len &&
+		       (lb = ra_take(s)) == UINT64_MAX)
+			pthread_cond_wait(&s->q_cond, &s->lk);
+		if (atomic_load(&s->stopping)) {
+			if (lb != UINT64_MAX)
+				s->ra_busy--; /* left READING: nothing is read any more */
+			pthread_mutex_unlock(&s->lk);
+			break;
+		}
+		if (lb != UINT64_MAX) {
+			ahead = true;
+		} else {
+			lb = s->q[s->q_head];
+			s->q_head = (s->q_head + 1) % s->q_cap;
+			s->q_len--;
+		}
+		pthread_mutex_unlock(&s->lk);
+		if (atomic_load(&s->failed)) {
+			ra_done(s, ahead);
+			continue;
+		}
+		buf = tmp ? halite_reader_alloc_lb(s->rd) : NULL;
+		if (!buf) {
+			char msg[64];
+
+			ra_done(s, ahead);
+			snprintf(msg, sizeof(msg), "locality block %llu: read buffer", ULL(lb));
+			src_error(s, -ENOMEM, msg);
+			continue;
+		}
+		ret = src_read_lb_retrying(s, lb, buf, &reads);
+		ra_done(s, ahead);
+		if (ret) {
+			halite_reader_free_lb(buf);
+			src_lb_failed(s, lb, ret, reads);
+			continue;
+		}
+		/* Read ahead, it is prefetched: nobody asked for it. */
+		src_land(s, lb, buf, ahead ? SRC_PREFETCH : SRC_DEMAND, tmp);
+	}
+	halite_io_free(tmp);
+	return NULL;
+}
+
+/*
+ * preadv2(RWF_NOWAIT) copies the whole LB from the page cache or fails at
+ * once, never waiting for a device. That saves handing a fault to a reader
+ * thread and back, the largest cost of a fault on cached data after the
+ * copy itself (halite-bench fault). Verified like any read, then landed as
+ * a demand read, with readahead queued as the readers' path does. A miss
+ * or a bad copy is not counted: the readers read it as usual, retries
+ * included.
+ */
+bool src_read_cached(struct src *s, uint64_t lb, uint8_t *tmp)
+{
+	struct halite_lb_info li;
+	struct iovec iov;
+	size_t wake;
+	uint8_t *buf = halite_reader_alloc_lb(s->rd);
+	ssize_t n;
+
+	if (!buf)
+		return false;
+	halite_reader_lb_info(s->rd, lb, &li);
+	iov = (struct iovec){ buf, s->lb_size };
+	n = preadv2(s->fd, &iov, 1, (off_t)li.offset, RWF_NOWAIT);
+	if (n != (ssize_t)s->lb_size || halite_reader_verify_lb(s->rd, lb, buf)) {
+		halite_reader_free_lb(buf);
+		return false;
+	}
+	atomic_fetch_add(&s->n_bytes, s->lb_size);
+	pthread_mutex_lock(&s->lk);
+	wake = src_ra_push(s, lb);
+	pthread_mutex_unlock(&s->lk);
+	src_wake(s, wake);
+	src_land(s, lb, buf, SRC_DEMAND, tmp);
+	return true;
+}
+
+/*
+ * ra_next: each LB's successor in its stream. The writer fills a stream's
+ * LBs in order, so in file order each stream's LBs come by rising seq, and
+ * a file has a few streams (one per vCPU, virtual, physical, other) that
+ * interleave: the successor is a few LBs on. It is looked up when first
+ * needed, scanning at most RA_SCAN entries (none found: no readahead, a
+ * hint), and kept. Open only allocates (zalloc: pages appear as used), so
+ * it does not read the whole LB table (a 1.1 file's chunks come in on use).
+ */
+#define RA_SCAN 256u
+
+uint64_t src_ra_next(struct src *s, uint64_t lb)
+{
+	struct halite_lb_info li, ln;
+	uint64_t next = UINT64_MAX;
+
+	if (s->ra_next[lb])
+		return s->ra_next[lb] == UINT64_MAX ? UINT64_MAX : s->ra_next[lb] - 1;
+	if (!halite_reader_lb_info(s->rd, lb, &li))
+		for (uint64_t k = lb + 1; k < s->lb_total && k <= lb + RA_SCAN; k++)
+			if (!halite_reader_lb_info(s->rd, k, &ln) && ln.stream == li.stream) {
+				next = k;
+				break;
+			}
+	s->ra_next[lb] = next == UINT64_MAX ? UINT64_MAX : next + 1;
+	return next;
+}
+
+int src_init(struct src *s, struct halite_reader *rd, const char *path, int fd,
+	     const struct src_opts *o, const struct src_ops *ops, void *ctx,
+	     struct halite_logger *log)
+{
+	const struct halite_file_info *fi = halite_reader_info(rd);
+	struct halite_io_opts io = { .sz = sizeof(io) };
+	char msg[512];
+	int ret;
+
+	*s = (struct src){ .o = *o, .ops = ops, .ctx = ctx, .rd = rd, .path = path, .fd = fd,
+			   .lb_size = fi->lb_size, .mb_size = fi->mb_size,
+			   .lb_total = fi->lb_count, .log = log };
+	if (!s->o.ra_readers)
+		s->o.ra_readers = 1;
+	pthread_mutex_init(&s->lk, NULL);
+	pthread_cond_init(&s->q_cond, NULL);
+	/* O(1) whatever the file's size (zalloc.h). */
+	s->st = halite_zalloc(s->lb_total ? s->lb_total : 1);
+	s->thr = calloc(s->o.readers ? s->o.readers : 1, sizeof(*s->thr));
+	if (s->o.readahead && s->lb_total)
+		s->ra_next = halite_zalloc(s->lb_total * sizeof(*s->ra_next));
+	if (!s->st || !s->thr || (s->o.readahead && s->lb_total && !s->ra_next)) {
+		src_error(s, -ENOMEM, "the source's LB states");
+		return -ENOMEM;
+	}
+	if (!s->o.prefetch)
+		return 0;
+	io.backend = s->o.io_backend;
+	io.queue_depth = s->o.queue_depth;
+	io.flags = s->o.io_flags;
+	io.read_latency_us = s->o.read_latency_us;
+	ret = halite_io_open(&s->io, path, O_RDONLY | O_CLOEXEC, 0, &io);
+	if (ret) {
+		snprintf(msg, sizeof(msg), "%s: opening for prefetch reads (%s%s)", path,
+			 s->o.io_backend ? halite_io_backend_name(s->o.io_backend) :
+			 "default backend", io.flags ? ", O_DIRECT" : "");
+		src_error(s, ret, msg);
+		return ret;
+	}
+	return 0;
+}
+
+/* Library threads take no signals meant for the application. */
+static int start_thread(pthread_t *t, void *(*fn)(void *), void *arg)
+{
+	sigset_t all, old;
+	int ret;
+
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	ret = pthread_create(t, NULL, fn, arg);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	return -ret;
+}
+
+int src_start(struct src *s)
+{
+	int ret = 0;
+
+	for (; s->nthr < s->o.readers && !ret; s->nthr++) {
+		ret = start_thread(&s->thr[s->nthr], reader_main, s);
+		if (ret)
+			break;
+	}
+	if (!ret && s->io) {
+		ret = start_thread(&s->pf_thr, src_prefetch_main, s);
+		s->pf_started = !ret;
+	}
+	return ret;
+}
+
+void src_stop(struct src *s)
+{
+	atomic_store(&s->stopping, true);
+	pthread_mutex_lock(&s->lk);
+	pthread_cond_broadcast(&s->q_cond);
+	pthread_mutex_unlock(&s->lk);
+}
+
+void src_join(struct src *s)
+{
+	src_stop(s);
+	if (s->pf_started)
+		pthread_join(s->pf_thr, NULL);
+	s->pf_started = false;
+	for (unsigned i = 0; i < s->nthr; i++)
+		pthread_join(s->thr[i], NULL);
+	s->nthr = 0;
+}
+
+void src_destroy(struct src *s)
+{
+	if (!s->ops)
+		return; /* never initialised */
+	halite_io_close(s->io);
+	halite_zfree((void *)s->st);
+	halite_zfree(s->ra_next);
+	free(s->q);
+	free(s->thr);
+	pthread_mutex_destroy(&s->lk);
+	pthread_cond_destroy(&s->q_cond);
+	s->ops = NULL;
 }

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The restore's shared state: its error (the first message wins), the end
- * (the trace written, then the state that halite_restore_wait() sees), and
- * an LB whose every read failed. The claims and counts of memory blocks are
+ * (the trace written, then the state that halite_restore_wait() sees).
+ * The claims and counts of memory blocks are
  * inline in restore_int.h.
  */
 #define _GNU_SOURCE
@@ -44,23 +44,8 @@ int rs_fail(struct halite_restore *r, int err, const char *fmt, ...)
 void rs_set_failed(struct halite_restore *r, int err)
 {
 	atomic_store(&r->failed, true);
+	atomic_store(&r->src.failed, true); /* it reads nothing more */
 	rs_end(r, err);
-}
-
-/* Every read of @lb failed: the restore fails; its waiters stay blocked. */
-void rs_lb_failed(struct halite_restore *r, uint64_t lb, int err, unsigned reads)
-{
-	char why[128], msg[sizeof(r->errmsg)];
-
-	pthread_mutex_lock(&r->lk);
-	atomic_store(&r->lbs[lb].state, LB_FAILED);
-	pthread_mutex_unlock(&r->lk);
-	snprintf(why, sizeof(why), "%s after %u read%s",
-		 err == -HALITE_E_LB_CHECKSUM ? "checksum mismatch" : halite_strerror(err), reads,
-		 reads == 1 ? "" : "s");
-	src_lb_errmsg(r->rd, lb, why, msg, sizeof(msg));
-	rs_errmsg(r, msg);
-	rs_set_failed(r, err);
 }
 
 /*
@@ -96,10 +81,7 @@ void rs_end(struct halite_restore *r, int err)
 	r->error = err;
 	pthread_cond_broadcast(&r->st_cond);
 	pthread_mutex_unlock(&r->st_lock);
-	atomic_store(&r->stopping, true);
-	pthread_mutex_lock(&r->lk);
-	pthread_cond_broadcast(&r->q_cond);
-	pthread_mutex_unlock(&r->lk);
+	src_stop(&r->src);
 	if (!err)
 		halite_logf(&r->log, HALITE_LOG_INFO, "restore of %s done in %.1f ms", r->path,
 			    (double)(r->done_ns - r->ready_at) / 1e6);

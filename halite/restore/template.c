@@ -234,7 +234,7 @@ int tpl_request(struct halite_template *t, struct tpl_client *c, uint64_t mb, ui
 			w = NULL;
 		}
 		if (l->st == LB_IDLE) {
-			l->st = LB_QUEUED;
+			l->st = LB_READING; /* queued */
 			l->demand = true;
 			if (c)
 				c->lb_asked++;
