@@ -43,7 +43,7 @@ void tpl_hot_note(struct halite_template *t, uint64_t mb, uint32_t vcpu, uint64_
 {
 	struct learn_touch lt = { .mb = mb, .vcpu = vcpu, .kind = HALITE_MB_STORED };
 
-	pthread_mutex_lock(&t->mu);
+	pthread_mutex_lock(&t->src.lk);
 	if (!t->hot_bit[mb]) {
 		if (!t->hot_base_ns)
 			t->hot_base_ns = start_ns;
@@ -53,7 +53,7 @@ void tpl_hot_note(struct halite_template *t, uint64_t mb, uint32_t vcpu, uint64_
 			lt.t_ns = t->hot[t->hot_n - 1].t_ns;
 		(void)hot_add_locked(t, &lt);
 	}
-	pthread_mutex_unlock(&t->mu);
+	pthread_mutex_unlock(&t->src.lk);
 }
 
 /* Blocks in the hot set: learned, and the prefix's not learned. Under t->mu. */
@@ -72,7 +72,7 @@ int tpl_hot_list(struct halite_template *t, uint64_t **mbs, uint64_t *count)
 {
 	uint64_t *copy, n, k = 0;
 
-	pthread_mutex_lock(&t->mu);
+	pthread_mutex_lock(&t->src.lk);
 	n = tpl_hot_count_locked(t, NULL);
 	copy = malloc((n ? n : 1) * sizeof(*copy));
 	if (copy) {
@@ -84,7 +84,7 @@ int tpl_hot_list(struct halite_template *t, uint64_t **mbs, uint64_t *count)
 		*count = k;
 		*mbs = copy;
 	}
-	pthread_mutex_unlock(&t->mu);
+	pthread_mutex_unlock(&t->src.lk);
 	return copy ? 0 : -ENOMEM;
 }
 
@@ -245,9 +245,9 @@ int halite_template_hotset_save(struct halite_template *t)
 	if (ret)
 		return ret;
 	/* No stat or lb lines: a template is no one restore (docs/restore-trace.md). */
-	pthread_mutex_lock(&t->mu);
+	pthread_mutex_lock(&t->src.lk);
 	trace_write_learn(o.f, t->o.hot_window_ms, false, t->hot, t->hot_n);
-	pthread_mutex_unlock(&t->mu);
+	pthread_mutex_unlock(&t->src.lk);
 	return trace_out_end(&o, 0);
 }
 
@@ -277,7 +277,6 @@ int tpl_build_porder(struct halite_template *t)
 		}
 	}
 	t->nhot = n;
-	t->pcount = n + lbn;
 	halite_zfree(seen);
 	free(hot);
 	return 0;

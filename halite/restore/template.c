@@ -36,14 +36,17 @@
  * decoded again, and no session ever mapped it (sessions map only blocks
  * whose byte is set).
  *
- * Reading. Locality blocks move IDLE -> QUEUED (a session waits on one of
- * its blocks) -> READING -> DONE or FAILED; the prefetcher takes IDLE ones
- * straight to READING. Reader threads serve the demand queue first and
- * prefetch only when no fault came for prefetch_idle_us or the prefetch
- * has fallen below prefetch_min_rate. An LB is read and verified (re-read
- * read_retries times), the blocks sessions wait for are decoded first and
- * their sessions called back, then the rest. A failed LB is never decoded;
- * its waiting sessions get the failure, later requests too.
+ * Reading is the snapshot source's (source.h). Locality blocks move IDLE
+ * -> READING (a session waits on one of its blocks: the demand queue; or
+ * the prefetcher took it) -> DONE or FAILED. The readers serve the demand
+ * queue; the prefetcher reads the hot set's LBs, then file order, only when
+ * no fault came for prefetch_idle_us or the prefetch has fallen below
+ * prefetch_min_rate. An LB is read and verified (re-read read_retries
+ * times, each from the device); here the blocks sessions wait for are
+ * decoded first and their sessions called back, then the rest, on the
+ * reader for a demand read, on the decode pool for a prefetched one. A
+ * failed LB is never decoded; its waiting sessions get the failure, later
+ * requests too.
  *
  * The hot set: the stored blocks sessions faulted on in their first
  * hot_window_ms, in first-fault order (learned), then, for a relayouted
@@ -84,6 +87,7 @@
 #include "endian_util.h"
 #include "log_internal.h"
 #include "opts.h"
+#include "pool.h"
 #include "source.h"
 #include "stats.h"
 #include "template_int.h"
@@ -173,7 +177,7 @@ uint32_t tpl_hot_window_ms(const struct halite_template *t)
 
 void tpl_fault_seen(struct halite_template *t)
 {
-	atomic_store_explicit(&t->last_fault_ns, halite_now_ns(), memory_order_relaxed);
+	atomic_store_explicit(&t->src.last_fault_ns, halite_now_ns(), memory_order_relaxed);
 }
 
 /* ---- requests and callbacks -------------------------------------------- */
@@ -191,13 +195,13 @@ void tpl_errmsg_mb(struct halite_template *t, uint64_t mb, char *buf, size_t len
 		snprintf(buf, len, "memory block %llu", ULL(mb));
 		return;
 	}
-	pthread_mutex_lock(&t->mu);
+	pthread_mutex_lock(&t->src.lk);
 	if (t->lbs[loc.lb].msg)
 		snprintf(buf, len, "%s", t->lbs[loc.lb].msg);
 	else
 		src_lb_errmsg(t->rd, loc.lb, halite_strerror(t->lbs[loc.lb].err ? t->lbs[loc.lb].err :
 						     -EIO), buf, len);
-	pthread_mutex_unlock(&t->mu);
+	pthread_mutex_unlock(&t->src.lk);
 }
 
 int tpl_request(struct halite_template *t, struct tpl_client *c, uint64_t mb, uint64_t tag)
@@ -205,6 +209,8 @@ int tpl_request(struct halite_template *t, struct tpl_client *c, uint64_t mb, ui
 	struct halite_mb_loc loc;
 	struct lbstate *l;
 	struct session_waiter *w = NULL;
+	bool wake = false;
+	uint8_t st;
 	int ret = 0;
 
 	atomic_fetch_add(&t->requests, 1);
@@ -219,33 +225,38 @@ int tpl_request(struct halite_template *t, struct tpl_client *c, uint64_t mb, ui
 		return -EINVAL;
 	if (c && !(w = malloc(sizeof(*w))))
 		return -ENOMEM;
-	pthread_mutex_lock(&t->mu);
+	pthread_mutex_lock(&t->src.lk);
 	l = &t->lbs[loc.lb];
+	st = atomic_load(&t->src.st[loc.lb]);
 	if (atomic_load_explicit(&t->fill[mb], memory_order_acquire)) {
 		atomic_fetch_add(&t->hits, 1);
 		ret = 1;
-	} else if (l->st == LB_FAILED) {
+	} else if (st == LB_FAILED && l->err) {
 		ret = l->err;
+	} else if (st == LB_IDLE && (ret = src_queue_push(&t->src, loc.lb))) {
+		/* No room to queue it: nothing was promised. */
 	} else {
+		/* FAILED without its error yet: tpl_lb_failed() is about to take the waiters. */
 		if (w) {
 			*w = (struct session_waiter){ .next = l->waiters, .c = c, .mb = mb, .tag = tag };
 			l->waiters = w;
 			c->pending++;
 			w = NULL;
 		}
-		if (l->st == LB_IDLE) {
-			l->st = LB_READING; /* queued */
+		if (st == LB_IDLE) {
+			atomic_store(&t->src.st[loc.lb], LB_READING);
 			l->demand = true;
 			if (c)
 				c->lb_asked++;
-			t->dq[t->dq_tail] = loc.lb;
-			t->dq_tail = (t->dq_tail + 1) % t->dq_cap;
-			pthread_cond_signal(&t->work_cv);
+			wake = true;
 		} else {
 			atomic_fetch_add(&t->joined, 1);
 		}
 	}
-	pthread_mutex_unlock(&t->mu);
+	pthread_mutex_unlock(&t->src.lk);
+	/* After unlocking: a reader woken under the lock would only wait for it. */
+	if (wake)
+		src_wake(&t->src, 1);
 	free(w);
 	return ret;
 }
@@ -281,10 +292,10 @@ static void call_waiters(struct halite_template *t, struct session_waiter *w, in
 		struct tpl_client *c = w->c;
 
 		c->block_in(c, w->mb, w->tag, err);
-		pthread_mutex_lock(&t->mu);
+		pthread_mutex_lock(&t->src.lk);
 		if (!--c->callbacks)
 			pthread_cond_broadcast(&t->state_cv);
-		pthread_mutex_unlock(&t->mu);
+		pthread_mutex_unlock(&t->src.lk);
 		free(w);
 		w = next;
 	}
@@ -294,9 +305,9 @@ uint64_t tpl_lb_asked(struct halite_template *t, const struct tpl_client *c)
 {
 	uint64_t n;
 
-	pthread_mutex_lock(&t->mu);
+	pthread_mutex_lock(&t->src.lk);
 	n = c->lb_asked;
-	pthread_mutex_unlock(&t->mu);
+	pthread_mutex_unlock(&t->src.lk);
 	return n;
 }
 
@@ -304,15 +315,15 @@ uint64_t tpl_pending(struct halite_template *t, const struct tpl_client *c)
 {
 	uint64_t n;
 
-	pthread_mutex_lock(&t->mu);
+	pthread_mutex_lock(&t->src.lk);
 	n = c->pending + c->callbacks;
-	pthread_mutex_unlock(&t->mu);
+	pthread_mutex_unlock(&t->src.lk);
 	return n;
 }
 
 void tpl_detach(struct halite_template *t, struct tpl_client *c)
 {
-	pthread_mutex_lock(&t->mu);
+	pthread_mutex_lock(&t->src.lk);
 	for (uint64_t lb = 0; c->pending && lb < t->fi->lb_count; lb++) {
 		struct session_waiter **pp = &t->lbs[lb].waiters;
 
@@ -329,8 +340,8 @@ void tpl_detach(struct halite_template *t, struct tpl_client *c)
 		}
 	}
 	while (c->callbacks)
-		pthread_cond_wait(&t->state_cv, &t->mu);
-	pthread_mutex_unlock(&t->mu);
+		pthread_cond_wait(&t->state_cv, &t->src.lk);
+	pthread_mutex_unlock(&t->src.lk);
 }
 
 /* ---- reading and decoding ---------------------------------------------- */
@@ -380,22 +391,34 @@ static int decode_mb(struct halite_template *t, uint64_t mb, const void *lbbuf, 
 	return 0;
 }
 
-static int read_lb(struct halite_template *t, uint64_t lb, void *buf)
+/*
+ * Under src.lk: a failed LB's error and message, counted (@read: no read
+ * of it verified, so the source did not count it read); its waiters, all
+ * of them.
+ */
+static struct session_waiter *lb_failed_locked(struct halite_template *t, uint64_t lb, int err,
+					       const char *msg, bool read)
 {
-	unsigned tries = 1 + t->o.read_retries;
-	int ret = -EIO;
+	struct lbstate *l = &t->lbs[lb];
 
-	for (unsigned i = 0; i < tries; i++) {
-		if (i)
-			atomic_fetch_add(&t->lb_retries, 1);
-		ret = src_read_lb(t->rd, lb, buf, &t->bytes_read);
-		if (!ret)
-			break;
-	}
-	return ret;
+	atomic_store(&t->src.st[lb], LB_FAILED);
+	l->err = err;
+	l->msg = strdup(msg);
+	atomic_fetch_add(&t->lb_failed, 1);
+	if (read)
+		atomic_fetch_add(l->demand ? &t->lb_demand_failed : &t->lb_prefetch_failed, 1);
+	if (!t->error)
+		t->error = err;
+	tpl_fail(t, err, "%s", msg);
+	return take_waiters(t, l, true);
 }
 
-static void process_lb(struct halite_template *t, uint64_t lb, void *buf, uint8_t *mbbuf)
+/*
+ * A verified LB into the memory file: the blocks sessions wait for first,
+ * their sessions called back, then the rest; DONE, or FAILED when a block
+ * does not decode or write. Frees @buf; @mbbuf: mb_size bytes of scratch.
+ */
+static void decode_lb(struct halite_template *t, uint64_t lb, uint8_t *buf, uint8_t *mbbuf)
 {
 	struct lbstate *l = &t->lbs[lb];
 	const uint64_t *mbs;
@@ -406,34 +429,26 @@ static void process_lb(struct halite_template *t, uint64_t lb, void *buf, uint8_
 	char why[448] = "";
 	int ret;
 
-	ret = read_lb(t, lb, buf);
+	ret = halite_reader_lb_members(t->rd, lb, &mbs, &n);
 	if (ret)
-		snprintf(why, sizeof(why), "%s", ret == -HALITE_E_LB_CHECKSUM ? "checksum mismatch" :
-			 ret == -HALITE_E_CHECKSUM || ret == -HALITE_E_CORRUPT ?
-			 halite_reader_errmsg(t->rd) : halite_strerror(ret));
-	if (!ret) {
-		ret = halite_reader_lb_members(t->rd, lb, &mbs, &n);
-		if (ret)
-			snprintf(why, sizeof(why), "its member list: %s",
-				 halite_reader_errmsg(t->rd));
-	}
+		snprintf(why, sizeof(why), "its member list: %s", halite_reader_errmsg(t->rd));
 	if (!ret) {
 		/* The blocks sessions wait for first. */
-		pthread_mutex_lock(&t->mu);
+		pthread_mutex_lock(&t->src.lk);
 		for (w = l->waiters; w; w = w->next)
 			nwant++;
 		want = nwant ? malloc(nwant * sizeof(*want)) : NULL;
 		nwant = 0;
 		for (w = l->waiters; want && w; w = w->next)
 			want[nwant++] = w->mb;
-		pthread_mutex_unlock(&t->mu);
+		pthread_mutex_unlock(&t->src.lk);
 		for (size_t i = 0; !ret && i < nwant; i++)
 			ret = decode_mb(t, want[i], buf, mbbuf, why, sizeof(why));
 		free(want);
 		if (!ret) {
-			pthread_mutex_lock(&t->mu);
+			pthread_mutex_lock(&t->src.lk);
 			w = take_waiters(t, l, false);
-			pthread_mutex_unlock(&t->mu);
+			pthread_mutex_unlock(&t->src.lk);
 			call_waiters(t, w, 0);
 		}
 		for (uint32_t i = 0; !ret && i < n; i++) {
@@ -450,79 +465,141 @@ static void process_lb(struct halite_template *t, uint64_t lb, void *buf, uint8_
 			ret = decode_mb(t, mbs[i], buf, mbbuf, why, sizeof(why));
 		}
 	}
+	halite_reader_free_lb(buf);
 
-	pthread_mutex_lock(&t->mu);
+	pthread_mutex_lock(&t->src.lk);
 	if (ret) {
 		char msg[512];
 
 		src_lb_errmsg(t->rd, lb, why[0] ? why : halite_strerror(ret), msg, sizeof(msg));
-		l->st = LB_FAILED;
-		l->err = ret;
-		l->msg = strdup(msg);
-		atomic_fetch_add(&t->lb_failed, 1);
-		if (!t->error)
-			t->error = ret;
-		tpl_fail(t, ret, "%s", msg);
+		w = lb_failed_locked(t, lb, ret, msg, false);
 	} else {
-		l->st = LB_DONE;
+		atomic_store(&t->src.st[lb], LB_DONE);
+		w = take_waiters(t, l, true);
 	}
-	w = take_waiters(t, l, true);
 	pthread_cond_broadcast(&t->state_cv);
-	pthread_mutex_unlock(&t->mu);
+	pthread_mutex_unlock(&t->src.lk);
 	/* A failure fails those still waiting; done, every block is in. */
 	call_waiters(t, w, ret);
 }
 
-static bool prefetch_allowed(struct halite_template *t, uint64_t now)
-{
-	if (t->o.flags & HALITE_TEMPLATE_NO_PREFETCH)
-		return false;
-	return src_prefetch_may(now, atomic_load_explicit(&t->last_fault_ns, memory_order_relaxed),
-				t->o.prefetch_idle_us, t->open_ns, t->o.prefetch_min_rate,
-				t->prefetch_bytes);
-}
+/* A prefetched LB, decoded on the pool. */
+struct decode_task {
+	struct halite_template *t;
+	uint64_t lb;
+	uint8_t *buf;
+};
 
-static void *reader_main(void *arg)
+static void decode_task(void *arg)
 {
-	struct halite_template *t = arg;
-	void *buf = halite_reader_alloc_lb(t->rd);
+	struct decode_task *d = arg;
+	struct halite_template *t = d->t;
 	uint8_t *mbbuf = malloc(t->fi->mb_size);
 
-	pthread_mutex_lock(&t->mu);
-	while (buf && mbbuf && !t->stop) {
-		uint64_t lb = UINT64_MAX, now = halite_now_ns();
-		bool demand = false;
+	if (mbbuf) {
+		decode_lb(t, d->lb, d->buf, mbbuf);
+	} else {
+		struct session_waiter *w;
+		char msg[512];
 
-		if (t->dq_head != t->dq_tail) {
-			lb = t->dq[t->dq_head];
-			t->dq_head = (t->dq_head + 1) % t->dq_cap;
-			demand = true;
-		} else if (t->pcursor < t->pcount && prefetch_allowed(t, now)) {
-			while (t->pcursor < t->pcount && t->lbs[tpl_porder_at(t, t->pcursor)].st != LB_IDLE)
-				t->pcursor++;
-			if (t->pcursor < t->pcount)
-				lb = tpl_porder_at(t, t->pcursor++);
-		}
-		if (lb == UINT64_MAX) {
-			struct timespec ts;
-
-			halite_deadline(&ts, t->pcursor < t->pcount ?
-				(uint64_t)t->o.prefetch_idle_us * 1000 / 2 + 100000 : 50000000);
-			pthread_cond_timedwait(&t->work_cv, &t->mu, &ts);
-			continue;
-		}
-		t->lbs[lb].st = LB_READING;
-		if (!demand)
-			t->prefetch_bytes += t->fi->lb_size;
-		pthread_mutex_unlock(&t->mu);
-		atomic_fetch_add(demand ? &t->lb_demand : &t->lb_prefetch, 1);
-		process_lb(t, lb, buf, mbbuf);
-		pthread_mutex_lock(&t->mu);
+		halite_reader_free_lb(d->buf);
+		src_lb_errmsg(t->rd, d->lb, "decode buffer", msg, sizeof(msg));
+		pthread_mutex_lock(&t->src.lk);
+		w = lb_failed_locked(t, d->lb, -ENOMEM, msg, false);
+		pthread_cond_broadcast(&t->state_cv);
+		pthread_mutex_unlock(&t->src.lk);
+		call_waiters(t, w, -ENOMEM);
 	}
-	pthread_mutex_unlock(&t->mu);
 	free(mbbuf);
-	halite_reader_free_lb(buf);
-	return NULL;
+	atomic_fetch_sub(&t->backlog, 1);
+	free(d);
+}
+
+/*
+ * The source's callbacks. A demand LB is decoded on the reader that read
+ * it, its sessions waiting; a prefetched one goes to the decode pool, so
+ * that the prefetcher keeps reading while the pool's threads decode.
+ */
+static void tpl_landed(void *ctx, uint64_t lb, uint8_t *buf, int how, uint8_t *tmp)
+{
+	struct halite_template *t = ctx;
+	struct decode_task *d;
+
+	if (how == SRC_PREFETCH && t->pool && (d = malloc(sizeof(*d)))) {
+		*d = (struct decode_task){ t, lb, buf };
+		atomic_fetch_add(&t->backlog, 1);
+		if (!halite_pool_submit(t->pool, decode_task, d))
+			return;
+		atomic_fetch_sub(&t->backlog, 1);
+		free(d);
+	}
+	decode_lb(t, lb, buf, tmp);
+}
+
+static void tpl_lb_failed(void *ctx, uint64_t lb, int err, const char *msg)
+{
+	struct halite_template *t = ctx;
+	struct session_waiter *w;
+
+	pthread_mutex_lock(&t->src.lk);
+	w = lb_failed_locked(t, lb, err, msg, true);
+	pthread_cond_broadcast(&t->state_cv);
+	pthread_mutex_unlock(&t->src.lk);
+	call_waiters(t, w, err);
+}
+
+/*
+ * Prefetched LBs waiting for the pool, at most this many per read in
+ * flight: bounds the memory held when reads outrun decoding (as the
+ * restore's backlog does).
+ */
+#define BACKLOG_PER_QD 4u
+#define BACKLOG_NAP_US 200u
+
+static uint32_t tpl_hold(void *ctx)
+{
+	struct halite_template *t = ctx;
+
+	return atomic_load(&t->backlog) >= BACKLOG_PER_QD * t->src.o.queue_depth ?
+	       BACKLOG_NAP_US : 0;
+}
+
+static void tpl_src_error(void *ctx, int err, const char *msg)
+{
+	tpl_error(ctx, err, msg);
+}
+
+static const struct src_ops tpl_src_ops = {
+	.landed = tpl_landed,
+	.failed = tpl_lb_failed,
+	.hold = tpl_hold,
+	.error = tpl_src_error,
+};
+
+/* Prefetch reads in flight (the restore's default queue depth). */
+#define TPL_QUEUE_DEPTH 8u
+
+/* At open, after the reader: the source over @snapshot (threads later). 0 or < 0. */
+static int tpl_source_init(struct halite_template *t, const char *snapshot)
+{
+	struct src_opts so = {
+		.readers = t->o.readers,
+		.ra_readers = 1,
+		.read_retries = t->o.read_retries,
+		.prefetch = !(t->o.flags & HALITE_TEMPLATE_NO_PREFETCH),
+		.queue_depth = TPL_QUEUE_DEPTH,
+		.prefetch_idle_us = t->o.prefetch_idle_us,
+		.prefetch_min_rate = t->o.prefetch_min_rate,
+		.read_latency_us = t->o.read_latency_us,
+		.thread_name = "halite-tread",
+	};
+
+	t->snap_fd = open(snapshot, O_RDONLY | O_CLOEXEC);
+	if (t->snap_fd < 0)
+		return tpl_fail(t, -errno, "%s: cannot open", snapshot);
+	/* The source's own from here on. */
+	pthread_mutex_destroy(&t->src.lk);
+	return src_init(&t->src, t->rd, snapshot, t->snap_fd, &so, &tpl_src_ops, t, &t->log);
 }
 
 /* ---- open, wait, stats, free ------------------------------------------- */
@@ -570,9 +647,9 @@ int halite_template_open(struct halite_template **tp, const char *snapshot, cons
 	t = calloc(1, sizeof(*t));
 	if (!t)
 		return -ENOMEM;
-	t->memfd = t->ro_fd = t->fillfd = -1;
-	pthread_mutex_init(&t->mu, NULL);
-	halite_cond_init_mono(&t->work_cv);
+	t->memfd = t->ro_fd = t->fillfd = t->snap_fd = -1;
+	/* Errors before the source is (src_init()) take its lock already. */
+	pthread_mutex_init(&t->src.lk, NULL);
 	halite_cond_init_mono(&t->state_cv);
 	ret = halite_opts_copy(&t->o, sizeof(t->o), opts);
 	if (ret || (t->o.flags & ~HALITE_TEMPLATE_FLAGS_ALL) || t->o.readers > 64) {
@@ -611,14 +688,14 @@ int halite_template_open(struct halite_template **tp, const char *snapshot, cons
 	t->fi = halite_reader_info(t->rd);
 	t->mb_stored = t->fi->mb_stored;
 	ret = layout_regions(t);
+	if (!ret)
+		ret = tpl_source_init(t, snapshot);
 	if (ret)
 		goto err;
 	/* O(1) whatever the memory size (zalloc.h). */
 	t->lbs = halite_zalloc(t->fi->lb_count * sizeof(*t->lbs));
-	t->dq_cap = t->fi->lb_count + 1;
-	t->dq = malloc(t->dq_cap * sizeof(*t->dq));
 	t->hot_bit = halite_zalloc(t->fi->mb_count);
-	if (!t->lbs || !t->dq || !t->hot_bit) {
+	if (!t->lbs || !t->hot_bit) {
 		ret = -ENOMEM;
 		goto err;
 	}
@@ -633,18 +710,18 @@ int halite_template_open(struct halite_template **tp, const char *snapshot, cons
 		ret = tpl_build_porder(t);
 	if (ret)
 		goto err;
-	t->open_ns = halite_now_ns();
-	atomic_store(&t->last_fault_ns, t->open_ns);
-	t->readers = calloc(t->o.readers, sizeof(*t->readers));
-	if (!t->readers) {
-		ret = -ENOMEM;
-		goto err;
-	}
-	for (; t->nreaders < t->o.readers; t->nreaders++) {
-		ret = -pthread_create(&t->readers[t->nreaders], NULL, reader_main, t);
+	t->src.first = t->porder;
+	t->src.nfirst = t->nhot;
+	atomic_store(&t->src.last_fault_ns, halite_now_ns());
+	/* Prefetched LBs are decoded there, as many threads as readers. */
+	if (t->src.o.prefetch) {
+		ret = halite_pool_create(&t->pool, t->o.readers, "halite-tdecode");
 		if (ret)
 			goto err;
 	}
+	ret = src_start(&t->src);
+	if (ret)
+		goto err;
 	halite_logf(&t->log, HALITE_LOG_INFO, "template %s: %llu of %llu stored blocks in %s "
 		    "at open", snapshot, ULL(t->mb_in_at_open), ULL(t->mb_stored), t->mem_path);
 	*tp = t;
@@ -693,18 +770,18 @@ int halite_template_wait(struct halite_template *t, int timeout_ms)
 	if (!t)
 		return -EINVAL;
 	halite_deadline(&ts, timeout_ms > 0 ? (uint64_t)timeout_ms * 1000000 : 0);
-	pthread_mutex_lock(&t->mu);
+	pthread_mutex_lock(&t->src.lk);
 	while (!tpl_complete(t) && !t->error) {
 		if (timeout_ms < 0) {
-			pthread_cond_wait(&t->state_cv, &t->mu);
-		} else if (pthread_cond_timedwait(&t->state_cv, &t->mu, &ts) == ETIMEDOUT) {
+			pthread_cond_wait(&t->state_cv, &t->src.lk);
+		} else if (pthread_cond_timedwait(&t->state_cv, &t->src.lk, &ts) == ETIMEDOUT) {
 			ret = -ETIMEDOUT;
 			break;
 		}
 	}
 	if (!ret && !tpl_complete(t))
 		ret = t->error;
-	pthread_mutex_unlock(&t->mu);
+	pthread_mutex_unlock(&t->src.lk);
 	return ret;
 }
 
@@ -721,21 +798,22 @@ void halite_template_stats(struct halite_template *t, struct halite_template_sta
 	st->mb_in_at_open = t->mb_in_at_open;
 	st->lb_in_at_open = t->lb_in_at_open;
 	st->lb_total = t->fi->lb_count;
-	st->lb_demand = atomic_load(&t->lb_demand);
-	st->lb_prefetch = atomic_load(&t->lb_prefetch);
+	/* As before the source: an LB counts as read once taken, whether it verified or not. */
+	st->lb_demand = atomic_load(&t->src.n_demand) + atomic_load(&t->lb_demand_failed);
+	st->lb_prefetch = atomic_load(&t->src.n_prefetch) + atomic_load(&t->lb_prefetch_failed);
 	st->lb_failed = atomic_load(&t->lb_failed);
-	st->lb_retries = atomic_load(&t->lb_retries);
-	st->bytes_read = atomic_load(&t->bytes_read);
+	st->lb_retries = atomic_load(&t->src.n_retries);
+	st->bytes_read = atomic_load(&t->src.n_bytes);
 	st->mb_decoded = atomic_load(&t->mb_decoded);
 	st->requests = atomic_load(&t->requests);
 	st->hits = atomic_load(&t->hits);
 	st->joined = atomic_load(&t->joined);
 	if (!fstat(t->memfd, &sb))
 		st->mem_bytes = (uint64_t)sb.st_blocks * 512;
-	pthread_mutex_lock(&t->mu);
+	pthread_mutex_lock(&t->src.lk);
 	st->hot_mb = tpl_hot_count_locked(t, &st->hot_mb_prefix);
 	st->error = t->error;
-	pthread_mutex_unlock(&t->mu);
+	pthread_mutex_unlock(&t->src.lk);
 	st->complete = st->mb_in == st->mb_stored;
 }
 
@@ -748,13 +826,9 @@ void halite_template_free(struct halite_template *t)
 {
 	if (!t)
 		return;
-	pthread_mutex_lock(&t->mu);
-	t->stop = true;
-	pthread_cond_broadcast(&t->work_cv);
-	pthread_mutex_unlock(&t->mu);
-	for (unsigned i = 0; i < t->nreaders; i++)
-		pthread_join(t->readers[i], NULL);
-	free(t->readers);
+	/* The readers and prefetcher first: they hand the pool its tasks. */
+	src_join(&t->src);
+	halite_pool_free(t->pool);
 	if (t->lbs)
 		for (uint64_t lb = 0; lb < t->fi->lb_count; lb++) {
 			while (t->lbs[lb].waiters) {
@@ -773,9 +847,14 @@ void halite_template_free(struct halite_template *t)
 		close(t->ro_fd);
 	if (t->fillfd >= 0)
 		close(t->fillfd);
+	if (t->src.ops)
+		src_destroy(&t->src);
+	else
+		pthread_mutex_destroy(&t->src.lk);
+	if (t->snap_fd >= 0)
+		close(t->snap_fd);
 	halite_reader_free(t->rd);
 	halite_zfree(t->lbs);
-	free(t->dq);
 	free(t->porder);
 	free(t->hot);
 	free(t->pre);
@@ -784,8 +863,6 @@ void halite_template_free(struct halite_template *t)
 	free(t->mem_path);
 	free(t->fill_path);
 	free(t->hot_path);
-	pthread_cond_destroy(&t->work_cv);
 	pthread_cond_destroy(&t->state_cv);
-	pthread_mutex_destroy(&t->mu);
 	free(t);
 }

@@ -26,16 +26,16 @@ int tpl_fail(struct halite_template *t, int err, const char *fmt, ...)
 /*
  * A failure the template cannot serve past (an LB, or a lookup in a damaged
  * index chunk): the first one becomes the template's error and errmsg.
- * Takes t->mu.
+ * Takes t->src.lk.
  */
 void tpl_error(struct halite_template *t, int err, const char *msg)
 {
-	pthread_mutex_lock(&t->mu);
+	pthread_mutex_lock(&t->src.lk);
 	if (!t->error)
 		t->error = err;
 	tpl_fail(t, err, "%s", msg);
 	pthread_cond_broadcast(&t->state_cv);
-	pthread_mutex_unlock(&t->mu);
+	pthread_mutex_unlock(&t->src.lk);
 }
 
 /*

@@ -271,7 +271,7 @@ void tpl_count_in(struct halite_template *t)
 		for (uint32_t i = 0; all && i < n; i++)
 			all = atomic_load_explicit(&t->fill[mbs[i]], memory_order_relaxed);
 		if (all) {
-			t->lbs[lb].st = LB_DONE;
+			atomic_store(&t->src.st[lb], LB_DONE);
 			t->lb_in_at_open++;
 		}
 	}

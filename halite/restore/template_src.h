@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Private to the template source's files: its state. template.c (open,
- * requests, reading and decoding, stats, free), template_files.c (the
- * memory and fill files) and hotset.c (the hot set, a relayouted file's hot
- * prefix, the prefetch order). What a session may ask of it is
- * template_int.h.
+ * requests, decoding what its snapshot source reads, stats, free),
+ * template_files.c (the memory and fill files), hotset.c (the hot set, a
+ * relayouted file's hot prefix, the prefetch order) and template_err.c
+ * (its error). The reading itself, LB states, readers, retries and the
+ * prefetcher, is the snapshot source's (source.h). What a session may ask
+ * of it is template_int.h.
  */
 #ifndef HALITE_TEMPLATE_SRC_H
 #define HALITE_TEMPLATE_SRC_H
@@ -34,9 +36,9 @@ struct session_waiter {
 	uint64_t tag;
 };
 
+/* What the template keeps per LB beside its state (t->src.st[lb]); under t->src.lk. */
 struct lbstate {
-	uint8_t st;
-	bool demand;
+	bool demand;		/* a session asked for it while IDLE: read on demand */
 	int err;
 	char *msg;		/* FAILED: what failed, said once when it did */
 	struct session_waiter *waiters;
@@ -58,19 +60,21 @@ struct halite_template {
 	uint8_t *fillmap;  /* MEM_PATH.fill */
 	_Atomic uint8_t *fill;
 
-	pthread_mutex_t mu;
-	pthread_cond_t work_cv;	 /* readers: work queued, or stop */
-	pthread_cond_t state_cv; /* completion, failure, callbacks ended */
+	/*
+	 * The snapshot source (source.h): the LB states, the demand queue and
+	 * its readers, the prefetcher (first the hot set's LBs, porder[0..nhot),
+	 * then file order; throttled). Its lock, src.lk, is the template's
+	 * lock: the LBs' waiters and messages, the clients' counts, the hot
+	 * set and the error are under it.
+	 */
+	struct src src;
+	int snap_fd;		 /* the snapshot, for the source's page-cache drops */
+	pthread_cond_t state_cv; /* completion, failure, callbacks ended (with src.lk) */
 	struct lbstate *lbs;
-	uint64_t *dq;		 /* demand queue: a ring of lb_total + 1 */
-	uint64_t dq_head, dq_tail, dq_cap;
-	uint64_t *porder;	 /* prefetch order: hot set's LBs (nhot), then file order */
-	uint64_t pcount, pcursor, nhot;
-	_Atomic uint64_t last_fault_ns;
-	uint64_t open_ns, prefetch_bytes;
-	bool stop;
-	pthread_t *readers;
-	unsigned nreaders;
+	uint64_t *porder;	 /* the hot set's LBs, in its order */
+	uint64_t nhot;
+	struct halite_pool *pool; /* decodes prefetched LBs off the prefetcher's thread */
+	_Atomic uint64_t backlog; /* prefetched LBs waiting for the pool */
 
 	uint8_t *hot_bit;	 /* per block: 1 once learned (in @hot) */
 	struct learn_touch *hot; /* learned, in first-fault order */
@@ -82,7 +86,9 @@ struct halite_template {
 
 	_Atomic uint64_t mb_in;
 	uint64_t mb_in_at_open, lb_in_at_open;
-	_Atomic uint64_t lb_demand, lb_prefetch, lb_failed, lb_retries, bytes_read, mb_decoded;
+	/* Read, demand or prefetch, is the source's count; these failed too. */
+	_Atomic uint64_t lb_demand_failed, lb_prefetch_failed;
+	_Atomic uint64_t lb_failed, mb_decoded;
 	_Atomic uint64_t requests, hits, joined;
 	int error;
 	char errmsg[512];
@@ -91,7 +97,7 @@ struct halite_template {
 /* The first message wins; returns @err. */
 __attribute__((format(printf, 3, 4)))
 int tpl_fail(struct halite_template *t, int err, const char *fmt, ...);
-/* A failure the template cannot serve past: the first sets error and errmsg. Takes t->mu. */
+/* A failure the template cannot serve past: the first sets error and errmsg. Takes t->src.lk. */
 void tpl_error(struct halite_template *t, int err, const char *msg);
 /* @mb's map entry (a 1.1 file's chunk read on first use): 0, or < 0 with the error set. */
 int tpl_mb_lookup(struct halite_template *t, uint64_t mb, struct halite_mb_loc *loc);
@@ -111,20 +117,14 @@ void tpl_count_in(struct halite_template *t);
 void tpl_hot_load(struct halite_template *t);
 /* At open: a relayouted snapshot's hot prefix joins the hot set after the learned. */
 int tpl_hot_prefix(struct halite_template *t);
-/* Blocks in the hot set: learned, and the prefix's not learned. Under t->mu. */
+/* Blocks in the hot set: learned, and the prefix's not learned. Under t->src.lk. */
 uint64_t tpl_hot_count_locked(const struct halite_template *t, uint64_t *prefix);
-/* At open: the prefetch order. 0 or -ENOMEM. */
-int tpl_build_porder(struct halite_template *t);
-
 /*
- * Prefetch order: the hot set's LBs in its order (tpl_hot_list()), then every LB in
- * file order (tpl_porder_at(): not stored, so that open does not take time in
- * the number of LBs; a hot LB comes again there, taken already, and is
- * skipped as any LB that is not idle).
+ * At open: the prefetch order's first list, the hot set's LBs in its order
+ * (tpl_hot_list()); the source goes on in file order (not stored, so that
+ * open does not take time in the number of LBs; a hot LB comes again there,
+ * taken already, and is skipped as any LB that is not idle). 0 or -ENOMEM.
  */
-static inline uint64_t tpl_porder_at(const struct halite_template *t, uint64_t i)
-{
-	return i < t->nhot ? t->porder[i] : i - t->nhot;
-}
+int tpl_build_porder(struct halite_template *t);
 
 #endif
