@@ -397,19 +397,6 @@ static int fill_copies(struct halite_restore *r)
 	return ret;
 }
 
-/* Library threads take no signals meant for the application. */
-static int start_thread(pthread_t *t, void *(*fn)(void *), void *arg)
-{
-	sigset_t all, old;
-	int ret;
-
-	sigfillset(&all);
-	pthread_sigmask(SIG_SETMASK, &all, &old);
-	ret = pthread_create(t, NULL, fn, arg);
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	return -ret;
-}
-
 /* Stop and join every thread; the pool finishes its tasks first. */
 static void stop_threads(struct halite_restore *r)
 {
@@ -488,7 +475,7 @@ HALITE_EXPORT int halite_restore_start(struct halite_restore *r)
 		halite_pool_wait(r->pool);
 		goto fail;
 	}
-	ret = start_thread(&r->fault_thr, rs_fault_main, r);
+	ret = src_thread_start(&r->fault_thr, rs_fault_main, r);
 	r->fault_started = !ret;
 	if (!ret)
 		ret = src_start(&r->src);

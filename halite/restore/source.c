@@ -360,7 +360,7 @@ int src_init(struct src *s, struct halite_reader *rd, const char *path, int fd,
 }
 
 /* Library threads take no signals meant for the application. */
-static int start_thread(pthread_t *t, void *(*fn)(void *), void *arg)
+int src_thread_start(pthread_t *t, void *(*fn)(void *), void *arg)
 {
 	sigset_t all, old;
 	int ret;
@@ -377,12 +377,12 @@ int src_start(struct src *s)
 	int ret = 0;
 
 	for (; s->nthr < s->o.readers && !ret; s->nthr++) {
-		ret = start_thread(&s->thr[s->nthr], reader_main, s);
+		ret = src_thread_start(&s->thr[s->nthr], reader_main, s);
 		if (ret)
 			break;
 	}
 	if (!ret && s->io) {
-		ret = start_thread(&s->pf_thr, src_prefetch_main, s);
+		ret = src_thread_start(&s->pf_thr, src_prefetch_main, s);
 		s->pf_started = !ret;
 	}
 	return ret;
