@@ -113,7 +113,7 @@ static void serve_stored(struct halite_restore *r, uint64_t mb, uint64_t lb,
 			if (atomic_load(&r->src.st[lb]) == LB_IDLE) {
 				atomic_store(&r->src.st[lb], LB_READING);
 				b->fault_mb = mb;
-				/* Nobody queued ahead: try the page cache first (rs_read_cached). */
+				/* Nobody queued ahead: try the page cache first (src_read_cached). */
 				if (src_inline_ok(&r->src)) {
 					pthread_mutex_unlock(&r->src.lk);
 					if (src_read_cached(&r->src, lb, r->fault_tmp))

@@ -350,7 +350,7 @@ static int huge_write(struct halite_restore *r, uint64_t mb, const uint8_t *lb_b
 
 /*
  * Under lk, the page's LBs marked READING: is @lb the last of a run of them
- * in its stream? Readahead goes on from there (rs_ra_push).
+ * in its stream? Readahead goes on from there (src_ra_push).
  */
 static bool ra_end(struct halite_restore *r, uint64_t lb)
 {
@@ -419,7 +419,7 @@ static void huge_fault(struct halite_restore *r, uint64_t mb, const struct fault
 	 * faulting block's first; those being read or in memory already write
 	 * their blocks of it when they land, or in the pool. With nobody
 	 * queued ahead, the fault thread reads the first itself if the page
-	 * cache has it (rs_read_cached), while the readers take the others.
+	 * cache has it (src_read_cached), while the readers take the others.
 	 */
 	inline_read = src_inline_ok(&r->src);
 	halite_reader_mb_lookup(r->rd, mb, &loc);
@@ -454,7 +454,7 @@ static void huge_fault(struct halite_restore *r, uint64_t mb, const struct fault
 	}
 	/*
 	 * Readahead past the page's LBs: from the last of each stream's run of
-	 * them (rs_read_cached() does it for the one it reads).
+	 * them (src_read_cached() does it for the one it reads).
 	 */
 	for (size_t i = 0; i < nq && !ret; i++)
 		if ((queued[i] != first || !inline_read) && ra_end(r, queued[i]))

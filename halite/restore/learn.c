@@ -10,7 +10,7 @@
  *   install_lb, as with TRACK_ACCESS), whether the LB was read for a fault
  *   or, at start, for a copy (HALITE_MEM_COPY);
  * - the background prefetcher holds back (pf_hold) and stream readahead
- *   queues nothing (rs_ra_push). Staging what they read instead would hold
+ *   queues nothing (src_ra_push). Staging what they read instead would hold
  *   up to all of guest memory decoded in the engine (64 GiB for a 64 GiB
  *   guest); paused, the engine holds what the guest's own faults read.
  * Zero and never-touched blocks need nothing: only a fault installs them.

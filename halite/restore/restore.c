@@ -6,8 +6,9 @@
  * Open reads the file's index and allocates one state byte per memory block
  * (MB) and one record per locality block (LB), nothing more: open-to-ready
  * costs the same for 1 GiB as for 1 TiB. Start registers the regions and
- * starts the fault thread (fault.c), the demand readers (readers.c), the
- * install pool (install.c) and the prefetcher (prefetch.c). Each MB is
+ * starts the fault thread (fault.c), the install pool (install.c) and the
+ * snapshot source's demand readers and prefetcher (source.h; what the
+ * restore asks of it is prefetch.c). Each MB is
  * claimed NONE -> CLAIMED -> INSTALLED exactly once (or through STAGED), so
  * one thread installs and counts it; an LB is read once, IDLE -> READING ->
  * CACHED -> DONE, its waiting faults served first and its other blocks by
@@ -16,9 +17,9 @@
  * learning (learn.c) records first touches.
  *
  * The design (states, locks, threads, wake rules, failure, take-over,
- * copies, hugetlbfs) is told in full in docs/architecture.md. Locks: r->lk
- * (LB states, waiters, the demand queue) and r->st_lock (state, error) are
- * never held together.
+ * copies, hugetlbfs) is told in full in docs/architecture.md. Locks:
+ * r->src.lk (the source's: LB states, waiters, the demand queue) and
+ * r->st_lock (state, error) are never held together.
  */
 #define _GNU_SOURCE
 #include <errno.h>

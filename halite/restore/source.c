@@ -390,6 +390,8 @@ int src_start(struct src *s)
 
 void src_stop(struct src *s)
 {
+	if (!s->ops)
+		return; /* never initialised: no thread, and its lock is not yet one */
 	atomic_store(&s->stopping, true);
 	pthread_mutex_lock(&s->lk);
 	pthread_cond_broadcast(&s->q_cond);
