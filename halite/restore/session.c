@@ -474,7 +474,7 @@ int halite_session_start(struct halite_session **sp, struct halite_template *t,
 	struct halite_session *s;
 	int ret;
 
-	if (!sp || !t || !regions || !nregions || nregions > tpl_region_count(t))
+	if (!sp || !t)
 		return -EINVAL;
 	s = calloc(1, sizeof(*s));
 	if (!s)
@@ -488,11 +488,20 @@ int halite_session_start(struct halite_session **sp, struct halite_template *t,
 	halite_cond_init_mono(&s->cv);
 	halite_hist_init(&s->hist);
 	ret = halite_opts_copy(&s->o, sizeof(s->o), opts);
-	if (!ret && ((s->o.flags & ~HALITE_SESSION_FLAGS_ALL) ||
-		     (s->o.nvcpus && !s->o.vcpu_tids) ||
-		     (s->o.owner_pid && s->o.owner_uffd < 0) ||
-		     (!s->o.owner_pid && (s->o.flags & HALITE_SESSION_ATTACH))))
-		ret = -EINVAL;
+	if (ret)
+		s_fail(s, ret, "session options: fields this build does not know are set");
+	else if (s->o.flags & ~HALITE_SESSION_FLAGS_ALL)
+		ret = s_fail(s, -EINVAL, "flags 0x%x: unknown bits 0x%x", s->o.flags,
+			     s->o.flags & ~HALITE_SESSION_FLAGS_ALL);
+	else if (s->o.nvcpus && !s->o.vcpu_tids)
+		ret = s_fail(s, -EINVAL, "nvcpus %u without vcpu_tids", s->o.nvcpus);
+	else if (s->o.owner_pid && s->o.owner_uffd < 0)
+		ret = s_fail(s, -EINVAL, "owner_pid %d without an owner_uffd", (int)s->o.owner_pid);
+	else if (!s->o.owner_pid && (s->o.flags & HALITE_SESSION_ATTACH))
+		ret = s_fail(s, -EINVAL, "HALITE_SESSION_ATTACH without an owner_pid");
+	if (!ret && (!regions || !nregions || nregions > tpl_region_count(t)))
+		ret = s_fail(s, -EINVAL, "%u regions given, the template has %u", nregions,
+			     tpl_region_count(t));
 	if (ret)
 		goto err;
 	if (s->o.nvcpus) {
@@ -551,6 +560,9 @@ int halite_session_start(struct halite_session **sp, struct halite_template *t,
 err:
 	if (!s->error)
 		s_fail(s, ret, "session");
+	/* The session goes with its message: the caller's buffer keeps it. */
+	if (s->o.errbuf && s->o.errbuf_len)
+		snprintf(s->o.errbuf, s->o.errbuf_len, "%s", s->errmsg);
 	halite_session_free(s);
 	return ret;
 }

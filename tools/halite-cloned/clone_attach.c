@@ -292,8 +292,11 @@ static int clone_session(struct cloned *d, struct clone *c, const char *ctl,
 	struct halite_session_opts so = { .sz = sizeof(so),
 					  .owner_pid = m->vm_pid ? m->vm_pid : c->pid,
 					  .vcpu_tids = m->tids, .nvcpus = m->nvcpus };
+	char why[512] = "";
 	int fd = -1, ret;
 
+	so.errbuf = why;
+	so.errbuf_len = sizeof(why);
 	ret = ctl_command(ctl, "uffd", NULL, &fd,
 			  flags & HALITE_SESSION_ATTACH ? 1000 : CLONED_CTL_TIMEOUT_MS, err, errlen);
 	if (ret && (flags & HALITE_SESSION_ATTACH)) {
@@ -318,7 +321,7 @@ static int clone_session(struct cloned *d, struct clone *c, const char *ctl,
 	}
 	close(fd);
 	if (ret)
-		snprintf(err, errlen, "session: %s", cl_errstr(ret));
+		snprintf(err, errlen, "session: %s", why[0] ? why : cl_errstr(ret));
 	return ret;
 }
 

@@ -186,6 +186,9 @@ struct halite_session_opts {
 				     -1 with owner_pid 0: the engine makes one */
 	const pid_t *vcpu_tids;	  /* optional, for per-vCPU fault counts */
 	uint32_t nvcpus;
+	char *errbuf;		  /* if set, a failed start explains itself here (as
+				     halite_reader_opts's: the session is gone by then) */
+	size_t errbuf_len;
 };
 
 struct halite_session_stats {
