@@ -439,6 +439,7 @@ struct ext_req {
  */
 #define TOUCHED_MAX 16384u
 static _Atomic uint8_t *g_touched;
+static int g_touched_fd = -1; /* its memfd, which the clone maps after its exec */
 
 struct ext_touch {
 	volatile uint8_t *p;
@@ -500,22 +501,42 @@ static void ext_child(int sock, int memfd, uint64_t off, uint64_t len)
 }
 
 
+/*
+ * The clone is this program run again (main(): --ext-child), not a bare
+ * fork: the template's threads (readers, prefetcher, decode pool) run at
+ * the fork, and a forked child that then allocates or starts threads can
+ * find a lock one of them held frozen forever (seen under ASan: the clone
+ * never touched its memory). Between fork and exec only fcntl() and
+ * execv() run, both async-signal-safe.
+ */
 static void ext_start(struct ext *e, struct halite_template *t)
 {
 	char cbuf[CMSG_SPACE(sizeof(int))];
 	struct iovec iov = { &e->host, sizeof(e->host) };
 	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
 			     .msg_controllen = sizeof(cbuf) };
+	char a[5][32];
+	char *argv[] = { "test_template", "--ext-child", a[0], a[1], a[2], a[3], a[4], NULL };
+	int sv[2], memfd = halite_template_memfd(t);
 	uint64_t off;
-	int sv[2];
 
 	assert_int_equal(halite_template_region(t, "pc.ram", &off, &e->len), 0);
 	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+	snprintf(a[0], sizeof(a[0]), "%d", sv[1]);
+	snprintf(a[1], sizeof(a[1]), "%d", memfd);
+	snprintf(a[2], sizeof(a[2]), "%llu", (unsigned long long)off);
+	snprintf(a[3], sizeof(a[3]), "%llu", (unsigned long long)e->len);
+	snprintf(a[4], sizeof(a[4]), "%d", g_touched_fd);
 	e->pid = fork();
 	assert_true(e->pid >= 0);
 	if (!e->pid) {
-		close(sv[0]);
-		ext_child(sv[1], halite_template_memfd(t), off, e->len);
+		/* The child's own descriptor table: these stay open across its exec. */
+		fcntl(sv[1], F_SETFD, 0);
+		fcntl(memfd, F_SETFD, 0);
+		if (g_touched_fd >= 0)
+			fcntl(g_touched_fd, F_SETFD, 0);
+		execv("/proc/self/exe", argv);
+		_exit(127);
 	}
 	close(sv[1]);
 	for (unsigned i = 0; i < 8; i++)
@@ -736,8 +757,10 @@ static void test_damaged_chunk(void **state)
 	snprintf(path, sizeof(path), "/tmp/halite-tpl-%d-c.hlt", (int)getpid());
 	assert_int_equal(r_write_chunked(path, &img), 0);
 	assert_int_equal(r_damage_map_entry(path, 8192 + 7), 0);
-	g_touched = mmap(NULL, TOUCHED_MAX, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-			 -1, 0);
+	g_touched_fd = memfd_create("touched", MFD_CLOEXEC);
+	assert_true(g_touched_fd >= 0);
+	assert_int_equal(ftruncate(g_touched_fd, TOUCHED_MAX), 0);
+	g_touched = mmap(NULL, TOUCHED_MAX, PROT_READ | PROT_WRITE, MAP_SHARED, g_touched_fd, 0);
 	assert_true(g_touched != MAP_FAILED);
 
 	assert_int_equal(halite_template_open(&t, path, g_mem, &o), 0);
@@ -814,6 +837,8 @@ static void test_damaged_chunk(void **state)
 	halite_template_free(t);
 	munmap((void *)g_touched, TOUCHED_MAX);
 	g_touched = NULL;
+	close(g_touched_fd);
+	g_touched_fd = -1;
 	free(img);
 	unlink(path);
 	remove_mem();
@@ -1594,7 +1619,22 @@ static void test_bad_args(void **state)
 	remove_mem();
 }
 
-int main(void)
+/* A clone (ext_start()): --ext-child SOCK MEMFD OFFSET LENGTH TOUCHED-FD. */
+static int ext_child_main(char **argv)
+{
+	int touched = atoi(argv[6]);
+
+	if (touched >= 0) {
+		g_touched = mmap(NULL, TOUCHED_MAX, PROT_READ | PROT_WRITE, MAP_SHARED, touched, 0);
+		if (g_touched == MAP_FAILED)
+			_exit(2);
+	}
+	ext_child(atoi(argv[2]), atoi(argv[3]), strtoull(argv[4], NULL, 10),
+		  strtoull(argv[5], NULL, 10));
+	return 2;
+}
+
+int main(int argc, char **argv)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_clones_exact, setup, teardown),
@@ -1614,6 +1654,8 @@ int main(void)
 	};
 	int ret;
 
+	if (argc == 7 && !strcmp(argv[1], "--ext-child"))
+		return ext_child_main(argv);
 	make_snapshot();
 	ret = cmocka_run_group_tests(tests, NULL, NULL);
 	unlink(g_snap);
