@@ -333,6 +333,7 @@ int src_init(struct src *s, struct halite_reader *rd, const char *path, int fd,
 		s->o.ra_readers = 1;
 	pthread_mutex_init(&s->lk, NULL);
 	pthread_cond_init(&s->q_cond, NULL);
+	pthread_cond_init(&s->pf_cond, NULL);
 	/* O(1) whatever the file's size (zalloc.h). */
 	s->st = halite_zalloc(s->lb_total ? s->lb_total : 1);
 	s->thr = calloc(s->o.readers ? s->o.readers : 1, sizeof(*s->thr));
@@ -395,6 +396,7 @@ void src_stop(struct src *s)
 	atomic_store(&s->stopping, true);
 	pthread_mutex_lock(&s->lk);
 	pthread_cond_broadcast(&s->q_cond);
+	pthread_cond_broadcast(&s->pf_cond);
 	pthread_mutex_unlock(&s->lk);
 }
 
@@ -420,5 +422,6 @@ void src_destroy(struct src *s)
 	free(s->thr);
 	pthread_mutex_destroy(&s->lk);
 	pthread_cond_destroy(&s->q_cond);
+	pthread_cond_destroy(&s->pf_cond);
 	s->ops = NULL;
 }

@@ -130,6 +130,7 @@ struct src {
 	struct halite_io *io;	   /* the prefetcher's, NULL without */
 	_Atomic uint64_t last_fault_ns; /* the consumer's last fault: the throttle */
 
+	pthread_cond_t pf_cond;	   /* the prefetcher, done, waits here until the source stops */
 	pthread_t *thr, pf_thr;
 	unsigned nthr;
 	bool pf_started;

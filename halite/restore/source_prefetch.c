@@ -237,5 +237,16 @@ out:
 	free(freel);
 	free(done);
 	halite_io_free(tmp);
+	/*
+	 * Done early (every LB read), the thread waits for the source's end
+	 * rather than ending unjoined: a process that exits without freeing
+	 * its source (halite-cloned leaves its templates to the next daemon)
+	 * would otherwise leave a finished thread nobody joined, a leak to
+	 * ThreadSanitizer. The readers wait so too.
+	 */
+	pthread_mutex_lock(&s->lk);
+	while (!atomic_load(&s->stopping))
+		pthread_cond_wait(&s->pf_cond, &s->lk);
+	pthread_mutex_unlock(&s->lk);
 	return NULL;
 }
