@@ -78,6 +78,13 @@ static void pf_error(struct src *s, int err, const char *msg)
 		s->ops->error(s->ctx, err, msg);
 }
 
+/*
+ * Submit @sl's read: 0, < 0 when the prefetcher cannot go on, or 1 when
+ * this LB cannot be read at all (its index entries fail: a 1.1 file's
+ * damaged chunk): it is FAILED and its consumer told, as for an LB whose
+ * every read failed, and the prefetcher goes on with the next (a
+ * template's other LBs are good; a restore stops on its failure).
+ */
 static int pf_submit(struct src *s, struct pf_slot *sl, unsigned tag)
 {
 	struct halite_lb_info li;
@@ -93,8 +100,11 @@ static int pf_submit(struct src *s, struct pf_slot *sl, unsigned tag)
 	if (ret) {
 		snprintf(msg, sizeof(msg), "locality block %llu: %s", ULL(sl->lb),
 			 halite_reader_errmsg(s->rd));
-		pf_error(s, ret, msg);
-		return ret;
+		pthread_mutex_lock(&s->lk);
+		atomic_store(&s->st[sl->lb], LB_FAILED);
+		pthread_mutex_unlock(&s->lk);
+		s->ops->failed(s->ctx, sl->lb, ret, msg);
+		return 1;
 	}
 	ret = halite_io_submit_read(s->io, sl->buf, s->lb_size, li.offset, tag);
 	if (ret) {
@@ -131,6 +141,11 @@ static bool pf_complete(struct src *s, struct pf_slot *sl, unsigned tag, int64_t
 		ret = pf_submit(s, sl, tag);
 		if (!ret)
 			return false;
+		if (ret > 0) { /* failed and told already */
+			halite_reader_free_lb(sl->buf);
+			sl->buf = NULL;
+			return true;
+		}
 	}
 	halite_reader_free_lb(sl->buf);
 	sl->buf = NULL;
@@ -217,7 +232,10 @@ void *src_prefetch_main(void *arg)
 		if (n) {
 			halite_reader_free_lb(sl->buf);
 			sl->buf = NULL;
-			break;
+			if (n < 0)
+				break;
+			freel[nfree++] = tag; /* that LB failed; the next one */
+			continue;
 		}
 		/* The minimum rate is owed from the end of an unthrottled first list on. */
 		if (first && s->o.first_unthrottled)
