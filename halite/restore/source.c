@@ -42,7 +42,7 @@ void src_lb_errmsg(struct halite_reader *rd, uint64_t lb, const char *why, char 
 			 ULL(li.offset), why);
 }
 
-static void src_error(struct src *s, int err, const char *msg)
+void src_error(struct src *s, int err, const char *msg)
 {
 	if (s->ops->error)
 		s->ops->error(s->ctx, err, msg);
@@ -90,11 +90,16 @@ void src_lb_failed(struct src *s, uint64_t lb, int err, unsigned reads)
 			   err == -HALITE_E_CHECKSUM || err == -HALITE_E_CORRUPT ?
 			   halite_reader_errmsg(s->rd) : halite_strerror(err);
 
+	snprintf(why, sizeof(why), "%s after %u read%s", what, reads, reads == 1 ? "" : "s");
+	src_lb_errmsg(s->rd, lb, why, msg, sizeof(msg));
+	src_lb_fail(s, lb, err, msg);
+}
+
+void src_lb_fail(struct src *s, uint64_t lb, int err, const char *msg)
+{
 	pthread_mutex_lock(&s->lk);
 	atomic_store(&s->st[lb], LB_FAILED);
 	pthread_mutex_unlock(&s->lk);
-	snprintf(why, sizeof(why), "%s after %u read%s", what, reads, reads == 1 ? "" : "s");
-	src_lb_errmsg(s->rd, lb, why, msg, sizeof(msg));
 	s->ops->failed(s->ctx, lb, err, msg);
 }
 

@@ -188,6 +188,10 @@ int src_read_lb_retrying(struct src *s, uint64_t lb, uint8_t *buf, unsigned *rea
 void src_lb_retrying(struct src *s, uint64_t lb, int err, unsigned reads);
 /* Every read of @lb failed: FAILED, named, ops.failed. */
 void src_lb_failed(struct src *s, uint64_t lb, int err, unsigned reads);
+/* @lb cannot be had (@msg says why): FAILED, then ops.failed. */
+void src_lb_fail(struct src *s, uint64_t lb, int err, const char *msg);
+/* A source thread cannot go on: ops.error, if the consumer has one. */
+void src_error(struct src *s, int err, const char *msg);
 /* A verified LB to its consumer (not after src.failed: then freed). */
 void src_land(struct src *s, uint64_t lb, uint8_t *buf, int how, uint8_t *tmp);
 

@@ -72,12 +72,6 @@ static uint64_t pf_take(struct src *s, uint64_t *cursor)
 	return mine ? lb : UINT64_MAX;
 }
 
-static void pf_error(struct src *s, int err, const char *msg)
-{
-	if (s->ops->error)
-		s->ops->error(s->ctx, err, msg);
-}
-
 /*
  * Submit @sl's read: 0, < 0 when the prefetcher cannot go on, or 1 when
  * this LB cannot be read at all (its index entries fail: a 1.1 file's
@@ -100,17 +94,14 @@ static int pf_submit(struct src *s, struct pf_slot *sl, unsigned tag)
 	if (ret) {
 		snprintf(msg, sizeof(msg), "locality block %llu: %s", ULL(sl->lb),
 			 halite_reader_errmsg(s->rd));
-		pthread_mutex_lock(&s->lk);
-		atomic_store(&s->st[sl->lb], LB_FAILED);
-		pthread_mutex_unlock(&s->lk);
-		s->ops->failed(s->ctx, sl->lb, ret, msg);
+		src_lb_fail(s, sl->lb, ret, msg);
 		return 1;
 	}
 	ret = halite_io_submit_read(s->io, sl->buf, s->lb_size, li.offset, tag);
 	if (ret) {
 		snprintf(msg, sizeof(msg), "locality block %llu at offset %llu: submitting a read",
 			 ULL(sl->lb), ULL(li.offset));
-		pf_error(s, ret, msg);
+		src_error(s, ret, msg);
 	}
 	return ret;
 }
@@ -165,7 +156,7 @@ void *src_prefetch_main(void *arg)
 
 	pthread_setname_np(pthread_self(), "halite-prefetch");
 	if (!slots || !freel || !done || !tmp) {
-		pf_error(s, -ENOMEM, "prefetcher buffers");
+		src_error(s, -ENOMEM, "prefetcher buffers");
 		goto out;
 	}
 	for (unsigned i = 0; i < qd; i++)
@@ -199,7 +190,7 @@ void *src_prefetch_main(void *arg)
 			 */
 			n = halite_io_reap(s->io, done, qd, hold ? 1 : 0);
 			if (n < 0) {
-				pf_error(s, n, "prefetch reads");
+				src_error(s, n, "prefetch reads");
 				break;
 			}
 			for (int i = 0; i < n; i++) {
@@ -225,7 +216,7 @@ void *src_prefetch_main(void *arg)
 			char msg[64];
 
 			snprintf(msg, sizeof(msg), "locality block %llu: read buffer", ULL(lb));
-			pf_error(s, -ENOMEM, msg);
+			src_error(s, -ENOMEM, msg);
 			break;
 		}
 		n = pf_submit(s, sl, tag);

@@ -490,6 +490,18 @@ struct decode_task {
 	uint8_t *buf;
 };
 
+/* @lb failed (lb_failed_locked(), @read as there): its waiters are told. */
+static void lb_fail(struct halite_template *t, uint64_t lb, int err, const char *msg, bool read)
+{
+	struct session_waiter *w;
+
+	pthread_mutex_lock(&t->src.lk);
+	w = lb_failed_locked(t, lb, err, msg, read);
+	pthread_cond_broadcast(&t->state_cv);
+	pthread_mutex_unlock(&t->src.lk);
+	call_waiters(t, w, err);
+}
+
 static void decode_task(void *arg)
 {
 	struct decode_task *d = arg;
@@ -499,16 +511,11 @@ static void decode_task(void *arg)
 	if (mbbuf) {
 		decode_lb(t, d->lb, d->buf, mbbuf);
 	} else {
-		struct session_waiter *w;
 		char msg[512];
 
 		halite_reader_free_lb(d->buf);
 		src_lb_errmsg(t->rd, d->lb, "decode buffer", msg, sizeof(msg));
-		pthread_mutex_lock(&t->src.lk);
-		w = lb_failed_locked(t, d->lb, -ENOMEM, msg, false);
-		pthread_cond_broadcast(&t->state_cv);
-		pthread_mutex_unlock(&t->src.lk);
-		call_waiters(t, w, -ENOMEM);
+		lb_fail(t, d->lb, -ENOMEM, msg, false);
 	}
 	free(mbbuf);
 	atomic_fetch_sub(&t->backlog, 1);
@@ -538,14 +545,7 @@ static void tpl_landed(void *ctx, uint64_t lb, uint8_t *buf, int how, uint8_t *t
 
 static void tpl_lb_failed(void *ctx, uint64_t lb, int err, const char *msg)
 {
-	struct halite_template *t = ctx;
-	struct session_waiter *w;
-
-	pthread_mutex_lock(&t->src.lk);
-	w = lb_failed_locked(t, lb, err, msg, true);
-	pthread_cond_broadcast(&t->state_cv);
-	pthread_mutex_unlock(&t->src.lk);
-	call_waiters(t, w, err);
+	lb_fail(ctx, lb, err, msg, true);
 }
 
 /*
