@@ -1,15 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The fault path: a fault from the fault loop's batch to its page installed
- * and its thread woken (zero blocks, stored blocks by their MB and LB state,
- * hugetlbfs pages through the huge strategy), and the fault thread itself.
+ * The copy strategy's fault path (the session's gs_ops): a fault, placed by
+ * the session (guest_session.c), to its page installed and its thread
+ * woken: zero blocks, stored blocks by their MB and LB state, hugetlbfs
+ * pages through the huge strategy.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdlib.h>
 
-#include "fault_loop.h"
-#include "guest_fault.h"
 #include "restore_int.h"
 
 /*
@@ -21,16 +20,16 @@
  */
 static int wake_installed(struct halite_restore *r, uint32_t ri, uint64_t off, bool write)
 {
-	return halite_gmem_fill(r->gm, ri, off, r->page, NULL, HALITE_GMEM_ZERO,
+	return halite_gmem_fill(r->gs.gm, ri, off, r->page, NULL, HALITE_GMEM_ZERO,
 				HALITE_GMEM_ZERO_GONE | (write ? HALITE_GMEM_WRITE : 0));
 }
 
-static void serve_zero(struct halite_restore *r, uint64_t mb, const struct fault *f)
+static void serve_zero(struct halite_restore *r, uint64_t mb, const struct gs_fault *f)
 {
 	uint64_t t0 = f->t0;
 	int ret;
 
-	atomic_fetch_add(&r->n_faults_zero, 1);
+	atomic_fetch_add(&r->gs.faults_zero, 1);
 	/* Only this thread installs zero blocks: the claim cannot be contended. */
 	if (rs_claim(r, mb, MB_NONE)) {
 		/* A write would copy-on-write the zero page at once: give it its own. */
@@ -52,7 +51,7 @@ static void serve_zero(struct halite_restore *r, uint64_t mb, const struct fault
 }
 
 static void serve_stored(struct halite_restore *r, uint64_t mb, uint64_t lb,
-			 const struct fault *f)
+			 const struct gs_fault *f)
 {
 	struct rlb *b = &r->lbs[lb];
 	uint64_t t0 = f->t0;
@@ -67,11 +66,11 @@ static void serve_stored(struct halite_restore *r, uint64_t mb, uint64_t lb,
 
 		if (s == MB_CLAIMED) {
 			/* Whoever claimed it is copying it in, and that copy wakes us. */
-			atomic_fetch_add(&r->n_faults_cached, 1);
+			atomic_fetch_add(&r->gs.faults_cached, 1);
 			return;
 		}
 		if (s == MB_INSTALLED) {
-			atomic_fetch_add(&r->n_faults_cached, 1);
+			atomic_fetch_add(&r->gs.faults_cached, 1);
 			ret = wake_installed(r, f->ri, f->off, f->write);
 			if (ret)
 				rs_set_failed(r, rs_fail(r, ret, "memory block %llu: waking a fault",
@@ -89,7 +88,7 @@ static void serve_stored(struct halite_restore *r, uint64_t mb, uint64_t lb,
 				return;
 			}
 			rs_installed(r, mb, BY_FAULT);
-			atomic_fetch_add(&r->n_faults_cached, 1);
+			atomic_fetch_add(&r->gs.faults_cached, 1);
 			/* Staged for learning only (learn.c): not what TRACK_ACCESS counts. */
 			if (r->track && b->how == HOW_DEMAND)
 				rs_count_accessed(r, b);
@@ -145,7 +144,7 @@ static void serve_stored(struct halite_restore *r, uint64_t mb, uint64_t lb,
 			ret = rs_install_from_lb(r, mb, buf, r->fault_tmp, HALITE_GMEM_ZERO_GONE);
 			if (!ret) {
 				rs_installed(r, mb, BY_FAULT);
-				atomic_fetch_add(&r->n_faults_cached, 1);
+				atomic_fetch_add(&r->gs.faults_cached, 1);
 				if (r->track && how == HOW_DEMAND && mb != fault_mb)
 					rs_count_accessed(r, b);
 				rs_fault_served(r, t0);
@@ -163,7 +162,7 @@ static void serve_stored(struct halite_restore *r, uint64_t mb, uint64_t lb,
 			pthread_mutex_unlock(&r->src.lk);
 			if (s != MB_NONE)
 				continue;
-			if (!atomic_load(&r->failed))
+			if (!rs_failed(r))
 				rs_set_failed(r, rs_fail(r, -HALITE_E_INTERNAL,
 						    "memory block %llu: not installed, its locality "
 						    "block %llu done", ULL(mb), ULL(lb)));
@@ -172,44 +171,38 @@ static void serve_stored(struct halite_restore *r, uint64_t mb, uint64_t lb,
 	}
 }
 
-static void serve_fault(struct halite_restore *r, const struct uffd_msg *m, uint64_t t0)
+static struct halite_restore *of_gs(struct gsession *gs)
 {
-	uint64_t addr = m->arg.pagefault.address & ~(r->page - 1);
-	struct fault f = { .write = m->arg.pagefault.flags & UFFD_PAGEFAULT_FLAG_WRITE, .t0 = t0 };
-	const struct rregion *g;
+	return (struct halite_restore *)((char *)gs - offsetof(struct halite_restore, gs));
+}
+
+static void copy_fault(struct gsession *gs, const struct gs_fault *f)
+{
+	struct halite_restore *r = of_gs(gs);
+	const struct rregion *g = &r->regions[f->ri];
+	uint64_t mb = g->first_mb + f->off / r->mb_size;
 	struct halite_mb_loc loc;
-	uint64_t mb;
 	int ret;
 
-	if (!guest_fault_place(r->gm, m, addr, &f.ri, &f.off, &ret)) {
-		if (ret)
-			rs_set_failed(r, rs_fail(r, ret, "fault at 0x%llx outside guest memory",
-					    ULL(addr)));
-		return;
-	}
-	g = &r->regions[f.ri];
-	mb = g->first_mb + f.off / r->mb_size;
 	/*
 	 * Read before the ranges were unregistered at the end, whose
 	 * unregistering woke the thread: nothing to serve or count.
 	 */
-	if (atomic_load(&r->ended) && !atomic_load(&r->failed))
+	if (atomic_load(&r->ended) && !rs_failed(r))
 		return;
-	if (atomic_load(&r->failed)) {
+	if (rs_failed(r)) {
 		/*
 		 * Install nothing more; only a raced fault on good bytes is
 		 * woken (a huge page's blocks are good once it is complete).
 		 */
 		if (g->hpage && r->huge->in(r, mb))
-			halite_gmem_wake(r->gm, f.ri, f.off - f.off % g->hpage, g->hpage);
+			halite_gmem_wake(gs->gm, f->ri, f->off - f->off % g->hpage, g->hpage);
 		else if (!g->hpage && atomic_load(&r->mb[mb]) == MB_INSTALLED)
-			halite_gmem_wake(r->gm, f.ri, f.off, r->page);
+			halite_gmem_wake(gs->gm, f->ri, f->off, r->page);
 		return;
 	}
-	atomic_store(&r->src.last_fault_ns, t0);
-	atomic_fetch_add(&r->n_faults, 1);
-	if (guest_vcpu_of(r->o.vcpu_tids, r->o.nvcpus, m->arg.pagefault.feat.ptid))
-		atomic_fetch_add(&r->n_faults_vcpu, 1);
+	atomic_store(&r->src.last_fault_ns, f->t0);
+	gs_count_fault(gs, f);
 	/* A 1.1 file's index chunks come in here on first use; damaged, it fails. */
 	ret = halite_reader_mb_lookup(r->rd, mb, &loc);
 	if (ret) {
@@ -218,50 +211,38 @@ static void serve_fault(struct halite_restore *r, const struct uffd_msg *m, uint
 		return;
 	}
 	if (r->obs)
-		r->obs->fault(r, mb, loc.state, m->arg.pagefault.feat.ptid, t0);
+		r->obs->fault(r, mb, loc.state, f->tid, f->t0);
 	if (g->hpage)
-		r->huge->fault(r, mb, &f);
+		r->huge->fault(r, mb, f);
 	else if (loc.state != HALITE_MB_STORED)
-		serve_zero(r, mb, &f);
+		serve_zero(r, mb, f);
 	else
-		serve_stored(r, mb, loc.lb, &f);
+		serve_stored(r, mb, loc.lb, f);
 }
 
-static int fault_timeout(void *ctx)
+static void copy_stray_failed(struct gsession *gs, uint64_t addr, int err)
 {
-	struct halite_restore *r = ctx;
+	struct halite_restore *r = of_gs(gs);
+
+	rs_set_failed(r, rs_fail(r, err, "fault at 0x%llx outside guest memory", ULL(addr)));
+}
+
+static int copy_timeout(struct gsession *gs)
+{
+	struct halite_restore *r = of_gs(gs);
 
 	/* Learning: woken when its window ends (learn.c). */
 	return r->obs ? r->obs->tick(r) : -1;
 }
 
-static void fault_serve(void *ctx, const struct uffd_msg *m, int n, uint64_t t0)
-{
-	for (int i = 0; i < n; i++)
-		serve_fault(ctx, &m[i], t0);
-}
-
-static void fault_read_failed(void *ctx, int err)
-{
-	struct halite_restore *r = ctx;
-
-	rs_set_failed(r, rs_fail(r, err, "reading the userfaultfd"));
-}
-
-void *rs_fault_main(void *arg)
-{
-	struct halite_restore *r = arg;
-	struct halite_fault_loop loop = {
-		.gm = r->gm, .uffd = r->uffd, .stop_fd = r->stop_fd, .ctx = r,
-		.timeout_ms = fault_timeout, .serve = fault_serve, .failed = fault_read_failed,
-	};
-
-	pthread_setname_np(pthread_self(), "halite-rfault");
-	/*
-	 * Serve until told to exit, also after done (messages read before the
-	 * ranges were unregistered) and after a failure (a fault that raced an
-	 * install is still woken).
-	 */
-	halite_fault_loop_run(&loop);
-	return NULL;
-}
+/*
+ * The session serves until told to stop, also after done (messages read
+ * before the ranges were unregistered) and after a failure (a fault that
+ * raced an install is still woken): no next().
+ */
+const struct gs_ops rs_copy_ops = {
+	.fault = copy_fault,
+	.stray_failed = copy_stray_failed,
+	.timeout_ms = copy_timeout,
+	.ending = rs_ending,
+};

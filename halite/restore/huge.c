@@ -287,7 +287,7 @@ static int hp_complete(struct halite_restore *r, const struct rregion *g, struct
 	int ret;
 
 	/* A hole (no stored block) gets zeros: gmem copies them in (EFAULT). */
-	ret = halite_gmem_fill(r->gm, ri, hpo, g->hpage, NULL, HALITE_GMEM_CONTINUE, 0);
+	ret = halite_gmem_fill(r->gs.gm, ri, hpo, g->hpage, NULL, HALITE_GMEM_CONTINUE, 0);
 	if (ret)
 		return rs_install_failed(r, ret, g->first_mb + hpo / r->mb_size,
 					 "UFFDIO_CONTINUE of its huge page");
@@ -359,7 +359,7 @@ static bool ra_end(struct halite_restore *r, uint64_t lb)
 	return r->src.ra_next && (next == UINT64_MAX || atomic_load(&r->src.st[next]) == LB_IDLE);
 }
 
-static void huge_fault(struct halite_restore *r, uint64_t mb, const struct fault *f)
+static void huge_fault(struct halite_restore *r, uint64_t mb, const struct gs_fault *f)
 {
 	const struct rregion *g = &r->regions[f->ri];
 	uint64_t hpo = f->off - f->off % g->hpage, mb0 = g->first_mb + hpo / r->mb_size;
@@ -381,9 +381,9 @@ static void huge_fault(struct halite_restore *r, uint64_t mb, const struct fault
 	if (atomic_load(&hp->in)) {
 		/* Raced with its completion, or the guest punched the page out since. */
 		pthread_mutex_unlock(&r->src.lk);
-		atomic_fetch_add(stored ? &r->n_faults_cached : &r->n_faults_zero, 1);
+		atomic_fetch_add(stored ? &r->gs.faults_cached : &r->gs.faults_zero, 1);
 		/* Present: EEXIST, woken; a hole: zeros, what a discard means. */
-		ret = halite_gmem_fill(r->gm, f->ri, hpo, g->hpage, NULL, HALITE_GMEM_CONTINUE, 0);
+		ret = halite_gmem_fill(r->gs.gm, f->ri, hpo, g->hpage, NULL, HALITE_GMEM_CONTINUE, 0);
 		if (ret)
 			rs_set_failed(r, rs_fail(r, ret, "memory block %llu: waking a fault",
 						 ULL(mb)));
@@ -408,7 +408,7 @@ static void huge_fault(struct halite_restore *r, uint64_t mb, const struct fault
 	if (!stored) {
 		/* A page of zeros, installed by this fault (only faults install these). */
 		pthread_mutex_unlock(&r->src.lk);
-		atomic_fetch_add(&r->n_faults_zero, 1);
+		atomic_fetch_add(&r->gs.faults_zero, 1);
 		ret = hp_complete(r, g, hp, hpo);
 		if (ret)
 			rs_set_failed(r, ret);
@@ -468,7 +468,7 @@ static void huge_fault(struct halite_restore *r, uint64_t mb, const struct fault
 	}
 	if (!nread)
 		/* Its blocks are all in memory or being read: nothing to read for it. */
-		atomic_fetch_add(&r->n_faults_cached, 1);
+		atomic_fetch_add(&r->gs.faults_cached, 1);
 	if (first != UINT64_MAX && inline_read && !src_read_cached(&r->src, first, r->fault_tmp)) {
 		pthread_mutex_lock(&r->src.lk);
 		ret = src_queue_push(&r->src, first);

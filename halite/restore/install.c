@@ -53,7 +53,7 @@ int rs_mb_fill(struct halite_restore *r, uint64_t mb, const uint8_t *src, unsign
 			memset(dst, 0, halite_reader_mb_bytes(r->rd, mb));
 		return 0;
 	}
-	return halite_gmem_fill(r->gm, ri, off, halite_reader_mb_bytes(r->rd, mb), src,
+	return halite_gmem_fill(r->gs.gm, ri, off, halite_reader_mb_bytes(r->rd, mb), src,
 				src ? HALITE_GMEM_COPY : HALITE_GMEM_ZERO, flags);
 }
 
@@ -64,7 +64,7 @@ static int mb_wake(struct halite_restore *r, uint64_t mb)
 
 	if (r->regions[ri].kind == HALITE_MEM_COPY)
 		return 0; /* no thread waits on a copy */
-	return halite_gmem_wake(r->gm, ri, off, halite_reader_mb_bytes(r->rd, mb));
+	return halite_gmem_wake(r->gs.gm, ri, off, halite_reader_mb_bytes(r->rd, mb));
 }
 
 /* What a failed install says about itself. */
@@ -163,7 +163,7 @@ void rs_lb_release(struct halite_restore *r, uint64_t lb)
 	halite_reader_free_lb(buf);
 	atomic_fetch_sub(&r->lbs_cached, 1);
 	/* After a failure some blocks may be left: done then means nothing. */
-	if (atomic_fetch_add(&r->lb_done, 1) + 1 == r->lb_total && !atomic_load(&r->failed)) {
+	if (atomic_fetch_add(&r->lb_done, 1) + 1 == r->lb_total && !rs_failed(r)) {
 		if (halite_pool_submit(r->pool, rs_finish_task, r))
 			rs_finish(r);
 	}
@@ -265,7 +265,7 @@ void rs_lb_landed(struct halite_restore *r, uint64_t lb, uint8_t *buf, int how, 
 	int ret = 0;
 
 	/* After a failure nothing more is published; what was is installed whole. */
-	if (atomic_load(&r->failed)) {
+	if (rs_failed(r)) {
 		halite_reader_free_lb(buf);
 		return;
 	}
@@ -347,7 +347,7 @@ void rs_finish(struct halite_restore *r)
 				 * read right after done would be one short.
 				 */
 				while (atomic_load(&r->mb[mbs[i]]) == MB_CLAIMED &&
-				       !atomic_load(&r->failed))
+				       !rs_failed(r))
 					sched_yield();
 				continue;
 			}
@@ -360,7 +360,7 @@ void rs_finish(struct halite_restore *r)
 		rs_set_failed(r, ret);
 		return;
 	}
-	if (atomic_load(&r->failed))
+	if (rs_failed(r))
 		return;
 	atomic_store(&r->ended, true);
 	/*
@@ -368,11 +368,9 @@ void rs_finish(struct halite_restore *r)
 	 * waiter; holes then read as zeros. Every block is in: the guest may
 	 * discard what it likes again.
 	 */
-	ret = halite_gmem_unregister(r->gm);
+	ret = gs_unregister(&r->gs);
 	if (ret)
 		halite_logf(&r->log, HALITE_LOG_WARN, "UFFDIO_UNREGISTER: %s", strerror(-ret));
-	for (uint32_t i = 0; i < r->nregions; i++)
-		r->regions[i].registered = false;
 	rs_allow_discards(r);
 	rs_end(r, 0);
 }

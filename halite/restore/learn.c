@@ -41,7 +41,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "guest_fault.h"
 #include "restore_int.h"
 #include "zalloc.h"
 
@@ -75,7 +74,7 @@ static void unstage(void *arg)
 	struct halite_restore *r = arg;
 	int ret = 0;
 
-	for (uint64_t lb = 0; lb < r->lb_total && !ret && !atomic_load(&r->failed); lb++) {
+	for (uint64_t lb = 0; lb < r->lb_total && !ret && !rs_failed(r); lb++) {
 		uint8_t s = atomic_load(&r->src.st[lb]);
 		const uint64_t *mbs;
 		uint32_t n;
@@ -144,7 +143,7 @@ static void learn_fault(struct halite_restore *r, uint64_t mb, int kind, uint32_
 		if (!full) {
 			r->touched[key] = 1;
 			r->touches[r->ntouches++] = (struct learn_touch){
-				t0 > r->ready_at ? t0 - r->ready_at : 0, mb, guest_vcpu_of(r->o.vcpu_tids, r->o.nvcpus, tid),
+				t0 > r->gs.running_ns ? t0 - r->gs.running_ns : 0, mb, gs_vcpu_of(&r->gs, tid),
 				(uint8_t)kind };
 		}
 	}

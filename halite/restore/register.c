@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The guest memory's registration: the userfaultfd (our own or the owner's,
- * through halite/src/uffd.h), each region registered, the gmem map of the
- * regions, and shared files refusing hole punches while the restore runs.
+ * What the restore's session registers (guest_session.h does the
+ * registering): each region's mode and the ioctls it needs, the
+ * userfaultfd's features; and shared files refusing hole punches while the
+ * restore runs.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -13,12 +14,38 @@
 #include "restore_int.h"
 #include "uffd.h"
 
+void rs_session_regions(struct halite_restore *r)
+{
+	for (uint32_t i = 0; i < r->nregions; i++) {
+		const struct rregion *g = &r->regions[i];
+		struct gs_region *sg = &r->gs.regions[i];
+
+		*sg = (struct gs_region){
+			.name = g->name, .host = g->host, .length = g->length,
+			.page = (uint32_t)(g->hpage ? g->hpage : r->page),
+			.shared = g->kind == HALITE_MEM_SHARED,
+			/* A copy is no memory of the descriptor's: a placeholder. */
+			.placeholder = g->kind == HALITE_MEM_COPY,
+			.mode = UFFDIO_REGISTER_MODE_MISSING,
+			.need = 1ull << _UFFDIO_COPY | 1ull << _UFFDIO_ZEROPAGE | 1ull << _UFFDIO_WAKE,
+			.hint = "private anonymous or shared memfd/tmpfs/hugetlbfs memory",
+		};
+		/*
+		 * hugetlbfs: a page being assembled in the page cache faults MINOR
+		 * until UFFDIO_CONTINUE shows it (huge.c); no zero page there.
+		 */
+		if (g->hpage) {
+			sg->mode |= UFFDIO_REGISTER_MODE_MINOR;
+			sg->need = 1ull << _UFFDIO_COPY | 1ull << _UFFDIO_CONTINUE |
+				   1ull << _UFFDIO_WAKE;
+		}
+	}
+}
+
 int rs_open_uffd(struct halite_restore *r)
 {
-	uint64_t want = UFFD_FEATURE_THREAD_ID | HALITE_GMEM_EVENTS, missing = 0;
+	uint64_t want = UFFD_FEATURE_THREAD_ID | HALITE_GMEM_EVENTS;
 	unsigned flags = (r->o.flags & HALITE_RESTORE_ATTACH) ? HALITE_UFFD_TAKEOVER : 0;
-	const char *why;
-	char names[128];
 
 	if (r->has_shared)
 		want |= UFFD_FEATURE_MISSING_SHMEM;
@@ -26,57 +53,7 @@ int rs_open_uffd(struct halite_restore *r)
 	if (r->has_huge)
 		want |= UFFD_FEATURE_MISSING_HUGETLBFS | UFFD_FEATURE_MINOR_HUGETLBFS |
 			UFFD_FEATURE_EXACT_ADDRESS;
-	r->uffd = halite_uffd_acquire(r->external ? r->o.owner_uffd : -1, want, flags, &missing,
-				      &why);
-	if (r->uffd >= 0)
-		return 0;
-	if (why)
-		return rs_fail(r, r->uffd, "owner_uffd %d %s", r->o.owner_uffd, why);
-	/* Our dup of the owner's descriptor failed. */
-	if (r->external && (r->uffd == -EBADF || r->uffd == -EMFILE))
-		return rs_fail(r, r->uffd, "owner_uffd %d", r->o.owner_uffd);
-	return rs_fail(r, r->uffd, "userfaultfd%s%s", missing ? " lacks " : "",
-		       missing ? halite_uffd_feature_names(missing, names, sizeof(names)) : "");
-}
-
-int rs_register_region(struct halite_restore *r, struct rregion *g)
-{
-	uint64_t mode = UFFDIO_REGISTER_MODE_MISSING;
-	uint64_t need = 1ull << _UFFDIO_COPY | 1ull << _UFFDIO_ZEROPAGE | 1ull << _UFFDIO_WAKE;
-	int ret;
-
-	/*
-	 * hugetlbfs: a page being assembled in the page cache faults MINOR
-	 * until UFFDIO_CONTINUE shows it (huge.c); no zero page there.
-	 */
-	if (g->hpage) {
-		mode |= UFFDIO_REGISTER_MODE_MINOR;
-		need = 1ull << _UFFDIO_COPY | 1ull << _UFFDIO_CONTINUE | 1ull << _UFFDIO_WAKE;
-	}
-	/* Registering again with the same descriptor (ATTACH) is allowed. */
-	ret = halite_uffd_register(r->uffd, g->host, g->length, mode, need);
-	if (ret == -EBUSY)
-		return rs_fail(r, -EBUSY, "region '%s' is already registered with another "
-			     "userfaultfd: a save or restore of this memory is running", g->name);
-	if (ret && ret != -HALITE_E_UNSUPPORTED)
-		return rs_fail(r, ret, "region '%s': UFFDIO_REGISTER %s (private anonymous "
-			     "or shared memfd/tmpfs/hugetlbfs memory?)", g->name,
-			     g->hpage ? "MISSING|MINOR" : "MISSING");
-	g->registered = true;
-	if (ret)
-		return rs_fail(r, ret, "region '%s': no UFFDIO_COPY and %s on this memory",
-			       g->name, g->hpage ? "UFFDIO_CONTINUE" : "UFFDIO_ZEROPAGE");
-	return 0;
-}
-
-void rs_unregister_all(struct halite_restore *r)
-{
-	for (uint32_t i = 0; i < r->nregions; i++) {
-		struct rregion *g = &r->regions[i];
-
-		if (g->registered && !halite_uffd_unregister(r->uffd, g->host, g->length))
-			g->registered = false;
-	}
+	return gs_open_uffd(&r->gs, r->external ? r->o.owner_uffd : -1, want, flags);
 }
 
 /* Shared regions' files refuse hole punches while the restore needs them (discard.h). */
@@ -109,26 +86,4 @@ void rs_allow_discards(struct halite_restore *r)
 	for (uint32_t i = 0; i < r->nregions; i++)
 		halite_discard_release(r->regions[i].fd, &r->regions[i].discards_refused, &r->log,
 				       r->regions[i].name);
-}
-
-int rs_make_gmem(struct halite_restore *r)
-{
-	struct halite_gmem_region *gr = calloc(r->nregions, sizeof(*gr));
-	int ret;
-
-	if (!gr)
-		return -ENOMEM;
-	for (uint32_t i = 0; i < r->nregions; i++) {
-		bool copy = r->regions[i].kind == HALITE_MEM_COPY;
-
-		/* A copy is no memory of the descriptor's: a placeholder. */
-		gr[i] = (struct halite_gmem_region){ copy ? 0 : r->regions[i].host,
-						     copy ? 0 : r->regions[i].length,
-						     (uint32_t)(r->regions[i].hpage ? r->regions[i].hpage :
-								r->page),
-						     r->regions[i].kind == HALITE_MEM_SHARED };
-	}
-	ret = halite_gmem_create(&r->gm, r->uffd, gr, r->nregions);
-	free(gr);
-	return ret ? rs_fail(r, ret, "guest memory map") : 0;
 }

@@ -7,17 +7,21 @@
 
 void rs_fill_stats(struct halite_restore *r, struct halite_restore_stats *st)
 {
-	uint64_t staged, acc, done_ns, ready_at;
+	uint64_t staged, acc, done_ns, ready_at, ready_ns;
+	int state, err;
 
-	pthread_mutex_lock(&r->st_lock);
+	pthread_mutex_lock(&r->gs.mu);
+	state = r->gs.state;
+	err = r->gs.error;
+	done_ns = r->gs.done_ns;
+	ready_at = r->gs.running_ns;
+	ready_ns = r->ready_ns;
+	pthread_mutex_unlock(&r->gs.mu);
 	*st = (struct halite_restore_stats){
-		.ready_ns = r->ready_ns,
-		.done = r->state == S_DONE,
-		.error = r->state == S_FAILED ? r->error : 0,
+		.ready_ns = ready_ns,
+		.done = state == GS_DONE,
+		.error = state == GS_FAILED ? err : 0,
 	};
-	done_ns = r->done_ns;
-	ready_at = r->ready_at;
-	pthread_mutex_unlock(&r->st_lock);
 	if (ready_at)
 		st->duration_ns = (done_ns ? done_ns : halite_now_ns()) - ready_at;
 	st->mb_total = r->mb_total;
@@ -26,17 +30,17 @@ void rs_fill_stats(struct halite_restore *r, struct halite_restore_stats *st)
 	st->mb_prefetch = atomic_load(&r->n_mb[BY_PREFETCH]);
 	st->mb_zero = r->mb_zero;
 	st->mb_present = r->n_mb_present;
-	if (r->gm) {
+	if (r->gs.gm) {
 		struct halite_gmem_stats gs;
 
-		halite_gmem_stats(r->gm, &gs);
+		halite_gmem_stats(r->gs.gm, &gs);
 		st->pages_discarded = gs.pages_discarded;
 		st->pages_unmapped = gs.pages_unmapped;
 	}
-	st->faults = atomic_load(&r->n_faults);
-	st->faults_cached = atomic_load(&r->n_faults_cached);
-	st->faults_zero = atomic_load(&r->n_faults_zero);
-	st->faults_vcpu = atomic_load(&r->n_faults_vcpu);
+	st->faults = atomic_load(&r->gs.faults);
+	st->faults_cached = atomic_load(&r->gs.faults_cached);
+	st->faults_zero = atomic_load(&r->gs.faults_zero);
+	st->faults_vcpu = atomic_load(&r->gs.faults_vcpu);
 	st->lb_total = r->lb_total;
 	st->lb_demand = atomic_load(&r->src.n_demand);
 	st->lb_prefetch = atomic_load(&r->src.n_prefetch);
@@ -51,8 +55,8 @@ void rs_fill_stats(struct halite_restore *r, struct halite_restore_stats *st)
 	}
 	st->vm_access_pct = r->track && staged ? 100.0 * (double)acc / (double)staged : -1.0;
 	/* Approximate while faults are still being added; exact once done. */
-	st->fault_p50_ns = halite_hist_quantile(&r->hist, 0.5);
-	st->fault_p99_ns = halite_hist_quantile(&r->hist, 0.99);
+	st->fault_p50_ns = halite_hist_quantile(&r->gs.hist, 0.5);
+	st->fault_p99_ns = halite_hist_quantile(&r->gs.hist, 0.99);
 }
 
 /* docs/restore-trace.md. Written to a temporary file, then renamed over @trace_path. */

@@ -3,10 +3,12 @@
  * Userfaultfd lazy restore engine (include/halite/restore.h): its lifecycle,
  * open, start (copies filled first), wait, free.
  *
- * Open reads the file's index and allocates one state byte per memory block
- * (MB) and one record per locality block (LB), nothing more: open-to-ready
- * costs the same for 1 GiB as for 1 TiB. Start registers the regions and
- * starts the fault thread (fault.c), the install pool (install.c) and the
+ * A single restore is a session (guest_session.h) with the copy install
+ * strategy over a snapshot source. Open reads the file's index and
+ * allocates one state byte per memory block (MB) and one record per
+ * locality block (LB), nothing more: open-to-ready costs the same for 1 GiB
+ * as for 1 TiB. Start registers the regions and starts the session's
+ * fault thread (serving with fault.c), the install pool (install.c) and the
  * snapshot source's demand readers and prefetcher (source.h; what the
  * restore asks of it is prefetch.c). Each MB is
  * claimed NONE -> CLAIMED -> INSTALLED exactly once (or through STAGED), so
@@ -19,7 +21,7 @@
  * The design (states, locks, threads, wake rules, failure, take-over,
  * copies, hugetlbfs) is told in full in docs/architecture.md. Locks:
  * r->src.lk (the source's: LB states, waiters, the demand queue) and
- * r->st_lock (state, error) are never held together.
+ * r->gs.mu (the session's: state, error) are never held together.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -27,7 +29,6 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -165,12 +166,9 @@ HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *pa
 	r = calloc(1, sizeof(*r));
 	if (!r)
 		return -ENOMEM;
-	r->open_ns = halite_now_ns();
-	r->uffd = r->stop_fd = r->fd = -1;
-	pthread_mutex_init(&r->st_lock, NULL);
+	gs_init(&r->gs, &rs_copy_ops, &r->log);
+	r->fd = -1;
 	pthread_mutex_init(&r->learn_lk, NULL);
-	halite_cond_init_mono(&r->st_cond);
-	halite_hist_init(&r->hist);
 	ret = halite_opts_copy(&r->o, sizeof(r->o), opts);
 	if (ret || (r->o.flags & ~HALITE_RESTORE_FLAGS_ALL) || (r->o.nvcpus && !r->o.vcpu_tids) ||
 	    r->o.io_backend < HALITE_IO_DEFAULT || r->o.io_backend > HALITE_IO_PSYNC ||
@@ -205,18 +203,11 @@ HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *pa
 	r->external = r->o.owner_pid != 0;
 	r->track = r->o.flags & HALITE_RESTORE_TRACK_ACCESS;
 	r->learn = r->o.flags & HALITE_RESTORE_LEARN;
-	if (r->o.nvcpus) {
-		pid_t *t = malloc(r->o.nvcpus * sizeof(*t));
-
-		if (t)
-			memcpy(t, r->o.vcpu_tids, r->o.nvcpus * sizeof(*t));
-		r->o.vcpu_tids = t;
-	}
 	want_trace = r->o.trace_path != NULL;
 	if (want_trace)
 		r->o.trace_path = strdup(r->o.trace_path);
 	r->path = strdup(path);
-	if ((r->o.nvcpus && !r->o.vcpu_tids) || (want_trace && !r->o.trace_path) || !r->path) {
+	if ((want_trace && !r->o.trace_path) || !r->path) {
 		ret = -ENOMEM;
 		goto err;
 	}
@@ -256,11 +247,17 @@ HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *pa
 	r->nregions = r->fi->region_count;
 	for (uint32_t i = 0; i < r->nregions; i++)
 		r->regions[i].fd = -1;
+	/* The session's regions and its copy of the vCPU thread ids. */
+	ret = gs_setup(&r->gs, r->nregions, r->o.vcpu_tids, r->o.nvcpus);
+	r->o.vcpu_tids = NULL;
+	if (ret)
+		goto err;
 	ret = match_regions(r, regions, nregions);
 	if (!ret)
 		ret = r->huge ? r->huge->init(r) : 0;
 	if (ret)
 		goto err;
+	rs_session_regions(r);
 	/* O(1) whatever the memory size (zalloc.h); pages appear as used. */
 	r->mb = halite_zalloc(r->mb_total);
 	r->lbs = halite_zalloc(r->lb_total * sizeof(*r->lbs));
@@ -408,11 +405,7 @@ static void stop_threads(struct halite_restore *r)
 	 * pool is a crash. Pool tasks need no fault thread: an install that
 	 * finds an event pending reads it itself (gmem.h).
 	 */
-	if (r->fault_started) {
-		eventfd_write(r->stop_fd, 1);
-		pthread_join(r->fault_thr, NULL);
-	}
-	r->fault_started = false;
+	gs_stop_thread(&r->gs);
 	/* The tasks may submit finish; the pool runs those too before it goes. */
 	halite_pool_free(r->pool);
 	r->pool = NULL;
@@ -423,30 +416,24 @@ HALITE_EXPORT int halite_restore_start(struct halite_restore *r)
 	bool attach, nothing;
 	int ret;
 
-	pthread_mutex_lock(&r->st_lock);
-	ret = r->state != S_CREATED || r->started ? -HALITE_E_STATE : 0;
+	pthread_mutex_lock(&r->gs.mu);
+	ret = r->gs.state != GS_CREATED || r->started ? -HALITE_E_STATE : 0;
 	r->started = true;
-	pthread_mutex_unlock(&r->st_lock);
+	pthread_mutex_unlock(&r->gs.mu);
 	if (ret)
 		return ret;
 	attach = r->o.flags & HALITE_RESTORE_ATTACH;
 	ret = rs_open_uffd(r);
 	for (uint32_t i = 0; i < r->nregions && !ret && !attach; i++)
 		ret = rs_check_unpopulated(r, &r->regions[i]);
-	for (uint32_t i = 0; i < r->nregions && !ret; i++)
-		if (r->regions[i].kind != HALITE_MEM_COPY)
-			ret = rs_register_region(r, &r->regions[i]);
 	if (!ret)
-		ret = rs_make_gmem(r);
+		ret = gs_register_all(&r->gs);
+	if (!ret)
+		ret = gs_make_gmem(&r->gs);
 	if (!ret && attach)
 		ret = rs_attach_scan(r);
 	if (!ret)
 		rs_refuse_discards(r);
-	if (!ret) {
-		r->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-		if (r->stop_fd < 0)
-			ret = rs_fail(r, -errno, "eventfd");
-	}
 	if (!ret) {
 		ret = halite_pool_create(&r->pool, r->o.workers, "halite-rinst");
 		if (ret)
@@ -458,16 +445,15 @@ HALITE_EXPORT int halite_restore_start(struct halite_restore *r)
 	 * Ready: registered, threads about to start. Published before they
 	 * start, since a small file can be done before this function returns.
 	 */
-	pthread_mutex_lock(&r->st_lock);
-	r->state = S_RUNNING;
-	r->ready_at = halite_now_ns();
-	r->ready_ns = r->ready_at - r->open_ns;
-	pthread_mutex_unlock(&r->st_lock);
+	gs_running(&r->gs);
+	pthread_mutex_lock(&r->gs.mu);
+	r->ready_ns = r->gs.running_ns - r->gs.start_ns;
+	pthread_mutex_unlock(&r->gs.mu);
 	/* Before the copies land: their LBs' other blocks are staged too. */
 	if (r->learn && r->o.learn_window_ms)
-		r->learn_end_ns = r->ready_at + (uint64_t)r->o.learn_window_ms * 1000000;
+		r->learn_end_ns = r->gs.running_ns + (uint64_t)r->o.learn_window_ms * 1000000;
 	atomic_store(&r->learning, r->learn);
-	atomic_store(&r->src.last_fault_ns, r->ready_at);
+	atomic_store(&r->src.last_fault_ns, r->gs.running_ns);
 	/* Before the copies: their LBs' installs may finish the restore themselves. */
 	nothing = atomic_load(&r->lb_done) == r->lb_total;
 	ret = fill_copies(r);
@@ -476,8 +462,7 @@ HALITE_EXPORT int halite_restore_start(struct halite_restore *r)
 		halite_pool_wait(r->pool);
 		goto fail;
 	}
-	ret = src_thread_start(&r->fault_thr, rs_fault_main, r);
-	r->fault_started = !ret;
+	ret = gs_start_thread(&r->gs);
 	if (!ret)
 		ret = src_start(&r->src);
 	if (ret) {
@@ -494,14 +479,8 @@ HALITE_EXPORT int halite_restore_start(struct halite_restore *r)
 	 * Taken over: the faults the dead handler had read are lost; woken,
 	 * their threads fault again, to us, or find their page in.
 	 */
-	for (uint32_t i = 0; i < r->nregions && attach; i++) {
-		if (r->regions[i].kind == HALITE_MEM_COPY)
-			continue;
-		ret = halite_gmem_wake(r->gm, i, 0, r->regions[i].length);
-		if (ret)
-			halite_logf(&r->log, HALITE_LOG_WARN, "region '%s': UFFDIO_WAKE: %s",
-				    r->regions[i].name, strerror(-ret));
-	}
+	if (attach)
+		gs_wake_all(&r->gs);
 	/* Nothing to read: a file of zero and never-touched blocks, or all in already. */
 	if (nothing && halite_pool_submit(r->pool, rs_finish_task, r))
 		rs_finish(r);
@@ -510,49 +489,29 @@ fail:
 	rs_allow_discards(r);
 	/* Taken over: the registration is the owner's, and its threads wait on it. */
 	if (!attach)
-		rs_unregister_all(r);
-	pthread_mutex_lock(&r->st_lock);
-	r->state = S_FAILED;
-	r->error = ret;
-	pthread_mutex_unlock(&r->st_lock);
+		gs_unregister_regions(&r->gs);
+	pthread_mutex_lock(&r->gs.mu);
+	r->gs.state = GS_FAILED;
+	r->gs.error = ret;
+	pthread_mutex_unlock(&r->gs.mu);
 	return ret;
 }
 
 HALITE_EXPORT int halite_restore_wait(struct halite_restore *r, int timeout_ms)
 {
-	struct timespec dl;
-	int ret = 0, state, err;
+	bool started;
 
-	if (timeout_ms >= 0)
-		halite_deadline(&dl, (uint64_t)timeout_ms * 1000000);
-	pthread_mutex_lock(&r->st_lock);
-	if (!r->started) {
-		pthread_mutex_unlock(&r->st_lock);
-		return -HALITE_E_STATE;
-	}
-	while (r->state == S_RUNNING && ret != ETIMEDOUT)
-		ret = timeout_ms < 0 ? pthread_cond_wait(&r->st_cond, &r->st_lock)
-				     : pthread_cond_timedwait(&r->st_cond, &r->st_lock, &dl);
-	state = r->state;
-	err = r->error;
-	pthread_mutex_unlock(&r->st_lock);
-	if (state == S_RUNNING)
-		return -ETIMEDOUT;
-	return state == S_FAILED ? err : 0;
+	if (!r)
+		return -EINVAL;
+	pthread_mutex_lock(&r->gs.mu);
+	started = r->started;
+	pthread_mutex_unlock(&r->gs.mu);
+	return started ? gs_wait(&r->gs, timeout_ms) : -HALITE_E_STATE;
 }
 
 HALITE_EXPORT void halite_restore_stats(struct halite_restore *r, struct halite_restore_stats *st)
 {
 	rs_fill_stats(r, st);
-}
-
-static void protect_none(void *ctx, uint32_t ri, uint64_t host, uint64_t len)
-{
-	struct halite_restore *r = ctx;
-
-	if (mprotect((void *)(uintptr_t)host, len, PROT_NONE))
-		halite_logf(&r->log, HALITE_LOG_ERROR, "region '%s': mprotect(PROT_NONE) after a "
-			    "failed restore: %s", r->regions[ri].name, strerror(errno));
 }
 
 HALITE_EXPORT void halite_restore_free(struct halite_restore *r)
@@ -562,31 +521,25 @@ HALITE_EXPORT void halite_restore_free(struct halite_restore *r)
 	if (!r)
 		return;
 	if (r->started) {
-		pthread_mutex_lock(&r->st_lock);
-		failed = r->state == S_RUNNING && !r->ending;
-		pthread_mutex_unlock(&r->st_lock);
+		pthread_mutex_lock(&r->gs.mu);
+		failed = r->gs.state == GS_RUNNING && !r->gs.ending;
+		pthread_mutex_unlock(&r->gs.mu);
 		if (failed) {
 			/* The caller's decision, not a fault: no error in the log. */
-			rs_errmsg_level(r, "restore cancelled: freed while running",
-					 HALITE_LOG_INFO);
+			gs_errmsg_level(&r->gs, "restore cancelled: freed while running",
+					HALITE_LOG_INFO);
 			rs_set_failed(r, -ECANCELED);
 		}
 		stop_threads(r);
-		pthread_mutex_lock(&r->st_lock);
-		failed = r->state != S_DONE;
-		pthread_mutex_unlock(&r->st_lock);
+		failed = gs_state(&r->gs, NULL) != GS_DONE;
 		/*
 		 * Closing the userfaultfd wakes every blocked thread and drops
 		 * the registration: unrestored memory would then read as zeros.
 		 * PROT_NONE first turns that into SIGSEGV. Another process's
 		 * memory stays registered with the owner's descriptor instead.
 		 */
-		for (uint32_t i = 0; failed && !r->external && i < r->nregions; i++)
-			if (r->regions[i].registered) {
-				/* Where the memory is now: moves included. */
-				halite_gmem_ranges(r->gm, protect_none, r);
-				break;
-			}
+		if (failed && !r->external)
+			gs_protect_none(&r->gs);
 		rs_allow_discards(r);
 	}
 	halite_pool_free(r->pool);
@@ -605,11 +558,7 @@ HALITE_EXPORT void halite_restore_free(struct halite_restore *r)
 	if (r->huge)
 		r->huge->free(r);
 	rs_learn_free(r);
-	halite_gmem_free(r->gm);
-	if (r->uffd >= 0)
-		close(r->uffd);
-	if (r->stop_fd >= 0)
-		close(r->stop_fd);
+	gs_destroy(&r->gs);
 	if (r->fd >= 0)
 		close(r->fd);
 	halite_reader_free(r->rd);
@@ -623,16 +572,13 @@ HALITE_EXPORT void halite_restore_free(struct halite_restore *r)
 	halite_zfree((void *)r->mb);
 	halite_zfree(r->lbs);
 	halite_io_free(r->fault_tmp);
-	free((void *)r->o.vcpu_tids);
 	free((void *)r->o.trace_path);
 	free(r->path);
-	pthread_mutex_destroy(&r->st_lock);
 	pthread_mutex_destroy(&r->learn_lk);
-	pthread_cond_destroy(&r->st_cond);
 	free(r);
 }
 
 HALITE_EXPORT const char *halite_restore_errmsg(const struct halite_restore *r)
 {
-	return r->errmsg;
+	return r->gs.errmsg;
 }

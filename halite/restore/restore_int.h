@@ -2,15 +2,19 @@
 /*
  * Private to the restore engine: its state, shared by its source files.
  *
+ * A single restore is a session (guest_session.h: the userfaultfd, the
+ * regions, gmem, the fault thread, the counters, the error and the end)
+ * over a snapshot source (source.h), with the copy install strategy:
+ *
  * restore.c   the lifecycle: open, start (copies filled), wait, free
- * state.c     the error, the end, a failed LB
+ * state.c     the error and the end, through the session
  * install.c   installs, stages, the install pool, an LB landing, the finish
- * fault.c     the fault path and the fault thread
+ * fault.c     the copy strategy's fault path (the session's gs_ops)
  * prefetch.c  what the restore asks of its snapshot source (source.h: the
  *             LB states, readers, readahead, page-cache reads, retries, the
  *             prefetcher): its callbacks, the hot prefix read first
  * report.c    stats and the trace
- * register.c  the userfaultfd, the regions' registration, gmem, discards
+ * register.c  what the session registers (modes, features), discards
  * attach.c    what memory holds at start: populated refused, or taken over
  * huge.c      hugetlbfs regions, whose unit of installation is the huge page
  * learn.c     HALITE_RESTORE_LEARN: the guest's first touches, recorded
@@ -33,7 +37,7 @@
 
 #include "endian_util.h"
 #include "gmem.h"
-#include "guest_fault.h"
+#include "guest_session.h"
 #include "io.h"
 #include "learned.h"
 #include "log_internal.h"
@@ -46,7 +50,6 @@ enum { MB_NONE, MB_CLAIMED, MB_INSTALLED, MB_STAGED };
 enum { HOW_NONE, HOW_DEMAND = SRC_DEMAND, HOW_PREFETCH = SRC_PREFETCH };
 /* Who installed a block: which counter it goes to. */
 enum { BY_FAULT, BY_POOL, BY_PREFETCH };
-enum { S_CREATED, S_RUNNING, S_DONE, S_FAILED };
 
 struct rregion {
 	char *name;
@@ -55,12 +58,12 @@ struct rregion {
 	uint64_t first_mb, nmb; /* as in the file: regions are kept in file order */
 	int fd;			/* SHARED: our dup of the file, else -1 */
 	uint64_t fd_off;
-	bool registered;
 	bool discards_refused;	/* we made the file append-only: undo at the end */
 	/* hugetlbfs (huge.c): */
 	uint64_t hpage;		/* its page size, the unit of installation; 0: not hugetlbfs */
 	uint64_t first_hp;	/* its first page in r->hps */
 	uint8_t *map;		/* our shared mapping of its file range: blocks are decoded here */
+	/* The session's region of the same number (r->gs.regions[i]) says where it is registered. */
 };
 
 /* A fault waiting for its LB's read. */
@@ -104,6 +107,12 @@ struct rs_strategy;
 struct rs_observer;
 
 struct halite_restore {
+	/*
+	 * The guest: its userfaultfd, regions (file order, as r->regions),
+	 * gmem, vCPUs, fault thread, fault counters and histogram, error,
+	 * state and end. Its ops are the copy strategy (fault.c).
+	 */
+	struct gsession gs;
 	struct halite_restore_opts o;
 	char *path;
 	struct halite_reader *rd;
@@ -123,11 +132,9 @@ struct halite_restore {
 	_Atomic uint8_t *mb;	 /* MB_* per memory block */
 	struct rlb *lbs;
 
-	int uffd, stop_fd, fd;	 /* fd: the source's page-cache reads and drops, the lock */
-	struct halite_gmem *gm;	 /* every install and wake, and the uffd's events */
+	int fd;			 /* the source's page-cache reads and drops, the lock */
 	struct halite_pool *pool;
-	pthread_t fault_thr;
-	bool fault_started, started;
+	bool started;		 /* under gs.mu */
 	uint8_t *fault_tmp;	 /* the fault thread's decode buffer */
 
 	/*
@@ -138,19 +145,13 @@ struct halite_restore {
 	struct src src;
 	_Atomic uint64_t lb_done, lbs_cached;
 
-	pthread_mutex_t st_lock; /* state, error, errmsg */
-	pthread_cond_t st_cond;
-	int state, error;
-	bool ending;
-	_Atomic bool failed;
 	_Atomic bool ended;	 /* rs_finish() is unregistering: the restore is done */
-	uint64_t open_ns, ready_at, ready_ns, done_ns;
+	/* Open is gs.start_ns, ready gs.running_ns (faults served from there). */
+	uint64_t ready_ns;	 /* ready - open */
 
 	_Atomic uint64_t n_mb[3]; /* BY_* */
 	uint64_t n_mb_present;	  /* ATTACH: found in memory at start */
-	_Atomic uint64_t n_faults, n_faults_cached, n_faults_zero, n_faults_vcpu;
 	_Atomic uint64_t n_staged, n_staged_accessed;
-	struct halite_hist hist;
 	/*
 	 * A relayouted file's hot prefix (opts.hot_prefix_max): the prefetcher
 	 * reads LBs 0..hot_lbs-1 first (the source's first list), unthrottled.
@@ -172,18 +173,9 @@ struct halite_restore {
 	size_t ntouches, touches_cap;
 
 	struct halite_logger log;
-	char errmsg[256];
 };
 
 #define ULL(x) ((unsigned long long)(x))
-
-/* Where a fault is: its page (region index, offset), whether a write, when read. */
-struct fault {
-	uint32_t ri;
-	uint64_t off;
-	bool write;
-	uint64_t t0;
-};
 
 
 /* ---- inline: on the fault path, in every file ---- */
@@ -213,14 +205,20 @@ static inline void rs_installed(struct halite_restore *r, uint64_t mb, int by)
 /* A fault served: its service time (message read to wake) into the histogram. */
 static inline void rs_fault_served(struct halite_restore *r, uint64_t t0)
 {
-	guest_fault_timed(&r->hist, t0);
+	gs_fault_served(&r->gs, t0);
+}
+
+/* Has the restore failed? Nothing is installed from then on. */
+static inline bool rs_failed(const struct halite_restore *r)
+{
+	return gs_failed(&r->gs);
 }
 
 static inline uint64_t rs_since_ready(const struct halite_restore *r)
 {
 	uint64_t now = halite_now_ns();
 
-	return now > r->ready_at ? now - r->ready_at : 0;
+	return now > r->gs.running_ns ? now - r->gs.running_ns : 0;
 }
 
 /* Memory block @mb as gmem sees it: its region's index and the offset in it. */
@@ -247,16 +245,16 @@ static inline void rs_count_accessed(struct halite_restore *r, struct rlb *b)
 
 /* ---- state.c ---- */
 
-/* The first message wins (save.c's sfail); returns -|err|. */
-__attribute__((format(printf, 3, 4)))
-int rs_fail(struct halite_restore *r, int err, const char *fmt, ...);
-/* The first message wins; logged at @level (later ones at debug). */
-void rs_errmsg_level(struct halite_restore *r, const char *msg, int level);
+/* The first message wins (the session's, gs_fail()); returns -|err|. */
+#define rs_fail(r, err, ...) gs_fail(&(r)->gs, (err), __VA_ARGS__)
+/* The first message wins; logged as an error (later ones at debug). */
 void rs_errmsg(struct halite_restore *r, const char *msg);
 /* The first error wins; nothing is installed from here on. */
 void rs_set_failed(struct halite_restore *r, int err);
-/* Done (@err 0) or failed: the trace, then the state; once. */
+/* Done (@err 0) or failed, once: the session's end (the trace first), the source stopped. */
 void rs_end(struct halite_restore *r, int err);
+/* The session's ending (gs_ops.ending): learning stopped, the trace written. */
+void rs_ending(struct gsession *gs, int err);
 
 /* ---- install.c ---- */
 
@@ -282,8 +280,8 @@ void rs_finish_task(void *arg);
 
 /* ---- fault.c, prefetch.c, report.c ---- */
 
-/* The fault thread (@arg: the restore). */
-void *rs_fault_main(void *arg);
+/* The copy strategy: the session's ops (fault.c). */
+extern const struct gs_ops rs_copy_ops;
 /*
  * At open, after the reader and r->fd: the source, its prefetcher's first
  * list a relayouted file's hot prefix. 0 or -errno (the message set).
@@ -295,10 +293,10 @@ int rs_write_trace(struct halite_restore *r, const struct halite_restore_stats *
 
 /* ---- register.c, attach.c: at start ---- */
 
+/* At open: the session's regions, as r->regions ask to be registered. */
+void rs_session_regions(struct halite_restore *r);
+/* The session's userfaultfd, with the features the regions need. 0 or -errno. */
 int rs_open_uffd(struct halite_restore *r);
-int rs_register_region(struct halite_restore *r, struct rregion *g);
-void rs_unregister_all(struct halite_restore *r);
-int rs_make_gmem(struct halite_restore *r);
 /* Shared regions' files refuse hole punches while the restore needs them, then allow them. */
 void rs_refuse_discards(struct halite_restore *r);
 void rs_allow_discards(struct halite_restore *r);
@@ -327,7 +325,7 @@ struct rs_strategy {
 	/* ATTACH: the pages the owner maps (@bits: one per host page of @g) are in. */
 	void (*attach)(struct halite_restore *r, const struct rregion *g, const uint64_t *bits);
 	/* The fault thread: a fault on block @mb. */
-	void (*fault)(struct halite_restore *r, uint64_t mb, const struct fault *f);
+	void (*fault)(struct halite_restore *r, uint64_t mb, const struct gs_fault *f);
 	/* Does a fault wait for the page of @mb? */
 	bool (*wanted)(struct halite_restore *r, uint64_t mb);
 	/*

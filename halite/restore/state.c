@@ -1,70 +1,44 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The restore's shared state: its error (the first message wins), the end
- * (the trace written, then the state that halite_restore_wait() sees).
- * The claims and counts of memory blocks are
- * inline in restore_int.h.
+ * The restore's end, through its session (guest_session.h): a failure
+ * stops the source too, and the end writes the trace before the state
+ * that halite_restore_wait() sees changes. The claims and counts of memory
+ * blocks are inline in restore_int.h.
  */
 #define _GNU_SOURCE
-#include <stdarg.h>
 #include <stdio.h>
 
 #include "restore_int.h"
 
-void rs_errmsg_level(struct halite_restore *r, const char *msg, int level)
+static struct halite_restore *of_gs(struct gsession *gs)
 {
-	bool first;
-
-	pthread_mutex_lock(&r->st_lock);
-	first = !r->errmsg[0];
-	if (first)
-		snprintf(r->errmsg, sizeof(r->errmsg), "%s", msg);
-	pthread_mutex_unlock(&r->st_lock);
-	/* Once failed, every thread's next install fails too: one error is news. */
-	halite_logf(&r->log, first ? level : HALITE_LOG_DEBUG, "%s", msg);
+	return (struct halite_restore *)((char *)gs - offsetof(struct halite_restore, gs));
 }
 
 void rs_errmsg(struct halite_restore *r, const char *msg)
 {
-	rs_errmsg_level(r, msg, HALITE_LOG_ERROR);
-}
-
-int rs_fail(struct halite_restore *r, int err, const char *fmt, ...)
-{
-	char msg[sizeof(r->errmsg)];
-	va_list ap;
-
-	va_start(ap, fmt);
-	halite_vformat_error(msg, sizeof(msg), err, fmt, ap);
-	va_end(ap);
-	rs_errmsg(r, msg);
-	return err < 0 ? err : -err;
+	gs_errmsg_level(&r->gs, msg, HALITE_LOG_ERROR);
 }
 
 void rs_set_failed(struct halite_restore *r, int err)
 {
-	atomic_store(&r->failed, true);
 	atomic_store(&r->src.failed, true); /* it reads nothing more */
 	rs_end(r, err);
 }
 
 /*
- * Done (@err 0) or failed: the trace is written before the state changes, so
- * that a caller woken by halite_restore_wait() finds it complete.
+ * The session ends (also when reading its userfaultfd failed): the source
+ * stops, learning stops, and the trace is written before the state
+ * changes, so that a woken waiter finds it complete.
  */
-void rs_end(struct halite_restore *r, int err)
+void rs_ending(struct gsession *gs, int err)
 {
+	struct halite_restore *r = of_gs(gs);
 	struct halite_restore_stats st;
 	int ret;
 
-	pthread_mutex_lock(&r->st_lock);
-	if (r->ending || r->state != S_RUNNING) {
-		pthread_mutex_unlock(&r->st_lock);
-		return;
-	}
-	r->ending = true;
-	r->done_ns = halite_now_ns();
-	pthread_mutex_unlock(&r->st_lock);
+	if (err)
+		atomic_store(&r->src.failed, true);
 	if (r->obs)
 		r->obs->stop(r, !err);
 	if (r->o.trace_path) {
@@ -76,13 +50,15 @@ void rs_end(struct halite_restore *r, int err)
 			halite_logf(&r->log, HALITE_LOG_WARN, "restore trace %s: %s",
 				    r->o.trace_path, halite_strerror(ret));
 	}
-	pthread_mutex_lock(&r->st_lock);
-	r->state = err ? S_FAILED : S_DONE;
-	r->error = err;
-	pthread_cond_broadcast(&r->st_cond);
-	pthread_mutex_unlock(&r->st_lock);
 	src_stop(&r->src);
+}
+
+/* Done (@err 0) or failed, once. */
+void rs_end(struct halite_restore *r, int err)
+{
+	if (!gs_end(&r->gs, err))
+		return;
 	if (!err)
 		halite_logf(&r->log, HALITE_LOG_INFO, "restore of %s done in %.1f ms", r->path,
-			    (double)(r->done_ns - r->ready_at) / 1e6);
+			    (double)(r->gs.done_ns - r->gs.running_ns) / 1e6);
 }
