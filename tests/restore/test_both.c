@@ -1125,10 +1125,12 @@ static void test_misuse(void **state)
 	assert_int_equal(start_with(&e, reg, NREG, 0),
 			 kind == ENG_RESTORE ? -HALITE_E_NOT_FOUND : -EINVAL);
 	reg[1].name = e.name[1];
-	/* Freeing nothing is fine. */
+	/* Waiting on nothing is -EINVAL; freeing nothing is fine. */
 	if (kind == ENG_RESTORE) {
+		assert_int_equal(halite_restore_wait(NULL, 0), -EINVAL);
 		halite_restore_free(NULL);
 	} else {
+		assert_int_equal(halite_session_wait(NULL, 0), -EINVAL);
 		halite_session_free(NULL);
 		halite_template_free(NULL);
 	}

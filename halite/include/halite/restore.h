@@ -352,7 +352,8 @@ int halite_restore_start(struct halite_restore *r);
 /*
  * Wait until every block is in and the ranges are unregistered (0), or the
  * restore fails (its error, < 0). @timeout_ms < 0 waits forever; -ETIMEDOUT
- * if still running after it; -HALITE_E_STATE before start. Thread-safe.
+ * if still running after it; -HALITE_E_STATE before start; -EINVAL for a
+ * NULL restore. Thread-safe.
  */
 int halite_restore_wait(struct halite_restore *r, int timeout_ms);
 

@@ -219,7 +219,7 @@ struct halite_session_stats {
 int halite_session_start(struct halite_session **s, struct halite_template *t,
 			 const struct halite_session_region *regions, uint32_t nregions,
 			 const struct halite_session_opts *opts);
-/* Wait for done (0), -ETIMEDOUT, or the session's failure. Thread-safe. */
+/* Wait for done (0), -ETIMEDOUT, or the session's failure; -EINVAL for NULL. Thread-safe. */
 int halite_session_wait(struct halite_session *s, int timeout_ms);
 void halite_session_stats(struct halite_session *s, struct halite_session_stats *st);
 const char *halite_session_errmsg(const struct halite_session *s);
