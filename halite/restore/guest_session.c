@@ -6,7 +6,6 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +19,7 @@
 
 #include "fault_loop.h"
 #include "guest_session.h"
+#include "pool.h"
 #include "uffd.h"
 
 #define ULL(x) ((unsigned long long)(x))
@@ -370,17 +370,12 @@ static void *fault_main(void *arg)
 
 int gs_start_thread(struct gsession *s)
 {
-	sigset_t all, old;
 	int ret;
 
 	s->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	if (s->stop_fd < 0)
 		return -errno;
-	/* The caller's signals go to the caller's threads, not ours. */
-	sigfillset(&all);
-	pthread_sigmask(SIG_SETMASK, &all, &old);
-	ret = -pthread_create(&s->thread, NULL, fault_main, s);
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	ret = halite_thread_start(&s->thread, fault_main, s);
 	s->thread_started = !ret;
 	return ret;
 }

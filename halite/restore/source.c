@@ -8,7 +8,6 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/uio.h>
@@ -16,6 +15,7 @@
 #include <halite/errors.h>
 
 #include "endian_util.h"
+#include "pool.h"
 #include "source.h"
 #include "zalloc.h"
 
@@ -366,29 +366,17 @@ int src_init(struct src *s, struct halite_reader *rd, const char *path, int fd,
 }
 
 /* Library threads take no signals meant for the application. */
-int src_thread_start(pthread_t *t, void *(*fn)(void *), void *arg)
-{
-	sigset_t all, old;
-	int ret;
-
-	sigfillset(&all);
-	pthread_sigmask(SIG_SETMASK, &all, &old);
-	ret = pthread_create(t, NULL, fn, arg);
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	return -ret;
-}
-
 int src_start(struct src *s)
 {
 	int ret = 0;
 
 	for (; s->nthr < s->o.readers && !ret; s->nthr++) {
-		ret = src_thread_start(&s->thr[s->nthr], reader_main, s);
+		ret = halite_thread_start(&s->thr[s->nthr], reader_main, s);
 		if (ret)
 			break;
 	}
 	if (!ret && s->io) {
-		ret = src_thread_start(&s->pf_thr, src_prefetch_main, s);
+		ret = halite_thread_start(&s->pf_thr, src_prefetch_main, s);
 		s->pf_started = !ret;
 	}
 	return ret;

@@ -150,8 +150,6 @@ int src_init(struct src *s, struct halite_reader *rd, const char *path, int fd,
 	     struct halite_logger *log);
 /* The readers, and the prefetcher (o.prefetch). 0 or -errno (those started run on). */
 int src_start(struct src *s);
-/* pthread_create() with every signal blocked in the thread (library threads take none). */
-int src_thread_start(pthread_t *t, void *(*fn)(void *), void *arg);
 /* Tell the threads to exit (any thread may). */
 void src_stop(struct src *s);
 /* src_stop(), and join them (not from one of them). */

@@ -48,6 +48,18 @@ struct halite_pool {
 /* The pool a worker thread belongs to, to catch wait() from a task. */
 static __thread struct halite_pool *pool_self;
 
+int halite_thread_start(pthread_t *t, void *(*fn)(void *), void *arg)
+{
+	sigset_t all, old;
+	int err;
+
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	err = pthread_create(t, NULL, fn, arg);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	return -err;
+}
+
 static void *pool_worker_main(void *p)
 {
 	struct pool_worker *w = p;

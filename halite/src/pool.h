@@ -8,7 +8,17 @@
 #ifndef HALITE_POOL_H
 #define HALITE_POOL_H
 
+#include <pthread.h>
+
 struct halite_pool;
+
+/*
+ * pthread_create() of a library thread: it starts with every signal
+ * blocked, so that signals meant for the application are never delivered
+ * to a thread with no strategy for them (the pool's workers start so too).
+ * 0 or -errno.
+ */
+int halite_thread_start(pthread_t *t, void *(*fn)(void *), void *arg);
 
 typedef void (*halite_task_fn)(void *arg);
 
