@@ -30,6 +30,8 @@ static const struct command commands[] = {
 	  help_restore },
 	{ "relayout", "rewrite a file in the order its guest touched memory, from traces",
 	  cmd_relayout, help_relayout },
+	{ "push", "upload a snapshot file to s3://BUCKET/KEY (resumable)", cmd_push, help_push },
+	{ "pull", "download a snapshot from s3://BUCKET/KEY", cmd_pull, help_pull },
 	{ "help", "describe a command", cmd_help, help_help },
 };
 
