@@ -351,6 +351,8 @@ static int build(struct halite_s3 *s, struct s3_xfer *x)
 	if (x->md5) {
 		s3_md5(x->body, x->body_len, md5, NULL);
 		ret |= add_header(x, "Content-MD5: %s", md5);
+	} else if (x->content_md5) {
+		ret |= add_header(x, "Content-MD5: %s", x->content_md5);
 	}
 	if (x->if_match)
 		ret |= add_header(x, "If-Match: %s", x->if_match);
@@ -477,9 +479,12 @@ static int slot_finished(struct halite_s3 *s, struct slot *sl, CURLcode rc)
 {
 	struct s3_xfer *x = &sl->x;
 	char after[64] = "";
+	long connects = 0;
 	bool retry;
 
 	curl_multi_remove_handle(s->multi, sl->easy);
+	if (curl_easy_getinfo(sl->easy, CURLINFO_NUM_CONNECTS, &connects) == CURLE_OK)
+		s->stats.connects += (uint64_t)connects;
 	if (x->werr)
 		return s3_fail(s, x->werr, "%s s3://%s/%s: %s", x->method, s->bucket, x->key,
 			       x->werr == -HALITE_S3_E_PROTOCOL ?

@@ -114,6 +114,7 @@ struct halite_s3_stats {
 	uint64_t requests;	/* sent, retries included */
 	uint64_t retries;
 	uint64_t bytes_up, bytes_down; /* bodies only */
+	uint64_t connects;	/* new connections: fewer than requests when they are kept alive */
 };
 void halite_s3_get_stats(const struct halite_s3 *s, struct halite_s3_stats *st);
 

@@ -37,6 +37,7 @@ struct s3_xfer {
 	const void *body;
 	size_t body_len;
 	bool md5;			/* send Content-MD5 of the body */
+	const char *content_md5;	/* or this one (tests: a wrong digest) */
 	const char *if_match;
 	bool range;
 	uint64_t range_off, range_len;
