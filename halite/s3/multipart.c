@@ -235,7 +235,8 @@ static int part_done(void *ctx, size_t i, struct s3_xfer *x)
 	struct parts_run *pr = ctx;
 
 	if (!x->etag[0])
-		return -HALITE_S3_E_PROTOCOL;
+		return s3_fail(x->s, -HALITE_S3_E_PROTOCOL, "UploadPart s3://%s/%s part %" PRIu32
+			       ": no ETag in the answer", x->s->bucket, pr->key, pr->parts[i].number);
 	snprintf(pr->parts[i].etag, sizeof(pr->parts[i].etag), "%s", x->etag);
 	return pr->cb->done ? pr->cb->done(pr->cb->ctx, i) : 0;
 }

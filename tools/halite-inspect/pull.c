@@ -125,7 +125,8 @@ int cmd_pull(int argc, char **argv)
 		goto out;
 	}
 	progress_update(&prog, (int64_t)obj.size, true);
-	if (fsync(fd) < 0 || close(fd) < 0) {
+	/* A retry may have followed a longer first attempt: the file is the object's size. */
+	if (ftruncate(fd, (off_t)obj.size) < 0 || fsync(fd) < 0 || close(fd) < 0) {
 		fd = -1;
 		errorf("%s: %s", out, strerror(errno));
 		ret = EXIT_FAIL;
