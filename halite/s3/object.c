@@ -7,8 +7,10 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "cli.h"
 #include "s3_internal.h"
 
 int halite_s3_head(struct halite_s3 *s, const char *key, struct halite_s3_object *o)
@@ -102,6 +104,69 @@ int halite_s3_get_to_fd(struct halite_s3 *s, const char *key, int fd,
 	}
 	s3_xfer_clear(&x);
 	return ret;
+}
+
+struct download {
+	const char *key, *etag;
+	int fd;
+	uint64_t size, part_size, done;
+};
+
+static int download_prep(void *ctx, size_t i, struct s3_xfer *x)
+{
+	struct download *d = ctx;
+	uint64_t off = i * d->part_size;
+
+	if (!x->scratch && !(x->scratch = malloc(d->part_size)))
+		return -ENOMEM;
+	x->method = "GET";
+	x->key = d->key;
+	x->if_match = d->etag;
+	x->range = true;
+	x->range_off = off;
+	x->range_len = d->size - off < d->part_size ? d->size - off : d->part_size;
+	x->dst = x->scratch;
+	x->dst_cap = x->range_len;
+	return 0;
+}
+
+static int download_done(void *ctx, size_t i, struct s3_xfer *x)
+{
+	struct download *d = ctx;
+	int ret;
+
+	if (x->got != x->range_len)
+		return s3_fail(x->s, -HALITE_S3_E_PROTOCOL,
+			       "GET s3://%s/%s: %zu bytes at %llu, %llu asked for", x->s->bucket,
+			       d->key, x->got, (unsigned long long)x->range_off,
+			       (unsigned long long)x->range_len);
+	ret = halite_pwrite_all(d->fd, x->dst, x->got, x->range_off);
+	if (ret < 0)
+		return s3_fail(x->s, ret, "writing the download: %s", strerror(-ret));
+	d->done += x->got;
+	if (x->s->progress)
+		x->s->progress(x->s->progress_ctx, d->done);
+	return 0;
+}
+
+int halite_s3_download_fd(struct halite_s3 *s, const char *key, int fd, uint64_t part_size,
+			  struct halite_s3_object *o, uint64_t *parts)
+{
+	struct halite_s3_object head;
+	struct download d = { .key = key, .fd = fd, .part_size = part_size ? part_size : 8u << 20 };
+	int ret = halite_s3_head(s, key, &head);
+
+	if (ret)
+		return ret;
+	d.etag = head.etag[0] ? head.etag : NULL;
+	d.size = head.size;
+	ret = s3_run(s, (size_t)((d.size + d.part_size - 1) / d.part_size), download_prep,
+		     download_done, &d);
+	if (ret)
+		return ret;
+	*o = head;
+	*parts = (d.size + d.part_size - 1) / d.part_size;
+	return 0;
 }
 
 int halite_s3_put(struct halite_s3 *s, const char *key, const void *buf, size_t len)

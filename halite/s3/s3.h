@@ -122,8 +122,8 @@ void halite_s3_get_stats(const struct halite_s3 *s, struct halite_s3_stats *st);
 void halite_s3_set_jobs(struct halite_s3 *s, unsigned jobs);
 
 /*
- * @fn is told the bytes received so far as halite_s3_get_to_fd() writes
- * them (a retry starts again from 0); NULL: nothing.
+ * @fn is told the bytes received so far as halite_s3_get_to_fd() (a retry
+ * starts again from 0) and halite_s3_download_fd() write them; NULL: nothing.
  */
 void halite_s3_set_progress(struct halite_s3 *s, void (*fn)(void *ctx, uint64_t bytes),
 			    void *ctx);
@@ -169,6 +169,17 @@ int halite_s3_get_ranges(struct halite_s3 *s, const char *key, struct halite_s3_
  */
 int halite_s3_get_to_fd(struct halite_s3 *s, const char *key, int fd,
 			struct halite_s3_object *o);
+
+/*
+ * The whole of @key into @fd, in ranges of @part_size (0: 8 MiB) fetched up
+ * to the handle's jobs at once and written where they belong, each checked
+ * against the ETag a first HEAD saw: an object replaced during the download
+ * fails it with -HALITE_S3_E_CHANGED rather than mixing two versions. On
+ * success *@o is the object (size, ETag) and *@parts the ranges fetched.
+ * The file is not truncated.
+ */
+int halite_s3_download_fd(struct halite_s3 *s, const char *key, int fd, uint64_t part_size,
+			  struct halite_s3_object *o, uint64_t *parts);
 
 /* PUT of a small object in one request, with its Content-MD5 checked by the store. */
 int halite_s3_put(struct halite_s3 *s, const char *key, const void *buf, size_t len);

@@ -21,14 +21,18 @@
 
 void help_pull(FILE *f)
 {
-	fprintf(f, "Usage: " PROG " pull [--json] [--any] [--progress[=MODE]] s3://BUCKET/KEY FILE\n\n"
+	fprintf(f, "Usage: " PROG " pull [--json] [--part-size SIZE] [--jobs N] [--any]\n"
+		   "                      [--progress[=MODE]] s3://BUCKET/KEY FILE\n\n"
 		   "Download a snapshot from an object store (docs/object-store.md says how\n"
-		   "it is configured) to FILE. FILE is replaced only when the download is\n"
-		   "complete and opens as a Halite snapshot; a symbolic link at FILE is\n"
-		   "refused.\n\n"
+		   "it is configured) to FILE, in ranges fetched several at once, each\n"
+		   "checked to be of the object a first HEAD saw. FILE is replaced only\n"
+		   "when the download is complete and opens as a Halite snapshot; a\n"
+		   "symbolic link at FILE is refused.\n\n"
+		   "  --part-size SIZE  bytes a range (default 8M)\n"
+		   "  -j, --jobs N      ranges in flight at once (default 8)\n"
 		   "  --any             keep the object even when it is not a Halite snapshot\n"
 		   "  --progress[=MODE] text, json or none on stderr (default: text on a\n"
-		   "                    terminal for objects of 64 MiB or more)\n"
+		   "                    terminal)\n"
 		   "  --json            one JSON object on stdout: bytes, parts, requests, seconds\n"
 		   "  -h, --help        this help\n"
 		   "  --version         the version\n\n"
@@ -46,10 +50,12 @@ static const char *const pull_keys[] = {
 
 int cmd_pull(int argc, char **argv)
 {
-	enum { OPT_ANY = 0x200 };
+	enum { OPT_ANY = 0x200, OPT_PART_SIZE };
 	static const struct option lo[] = {
 		LONGOPTS_COMMON,
 		{ "any", no_argument, NULL, OPT_ANY },
+		{ "part-size", required_argument, NULL, OPT_PART_SIZE },
+		{ "jobs", required_argument, NULL, 'j' },
 		{ "progress", optional_argument, NULL, OPT_PROGRESS },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -59,13 +65,25 @@ int cmd_pull(int argc, char **argv)
 	struct stat st;
 	const char *url, *out;
 	char *tmp = NULL;
+	uint64_t part_size = 0, parts = 0;
 	bool any = false;
 	int ch, ret, fd = -1, progress = -1;
+	long jobs = 0;
 
 	run_keys(pull_keys);
 	optind = 1;
-	while ((ch = getopt_long(argc, argv, ":h", lo, NULL)) != -1) {
+	while ((ch = getopt_long(argc, argv, ":hj:", lo, NULL)) != -1) {
 		switch (ch) {
+		case OPT_PART_SIZE:
+			if (halite_parse_size(optarg, &part_size) || part_size < (64u << 10) ||
+			    part_size > (1ull << 30))
+				return usage_hint("--part-size '%s': expected a size from 64K to 1G",
+						  optarg);
+			break;
+		case 'j':
+			if (parse_int(optarg, 1, 64, &jobs))
+				return usage_hint("--jobs '%s': expected 1 to 64", optarg);
+			break;
 		case OPT_JSON:
 			run_set_json();
 			break;
@@ -97,7 +115,7 @@ int cmd_pull(int argc, char **argv)
 			return usage_error("%s: not a regular file%s", out, S_ISDIR(st.st_mode) ?
 					   " (a directory): give the file's name" : "");
 	}
-	ret = s3cmd_open(&c, url, 0);
+	ret = s3cmd_open(&c, url, (unsigned)jobs);
 	if (ret)
 		return ret;
 	if (asprintf(&tmp, "%s.tmp-XXXXXX", out) < 0) {
@@ -119,7 +137,7 @@ int cmd_pull(int argc, char **argv)
 		progress = isatty(STDERR_FILENO) ? HALITE_PROGRESS_TEXT : HALITE_PROGRESS_NONE;
 	progress_begin(&prog, progress, "pull", url, -1);
 	halite_s3_set_progress(c.s, pull_progress, &prog);
-	ret = halite_s3_get_to_fd(c.s, c.key, fd, &obj);
+	ret = halite_s3_download_fd(c.s, c.key, fd, part_size, &obj, &parts);
 	if (ret) {
 		ret = s3cmd_fail(&c, ret);
 		goto out;
@@ -151,7 +169,7 @@ int cmd_pull(int argc, char **argv)
 		cJSON_AddStringToObject(root, "url", url);
 		cJSON_AddStringToObject(root, "file", out);
 		json_add_u64(root, "bytes", obj.size);
-		json_add_u64(root, "parts", 1);
+		json_add_u64(root, "parts", parts);
 		cJSON_AddStringToObject(root, "etag", obj.etag);
 		s3cmd_json_stats(&c, root);
 		ret = json_emit(root, EXIT_OK);
