@@ -155,6 +155,7 @@ int halite_s3_open(struct halite_s3 **sp, const struct halite_s3_config *c, cons
 	s->easy = calloc(MAX_JOBS, sizeof(*s->easy));
 	s->nslots = MAX_JOBS;
 	halite_s3_set_jobs(s, 0);
+	s->debug = getenv("HALITE_S3_DEBUG") && !strcmp(getenv("HALITE_S3_DEBUG"), "1");
 	if (getrandom(&s->rnd, sizeof(s->rnd), 0) != sizeof(s->rnd) || !s->rnd)
 		s->rnd = (uint32_t)time(NULL) ^ (uint32_t)getpid() ^ 0x9e3779b9u;
 	if (!s->cfg.region || !s->cfg.access_key || !s->cfg.secret_key || !s->bucket ||
@@ -342,8 +343,11 @@ static int build(struct halite_s3 *s, struct s3_xfer *x)
 	free(path);
 	s3_sha256_hex(x->body ? x->body : "", x->body ? x->body_len : 0, sha);
 	ret |= add_header(x, "x-amz-content-sha256: %s", sha);
-	/* No 100-continue round trip: the store answers a bad request after the body anyway. */
-	ret |= add_header(x, "Expect:");
+	/*
+	 * No "Expect:" to turn 100-continue off: libcurl 7.88 would sign the
+	 * empty header it never sends. The round trip lets the store refuse a
+	 * large part before its body is sent, which is no loss.
+	 */
 	if (x->body) {
 		ret |= add_header(x, "Content-Type: %s", x->to_mem ? "application/xml" :
 							       "application/octet-stream");
@@ -382,6 +386,9 @@ static void setup_easy(struct halite_s3 *s, CURL *e, struct s3_xfer *x)
 	curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
 	curl_easy_setopt(e, CURLOPT_HEADERDATA, x);
 	curl_easy_setopt(e, CURLOPT_PRIVATE, x);
+	/* HALITE_S3_DEBUG=1: libcurl's trace of every request on stderr. */
+	if (s->debug)
+		curl_easy_setopt(e, CURLOPT_VERBOSE, 1L);
 	if (!strcmp(x->method, "HEAD")) {
 		curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
 	} else if (!strcmp(x->method, "GET")) {

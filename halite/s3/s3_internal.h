@@ -21,6 +21,7 @@ struct halite_s3 {
 	CURLM *multi;		/* its connection cache keeps connections alive */
 	CURL **easy;		/* one per slot, reused */
 	unsigned jobs, nslots;
+	bool debug;		/* HALITE_S3_DEBUG=1 */
 	uint32_t rnd;		/* xorshift state for the jitter */
 	struct halite_s3_stats stats;
 	void (*progress)(void *ctx, uint64_t bytes);

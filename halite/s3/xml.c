@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: MIT
 /*
  * Just enough XML for S3's answers: the text of a named element, with the
- * five predefined entities decoded. S3's documents are flat and their
+ * five predefined entities and ASCII character references decoded. S3's documents are flat and their
  * elements carry no attributes we need, so a search for "<Tag>" suffices;
  * a full parser would add a dependency for nothing.
  */
 #define _GNU_SOURCE
+#include <ctype.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "s3_internal.h"
@@ -21,6 +23,26 @@ static size_t decode_entity(const char *p, size_t n, char *c)
 		{ "&gt;", '>' },   { "&apos;", '\'' },
 	};
 
+	/* Character references: SeaweedFS writes ETags' quotes as &#34;. */
+	if (n >= 4 && p[1] == '#') {
+		const char *q = p + 2;
+		bool hex = *q == 'x' || *q == 'X';
+		unsigned v = 0;
+
+		for (q += hex; q < p + n && q < p + 10 && *q != ';'; q++) {
+			int d = isdigit((unsigned char)*q) ? *q - '0' :
+				hex && isxdigit((unsigned char)*q) ? (tolower((unsigned char)*q) - 'a' + 10) : -1;
+
+			if (d < 0)
+				break;
+			v = v * (hex ? 16 : 10) + (unsigned)d;
+		}
+		/* Only ASCII: S3's elements we read (codes, ids, ETags, numbers) hold nothing else. */
+		if (q < p + n && *q == ';' && v > 0 && v < 0x80) {
+			*c = (char)v;
+			return (size_t)(q + 1 - p);
+		}
+	}
 	for (size_t i = 0; i < sizeof(ents) / sizeof(ents[0]); i++) {
 		size_t l = strlen(ents[i].name);
 

@@ -180,15 +180,16 @@ static void test_denied(void)
 
 static void test_multipart(struct halite_s3 *s)
 {
-	enum { PART = 256 * 1024, N = 3 };
-	uint8_t *data = malloc(PART * N);
+	/* Stores refuse parts under 5 MiB but the last one. */
+	enum { PART = 5 << 20, N = 3, LAST = 100000, TOTAL = PART * (N - 1) + LAST };
+	uint8_t *data = malloc(TOTAL);
 	struct halite_s3_part parts[N], *listed = NULL;
 	char *id = NULL, *id2 = NULL, etag[HALITE_S3_ETAG_MAX];
 	struct halite_s3_object o;
 	size_t n = 0;
 	int ret;
 
-	fill_random(data, PART * N);
+	fill_random(data, TOTAL);
 	ret = halite_s3_mpu_create(s, "mp/obj", &id);
 	CHECK(ret == 0, "create: %s", halite_s3_errmsg(s));
 	if (ret)
@@ -201,7 +202,7 @@ static void test_multipart(struct halite_s3 *s)
 		x.method = "PUT";
 		x.key = "mp/obj";
 		x.body = data + (size_t)i * PART;
-		x.body_len = PART;
+		x.body_len = i == N - 1 ? LAST : PART;
 		x.md5 = true;
 		snprintf(extra, sizeof(extra), "partNumber=%d&", i + 1);
 		snprintf(x.query, sizeof(x.query), "%suploadId=%s", extra, eid);
@@ -209,26 +210,26 @@ static void test_multipart(struct halite_s3 *s)
 		ret = s3_run1(s, &x);
 		CHECK(ret == 0, "part %d: %s", i + 1, halite_s3_errmsg(s));
 		parts[i].number = (uint32_t)i + 1;
-		parts[i].size = PART;
+		parts[i].size = x.body_len;
 		snprintf(parts[i].etag, sizeof(parts[i].etag), "%s", x.etag);
 		s3_xfer_clear(&x);
 	}
 	ret = halite_s3_mpu_list(s, "mp/obj", id, &listed, &n);
 	CHECK(ret == 0 && n == N, "list: %d n %zu %s", ret, n, halite_s3_errmsg(s));
 	for (size_t i = 0; !ret && i < n && i < N; i++)
-		CHECK(listed[i].number == i + 1 && listed[i].size == PART &&
+		CHECK(listed[i].number == i + 1 && listed[i].size == parts[i].size &&
 		      !strcmp(listed[i].etag, parts[i].etag), "listed part %zu: %u %" PRIu64 " %s/%s",
 		      i, listed[i].number, listed[i].size, listed[i].etag, parts[i].etag);
 	free(listed);
 	ret = halite_s3_mpu_complete(s, "mp/obj", id, parts, N, etag);
 	CHECK(ret == 0, "complete: %s", halite_s3_errmsg(s));
 	ret = halite_s3_head(s, "mp/obj", &o);
-	CHECK(ret == 0 && o.size == PART * N, "completed size %" PRIu64, o.size);
+	CHECK(ret == 0 && o.size == TOTAL, "completed size %" PRIu64, o.size);
 	{
-		uint8_t *buf = malloc(PART * N);
-		int64_t got = halite_s3_get_range(s, "mp/obj", 0, PART * N, buf, o.etag);
+		uint8_t *buf = malloc(TOTAL);
+		int64_t got = halite_s3_get_range(s, "mp/obj", 0, TOTAL, buf, o.etag);
 
-		CHECK(got == PART * N && !memcmp(buf, data, PART * N), "completed bytes");
+		CHECK(got == TOTAL && !memcmp(buf, data, TOTAL), "completed bytes");
 		free(buf);
 	}
 	/* Aborted: the upload id is gone, with its own code. */

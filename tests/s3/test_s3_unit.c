@@ -88,7 +88,7 @@ static void test_xml(void **state)
 {
 	const char *doc = "<?xml version=\"1.0\"?><Error><Code>NoSuchKey</Code>"
 			  "<Message>The key &quot;a&amp;b&quot; &lt;is&gt; gone</Message>"
-			  "<Part><ETag>&quot;1&quot;</ETag></Part><Part><ETag>\"2\"</ETag></Part>"
+			  "<Part><ETag>&quot;1&quot;</ETag></Part><Part><ETag>&#34;2&#x22;</ETag></Part>"
 			  "</Error>";
 	char out[64];
 	size_t pos = 0;
