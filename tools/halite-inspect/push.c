@@ -20,8 +20,8 @@
 #include "inspect.h"
 #include "s3cmd.h"
 
-/* Stores refuse parts under 5 MiB but the last; small parts are for tests of stores that allow them. */
-#define MIN_PART_SIZE (64u << 10)
+/* S3 and the stores that follow it refuse parts under 5 MiB but the last. */
+#define MIN_PART_SIZE (5u << 20)
 #define MAX_PART_SIZE (5ull << 30)
 /* Without --progress, a person at a terminal sees progress for transfers this large. */
 #define PROGRESS_AUTO_BYTES (64ull << 20)
@@ -35,7 +35,7 @@ void help_push(FILE *f)
 		   "store against its MD5. An interrupted push, run again, sends only the\n"
 		   "parts the store lacks: the upload is recorded in FILE.s3-upload until\n"
 		   "the object is complete.\n\n"
-		   "  --part-size SIZE  bytes a part (default 8M; AWS wants at least 5M)\n"
+		   "  --part-size SIZE  bytes a part, 5M to 5G (default 8M)\n"
 		   "  -j, --jobs N      parts in flight at once (default 8)\n"
 		   "  --any             push FILE even when it is not a Halite snapshot\n"
 		   "  --no-resume       start a new upload, ignoring FILE.s3-upload\n"
@@ -99,7 +99,7 @@ int cmd_push(int argc, char **argv)
 		case OPT_PART_SIZE:
 			if (halite_parse_size(optarg, &uo.part_size) || uo.part_size < MIN_PART_SIZE ||
 			    uo.part_size > MAX_PART_SIZE)
-				return usage_hint("--part-size '%s': expected a size from 64K to 5G",
+				return usage_hint("--part-size '%s': expected a size from 5M to 5G",
 						  optarg);
 			break;
 		case 'j':
