@@ -12,7 +12,8 @@ set -uo pipefail
 
 HI=${1:?usage: test_push_pull.sh HALITE_INSPECT SOURCE_DIR}
 SRC=${2:?}
-B=${HALITE_TEST_BUCKET:?run under run_with_store.sh}
+# Keys under a prefix of this run's own: a bucket used before holds nothing it reads.
+B=${HALITE_TEST_BUCKET:?run under run_with_store.sh}/run-$$-$RANDOM
 SEED=${HALITE_TEST_SEED:-$(od -An -N2 -tu2 /dev/urandom | tr -d ' ')}
 echo "seed $SEED (HALITE_TEST_SEED)"
 command -v python3 >/dev/null || { echo "SKIP: needs python3"; exit 77; }
@@ -127,6 +128,6 @@ has "$T/err" "symbolic link"
 
 expect 2 "$HI" pull "s3://Bad_Bucket/k" "$T/y.hlt"
 has "$T/err" "bad bucket name"
-expect 2 "$HI" push "$T/snap.hlt" "s3://$B/"
+expect 2 "$HI" push "$T/snap.hlt" "s3://$HALITE_TEST_BUCKET/"
 has "$T/err" "empty key"
 echo ok
