@@ -13,8 +13,9 @@ pkgs=(
 	liburing-dev libaio-dev liblz4-dev zlib1g-dev libzstd-dev libxxhash-dev libcjson-dev
 	# the clone service's HTTP API
 	libmicrohttpd-dev
-	# halite-clone, its client
-	libcurl4-openssl-dev
+	# halite-clone, its client; the S3 client (halite/s3: libcurl, and
+	# libcrypto for the MD5 and SHA-256 its requests carry)
+	libcurl4-openssl-dev libssl-dev
 	# benchmarks: delayfs (FUSE), the machine's I/O limits
 	libfuse3-dev fuse3
 	# man pages (help2man, from the programs' --help), `cpack -G DEB`'s

@@ -51,6 +51,8 @@ int cmd_extract(int argc, char **argv);
 int cmd_import(int argc, char **argv);
 int cmd_restore(int argc, char **argv);
 int cmd_relayout(int argc, char **argv);
+int cmd_push(int argc, char **argv);
+int cmd_pull(int argc, char **argv);
 /*
  * The options extract and import share (--progress, --json, --help,
  * --version) in their help, the descriptions at column @col + 2.
@@ -64,6 +66,8 @@ void help_extract(FILE *f);
 void help_import(FILE *f);
 void help_restore(FILE *f);
 void help_relayout(FILE *f);
+void help_push(FILE *f);
+void help_pull(FILE *f);
 
 /* ---- the run: diagnostics, the one JSON object, common parsing (util.c) ---- */
 

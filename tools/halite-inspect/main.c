@@ -30,6 +30,8 @@ static const struct command commands[] = {
 	  help_restore },
 	{ "relayout", "rewrite a file in the order its guest touched memory, from traces",
 	  cmd_relayout, help_relayout },
+	{ "push", "upload a snapshot file to s3://BUCKET/KEY (resumable)", cmd_push, help_push },
+	{ "pull", "download a snapshot from s3://BUCKET/KEY", cmd_pull, help_pull },
 	{ "help", "describe a command", cmd_help, help_help },
 };
 
@@ -40,7 +42,8 @@ static void usage(FILE *f)
 		fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].summary);
 	fprintf(f, "\nEvery command takes --help and --version; all but help take --json:\n"
 		   "one JSON object on stdout, on failure too, with ok, error and exit.\n"
-		   "verify, import, extract and relayout take --progress[=text|json|none].\n"
+		   "verify, import, extract, relayout, push and pull take\n"
+		   "--progress[=text|json|none].\n"
 		   "An error is one line on stderr: " PROG ": COMMAND: MESSAGE.\n\n"
 		   "Exit status: 0 ok, 1 the file is bad or the command failed, 2 usage: a bad\n"
 		   "option or argument, refused before anything is written.\n");

@@ -1,0 +1,22 @@
+# halite_s3 and halite-inspect push/pull: included from tests/CMakeLists.txt
+# (or from tests/s3/CMakeLists.txt: the paths are this file's own).
+#
+# s3_unit needs no store. The others run against a real S3 store that
+# scripts/object-store.sh starts in a temporary directory (run_with_store.sh);
+# they skip (77) when it cannot start, unless HALITE_REQUIRE_S3=1.
+set(S3_TEST_DIR ${CMAKE_CURRENT_LIST_DIR})
+
+halite_test(s3_unit SOURCES ${S3_TEST_DIR}/test_s3_unit.c
+  LIBS halite_s3 PkgConfig::CMOCKA LABELS "s3;unit;quick" TIMEOUT 60)
+
+add_executable(s3_client_test ${S3_TEST_DIR}/test_s3_client.c)
+target_link_libraries(s3_client_test PRIVATE halite_s3)
+add_test(NAME s3_client
+  COMMAND bash ${S3_TEST_DIR}/run_with_store.sh ${CMAKE_SOURCE_DIR}
+          $<TARGET_FILE:s3_client_test>)
+add_test(NAME s3_push_pull
+  COMMAND bash ${S3_TEST_DIR}/run_with_store.sh ${CMAKE_SOURCE_DIR}
+          bash ${S3_TEST_DIR}/test_push_pull.sh $<TARGET_FILE:halite-inspect>
+          ${CMAKE_SOURCE_DIR})
+set_tests_properties(s3_client s3_push_pull PROPERTIES LABELS s3 TIMEOUT 300
+                     SKIP_RETURN_CODE 77)
