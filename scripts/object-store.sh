@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# A real S3 object store for tests: SeaweedFS (`weed server`: master, volume,
-# filer and S3 gateway in one process) on loopback, its data in DIR.
+# A real S3 object store for tests: SeaweedFS (its master, volume server and
+# filer with the S3 gateway, one process group) on loopback, its data in DIR.
 #
 #   scripts/object-store.sh start DIR   start it (or find it running), print
 #                                       the lines to eval, e.g.
@@ -12,7 +12,7 @@
 # start prints AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
 # AWS_REGION and HALITE_TEST_BUCKET as `export K=V` lines: a fresh random key
 # and an empty bucket of a random name. DIR (made 0700) holds weed.pid,
-# weed.log, env (those lines) and s3.json (the key), both 0600.
+# weed.log, env (those lines) and s3.json (the key), all 0600.
 # Environment: HALITE_WEED (the weed binary, default the one
 # scripts/install-object-store.sh installs), HALITE_S3_START_TIMEOUT (seconds
 # to wait for S3 to answer, default 60).
@@ -183,7 +183,8 @@ EOF
 		if ! proc_alive "$pid" ||
 			{ ((SECONDS - t0 >= 2)) && [[ $(group_size "$pid") != 3 ]]; }; then
 			log_tail
-			kill -TERM -- "-$pid" 2>/dev/null || true
+			stop_group "$pid"
+			rm -f "$dir/weed.pid"
 			die "a weed process exited during start (see $dir/weed.log)"
 		fi
 		status=$(s3_status PUT "$bucket")
@@ -192,7 +193,8 @@ EOF
 	done
 	if [[ $status != 200 ]]; then
 		log_tail
-		kill -TERM -- "-$pid" 2>/dev/null || true
+		stop_group "$pid"
+		rm -f "$dir/weed.pid"
 		die "S3 on $AWS_ENDPOINT_URL did not create bucket $bucket within $limit s (last HTTP status $status)"
 	fi
 	cat >"$dir/env" <<EOF
@@ -207,37 +209,44 @@ EOF
 }
 
 
-cmd_stop() {
-	local pid
-	if ! pid=$(running_pid); then
-		# The filer may have died and left the master and volume server.
-		pid=$(cat "$dir/weed.pid" 2>/dev/null || true)
-		if [[ $pid =~ ^[0-9]+$ ]] && group_serves "$pid"; then
-			kill -TERM -- "-$pid" 2>/dev/null || true
-			wait_gone group_alive "$pid" 300 || kill -KILL -- "-$pid" 2>/dev/null || true
-		fi
-		rm -f "$dir/weed.pid"
-		return 0
+# Stop process group $1 (its leader the filer) and wait until none of it is
+# left. The filer first, while the volume server and master it flushes its
+# metadata log to still run (stopped together, it waits 15 s for them in
+# vain); then the rest. Past 30 s each, weed is stuck, and the group is
+# killed.
+stop_group() {
+	local pid=$1
+	if proc_alive "$pid"; then
+		kill -TERM "$pid" 2>/dev/null || true
+		wait_gone proc_alive "$pid" 300 ||
+			echo "object-store: the filer (pid $pid) ignored SIGTERM for 30 s" >&2
 	fi
-	# The filer first, while the volume server and master it flushes its
-	# metadata log to still run (stopped together, it waits 15 s for them
-	# in vain); then the rest of the group. Past 30 s each, weed is stuck,
-	# and the group is killed.
-	kill -TERM "$pid" 2>/dev/null || true
-	wait_gone proc_alive "$pid" 300 || echo "object-store: the filer (pid $pid) ignored SIGTERM for 30 s" >&2
 	kill -TERM -- "-$pid" 2>/dev/null || true
 	if ! wait_gone group_alive "$pid" 300; then
 		echo "object-store: weed's process group $pid ignored SIGTERM for 30 s; killing it" >&2
 		kill -KILL -- "-$pid" 2>/dev/null || true
 		wait_gone group_alive "$pid" 50 || die "weed's process group $pid survived SIGKILL"
 	fi
+}
+
+cmd_stop() {
+	local pid
+	if pid=$(running_pid); then
+		stop_group "$pid"
+	else
+		# The filer may have died and left the master and volume server.
+		pid=$(cat "$dir/weed.pid" 2>/dev/null || true)
+		if [[ $pid =~ ^[0-9]+$ ]] && group_serves "$pid"; then
+			stop_group "$pid"
+		fi
+	fi
 	rm -f "$dir/weed.pid"
 }
 
 case "${1:-}" in
--h|--help) sed -n '3,19p' "$0"; exit 0 ;;
+-h|--help) sed -n '3,18p' "$0"; exit 0 ;;
 esac
-[[ $# -eq 2 ]] || { sed -n '3,19p' "$0" >&2; exit 2; }
+[[ $# -eq 2 ]] || { sed -n '3,18p' "$0" >&2; exit 2; }
 action=$1
 case $action in
 start)
