@@ -71,10 +71,12 @@ EOF
 }
 
 # The HTTP status of an S3 request signed with the key in DIR/env.
-s3_status() { # method path
-	curl -s -o /dev/null -w '%{http_code}' --max-time 10 -X "$1" \
+s3_status() { # method path [curl-args...]
+	local method=$1 path=$2
+	shift 2
+	curl -s -o /dev/null -w '%{http_code}' --max-time 20 -X "$method" "$@" \
 		--aws-sigv4 "aws:amz:$REGION:s3" --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" \
-		"$AWS_ENDPOINT_URL/$2" || true
+		"$AWS_ENDPOINT_URL/$path" || true
 }
 
 # How many processes of group $1 are left, and whether any is; a zombie
@@ -175,9 +177,11 @@ EOF
 	pid=$!
 	echo "$pid" >"$dir/weed.pid"
 
-	# S3 answers once the gateway listens; the bucket can be made once the
-	# filer and a volume server are up. Wait for the second, bounded.
-	local limit=${HALITE_S3_START_TIMEOUT:-60} status=000
+	# S3 answers once the gateway listens and can make a bucket once the
+	# filer is up, but an object write waits for the filer's lock ring,
+	# which a fresh filer joins only after confirming for 10 s that it is
+	# alone. Ready means an object can be written: a probe, then deleted.
+	local limit=${HALITE_S3_START_TIMEOUT:-60} status=000 want=200 step=bucket
 	while (( SECONDS - t0 < limit )); do
 		# The shell needs a moment to start all three.
 		if ! proc_alive "$pid" ||
@@ -187,15 +191,26 @@ EOF
 			rm -f "$dir/weed.pid"
 			die "a weed process exited during start (see $dir/weed.log)"
 		fi
-		status=$(s3_status PUT "$bucket")
+		case $step in
+		bucket) status=$(s3_status PUT "$bucket") ;;
+		probe) status=$(s3_status PUT "$bucket/.start-probe" -T /dev/null) ;;
+		esac
+		if [[ $status == 200 && $step == bucket ]]; then
+			step=probe
+			continue
+		fi
 		[[ $status == 200 ]] && break
 		sleep 0.3
 	done
-	if [[ $status != 200 ]]; then
+	if [[ $status == 200 ]]; then
+		status=$(s3_status DELETE "$bucket/.start-probe")
+		want=204
+	fi
+	if [[ $status != "$want" ]]; then
 		log_tail
 		stop_group "$pid"
 		rm -f "$dir/weed.pid"
-		die "S3 on $AWS_ENDPOINT_URL did not create bucket $bucket within $limit s (last HTTP status $status)"
+		die "S3 on $AWS_ENDPOINT_URL could not make bucket $bucket and write to it within $limit s (the $step: HTTP status $status)"
 	fi
 	cat >"$dir/env" <<EOF
 export AWS_ENDPOINT_URL=$AWS_ENDPOINT_URL
