@@ -95,6 +95,9 @@ s3() { # out-file curl-args... ; prints the HTTP status
 }
 sha=$(sha256sum "$tmp/object" | cut -d' ' -f1)
 
+check "LIST the new bucket: 200" eq "$(s3 "$tmp/list" "$AWS_ENDPOINT_URL/$HALITE_TEST_BUCKET")" 200
+check "the new bucket is empty (start's probe object is gone)" eval '! grep -q "<Key>" "$tmp/list"'
+
 check "PUT the object: 200" \
 	eq "$(s3 /dev/null -X PUT -H "x-amz-content-sha256: $sha" --data-binary "@$tmp/object" \
 		-D "$tmp/put.headers" "$url")" 200
