@@ -15,7 +15,7 @@
 # weed.log, env (those lines) and s3.json (the key), all 0600.
 # Environment: HALITE_WEED (the weed binary, default the one
 # scripts/install-object-store.sh installs), HALITE_S3_START_TIMEOUT (seconds
-# to wait for S3 to answer, default 60).
+# to wait for S3 to be ready, default 60).
 set -euo pipefail
 umask 077
 
@@ -223,7 +223,6 @@ EOF
 	cat "$dir/env"
 }
 
-
 # Stop process group $1 (its leader the filer) and wait until none of it is
 # left. The filer first, while the volume server and master it flushes its
 # metadata log to still run (stopped together, it waits 15 s for them in
@@ -265,8 +264,9 @@ esac
 action=$1
 case $action in
 start)
-	mkdir -p -- "$2"
-	chmod 0700 -- "$2"
+	# A directory given that exists keeps its mode: what start writes in
+	# it is 0600 or 0700 anyway (umask 077).
+	[[ -d $2 ]] || mkdir -p -m 0700 -- "$2"
 	;;
 stop|status) [[ -d $2 ]] || { [[ $action == stop ]] && exit 0; exit 1; } ;;
 *) echo "object-store.sh: unknown action '$action' (start, stop or status)" >&2; exit 2 ;;
