@@ -64,9 +64,9 @@ elif [[ $(id -u) -ne 0 ]]; then
 	SUDO=sudo
 fi
 
-# A private GOPATH and caches, removed at the end: the build pulls about 4 GB
-# of modules that nothing else here needs, and a fresh cache makes every
-# install pay (and measure) the same.
+# A private GOPATH and caches, removed at the end: the build fills about 2 GB
+# of modules and 1.5 GB of build cache that nothing else here needs, and a
+# fresh cache makes every install pay (and measure) the same.
 work=$(mktemp -d "${TMPDIR:-/tmp}/halite-weed.XXXXXX")
 cleanup() {
 	# The module cache is read-only by design; go clean knows how to remove it.
@@ -87,9 +87,8 @@ say "downloading $module@$version and its dependencies"
 dir=$(go mod download -json "$module@$version" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
 [[ -n $dir && -f $dir/go.mod ]] || die "go mod download $module@$version gave no module directory"
 # Only the modules the weed program imports (go list loads them), not all
-# that go.mod lists for SeaweedFS's other programs and tests.
-# Go names each of the ~250 modules it fetches: that goes to a log, shown
-# only if the download fails.
+# that go.mod lists for SeaweedFS's other programs and tests. Go names each
+# of the ~250 it fetches: that goes to a log, shown only if it fails.
 if ! (cd "$dir" && go list -deps ./weed >/dev/null 2>"$work/download.log"); then
 	tail -n 20 "$work/download.log" >&2
 	die "downloading the dependencies of $module/weed failed"
