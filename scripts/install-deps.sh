@@ -4,6 +4,9 @@
 #
 #   scripts/install-deps.sh            build + test + fuzz dependencies
 #   scripts/install-deps.sh --guest    also what the QEMU guest tests need
+#   scripts/install-deps.sh --object-store
+#                                      also the tests' S3 store (scripts/install-object-store.sh)
+# The two flags go together too.
 set -euo pipefail
 
 pkgs=(
@@ -27,14 +30,19 @@ pkgs=(
 	# records them again (valgrind's lackey, and the programs themselves)
 	xz-utils valgrind sqlite3
 )
-if [[ "${1:-}" == "--guest" ]]; then
+guest=0 object_store=0
+for arg in "$@"; do
+	case $arg in
+	--guest) guest=1 ;;
+	--object-store) object_store=1 ;;
+	*) echo "usage: $0 [--guest] [--object-store]" >&2; exit 2 ;;
+	esac
+done
+if ((guest)); then
 	# qemu-utils: qemu-img, which makes the overlays of frozen disks;
 	# libvirt: tests/qemu case libvirt saves a VM libvirt runs
 	pkgs+=(qemu-system-x86 qemu-utils busybox-static linux-image-amd64 cpio
 		libvirt-daemon-system libvirt-clients)
-elif [[ $# -gt 0 ]]; then
-	echo "usage: $0 [--guest]" >&2
-	exit 2
 fi
 
 # The clone service's API fuzz (tests/clone/test_openapi.py): schemathesis,
@@ -43,6 +51,12 @@ if ! python3 -c 'import schemathesis, yaml' 2>/dev/null; then
 	echo "install-deps: installing schemathesis (PyPI)" >&2
 	PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --disable-pip-version-check \
 		'schemathesis==4.32.5' >/dev/null
+fi
+
+# The tests' S3 store is built from source with Go (Debian has no package of
+# it); the script returns at once when the pinned version is installed.
+if ((object_store)); then
+	"$(dirname "$0")/install-object-store.sh"
 fi
 
 missing=()
