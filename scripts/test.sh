@@ -15,6 +15,9 @@
 #   scripts/test.sh --release       step 1 only (all tests of the normal build)
 #   scripts/test.sh -L LABEL        step 1, one area (format, inspect, unit, fuzz, ...)
 #   scripts/test.sh --tsan          the tests under ThreadSanitizer
+#   scripts/test.sh --s3            the normal build, then the tests labelled s3 against
+#                                   a real S3 store (SeaweedFS, built from source with Go
+#                                   the first time: 7-11 minutes; docs/testing.md)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 jobs=$(nproc)
@@ -25,8 +28,9 @@ while [[ $# -gt 0 ]]; do
 	--quick) mode=quick ;;
 	--release) mode=release ;;
 	--tsan) mode=tsan ;;
+	--s3) mode=s3 ;;
 	-L) mode=release; ctest_args+=(-L "$2"); shift ;;
-	-h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+	-h|--help) sed -n '2,20p' "$0"; exit 0 ;;
 	*) echo "test.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 	esac
 	shift
@@ -41,8 +45,8 @@ run_suite() { # name build-dir cmake-args...
 	ctest --test-dir "$dir" --output-on-failure -j "$jobs" "${ctest_args[@]}"
 }
 
-# The quick label needs no QEMU: no guest to build, and nothing to require.
-if [[ $mode != quick ]]; then
+# The quick and s3 labels need no QEMU: no guest to build, and nothing to require.
+if [[ $mode != quick && $mode != s3 ]]; then
 	"$root/scripts/make-guest.sh" >/dev/null
 	export HALITE_REQUIRE_QEMU=1
 fi
@@ -53,6 +57,13 @@ quick)
 	run_suite release "$root/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo
 	;;
 release)
+	run_suite release "$root/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	;;
+s3)
+	# The store must start: a skip would hide that the tests did not run.
+	"$root/scripts/install-deps.sh" --object-store
+	export HALITE_REQUIRE_S3=1
+	ctest_args+=(-L s3)
 	run_suite release "$root/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo
 	;;
 tsan)
