@@ -11,46 +11,22 @@
 set -uo pipefail
 
 HI=${1:?usage: test_push_pull.sh HALITE_INSPECT SOURCE_DIR}
-SRC=${2:?}
+ROOT=${2:?}
 # Keys under a prefix of this run's own: a bucket used before holds nothing it reads.
 B=${HALITE_TEST_BUCKET:?run under run_with_store.sh}/run-$$-$RANDOM
 SEED=${HALITE_TEST_SEED:-$(od -An -N2 -tu2 /dev/urandom | tr -d ' ')}
 echo "seed $SEED (HALITE_TEST_SEED)"
 command -v python3 >/dev/null || { echo "SKIP: needs python3"; exit 77; }
+# The inspect tests' helpers: $T (removed at exit), fail, expect, js, eq, gen.
+. "$ROOT/tests/inspect/lib.sh" "$HI" python3 "$ROOT/tests/inspect"
 
-T=$(mktemp -d "${TMPDIR:-/tmp}/halite-push-pull.XXXXXX") || exit 1
-trap 'rm -rf "$T"' EXIT
-
-fail() {
-	echo "FAIL: $*" >&2
-	exit 1
-}
-# expect CODE CMD...: run CMD, stdout to $T/out, stderr to $T/err, check its exit code.
-expect() {
-	local want=$1 got
-	shift
-	"$@" >"$T/out" 2>"$T/err"
-	got=$?
-	if [ "$got" -ne "$want" ]; then
-		echo "command: $*" >&2
-		cat "$T/out" "$T/err" >&2
-		fail "exit status $got, expected $want"
-	fi
-}
-js() {
-	python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$1" "$2" ||
-		fail "bad JSON in $1 or expression $2"
-}
-eq() {
-	[ "$2" = "$3" ] || fail "$1: got '$2', expected '$3'"
-}
 has() { # FILE TEXT
 	grep -qF -- "$2" "$1" || { cat "$1" >&2; fail "$1 lacks '$2'"; }
 }
 
 # A snapshot of 26 MiB of incompressible pages, stored uncompressed: 6 parts
 # of 5 MiB, the least a store takes (a last one short).
-python3 "$SRC/tests/inspect/gen_image.py" --out "$T/img" --pages 6656 --seed "$SEED" \
+gen --out "$T/img" --pages 6656 --seed "$SEED" \
 	--layout r || fail "generator"
 expect 0 "$HI" import --no-sync -j 2 "$T/img" --region ram -o "$T/snap.hlt" --codec none
 size=$(stat -c %s "$T/snap.hlt")

@@ -50,53 +50,30 @@ static const char *const pull_keys[] = {
 
 int cmd_pull(int argc, char **argv)
 {
-	enum { OPT_ANY = 0x200, OPT_PART_SIZE };
 	static const struct option lo[] = {
 		LONGOPTS_COMMON,
-		{ "any", no_argument, NULL, OPT_ANY },
-		{ "part-size", required_argument, NULL, OPT_PART_SIZE },
-		{ "jobs", required_argument, NULL, 'j' },
-		{ "progress", optional_argument, NULL, OPT_PROGRESS },
+		S3CMD_LONGOPTS,
 		{ NULL, 0, NULL, 0 },
 	};
+	struct s3cmd_opts so = { .min_part = 64u << 10, .max_part = 1ull << 30,
+				 .part_range = "64K to 1G", .progress = -1 };
 	struct halite_s3_object obj;
 	struct s3cmd c = { 0 };
 	struct progress prog;
 	struct stat st;
 	const char *url, *out;
 	char *tmp = NULL;
-	uint64_t part_size = 0, parts = 0;
-	bool any = false;
-	int ch, ret, fd = -1, progress = -1;
-	long jobs = 0;
+	uint64_t parts = 0;
+	int ch, ret, fd = -1;
 
 	run_keys(pull_keys);
 	optind = 1;
 	while ((ch = getopt_long(argc, argv, ":hj:", lo, NULL)) != -1) {
-		switch (ch) {
-		case OPT_PART_SIZE:
-			if (halite_parse_size(optarg, &part_size) || part_size < (64u << 10) ||
-			    part_size > (1ull << 30))
-				return usage_hint("--part-size '%s': expected a size from 64K to 1G",
-						  optarg);
-			break;
-		case 'j':
-			if (parse_int(optarg, 1, 64, &jobs))
-				return usage_hint("--jobs '%s': expected 1 to 64", optarg);
-			break;
-		case OPT_JSON:
-			run_set_json();
-			break;
-		case OPT_ANY:
-			any = true;
-			break;
-		case OPT_PROGRESS:
-			if (progress_parse(optarg, &progress))
-				return EXIT_USAGE;
-			break;
-		default:
+		ret = s3cmd_option(ch, &so);
+		if (ret < 0)
 			return common_option(ch, argv, help_pull);
-		}
+		if (ret)
+			return ret;
 	}
 	if (argc - optind != 2)
 		return usage_hint("expected s3://BUCKET/KEY and FILE");
@@ -115,7 +92,7 @@ int cmd_pull(int argc, char **argv)
 			return usage_error("%s: not a regular file%s", out, S_ISDIR(st.st_mode) ?
 					   " (a directory): give the file's name" : "");
 	}
-	ret = s3cmd_open(&c, url, (unsigned)jobs);
+	ret = s3cmd_open(&c, url, (unsigned)so.jobs);
 	if (ret)
 		return ret;
 	if (asprintf(&tmp, "%s.tmp-XXXXXX", out) < 0) {
@@ -133,11 +110,11 @@ int cmd_pull(int argc, char **argv)
 		ret = EXIT_FAIL;
 		goto out;
 	}
-	if (progress < 0)
-		progress = isatty(STDERR_FILENO) ? HALITE_PROGRESS_TEXT : HALITE_PROGRESS_NONE;
-	progress_begin(&prog, progress, "pull", url, -1);
+	if (so.progress < 0)
+		so.progress = isatty(STDERR_FILENO) ? HALITE_PROGRESS_TEXT : HALITE_PROGRESS_NONE;
+	progress_begin(&prog, so.progress, "pull", url, -1);
 	halite_s3_set_progress(c.s, pull_progress, &prog);
-	ret = halite_s3_download_fd(c.s, c.key, fd, part_size, &obj, &parts);
+	ret = halite_s3_download_fd(c.s, c.key, fd, so.part_size, &obj, &parts);
 	if (ret) {
 		ret = s3cmd_fail(&c, ret);
 		goto out;
@@ -151,7 +128,7 @@ int cmd_pull(int argc, char **argv)
 		goto out;
 	}
 	fd = -1;
-	if (!any) {
+	if (!so.any) {
 		ret = s3cmd_check_snapshot(tmp, url, "--any keeps it anyway");
 		if (ret)
 			goto out;

@@ -68,16 +68,15 @@ static uint64_t test_stop_after(void)
 
 int cmd_push(int argc, char **argv)
 {
-	enum { OPT_PART_SIZE = 0x200, OPT_ANY, OPT_NO_RESUME };
+	enum { OPT_NO_RESUME = S3CMD_OPT_NEXT };
 	static const struct option lo[] = {
 		LONGOPTS_COMMON,
-		{ "part-size", required_argument, NULL, OPT_PART_SIZE },
-		{ "jobs", required_argument, NULL, 'j' },
-		{ "any", no_argument, NULL, OPT_ANY },
+		S3CMD_LONGOPTS,
 		{ "no-resume", no_argument, NULL, OPT_NO_RESUME },
-		{ "progress", optional_argument, NULL, OPT_PROGRESS },
 		{ NULL, 0, NULL, 0 },
 	};
+	struct s3cmd_opts so = { .min_part = MIN_PART_SIZE, .max_part = MAX_PART_SIZE,
+				 .part_range = "5M to 5G", .progress = -1 };
 	HALITE_OPTS(halite_s3_upload_opts, uo);
 	struct halite_s3_upload_result res;
 	struct s3cmd c = { 0 };
@@ -85,40 +84,21 @@ int cmd_push(int argc, char **argv)
 	struct stat st;
 	const char *path, *url;
 	char *state = NULL;
-	bool any = false, resume = true;
-	int ch, ret, fd = -1, progress = -1;
-	long jobs = 0;
+	bool resume = true;
+	int ch, ret, fd = -1;
 
 	run_keys(push_keys);
 	optind = 1;
 	while ((ch = getopt_long(argc, argv, ":hj:", lo, NULL)) != -1) {
-		switch (ch) {
-		case OPT_JSON:
-			run_set_json();
-			break;
-		case OPT_PART_SIZE:
-			if (halite_parse_size(optarg, &uo.part_size) || uo.part_size < MIN_PART_SIZE ||
-			    uo.part_size > MAX_PART_SIZE)
-				return usage_hint("--part-size '%s': expected a size from 5M to 5G",
-						  optarg);
-			break;
-		case 'j':
-			if (parse_int(optarg, 1, 64, &jobs))
-				return usage_hint("--jobs '%s': expected 1 to 64", optarg);
-			break;
-		case OPT_ANY:
-			any = true;
-			break;
-		case OPT_NO_RESUME:
+		if (ch == OPT_NO_RESUME) {
 			resume = false;
-			break;
-		case OPT_PROGRESS:
-			if (progress_parse(optarg, &progress))
-				return EXIT_USAGE;
-			break;
-		default:
-			return common_option(ch, argv, help_push);
+			continue;
 		}
+		ret = s3cmd_option(ch, &so);
+		if (ret < 0)
+			return common_option(ch, argv, help_push);
+		if (ret)
+			return ret;
 	}
 	if (argc - optind != 2)
 		return usage_hint("expected FILE and s3://BUCKET/KEY");
@@ -131,11 +111,11 @@ int cmd_push(int argc, char **argv)
 				  url);
 
 	/* The URL first: a usage error is refused before anything else is looked at. */
-	ret = s3cmd_open(&c, url, (unsigned)jobs);
+	ret = s3cmd_open(&c, url, (unsigned)so.jobs);
 	if (ret)
 		goto out;
 	/* Only a file the reader opens is a snapshot worth pushing (header and footer checked). */
-	if (!any) {
+	if (!so.any) {
 		ret = s3cmd_check_snapshot(path, path, "--any pushes it anyway");
 		if (ret)
 			goto out;
@@ -161,10 +141,11 @@ int cmd_push(int argc, char **argv)
 		ret = EXIT_FAIL;
 		goto out;
 	}
-	if (progress < 0)
-		progress = isatty(STDERR_FILENO) && (uint64_t)st.st_size >= PROGRESS_AUTO_BYTES ?
-				   HALITE_PROGRESS_TEXT : HALITE_PROGRESS_NONE;
-	progress_begin(&prog, progress, "push", path, (int64_t)st.st_size);
+	if (so.progress < 0)
+		so.progress = isatty(STDERR_FILENO) && (uint64_t)st.st_size >= PROGRESS_AUTO_BYTES ?
+				      HALITE_PROGRESS_TEXT : HALITE_PROGRESS_NONE;
+	progress_begin(&prog, so.progress, "push", path, (int64_t)st.st_size);
+	uo.part_size = so.part_size;
 	uo.state_path = state;
 	uo.progress = push_progress;
 	uo.progress_ctx = &prog;

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: MIT
 /*
- * What push and pull share: a client for an s3:// URL, configured from the
- * environment and the shared AWS files, and their failures said as one
- * sentence each.
+ * What push and pull share: their transfer options, a client for an s3://
+ * URL, configured from the environment and the shared AWS files, and their
+ * failures said as one sentence each.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +10,32 @@
 
 #include "inspect.h"
 #include "s3cmd.h"
+
+int s3cmd_option(int ch, struct s3cmd_opts *o)
+{
+	switch (ch) {
+	case OPT_JSON:
+		run_set_json();
+		return 0;
+	case S3CMD_OPT_PART_SIZE:
+		if (halite_parse_size(optarg, &o->part_size) || o->part_size < o->min_part ||
+		    o->part_size > o->max_part)
+			return usage_hint("--part-size '%s': expected a size from %s", optarg,
+					  o->part_range);
+		return 0;
+	case 'j':
+		if (parse_int(optarg, 1, 64, &o->jobs))
+			return usage_hint("--jobs '%s': expected 1 to 64", optarg);
+		return 0;
+	case S3CMD_OPT_ANY:
+		o->any = true;
+		return 0;
+	case OPT_PROGRESS:
+		return progress_parse(optarg, &o->progress) ? EXIT_USAGE : 0;
+	default:
+		return -1;
+	}
+}
 
 int s3cmd_open(struct s3cmd *c, const char *url, unsigned jobs)
 {

@@ -1,11 +1,38 @@
 /* SPDX-License-Identifier: MIT */
-/* halite-inspect push and pull: their shared client setup (s3cmd.c). */
+/* halite-inspect push and pull: their shared options and client setup (s3cmd.c). */
 #ifndef HALITE_INSPECT_S3CMD_H
 #define HALITE_INSPECT_S3CMD_H
+
+#include <getopt.h>
+#include <stdbool.h>
+#include <stdint.h>
 
 #include <cjson/cJSON.h>
 
 #include "s3.h"
+
+/* The options push and pull share, beside LONGOPTS_COMMON (--json, --help, ...). */
+enum { S3CMD_OPT_PART_SIZE = 0x200, S3CMD_OPT_ANY, S3CMD_OPT_NEXT };
+#define S3CMD_LONGOPTS                                                        \
+	{ "part-size", required_argument, NULL, S3CMD_OPT_PART_SIZE },      \
+	{ "jobs", required_argument, NULL, 'j' },                           \
+	{ "any", no_argument, NULL, S3CMD_OPT_ANY },                        \
+	{ "progress", optional_argument, NULL, OPT_PROGRESS }
+
+struct s3cmd_opts {
+	uint64_t min_part, max_part; /* the command's limits for --part-size */
+	const char *part_range;	     /* the same in words: "5M to 5G" */
+	uint64_t part_size;	     /* 0: the library's default */
+	long jobs;		     /* 0: the library's default */
+	bool any;
+	int progress;		     /* HALITE_PROGRESS_*, or -1: the command decides */
+};
+
+/*
+ * Option @ch (its argument in optarg) when it is one of the shared ones:
+ * 0 taken, -1 not one of them, else the exit code (the problem said).
+ */
+int s3cmd_option(int ch, struct s3cmd_opts *o);
 
 struct s3cmd {
 	const char *url;
