@@ -5,7 +5,8 @@
 #   scripts/install-deps.sh            build + test + fuzz dependencies
 #   scripts/install-deps.sh --guest    also what the QEMU guest tests need
 #   scripts/install-deps.sh --object-store
-#                                      also the tests' S3 store (scripts/install-object-store.sh)
+#                                      also SeaweedFS, the second S3 store the tests can use
+#                                      (scripts/install-object-store.sh: built from source)
 # The two flags go together too.
 set -euo pipefail
 
@@ -24,6 +25,9 @@ pkgs=(
 	# man pages (help2man, from the programs' --help), `cpack -G DEB`'s
 	# Depends (dpkg-shlibdeps), and man -l in the cli tests
 	help2man dpkg-dev man-db
+	# the tests' S3 store (scripts/object-store.sh: a throwaway Ceph cluster
+	# whose radosgw speaks S3; nothing of it runs until a test starts it)
+	radosgw ceph-mon ceph-osd
 	# tests, fuzzing, benchmarks
 	libcmocka-dev clang libclang-rt-14-dev llvm fio python3
 	# bench/run.sh decompresses the real programs' traces; bench/traces/record.sh
@@ -53,8 +57,8 @@ if ! python3 -c 'import schemathesis, yaml' 2>/dev/null; then
 		'schemathesis==4.32.5' >/dev/null
 fi
 
-# The tests' S3 store is built from source with Go (Debian has no package of
-# it); the script returns at once when the pinned version is installed.
+# SeaweedFS is built from source with Go (Debian has no package of it); the
+# script returns at once when the pinned version is installed.
 if ((object_store)); then
 	"$(dirname "$0")/install-object-store.sh"
 fi

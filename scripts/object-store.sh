@@ -1,39 +1,40 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# A real S3 object store for tests: SeaweedFS (its master, volume server and
-# filer with the S3 gateway, one process group) on loopback, its data in DIR.
+# A real S3 object store for tests: Ceph's radosgw over a throwaway
+# one-monitor, one-OSD cluster (Debian's ceph-mon, ceph-osd, radosgw; no
+# manager), on loopback, every file in DIR.
 #
-#   scripts/object-store.sh start DIR   start it (or find it running), print
-#                                       the lines to eval, e.g.
-#                                       eval "$(scripts/object-store.sh start DIR)"
-#   scripts/object-store.sh stop DIR    stop it and wait; the data stays in DIR
+#   scripts/object-store.sh start DIR   start it (or find it running),
+#                                           print the lines to eval, e.g.
+#                                           eval "$(scripts/object-store.sh start DIR)"
+#   scripts/object-store.sh stop DIR    stop it and wait
 #   scripts/object-store.sh status DIR  exit 0 if it runs, 1 if not
 #
 # start prints AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
 # AWS_REGION and HALITE_TEST_BUCKET as `export K=V` lines: a fresh random key
-# and an empty bucket of a random name. DIR (made 0700) holds weed.pid,
-# weed.log, env (those lines) and s3.json (the key), all 0600.
-# Environment: HALITE_WEED (the weed binary, default the one
-# scripts/install-object-store.sh installs), HALITE_S3_START_TIMEOUT (seconds
-# to wait for S3 to be ready, default 60).
+# and an empty bucket of a random name. The OSD keeps objects in memory
+# (memstore), so a stopped store keeps no data: each start makes a new
+# cluster. DIR (made 0700) holds ceph.conf, rgw.pid, rgw.log, env (those
+# lines) and the cluster's state in cluster/, all 0600 or 0700.
+# Environment: HALITE_S3_START_TIMEOUT (seconds to wait for S3 to be ready,
+# default 60), HALITE_RGW_MEMORY_MB (the OSD's memory store, default 2048).
 set -euo pipefail
 umask 077
 
 REGION=us-east-1
-WEED=${HALITE_WEED:-/usr/local/lib/halite/weed}
 
 die() { echo "object-store: $*" >&2; exit 1; }
 
-# The pid in DIR/weed.pid if that process runs and is the weed serving DIR
-# (the file may outlive a crash, and the pid be reused).
+# The pid in DIR/rgw.pid if that process runs and is the leader of the
+# cluster serving DIR (the file may outlive a crash, and the pid be reused).
 running_pid() {
 	local pid
-	[[ -f $dir/weed.pid ]] || return 1
-	pid=$(<"$dir/weed.pid")
+	[[ -f $dir/rgw.pid ]] || return 1
+	pid=$(<"$dir/rgw.pid")
 	[[ $pid =~ ^[0-9]+$ ]] || return 1
 	[[ -r /proc/$pid/cmdline ]] || return 1
 	# grep reads to the end (no -q): tr must not die of SIGPIPE under pipefail.
-	tr '\0' '\n' <"/proc/$pid/cmdline" | grep -xF -- "-defaultStoreDir=$dir/filer" >/dev/null || return 1
+	tr '\0' '\n' <"/proc/$pid/cmdline" | grep -xF -- "$dir/ceph.conf" >/dev/null || return 1
 	echo "$pid"
 }
 
@@ -42,39 +43,29 @@ random_text() {
 	LC_ALL=C tr -dc "$2" </dev/urandom | head -c "$1" || true
 }
 
-# Four free loopback ports P, one per line, each with P + 10000 free too:
-# weed's gRPC port for an HTTP port P. `weed filer -s3` tells its S3
-# gateway the filer's address without the gRPC port, so the gateway can
-# only find the filer's gRPC at P + 10000; every service keeps that rule.
-# Held all at once while picking, so they differ; weed binds them again a
-# moment later.
+# Two free loopback ports, one per line: the monitor's and S3's. Held both
+# at once while picking, so they differ; the daemons bind them a moment
+# later. The OSD picks its own in Ceph's range (6800-7300) as it binds.
 free_ports() {
 	python3 - <<'EOF'
-import random, socket
-held, ports = [], []
-while len(ports) < 4:
-    p = random.randint(20000, 45000)
-    try:
-        pair = []
-        for port in (p, p + 10000):
-            s = socket.socket()
-            pair.append(s)
-            s.bind(("127.0.0.1", port))
-    except OSError:
-        for s in pair:
-            s.close()
-        continue
-    held += pair
-    ports.append(p)
-print("\n".join(map(str, ports)))
+import socket
+held = []
+for _ in range(2):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    held.append(s)
+print("\n".join(str(s.getsockname()[1]) for s in held))
 EOF
 }
 
-# The HTTP status of an S3 request signed with the key in DIR/env.
+# The HTTP status of an S3 request signed with the key being set up.
+# radosgw takes a request without x-amz-content-sha256 as UNSIGNED-PAYLOAD,
+# while curl 7.88 signs the hash of the body; the header makes them agree.
 s3_status() { # method path [curl-args...]
 	local method=$1 path=$2
 	shift 2
 	curl -s -o /dev/null -w '%{http_code}' --max-time 20 -X "$method" "$@" \
+		-H 'x-amz-content-sha256: UNSIGNED-PAYLOAD' \
 		--aws-sigv4 "aws:amz:$REGION:s3" --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" \
 		"$AWS_ENDPOINT_URL/$path" || true
 }
@@ -83,15 +74,20 @@ s3_status() { # method path [curl-args...]
 # (exited, not yet reaped by whoever inherited it) does not count.
 group_size() { ps -eo pgid=,stat= | awk -v g="$1" '$1 == g && $2 !~ /^Z/' | wc -l; }
 group_alive() { [[ $(group_size "$1") != 0 ]]; }
-# Whether a live process of group $1 has an option naming a path in DIR.
+# Whether a live process of group $1 was started with DIR's ceph.conf.
 group_serves() {
 	local p
 	for p in $(ps -eo pid=,pgid=,stat= | awk -v g="$1" '$2 == g && $3 !~ /^Z/ { print $1 }'); do
-		tr '\0' '\n' 2>/dev/null <"/proc/$p/cmdline" |
-			awk -v want="=$dir/" '/^-/ && index($0, want) { found = 1 } END { exit !found }' &&
+		tr '\0' '\n' 2>/dev/null <"/proc/$p/cmdline" | grep -xF -- "$dir/ceph.conf" >/dev/null &&
 			return 0
 	done
 	return 1
+}
+# Whether group $1 still has its leader and the three daemons.
+group_whole() {
+	local names
+	names=$(ps -eo pgid=,stat=,comm= | awk -v g="$1" '$1 == g && $2 !~ /^Z/ { print $3 }' | sort | tr '\n' ' ')
+	[[ $names == *ceph-mon* && $names == *ceph-osd* && $names == *radosgw* ]]
 }
 proc_alive() { [[ $(ps -o stat= -p "$1" 2>/dev/null) == [^Z]* ]]; }
 
@@ -106,111 +102,180 @@ wait_gone() { # test arg tenths
 }
 
 log_tail() {
-	echo "object-store: the last lines of $dir/weed.log:" >&2
-	tail -n 30 "$dir/weed.log" >&2 || true
+	local f
+	for f in "$dir/rgw.log" "$dir"/cluster/log/*.log; do
+		[[ -s $f ]] || continue
+		echo "object-store: the last lines of $f:" >&2
+		tail -n 15 "$f" >&2 || true
+	done
+}
+
+write_conf() { # fsid mon-port s3-port
+	local c=$dir/cluster
+	cat >"$dir/ceph.conf" <<EOF
+# A throwaway cluster for tests, written by object-store.sh.
+[global]
+fsid = $1
+mon host = [v2:127.0.0.1:$2]
+mon initial members = a
+public addr = 127.0.0.1
+cluster addr = 127.0.0.1
+# Loopback only, one host, nothing kept: no keys to look after.
+auth cluster required = none
+auth service required = none
+auth client required = none
+osd pool default size = 1
+osd pool default min size = 1
+mon allow pool size one = true
+mon warn on pool no redundancy = false
+# A monitor stops when its disk is nearly full; a test machine's may be.
+mon data avail warn = 1
+mon data avail crit = 1
+# radosgw makes about eight pools; 8 placement groups each keep the one
+# OSD under its limit of placement groups. No manager: nothing autoscales.
+osd pool default pg num = 8
+osd pool default pgp num = 8
+osd pool default pg autoscale mode = off
+osd crush chooseleaf type = 0
+# radosgw's start makes its pools one monitor proposal at a time, each
+# after the propose interval (1 s by default).
+paxos propose interval = 0.05
+paxos min wait = 0.01
+osd objectstore = memstore
+memstore device bytes = $((${HALITE_RGW_MEMORY_MB:-2048} * 1048576))
+umask = 077
+run dir = $c/run
+admin socket = $c/run/\$name.asok
+pid file = $c/run/\$name.pid
+crash dir = $c/crash
+log file = $c/log/\$name.log
+mon cluster log file = $c/log/cluster.log
+keyring = $c/keyring
+mon data = $c/mon
+osd data = $c/osd
+[client]
+# radosgw asks for a secure connection to the monitor by default, which
+# auth none cannot give ("get_initial_auth_request returned -13").
+ms mon client mode = crc
+[client.rgw]
+rgw frontends = beast endpoint=127.0.0.1:$3
+rgw data = $c/rgw
+rgw thread pool size = 64
+EOF
 }
 
 cmd_start() {
 	local pid
 	if pid=$(running_pid); then
-		[[ -f $dir/env ]] || die "weed (pid $pid) serves $dir but $dir/env is missing: stop it first"
+		[[ -f $dir/env ]] || die "radosgw's cluster (pid $pid) serves $dir but $dir/env is missing: stop it first"
 		cat "$dir/env"
 		return
 	fi
-	[[ -x $WEED ]] || die "no weed at $WEED: install it with scripts/install-object-store.sh (or set HALITE_WEED)"
+	local b
+	for b in ceph-mon ceph-osd radosgw radosgw-admin ceph monmaptool; do
+		command -v "$b" >/dev/null ||
+			die "no $b: install it with apt-get install --no-install-recommends radosgw ceph-mon ceph-osd"
+	done
 	command -v curl >/dev/null || die "curl is needed"
 	# Unix sockets take paths of at most 107 bytes.
-	(( ${#dir} <= 90 )) || die "$dir is too long a path for weed's unix sockets (at most 90 characters)"
+	(( ${#dir} <= 70 )) || die "$dir is too long a path for Ceph's admin sockets (at most 70 characters)"
+	[[ ${HALITE_RGW_MEMORY_MB:-2048} =~ ^[1-9][0-9]{0,5}$ ]] ||
+		die "HALITE_RGW_MEMORY_MB='${HALITE_RGW_MEMORY_MB}' is not a size in MiB"
+	# A stopped cluster left no data worth keeping (memstore): start anew.
+	cmd_stop
+	rm -rf -- "$dir/cluster"
+	rm -f -- "$dir/env" "$dir/rgw.log"
+	mkdir -p "$dir/cluster/mon" "$dir/cluster/osd" "$dir/cluster/rgw" \
+		"$dir/cluster/run" "$dir/cluster/log" "$dir/cluster/crash"
 
-	local ports master volume filer s3
+	local ports mon s3
 	ports=$(free_ports) || die "could not pick free loopback ports"
-	read -r -d '' master volume filer s3 <<<"$ports" || true
+	read -r -d '' mon s3 <<<"$ports" || true
 	[[ -n $s3 ]] || die "could not pick free loopback ports"
+	local fsid osd_uuid
+	fsid=$(python3 -c 'import uuid; print(uuid.uuid4())')
+	osd_uuid=$(python3 -c 'import uuid; print(uuid.uuid4())')
+	write_conf "$fsid" "$mon" "$s3"
 
 	AWS_ENDPOINT_URL=http://127.0.0.1:$s3
 	AWS_ACCESS_KEY_ID=HAL$(random_text 17 'A-Z0-9')
 	AWS_SECRET_ACCESS_KEY=$(random_text 40 'A-Za-z0-9')
 	local bucket=halite-test-$(random_text 12 'a-z0-9')
-	mkdir -p "$dir/volume" "$dir/master" "$dir/filer" "$dir/tmp"
-	rm -f "$dir/env" "$dir/weed.pid"
-	cat >"$dir/s3.json" <<EOF
-{
-  "identities": [
-    {
-      "name": "halite-test",
-      "credentials": [
-        { "accessKey": "$AWS_ACCESS_KEY_ID", "secretKey": "$AWS_SECRET_ACCESS_KEY" }
-      ],
-      "actions": ["Admin", "Read", "List", "Tagging", "Write"]
-    }
-  ]
-}
-EOF
 
-	# Three processes (master, volume server, filer with the S3 gateway) in
-	# one session, so stop can signal the whole group: the shell starts two
-	# and becomes the third. Not `weed server`: it puts gRPC unix sockets at
-	# fixed paths in /tmp, which a local user could take first; the separate
-	# commands put theirs where they are told, inside DIR. Its own HOME and
-	# TMPDIR there too, so no configuration of the machine's user is read
-	# and nothing lands in /tmp. No telemetry, no Iceberg or Lance catalog
-	# ports; volumes of 64 MiB made on demand, none preallocated; no wait
-	# before a volume server stops.
+	# One session, so stop can signal the whole group: a shell makes the
+	# monitor, starts it, registers and makes the OSD once the monitor
+	# answers, starts it and radosgw, and waits. The daemons stay in the
+	# foreground (-f) as its children. HOME is DIR, so no configuration of
+	# the machine's user is read; every path the daemons write is set in
+	# ceph.conf, inside DIR.
 	local t0=$SECONDS
 	(
 		cd "$dir"
-		export HOME=$dir TMPDIR=$dir/tmp
+		export HOME=$dir TMPDIR=$dir/cluster/run CEPH_CONF=$dir/ceph.conf
 		exec setsid bash -c '
-			w=$1 d=$2 m=127.0.0.1:$3
-			"$w" -logtostderr=true master -ip=127.0.0.1 -ip.bind=127.0.0.1 \
-				-port="$3" -mdir="$d/master" -volumeSizeLimitMB=64 -telemetry=false &
-			"$w" -logtostderr=true volume -ip=127.0.0.1 -ip.bind=127.0.0.1 \
-				-port="$4" -master="$m" -dir="$d/volume" -max=0 -preStopSeconds=0 &
-			exec "$w" -logtostderr=true filer -ip=127.0.0.1 -ip.bind=127.0.0.1 \
-				-port="$5" -master="$m" \
-				-defaultStoreDir="$d/filer" -localSocket="$d/filer.sock" \
-				-s3 -s3.port="$6" -s3.localSocket="$d/s3.sock" \
-				-s3.port.iceberg=0 -s3.port.lance=0 -s3.config="$d/s3.json" \
-				-s3.autoCreateBucket=false' \
-			weed-store "$WEED" "$dir" "$master" "$volume" "$filer" "$s3"
-	) </dev/null >"$dir/weed.log" 2>&1 9>&- &
+			set -e
+			conf=$1 d=$2 fsid=$3 mon=$4 uuid=$5
+			monmaptool --create --fsid "$fsid" --addv a "[v2:127.0.0.1:$mon]" "$d/cluster/monmap" >/dev/null
+			ceph-mon -c "$conf" --mkfs -i a --monmap "$d/cluster/monmap"
+			chmod 0700 "$d/cluster/mon/store.db"
+			ceph-mon -c "$conf" -i a -f &
+			for i in $(seq 100); do
+				id=$(ceph -c "$conf" --connect-timeout 5 osd new "$uuid" 2>/dev/null) && break
+				sleep 0.2
+			done
+			[[ $id == 0 ]] || { echo "the monitor did not register the OSD"; exit 1; }
+			ceph-osd -c "$conf" -i 0 --mkfs --osd-uuid "$uuid"
+			ceph-osd -c "$conf" -i 0 -f &
+			radosgw -c "$conf" -n client.rgw -f &
+			wait' \
+			rgw-store "$dir/ceph.conf" "$dir" "$fsid" "$mon" "$osd_uuid"
+	) </dev/null >"$dir/rgw.log" 2>&1 9>&- &
 	pid=$!
-	echo "$pid" >"$dir/weed.pid"
+	echo "$pid" >"$dir/rgw.pid"
 
-	# S3 answers once the gateway listens and can make a bucket once the
-	# filer is up, but an object write waits for the filer's lock ring,
-	# which a fresh filer joins only after confirming for 10 s that it is
-	# alone. Ready means an object can be written: a probe, then deleted.
-	local limit=${HALITE_S3_START_TIMEOUT:-60} status=000 want=200 step=bucket
+	fail() {
+		log_tail
+		stop_group "$pid"
+		rm -f "$dir/rgw.pid"
+		die "$@"
+	}
+
+	# radosgw answers once it has made its pools on the OSD; then the user
+	# and the bucket. Ready means an object can be written: a probe, then
+	# deleted.
+	local limit=${HALITE_S3_START_TIMEOUT:-60} status=000 want=200 step=listen
 	while (( SECONDS - t0 < limit )); do
-		# The shell needs a moment to start all three.
-		if ! proc_alive "$pid" ||
-			{ ((SECONDS - t0 >= 2)) && [[ $(group_size "$pid") != 3 ]]; }; then
-			log_tail
-			stop_group "$pid"
-			rm -f "$dir/weed.pid"
-			die "a weed process exited during start (see $dir/weed.log)"
+		proc_alive "$pid" || fail "the cluster's start failed (see $dir/rgw.log)"
+		if ((SECONDS - t0 >= 5)) && [[ $step != listen ]] && ! group_whole "$pid"; then
+			fail "a Ceph daemon exited during start (see $dir/cluster/log)"
 		fi
 		case $step in
+		listen) status=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$AWS_ENDPOINT_URL/" || true) ;;
+		user)
+			radosgw-admin -c "$dir/ceph.conf" user create --uid halite-test \
+				--display-name halite-test --access-key "$AWS_ACCESS_KEY_ID" \
+				--secret-key "$AWS_SECRET_ACCESS_KEY" >/dev/null 2>>"$dir/rgw.log" &&
+				status=200 || status=000
+			;;
 		bucket) status=$(s3_status PUT "$bucket") ;;
-		probe) status=$(s3_status PUT "$bucket/.start-probe" -T /dev/null) ;;
+		probe) status=$(s3_status PUT "$bucket/.start-probe" --data-binary '') ;;
 		esac
-		if [[ $status == 200 && $step == bucket ]]; then
-			step=probe
-			continue
+		if [[ $status == 200 ]]; then
+			case $step in
+			listen) step=user; continue ;;
+			user) step=bucket; continue ;;
+			bucket) step=probe; continue ;;
+			probe) break ;;
+			esac
 		fi
-		[[ $status == 200 ]] && break
-		sleep 0.3
+		sleep 0.2
 	done
-	if [[ $status == 200 ]]; then
+	if [[ $status == 200 && $step == probe ]]; then
 		status=$(s3_status DELETE "$bucket/.start-probe")
 		want=204
 	fi
 	if [[ $status != "$want" ]]; then
-		log_tail
-		stop_group "$pid"
-		rm -f "$dir/weed.pid"
-		die "S3 on $AWS_ENDPOINT_URL could not make bucket $bucket and write to it within $limit s (the $step: HTTP status $status)"
+		fail "S3 on $AWS_ENDPOINT_URL was not ready within $limit s (the $step: status $status)"
 	fi
 	cat >"$dir/env" <<EOF
 export AWS_ENDPOINT_URL=$AWS_ENDPOINT_URL
@@ -223,23 +288,28 @@ EOF
 	cat "$dir/env"
 }
 
-# Stop process group $1 (its leader the filer) and wait until none of it is
-# left. The filer first, while the volume server and master it flushes its
-# metadata log to still run (stopped together, it waits 15 s for them in
-# vain); then the rest. Past 30 s each, weed is stuck, and the group is
-# killed.
+# The pids of group $1's live processes named $2, and whether there is one.
+group_named() { ps -eo pid=,pgid=,stat=,comm= | awk -v g="$1" -v n="$2" '$2 == g && $3 !~ /^Z/ && $4 == n { print $1 }'; }
+named_alive() { [[ -n $(group_named "${1% *}" "${1#* }") ]]; }
+
+# Stop process group $1 (the shell that started the daemons, and them) and
+# wait until none of it is left. radosgw first, then the OSD, then the
+# monitor: stopped with the OSD, radosgw waits for its last writes, and an
+# OSD without its monitor waits 5 s to say goodbye. Nothing is kept, so
+# nothing needs a clean shutdown: SIGKILL for what still runs after 10 s.
 stop_group() {
-	local pid=$1
-	if proc_alive "$pid"; then
-		kill -TERM "$pid" 2>/dev/null || true
-		wait_gone proc_alive "$pid" 300 ||
-			echo "object-store: the filer (pid $pid) ignored SIGTERM for 30 s" >&2
-	fi
+	local pid=$1 name pids
+	for name in radosgw ceph-osd; do
+		pids=$(group_named "$pid" "$name")
+		[[ -n $pids ]] || continue
+		kill -TERM $pids 2>/dev/null || true
+		wait_gone named_alive "$pid $name" 100 || true
+	done
 	kill -TERM -- "-$pid" 2>/dev/null || true
-	if ! wait_gone group_alive "$pid" 300; then
-		echo "object-store: weed's process group $pid ignored SIGTERM for 30 s; killing it" >&2
+	if ! wait_gone group_alive "$pid" 100; then
+		echo "object-store: process group $pid ignored SIGTERM for 10 s; killing it" >&2
 		kill -KILL -- "-$pid" 2>/dev/null || true
-		wait_gone group_alive "$pid" 50 || die "weed's process group $pid survived SIGKILL"
+		wait_gone group_alive "$pid" 50 || die "process group $pid survived SIGKILL"
 	fi
 }
 
@@ -248,19 +318,19 @@ cmd_stop() {
 	if pid=$(running_pid); then
 		stop_group "$pid"
 	else
-		# The filer may have died and left the master and volume server.
-		pid=$(cat "$dir/weed.pid" 2>/dev/null || true)
+		# The shell may have died and left daemons.
+		pid=$(cat "$dir/rgw.pid" 2>/dev/null || true)
 		if [[ $pid =~ ^[0-9]+$ ]] && group_serves "$pid"; then
 			stop_group "$pid"
 		fi
 	fi
-	rm -f "$dir/weed.pid"
+	rm -f "$dir/rgw.pid"
 }
 
 case "${1:-}" in
--h|--help) sed -n '3,18p' "$0"; exit 0 ;;
+-h|--help) sed -n '3,20p' "$0"; exit 0 ;;
 esac
-[[ $# -eq 2 ]] || { sed -n '3,18p' "$0" >&2; exit 2; }
+[[ $# -eq 2 ]] || { sed -n '3,20p' "$0" >&2; exit 2; }
 action=$1
 case $action in
 start)
@@ -273,7 +343,7 @@ stop|status) [[ -d $2 ]] || { [[ $action == stop ]] && exit 0; exit 1; } ;;
 esac
 dir=$(cd -- "$2" && pwd -P)
 
-# One start or stop at a time per DIR: two starts must not make two servers.
+# One start or stop at a time per DIR: two starts must not make two clusters.
 exec 9>"$dir/lock"
 flock 9
 case $action in

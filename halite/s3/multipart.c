@@ -137,6 +137,9 @@ int halite_s3_mpu_list(struct halite_s3 *s, const char *key, const char *upload_
 	*n_out = n;
 	return 0;
 fail:
+	/* radosgw (16.2) says NoSuchKey where S3 says NoSuchUpload: the upload is gone either way. */
+	if (ret == -HALITE_S3_E_NO_SUCH_KEY)
+		ret = -HALITE_S3_E_NO_SUCH_UPLOAD;
 	free(parts);
 	return ret;
 }
@@ -184,6 +187,14 @@ int halite_s3_mpu_complete(struct halite_s3 *s, const char *key, const char *upl
 	}
 	s3_xfer_clear(&x);
 	free(doc);
+	/* radosgw (16.2) answers with an empty <ETag>: the object's own, from a HEAD. */
+	if (!ret && !etag[0]) {
+		struct halite_s3_object o;
+
+		ret = halite_s3_head(s, key, &o);
+		if (!ret)
+			snprintf(etag, HALITE_S3_ETAG_MAX, "%s", o.etag);
+	}
 	return ret;
 }
 

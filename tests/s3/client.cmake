@@ -11,12 +11,24 @@ halite_test(s3_unit SOURCES ${S3_TEST_DIR}/test_s3_unit.c
 
 add_executable(s3_client_test ${S3_TEST_DIR}/test_s3_client.c)
 target_link_libraries(s3_client_test PRIVATE halite_s3)
-add_test(NAME s3_client
-  COMMAND bash ${S3_TEST_DIR}/run_with_store.sh ${CMAKE_SOURCE_DIR}
-          $<TARGET_FILE:s3_client_test>)
-add_test(NAME s3_push_pull
-  COMMAND bash ${S3_TEST_DIR}/run_with_store.sh ${CMAKE_SOURCE_DIR}
-          bash ${S3_TEST_DIR}/test_push_pull.sh $<TARGET_FILE:halite-inspect>
-          ${CMAKE_SOURCE_DIR})
-set_tests_properties(s3_client s3_push_pull PROPERTIES LABELS s3 TIMEOUT 300
-                     SKIP_RETURN_CODE 77)
+# Each against the default store (radosgw) and against SeaweedFS (run_with_store.sh).
+foreach(store IN ITEMS default seaweedfs)
+  if(store STREQUAL default)
+    set(sfx "")
+    set(labels s3)
+    set(env "HALITE_OBJECT_STORE=${CMAKE_SOURCE_DIR}/scripts/object-store.sh")
+  else()
+    set(sfx _${store})
+    set(labels "s3;${store}")
+    set(env "HALITE_OBJECT_STORE=${CMAKE_SOURCE_DIR}/scripts/object-store-${store}.sh;HALITE_STORE_REQUIRE=HALITE_REQUIRE_SEAWEEDFS")
+  endif()
+  add_test(NAME s3_client${sfx}
+    COMMAND bash ${S3_TEST_DIR}/run_with_store.sh ${CMAKE_SOURCE_DIR}
+            $<TARGET_FILE:s3_client_test>)
+  add_test(NAME s3_push_pull${sfx}
+    COMMAND bash ${S3_TEST_DIR}/run_with_store.sh ${CMAKE_SOURCE_DIR}
+            bash ${S3_TEST_DIR}/test_push_pull.sh $<TARGET_FILE:halite-inspect>
+            ${CMAKE_SOURCE_DIR})
+  set_tests_properties(s3_client${sfx} s3_push_pull${sfx} PROPERTIES LABELS "${labels}"
+                       TIMEOUT 300 SKIP_RETURN_CODE 77 ENVIRONMENT "${env}")
+endforeach()

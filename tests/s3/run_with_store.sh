@@ -7,16 +7,19 @@
 #
 #   run_with_store.sh SOURCE_DIR COMMAND [ARGS...]
 #
-# HALITE_OBJECT_STORE names another object-store.sh (a checkout that has it).
+# HALITE_OBJECT_STORE names the store's script (default: scripts/object-store.sh,
+# radosgw); HALITE_STORE_REQUIRE names the variable that, set to 1, makes a
+# store that cannot start a failure (default HALITE_REQUIRE_S3).
 set -uo pipefail
 
 src=${1:?usage: run_with_store.sh SOURCE_DIR COMMAND [ARGS...]}
 shift
 store=${HALITE_OBJECT_STORE:-$src/scripts/object-store.sh}
 
+require=${HALITE_STORE_REQUIRE:-HALITE_REQUIRE_S3}
 skip() {
-	if [[ ${HALITE_REQUIRE_S3:-0} == 1 ]]; then
-		echo "FAIL: HALITE_REQUIRE_S3=1 but $*" >&2
+	if [[ ${!require:-0} == 1 ]]; then
+		echo "FAIL: $require=1 but $*" >&2
 		exit 1
 	fi
 	echo "SKIP: $*" >&2
