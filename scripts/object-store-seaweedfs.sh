@@ -22,25 +22,8 @@ umask 077
 REGION=us-east-1
 WEED=${HALITE_WEED:-/usr/local/lib/halite/weed}
 
-die() { echo "object-store-seaweedfs: $*" >&2; exit 1; }
-
-# The pid in DIR/weed.pid if that process runs and is the weed serving DIR
-# (the file may outlive a crash, and the pid be reused).
-running_pid() {
-	local pid
-	[[ -f $dir/weed.pid ]] || return 1
-	pid=$(<"$dir/weed.pid")
-	[[ $pid =~ ^[0-9]+$ ]] || return 1
-	[[ -r /proc/$pid/cmdline ]] || return 1
-	# grep reads to the end (no -q): tr must not die of SIGPIPE under pipefail.
-	tr '\0' '\n' <"/proc/$pid/cmdline" | grep -xF -- "-defaultStoreDir=$dir/filer" >/dev/null || return 1
-	echo "$pid"
-}
-
-# Random text of $1 characters from the alphabet $2 (tr's classes).
-random_text() {
-	LC_ALL=C tr -dc "$2" </dev/urandom | head -c "$1" || true
-}
+NAME=object-store-seaweedfs PIDFILE=weed.pid USAGE=3,18p
+. "$(dirname -- "${BASH_SOURCE[0]}")/object-store-lib.sh"
 
 # Four free loopback ports P, one per line, each with P + 10000 free too:
 # weed's gRPC port for an HTTP port P. `weed filer -s3` tells its S3
@@ -81,28 +64,12 @@ s3_status() { # method path [curl-args...]
 
 # How many processes of group $1 are left, and whether any is; a zombie
 # (exited, not yet reaped by whoever inherited it) does not count.
-group_size() { ps -eo pgid=,stat= | awk -v g="$1" '$1 == g && $2 !~ /^Z/' | wc -l; }
-group_alive() { [[ $(group_size "$1") != 0 ]]; }
-# Whether a live process of group $1 has an option naming a path in DIR.
-group_serves() {
-	local p
-	for p in $(ps -eo pid=,pgid=,stat= | awk -v g="$1" '$2 == g && $3 !~ /^Z/ { print $1 }'); do
-		tr '\0' '\n' 2>/dev/null <"/proc/$p/cmdline" |
-			awk -v want="=$dir/" '/^-/ && index($0, want) { found = 1 } END { exit !found }' &&
-			return 0
-	done
-	return 1
-}
-proc_alive() { [[ $(ps -o stat= -p "$1" 2>/dev/null) == [^Z]* ]]; }
-
-# Wait up to $2 tenths of a second for the test "$1 ARG" to fail.
-wait_gone() { # test arg tenths
-	local i
-	for ((i = 0; i < $3; i++)); do
-		"$1" "$2" || return 0
-		sleep 0.1
-	done
-	! "$1" "$2"
+# Whether PID is the filer of DIR (the group's leader), or any weed with an
+# option naming a path in DIR.
+leader_serves() { cmdline_has "$1" "-defaultStoreDir=$dir/filer"; }
+member_serves() {
+	tr '\0' '\n' 2>/dev/null <"/proc/$1/cmdline" |
+		awk -v want="=$dir/" '/^-/ && index($0, want) { found = 1 } END { exit !found }'
 }
 
 log_tail() {
@@ -243,41 +210,4 @@ stop_group() {
 	fi
 }
 
-cmd_stop() {
-	local pid
-	if pid=$(running_pid); then
-		stop_group "$pid"
-	else
-		# The filer may have died and left the master and volume server.
-		pid=$(cat "$dir/weed.pid" 2>/dev/null || true)
-		if [[ $pid =~ ^[0-9]+$ ]] && group_serves "$pid"; then
-			stop_group "$pid"
-		fi
-	fi
-	rm -f "$dir/weed.pid"
-}
-
-case "${1:-}" in
--h|--help) sed -n '3,18p' "$0"; exit 0 ;;
-esac
-[[ $# -eq 2 ]] || { sed -n '3,18p' "$0" >&2; exit 2; }
-action=$1
-case $action in
-start)
-	# A directory given that exists keeps its mode: what start writes in
-	# it is 0600 or 0700 anyway (umask 077).
-	[[ -d $2 ]] || mkdir -p -m 0700 -- "$2"
-	;;
-stop|status) [[ -d $2 ]] || { [[ $action == stop ]] && exit 0; exit 1; } ;;
-*) echo "object-store-seaweedfs.sh: unknown action '$action' (start, stop or status)" >&2; exit 2 ;;
-esac
-dir=$(cd -- "$2" && pwd -P)
-
-# One start or stop at a time per DIR: two starts must not make two servers.
-exec 9>"$dir/lock"
-flock 9
-case $action in
-start) cmd_start ;;
-stop) cmd_stop ;;
-status) running_pid >/dev/null ;;
-esac
+store_main "$@"

@@ -22,26 +22,8 @@ set -euo pipefail
 umask 077
 
 REGION=us-east-1
-
-die() { echo "object-store: $*" >&2; exit 1; }
-
-# The pid in DIR/rgw.pid if that process runs and is the leader of the
-# cluster serving DIR (the file may outlive a crash, and the pid be reused).
-running_pid() {
-	local pid
-	[[ -f $dir/rgw.pid ]] || return 1
-	pid=$(<"$dir/rgw.pid")
-	[[ $pid =~ ^[0-9]+$ ]] || return 1
-	[[ -r /proc/$pid/cmdline ]] || return 1
-	# grep reads to the end (no -q): tr must not die of SIGPIPE under pipefail.
-	tr '\0' '\n' <"/proc/$pid/cmdline" | grep -xF -- "$dir/ceph.conf" >/dev/null || return 1
-	echo "$pid"
-}
-
-# Random text of $1 characters from the alphabet $2 (tr's classes).
-random_text() {
-	LC_ALL=C tr -dc "$2" </dev/urandom | head -c "$1" || true
-}
+NAME=object-store PIDFILE=rgw.pid USAGE=3,20p
+. "$(dirname -- "${BASH_SOURCE[0]}")/object-store-lib.sh"
 
 # Two free loopback ports, one per line: the monitor's and S3's. Held both
 # at once while picking, so they differ; the daemons bind them a moment
@@ -72,35 +54,16 @@ s3_status() { # method path [curl-args...]
 
 # How many processes of group $1 are left, and whether any is; a zombie
 # (exited, not yet reaped by whoever inherited it) does not count.
-group_size() { ps -eo pgid=,stat= | awk -v g="$1" '$1 == g && $2 !~ /^Z/' | wc -l; }
-group_alive() { [[ $(group_size "$1") != 0 ]]; }
-# Whether a live process of group $1 was started with DIR's ceph.conf.
-group_serves() {
-	local p
-	for p in $(ps -eo pid=,pgid=,stat= | awk -v g="$1" '$2 == g && $3 !~ /^Z/ { print $1 }'); do
-		tr '\0' '\n' 2>/dev/null <"/proc/$p/cmdline" | grep -xF -- "$dir/ceph.conf" >/dev/null &&
-			return 0
-	done
-	return 1
-}
+# Whether PID leads, or belongs to, the cluster of DIR: started with its ceph.conf.
+leader_serves() { cmdline_has "$1" "$dir/ceph.conf"; }
+member_serves() { cmdline_has "$1" "$dir/ceph.conf"; }
+
 # Whether group $1 still has its leader and the three daemons.
 group_whole() {
 	local names
 	names=$(ps -eo pgid=,stat=,comm= | awk -v g="$1" '$1 == g && $2 !~ /^Z/ { print $3 }' | sort | tr '\n' ' ')
 	[[ $names == *ceph-mon* && $names == *ceph-osd* && $names == *radosgw* ]]
 }
-proc_alive() { [[ $(ps -o stat= -p "$1" 2>/dev/null) == [^Z]* ]]; }
-
-# Wait up to $2 tenths of a second for the test "$1 ARG" to fail.
-wait_gone() { # test arg tenths
-	local i
-	for ((i = 0; i < $3; i++)); do
-		"$1" "$2" || return 0
-		sleep 0.1
-	done
-	! "$1" "$2"
-}
-
 log_tail() {
 	local f
 	for f in "$dir/rgw.log" "$dir"/cluster/log/*.log; do
@@ -313,41 +276,4 @@ stop_group() {
 	fi
 }
 
-cmd_stop() {
-	local pid
-	if pid=$(running_pid); then
-		stop_group "$pid"
-	else
-		# The shell may have died and left daemons.
-		pid=$(cat "$dir/rgw.pid" 2>/dev/null || true)
-		if [[ $pid =~ ^[0-9]+$ ]] && group_serves "$pid"; then
-			stop_group "$pid"
-		fi
-	fi
-	rm -f "$dir/rgw.pid"
-}
-
-case "${1:-}" in
--h|--help) sed -n '3,20p' "$0"; exit 0 ;;
-esac
-[[ $# -eq 2 ]] || { sed -n '3,20p' "$0" >&2; exit 2; }
-action=$1
-case $action in
-start)
-	# A directory given that exists keeps its mode: what start writes in
-	# it is 0600 or 0700 anyway (umask 077).
-	[[ -d $2 ]] || mkdir -p -m 0700 -- "$2"
-	;;
-stop|status) [[ -d $2 ]] || { [[ $action == stop ]] && exit 0; exit 1; } ;;
-*) echo "object-store.sh: unknown action '$action' (start, stop or status)" >&2; exit 2 ;;
-esac
-dir=$(cd -- "$2" && pwd -P)
-
-# One start or stop at a time per DIR: two starts must not make two clusters.
-exec 9>"$dir/lock"
-flock 9
-case $action in
-start) cmd_start ;;
-stop) cmd_stop ;;
-status) running_pid >/dev/null ;;
-esac
+store_main "$@"
