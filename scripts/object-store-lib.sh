@@ -58,6 +58,21 @@ wait_gone() { # test arg tenths
 	! "$1" "$2"
 }
 
+# Ready: DIR/env (0600) holds the export lines of the store, and they are
+# printed for eval. $1 the bucket, $2 the leader's pid, $3 when start began
+# ($SECONDS).
+store_ready() {
+	cat >"$dir/env" <<EOT
+export AWS_ENDPOINT_URL=$AWS_ENDPOINT_URL
+export AWS_ACCESS_KEY_ID=$AWS_ACCESS_KEY_ID
+export AWS_SECRET_ACCESS_KEY=$AWS_SECRET_ACCESS_KEY
+export AWS_REGION=$REGION
+export HALITE_TEST_BUCKET=$1
+EOT
+	echo "$NAME: S3 ready on $AWS_ENDPOINT_URL in $((SECONDS - $3)) s (pid $2)" >&2
+	cat "$dir/env"
+}
+
 cmd_stop() {
 	local pid
 	if pid=$(running_pid); then

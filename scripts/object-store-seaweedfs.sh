@@ -179,15 +179,7 @@ EOF
 		rm -f "$dir/weed.pid"
 		die "S3 on $AWS_ENDPOINT_URL could not make bucket $bucket and write to it within $limit s (the $step: HTTP status $status)"
 	fi
-	cat >"$dir/env" <<EOF
-export AWS_ENDPOINT_URL=$AWS_ENDPOINT_URL
-export AWS_ACCESS_KEY_ID=$AWS_ACCESS_KEY_ID
-export AWS_SECRET_ACCESS_KEY=$AWS_SECRET_ACCESS_KEY
-export AWS_REGION=$REGION
-export HALITE_TEST_BUCKET=$bucket
-EOF
-	echo "object-store-seaweedfs: S3 ready on $AWS_ENDPOINT_URL in $((SECONDS - t0)) s (pid $pid)" >&2
-	cat "$dir/env"
+	store_ready "$bucket" "$pid" "$t0"
 }
 
 # Stop process group $1 (its leader the filer) and wait until none of it is

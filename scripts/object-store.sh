@@ -240,15 +240,7 @@ cmd_start() {
 	if [[ $status != "$want" ]]; then
 		fail "S3 on $AWS_ENDPOINT_URL was not ready within $limit s (the $step: status $status)"
 	fi
-	cat >"$dir/env" <<EOF
-export AWS_ENDPOINT_URL=$AWS_ENDPOINT_URL
-export AWS_ACCESS_KEY_ID=$AWS_ACCESS_KEY_ID
-export AWS_SECRET_ACCESS_KEY=$AWS_SECRET_ACCESS_KEY
-export AWS_REGION=$REGION
-export HALITE_TEST_BUCKET=$bucket
-EOF
-	echo "object-store: S3 ready on $AWS_ENDPOINT_URL in $((SECONDS - t0)) s (pid $pid)" >&2
-	cat "$dir/env"
+	store_ready "$bucket" "$pid" "$t0"
 }
 
 # The pids of group $1's live processes named $2, and whether there is one.
