@@ -81,7 +81,6 @@ static int s_fail(struct halite_session *s, int err, const char *fmt, ...)
 	halite_vformat_error(msg, sizeof(msg), err, fmt, ap);
 	va_end(ap);
 	gs_errmsg_level(&s->gs, msg, HALITE_LOG_ERROR);
-	atomic_store(&s->gs.failed, true);
 	gs_end(&s->gs, err);
 	return err;
 }
