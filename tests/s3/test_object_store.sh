@@ -1,28 +1,57 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# radosgw as the test object store (scripts/object-store.sh) is a real
-# S3: it starts in a fresh directory, keeps a few MiB of random bytes exactly
-# (whole, by Range, and put in three parts of a multipart upload), answers a
-# wrong If-Match with 412 and a wrong secret with 403, starts only once per
-# directory, and stops leaving no process behind. Skips (77) without the
-# Ceph packages unless HALITE_REQUIRE_S3=1.
+# The test object store STORE (radosgw: scripts/object-store.sh; seaweedfs:
+# scripts/object-store-seaweedfs.sh) is a real S3: it starts in a fresh
+# directory, keeps a few MiB of random bytes exactly (whole, by Range, and
+# put in three parts of a multipart upload), answers a wrong If-Match with
+# 412 and a wrong secret with 403, starts only once per directory, and stops
+# leaving no process behind. Skips (77) without the store unless
+# HALITE_REQUIRE_S3=1 (radosgw) or HALITE_REQUIRE_SEAWEEDFS=1 (seaweedfs).
 #
-#   test_object_store_rgw.sh SOURCE_DIR [SEED]
+#   test_object_store.sh SOURCE_DIR radosgw|seaweedfs [SEED]
 set -euo pipefail
 
-src=${1:?usage: test_object_store_rgw.sh SOURCE_DIR [SEED]}
-seed=${2:-$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}
-store=$src/scripts/object-store.sh
+usage="usage: test_object_store.sh SOURCE_DIR radosgw|seaweedfs [SEED]"
+src=${1:?$usage}
+kind=${2:?$usage}
+seed=${3:-$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}
 
-for b in ceph-mon ceph-osd radosgw; do
-	command -v "$b" >/dev/null && continue
-	if [[ ${HALITE_REQUIRE_S3:-0} == 1 ]]; then
-		echo "FAIL: HALITE_REQUIRE_S3=1 but there is no $b (apt-get install radosgw ceph-mon ceph-osd)"
+skip() { # what's missing, the variable that makes it a failure, how to get it
+	if [[ ${!2:-0} == 1 ]]; then
+		echo "FAIL: $2=1 but there is no $1 ($3)"
 		exit 1
 	fi
-	echo "SKIP: no $b (apt-get install radosgw ceph-mon ceph-osd)"
+	echo "SKIP: no $1 ($3)"
 	exit 77
-done
+}
+
+# What differs between the stores: the script, what must be installed, how
+# the store's processes are told apart, how many serve it, its pid file.
+case $kind in
+radosgw)
+	store=$src/scripts/object-store.sh
+	for b in ceph-mon ceph-osd radosgw; do
+		command -v "$b" >/dev/null ||
+			skip "$b" HALITE_REQUIRE_S3 "apt-get install radosgw ceph-mon ceph-osd"
+	done
+	nprocs=4 procs_what="the shell and three daemons" pidfile=rgw.pid
+	# Started with this store's ceph.conf (the leader shell and the daemons).
+	is_store_proc() { grep -xF -- "$dir/ceph.conf" >/dev/null; }
+	;;
+seaweedfs)
+	store=$src/scripts/object-store-seaweedfs.sh
+	weed=${HALITE_WEED:-/usr/local/lib/halite/weed}
+	[[ -x $weed ]] ||
+		skip "weed at $weed" HALITE_REQUIRE_SEAWEEDFS "scripts/install-object-store.sh installs it"
+	nprocs=3 procs_what="three weed processes" pidfile=weed.pid
+	# An option naming a path in DIR (-mdir=DIR/master, -dir=DIR/volume, ...).
+	is_store_proc() { awk -v want="=$dir/" '/^-/ && index($0, want) { f = 1 } END { exit !f }'; }
+	;;
+*)
+	echo "$usage" >&2
+	exit 2
+	;;
+esac
 
 fails=0
 check() { # description command...
@@ -37,7 +66,7 @@ check() { # description command...
 }
 eq() { [[ $1 == "$2" ]] || { echo "  got '$1', want '$2'"; return 1; }; }
 
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/halite-rgw.XXXXXX")
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/halite-s3-$kind.XXXXXX")
 dir=$tmp/store
 cleanup() {
 	"$store" stop "$dir" >/dev/null 2>&1 || true
@@ -46,13 +75,11 @@ cleanup() {
 trap cleanup EXIT
 echo "seed $seed, store in $dir"
 
-# Processes started with this store's ceph.conf (the leader shell and the
-# three daemons).
+# The processes serving DIR.
 store_procs() {
 	local p n=0
 	for p in /proc/[0-9]*; do
-		tr '\0' '\n' 2>/dev/null <"$p/cmdline" | grep -xF -- "$dir/ceph.conf" >/dev/null &&
-			n=$((n + 1))
+		tr '\0' '\n' 2>/dev/null <"$p/cmdline" | is_store_proc && n=$((n + 1))
 	done
 	echo "$n"
 }
@@ -74,11 +101,11 @@ check "DIR is 0700" eq "$(mode "$dir")" 700
 check "DIR/env is 0600" eq "$(mode "$dir/env")" 600
 check "no file or directory in DIR is open to group or others" \
 	eq "$(find "$dir" -perm /077 ! -type l ! -type s | wc -l)" 0
-check "the shell and three daemons serve DIR" eq "$(store_procs)" 4
+check "$procs_what serve DIR" eq "$(store_procs)" "$nprocs"
 
 again=$("$store" start "$dir")
 check "a second start prints the same lines" eq "$again" "$out"
-check "a second start makes no second server" eq "$(store_procs)" 4
+check "a second start makes no second server" eq "$(store_procs)" "$nprocs"
 check "status says it runs" "$store" status "$dir"
 
 # An object of random bytes from the seed: 11 MiB and an odd tail, so that
@@ -95,8 +122,8 @@ s3() { # out-file curl-args... ; prints the HTTP status
 	shift
 	curl -s --max-time 60 -o "$out" -w '%{http_code}' "${sign[@]}" "$@"
 }
-# radosgw takes a request without x-amz-content-sha256 as UNSIGNED-PAYLOAD
-# and curl 7.88 signs the body's hash then: every request here names one.
+# A store may take a request without x-amz-content-sha256 as UNSIGNED-PAYLOAD
+# (radosgw does), and curl 7.88 signs the body's hash then: every request here names one.
 unsigned=(-H 'x-amz-content-sha256: UNSIGNED-PAYLOAD')
 sha=$(sha256sum "$tmp/object" | cut -d' ' -f1)
 
@@ -158,7 +185,7 @@ done
 complete+="</CompleteMultipartUpload>"
 check "complete the upload: 200" \
 	eq "$(s3 "$tmp/complete" "${unsigned[@]}" -X POST --data-binary "$complete" "$mp?uploadId=$upload")" 200
-# radosgw 16.2 leaves <ETag> empty in the completion's answer; HEAD has it.
+# radosgw 16.2 leaves <ETag> empty in the completion's answer: HEAD has it.
 check "HEAD the multipart object: 200" \
 	eq "$(s3 /dev/null "${unsigned[@]}" -I -D "$tmp/mp.headers" "$mp")" 200
 check "its ETag counts three parts" grep -qi '^etag: *"[0-9a-f]\{32\}-3"' "$tmp/mp.headers"
@@ -173,7 +200,7 @@ check "stop exits 0" "$store" stop "$dir"
 t1=$(date +%s%N)
 echo "stop: $(((t1 - t0) / 1000000)) ms"
 check "no process of DIR is left" eq "$(store_procs)" 0
-check "the pid file is gone" eval '[[ ! -e $dir/rgw.pid ]]'
+check "the pid file is gone" eval '[[ ! -e $dir/$pidfile ]]'
 check "status says it stopped" eval '! "$store" status "$dir"'
 check "stopping it again exits 0" "$store" stop "$dir"
 
