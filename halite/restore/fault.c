@@ -29,7 +29,7 @@ static void serve_zero(struct halite_restore *r, uint64_t mb, const struct gs_fa
 	uint64_t t0 = f->t0;
 	int ret;
 
-	atomic_fetch_add(&r->gs.faults_zero, 1);
+	gs_count_kind(&r->gs.faults_zero, f);
 	/* Only this thread installs zero blocks: the claim cannot be contended. */
 	if (rs_claim(r, mb, MB_NONE)) {
 		/* A write would copy-on-write the zero page at once: give it its own. */
@@ -66,11 +66,11 @@ static void serve_stored(struct halite_restore *r, uint64_t mb, uint64_t lb,
 
 		if (s == MB_CLAIMED) {
 			/* Whoever claimed it is copying it in, and that copy wakes us. */
-			atomic_fetch_add(&r->gs.faults_cached, 1);
+			gs_count_kind(&r->gs.faults_cached, f);
 			return;
 		}
 		if (s == MB_INSTALLED) {
-			atomic_fetch_add(&r->gs.faults_cached, 1);
+			gs_count_kind(&r->gs.faults_cached, f);
 			ret = wake_installed(r, f->ri, f->off, f->write);
 			if (ret)
 				rs_set_failed(r, rs_fail(r, ret, "memory block %llu: waking a fault",
@@ -88,7 +88,7 @@ static void serve_stored(struct halite_restore *r, uint64_t mb, uint64_t lb,
 				return;
 			}
 			rs_installed(r, mb, BY_FAULT);
-			atomic_fetch_add(&r->gs.faults_cached, 1);
+			gs_count_kind(&r->gs.faults_cached, f);
 			/* Staged for learning only (learn.c): not what TRACK_ACCESS counts. */
 			if (r->track && b->how == HOW_DEMAND)
 				rs_count_accessed(r, b);
@@ -144,7 +144,7 @@ static void serve_stored(struct halite_restore *r, uint64_t mb, uint64_t lb,
 			ret = rs_install_from_lb(r, mb, buf, r->fault_tmp, HALITE_GMEM_ZERO_GONE);
 			if (!ret) {
 				rs_installed(r, mb, BY_FAULT);
-				atomic_fetch_add(&r->gs.faults_cached, 1);
+				gs_count_kind(&r->gs.faults_cached, f);
 				if (r->track && how == HOW_DEMAND && mb != fault_mb)
 					rs_count_accessed(r, b);
 				rs_fault_served(r, t0);
@@ -176,8 +176,9 @@ static struct halite_restore *of_gs(struct gsession *gs)
 	return (struct halite_restore *)((char *)gs - offsetof(struct halite_restore, gs));
 }
 
-static void copy_fault(struct gsession *gs, const struct gs_fault *f)
+static void copy_fault(struct gsession *gs, const struct gs_fault *fault)
 {
+	struct gs_fault ff = *fault, *f = &ff;
 	struct halite_restore *r = of_gs(gs);
 	const struct rregion *g = &r->regions[f->ri];
 	uint64_t mb = g->first_mb + f->off / r->mb_size;
@@ -202,6 +203,9 @@ static void copy_fault(struct gsession *gs, const struct gs_fault *f)
 		return;
 	}
 	atomic_store(&r->src.last_fault_ns, f->t0);
+	/* In: the thread was answered, and this is a new fault (after a discard, say). */
+	if (f->again)
+		f->again = g->hpage ? !r->huge->in(r, mb) : atomic_load(&r->mb[mb]) != MB_INSTALLED;
 	gs_count_fault(gs, f);
 	/* A 1.1 file's index chunks come in here on first use; damaged, it fails. */
 	ret = halite_reader_mb_lookup(r->rd, mb, &loc);
@@ -210,7 +214,7 @@ static void copy_fault(struct gsession *gs, const struct gs_fault *f)
 					 halite_reader_errmsg(r->rd)));
 		return;
 	}
-	if (r->obs)
+	if (r->obs && !f->again)
 		r->obs->fault(r, mb, loc.state, f->tid, f->t0);
 	if (g->hpage)
 		r->huge->fault(r, mb, f);

@@ -108,6 +108,10 @@ bool gs_end(struct gsession *s, int err)
 	s->ending = true;
 	s->done_ns = halite_now_ns();
 	pthread_mutex_unlock(&s->mu);
+	if (atomic_load(&s->faults_again))
+		halite_logf(s->log, HALITE_LOG_DEBUG, "%llu faults delivered again (woken before "
+			    "they were answered), counted once",
+			    (unsigned long long)atomic_load(&s->faults_again));
 	/* Before the state: a caller woken by wait() finds what it wrote complete. */
 	if (s->ops->ending)
 		s->ops->ending(s, err);
@@ -319,6 +323,12 @@ static void serve_one(struct gsession *s, const struct uffd_msg *m, uint64_t t0)
 		return;
 	}
 	f.vcpu = gs_vcpu_of(s, f.tid);
+	if (f.tid) {
+		struct gs_last_fault *l = &s->last[f.tid % GS_LAST_FAULTS];
+
+		f.again = l->tid == f.tid && l->addr == addr;
+		*l = (struct gs_last_fault){ f.tid, addr };
+	}
 	s->ops->fault(s, &f);
 }
 

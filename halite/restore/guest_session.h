@@ -68,6 +68,16 @@ struct gs_fault {
 	uint32_t tid;		/* the faulting thread (UFFD_FEATURE_THREAD_ID) */
 	uint32_t vcpu;		/* its vCPU index + 1; 0: another thread */
 	uint64_t t0;		/* the message read (halite_now_ns()) */
+	/*
+	 * The same thread's last fault was on this page too. If the page's
+	 * block is not in yet, this is that fault again, not a new one: a
+	 * thread waiting on a fault can be woken before it is answered (a
+	 * signal, such as QEMU's kick of a vCPU) and faults again at once.
+	 * The strategy clears it when the block is in (the thread was
+	 * answered: a new fault); what is left is served as any fault but
+	 * counted only in faults_again (gs_count_fault(), gs_count_kind()).
+	 */
+	bool again;
 };
 
 /* The install strategy: what the session's faults mean. */
@@ -83,6 +93,9 @@ struct gs_ops {
 	/* Once, when the session ends (@err 0: done), before wait() sees it. NULL: none. */
 	void (*ending)(struct gsession *s, int err);
 };
+
+/* Threads whose last fault is remembered at once (more share slots: fewer repeats seen). */
+#define GS_LAST_FAULTS 64
 
 struct gsession {
 	const struct gs_ops *ops;
@@ -109,7 +122,10 @@ struct gsession {
 	uint64_t done_ns;
 
 	_Atomic uint64_t faults, faults_cached, faults_zero, faults_vcpu;
+	_Atomic uint64_t faults_again; /* faults delivered again (gs_fault.again): not counted */
 	struct halite_hist hist; /* fault service times, lock-free */
+	/* Each thread's last fault page, by tid % GS_LAST_FAULTS (the fault thread's only). */
+	struct gs_last_fault { uint32_t tid; uint64_t addr; } last[GS_LAST_FAULTS];
 };
 
 /* The error machinery and the state (CREATED), nothing allocated. */
@@ -172,12 +188,23 @@ static inline bool gs_failed(const struct gsession *s)
 	return atomic_load(&s->failed);
 }
 
-/* A fault the strategy takes: counted (and its vCPU's). */
+/* A fault the strategy takes: counted (and its vCPU's), unless it is one again. */
 static inline void gs_count_fault(struct gsession *s, const struct gs_fault *f)
 {
+	if (f->again) {
+		atomic_fetch_add(&s->faults_again, 1);
+		return;
+	}
 	atomic_fetch_add(&s->faults, 1);
 	if (f->vcpu)
 		atomic_fetch_add(&s->faults_vcpu, 1);
+}
+
+/* The kind of fault @f was (faults_cached, faults_zero, ...), unless it is one again. */
+static inline void gs_count_kind(_Atomic uint64_t *kind, const struct gs_fault *f)
+{
+	if (!f->again)
+		atomic_fetch_add(kind, 1);
 }
 
 /* A fault served: its service time, message read to wake, into the histogram. */

@@ -381,7 +381,7 @@ static void huge_fault(struct halite_restore *r, uint64_t mb, const struct gs_fa
 	if (atomic_load(&hp->in)) {
 		/* Raced with its completion, or the guest punched the page out since. */
 		pthread_mutex_unlock(&r->src.lk);
-		atomic_fetch_add(stored ? &r->gs.faults_cached : &r->gs.faults_zero, 1);
+		gs_count_kind(stored ? &r->gs.faults_cached : &r->gs.faults_zero, f);
 		/* Present: EEXIST, woken; a hole: zeros, what a discard means. */
 		ret = halite_gmem_fill(r->gs.gm, f->ri, hpo, g->hpage, NULL, HALITE_GMEM_CONTINUE, 0);
 		if (ret)
@@ -408,7 +408,7 @@ static void huge_fault(struct halite_restore *r, uint64_t mb, const struct gs_fa
 	if (!stored) {
 		/* A page of zeros, installed by this fault (only faults install these). */
 		pthread_mutex_unlock(&r->src.lk);
-		atomic_fetch_add(&r->gs.faults_zero, 1);
+		gs_count_kind(&r->gs.faults_zero, f);
 		ret = hp_complete(r, g, hp, hpo);
 		if (ret)
 			rs_set_failed(r, ret);
@@ -468,7 +468,7 @@ static void huge_fault(struct halite_restore *r, uint64_t mb, const struct gs_fa
 	}
 	if (!nread)
 		/* Its blocks are all in memory or being read: nothing to read for it. */
-		atomic_fetch_add(&r->gs.faults_cached, 1);
+		gs_count_kind(&r->gs.faults_cached, f);
 	if (first != UINT64_MAX && inline_read && !src_read_cached(&r->src, first, r->fault_tmp)) {
 		pthread_mutex_lock(&r->src.lk);
 		ret = src_queue_push(&r->src, first);

@@ -167,15 +167,18 @@ static void block_in(struct tpl_client *c, uint64_t mb, uint64_t tag, int err)
 }
 
 /* The continue strategy's fault (gs_ops.fault). */
-static void serve(struct gsession *g, const struct gs_fault *f)
+static void serve(struct gsession *g, const struct gs_fault *fault)
 {
+	struct gs_fault f = *fault;
 	struct halite_session *s = of_gs(g);
 	uint64_t now = halite_now_ns();
 	bool hot_time = now - g->start_ns < (uint64_t)tpl_hot_window_ms(s->t) * 1000000;
-	uint64_t mb = s->trs[f->ri]->first_mb + f->off / s->mb_size;
+	uint64_t mb = s->trs[f.ri]->first_mb + f.off / s->mb_size;
 	int ret;
 
-	gs_count_fault(g, f);
+	/* Mapped: the thread was answered, and this is a new fault (after a discard, say). */
+	f.again = f.again && !atomic_load_explicit(&s->mapped[mb], memory_order_relaxed);
+	gs_count_fault(g, &f);
 	tpl_fault_seen(s->t);
 
 	ret = tpl_mb_state(s->t, mb);
@@ -188,23 +191,23 @@ static void serve(struct gsession *g, const struct gs_fault *f)
 		return;
 	}
 	if (ret == TPL_MB_EMPTY) {
-		atomic_fetch_add(&g->faults_zero, 1);
+		gs_count_kind(&g->faults_zero, &f);
 		if (!install(s, mb, HALITE_GMEM_ZERO, HALITE_GMEM_ZERO_GONE))
 			gs_fault_served(g, now);
 		return;
 	}
 	/* Noted before the request: once it is answered the clone runs on. */
 	if (hot_time && !(s->o.flags & HALITE_SESSION_NO_HOT_RECORD))
-		tpl_hot_note(s->t, mb, f->vcpu, now, g->start_ns);
+		tpl_hot_note(s->t, mb, f.vcpu, now, g->start_ns);
 	ret = tpl_request(s->t, &s->cl, mb, now);
 	if (ret == 1) {
-		atomic_fetch_add(&g->faults_cached, 1);
+		gs_count_kind(&g->faults_cached, &f);
 		if (!install(s, mb, HALITE_GMEM_CONTINUE, 0)) {
 			gs_fault_served(g, now);
 			map_neighbours(s, mb);
 		}
 	} else if (ret == 0) {
-		atomic_fetch_add(&s->faults_read, 1);
+		gs_count_kind(&s->faults_read, &f);
 	} else {
 		char msg[512];
 
