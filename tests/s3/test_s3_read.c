@@ -8,6 +8,8 @@
  * - a lazy restore of the synthetic guest's snapshot from s3:// gives
  *   exactly the snapshot's memory, read by demand faults (this thread
  *   touching every page) and by the prefetcher (asynchronous GETs);
+ * - a template (the clone service's engine) filled from s3:// holds
+ *   exactly the snapshot's memory;
  * - an object replaced between open and the reads fails the restore with
  *   the changed-object error, in the message, and no memory of the other
  *   object is installed (the restore stops at its first failed read);
@@ -219,6 +221,38 @@ static void test_open_requests(const char *local, const char *url)
 	halite_reader_free(lr);
 }
 
+/*
+ * A file whose sections do not fit in the reader's tail: 256 KiB of device
+ * state and 64 MiB of memory blocks, half of them stored.
+ */
+static void make_big_sections(const char *path)
+{
+	HALITE_OPTS(halite_writer_opts, wo);
+	struct halite_region reg = { "ram", 0, 64ull << 20 };
+	struct halite_writer *w;
+	uint8_t *dev = malloc(256u << 10), mb[8192];
+	uint64_t n;
+	int ret;
+
+	CHECK(dev, "malloc");
+	for (size_t i = 0; i < (256u << 10); i++)
+		dev[i] = (uint8_t)(i * 131 + 7);
+	wo.flags = HALITE_WRITER_NO_SYNC;
+	ret = halite_writer_create(&w, path, &reg, 1, &wo);
+	CHECK(!ret, "writer_create: %s", halite_strerror(ret));
+	n = halite_writer_mb_count(w);
+	CHECK(halite_writer_mb_size(w) <= sizeof(mb), "mb size");
+	for (uint64_t i = 0; i < n; i += 2) {
+		memset(mb, (int)(i & 0xff) | 1, sizeof(mb));
+		CHECK(!halite_writer_put(w, HALITE_STREAM(HALITE_STREAM_PHYSICAL, 0), i, mb), "put");
+	}
+	CHECK(!halite_writer_set_device_state(w, dev, 256u << 10), "device state");
+	ret = halite_writer_finish(w);
+	CHECK(!ret, "finish: %s", halite_strerror(ret));
+	halite_writer_free(w, true);
+	free(dev);
+}
+
 /* An attached guest (empty memory, the snapshot's layout) to restore into. */
 static struct synth_guest *target(const struct synth_opts *base, struct synth_info *info)
 {
@@ -302,6 +336,38 @@ static void test_replaced(struct halite_s3 *s, const char *key, const char *url,
 	synth_free(g);
 }
 
+/* The clone service's engine: a template filled from the store holds the snapshot's memory. */
+static void test_template(const char *url, const uint8_t *snap, uint64_t mem_bytes)
+{
+	HALITE_OPTS(halite_template_opts, o);
+	struct halite_template *t;
+	char mem[128], fill[160];
+	uint64_t off, len;
+	uint8_t *p;
+	int ret;
+
+	snprintf(mem, sizeof(mem), "/dev/shm/halite-s3-read-%d.mem", (int)getpid());
+	snprintf(fill, sizeof(fill), "%s.fill", mem);
+	ret = halite_template_open(&t, url, mem, &o);
+	if (ret == -HALITE_E_UNSUPPORTED) {
+		printf("template: skipped, %s\n", halite_strerror(ret));
+		return;
+	}
+	CHECK(!ret, "template_open %s: %s", url, halite_strerror(ret));
+	ret = halite_template_wait(t, WAIT_MS);
+	CHECK(!ret, "template: %s", halite_template_errmsg(t));
+	CHECK(!halite_template_region(t, SYNTH_REGION_NAME, &off, &len) && len == mem_bytes,
+	      "template region");
+	p = mmap(NULL, len, PROT_READ, MAP_PRIVATE, halite_template_memfd(t), (off_t)off);
+	CHECK(p != MAP_FAILED, "mmap the template");
+	CHECK(!memcmp(p, snap, len), "the template's memory differs from the snapshot's");
+	munmap(p, len);
+	halite_template_free(t);
+	unlink(mem);
+	unlink(fill);
+	printf("template: %" PRIu64 " bytes exact\n", len);
+}
+
 static void test_missing(const char *url)
 {
 	char err[512];
@@ -349,7 +415,24 @@ int main(void)
 	put(s, key, file, len);
 
 	test_open_requests(path, url);
+	{
+		char big[300], bkey[256], burl[512];
+		uint8_t *bf;
+		size_t blen;
+
+		snprintf(big, sizeof(big), "%s/big.hlt", g_dir);
+		make_big_sections(big);
+		bf = slurp(big, &blen);
+		snprintf(bkey, sizeof(bkey), "%s/big.hlt", g_prefix);
+		snprintf(burl, sizeof(burl), "s3://%s/%s", g_bucket, bkey);
+		put(s, bkey, bf, blen);
+		test_open_requests(big, burl);
+		halite_s3_delete(s, bkey);
+		unlink(big);
+		free(bf);
+	}
 	test_restore_exact(url, snap, &base);
+	test_template(url, snap, mem_bytes);
 	test_replaced(s, key, url, file, len, &base);
 	test_missing(missing);
 
