@@ -85,7 +85,8 @@ int src_read_lb_retrying(struct src *s, uint64_t lb, uint8_t *buf, unsigned *rea
 
 	for (*reads = 1;; (*reads)++) {
 		ret = src_read_lb(s->rd, lb, buf, &s->n_bytes);
-		if (!ret || *reads > s->o.read_retries || atomic_load(&s->failed))
+		if (!ret || *reads > s->o.read_retries || atomic_load(&s->failed) ||
+		    src_read_final(ret))
 			return ret;
 		src_lb_retrying(s, lb, ret, *reads);
 	}

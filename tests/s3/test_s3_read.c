@@ -332,6 +332,8 @@ static void test_replaced(struct halite_s3 *s, const char *key, const char *url,
 	      "not -HALITE_S3_E_CHANGED", ret, halite_strerror(ret));
 	CHECK(strstr(msg, want), "the message '%s' does not say '%s'", msg, want);
 	CHECK(strstr(msg, url), "the message '%s' does not name %s", msg, url);
+	/* Reading a replaced object again cannot mend it: one read, not read_retries more. */
+	CHECK(strstr(msg, "after 1 read"), "the message '%s' says the LB was read again", msg);
 	halite_restore_free(r);
 	synth_free(g);
 }
