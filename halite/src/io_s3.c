@@ -32,8 +32,12 @@
  * backoff and jitter (docs/object-store.md); what reaches a caller here
  * is final.
  *
- * Here a read of one LB could first ask a host-level cache keyed by the
- * snapshot's uuid (io_s3_get()); there is none yet.
+ * A host-level cache of LBs goes in io_s3_get(): every byte read from an
+ * object passes there (synchronous reads, kept ranges, the workers'
+ * asynchronous reads), and the reads of LBs are LB-sized and LB-aligned
+ * from the file's data offset. Keyed by the snapshot's uuid (the reader
+ * knows it after open and would hand it to the object) and the offset, it
+ * would answer before the store. There is none yet.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -212,7 +216,10 @@ static const struct s3_kept *s3_kept_find(const struct io_s3 *x, uint64_t off, s
 	return NULL;
 }
 
-/* One ranged GET of the pinned version: the bytes read (fewer only at the end) or < 0. */
+/*
+ * One ranged GET of the pinned version: the bytes read (fewer only at the
+ * end) or < 0. The place for a host-level LB cache (see the top comment).
+ */
 static int64_t io_s3_get(struct s3_obj *o, void *buf, size_t len, uint64_t off)
 {
 	struct halite_s3 *s;
