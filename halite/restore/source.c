@@ -282,12 +282,13 @@ bool src_read_cached(struct src *s, uint64_t lb, uint8_t *tmp)
 	struct halite_lb_info li;
 	struct iovec iov;
 	size_t wake;
-	uint8_t *buf = halite_reader_alloc_lb(s->rd);
+	uint8_t *buf;
 	ssize_t n;
 
 	/* An object (fd -1) has no page cache to look in. */
 	if (s->fd < 0)
 		return false;
+	buf = halite_reader_alloc_lb(s->rd);
 	if (!buf)
 		return false;
 	halite_reader_lb_info(s->rd, lb, &li);
