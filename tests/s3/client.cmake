@@ -47,3 +47,14 @@ add_test(NAME s3_read_inspect
 set_tests_properties(s3_read s3_read_inspect PROPERTIES LABELS s3 TIMEOUT 300
                      SKIP_RETURN_CODE 77
                      ENVIRONMENT "HALITE_OBJECT_STORE=${CMAKE_SOURCE_DIR}/scripts/object-store.sh")
+
+# halite-qemu restore from s3:// of the QEMU test guest; skips without QEMU,
+# the guest image or root, as the qemu label does.
+find_package(Python3 REQUIRED COMPONENTS Interpreter)
+add_test(NAME s3_read_qemu
+  COMMAND bash ${S3_TEST_DIR}/run_with_store.sh ${CMAKE_SOURCE_DIR}
+          ${Python3_EXECUTABLE} ${S3_TEST_DIR}/test_s3_read_qemu.py ${CMAKE_SOURCE_DIR}
+          $<TARGET_FILE:halite-qemu> $<TARGET_FILE:halite-inspect>)
+set_tests_properties(s3_read_qemu PROPERTIES LABELS "s3;qemu" TIMEOUT 600 SKIP_RETURN_CODE 77
+                     RUN_SERIAL TRUE
+                     ENVIRONMENT "HALITE_OBJECT_STORE=${CMAKE_SOURCE_DIR}/scripts/object-store.sh")
