@@ -102,7 +102,7 @@ static void obj_put(struct s3_obj *o)
 {
 	if (!o || atomic_fetch_sub(&o->refs, 1) != 1)
 		return;
-	for (unsigned i = 0; i < o->nall; i++)
+	for (unsigned i = 0; i < S3_POOL_MAX; i++)
 		halite_s3_close(o->all[i]);
 	pthread_mutex_destroy(&o->lk);
 	pthread_cond_destroy(&o->cv);
@@ -136,7 +136,7 @@ static int obj_client_get(struct s3_obj *o, struct halite_s3 **sp)
 		o->nall--;
 		pthread_cond_signal(&o->cv);
 	} else {
-		/* all[] is filled in the order clients were counted; a gap stays NULL until then. */
+		/* Clients are kept until the object goes: the first free slot is this one's. */
 		for (unsigned i = 0; i < S3_POOL_MAX; i++)
 			if (!o->all[i]) {
 				o->all[i] = s;
@@ -507,6 +507,11 @@ const char *halite_io_etag(const struct halite_io *io)
 	return io->s3 ? io->s3->obj->head.etag : NULL;
 }
 
+/*
+ * Plain reads of counters a client in use may be adding to (halite_s3 has
+ * no lock for them): aligned 64-bit words, each read whole, perhaps a
+ * request behind, which is all a report needs. Tests read them at rest.
+ */
 void halite_io_s3_stats(const struct halite_io *io, struct halite_s3_stats *st)
 {
 	struct s3_obj *o;
