@@ -35,6 +35,7 @@
 #include "layout.h"
 #include "log_internal.h"
 #include "opts.h"
+#include "reader_io.h"
 #include "reader_test.h"
 #include "zalloc.h"
 
@@ -186,6 +187,58 @@ static int load_sections(struct halite_reader *r)
 	return ret;
 }
 
+/*
+ * An object of an S3 store (s3://) is read with ranged GETs of the version
+ * its HEAD saw (io_s3.c). Opening reads the header, the footer, the
+ * directory and the sections, each a request if nothing is kept: the head
+ * and the tail of the object are fetched first in one GET each (one for a
+ * small object), and, once the directory says where the sections start,
+ * whatever of them lies below the tail in one more (rd_readahead_sections()).
+ * RD_TAIL_RA covers a small file's footer, directory and sections;
+ * RD_SECTIONS_RA_MAX bounds what open fetches beyond that.
+ */
+#define RD_HEAD_RA ((uint64_t)4096)
+#define RD_TAIL_RA ((uint64_t)64 << 10)
+#define RD_SECTIONS_RA_MAX ((uint64_t)16 << 20)
+
+static int rd_readahead_ends(struct halite_reader *r)
+{
+	uint64_t size = r->info.file_size;
+	int ret;
+
+	if (size <= RD_HEAD_RA + RD_TAIL_RA)
+		return halite_io_readahead(r->meta_io, 0, size);
+	ret = halite_io_readahead(r->meta_io, 0, RD_HEAD_RA);
+	if (!ret)
+		ret = halite_io_readahead(r->meta_io, size - RD_TAIL_RA, RD_TAIL_RA);
+	return ret;
+}
+
+/* The sections open reads, from the lowest to the tail already kept, in one GET. */
+static int rd_readahead_sections(struct halite_reader *r)
+{
+	uint64_t size = r->info.file_size, tail, lo = UINT64_MAX;
+	bool chunked = find_dir(r, HALITE_SECTION_INDEX) != NULL;
+
+	if (halite_io_fd(r->meta_io) >= 0 || size <= RD_HEAD_RA + RD_TAIL_RA)
+		return 0;
+	tail = size - RD_TAIL_RA;
+	for (uint32_t i = 0; i < r->ndir; i++) {
+		const struct rdir *s = &r->dir[i];
+
+		/* A 1.1 file's index comes in chunk by chunk, on use. */
+		if (chunked && (s->type == HALITE_SECTION_LB_TABLE ||
+				s->type == HALITE_SECTION_MB_MAP ||
+				s->type == HALITE_SECTION_LB_MEMBERS))
+			continue;
+		if (s->length && s->offset < lo)
+			lo = s->offset;
+	}
+	if (lo >= tail || tail - lo > RD_SECTIONS_RA_MAX)
+		return 0;
+	return halite_io_readahead(r->meta_io, lo, tail - lo);
+}
+
 static int open_files(struct halite_reader *r, const struct halite_reader_opts *o)
 {
 	HALITE_OPTS(halite_io_opts, io_opts);
@@ -196,18 +249,30 @@ static int open_files(struct halite_reader *r, const struct halite_reader_opts *
 	ret = halite_io_open(&r->meta_io, r->path, O_RDONLY | O_CLOEXEC, 0, &io_opts);
 	if (ret)
 		return rfail(r, ret, "%s: cannot open", r->path);
-	if (fstat(halite_io_fd(r->meta_io), &st))
-		return rfail(r, -errno, "%s: fstat", r->path);
-	if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode))
-		return rfail_said(r, -EINVAL, "%s: not a regular file (%s)", r->path,
-				  rd_file_kind(st.st_mode));
-	r->info.file_size = (uint64_t)st.st_size;
+	if (halite_io_fd(r->meta_io) < 0) {
+		/* An object: its size is the HEAD's. */
+		ret = halite_io_size(r->meta_io, &r->info.file_size);
+		if (ret)
+			return rfail(r, ret, "%s: size", r->path);
+	} else {
+		if (fstat(halite_io_fd(r->meta_io), &st))
+			return rfail(r, -errno, "%s: fstat", r->path);
+		if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode))
+			return rfail_said(r, -EINVAL, "%s: not a regular file (%s)", r->path,
+					  rd_file_kind(st.st_mode));
+		r->info.file_size = (uint64_t)st.st_size;
+	}
 	io_opts.flags = (o->flags & HALITE_READER_DIRECT) ? HALITE_IO_DIRECT : 0;
 	io_opts.read_latency_us = o->read_latency_us;
-	ret = halite_io_open(&r->lb_io, r->path, O_RDONLY | O_CLOEXEC, 0, &io_opts);
+	ret = halite_io_reopen(&r->lb_io, r->meta_io, r->path, O_RDONLY | O_CLOEXEC, &io_opts);
 	if (ret)
 		return rfail(r, ret, "%s: cannot open for locality-block reads%s", r->path,
 			     io_opts.flags ? " (O_DIRECT)" : "");
+	if (halite_io_fd(r->meta_io) < 0) {
+		ret = rd_readahead_ends(r);
+		if (ret)
+			return rfail(r, ret, "%s: reading its head and tail", r->path);
+	}
 	return 0;
 }
 
@@ -256,8 +321,12 @@ static int open_validate(struct halite_reader *r, const struct halite_reader_opt
 		ret = rd_read_at(r, dir, (size_t)r->ndir * HLT_DIR_ENTRY_SIZE, r->dir_off, "directory");
 	if (!ret)
 		ret = rd_parse_directory(r, dir, halite_get_le64(ftr + HLT_FTR_DIR_CHECKSUM));
-	if (!ret)
+	if (!ret) {
+		ret = rd_readahead_sections(r);
+		if (ret)
+			return rfail(r, ret, "%s: reading its sections", r->path);
 		ret = load_sections(r);
+	}
 	return ret;
 }
 
@@ -320,6 +389,11 @@ HALITE_EXPORT void halite_reader_free(struct halite_reader *r)
 	pthread_mutex_destroy(&r->err_lock);
 	free(r->path);
 	free(r);
+}
+
+struct halite_io *halite_reader_io(const struct halite_reader *r)
+{
+	return r->meta_io;
 }
 
 HALITE_EXPORT const char *halite_reader_errmsg(const struct halite_reader *r)

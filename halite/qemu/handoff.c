@@ -27,9 +27,28 @@
 #include <unistd.h>
 
 #include "handoff.h"
+#include "io.h"
 #include "records.h"
 
 #define MAGIC "halite-qemu-restore 1"
+
+/*
+ * The snapshot's name in the record: a file's absolute path, or an
+ * s3:// URL as given (it names one object wherever it is run from). The
+ * record is line-based: a name with a newline has no place in it.
+ */
+static int handoff_name(const char *file, char abs[PATH_MAX])
+{
+	if (strchr(file, '\n'))
+		return -EINVAL;
+	if (halite_io_is_s3_path(file)) {
+		if (strlen(file) >= PATH_MAX)
+			return -ENAMETOOLONG;
+		snprintf(abs, PATH_MAX, "%s", file);
+		return 0;
+	}
+	return realpath(file, abs) ? 0 : -errno;
+}
 
 static void handoff_path(pid_t pid, char *buf, size_t len)
 {
@@ -42,8 +61,9 @@ int hq_handoff_write(const struct hq_vm *vm, const char *file, char *err, size_t
 	FILE *f;
 	int ret = 0;
 
-	if (!realpath(file, abs))
-		return -errno;
+	ret = handoff_name(file, abs);
+	if (ret)
+		return ret;
 	if (mkdir(HQ_ASIDE_DIR, 0700) && errno != EEXIST) {
 		snprintf(err, errlen, "%s: %s", HQ_ASIDE_DIR, strerror(errno));
 		return -errno;
@@ -92,7 +112,7 @@ int hq_handoff_read(pid_t pid, const char *file, struct hq_vm *vm, char *err, si
 	f = fopen(path, "re");
 	if (!f)
 		return errno == ENOENT ? -ENOENT : -errno;
-	if (!realpath(file, abs))
+	if (handoff_name(file, abs))
 		abs[0] = '\0';
 	memset(vm, 0, sizeof(*vm));
 	vm->pid = pid;

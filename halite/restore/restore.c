@@ -38,6 +38,7 @@
 #include <halite/restore.h>
 
 #include "export.h"
+#include "io.h"
 #include "opts.h"
 #include "restore_int.h"
 #include "zalloc.h"
@@ -269,8 +270,13 @@ HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *pa
 	ret = rs_learn_init(r);
 	if (ret)
 		goto err;
-	r->fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (r->fd < 0) {
+	/*
+	 * An object of an S3 store has no descriptor: its reads are pinned to
+	 * one version by ETag instead of a lock (io_s3.c), and the source
+	 * skips the page-cache paths.
+	 */
+	r->fd = halite_io_is_s3_path(path) ? -1 : open(path, O_RDONLY | O_CLOEXEC);
+	if (r->fd < 0 && !halite_io_is_s3_path(path)) {
 		ret = rs_fail(r, -errno, "%s: cannot open", path);
 		goto err;
 	}
@@ -278,7 +284,7 @@ HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *pa
 	 * HALITE_LOCK_PROTOCOL (format.h): while this restore reads the file, a
 	 * save refuses to replace it. Advisory: a failure only loses that check.
 	 */
-	if (flock(r->fd, LOCK_SH | LOCK_NB) && errno != EWOULDBLOCK)
+	if (r->fd >= 0 && flock(r->fd, LOCK_SH | LOCK_NB) && errno != EWOULDBLOCK)
 		halite_logf(&r->log, HALITE_LOG_DEBUG, "%s: flock: %s", path, strerror(errno));
 	ret = rs_source_init(r);
 	if (ret)

@@ -16,6 +16,7 @@
 
 #include "endian_util.h"
 #include "pool.h"
+#include "reader_io.h"
 #include "source.h"
 #include "zalloc.h"
 
@@ -34,11 +35,16 @@ int src_read_lb(struct halite_reader *rd, uint64_t lb, void *buf, _Atomic uint64
 void src_lb_errmsg(struct halite_reader *rd, uint64_t lb, const char *why, char *buf, size_t len)
 {
 	struct halite_lb_info li = { 0 };
+	/* An object's reads fail for reasons of the store: say which object. */
+	const char *url = halite_io_url(halite_reader_io(rd));
+	const char *sep = url ? ": " : "";
 
+	if (!url)
+		url = "";
 	if (halite_reader_lb_info(rd, lb, &li))
-		snprintf(buf, len, "locality block %llu: %s", ULL(lb), why);
+		snprintf(buf, len, "%s%slocality block %llu: %s", url, sep, ULL(lb), why);
 	else
-		snprintf(buf, len, "locality block %llu at offset %llu: %s", ULL(lb),
+		snprintf(buf, len, "%s%slocality block %llu at offset %llu: %s", url, sep, ULL(lb),
 			 ULL(li.offset), why);
 }
 
@@ -63,7 +69,9 @@ void src_lb_retrying(struct src *s, uint64_t lb, int err, unsigned reads)
 		 reads + 1, s->o.read_retries + 1);
 	src_lb_errmsg(s->rd, lb, why, msg, sizeof(msg));
 	halite_logf(s->log, HALITE_LOG_WARN, "%s", msg);
-	posix_fadvise(s->fd, (off_t)li.offset, s->lb_size, POSIX_FADV_DONTNEED);
+	/* An object (fd -1) has no page cache: each read is a new GET already. */
+	if (s->fd >= 0)
+		posix_fadvise(s->fd, (off_t)li.offset, s->lb_size, POSIX_FADV_DONTNEED);
 }
 
 /*
@@ -77,7 +85,8 @@ int src_read_lb_retrying(struct src *s, uint64_t lb, uint8_t *buf, unsigned *rea
 
 	for (*reads = 1;; (*reads)++) {
 		ret = src_read_lb(s->rd, lb, buf, &s->n_bytes);
-		if (!ret || *reads > s->o.read_retries || atomic_load(&s->failed))
+		if (!ret || *reads > s->o.read_retries || atomic_load(&s->failed) ||
+		    src_read_final(ret))
 			return ret;
 		src_lb_retrying(s, lb, ret, *reads);
 	}
@@ -273,9 +282,13 @@ bool src_read_cached(struct src *s, uint64_t lb, uint8_t *tmp)
 	struct halite_lb_info li;
 	struct iovec iov;
 	size_t wake;
-	uint8_t *buf = halite_reader_alloc_lb(s->rd);
+	uint8_t *buf;
 	ssize_t n;
 
+	/* An object (fd -1) has no page cache to look in. */
+	if (s->fd < 0)
+		return false;
+	buf = halite_reader_alloc_lb(s->rd);
 	if (!buf)
 		return false;
 	halite_reader_lb_info(s->rd, lb, &li);
@@ -354,7 +367,8 @@ int src_init(struct src *s, struct halite_reader *rd, const char *path, int fd,
 	io.queue_depth = s->o.queue_depth;
 	io.flags = s->o.io_flags;
 	io.read_latency_us = s->o.read_latency_us;
-	ret = halite_io_open(&s->io, path, O_RDONLY | O_CLOEXEC, 0, &io);
+	/* The reader's file again, or for an object the same version (reader_io.h). */
+	ret = halite_io_reopen(&s->io, halite_reader_io(rd), path, O_RDONLY | O_CLOEXEC, &io);
 	if (ret) {
 		snprintf(msg, sizeof(msg), "%s: opening for prefetch reads (%s%s)", path,
 			 s->o.io_backend ? halite_io_backend_name(s->o.io_backend) :

@@ -30,6 +30,7 @@
 
 #include "io.h"
 #include "log_internal.h"
+#include "s3.h"
 
 /*
  * A locality block's state, each LB read once: IDLE (not read), READING
@@ -182,6 +183,16 @@ static inline bool src_inline_ok(const struct src *s)
 bool src_read_cached(struct src *s, uint64_t lb, uint8_t *tmp);
 /* One LB into @buf, verified, read again on failure. 0 or the last failure. */
 int src_read_lb_retrying(struct src *s, uint64_t lb, uint8_t *buf, unsigned *reads);
+
+/*
+ * A failure that reading again cannot mend: an object of an S3 store that
+ * was replaced answers every conditional GET the same way (io_s3.c), and the
+ * S3 client has retried what is worth retrying already.
+ */
+static inline bool src_read_final(int err)
+{
+	return err == -HALITE_S3_E_CHANGED;
+}
 /* Before reading @lb again after @err: counted, logged, its page-cache copy dropped. */
 void src_lb_retrying(struct src *s, uint64_t lb, int err, unsigned reads);
 /* Every read of @lb failed: FAILED, named, ops.failed. */

@@ -126,7 +126,7 @@ static bool pf_complete(struct src *s, struct pf_slot *sl, unsigned tag, int64_t
 		sl->buf = NULL;
 		return true;
 	}
-	if (sl->reads <= s->o.read_retries && !atomic_load(&s->failed)) {
+	if (sl->reads <= s->o.read_retries && !atomic_load(&s->failed) && !src_read_final(ret)) {
 		src_lb_retrying(s, sl->lb, ret, sl->reads);
 		sl->reads++;
 		ret = pf_submit(s, sl, tag);

@@ -85,6 +85,7 @@
 #include <halite/template.h>
 
 #include "endian_util.h"
+#include "io.h"
 #include "log_internal.h"
 #include "opts.h"
 #include "pool.h"
@@ -594,8 +595,9 @@ static int tpl_source_init(struct halite_template *t, const char *snapshot)
 		.thread_name = "halite-tread",
 	};
 
-	t->snap_fd = open(snapshot, O_RDONLY | O_CLOEXEC);
-	if (t->snap_fd < 0)
+	/* An object of an S3 store has no descriptor (the source reads it through its reader's I/O). */
+	t->snap_fd = halite_io_is_s3_path(snapshot) ? -1 : open(snapshot, O_RDONLY | O_CLOEXEC);
+	if (t->snap_fd < 0 && !halite_io_is_s3_path(snapshot))
 		return tpl_fail(t, -errno, "%s: cannot open", snapshot);
 	/* The source's own from here on. */
 	pthread_mutex_destroy(&t->src.lk);

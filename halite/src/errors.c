@@ -5,6 +5,7 @@
 #include <halite/errors.h>
 
 #include "export.h"
+#include "s3.h"
 
 static const char *const halite_errstr[HALITE_E_MAX - HALITE_E_BASE] = {
 	[HALITE_E_BAD_MAGIC - HALITE_E_BASE] = "not a Halite file: bad magic",
@@ -46,6 +47,9 @@ HALITE_EXPORT const char *halite_strerror(int err)
 		s = halite_errstr[e - HALITE_E_BASE];
 		return s ? s : "unknown Halite error";
 	}
+	/* A snapshot read from an S3 store fails with the S3 client's codes too. */
+	if (e >= HALITE_S3_E_BASE && e < HALITE_S3_E_MAX)
+		return halite_s3_strerror(err);
 	if (e > 0x7fffffffu)
 		return "unknown error";
 	s = strerrordesc_np((int)e);

@@ -48,6 +48,8 @@ const char *halite_io_backend_name(int backend)
 		return "libaio";
 	case HALITE_IO_PSYNC:
 		return "psync";
+	case HALITE_IO_S3:
+		return "s3";
 	}
 	return NULL;
 }
@@ -91,8 +93,9 @@ static const struct io_backend_ops *io_backend_ops(int backend)
 	}
 }
 
+/* @s3: an object's state, which the handle then owns (freed here on failure). */
 static int io_create(struct halite_io **iop, int fd, bool direct,
-		     const struct halite_io_opts *o)
+		     const struct halite_io_opts *o, struct io_s3 *s3)
 {
 	static const int fallback[] = { HALITE_IO_URING, HALITE_IO_AIO, HALITE_IO_PSYNC };
 	struct halite_io *io;
@@ -100,15 +103,19 @@ static int io_create(struct halite_io **iop, int fd, bool direct,
 	int err = -HALITE_E_UNSUPPORTED;
 
 	io = calloc(1, sizeof(*io));
-	if (!io)
+	if (!io) {
+		halite_io_s3_free(s3);
 		return -ENOMEM;
+	}
 	io->fd = fd;
+	io->s3 = s3;
 	io->direct = direct;
 	io->qd = o->queue_depth ? o->queue_depth : IO_QD_DEFAULT;
 	io->latency_ns = (uint64_t)o->read_latency_us * 1000u;
 	io->chunk_max = IO_CHUNK_MAX;
 	io->reqs = calloc(io->qd, sizeof(*io->reqs));
 	if (!io->reqs) {
+		halite_io_s3_free(s3);
 		free(io);
 		return -ENOMEM;
 	}
@@ -117,7 +124,11 @@ static int io_create(struct halite_io **iop, int fd, bool direct,
 		io->free = &io->reqs[i];
 	}
 
-	if (o->backend != HALITE_IO_DEFAULT) {
+	if (s3) {
+		/* An object has one backend, whatever was asked for files. */
+		io->ops = &halite_io_s3_ops;
+		err = io->ops->init(io);
+	} else if (o->backend != HALITE_IO_DEFAULT) {
 		io->ops = io_backend_ops(o->backend);
 		err = io->ops->init(io);
 	} else {
@@ -129,12 +140,31 @@ static int io_create(struct halite_io **iop, int fd, bool direct,
 		}
 	}
 	if (err) {
+		halite_io_s3_free(s3);
 		free(io->reqs);
 		free(io);
 		return err;
 	}
 	*iop = io;
 	return 0;
+}
+
+/*
+ * An object is read only, and O_DIRECT means nothing for it: its bytes
+ * arrive in the caller's buffer from the network.
+ */
+static int io_open_s3(struct halite_io **iop, const char *path, int oflags,
+		      const struct halite_io *from, const struct halite_io_opts *o)
+{
+	struct io_s3 *x;
+	int err;
+
+	if ((oflags & O_ACCMODE) != O_RDONLY || (oflags & (O_CREAT | O_TRUNC)))
+		return -EROFS;
+	err = halite_io_s3_open(&x, path, from);
+	if (err)
+		return err;
+	return io_create(iop, -1, false, o, x);
 }
 
 int halite_io_open(struct halite_io **iop, const char *path, int oflags, unsigned mode,
@@ -147,6 +177,8 @@ int halite_io_open(struct halite_io **iop, const char *path, int oflags, unsigne
 	err = io_opts_get(&o, opts);
 	if (err)
 		return err;
+	if (halite_io_is_s3_path(path))
+		return io_open_s3(iop, path, oflags, NULL, &o);
 	if (o.flags & HALITE_IO_DIRECT)
 		oflags |= O_DIRECT;
 	direct = oflags & O_DIRECT;
@@ -158,10 +190,24 @@ int halite_io_open(struct halite_io **iop, const char *path, int oflags, unsigne
 			return -HALITE_E_UNSUPPORTED;
 		return -errno;
 	}
-	err = io_create(iop, fd, direct, &o);
+	err = io_create(iop, fd, direct, &o, NULL);
 	if (err)
 		close(fd);
 	return err;
+}
+
+int halite_io_reopen(struct halite_io **iop, const struct halite_io *from, const char *path,
+		     int oflags, const struct halite_io_opts *opts)
+{
+	struct halite_io_opts o;
+	int err;
+
+	if (!from || !from->s3)
+		return halite_io_open(iop, path, oflags, 0, opts);
+	err = io_opts_get(&o, opts);
+	if (err)
+		return err;
+	return io_open_s3(iop, path, oflags, from, &o);
 }
 
 /* On failure the caller keeps @fd, unchanged. */
@@ -180,7 +226,7 @@ int halite_io_from_fd(struct halite_io **iop, int fd, const struct halite_io_opt
 		if (fcntl(fd, F_SETFL, fl | O_DIRECT) < 0)
 			return errno == EINVAL ? -HALITE_E_UNSUPPORTED : -errno;
 	}
-	err = io_create(iop, fd, (fl & O_DIRECT) || (o.flags & HALITE_IO_DIRECT), &o);
+	err = io_create(iop, fd, (fl & O_DIRECT) || (o.flags & HALITE_IO_DIRECT), &o, NULL);
 	if (err && (o.flags & HALITE_IO_DIRECT) && !(fl & O_DIRECT))
 		fcntl(fd, F_SETFL, fl);
 	return err;
@@ -262,7 +308,10 @@ int halite_io_read(struct halite_io *io, void *buf, size_t len, uint64_t off)
 
 	if (!io_range_ok(len, off))
 		return -EINVAL;
-	r = halite_io_pio(io, false, buf, len, off);
+	if (io->s3)
+		r = halite_io_s3_read(io, buf, len, off);
+	else
+		r = halite_io_pio(io, false, buf, len, off);
 	if (io->latency_ns)
 		io_sleep_until(start + io->latency_ns);
 	return r < 0 ? (int)r : 0;
@@ -293,6 +342,8 @@ int halite_io_write(struct halite_io *io, const void *buf, size_t len, uint64_t 
 
 	if (!io_range_ok(len, off))
 		return -EINVAL;
+	if (io->s3)
+		return -EROFS;
 	err = io_wr_budget_take(io, len);
 	if (err)
 		return err;
@@ -308,6 +359,8 @@ void halite_io_test_fail_writes(struct halite_io *io, uint64_t after, int err)
 
 int halite_io_sync(struct halite_io *io)
 {
+	if (io->s3)
+		return -EROFS;
 	return fdatasync(io->fd) ? -errno : 0;
 }
 
@@ -526,7 +579,8 @@ void halite_io_close(struct halite_io *io)
 		if (!io_wait_transient(io->ops->wait(io, 1, UINT64_MAX)))
 			break;
 	io->ops->exit(io);
-	close(io->fd);
+	if (io->fd >= 0)
+		close(io->fd);
 	free(io->reqs);
 	free(io);
 }

@@ -9,10 +9,16 @@
  * Synchronous calls (halite_io_read/write/sync) are thread-safe and use
  * pread/pwrite on the descriptor whatever the backend. Asynchronous calls
  * (submit/reap) belong to one thread at a time: the owner of the handle.
+ *
+ * A path "s3://BUCKET/KEY" opens an object of an S3 store instead, read
+ * only, with ranged GETs of the version a HEAD saw at open (io_s3.c): the
+ * same calls work on it (reads, submit/reap), halite_io_fd() is -1 and
+ * halite_io_size() replaces fstat().
  */
 #ifndef HALITE_IO_H
 #define HALITE_IO_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -28,6 +34,8 @@ enum halite_io_backend {
 	HALITE_IO_URING = HALITE_IO_BACKEND_URING,
 	HALITE_IO_AIO = HALITE_IO_BACKEND_AIO,
 	HALITE_IO_PSYNC = HALITE_IO_BACKEND_PSYNC,
+	/* Internal: chosen by an s3:// path, never by an option. */
+	HALITE_IO_S3 = 100,
 };
 _Static_assert(HALITE_IO_DEFAULT == 0 && HALITE_IO_URING == 1 && HALITE_IO_AIO == 2 &&
 		       HALITE_IO_PSYNC == 3,
@@ -73,6 +81,11 @@ int halite_io_open(struct halite_io **io, const char *path, int oflags, unsigned
 /* Same, over an already open descriptor, which the handle then owns. */
 int halite_io_from_fd(struct halite_io **io, int fd, const struct halite_io_opts *opts);
 
+/* Same file as @from, or for an object the same version without a new HEAD; else as halite_io_open(). */
+int halite_io_reopen(struct halite_io **io, const struct halite_io *from, const char *path,
+		     int oflags, const struct halite_io_opts *opts);
+
+/* The descriptor, or -1 for an object of an S3 store: nothing of the page cache applies. */
 int halite_io_fd(const struct halite_io *io);
 int halite_io_backend(const struct halite_io *io); /* the backend in use */
 int halite_io_is_direct(const struct halite_io *io);
@@ -108,6 +121,33 @@ unsigned halite_io_inflight(const struct halite_io *io);
  */
 int halite_io_reap(struct halite_io *io, struct halite_io_done *done, unsigned max,
 		   unsigned min);
+
+/* Whether @path names an object of an S3 store ("s3://..."). */
+bool halite_io_is_s3_path(const char *path);
+
+/* The file's or object's size in bytes; -EINVAL for a file that is not regular. */
+int halite_io_size(const struct halite_io *io, uint64_t *size);
+
+/*
+ * For an object: fetch [@off, @off + @len) in one GET and keep it, so that
+ * later reads inside it cost no request (at most a few ranges are kept, for
+ * the handle's life). Not to be called while other threads read through
+ * @io. Files: nothing to do, 0. 0 or a negative code.
+ */
+int halite_io_readahead(struct halite_io *io, uint64_t off, uint64_t len);
+
+/* The last failed request's sentence for an object ("GET s3://b/k: 412 ..."), or "". */
+const char *halite_io_errmsg(const struct halite_io *io);
+
+/* "s3://BUCKET/KEY" for an object; NULL for a file. */
+const char *halite_io_url(const struct halite_io *io);
+
+/* The ETag every read of an object is conditional on; NULL for a file. */
+const char *halite_io_etag(const struct halite_io *io);
+
+struct halite_s3_stats;
+/* Requests and bytes of an object's clients so far (all handles on the version); zeros for a file. */
+void halite_io_s3_stats(const struct halite_io *io, struct halite_s3_stats *st);
 
 /* Close; in-flight requests are waited for first. NULL is fine. */
 void halite_io_close(struct halite_io *io);

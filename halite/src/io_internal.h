@@ -50,8 +50,11 @@ struct io_backend_ops {
 	void (*exit)(struct halite_io *io);
 };
 
+struct io_s3;
+
 struct halite_io {
-	int fd;
+	int fd;			/* -1 for an object (s3) */
+	struct io_s3 *s3;	/* the S3 backend's state, or NULL */
 	bool direct;
 	unsigned qd;
 	uint64_t latency_ns;
@@ -79,6 +82,13 @@ struct halite_io {
 extern const struct io_backend_ops halite_io_uring_ops;
 extern const struct io_backend_ops halite_io_aio_ops;
 extern const struct io_backend_ops halite_io_psync_ops;
+extern const struct io_backend_ops halite_io_s3_ops;
+
+/* io_s3.c: the object @url (HEAD), or another handle on @from's version. */
+int halite_io_s3_open(struct io_s3 **x, const char *url, const struct halite_io *from);
+/* A synchronous read of an object: 0, -HALITE_E_TRUNCATED, or a negative code. */
+void halite_io_s3_free(struct io_s3 *x); /* its workers stopped; NULL is fine */
+int halite_io_s3_read(struct halite_io *io, void *buf, size_t len, uint64_t off);
 
 /*
  * Largest single kernel transfer by default: fits io_uring's 32-bit length

@@ -32,3 +32,29 @@ foreach(store IN ITEMS default seaweedfs)
   set_tests_properties(s3_client${sfx} s3_push_pull${sfx} PROPERTIES LABELS "${labels}"
                        TIMEOUT 300 SKIP_RETURN_CODE 77 ENVIRONMENT "${env}")
 endforeach()
+
+# A snapshot read straight from the store (halite/src/io_s3.c): the reader's
+# requests at open, a lazy restore of the synthetic guest, a replaced object,
+# a missing key; and halite-inspect on an s3:// URL against the local file.
+add_executable(s3_read_test ${S3_TEST_DIR}/test_s3_read.c)
+target_link_libraries(s3_read_test PRIVATE halite_restore halite_save halite_synth halite_s3)
+add_test(NAME s3_read
+  COMMAND bash ${S3_TEST_DIR}/run_with_store.sh ${CMAKE_SOURCE_DIR} $<TARGET_FILE:s3_read_test>)
+add_test(NAME s3_read_inspect
+  COMMAND bash ${S3_TEST_DIR}/run_with_store.sh ${CMAKE_SOURCE_DIR}
+          bash ${S3_TEST_DIR}/test_s3_read_inspect.sh $<TARGET_FILE:halite-inspect>
+          ${CMAKE_SOURCE_DIR})
+set_tests_properties(s3_read s3_read_inspect PROPERTIES LABELS s3 TIMEOUT 300
+                     SKIP_RETURN_CODE 77
+                     ENVIRONMENT "HALITE_OBJECT_STORE=${CMAKE_SOURCE_DIR}/scripts/object-store.sh")
+
+# halite-qemu restore from s3:// of the QEMU test guest; skips without QEMU,
+# the guest image or root, as the qemu label does.
+find_package(Python3 REQUIRED COMPONENTS Interpreter)
+add_test(NAME s3_read_qemu
+  COMMAND bash ${S3_TEST_DIR}/run_with_store.sh ${CMAKE_SOURCE_DIR}
+          ${Python3_EXECUTABLE} ${S3_TEST_DIR}/test_s3_read_qemu.py ${CMAKE_SOURCE_DIR}
+          $<TARGET_FILE:halite-qemu> $<TARGET_FILE:halite-inspect>)
+set_tests_properties(s3_read_qemu PROPERTIES LABELS "s3;qemu" TIMEOUT 600 SKIP_RETURN_CODE 77
+                     RUN_SERIAL TRUE
+                     ENVIRONMENT "HALITE_OBJECT_STORE=${CMAKE_SOURCE_DIR}/scripts/object-store.sh")

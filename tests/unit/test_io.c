@@ -26,6 +26,7 @@
 
 #include "io.h"
 #include "io_internal.h"
+#include "s3.h"
 #include "stats.h"
 #include "test_util.h"
 
@@ -634,6 +635,40 @@ static void test_names(void **state)
 	assert_int_equal(halite_io_backend_parse(NULL), -EINVAL);
 }
 
+/*
+ * An s3:// path opens an object of an S3 store (io_s3.c); what is refused
+ * before any request: writing, a URL that is not one, no configuration.
+ * Reads against a real store are tests/s3/test_s3_read.c's.
+ */
+static void test_s3_refused(void **state)
+{
+	struct halite_io *io = NULL;
+
+	assert_true(halite_io_is_s3_path("s3://b/k"));
+	assert_false(halite_io_is_s3_path("/tmp/s3://b"));
+	assert_false(halite_io_is_s3_path(NULL));
+	assert_string_equal(halite_io_backend_name(HALITE_IO_S3), "s3");
+	assert_int_equal(halite_io_backend_parse("s3"), -EINVAL); /* chosen by the path only */
+	assert_int_equal(halite_io_open(&io, "s3://bucket-x/k", O_WRONLY | O_CREAT | O_TRUNC, 0600,
+					NULL), -EROFS);
+	assert_int_equal(halite_io_open(&io, "s3://bucket-x/k", O_RDWR, 0, NULL), -EROFS);
+	assert_int_equal(halite_io_open(&io, "s3://Not_A_Bucket/k", O_RDONLY, 0, NULL),
+			 -HALITE_S3_E_URL);
+	assert_int_equal(halite_io_open(&io, "s3://bucket-x/", O_RDONLY, 0, NULL),
+			 -HALITE_S3_E_URL);
+	unsetenv("AWS_ACCESS_KEY_ID");
+	unsetenv("AWS_SECRET_ACCESS_KEY");
+	unsetenv("AWS_PROFILE");
+	setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null", 1);
+	setenv("AWS_CONFIG_FILE", "/dev/null", 1);
+	assert_int_equal(halite_io_open(&io, "s3://bucket-x/k", O_RDONLY, 0, NULL),
+			 -HALITE_S3_E_CONFIG);
+	assert_null(io);
+	/* One strerror for the library's codes and the S3 client's. */
+	assert_non_null(strstr(halite_strerror(-HALITE_S3_E_CHANGED), "changed"));
+	assert_string_equal(halite_strerror(-HALITE_S3_E_NO_SUCH_KEY), "no such key");
+}
+
 static void test_alloc(void **state)
 {
 	static const size_t lens[] = { 0, 1, 4095, 4096, 4097, 1 << 20 };
@@ -708,6 +743,7 @@ int main(void)
 		cmocka_unit_test(test_from_fd),
 		cmocka_unit_test(test_direct_refused),
 		cmocka_unit_test(test_names),
+		cmocka_unit_test(test_s3_refused),
 		cmocka_unit_test(test_alloc),
 	};
 

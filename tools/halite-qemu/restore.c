@@ -54,6 +54,7 @@
 #include "fault.h"
 #include "handoff.h"
 #include "inside.h"
+#include "io.h"
 #include "records.h"
 #include "restore_run.h"
 #include "runstate.h"
@@ -130,7 +131,8 @@ static int check_file(struct restore_run *r)
 	 * started and its RAM is ready, a window in which a save could replace
 	 * the file checked here. Advisory: a failure only loses that check.
 	 */
-	r->lock_fd = open(r->p.path, O_RDONLY | O_CLOEXEC);
+	/* An object of an S3 store is pinned by its ETag instead (io_s3.c). */
+	r->lock_fd = halite_io_is_s3_path(r->p.path) ? -1 : open(r->p.path, O_RDONLY | O_CLOEXEC);
 	if (r->lock_fd >= 0 && flock(r->lock_fd, LOCK_SH | LOCK_NB) && r->p.out.verbose)
 		hq_errorf("restore: %s: flock: %s", r->p.path, strerror(errno));
 	ret = hq_bring_read(&r->b, false, &rd);

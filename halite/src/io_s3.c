@@ -1,0 +1,537 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The S3 backend: a snapshot at s3://BUCKET/KEY read with ranged GETs, so
+ * that every reader of a snapshot (the format reader, the restore's
+ * readers and prefetcher) reads an object as it reads a file.
+ *
+ * One object version. Open sends a HEAD for the size and the ETag, and
+ * every read after it is a GET conditional on that ETag (If-Match): an
+ * object replaced while it is read fails the read with
+ * -HALITE_S3_E_CHANGED instead of handing back bytes of two snapshots.
+ * halite_io_reopen() gives another handle on the same version (the
+ * reader's LB handle, the restore's prefetch handle) without a new HEAD,
+ * so all of them read the one the first HEAD saw.
+ *
+ * Clients. A halite_s3 handle is one thread's at a time, so the object
+ * keeps a pool of them, opened as concurrent callers need them (at most
+ * S3_POOL_MAX) and kept, each with its connections kept alive: a
+ * synchronous read takes one for the length of its GET.
+ *
+ * Asynchronous reads. Submit queues the request to the handle's workers
+ * (min(queue_depth, S3_WORKERS_MAX) threads, started at the first
+ * submit), each of which runs one GET at a time on a pooled client; wait
+ * hands their completions to halite_io_req_complete() on the owner's
+ * thread, as the kernel backends do.
+ *
+ * Kept ranges. halite_io_readahead() fetches a range in one GET and keeps
+ * it: the reader asks for the head and the tail of the file (footer,
+ * directory, sections) so that opening costs a few GETs, not one per
+ * structure. A read wholly inside a kept range is answered from memory.
+ *
+ * Retries (network errors, 5xx, throttling) are the S3 client's, with
+ * backoff and jitter (docs/object-store.md); what reaches a caller here
+ * is final.
+ *
+ * A host-level cache of LBs goes in io_s3_get(): every byte read from an
+ * object passes there (synchronous reads, kept ranges, the workers'
+ * asynchronous reads), and the reads of LBs are LB-sized and LB-aligned
+ * from the file's data offset. Keyed by the snapshot's uuid (the reader
+ * knows it after open and would hand it to the object) and the offset, it
+ * would answer before the store. There is none yet.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "io_internal.h"
+#include "pool.h"
+#include "s3.h"
+
+/* Clients per object at most: the restore's readers plus its prefetch workers. */
+#define S3_POOL_MAX 24u
+/* Asynchronous GETs in flight per handle at most, whatever the queue depth. */
+#define S3_WORKERS_MAX 8u
+/* Kept ranges per handle. */
+#define S3_KEPT_MAX 4u
+
+struct s3_obj {
+	_Atomic unsigned refs;
+	struct halite_s3_config cfg;
+	char *bucket, *key, *url;
+	struct halite_s3_object head;
+
+	pthread_mutex_t lk;
+	pthread_cond_t cv;
+	struct halite_s3 *all[S3_POOL_MAX]; /* every client opened, for the counts */
+	struct halite_s3 *idle[S3_POOL_MAX];
+	unsigned nall, nidle;
+	char errmsg[512]; /* the last failure's sentence */
+};
+
+struct s3_kept {
+	uint64_t off;
+	size_t len;
+	uint8_t *buf;
+};
+
+struct io_s3 {
+	struct s3_obj *obj;
+	struct s3_kept kept[S3_KEPT_MAX];
+	unsigned nkept;
+
+	/* Asynchronous requests: queued, then done; both lists by req->next. */
+	pthread_mutex_t lk;
+	pthread_cond_t work_cv, done_cv;
+	struct io_req *queue_head, *queue_tail;
+	struct io_req *done_head, *done_tail;
+	pthread_t workers[S3_WORKERS_MAX];
+	unsigned nworkers, want_workers;
+	bool stop;
+};
+
+bool halite_io_is_s3_path(const char *path)
+{
+	return path && !strncmp(path, "s3://", 5);
+}
+
+static void obj_put(struct s3_obj *o)
+{
+	if (!o || atomic_fetch_sub(&o->refs, 1) != 1)
+		return;
+	for (unsigned i = 0; i < S3_POOL_MAX; i++)
+		halite_s3_close(o->all[i]);
+	pthread_mutex_destroy(&o->lk);
+	pthread_cond_destroy(&o->cv);
+	halite_s3_config_clear(&o->cfg);
+	free(o->bucket);
+	free(o->key);
+	free(o->url);
+	free(o);
+}
+
+/* A client of the pool, opened if none is idle and the pool has room. */
+static int obj_client_get(struct s3_obj *o, struct halite_s3 **sp)
+{
+	struct halite_s3 *s;
+	int ret;
+
+	pthread_mutex_lock(&o->lk);
+	while (!o->nidle && o->nall == S3_POOL_MAX)
+		pthread_cond_wait(&o->cv, &o->lk);
+	if (o->nidle) {
+		*sp = o->idle[--o->nidle];
+		pthread_mutex_unlock(&o->lk);
+		return 0;
+	}
+	/* Taken before opening, so the pool never grows past its bound. */
+	o->nall++;
+	pthread_mutex_unlock(&o->lk);
+	ret = halite_s3_open(&s, &o->cfg, o->bucket);
+	pthread_mutex_lock(&o->lk);
+	if (ret) {
+		o->nall--;
+		pthread_cond_signal(&o->cv);
+	} else {
+		/* Clients are kept until the object goes: the first free slot is this one's. */
+		for (unsigned i = 0; i < S3_POOL_MAX; i++)
+			if (!o->all[i]) {
+				o->all[i] = s;
+				break;
+			}
+		*sp = s;
+	}
+	pthread_mutex_unlock(&o->lk);
+	return ret;
+}
+
+static void obj_client_put(struct s3_obj *o, struct halite_s3 *s, int err)
+{
+	pthread_mutex_lock(&o->lk);
+	if (err)
+		snprintf(o->errmsg, sizeof(o->errmsg), "%s", halite_s3_errmsg(s));
+	o->idle[o->nidle++] = s;
+	pthread_cond_signal(&o->cv);
+	pthread_mutex_unlock(&o->lk);
+}
+
+static int obj_open(struct s3_obj **op, const char *url)
+{
+	char why[256];
+	struct s3_obj *o;
+	struct halite_s3 *s;
+	int ret;
+
+	o = calloc(1, sizeof(*o));
+	if (!o)
+		return -ENOMEM;
+	atomic_init(&o->refs, 1);
+	pthread_mutex_init(&o->lk, NULL);
+	pthread_cond_init(&o->cv, NULL);
+	o->url = strdup(url);
+	if (!o->url) {
+		ret = -ENOMEM;
+		goto fail;
+	}
+	ret = halite_s3_parse_url(url, &o->bucket, &o->key, why, sizeof(why));
+	if (ret) {
+		snprintf(o->errmsg, sizeof(o->errmsg), "%s: %s", url, why);
+		goto fail;
+	}
+	ret = halite_s3_config_load(&o->cfg, why, sizeof(why));
+	if (ret) {
+		snprintf(o->errmsg, sizeof(o->errmsg), "%s: %s", url, why);
+		goto fail;
+	}
+	ret = obj_client_get(o, &s);
+	if (ret)
+		goto fail;
+	ret = halite_s3_head(s, o->key, &o->head);
+	obj_client_put(o, s, ret);
+	if (!ret && !o->head.etag[0]) {
+		/* Without an ETag no read could be pinned to this version. */
+		snprintf(o->errmsg, sizeof(o->errmsg), "HEAD %s: the store sent no ETag", url);
+		ret = -HALITE_S3_E_PROTOCOL;
+	}
+	if (ret)
+		goto fail;
+	*op = o;
+	return 0;
+fail:
+	obj_put(o);
+	return ret;
+}
+
+static const struct s3_kept *s3_kept_find(const struct io_s3 *x, uint64_t off, size_t len)
+{
+	for (unsigned i = 0; i < x->nkept; i++) {
+		const struct s3_kept *k = &x->kept[i];
+
+		if (off >= k->off && off - k->off <= k->len && len <= k->len - (off - k->off))
+			return k;
+	}
+	return NULL;
+}
+
+/*
+ * One ranged GET of the pinned version: the bytes read (fewer only at the
+ * end) or < 0. The place for a host-level LB cache (see the top comment).
+ */
+static int64_t io_s3_get(struct s3_obj *o, void *buf, size_t len, uint64_t off)
+{
+	struct halite_s3 *s;
+	int64_t n;
+	int ret;
+
+	if (off >= o->head.size)
+		return 0;
+	ret = obj_client_get(o, &s);
+	if (ret)
+		return ret;
+	n = halite_s3_get_range(s, o->key, off, len, buf, o->head.etag);
+	obj_client_put(o, s, n < 0 ? (int)n : 0);
+	return n;
+}
+
+int halite_io_s3_read(struct halite_io *io, void *buf, size_t len, uint64_t off)
+{
+	struct io_s3 *x = io->s3;
+	const struct s3_kept *k = s3_kept_find(x, off, len);
+	int64_t n;
+
+	if (k) {
+		memcpy(buf, k->buf + (off - k->off), len);
+		return 0;
+	}
+	if (!len)
+		return 0;
+	n = io_s3_get(x->obj, buf, len, off);
+	if (n < 0)
+		return (int)n;
+	return (size_t)n < len ? -HALITE_E_TRUNCATED : 0;
+}
+
+/*
+ * A new range that ends where a kept one starts (the reader's sections
+ * below its tail) joins it, so that a read across the seam is still
+ * answered from memory.
+ */
+int halite_io_readahead(struct halite_io *io, uint64_t off, uint64_t len)
+{
+	struct io_s3 *x = io->s3;
+	struct s3_kept *k, *next = NULL;
+	size_t total;
+	uint8_t *buf;
+	int64_t n;
+
+	if (!x || !len || s3_kept_find(x, off, (size_t)len))
+		return 0;
+	if (len > SIZE_MAX / 2)
+		return -ENOMEM;
+	for (unsigned i = 0; i < x->nkept; i++)
+		if (x->kept[i].off == off + len && x->kept[i].len <= SIZE_MAX / 2)
+			next = &x->kept[i];
+	if (!next && x->nkept == S3_KEPT_MAX)
+		return -ENOSPC;
+	total = (size_t)len + (next ? next->len : 0);
+	buf = malloc(total);
+	if (!buf)
+		return -ENOMEM;
+	n = io_s3_get(x->obj, buf, (size_t)len, off);
+	if (n < 0 || (uint64_t)n != len) {
+		free(buf);
+		return n < 0 ? (int)n : -HALITE_E_TRUNCATED;
+	}
+	if (next) {
+		memcpy(buf + len, next->buf, next->len);
+		free(next->buf);
+		k = next;
+	} else {
+		k = &x->kept[x->nkept++];
+	}
+	*k = (struct s3_kept){ .off = off, .len = total, .buf = buf };
+	return 0;
+}
+
+/* ---- asynchronous reads ------------------------------------------------- */
+
+static void *s3_worker(void *arg)
+{
+	struct halite_io *io = arg;
+	struct io_s3 *x = io->s3;
+	struct io_req *req;
+
+	pthread_mutex_lock(&x->lk);
+	for (;;) {
+		while (!x->stop && !x->queue_head)
+			pthread_cond_wait(&x->work_cv, &x->lk);
+		if (!x->queue_head)
+			break;
+		req = x->queue_head;
+		x->queue_head = req->next;
+		if (!x->queue_head)
+			x->queue_tail = NULL;
+		pthread_mutex_unlock(&x->lk);
+
+		req->res = io_s3_get(x->obj, req->buf + req->done, req->len - req->done,
+				     req->off + req->done);
+
+		pthread_mutex_lock(&x->lk);
+		req->next = NULL;
+		if (x->done_tail)
+			x->done_tail->next = req;
+		else
+			x->done_head = req;
+		x->done_tail = req;
+		pthread_cond_signal(&x->done_cv);
+	}
+	pthread_mutex_unlock(&x->lk);
+	return NULL;
+}
+
+static int s3_init(struct halite_io *io)
+{
+	struct io_s3 *x = io->s3;
+
+	x->want_workers = io->qd < S3_WORKERS_MAX ? io->qd : S3_WORKERS_MAX;
+	return 0;
+}
+
+static int s3_submit(struct halite_io *io, struct io_req *req)
+{
+	struct io_s3 *x = io->s3;
+	int ret = 0;
+
+	if (req->write)
+		return -EROFS;
+	pthread_mutex_lock(&x->lk);
+	/* One more worker per request in flight, up to the bound: none idle for nothing. */
+	if (x->nworkers < x->want_workers && x->nworkers < io->active + 1) {
+		ret = halite_thread_start(&x->workers[x->nworkers], s3_worker, io);
+		if (!ret)
+			x->nworkers++;
+		else if (x->nworkers)
+			ret = 0; /* the others carry it */
+	}
+	if (!ret) {
+		req->next = NULL;
+		if (x->queue_tail)
+			x->queue_tail->next = req;
+		else
+			x->queue_head = req;
+		x->queue_tail = req;
+		io->active++;
+		pthread_cond_signal(&x->work_cv);
+	}
+	pthread_mutex_unlock(&x->lk);
+	return ret;
+}
+
+static int s3_wait(struct halite_io *io, unsigned min, uint64_t timeout_ns)
+{
+	struct io_s3 *x = io->s3;
+	struct io_req *list, *req;
+	struct timespec ts;
+	int n = 0;
+
+	pthread_mutex_lock(&x->lk);
+	if (min && !x->done_head && timeout_ns != UINT64_MAX) {
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_sec += (time_t)(timeout_ns / 1000000000u);
+		ts.tv_nsec += (long)(timeout_ns % 1000000000u);
+		if (ts.tv_nsec >= 1000000000) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000;
+		}
+		while (!x->done_head)
+			if (pthread_cond_timedwait(&x->done_cv, &x->lk, &ts) == ETIMEDOUT)
+				break;
+	} else if (min) {
+		while (!x->done_head)
+			pthread_cond_wait(&x->done_cv, &x->lk);
+	}
+	list = x->done_head;
+	x->done_head = x->done_tail = NULL;
+	pthread_mutex_unlock(&x->lk);
+
+	/* Completed on the owner's thread: the done list and free slots are its own. */
+	while ((req = list)) {
+		list = req->next;
+		io->active--;
+		halite_io_req_complete(io, req, req->res);
+		n++;
+	}
+	return n;
+}
+
+void halite_io_s3_free(struct io_s3 *x)
+{
+	if (!x)
+		return;
+	pthread_mutex_lock(&x->lk);
+	x->stop = true;
+	pthread_cond_broadcast(&x->work_cv);
+	pthread_mutex_unlock(&x->lk);
+	for (unsigned i = 0; i < x->nworkers; i++)
+		pthread_join(x->workers[i], NULL);
+	for (unsigned i = 0; i < x->nkept; i++)
+		free(x->kept[i].buf);
+	pthread_mutex_destroy(&x->lk);
+	pthread_cond_destroy(&x->work_cv);
+	pthread_cond_destroy(&x->done_cv);
+	obj_put(x->obj);
+	free(x);
+}
+
+static void s3_exit(struct halite_io *io)
+{
+	halite_io_s3_free(io->s3);
+	io->s3 = NULL;
+}
+
+const struct io_backend_ops halite_io_s3_ops = {
+	.id = HALITE_IO_S3,
+	.init = s3_init,
+	.submit = s3_submit,
+	.wait = s3_wait,
+	.exit = s3_exit,
+};
+
+/* ---- open, the object's facts ------------------------------------------- */
+
+static struct io_s3 *io_s3_new(struct s3_obj *obj)
+{
+	struct io_s3 *x = calloc(1, sizeof(*x));
+
+	if (!x)
+		return NULL;
+	x->obj = obj;
+	pthread_mutex_init(&x->lk, NULL);
+	pthread_cond_init(&x->work_cv, NULL);
+	pthread_cond_init(&x->done_cv, NULL);
+	return x;
+}
+
+int halite_io_s3_open(struct io_s3 **xp, const char *url, const struct halite_io *from)
+{
+	struct s3_obj *obj;
+	int ret;
+
+	if (from) {
+		obj = from->s3->obj;
+		atomic_fetch_add(&obj->refs, 1);
+	} else {
+		ret = obj_open(&obj, url);
+		if (ret)
+			return ret;
+	}
+	*xp = io_s3_new(obj);
+	if (!*xp) {
+		obj_put(obj);
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+int halite_io_size(const struct halite_io *io, uint64_t *size)
+{
+	struct stat st;
+
+	if (io->s3) {
+		*size = io->s3->obj->head.size;
+		return 0;
+	}
+	if (fstat(io->fd, &st))
+		return -errno;
+	if (!S_ISREG(st.st_mode))
+		return -EINVAL;
+	*size = (uint64_t)st.st_size;
+	return 0;
+}
+
+const char *halite_io_errmsg(const struct halite_io *io)
+{
+	return io->s3 ? io->s3->obj->errmsg : "";
+}
+
+const char *halite_io_url(const struct halite_io *io)
+{
+	return io->s3 ? io->s3->obj->url : NULL;
+}
+
+const char *halite_io_etag(const struct halite_io *io)
+{
+	return io->s3 ? io->s3->obj->head.etag : NULL;
+}
+
+/*
+ * Plain reads of counters a client in use may be adding to (halite_s3 has
+ * no lock for them): aligned 64-bit words, each read whole, perhaps a
+ * request behind, which is all a report needs. Tests read them at rest.
+ */
+void halite_io_s3_stats(const struct halite_io *io, struct halite_s3_stats *st)
+{
+	struct s3_obj *o;
+
+	memset(st, 0, sizeof(*st));
+	if (!io->s3)
+		return;
+	o = io->s3->obj;
+	pthread_mutex_lock(&o->lk);
+	for (unsigned i = 0; i < S3_POOL_MAX; i++) {
+		struct halite_s3_stats one;
+
+		if (!o->all[i])
+			continue;
+		halite_s3_get_stats(o->all[i], &one);
+		st->requests += one.requests;
+		st->retries += one.retries;
+		st->bytes_up += one.bytes_up;
+		st->bytes_down += one.bytes_down;
+		st->connects += one.connects;
+	}
+	pthread_mutex_unlock(&o->lk);
+}

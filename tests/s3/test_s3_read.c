@@ -1,0 +1,449 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * A snapshot read straight from a real S3 store (run_with_store.sh exports
+ * it), through the I/O layer's S3 backend (halite/src/io_s3.c):
+ * - opening a reader costs an exact number of requests: one HEAD, the
+ *   head and the tail in one GET each, and one more only when the sections
+ *   start below the tail;
+ * - a lazy restore of the synthetic guest's snapshot from s3:// gives
+ *   exactly the snapshot's memory, read by demand faults (this thread
+ *   touching every page) and by the prefetcher (asynchronous GETs);
+ * - a template (the clone service's engine) filled from s3:// holds
+ *   exactly the snapshot's memory;
+ * - an object replaced between open and the reads fails the restore with
+ *   the changed-object error, in the message, and no memory of the other
+ *   object is installed (the restore stops at its first failed read);
+ * - a missing key fails the open with an error that names the object.
+ * Plain program: exit 0 pass, 1 fail, 77 skip.
+ *
+ *   s3_read_test   (HALITE_TEST_BUCKET and AWS_* in the environment)
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <halite/halite.h>
+
+#include "io.h"
+#include "reader_io.h"
+#include "s3.h"
+#include "synth.h"
+
+#define PAGE 4096u
+#define NV 2
+#define WAIT_MS 60000
+
+static char g_dir[] = "/tmp/halite-s3-read.XXXXXX";
+static char g_bucket[128], g_prefix[128];
+
+static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void die(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	fprintf(stderr, "FAIL: ");
+	vfprintf(stderr, fmt, ap);
+	fprintf(stderr, "\n");
+	va_end(ap);
+	exit(1);
+}
+
+#define CHECK(c, ...)                                                                   \
+	do {                                                                            \
+		if (!(c))                                                               \
+			die(__VA_ARGS__);                                               \
+	} while (0)
+
+static void sleep_ms(unsigned ms)
+{
+	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000 };
+
+	nanosleep(&ts, NULL);
+}
+
+/* A synthetic guest, saved by the save engine to @path: its memory at the snapshot instant. */
+static uint8_t *make_snapshot(const char *path, struct synth_opts *base, uint64_t *mem_bytes)
+{
+	struct synth_opts so = *base;
+	HALITE_OPTS(halite_save_opts, o);
+	struct synth_guest *g;
+	struct synth_info info;
+	struct halite_save *s;
+	struct halite_save_region reg;
+	pid_t tids[NV];
+	uint8_t *snap;
+	int ret;
+
+	so.backing = SYNTH_MEM_SHARED;
+	so.write_pct = 50;
+	so.pattern = SYNTH_PAT_SEQ;
+	CHECK(!synth_create(&g, &so) && !synth_info(g, &info), "synth_create");
+	CHECK(!synth_start(g), "synth_start");
+	sleep_ms(5);
+	CHECK(!synth_pause(g), "synth_pause");
+	snap = malloc(info.mem_bytes);
+	CHECK(snap && !synth_copy_memory(g, snap), "copy memory");
+	reg = (struct halite_save_region){ SYNTH_REGION_NAME, 0, info.mem_bytes,
+					   (uintptr_t)info.host_addr, HALITE_MEM_SHARED, info.memfd,
+					   0 };
+	for (unsigned v = 0; v < NV; v++) {
+		struct synth_vcpu_info vi;
+
+		CHECK(!synth_vcpu_info(g, v, &vi), "vcpu info");
+		tids[v] = vi.tid;
+	}
+	o.flags = HALITE_SAVE_NO_SYNC;
+	o.vcpu_tids = tids;
+	o.nvcpus = NV;
+	o.workers = 2;
+	ret = halite_save_create(&s, path, &reg, 1, &o);
+	CHECK(!ret, "save_create: %s", halite_strerror(ret));
+	for (unsigned v = 0; v < NV; v++) {
+		struct synth_vcpu_info vi;
+		struct halite_root root;
+
+		CHECK(!synth_vcpu_info(g, v, &vi), "vcpu info");
+		root = (struct halite_root){ v, vi.paging_levels, vi.cr3 };
+		CHECK(!halite_save_add_root(s, &root), "add_root");
+	}
+	CHECK(!halite_save_arm(s), "arm");
+	CHECK(!synth_resume(g), "resume");
+	ret = halite_save_wait(s, WAIT_MS);
+	CHECK(!ret, "save: %s", halite_strerror(ret));
+	halite_save_free(s);
+	CHECK(!synth_stop(g), "stop");
+	synth_free(g);
+	*mem_bytes = info.mem_bytes;
+	return snap;
+}
+
+static uint8_t *slurp(const char *path, size_t *len)
+{
+	struct stat st;
+	uint8_t *buf;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+	CHECK(fd >= 0 && !fstat(fd, &st), "%s: %s", path, strerror(errno));
+	buf = malloc((size_t)st.st_size);
+	CHECK(buf && read(fd, buf, (size_t)st.st_size) == st.st_size, "%s: read", path);
+	close(fd);
+	*len = (size_t)st.st_size;
+	return buf;
+}
+
+static struct halite_s3 *client(void)
+{
+	struct halite_s3_config c;
+	struct halite_s3 *s;
+	char err[256];
+
+	CHECK(!halite_s3_config_load(&c, err, sizeof(err)), "S3 configuration: %s", err);
+	CHECK(!halite_s3_open(&s, &c, g_bucket), "halite_s3_open");
+	halite_s3_config_clear(&c);
+	return s;
+}
+
+static void put(struct halite_s3 *s, const char *key, const void *buf, size_t len)
+{
+	int ret = halite_s3_put(s, key, buf, len);
+
+	CHECK(!ret, "PUT %s: %s", key, halite_s3_errmsg(s));
+}
+
+/* The sections a reader reads at open (reader.c): a 1.1 file's chunked index comes in on use. */
+static bool read_at_open(uint32_t type, bool chunked)
+{
+	return !chunked || (type != HALITE_SECTION_LB_TABLE && type != HALITE_SECTION_MB_MAP &&
+			    type != HALITE_SECTION_LB_MEMBERS);
+}
+
+/* Requests at open: HEAD, the head, the tail, and the sections when they start below the tail. */
+static void test_open_requests(const char *local, const char *url)
+{
+	struct halite_reader *rd, *lr;
+	struct halite_s3_stats st;
+	uint64_t size, lo = UINT64_MAX, want;
+	uint32_t type;
+	bool chunked = false;
+	int ret;
+
+	ret = halite_reader_open(&lr, local, NULL);
+	CHECK(!ret, "open %s: %s", local, halite_strerror(ret));
+	size = halite_reader_info(lr)->file_size;
+	for (uint32_t i = 0; i < halite_reader_section_count(lr); i++) {
+		uint64_t off, len;
+
+		CHECK(!halite_reader_section(lr, i, &type, &off, &len), "section");
+		chunked |= type == HALITE_SECTION_INDEX;
+	}
+	for (uint32_t i = 0; i < halite_reader_section_count(lr); i++) {
+		uint64_t off, len;
+
+		CHECK(!halite_reader_section(lr, i, &type, &off, &len), "section");
+		if (len && off < lo && read_at_open(type, chunked))
+			lo = off;
+	}
+	want = size <= (68u << 10) ? 2 : lo < size - (64u << 10) ? 4 : 3;
+
+	ret = halite_reader_open(&rd, url, NULL);
+	CHECK(!ret, "open %s: %s", url, halite_strerror(ret));
+	CHECK(halite_reader_info(rd)->file_size == size, "size");
+	CHECK(!memcmp(halite_reader_info(rd)->uuid, halite_reader_info(lr)->uuid, 16), "uuid");
+	halite_io_s3_stats(halite_reader_io(rd), &st);
+	printf("open: %" PRIu64 " requests (%" PRIu64 " connections, %" PRIu64
+	       " bytes) for a %" PRIu64 "-byte object, want %" PRIu64 "\n",
+	       st.requests, st.connects, st.bytes_down, size, want);
+	CHECK(st.requests == want && st.retries == 0, "open took %" PRIu64 " requests, not %" PRIu64,
+	      st.requests, want);
+	/* Verifying the sections open read costs no request more: open kept them. */
+	for (uint32_t i = 0; i < halite_reader_section_count(rd); i++) {
+		uint64_t off, len;
+
+		CHECK(!halite_reader_section(rd, i, &type, &off, &len), "section");
+		if (read_at_open(type, chunked))
+			CHECK(!halite_reader_verify_section(rd, i), "verify section %u", i);
+	}
+	halite_io_s3_stats(halite_reader_io(rd), &st);
+	CHECK(st.requests == want, "verifying the sections took %" PRIu64 " more requests",
+	      st.requests - want);
+	halite_reader_free(rd);
+	halite_reader_free(lr);
+}
+
+/*
+ * A file whose sections do not fit in the reader's tail: 256 KiB of device
+ * state and 64 MiB of memory blocks, half of them stored.
+ */
+static void make_big_sections(const char *path)
+{
+	HALITE_OPTS(halite_writer_opts, wo);
+	struct halite_region reg = { "ram", 0, 64ull << 20 };
+	struct halite_writer *w;
+	uint8_t *dev = malloc(256u << 10), mb[8192];
+	uint64_t n;
+	int ret;
+
+	CHECK(dev, "malloc");
+	for (size_t i = 0; i < (256u << 10); i++)
+		dev[i] = (uint8_t)(i * 131 + 7);
+	wo.flags = HALITE_WRITER_NO_SYNC;
+	ret = halite_writer_create(&w, path, &reg, 1, &wo);
+	CHECK(!ret, "writer_create: %s", halite_strerror(ret));
+	n = halite_writer_mb_count(w);
+	CHECK(halite_writer_mb_size(w) <= sizeof(mb), "mb size");
+	for (uint64_t i = 0; i < n; i += 2) {
+		memset(mb, (int)(i & 0xff) | 1, sizeof(mb));
+		CHECK(!halite_writer_put(w, HALITE_STREAM(HALITE_STREAM_PHYSICAL, 0), i, mb), "put");
+	}
+	CHECK(!halite_writer_set_device_state(w, dev, 256u << 10), "device state");
+	ret = halite_writer_finish(w);
+	CHECK(!ret, "finish: %s", halite_strerror(ret));
+	halite_writer_free(w, true);
+	free(dev);
+}
+
+/* An attached guest (empty memory, the snapshot's layout) to restore into. */
+static struct synth_guest *target(const struct synth_opts *base, struct synth_info *info)
+{
+	struct synth_opts t = *base;
+	struct synth_guest *g;
+
+	t.flags |= SYNTH_F_ATTACH;
+	t.backing = SYNTH_MEM_ANON;
+	CHECK(!synth_create(&g, &t) && !synth_info(g, info), "target guest");
+	return g;
+}
+
+static struct halite_restore *restore_open(const char *url, const struct synth_info *info,
+					   bool prefetch)
+{
+	HALITE_OPTS(halite_restore_opts, o);
+	struct halite_restore_region reg = { SYNTH_REGION_NAME, (uintptr_t)info->host_addr,
+					     info->mem_bytes, HALITE_MEM_ANON, -1, 0 };
+	struct halite_restore *r;
+	int ret;
+
+	if (!prefetch)
+		o.flags |= HALITE_RESTORE_NO_PREFETCH;
+	ret = halite_restore_open(&r, url, &reg, 1, &o);
+	if (ret == -HALITE_E_UNSUPPORTED || ret == -EPERM) {
+		printf("SKIP: userfaultfd: %s\n", halite_strerror(ret));
+		exit(77);
+	}
+	CHECK(!ret, "restore_open %s: %s", url, halite_strerror(ret));
+	return r;
+}
+
+/* Demand faults (this thread, every page in order) and the prefetcher, both from the store. */
+static void test_restore_exact(const char *url, const uint8_t *snap, const struct synth_opts *base)
+{
+	struct synth_info info;
+	struct synth_guest *g = target(base, &info);
+	struct halite_restore *r = restore_open(url, &info, true);
+	struct halite_restore_stats st;
+	const uint8_t *mem = info.host_addr;
+	int ret;
+
+	CHECK(!halite_restore_start(r), "restore_start: %s", halite_restore_errmsg(r));
+	for (uint64_t p = 0; p < info.mem_bytes / PAGE; p++)
+		CHECK(!memcmp(mem + p * PAGE, snap + p * PAGE, PAGE),
+		      "restored page %" PRIu64 " differs from the snapshot's", p);
+	ret = halite_restore_wait(r, WAIT_MS);
+	CHECK(!ret, "restore: %s", halite_restore_errmsg(r));
+	halite_restore_stats(r, &st);
+	printf("restore: %" PRIu64 " faults, LBs %" PRIu64 " demand + %" PRIu64
+	       " prefetch of %" PRIu64 "\n", st.faults, st.lb_demand, st.lb_prefetch, st.lb_total);
+	CHECK(st.lb_demand + st.lb_prefetch == st.lb_total, "every LB read once");
+	CHECK(!memcmp(mem, snap, info.mem_bytes), "memory differs after the restore");
+	halite_restore_free(r);
+	synth_free(g);
+}
+
+/* The object replaced after open: the prefetcher's first GET fails with 412, the restore with it. */
+static void test_replaced(struct halite_s3 *s, const char *key, const char *url, uint8_t *file,
+			  size_t len, const struct synth_opts *base)
+{
+	struct synth_info info;
+	struct synth_guest *g = target(base, &info);
+	struct halite_restore *r = restore_open(url, &info, true);
+	const char *msg, *want = halite_strerror(-HALITE_S3_E_CHANGED);
+	int ret;
+
+	/* Another object under the key: the same bytes but one, so a new ETag. */
+	file[len / 2] ^= 0x5a;
+	put(s, key, file, len);
+	file[len / 2] ^= 0x5a;
+	CHECK(!halite_restore_start(r), "restore_start: %s", halite_restore_errmsg(r));
+	ret = halite_restore_wait(r, WAIT_MS);
+	msg = halite_restore_errmsg(r);
+	printf("replaced: %d: %s\n", ret, msg);
+	CHECK(ret == -HALITE_S3_E_CHANGED, "the restore of a replaced object ended with %d (%s), "
+	      "not -HALITE_S3_E_CHANGED", ret, halite_strerror(ret));
+	CHECK(strstr(msg, want), "the message '%s' does not say '%s'", msg, want);
+	CHECK(strstr(msg, url), "the message '%s' does not name %s", msg, url);
+	/* Reading a replaced object again cannot mend it: one read, not read_retries more. */
+	CHECK(strstr(msg, "after 1 read"), "the message '%s' says the LB was read again", msg);
+	halite_restore_free(r);
+	synth_free(g);
+}
+
+/* The clone service's engine: a template filled from the store holds the snapshot's memory. */
+static void test_template(const char *url, const uint8_t *snap, uint64_t mem_bytes)
+{
+	HALITE_OPTS(halite_template_opts, o);
+	struct halite_template *t;
+	char mem[128], fill[160];
+	uint64_t off, len;
+	uint8_t *p;
+	int ret;
+
+	snprintf(mem, sizeof(mem), "/dev/shm/halite-s3-read-%d.mem", (int)getpid());
+	snprintf(fill, sizeof(fill), "%s.fill", mem);
+	ret = halite_template_open(&t, url, mem, &o);
+	if (ret == -HALITE_E_UNSUPPORTED) {
+		printf("template: skipped, %s\n", halite_strerror(ret));
+		return;
+	}
+	CHECK(!ret, "template_open %s: %s", url, halite_strerror(ret));
+	ret = halite_template_wait(t, WAIT_MS);
+	CHECK(!ret, "template: %s", halite_template_errmsg(t));
+	CHECK(!halite_template_region(t, SYNTH_REGION_NAME, &off, &len) && len == mem_bytes,
+	      "template region");
+	p = mmap(NULL, len, PROT_READ, MAP_PRIVATE, halite_template_memfd(t), (off_t)off);
+	CHECK(p != MAP_FAILED, "mmap the template");
+	CHECK(!memcmp(p, snap, len), "the template's memory differs from the snapshot's");
+	munmap(p, len);
+	halite_template_free(t);
+	unlink(mem);
+	unlink(fill);
+	printf("template: %" PRIu64 " bytes exact\n", len);
+}
+
+static void test_missing(const char *url)
+{
+	char err[512];
+	HALITE_OPTS(halite_reader_opts, o);
+	struct halite_reader *rd;
+	int ret;
+
+	o.errbuf = err;
+	o.errbuf_len = sizeof(err);
+	ret = halite_reader_open(&rd, url, &o);
+	printf("missing: %d: %s\n", ret, err);
+	CHECK(ret == -HALITE_S3_E_NO_SUCH_KEY, "open of a missing key: %d (%s)", ret,
+	      halite_strerror(ret));
+	CHECK(strstr(err, url) && strstr(err, halite_strerror(ret)), "message: %s", err);
+}
+
+int main(void)
+{
+	struct synth_opts base = {
+		.sz = sizeof(base), .mem_bytes = 16ull << 20, .nvcpus = NV, .stride = 16,
+		.map_bytes = 3ull << 20, .ws_bytes = 2ull << 20, .compress_pct = 40,
+		.zero_pct = 5, .untouched_pct = 20, .hole_every = 9, .seed = 7,
+	};
+	char path[256], key[256], url[512], missing[512];
+	const char *b = getenv("HALITE_TEST_BUCKET");
+	struct halite_s3 *s;
+	uint64_t mem_bytes;
+	uint8_t *snap, *file;
+	size_t len;
+
+	if (!b) {
+		printf("SKIP: no HALITE_TEST_BUCKET (run under run_with_store.sh)\n");
+		return 77;
+	}
+	snprintf(g_bucket, sizeof(g_bucket), "%s", b);
+	snprintf(g_prefix, sizeof(g_prefix), "s3read-%d", (int)getpid());
+	CHECK(mkdtemp(g_dir), "mkdtemp");
+	snprintf(path, sizeof(path), "%s/snap.hlt", g_dir);
+	snap = make_snapshot(path, &base, &mem_bytes);
+	file = slurp(path, &len);
+	s = client();
+	snprintf(key, sizeof(key), "%s/snap.hlt", g_prefix);
+	snprintf(url, sizeof(url), "s3://%s/%s", g_bucket, key);
+	snprintf(missing, sizeof(missing), "s3://%s/%s/none.hlt", g_bucket, g_prefix);
+	put(s, key, file, len);
+
+	test_open_requests(path, url);
+	{
+		char big[300], bkey[256], burl[512];
+		uint8_t *bf;
+		size_t blen;
+
+		snprintf(big, sizeof(big), "%s/big.hlt", g_dir);
+		make_big_sections(big);
+		bf = slurp(big, &blen);
+		snprintf(bkey, sizeof(bkey), "%s/big.hlt", g_prefix);
+		snprintf(burl, sizeof(burl), "s3://%s/%s", g_bucket, bkey);
+		put(s, bkey, bf, blen);
+		test_open_requests(big, burl);
+		halite_s3_delete(s, bkey);
+		unlink(big);
+		free(bf);
+	}
+	test_restore_exact(url, snap, &base);
+	test_template(url, snap, mem_bytes);
+	test_replaced(s, key, url, file, len, &base);
+	test_missing(missing);
+
+	halite_s3_delete(s, key);
+	halite_s3_close(s);
+	unlink(path);
+	rmdir(g_dir);
+	free(snap);
+	free(file);
+	printf("PASS\n");
+	return 0;
+}

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# halite-inspect on a snapshot at s3://BUCKET/KEY against a real S3 store
+# (run_with_store.sh exports it): info, verify, blocks and map say exactly
+# what they say of the local file (the name aside), extract writes the same
+# bytes, a missing key and a replaced-then-truncated object fail with words
+# that name the object, and an s3:// output is refused.
+#
+#   test_s3_read_inspect.sh HALITE_INSPECT SOURCE_DIR
+set -uo pipefail
+
+HI=${1:?usage: test_s3_read_inspect.sh HALITE_INSPECT SOURCE_DIR}
+ROOT=${2:?}
+B=${HALITE_TEST_BUCKET:?run under run_with_store.sh}/s3read-$$-$RANDOM
+SEED=${HALITE_TEST_SEED:-$(od -An -N2 -tu2 /dev/urandom | tr -d ' ')}
+echo "seed $SEED (HALITE_TEST_SEED)"
+command -v python3 >/dev/null || { echo "SKIP: needs python3"; exit 77; }
+# The inspect tests' helpers: $T (removed at exit), fail, expect, js, eq, gen.
+. "$ROOT/tests/inspect/lib.sh" "$HI" python3 "$ROOT/tests/inspect"
+
+has() { # FILE TEXT
+	grep -qF -- "$2" "$1" || { cat "$1" >&2; fail "$1 lacks '$2'"; }
+}
+
+# Two regions, compressed, a few hundred LBs: sections below the tail too.
+gen --out "$T/a" --pages 3000 --seed "$SEED" --layout r || fail "generator"
+gen --out "$T/b" --pages 1000 --seed "$((SEED + 1))" --layout r || fail "generator"
+expect 0 "$HI" import --no-sync -j 2 --region "ram=$T/a" --region "rom=$T/b" \
+	-o "$T/snap.hlt"
+U="s3://$B/snap.hlt"
+expect 0 "$HI" push "$T/snap.hlt" "$U"
+
+# ---- the same answers as the local file ----
+for cmd in "info" "info --json" "verify --json" "blocks" "blocks --json" "map" "map --json"; do
+	# shellcheck disable=SC2086
+	expect 0 "$HI" $cmd "$T/snap.hlt"
+	mv "$T/out" "$T/local.out"
+	# shellcheck disable=SC2086
+	expect 0 "$HI" $cmd "$U"
+	sed "s#$U#$T/snap.hlt#g" "$T/out" >"$T/s3.out"
+	cmp -s "$T/local.out" "$T/s3.out" ||
+		{ diff "$T/local.out" "$T/s3.out" | head -20 >&2; fail "$cmd differs on $U"; }
+done
+for reg in ram rom; do
+	expect 0 "$HI" extract --region "$reg" -o "$T/$reg.local" "$T/snap.hlt"
+	expect 0 "$HI" extract --json --region "$reg" -o "$T/$reg.s3" "$U"
+	cmp "$T/$reg.local" "$T/$reg.s3" || fail "extract of $reg from $U differs"
+	[ "$(stat -c %a "$T/$reg.s3")" = 600 ] || fail "the extracted image is not 0600"
+done
+cmp "$T/ram.s3" <(head -c "$(stat -c %s "$T/ram.s3")" "$T/a") || fail "ram is not the image"
+
+# ---- what fails, and says so ----
+expect 1 "$HI" info "s3://$B/none.hlt"
+has "$T/err" "s3://$B/none.hlt"
+has "$T/err" "no such key"
+# Writes go to local files only: an s3:// output is refused, nothing written.
+cd "$T" || fail "cd"
+expect 1 "$HI" extract --region ram -o "s3://$B/out.img" "$U"
+has "$T/err" "s3://$B/out.img"
+[ -e "$T/s3:" ] && fail "an s3:// output made a local directory"
+echo PASS
