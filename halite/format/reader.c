@@ -352,6 +352,9 @@ HALITE_EXPORT int halite_reader_open(struct halite_reader **rp, const char *path
 	r->info.codec = HALITE_CODEC_DEFAULT;
 	r->path = strdup(path);
 	ret = r->path ? open_validate(r, &o) : -ENOMEM;
+	if (!ret)
+		/* Valid through its footer: its uuid may key the host's LB cache (io.h). */
+		halite_io_cache_key(r->meta_io, r->info.uuid);
 	if (ret) {
 		if (o.errbuf && o.errbuf_len)
 			snprintf(o.errbuf, o.errbuf_len, "%s",
@@ -361,6 +364,12 @@ HALITE_EXPORT int halite_reader_open(struct halite_reader **rp, const char *path
 	}
 	*rp = r;
 	return 0;
+}
+
+HALITE_EXPORT void halite_reader_store_stats(const struct halite_reader *r,
+					    struct halite_store_stats *st)
+{
+	halite_io_store_stats(r->meta_io, st);
 }
 
 static void kvs_free(struct rkvs *kv)

@@ -69,9 +69,11 @@ void src_lb_retrying(struct src *s, uint64_t lb, int err, unsigned reads)
 		 reads + 1, s->o.read_retries + 1);
 	src_lb_errmsg(s->rd, lb, why, msg, sizeof(msg));
 	halite_logf(s->log, HALITE_LOG_WARN, "%s", msg);
-	/* An object (fd -1) has no page cache: each read is a new GET already. */
+	/* An object (fd -1) has no page cache, but the host's LB cache may hold it. */
 	if (s->fd >= 0)
 		posix_fadvise(s->fd, (off_t)li.offset, s->lb_size, POSIX_FADV_DONTNEED);
+	else
+		halite_io_cache_drop(halite_reader_io(s->rd), li.offset);
 }
 
 /*

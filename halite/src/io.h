@@ -149,6 +149,24 @@ struct halite_s3_stats;
 /* Requests and bytes of an object's clients so far (all handles on the version); zeros for a file. */
 void halite_io_s3_stats(const struct halite_io *io, struct halite_s3_stats *st);
 
+/*
+ * The host's LB cache: an object opened while HALITE_CACHE_DIR names a
+ * directory keeps what it reads there (HALITE_CACHE_SIZE bytes at most,
+ * default below; lbcache.h), shared by every process on the host that
+ * names the same directory. Reads are answered from it only once
+ * halite_io_cache_key() has named the snapshot: the cache is keyed by the
+ * snapshot's uuid and the offset, not by the object's name.
+ */
+#define HALITE_CACHE_SIZE_DEFAULT (8ull << 30)
+/* The snapshot @uuid is what every handle on this object version reads. Files: nothing. */
+void halite_io_cache_key(struct halite_io *io, const uint8_t uuid[16]);
+/* Forget the cached bytes at @off (about to be read again after a bad checksum). */
+void halite_io_cache_drop(struct halite_io *io, uint64_t off);
+
+struct halite_store_stats;
+/* The store's requests and bytes and the cache's answers (halite_store_stats); zeros for a file. */
+void halite_io_store_stats(const struct halite_io *io, struct halite_store_stats *st);
+
 /* Close; in-flight requests are waited for first. NULL is fine. */
 void halite_io_close(struct halite_io *io);
 

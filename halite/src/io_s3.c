@@ -47,7 +47,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include <halite/format.h>
+
+#include "cli.h"
 #include "io_internal.h"
+#include "lbcache.h"
 #include "pool.h"
 #include "s3.h"
 
@@ -70,6 +74,12 @@ struct s3_obj {
 	struct halite_s3 *idle[S3_POOL_MAX];
 	unsigned nall, nidle;
 	char errmsg[512]; /* the last failure's sentence */
+
+	/* The host's LB cache (HALITE_CACHE_DIR), once the reader has named the snapshot. */
+	struct halite_lbcache *cache;
+	uint8_t uuid[16];
+	_Atomic bool keyed;
+	_Atomic uint64_t put_errors; /* puts the cache refused (a full disk, ...) */
 };
 
 struct s3_kept {
@@ -104,6 +114,7 @@ static void obj_put(struct s3_obj *o)
 		return;
 	for (unsigned i = 0; i < S3_POOL_MAX; i++)
 		halite_s3_close(o->all[i]);
+	halite_lbcache_close(o->cache);
 	pthread_mutex_destroy(&o->lk);
 	pthread_cond_destroy(&o->cv);
 	halite_s3_config_clear(&o->cfg);
@@ -158,6 +169,33 @@ static void obj_client_put(struct s3_obj *o, struct halite_s3 *s, int err)
 	pthread_mutex_unlock(&o->lk);
 }
 
+/*
+ * The host's LB cache, if HALITE_CACHE_DIR names one (the tools'
+ * --cache-dir sets it): opened by every object, so every restore, clone
+ * and inspection on the host shares it. A cache named but unusable fails
+ * the open: a host meant to read each LB from the store once should not
+ * quietly read them all again.
+ */
+static int obj_cache_open(struct s3_obj *o)
+{
+	const char *dir = getenv("HALITE_CACHE_DIR"), *size = getenv("HALITE_CACHE_SIZE");
+	uint64_t max = HALITE_CACHE_SIZE_DEFAULT;
+	char why[384];
+	int ret;
+
+	if (!dir || !*dir)
+		return 0;
+	if (size && *size && (halite_parse_size(size, &max) || !max)) {
+		snprintf(o->errmsg, sizeof(o->errmsg), "HALITE_CACHE_SIZE=%s: not a size "
+			 "(bytes, or with K, M, G)", size);
+		return -EINVAL;
+	}
+	ret = halite_lbcache_open(&o->cache, dir, max, why, sizeof(why));
+	if (ret)
+		snprintf(o->errmsg, sizeof(o->errmsg), "%s: the host's LB cache: %s", o->url, why);
+	return ret;
+}
+
 static int obj_open(struct s3_obj **op, const char *url)
 {
 	char why[256];
@@ -186,6 +224,9 @@ static int obj_open(struct s3_obj **op, const char *url)
 		snprintf(o->errmsg, sizeof(o->errmsg), "%s: %s", url, why);
 		goto fail;
 	}
+	ret = obj_cache_open(o);
+	if (ret)
+		goto fail;
 	ret = obj_client_get(o, &s);
 	if (ret)
 		goto fail;
@@ -217,22 +258,35 @@ static const struct s3_kept *s3_kept_find(const struct io_s3 *x, uint64_t off, s
 }
 
 /*
- * One ranged GET of the pinned version: the bytes read (fewer only at the
- * end) or < 0. The place for a host-level LB cache (see the top comment).
+ * @len bytes at @off of the pinned version: from the host's LB cache when
+ * it has them, else one ranged GET, whose bytes the cache then keeps. The
+ * bytes read (fewer only at the end) or < 0. Only whole answers are kept,
+ * and only once the reader has named the snapshot (its uuid is the key):
+ * what a snapshot's bytes are never depends on which object they came from.
  */
 static int64_t io_s3_get(struct s3_obj *o, void *buf, size_t len, uint64_t off)
 {
+	bool cached = o->cache && atomic_load(&o->keyed);
 	struct halite_s3 *s;
 	int64_t n;
 	int ret;
 
 	if (off >= o->head.size)
 		return 0;
+	if (cached && off + len <= o->head.size &&
+	    halite_lbcache_get(o->cache, o->uuid, off, buf, len) == 1)
+		return (int64_t)len;
 	ret = obj_client_get(o, &s);
 	if (ret)
 		return ret;
 	n = halite_s3_get_range(s, o->key, off, len, buf, o->head.etag);
 	obj_client_put(o, s, n < 0 ? (int)n : 0);
+	if (cached && n == (int64_t)len) {
+		ret = halite_lbcache_put(o->cache, o->uuid, off, buf, len);
+		/* The read stands: a cache that cannot keep it costs a later read, not this one. */
+		if (ret && ret != -HALITE_E_LIMIT)
+			atomic_fetch_add(&o->put_errors, 1);
+	}
 	return n;
 }
 
@@ -505,6 +559,51 @@ const char *halite_io_url(const struct halite_io *io)
 const char *halite_io_etag(const struct halite_io *io)
 {
 	return io->s3 ? io->s3->obj->head.etag : NULL;
+}
+
+void halite_io_cache_key(struct halite_io *io, const uint8_t uuid[16])
+{
+	struct s3_obj *o = io->s3 ? io->s3->obj : NULL;
+
+	if (!o || atomic_load(&o->keyed))
+		return;
+	/* Before keyed is seen set: readers load keyed first, then uuid. */
+	memcpy(o->uuid, uuid, sizeof(o->uuid));
+	atomic_store(&o->keyed, true);
+}
+
+void halite_io_cache_drop(struct halite_io *io, uint64_t off)
+{
+	struct s3_obj *o = io->s3 ? io->s3->obj : NULL;
+
+	if (o && o->cache && atomic_load(&o->keyed))
+		halite_lbcache_drop(o->cache, o->uuid, off);
+}
+
+void halite_io_store_stats(const struct halite_io *io, struct halite_store_stats *st)
+{
+	struct halite_s3_stats s3;
+	struct halite_lbcache_stats c;
+	struct s3_obj *o = io->s3 ? io->s3->obj : NULL;
+
+	memset(st, 0, sizeof(*st));
+	if (!o)
+		return;
+	halite_io_s3_stats(io, &s3);
+	st->requests = s3.requests;
+	st->retries = s3.retries;
+	st->bytes = s3.bytes_down;
+	st->connects = s3.connects;
+	if (!o->cache)
+		return;
+	halite_lbcache_stats(o->cache, &c);
+	st->cached = true;
+	st->cache_hits = c.hits;
+	st->cache_misses = c.misses;
+	st->cache_bytes_hit = c.bytes_hit;
+	st->cache_puts = c.puts;
+	st->cache_put_errors = atomic_load(&o->put_errors);
+	st->cache_evictions = c.evictions;
 }
 
 /*

@@ -55,7 +55,7 @@ RESTORE_KEYS = ["ok", "file", "error", "qemu", "qmp_ready_ms", "engine_ready_ms"
                 "mb_zero", "mb_present", "attached", "vm_access_pct", "paused", "run_state",
                 "saved_run_state", "detached", "cmdline", "forwards", "forwarded_ms",
                 "device_ram_bytes", "device_ram_written_bytes", "device_ram_ms", "disks",
-                "bypass_cache", "learn_trace", "learn_window_ms", "lb_hot"]
+                "bypass_cache", "learn_trace", "learn_window_ms", "lb_hot", "store"]
 QEMU_KEYS = ["pid", "version", "machine", "vcpus"]
 
 failures = []

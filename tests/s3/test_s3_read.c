@@ -19,6 +19,7 @@
  *   s3_read_test   (HALITE_TEST_BUCKET and AWS_* in the environment)
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -370,6 +371,122 @@ static void test_template(const char *url, const uint8_t *snap, uint64_t mem_byt
 	printf("template: %" PRIu64 " bytes exact\n", len);
 }
 
+/* The store's counts and the cache's, for a restore or a template's reader. */
+static void store_stats(struct halite_reader *rd, const char *what, struct halite_store_stats *ss)
+{
+	halite_reader_store_stats(rd, ss);
+	printf("%s: %" PRIu64 " requests, %" PRIu64 " bytes; cache %" PRIu64 " hits, %" PRIu64
+	       " misses, %" PRIu64 " puts, %" PRIu64 " put errors\n", what, ss->requests, ss->bytes,
+	       ss->cache_hits, ss->cache_misses, ss->cache_puts, ss->cache_put_errors);
+	CHECK(ss->cached, "%s: no cache in use with HALITE_CACHE_DIR set", what);
+}
+
+/* A restore from @url, every page compared; its store counts in @ss, its LB total returned. */
+static uint64_t restore_counted(const char *url, const uint8_t *snap, const struct synth_opts *base,
+				const char *what, struct halite_store_stats *ss)
+{
+	struct synth_info info;
+	struct synth_guest *g = target(base, &info);
+	struct halite_restore *r = restore_open(url, &info, true);
+	struct halite_restore_stats st;
+	uint64_t lbs;
+
+	CHECK(!halite_restore_start(r), "restore_start: %s", halite_restore_errmsg(r));
+	CHECK(!halite_restore_wait(r, WAIT_MS), "%s: %s", what, halite_restore_errmsg(r));
+	CHECK(!memcmp(info.host_addr, snap, info.mem_bytes), "%s: memory differs", what);
+	halite_restore_stats(r, &st);
+	store_stats(halite_restore_reader(r), what, ss);
+	lbs = st.lb_total;
+	halite_restore_free(r);
+	synth_free(g);
+	return lbs;
+}
+
+/*
+ * The host's LB cache (HALITE_CACHE_DIR): a first restore keeps every LB it
+ * fetched; a second restore and a template on the host send the store only
+ * the open's requests and take every LB from the cache; an entry damaged on
+ * disk is fetched again, and the memory stays exact.
+ */
+static void test_cache(const char *url, const uint8_t *snap, const struct synth_opts *base)
+{
+	struct halite_store_stats ss;
+	HALITE_OPTS(halite_template_opts, to);
+	struct halite_template *t;
+	char dir[256], mem[128], entry[600], fill[160];
+	uint64_t lbs, open_requests, off, len;
+	struct dirent *de;
+	DIR *d;
+	FILE *f;
+	int ret;
+
+	snprintf(dir, sizeof(dir), "%s/cache", g_dir);
+	setenv("HALITE_CACHE_DIR", dir, 1);
+	setenv("HALITE_CACHE_SIZE", "1G", 1);
+
+	lbs = restore_counted(url, snap, base, "cache, first restore", &ss);
+	CHECK(ss.cache_hits == 0 && ss.cache_misses == lbs && ss.cache_puts == lbs &&
+	      !ss.cache_put_errors, "first restore: every LB of %" PRIu64 " fetched and kept", lbs);
+	open_requests = ss.requests - lbs;
+	CHECK(open_requests >= 2 && open_requests <= 4, "open took %" PRIu64 " requests",
+	      open_requests);
+
+	restore_counted(url, snap, base, "cache, second restore", &ss);
+	CHECK(ss.cache_hits == lbs && ss.cache_misses == 0 && ss.cache_puts == 0,
+	      "second restore: every LB from the cache");
+	CHECK(ss.requests == open_requests, "second restore: %" PRIu64 " requests to the store, "
+	      "want the open's %" PRIu64 " only", ss.requests, open_requests);
+
+	/* The clone service's template on the same host: no LB from the store either. */
+	snprintf(mem, sizeof(mem), "/dev/shm/halite-s3-cache-%d.mem", (int)getpid());
+	snprintf(fill, sizeof(fill), "%s.fill", mem);
+	ret = halite_template_open(&t, url, mem, &to);
+	if (ret != -HALITE_E_UNSUPPORTED) {
+		uint8_t *p;
+
+		CHECK(!ret, "template_open %s: %s", url, halite_strerror(ret));
+		CHECK(!halite_template_wait(t, WAIT_MS), "template: %s", halite_template_errmsg(t));
+		store_stats(halite_template_reader(t), "cache, template", &ss);
+		CHECK(ss.cache_hits == lbs && ss.requests == open_requests,
+		      "template: every LB from the cache, the store asked only at open");
+		CHECK(!halite_template_region(t, SYNTH_REGION_NAME, &off, &len), "region");
+		p = mmap(NULL, len, PROT_READ, MAP_PRIVATE, halite_template_memfd(t), (off_t)off);
+		CHECK(p != MAP_FAILED && !memcmp(p, snap, len), "template memory exact");
+		munmap(p, len);
+		halite_template_free(t);
+		unlink(mem);
+		unlink(fill);
+	}
+
+	/* One entry damaged on disk: a miss, fetched and kept again; memory exact. */
+	snprintf(entry, sizeof(entry), "%s/lb", dir);
+	d = opendir(entry);
+	CHECK(d, "opendir %s", entry);
+	while ((de = readdir(d)) && de->d_name[0] == '.')
+		;
+	CHECK(de, "no entry in %s", entry);
+	snprintf(entry, sizeof(entry), "%s/lb/%s", dir, de->d_name);
+	closedir(d);
+	f = fopen(entry, "r+");
+	CHECK(f && !fseek(f, 100, SEEK_SET), "opening %s", entry);
+	ret = fgetc(f);
+	CHECK(ret != EOF && !fseek(f, 100, SEEK_SET) && fputc(ret ^ 0xff, f) != EOF && !fclose(f),
+	      "damaging %s", entry);
+	restore_counted(url, snap, base, "cache, one entry damaged", &ss);
+	CHECK(ss.cache_hits == lbs - 1 && ss.cache_misses == 1 && ss.cache_puts == 1,
+	      "damaged entry: fetched again, the rest from the cache");
+	CHECK(ss.requests == open_requests + 1, "damaged entry: one LB request");
+
+	unsetenv("HALITE_CACHE_DIR");
+	unsetenv("HALITE_CACHE_SIZE");
+	{
+		char cmd[400];
+
+		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+		CHECK(!system(cmd), "%s", cmd);
+	}
+}
+
 static void test_missing(const char *url)
 {
 	char err[512];
@@ -435,6 +552,7 @@ int main(void)
 	}
 	test_restore_exact(url, snap, &base);
 	test_template(url, snap, mem_bytes);
+	test_cache(url, snap, &base);
 	test_replaced(s, key, url, file, len, &base);
 	test_missing(missing);
 

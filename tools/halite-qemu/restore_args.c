@@ -87,6 +87,13 @@ void hq_help_restore(FILE *f)
 		"                     256M; 0: off, the file is prefetched in order like any other)\n"
 		"  --bypass-cache     read FILE with O_DIRECT, around the host's page cache\n"
 		"                     (as virsh restore --bypass-cache)\n"
+		"  --cache-dir DIR    FILE s3://BUCKET/KEY: keep the locality blocks read from the\n"
+		"                     store in DIR, the host's LB cache, shared by every restore\n"
+		"                     and clone naming it; blocks found there are not fetched\n"
+		"                     again (default: $HALITE_CACHE_DIR; none)\n"
+		"  --cache-size SIZE  the cache's bound (K, M, G suffixes; default\n"
+		"                     $HALITE_CACHE_SIZE, else 8G); the least recently used\n"
+		"                     blocks go first\n"
 		HQ_HELP_OUT_OPTS("restore")
 		"SIGINT or SIGTERM during the restore stops QEMU: the guest cannot run without\n"
 		"its memory. If " PROG " is killed outright, the guest blocks (it never\n"
@@ -129,6 +136,8 @@ int restore_parse_args(int argc, char **argv, struct restore_params *p)
 		{ "no-cmdline-check", no_argument, NULL, 'C' },
 		{ "no-disks", no_argument, NULL, 'D' },
 		{ "disk-dir", required_argument, NULL, 'K' },
+		{ "cache-dir", required_argument, NULL, 'c' },
+		{ "cache-size", required_argument, NULL, 'z' },
 		HQ_OUT_LONGOPTS,
 		{ 0 }
 	};
@@ -197,6 +206,16 @@ int restore_parse_args(int argc, char **argv, struct restore_params *p)
 			break;
 		case 'K':
 			p->disk_dir = optarg;
+			break;
+		case 'c':
+			/* The engine opens the cache where it opens the object (io_s3.c). */
+			if (!*optarg || setenv("HALITE_CACHE_DIR", optarg, 1))
+				return hq_usage(o, "--cache-dir '%s': a directory", optarg);
+			break;
+		case 'z':
+			if (halite_parse_size(optarg, &v) || !v || setenv("HALITE_CACHE_SIZE", optarg, 1))
+				return hq_usage(o, "--cache-size '%s': a size in bytes (K, M, G "
+						"suffixes), above 0", optarg);
 			break;
 		case 'A':
 			if (halite_parse_size(optarg, &v) || !v || v > INT32_MAX)

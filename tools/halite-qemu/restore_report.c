@@ -8,6 +8,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "restore_run.h"
@@ -42,6 +43,42 @@ static void report_disks_json(cJSON *o, const struct restore_run *r)
 }
 
 /* @key: milliseconds from @a to @b, null unless both happened. */
+/*
+ * An s3:// snapshot: the store's requests and bytes and the host's LB
+ * cache's part (null without --cache-dir); null for a local file.
+ */
+static void report_store_json(cJSON *o, const struct restore_run *r, bool stats)
+{
+	struct halite_store_stats ss;
+	cJSON *j, *c;
+
+	if (!stats || strncmp(r->p.path, "s3://", 5)) {
+		cJSON_AddNullToObject(o, "store");
+		return;
+	}
+	halite_reader_store_stats(halite_restore_reader(r->rs), &ss);
+	j = cJSON_AddObjectToObject(o, "store");
+	if (!j)
+		return;
+	hq_json_u64(j, "requests", true, ss.requests);
+	hq_json_u64(j, "retries", true, ss.retries);
+	hq_json_u64(j, "bytes", true, ss.bytes);
+	hq_json_u64(j, "connects", true, ss.connects);
+	if (!ss.cached) {
+		cJSON_AddNullToObject(j, "cache");
+		return;
+	}
+	c = cJSON_AddObjectToObject(j, "cache");
+	if (!c)
+		return;
+	hq_json_u64(c, "hits", true, ss.cache_hits);
+	hq_json_u64(c, "misses", true, ss.cache_misses);
+	hq_json_u64(c, "bytes_hit", true, ss.cache_bytes_hit);
+	hq_json_u64(c, "puts", true, ss.cache_puts);
+	hq_json_u64(c, "put_errors", true, ss.cache_put_errors);
+	hq_json_u64(c, "evictions", true, ss.cache_evictions);
+}
+
 static void json_ms(cJSON *o, const char *key, uint64_t a, uint64_t b)
 {
 	hq_json_fixed(o, key, a && b >= a, ms(a, b), 3);
@@ -110,6 +147,7 @@ void restore_report_json(const struct restore_run *r, int code)
 		    r->p.learn : NULL);
 	hq_json_u64(o, "learn_window_ms", r->p.parsed && r->p.learn, r->p.learn_window_ms);
 	report_disks_json(o, r);
+	report_store_json(o, r, stats);
 	hq_json_print(o);
 }
 

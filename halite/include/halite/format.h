@@ -367,6 +367,27 @@ void halite_reader_free(struct halite_reader *r);
 /* Detail of the last failure on this handle ("" if none). */
 const char *halite_reader_errmsg(const struct halite_reader *r);
 
+/*
+ * A snapshot read from an object store (s3://BUCKET/KEY): the requests the
+ * store answered and the host's LB cache's part (HALITE_CACHE_DIR,
+ * docs/object-store.md), counted over every reader of the object in this
+ * process (a restore's prefetch included). All zero for a local file.
+ */
+struct halite_store_stats {
+	uint64_t requests;	  /* sent to the store, retries included */
+	uint64_t retries;
+	uint64_t bytes;		  /* response bodies received */
+	uint64_t connects;	  /* connections opened (the rest reused one) */
+	uint64_t cache_hits;	  /* reads the host's LB cache answered */
+	uint64_t cache_misses;	  /* reads it did not (then sent to the store) */
+	uint64_t cache_bytes_hit;
+	uint64_t cache_puts;	  /* store answers kept in it */
+	uint64_t cache_put_errors; /* ... that it could not keep (a full disk, ...) */
+	uint64_t cache_evictions; /* entries removed to stay in its bound, by these puts */
+	bool cached;		  /* a cache is in use */
+};
+void halite_reader_store_stats(const struct halite_reader *r, struct halite_store_stats *st);
+
 const struct halite_file_info *halite_reader_info(const struct halite_reader *r);
 const struct halite_region_info *halite_reader_region(const struct halite_reader *r,
 						      uint32_t idx);
