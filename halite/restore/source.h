@@ -191,7 +191,9 @@ int src_read_lb_retrying(struct src *s, uint64_t lb, uint8_t *buf, unsigned *rea
  */
 static inline bool src_read_final(int err)
 {
-	return err == -HALITE_S3_E_CHANGED;
+	/* A store out of reach was retried for HALITE_S3_RETRY_FOR already (io_s3.c). */
+	return err == -HALITE_S3_E_CHANGED || err == -HALITE_S3_E_NETWORK ||
+	       err == -HALITE_S3_E_STORE;
 }
 /* Before reading @lb again after @err: counted, logged, its page-cache copy dropped. */
 void src_lb_retrying(struct src *s, uint64_t lb, int err, unsigned reads);

@@ -79,6 +79,11 @@ void halite_s3_get_stats(const struct halite_s3 *s, struct halite_s3_stats *st)
 	*st = s->stats;
 }
 
+void halite_s3_set_retry_for(struct halite_s3 *s, unsigned ms)
+{
+	s->cfg.retry_for_ms = ms;
+}
+
 void halite_s3_set_jobs(struct halite_s3 *s, unsigned jobs)
 {
 	s->jobs = jobs == 0 ? DEFAULT_JOBS : jobs > MAX_JOBS ? MAX_JOBS : jobs;
@@ -472,7 +477,8 @@ static int slot_start(struct halite_s3 *s, struct slot *sl)
 	if (curl_multi_add_handle(s->multi, sl->easy) != CURLM_OK)
 		return s3_fail(s, -ENOMEM, "%s s3://%s/%s: cannot start the request",
 			       sl->x.method, s->bucket, sl->x.key);
-	sl->x.attempts++;
+	if (!sl->x.attempts++)
+		sl->x.first_try = halite_now_s();
 	sl->state = SLOT_RUNNING;
 	s->stats.requests++;
 	return 0;
@@ -502,7 +508,8 @@ static int slot_finished(struct halite_s3 *s, struct slot *sl, CURLcode rc)
 		return 1;
 	}
 	retry = rc != CURLE_OK || x->status >= 500 || x->status == 429;
-	if (retry && x->attempts < s->cfg.max_attempts) {
+	if (retry && (x->attempts < s->cfg.max_attempts ||
+		      (halite_now_s() - x->first_try) * 1000 < s->cfg.retry_for_ms)) {
 		unsigned ms = halite_s3_backoff_ms(x->attempts, s->cfg.backoff_base_ms,
 						  s->cfg.backoff_cap_ms, next_rnd(s));
 
@@ -512,7 +519,8 @@ static int slot_finished(struct halite_s3 *s, struct slot *sl, CURLcode rc)
 		return 0;
 	}
 	if (retry && x->attempts > 1)
-		snprintf(after, sizeof(after), " (after %u attempts)", x->attempts);
+		snprintf(after, sizeof(after), " (after %u attempts in %.1f s)", x->attempts,
+			 halite_now_s() - x->first_try);
 	if (rc != CURLE_OK)
 		return s3_fail(s, -HALITE_S3_E_NETWORK, "%s %s: %s%s", x->method, x->url,
 			       curl_easy_strerror(rc), after);

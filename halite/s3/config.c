@@ -229,6 +229,26 @@ static int load_endpoint(struct halite_s3_config *c, char *err, size_t errlen)
 	return 0;
 }
 
+/* HALITE_S3_RETRY_FOR: seconds a request keeps being retried (0..86400). */
+static int load_retry_for(struct halite_s3_config *c, char *err, size_t errlen)
+{
+	const char *v = env("HALITE_S3_RETRY_FOR");
+	char *end;
+	unsigned long n;
+
+	if (!v)
+		return 0;
+	errno = 0;
+	n = strtoul(v, &end, 10);
+	if (errno || end == v || *end || n > 86400 || v[0] == '-') {
+		snprintf(err, errlen, "HALITE_S3_RETRY_FOR is '%s': expected seconds, 0 to 86400", v);
+		return -HALITE_S3_E_CONFIG;
+	}
+	c->retry_for_ms = (unsigned)n * 1000;
+	c->retry_for_set = true;
+	return 0;
+}
+
 int halite_s3_config_load(struct halite_s3_config *c, char *err, size_t errlen)
 {
 	const char *profile = env("AWS_PROFILE") ? env("AWS_PROFILE") : "default";
@@ -238,7 +258,9 @@ int halite_s3_config_load(struct halite_s3_config *c, char *err, size_t errlen)
 	c->max_attempts = DEFAULT_ATTEMPTS;
 	c->backoff_base_ms = DEFAULT_BACKOFF_MS;
 	c->backoff_cap_ms = DEFAULT_BACKOFF_CAP_MS;
-	ret = load_credentials(c, profile, err, errlen);
+	ret = load_retry_for(c, err, errlen);
+	if (!ret)
+		ret = load_credentials(c, profile, err, errlen);
 	if (!ret)
 		ret = load_region(c, profile, err, errlen);
 	if (!ret)

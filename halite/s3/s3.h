@@ -73,6 +73,15 @@ struct halite_s3_config {
 	int addressing;		/* enum halite_s3_addressing */
 	/* Retries: attempts in all (1 = none), backoff base and cap, ms. */
 	unsigned max_attempts;
+	/*
+	 * And for this long from a request's first attempt, whatever its
+	 * attempts (0: attempts alone): a store gone for a while is waited
+	 * for, not given up on. HALITE_S3_RETRY_FOR (seconds) sets it, and
+	 * retry_for_set says it did; unset, 0 (the reads of a restore that
+	 * has opened its snapshot wait longer: io_s3.c).
+	 */
+	unsigned retry_for_ms;
+	bool retry_for_set;
 	unsigned backoff_base_ms, backoff_cap_ms;
 };
 
@@ -117,6 +126,9 @@ struct halite_s3_stats {
 	uint64_t connects;	/* new connections: fewer than requests when they are kept alive */
 };
 void halite_s3_get_stats(const struct halite_s3 *s, struct halite_s3_stats *st);
+
+/* The configuration's retry_for_ms, for this handle's requests from now on. */
+void halite_s3_set_retry_for(struct halite_s3 *s, unsigned ms);
 
 /* Most requests in flight at once in the calls that take several (default 8). */
 void halite_s3_set_jobs(struct halite_s3 *s, unsigned jobs);

@@ -63,6 +63,7 @@ struct s3_xfer {
 	struct curl_slist *hdrs;
 	char *url;
 	unsigned attempts;
+	double first_try;		/* its first attempt (halite_now_s()) */
 	double not_before;
 	void *scratch;			/* the caller's per-slot buffer, kept between requests */
 };

@@ -59,6 +59,12 @@
 #define S3_POOL_MAX 24u
 /* Asynchronous GETs in flight per handle at most, whatever the queue depth. */
 #define S3_WORKERS_MAX 8u
+/*
+ * Once open, how long a read waits for a store that does not answer (or
+ * answers 5xx) before it fails, unless HALITE_S3_RETRY_FOR says: a restore's
+ * guest waits on its pages meanwhile, and runs on when the store is back.
+ */
+#define S3_READ_RETRY_FOR_MS 60000u
 /* Kept ranges per handle. */
 #define S3_KEPT_MAX 4u
 
@@ -74,6 +80,8 @@ struct s3_obj {
 	struct halite_s3 *idle[S3_POOL_MAX];
 	unsigned nall, nidle;
 	char errmsg[512]; /* the last failure's sentence */
+
+	unsigned retry_for_ms;	/* the clients': the open's (HEAD) until it is done, then reads' */
 
 	/* The host's LB cache (HALITE_CACHE_DIR), once the reader has named the snapshot. */
 	struct halite_lbcache *cache;
@@ -135,6 +143,7 @@ static int obj_client_get(struct s3_obj *o, struct halite_s3 **sp)
 		pthread_cond_wait(&o->cv, &o->lk);
 	if (o->nidle) {
 		*sp = o->idle[--o->nidle];
+		halite_s3_set_retry_for(*sp, o->retry_for_ms);
 		pthread_mutex_unlock(&o->lk);
 		return 0;
 	}
@@ -153,6 +162,7 @@ static int obj_client_get(struct s3_obj *o, struct halite_s3 **sp)
 				o->all[i] = s;
 				break;
 			}
+		halite_s3_set_retry_for(s, o->retry_for_ms);
 		*sp = s;
 	}
 	pthread_mutex_unlock(&o->lk);
@@ -224,6 +234,7 @@ static int obj_open(struct s3_obj **op, const char *url)
 		snprintf(o->errmsg, sizeof(o->errmsg), "%s: %s", url, why);
 		goto fail;
 	}
+	o->retry_for_ms = o->cfg.retry_for_ms;
 	ret = obj_cache_open(o);
 	if (ret)
 		goto fail;
@@ -239,6 +250,8 @@ static int obj_open(struct s3_obj **op, const char *url)
 	}
 	if (ret)
 		goto fail;
+	/* A wrong endpoint fails the open at once; a store gone later is waited for. */
+	o->retry_for_ms = o->cfg.retry_for_set ? o->cfg.retry_for_ms : S3_READ_RETRY_FOR_MS;
 	*op = o;
 	return 0;
 fail:

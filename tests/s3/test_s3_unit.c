@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -138,6 +139,7 @@ static void clear_env(void)
 		"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION",
 		"AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_PROFILE",
 		"AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "HALITE_S3_ADDRESSING",
+		"HALITE_S3_RETRY_FOR",
 	};
 
 	for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++)
@@ -210,6 +212,28 @@ static void test_config_env(void **state)
 	setenv("HALITE_S3_ADDRESSING", "sideways", 1);
 	config_bad("HALITE_S3_ADDRESSING is 'sideways'");
 	unsetenv("HALITE_S3_ADDRESSING");
+	/* Unset: attempts alone, and the restore's reads pick their own (io_s3.c). */
+	assert_int_equal(halite_s3_config_load(&c, err, sizeof(err)), 0);
+	assert_int_equal(c.retry_for_ms, 0);
+	assert_false(c.retry_for_set);
+	halite_s3_config_clear(&c);
+	setenv("HALITE_S3_RETRY_FOR", "90", 1);
+	assert_int_equal(halite_s3_config_load(&c, err, sizeof(err)), 0);
+	assert_int_equal(c.retry_for_ms, 90000);
+	assert_true(c.retry_for_set);
+	halite_s3_config_clear(&c);
+	setenv("HALITE_S3_RETRY_FOR", "0", 1);
+	assert_int_equal(halite_s3_config_load(&c, err, sizeof(err)), 0);
+	assert_int_equal(c.retry_for_ms, 0);
+	assert_true(c.retry_for_set);
+	halite_s3_config_clear(&c);
+	setenv("HALITE_S3_RETRY_FOR", "-1", 1);
+	config_bad("HALITE_S3_RETRY_FOR is '-1': expected seconds, 0 to 86400");
+	setenv("HALITE_S3_RETRY_FOR", "86401", 1);
+	config_bad("HALITE_S3_RETRY_FOR is '86401'");
+	setenv("HALITE_S3_RETRY_FOR", "1m", 1);
+	config_bad("HALITE_S3_RETRY_FOR is '1m'");
+	unsetenv("HALITE_S3_RETRY_FOR");
 	setenv("AWS_ENDPOINT_URL", "127.0.0.1:9000", 1);
 	config_bad("AWS_ENDPOINT_URL '127.0.0.1:9000' is not an http:// or https:// URL");
 }
@@ -279,7 +303,7 @@ static void test_retry_network(void **state)
 	assert_int_equal(halite_s3_open(&s, &c, "bkt"), 0);
 	assert_int_equal(halite_s3_head(s, "k", &o), -HALITE_S3_E_NETWORK);
 	assert_non_null(strstr(halite_s3_errmsg(s), "HEAD http://127.0.0.1:1/bkt/k"));
-	assert_non_null(strstr(halite_s3_errmsg(s), "(after 3 attempts)"));
+	assert_non_null(strstr(halite_s3_errmsg(s), "(after 3 attempts in "));
 	halite_s3_get_stats(s, &st);
 	assert_int_equal(st.requests, 3);
 	assert_int_equal(st.retries, 2);
@@ -288,6 +312,34 @@ static void test_retry_network(void **state)
 	assert_string_equal(halite_s3_strerror(HALITE_E_CORRUPT), halite_strerror(HALITE_E_CORRUPT));
 	halite_s3_close(s);
 	halite_s3_close(NULL);
+
+	/*
+	 * retry_for: one attempt allowed, yet retried for 400 ms from the first:
+	 * a store gone for a while is waited for. Backoff at most 20 ms, so
+	 * several attempts, and the failure comes no sooner.
+	 */
+	c.max_attempts = 1;
+	c.retry_for_ms = 400;
+	assert_int_equal(halite_s3_open(&s, &c, "bkt"), 0);
+	{
+		struct timespec a, b;
+		double secs;
+
+		clock_gettime(CLOCK_MONOTONIC, &a);
+		assert_int_equal(halite_s3_head(s, "k", &o), -HALITE_S3_E_NETWORK);
+		clock_gettime(CLOCK_MONOTONIC, &b);
+		secs = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) / 1e9;
+		halite_s3_get_stats(s, &st);
+		assert_true(secs >= 0.4);
+		assert_true(st.requests >= 3);
+		assert_int_equal(st.retries, st.requests - 1);
+	}
+	/* Set on the handle: from now on, attempts alone. */
+	halite_s3_set_retry_for(s, 0);
+	assert_int_equal(halite_s3_head(s, "k", &o), -HALITE_S3_E_NETWORK);
+	assert_non_null(strstr(halite_s3_errmsg(s), "HEAD http://127.0.0.1:1/bkt/k: "));
+	assert_null(strstr(halite_s3_errmsg(s), "attempts"));
+	halite_s3_close(s);
 }
 
 int main(void)
