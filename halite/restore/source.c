@@ -101,7 +101,14 @@ void src_lb_failed(struct src *s, uint64_t lb, int err, unsigned reads)
 			   err == -HALITE_E_CHECKSUM || err == -HALITE_E_CORRUPT ?
 			   halite_reader_errmsg(s->rd) : halite_strerror(err);
 
-	snprintf(why, sizeof(why), "%s after %u read%s", what, reads, reads == 1 ? "" : "s");
+	const char *req = halite_io_errmsg(halite_reader_io(s->rd));
+
+	/* An object's failed request says what the store did, and for how long. */
+	if (err <= -HALITE_S3_E_BASE && req[0])
+		snprintf(why, sizeof(why), "%s after %u read%s (%s)", what, reads,
+			 reads == 1 ? "" : "s", req);
+	else
+		snprintf(why, sizeof(why), "%s after %u read%s", what, reads, reads == 1 ? "" : "s");
 	src_lb_errmsg(s->rd, lb, why, msg, sizeof(msg));
 	src_lb_fail(s, lb, err, msg);
 }

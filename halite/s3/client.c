@@ -79,9 +79,10 @@ void halite_s3_get_stats(const struct halite_s3 *s, struct halite_s3_stats *st)
 	*st = s->stats;
 }
 
-void halite_s3_set_retry_for(struct halite_s3 *s, unsigned ms)
+void halite_s3_set_retry(struct halite_s3 *s, unsigned retry_for_ms, unsigned backoff_cap_ms)
 {
-	s->cfg.retry_for_ms = ms;
+	s->cfg.retry_for_ms = retry_for_ms;
+	s->cfg.backoff_cap_ms = backoff_cap_ms;
 }
 
 void halite_s3_set_jobs(struct halite_s3 *s, unsigned jobs)

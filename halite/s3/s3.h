@@ -127,8 +127,8 @@ struct halite_s3_stats {
 };
 void halite_s3_get_stats(const struct halite_s3 *s, struct halite_s3_stats *st);
 
-/* The configuration's retry_for_ms, for this handle's requests from now on. */
-void halite_s3_set_retry_for(struct halite_s3 *s, unsigned ms);
+/* The configuration's retry_for_ms and backoff_cap_ms, for this handle's requests from now on. */
+void halite_s3_set_retry(struct halite_s3 *s, unsigned retry_for_ms, unsigned backoff_cap_ms);
 
 /* Most requests in flight at once in the calls that take several (default 8). */
 void halite_s3_set_jobs(struct halite_s3 *s, unsigned jobs);

@@ -50,6 +50,7 @@
 #include <halite/format.h>
 
 #include "cli.h"
+#include "endian_util.h"
 #include "io_internal.h"
 #include "lbcache.h"
 #include "pool.h"
@@ -65,6 +66,12 @@
  * guest waits on its pages meanwhile, and runs on when the store is back.
  */
 #define S3_READ_RETRY_FOR_MS 60000u
+/*
+ * ... retrying at least every second (full jitter under that ceiling): the
+ * guest runs on at most about a second after the store is back. The open
+ * keeps the configuration's (5 s).
+ */
+#define S3_READ_BACKOFF_CAP_MS 1000u
 /* Kept ranges per handle. */
 #define S3_KEPT_MAX 4u
 
@@ -81,7 +88,8 @@ struct s3_obj {
 	unsigned nall, nidle;
 	char errmsg[512]; /* the last failure's sentence */
 
-	unsigned retry_for_ms;	/* the clients': the open's (HEAD) until it is done, then reads' */
+	/* The clients' retries: the open's (HEAD) until it is done, then the reads'. */
+	unsigned retry_for_ms, backoff_cap_ms;
 
 	/* The host's LB cache (HALITE_CACHE_DIR), once the reader has named the snapshot. */
 	struct halite_lbcache *cache;
@@ -143,7 +151,7 @@ static int obj_client_get(struct s3_obj *o, struct halite_s3 **sp)
 		pthread_cond_wait(&o->cv, &o->lk);
 	if (o->nidle) {
 		*sp = o->idle[--o->nidle];
-		halite_s3_set_retry_for(*sp, o->retry_for_ms);
+		halite_s3_set_retry(*sp, o->retry_for_ms, o->backoff_cap_ms);
 		pthread_mutex_unlock(&o->lk);
 		return 0;
 	}
@@ -162,7 +170,7 @@ static int obj_client_get(struct s3_obj *o, struct halite_s3 **sp)
 				o->all[i] = s;
 				break;
 			}
-		halite_s3_set_retry_for(s, o->retry_for_ms);
+		halite_s3_set_retry(s, o->retry_for_ms, o->backoff_cap_ms);
 		*sp = s;
 	}
 	pthread_mutex_unlock(&o->lk);
@@ -235,6 +243,7 @@ static int obj_open(struct s3_obj **op, const char *url)
 		goto fail;
 	}
 	o->retry_for_ms = o->cfg.retry_for_ms;
+	o->backoff_cap_ms = o->cfg.backoff_cap_ms;
 	ret = obj_cache_open(o);
 	if (ret)
 		goto fail;
@@ -252,6 +261,7 @@ static int obj_open(struct s3_obj **op, const char *url)
 		goto fail;
 	/* A wrong endpoint fails the open at once; a store gone later is waited for. */
 	o->retry_for_ms = o->cfg.retry_for_set ? o->cfg.retry_for_ms : S3_READ_RETRY_FOR_MS;
+	o->backoff_cap_ms = HALITE_MIN(o->cfg.backoff_cap_ms, S3_READ_BACKOFF_CAP_MS);
 	*op = o;
 	return 0;
 fail:

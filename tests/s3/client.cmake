@@ -46,7 +46,7 @@ add_test(NAME s3_read_inspect
           ${CMAKE_SOURCE_DIR})
 set_tests_properties(s3_read s3_read_inspect PROPERTIES LABELS s3 TIMEOUT 300
                      SKIP_RETURN_CODE 77
-                     ENVIRONMENT "HALITE_OBJECT_STORE=${CMAKE_SOURCE_DIR}/scripts/object-store.sh")
+                     ENVIRONMENT "HALITE_OBJECT_STORE=${CMAKE_SOURCE_DIR}/scripts/object-store.sh;HALITE_S3_PROXY=${CMAKE_SOURCE_DIR}/bench/s3_proxy.py")
 
 # halite-qemu restore from s3:// of the QEMU test guest; skips without QEMU,
 # the guest image or root, as the qemu label does.

@@ -23,13 +23,17 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -487,6 +491,155 @@ static void test_cache(const char *url, const uint8_t *snap, const struct synth_
 	}
 }
 
+/* bench/s3_proxy.py in front of the store: a store that goes away on command. */
+struct proxy {
+	pid_t pid;
+	char endpoint[128], control[100];	/* control: a sun_path */
+};
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* "key": "value" of the proxy's JSON line into @out. */
+static void json_str(const char *line, const char *key, char *out, size_t len)
+{
+	char pat[64];
+	const char *p, *e;
+
+	snprintf(pat, sizeof(pat), "\"%s\": \"", key);
+	p = strstr(line, pat);
+	CHECK(p, "the proxy's line has no %s: %s", key, line);
+	p += strlen(pat);
+	e = strchr(p, '"');
+	CHECK(e && (size_t)(e - p) < len, "the proxy's %s: %s", key, line);
+	memcpy(out, p, (size_t)(e - p));
+	out[e - p] = 0;
+}
+
+static void proxy_start(struct proxy *px)
+{
+	const char *py = getenv("HALITE_S3_PROXY"), *up = getenv("AWS_ENDPOINT_URL");
+	char line[1024];
+	int fds[2];
+	FILE *f;
+
+	CHECK(py && up, "HALITE_S3_PROXY (bench/s3_proxy.py) and AWS_ENDPOINT_URL");
+	CHECK(!pipe(fds), "pipe");
+	px->pid = fork();
+	CHECK(px->pid >= 0, "fork");
+	if (!px->pid) {
+		dup2(fds[1], 1);
+		close(fds[0]);
+		execlp("python3", "python3", py, "--upstream", up, "--rtt-ms", "0", (char *)NULL);
+		_exit(127);
+	}
+	close(fds[1]);
+	f = fdopen(fds[0], "r");
+	CHECK(f && fgets(line, sizeof(line), f), "the proxy did not start");
+	fclose(f);
+	json_str(line, "endpoint", px->endpoint, sizeof(px->endpoint));
+	json_str(line, "control", px->control, sizeof(px->control));
+}
+
+/* One command on the proxy's control socket; its answer line into @out. */
+static void proxy_cmd(const struct proxy *px, const char *cmd, char *out, size_t len)
+{
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	ssize_t n;
+
+	snprintf(a.sun_path, sizeof(a.sun_path), "%s", px->control);
+	CHECK(fd >= 0 && !connect(fd, (struct sockaddr *)&a, sizeof(a)), "proxy control %s: %s",
+	      px->control, strerror(errno));
+	CHECK(write(fd, cmd, strlen(cmd)) == (ssize_t)strlen(cmd) && write(fd, "\n", 1) == 1,
+	      "proxy control: write");
+	n = read(fd, out, len - 1);
+	CHECK(n > 0, "proxy control: no answer to '%s'", cmd);
+	out[n] = 0;
+	close(fd);
+}
+
+static void proxy_stop(struct proxy *px)
+{
+	int st;
+
+	kill(px->pid, SIGTERM);
+	CHECK(waitpid(px->pid, &st, 0) == px->pid, "waitpid proxy");
+}
+
+/*
+ * The store goes away for 3 s while the guest needs pages it lacks: the
+ * guest waits (never zeros), and the restore completes exactly when the
+ * store is back, the GETs retried meanwhile. Away for longer than
+ * HALITE_S3_RETRY_FOR: the restore fails with the network's error.
+ */
+static void test_outage(const char *url, const uint8_t *snap, const struct synth_opts *base)
+{
+	char saved[256], ans[512];
+	struct halite_store_stats ss;
+	struct synth_info info;
+	struct synth_guest *g;
+	struct halite_restore *r;
+	struct proxy px;
+	const uint8_t *mem;
+	double t0, waited;
+	int ret;
+
+	snprintf(saved, sizeof(saved), "%s", getenv("AWS_ENDPOINT_URL"));
+	proxy_start(&px);
+	setenv("AWS_ENDPOINT_URL", px.endpoint, 1);
+	setenv("HALITE_S3_RETRY_FOR", "30", 1);
+
+	g = target(base, &info);
+	mem = info.host_addr;
+	r = restore_open(url, &info, false);
+	CHECK(!halite_restore_start(r), "restore_start: %s", halite_restore_errmsg(r));
+	CHECK(!memcmp(mem, snap, PAGE), "outage: page 0 before the outage");
+	proxy_cmd(&px, "outage 3 reset", ans, sizeof(ans));
+	CHECK(strstr(ans, "\"ok\": true"), "proxy: outage: %s", ans);
+	t0 = now_s();
+	/* Every page, in order: the first whose LB is not in waits for the store. */
+	for (uint64_t p = 0; p < info.mem_bytes / PAGE; p++)
+		CHECK(!memcmp(mem + p * PAGE, snap + p * PAGE, PAGE),
+		      "outage: page %" PRIu64 " differs from the snapshot's", p);
+	waited = now_s() - t0;
+	ret = halite_restore_wait(r, WAIT_MS);
+	CHECK(!ret, "outage: the restore: %s", halite_restore_errmsg(r));
+	halite_reader_store_stats(halite_restore_reader(r), &ss);
+	proxy_cmd(&px, "stats", ans, sizeof(ans));
+	printf("outage: every page exact after %.2f s; %" PRIu64 " requests, %" PRIu64
+	       " retries; proxy %s", waited, ss.requests, ss.retries, ans);
+	CHECK(waited >= 2.5, "outage: the pages came in %.2f s, within the 3 s outage", waited);
+	CHECK(ss.retries > 0, "outage: no GET was retried");
+	CHECK(!memcmp(mem, snap, info.mem_bytes), "outage: memory differs after the restore");
+	halite_restore_free(r);
+	synth_free(g);
+
+	/* Away for longer than the client waits: the restore fails, naming the network. */
+	setenv("HALITE_S3_RETRY_FOR", "1", 1);
+	g = target(base, &info);
+	r = restore_open(url, &info, true);
+	proxy_cmd(&px, "outage 8 reset", ans, sizeof(ans));
+	CHECK(!halite_restore_start(r), "restore_start: %s", halite_restore_errmsg(r));
+	ret = halite_restore_wait(r, WAIT_MS);
+	printf("outage beyond HALITE_S3_RETRY_FOR: %d: %s\n", ret, halite_restore_errmsg(r));
+	CHECK(ret == -HALITE_S3_E_NETWORK, "outage: the restore ended with %d (%s), not "
+	      "-HALITE_S3_E_NETWORK", ret, halite_strerror(ret));
+	CHECK(strstr(halite_restore_errmsg(r), "attempts in"), "outage: the message does not say "
+	      "how long it tried: %s", halite_restore_errmsg(r));
+	halite_restore_free(r);
+	synth_free(g);
+
+	proxy_stop(&px);
+	setenv("AWS_ENDPOINT_URL", saved, 1);
+	unsetenv("HALITE_S3_RETRY_FOR");
+}
+
 static void test_missing(const char *url)
 {
 	char err[512];
@@ -553,6 +706,7 @@ int main(void)
 	test_restore_exact(url, snap, &base);
 	test_template(url, snap, mem_bytes);
 	test_cache(url, snap, &base);
+	test_outage(url, snap, &base);
 	test_replaced(s, key, url, file, len, &base);
 	test_missing(missing);
 

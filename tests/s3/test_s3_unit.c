@@ -335,7 +335,7 @@ static void test_retry_network(void **state)
 		assert_int_equal(st.retries, st.requests - 1);
 	}
 	/* Set on the handle: from now on, attempts alone. */
-	halite_s3_set_retry_for(s, 0);
+	halite_s3_set_retry(s, 0, 20);
 	assert_int_equal(halite_s3_head(s, "k", &o), -HALITE_S3_E_NETWORK);
 	assert_non_null(strstr(halite_s3_errmsg(s), "HEAD http://127.0.0.1:1/bkt/k: "));
 	assert_null(strstr(halite_s3_errmsg(s), "attempts"));
