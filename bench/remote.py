@@ -7,7 +7,7 @@ same snapshot restored from the local file and eagerly (the whole object
 pulled through the same proxy, then restored from the downloaded file).
 
   bench/remote.py [--quick] [--rtts 0,5,20] [--mem MIB] [--vcpus N]
-                  [--runs N] [--build DIR] [--keep]
+                  [--runs N] [--build DIR] [--keep] [--qemu [--image DIR]]
 
 Starts a throwaway store (scripts/object-store.sh) unless AWS_ENDPOINT_URL,
 AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and HALITE_TEST_BUCKET are given;
@@ -19,6 +19,10 @@ done_s (all memory in), store_requests, store_bytes and store_connections
 (counted by the proxy), the engine's LB counts, and digest_ok (the restored
 memory's digest equals the local file's restore). Eager: pull_s is the
 download, and every time includes it.
+
+--qemu adds the QEMU test guest (bench/qemu.py's restore run: halite-qemu
+restore from the file and from s3:// per RTT, QEMU's eager restore from its
+migration file, local and pulled through the proxy), in the JSON's "qemu".
 
 JSON on stdout, a table on stderr; nothing asserts timings. Exit 0, 1 when a
 run failed or memory differs, 77 without userfaultfd or a store.
@@ -178,6 +182,112 @@ def one_rtt(args, rtt, url, local, guest, store, proxy, work, digest):
     return results
 
 
+def qemu_guest(args, store, proxy, result):
+    """The QEMU test guest: halite-qemu restore from the local file and lazily
+    from s3:// per RTT (first answer to GET /hello.txt on a held connection,
+    then the verifier's whole-region digest), against QEMU's eager restore of
+    its own migration file, local and pulled through the proxy first."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import halite_guest as hg  # noqa: E402
+    import qemu as bq  # noqa: E402
+    argv = sys.argv
+    sys.argv = ["qemu.py", "--cache", "warm", "--requests", str(args.qemu_requests),
+                "--mem-mib", str(args.qemu_mem), "--verifier-mib", str(args.qemu_mem // 2),
+                "--image", args.image, "--halite-qemu", args.halite_qemu, "--timeout", "300"]
+    try:
+        qa = bq.parse_args()
+    finally:
+        sys.argv = argv
+    why = bq.prerequisites(qa)
+    if why:
+        result["qemu"] = {"skipped": why}
+        log(f"QEMU test guest skipped: {why}")
+        return 0
+    workdir = tempfile.mkdtemp(prefix="halite-remote-qemu.")
+    reaper = bq.Reaper(workdir)
+    files = {"halite": os.path.join(workdir, "guest.hlt"),
+             "qemu-eager": os.path.join(workdir, "guest.qemu")}
+    out = {"mem_mib": args.qemu_mem, "requests": args.qemu_requests, "runs": [],
+           "errors": []}
+    result["qemu"] = out
+    saved_env = dict(os.environ)
+    code = 0
+    try:
+        src = hg.Guest(workdir, "source", image=qa.image, mem_mib=qa.mem_mib, smp=qa.smp,
+                       verifier_mib=qa.verifier_mib)
+        reaper.procs.append(src.boot().proc)
+        log(f"QEMU test guest: boot, {qa.mem_mib} MiB")
+        out["machine"] = bq.source_ready(src, qa.halite_qemu)
+        src.rewrites(False)
+        digest, _, ok = src.digest()
+        if not ok:
+            raise bq.BenchError("the source guest's digest differs before the saves")
+        out["save_halite"] = bq.save_halite(qa, src, files["halite"])
+        out["save_qemu"] = bq.save_qemu(qa, src, files["qemu-eager"])
+        src.kill()
+        key = f"remote-bench-qemu-{os.getpid()}"
+        urls = {"halite": f"s3://{store.env['HALITE_TEST_BUCKET']}/{key}.hlt",
+                "qemu-eager": f"s3://{store.env['HALITE_TEST_BUCKET']}/{key}.qemu"}
+        for m in files:
+            run([args.inspect_bin, "push"] + (["--any"] if m == "qemu-eager" else []) +
+                [files[m], urls[m]], env=store.env, what=f"halite-inspect push {m}")
+        os.environ.update(store.env)
+
+        def one(method, rtt, paths, pull_s=None, st=None):
+            r = bq.restore_run(qa, reaper, method, 1, "warm", paths, digest)
+            r.update(peer="local" if rtt is None else ("lazy" if method == "halite" else "eager"),
+                     rtt_ms=rtt, pull_s=pull_s)
+            if st is not None:
+                r.update(store_counts(st))
+            if pull_s is not None:
+                for k in ("first_http_s", "connected_s", "all_in_s", "workload_s"):
+                    if r.get(k) is not None:
+                        r[k] = round(r[k] + pull_s, 3)
+            out["runs"].append(r)
+            if r["error"]:
+                out["errors"].append(f"{r['peer']} {method} at {rtt} ms: {r['error']}")
+
+        for m in ("halite", "qemu-eager"):
+            log(f"QEMU test guest: {m} from the local file")
+            one(m, None, files)
+        for m in files:  # what is restored can only come from the store
+            os.unlink(files[m])
+        os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint
+        for rtt in args.rtts:
+            proxy.cmd(f"rtt {rtt}")
+            log(f"QEMU test guest, RTT {rtt} ms: halite-qemu restore {urls['halite']}")
+            proxy.cmd("zero")
+            one("halite", rtt, {"halite": urls["halite"]}, st=None)
+            out["runs"][-1].update(store_counts(proxy.cmd("stats")))
+            log(f"QEMU test guest, RTT {rtt} ms: pull {urls['qemu-eager']}, QEMU's restore")
+            proxy.cmd("zero")
+            t0 = time.monotonic()
+            run([args.inspect_bin, "pull", "--any", urls["qemu-eager"], files["qemu-eager"]],
+                what="halite-inspect pull --any")
+            pull_s = time.monotonic() - t0
+            one("qemu-eager", rtt, files, pull_s=pull_s, st=proxy.cmd("stats"))
+            os.unlink(files["qemu-eager"])
+    except (bq.BenchError, hg.GuestError, Failed, subprocess.SubprocessError, OSError) as e:
+        out["errors"].append(str(e))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        reaper.kill_all()
+        if args.keep:
+            log(f"kept {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    for r in out["runs"]:
+        log(f"  qemu {r['peer']:5} {r['method']:10} rtt {r['rtt_ms']}: first HTTP "
+            f"{r['first_http_s']} s, all in {r['all_in_s']} s, store requests "
+            f"{r.get('store_requests', '-')}, digest {'ok' if r['digest_ok'] else 'DIFFERS'}")
+    if out["errors"]:
+        log("QEMU test guest: " + "; ".join(out["errors"]))
+        code = 1
+    return code
+
+
 def summarize(results, rtts):
     out = []
     for rtt in rtts:
@@ -226,11 +336,22 @@ def parse_args():
                     help="the build directory (build/ or $BUILD)")
     ap.add_argument("--dir", default=None, help="work directory's parent ($TMPDIR)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    ap.add_argument("--qemu", action="store_true",
+                    help="the QEMU test guest too (root, QEMU and scripts/make-guest.sh's image)")
+    ap.add_argument("--qemu-mem", type=int, default=None, help="its RAM in MiB (512; quick 256)")
+    ap.add_argument("--qemu-requests", type=int, default=None,
+                    help="page requests after the first answer (bench/qemu.py's; 200, quick 0)")
+    ap.add_argument("--image", default=os.path.join(ROOT, "build", "guest-image"),
+                    help="the test guest's image directory (build/guest-image)")
     args = ap.parse_args()
     args.rtts = [float(x) for x in (args.rtts or ("0,20" if args.quick else "0,5,20")).split(",")]
     args.rtts = [int(x) if x == int(x) else x for x in args.rtts]
     args.mem = args.mem or (128 if args.quick else 512)
     args.runs = args.runs or 1
+    args.qemu_mem = args.qemu_mem or (256 if args.quick else 512)
+    if args.qemu_requests is None:
+        args.qemu_requests = 0 if args.quick else 200
+    args.halite_qemu = os.path.join(args.build, "tools", "halite-qemu", "halite-qemu")
     args.restore_bin = os.path.join(args.build, "bench", "halite-bench-remote-restore")
     args.inspect_bin = os.path.join(args.build, "tools", "halite-inspect", "halite-inspect")
     args.synth_bin = os.path.join(args.build, "testing", "synth", "halite-synth")
@@ -287,6 +408,8 @@ def main():
             result["error"] = f"restored memory differs from the local file's: {', '.join(bad)}"
             code = 1
         print(table(result["summary"]), file=sys.stderr)
+        if args.qemu and qemu_guest(args, store, proxy, result):
+            code = 1
     except Skip as e:
         result["error"] = f"skipped: {e}"
         code = 77
