@@ -115,7 +115,8 @@ class Store:
 class Proxy:
     def __init__(self, upstream):
         self.p = subprocess.Popen([sys.executable, os.path.join(ROOT, "bench", "s3_proxy.py"),
-                                   "--upstream", upstream], stdout=subprocess.PIPE,
+                                   "--die-with-parent", "--upstream", upstream],
+                                  stdout=subprocess.PIPE,
                                   stderr=subprocess.DEVNULL, text=True)
         line = self.p.stdout.readline()
         if not line:
@@ -293,7 +294,8 @@ def summarize(results, rtts):
     for rtt in rtts:
         row = {"rtt_ms": rtt}
         for peer in ("local", "lazy", "eager"):
-            rs = [r for r in results if r["peer"] == peer and (peer == "local" or r["rtt_ms"] == rtt)]
+            rs = [r for r in results
+                  if r["peer"] == peer and (peer == "local" or r["rtt_ms"] == rtt)]
             for k in ("first_access_s", "all_first_access_s", "done_s", "store_requests",
                       "store_bytes"):
                 row[f"{peer}_{k}"] = median([r.get(k) for r in rs])

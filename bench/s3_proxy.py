@@ -200,6 +200,18 @@ class Proxy:
                          "outage SECONDS [reset|stall], quit"}
 
 
+def die_with_parent():
+    """SIGTERM when the parent dies, so that a test or bench killed outright
+    (a timeout's SIGKILL runs no cleanup) leaves no proxy behind."""
+    import ctypes
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0):
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+    if os.getppid() == 1:  # the parent died before the prctl
+        sys.exit(0)
+
+
 def upstream(url):
     u = urllib.parse.urlsplit(url)
     if u.scheme != "http" or not u.hostname:
@@ -256,6 +268,8 @@ def main():
     ap.add_argument("--control", metavar="PATH", help="the control socket's path")
     ap.add_argument("--no-connect-rtt", action="store_true",
                     help="no RTT for a new connection, only per request")
+    ap.add_argument("--die-with-parent", action="store_true",
+                    help="exit (SIGTERM) when the process that started it dies")
     args = ap.parse_args()
     if not args.upstream:
         ap.error("--upstream or AWS_ENDPOINT_URL is required")
@@ -265,6 +279,8 @@ def main():
         upstream(args.upstream)
     except ValueError as e:
         ap.error(str(e))
+    if args.die_with_parent:
+        die_with_parent()
     asyncio.run(serve(args))
     return 0
 

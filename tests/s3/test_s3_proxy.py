@@ -18,6 +18,7 @@ Exit 0 pass, 1 fail, 77 skip.
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -80,7 +81,8 @@ def put(key, path):
 
 class Proxy:
     def __init__(self, rtt_ms):
-        self.p = subprocess.Popen([sys.executable, PROXY, "--upstream", ENV["AWS_ENDPOINT_URL"],
+        self.p = subprocess.Popen([sys.executable, PROXY, "--die-with-parent",
+                                   "--upstream", ENV["AWS_ENDPOINT_URL"],
                                    "--rtt-ms", str(rtt_ms)],
                                   stdout=subprocess.PIPE, text=True)
         line = self.p.stdout.readline()
@@ -117,7 +119,12 @@ def later(seconds, fn):
     return t
 
 
+def on_term(sig, frame):
+    raise Fail(f"signal {sig}")  # the finally below stops the proxy
+
+
 def main():
+    signal.signal(signal.SIGTERM, on_term)
     if not shutil.which("curl"):
         print("SKIP: needs curl")
         return 77
