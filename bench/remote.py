@@ -3,8 +3,11 @@
 """The remote-restore benchmark (issue 26): a saved synthetic guest restored
 lazily straight from an S3 store at added round trips of 0, 5 and 20 ms per
 request (bench/s3_proxy.py between the engine and the store), against the
-same snapshot restored from the local file and eagerly (the whole object
-pulled through the same proxy, then restored from the downloaded file).
+same snapshot restored from the local file, eagerly (the whole object
+pulled through the same proxy, then restored from the downloaded file), and
+lazily from a copy re-laid out in guest-physical order (bench/relayout.c's
+physical organisation, uncompressed, the same LB size: a stand-in for a
+physical-chunk layout, not 4 MiB chunks).
 
   bench/remote.py [--quick] [--rtts 0,5,20] [--mem MIB] [--vcpus N]
                   [--runs N] [--build DIR] [--keep] [--qemu [--image DIR]]
@@ -155,15 +158,19 @@ def store_counts(st):
             "store_connections": st["connections"]}
 
 
-def one_rtt(args, rtt, url, local, guest, store, proxy, work, digest):
+def one_rtt(args, rtt, urls, guest, store, proxy, work, digest):
     env = dict(store.env, AWS_ENDPOINT_URL=proxy.endpoint)
+    url = urls["lazy"]
     proxy.cmd(f"rtt {rtt}")
     results = []
     for r in range(args.runs):
-        proxy.cmd("zero")
-        res = restore(args, url, guest, env)
-        res.update(store_counts(proxy.cmd("stats")), peer="lazy", rtt_ms=rtt, run=r)
-        results.append(res)
+        for peer in ("lazy", "physical"):
+            if peer not in urls:
+                continue
+            proxy.cmd("zero")
+            res = restore(args, urls[peer], guest, env)
+            res.update(store_counts(proxy.cmd("stats")), peer=peer, rtt_ms=rtt, run=r)
+            results.append(res)
 
         pulled = os.path.join(work, "pulled.hlt")
         proxy.cmd("zero")
@@ -293,15 +300,17 @@ def summarize(results, rtts):
     out = []
     for rtt in rtts:
         row = {"rtt_ms": rtt}
-        for peer in ("local", "lazy", "eager"):
+        for peer in ("local", "lazy", "eager", "physical"):
             rs = [r for r in results
                   if r["peer"] == peer and (peer == "local" or r["rtt_ms"] == rtt)]
             for k in ("first_access_s", "all_first_access_s", "done_s", "store_requests",
-                      "store_bytes"):
+                      "store_bytes", "lbs_before_first"):
                 row[f"{peer}_{k}"] = median([r.get(k) for r in rs])
         lf, ll, le = (row[f"{p}_first_access_s"] for p in ("local", "lazy", "eager"))
         row["lazy_first_vs_local"] = ll / lf if ll and lf else None
         row["lazy_first_vs_eager"] = ll / le if ll and le else None
+        lp = row["physical_first_access_s"]
+        row["physical_first_vs_lazy"] = lp / ll if ll and lp else None
         out.append(row)
     return out
 
@@ -311,7 +320,7 @@ def table(summary):
         return "-" if x is None else fmt.format(x * scale)
     lines = [f"{'rtt':>4} {'local first':>12} {'lazy first':>11} {'eager first':>12} "
              f"{'lazy done':>10} {'eager done':>11} {'lazy req':>9} {'eager req':>10} "
-             f"{'lazy/local':>10} {'lazy/eager':>10}"]
+             f"{'lazy/local':>10} {'lazy/eager':>10} {'phys first':>10} {'phys req':>9}"]
     for s in summary:
         lines.append(f"{s['rtt_ms']:>4} {f(s['local_first_access_s']):>12} "
                      f"{f(s['lazy_first_access_s']):>11} {f(s['eager_first_access_s']):>12} "
@@ -319,7 +328,9 @@ def table(summary):
                      f"{f(s['lazy_store_requests'], fmt='{:.0f}'):>9} "
                      f"{f(s['eager_store_requests'], fmt='{:.0f}'):>10} "
                      f"{f(s['lazy_first_vs_local'], fmt='{:.2f}'):>10} "
-                     f"{f(s['lazy_first_vs_eager'], fmt='{:.2f}'):>10}")
+                     f"{f(s['lazy_first_vs_eager'], fmt='{:.2f}'):>10} "
+                     f"{f(s['physical_first_access_s']):>10} "
+                     f"{f(s['physical_store_requests'], fmt='{:.0f}'):>9}")
     return "\n".join(lines)
 
 
@@ -338,6 +349,8 @@ def parse_args():
                     help="the build directory (build/ or $BUILD)")
     ap.add_argument("--dir", default=None, help="work directory's parent ($TMPDIR)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    ap.add_argument("--no-physical", action="store_true",
+                    help="without the physical-order peer")
     ap.add_argument("--qemu", action="store_true",
                     help="the QEMU test guest too (root, QEMU and scripts/make-guest.sh's image)")
     ap.add_argument("--qemu-mem", type=int, default=None, help="its RAM in MiB (512; quick 256)")
@@ -388,6 +401,17 @@ def main():
         url = f"s3://{store.env['HALITE_TEST_BUCKET']}/remote-bench-{os.getpid()}.hlt"
         log(f"pushing it to {url}")
         run([args.inspect_bin, "push", snap, url], env=store.env, what="halite-inspect push")
+        urls = {"lazy": url}
+        if not args.no_physical:
+            rel = os.path.join(work, "relayout")
+            os.mkdir(rel, 0o700)
+            log("re-laying it out in physical order (the physical peer)")
+            result["physical"] = json.loads(run([args.restore_bin, "relayout", snap, rel],
+                                                what="relayout"))
+            urls["physical"] = url[:-len(".hlt")] + "-physical.hlt"
+            run([args.inspect_bin, "push", result["physical"]["physical"], urls["physical"]],
+                env=store.env, what="halite-inspect push (physical)")
+            shutil.rmtree(rel)
 
         for r in range(args.runs):
             res = restore(args, snap, guest, store.env)
@@ -401,8 +425,7 @@ def main():
         proxy = Proxy(store.env["AWS_ENDPOINT_URL"])
         for rtt in args.rtts:
             log(f"RTT {rtt} ms: lazy from {url}, then eager (pull, restore)")
-            result["results"] += one_rtt(args, rtt, url, snap, guest, store, proxy, work,
-                                         digest)
+            result["results"] += one_rtt(args, rtt, urls, guest, store, proxy, work, digest)
         result["summary"] = summarize(result["results"], args.rtts)
         bad = [f"{r['peer']} at {r['rtt_ms']} ms" for r in result["results"]
                if not r["digest_ok"]]

@@ -10,6 +10,9 @@
  *   halite-bench-remote-restore [--timeout S] SNAPSHOT
  *                               [GUEST OPTIONS...]
  *
+ * `halite-bench-remote-restore relayout SNAPSHOT DIR` writes the
+ * physical-order peer's file (bench/relayout.c's physical.hlt).
+ *
  * Times run from the call to halite_restore_open(): open_s (the reader has
  * the index), resume_s (the vCPUs start), first_access_s and
  * all_first_access_s (the first vCPU's, and every vCPU's, first access
@@ -42,6 +45,7 @@
 #include "endian_util.h"
 #include "stats.h"
 #include "synth.h"
+#include "relayout.h"
 #include "tool.h"
 
 #define PROG "halite-bench-remote-restore"
@@ -278,8 +282,33 @@ static int usage(FILE *f, int code)
 		"One timed lazy restore of a saved synthetic guest from SNAPSHOT (a file or\n"
 		"s3://BUCKET/KEY, with AWS_* in the environment). GUEST OPTIONS are halite-synth's\n"
 		"(halite-synth --help), those the guest was saved with. Prints one JSON object.\n"
-		"  --timeout S     for the whole restore (600)\n");
+		"  --timeout S     for the whole restore (600)\n\n"
+		"       " PROG " relayout SNAPSHOT DIR\n"
+		"Write DIR/physical.hlt (and the other organisations of halite-bench micro):\n"
+		"SNAPSHOT's blocks in guest-physical order, uncompressed; prints its path.\n");
 	return code;
+}
+
+/*
+ * The physical-order peer's file: SRC re-laid out by bench/relayout.c into
+ * DIR (physical.hlt: blocks in guest-physical order, codec none, SRC's LB
+ * size; the other organisations are written too and left to the caller).
+ */
+static int cmd_relayout(const char *src, const char *dir)
+{
+	struct relayout_out out = { 0 };
+	char err[512] = "";
+	int ret = relayout(src, dir, 1, &out, err, sizeof(err));
+
+	if (ret)
+		return fail("relayout %s: %s (%s)", src, err, halite_strerror(ret));
+	printf("{\"physical\": ");
+	halite_json_str(stdout, out.hlt_path[ORG_PHYSICAL]);
+	printf(", \"lb_size\": %u, \"lb_count\": %" PRIu64 ", \"file_bytes\": %" PRIu64
+	       ", \"seconds\": %.3f}\n", out.lb_size, out.lb_count[ORG_PHYSICAL],
+	       out.file_bytes[ORG_PHYSICAL], out.seconds);
+	relayout_out_free(&out);
+	return 0;
 }
 
 int main(int argc, char **argv)
@@ -288,6 +317,9 @@ int main(int argc, char **argv)
 	struct hs_args a;
 	uint64_t v;
 	int i;
+
+	if (argc == 4 && !strcmp(argv[1], "relayout"))
+		return cmd_relayout(argv[2], argv[3]);
 
 	for (i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
