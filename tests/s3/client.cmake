@@ -58,3 +58,11 @@ add_test(NAME s3_read_qemu
 set_tests_properties(s3_read_qemu PROPERTIES LABELS "s3;qemu" TIMEOUT 600 SKIP_RETURN_CODE 77
                      RUN_SERIAL TRUE
                      ENVIRONMENT "HALITE_OBJECT_STORE=${CMAKE_SOURCE_DIR}/scripts/object-store.sh")
+
+# bench/s3_proxy.py (the remote benchmark's latency and outage proxy) on real
+# GETs through it: the added RTT per request, counts, outages reset and stall.
+add_test(NAME s3_proxy
+  COMMAND bash ${S3_TEST_DIR}/run_with_store.sh ${CMAKE_SOURCE_DIR}
+          ${Python3_EXECUTABLE} ${S3_TEST_DIR}/test_s3_proxy.py ${CMAKE_SOURCE_DIR})
+set_tests_properties(s3_proxy PROPERTIES LABELS s3 TIMEOUT 180 SKIP_RETURN_CODE 77
+                     ENVIRONMENT "HALITE_OBJECT_STORE=${CMAKE_SOURCE_DIR}/scripts/object-store.sh")
