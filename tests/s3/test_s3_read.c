@@ -535,7 +535,8 @@ static void proxy_start(struct proxy *px)
 	if (!px->pid) {
 		dup2(fds[1], 1);
 		close(fds[0]);
-		execlp("python3", "python3", py, "--upstream", up, "--rtt-ms", "0", (char *)NULL);
+		execlp("python3", "python3", py, "--upstream", up, "--rtt-ms", "0", "--die-with-parent",
+		       (char *)NULL);
 		_exit(127);
 	}
 	close(fds[1]);
