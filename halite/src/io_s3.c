@@ -19,7 +19,9 @@
  *
  * Asynchronous reads. Submit queues the request to the handle's workers
  * (min(queue_depth, S3_WORKERS_MAX) threads, started at the first
- * submit), each of which runs one GET at a time on a pooled client; wait
+ * submit), each of which runs one GET at a time on a pooled client, for
+ * the request it takes and the queued ones that continue it in the file
+ * (up to S3_COALESCE_MAX: the prefetcher's LBs, several per round trip); wait
  * hands their completions to halite_io_req_complete() on the owner's
  * thread, as the kernel backends do.
  *
@@ -72,6 +74,8 @@
  * keeps the configuration's (5 s).
  */
 #define S3_READ_BACKOFF_CAP_MS 1000u
+/* Bytes one GET of the asynchronous reads covers at most (several LBs in a run). */
+#define S3_COALESCE_MAX (1u << 20)
 /* Kept ranges per handle. */
 #define S3_KEPT_MAX 4u
 
@@ -280,6 +284,31 @@ static const struct s3_kept *s3_kept_find(const struct io_s3 *x, uint64_t off, s
 	return NULL;
 }
 
+/* One ranged GET of the pinned version: the bytes read (fewer only at the end) or < 0. */
+static int64_t io_s3_fetch(struct s3_obj *o, void *buf, size_t len, uint64_t off)
+{
+	struct halite_s3 *s;
+	int64_t n;
+	int ret;
+
+	ret = obj_client_get(o, &s);
+	if (ret)
+		return ret;
+	n = halite_s3_get_range(s, o->key, off, len, buf, o->head.etag);
+	obj_client_put(o, s, n < 0 ? (int)n : 0);
+	return n;
+}
+
+/* A whole answer into the cache. The read stands whatever the cache says. */
+static void cache_keep(struct s3_obj *o, uint64_t off, const void *buf, size_t len)
+{
+	int ret = halite_lbcache_put(o->cache, o->uuid, off, buf, len);
+
+	/* A cache that cannot keep it costs a later read, not this one. */
+	if (ret && ret != -HALITE_E_LIMIT)
+		atomic_fetch_add(&o->put_errors, 1);
+}
+
 /*
  * @len bytes at @off of the pinned version: from the host's LB cache when
  * it has them, else one ranged GET, whose bytes the cache then keeps. The
@@ -290,26 +319,16 @@ static const struct s3_kept *s3_kept_find(const struct io_s3 *x, uint64_t off, s
 static int64_t io_s3_get(struct s3_obj *o, void *buf, size_t len, uint64_t off)
 {
 	bool cached = o->cache && atomic_load(&o->keyed);
-	struct halite_s3 *s;
 	int64_t n;
-	int ret;
 
 	if (off >= o->head.size)
 		return 0;
 	if (cached && off + len <= o->head.size &&
 	    halite_lbcache_get(o->cache, o->uuid, off, buf, len) == 1)
 		return (int64_t)len;
-	ret = obj_client_get(o, &s);
-	if (ret)
-		return ret;
-	n = halite_s3_get_range(s, o->key, off, len, buf, o->head.etag);
-	obj_client_put(o, s, n < 0 ? (int)n : 0);
-	if (cached && n == (int64_t)len) {
-		ret = halite_lbcache_put(o->cache, o->uuid, off, buf, len);
-		/* The read stands: a cache that cannot keep it costs a later read, not this one. */
-		if (ret && ret != -HALITE_E_LIMIT)
-			atomic_fetch_add(&o->put_errors, 1);
-	}
+	n = io_s3_fetch(o, buf, len, off);
+	if (cached && n == (int64_t)len)
+		cache_keep(o, off, buf, len);
 	return n;
 }
 
@@ -375,6 +394,91 @@ int halite_io_readahead(struct halite_io *io, uint64_t off, uint64_t len)
 
 /* ---- asynchronous reads ------------------------------------------------- */
 
+/*
+ * The queued requests that continue @first's range in the file, taken off
+ * the queue (under x->lk) and chained behind it by req->next: one GET for
+ * all, up to S3_COALESCE_MAX bytes. The prefetcher submits LBs in the
+ * order it wants them, which is mostly the file's: several LBs then cost
+ * one round trip, not one each.
+ */
+static void take_run(struct io_s3 *x, struct io_req *first)
+{
+	struct io_req *last = first, *r;
+	uint64_t end = first->off + first->len;
+	size_t total = first->len - first->done;
+
+	first->next = NULL;
+	if (first->done)
+		return; /* a short answer's rest: alone */
+	while ((r = x->queue_head) && !r->done && r->off == end &&
+	       total + r->len <= S3_COALESCE_MAX) {
+		x->queue_head = r->next;
+		if (!x->queue_head)
+			x->queue_tail = NULL;
+		r->next = NULL;
+		last->next = r;
+		last = r;
+		end += r->len;
+		total += r->len;
+	}
+}
+
+/*
+ * The requests chained at @run, each one's result set: one GET over their
+ * whole span into a buffer, split out; each piece offered to the cache as
+ * if read alone (its key is its offset). A piece the cache has is served
+ * from it, and the GET covers only the span from the first piece it lacks
+ * to the last.
+ */
+static void run_get(struct s3_obj *o, struct io_req *run)
+{
+	struct io_req *r, *lo = NULL, *hi = NULL;
+	bool cached = o->cache && atomic_load(&o->keyed);
+	uint64_t span;
+	uint8_t *buf;
+	int64_t n;
+
+	if (!run->next) {
+		run->res = io_s3_get(o, run->buf + run->done, run->len - run->done,
+				     run->off + run->done);
+		return;
+	}
+	for (r = run; r; r = r->next) {
+		r->res = -1;
+		if (cached && r->off + r->len <= o->head.size &&
+		    halite_lbcache_get(o->cache, o->uuid, r->off, r->buf, r->len) == 1) {
+			r->res = (int64_t)r->len;
+			continue;
+		}
+		if (!lo)
+			lo = r;
+		hi = r;
+	}
+	if (!lo)
+		return;
+	span = HALITE_MIN(hi->off + hi->len, o->head.size);
+	span = span > lo->off ? span - lo->off : 0;
+	buf = span ? malloc(span) : NULL;
+	n = !span ? 0 : buf ? io_s3_fetch(o, buf, span, lo->off) : -ENOMEM;
+	for (r = lo; r != hi->next; r = r->next) {
+		uint64_t at = r->off - lo->off;
+
+		if (r->res >= 0)
+			continue;
+		if (n < 0) {
+			r->res = n;
+		} else if ((uint64_t)n <= at) {
+			r->res = 0; /* past the object's end */
+		} else {
+			r->res = (int64_t)HALITE_MIN((uint64_t)n - at, r->len);
+			memcpy(r->buf, buf + at, (size_t)r->res);
+			if (cached && (size_t)r->res == r->len)
+				cache_keep(o, r->off, r->buf, r->len);
+		}
+	}
+	free(buf);
+}
+
 static void *s3_worker(void *arg)
 {
 	struct halite_io *io = arg;
@@ -391,17 +495,19 @@ static void *s3_worker(void *arg)
 		x->queue_head = req->next;
 		if (!x->queue_head)
 			x->queue_tail = NULL;
+		take_run(x, req);
 		pthread_mutex_unlock(&x->lk);
 
-		req->res = io_s3_get(x->obj, req->buf + req->done, req->len - req->done,
-				     req->off + req->done);
+		run_get(x->obj, req);
 
 		pthread_mutex_lock(&x->lk);
-		req->next = NULL;
+		/* The run joins the done list whole, in order. */
 		if (x->done_tail)
 			x->done_tail->next = req;
 		else
 			x->done_head = req;
+		while (req->next)
+			req = req->next;
 		x->done_tail = req;
 		pthread_cond_signal(&x->done_cv);
 	}

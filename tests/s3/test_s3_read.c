@@ -428,12 +428,22 @@ static void test_cache(const char *url, const uint8_t *snap, const struct synth_
 	setenv("HALITE_CACHE_DIR", dir, 1);
 	setenv("HALITE_CACHE_SIZE", "1G", 1);
 
+	{
+		struct halite_reader *rd;
+		struct halite_s3_stats st;
+
+		/* What an open costs (test_open_requests() checks it exactly). */
+		CHECK(!halite_reader_open(&rd, url, NULL), "open %s", url);
+		halite_io_s3_stats(halite_reader_io(rd), &st);
+		open_requests = st.requests;
+		halite_reader_free(rd);
+	}
 	lbs = restore_counted(url, snap, base, "cache, first restore", &ss);
 	CHECK(ss.cache_hits == 0 && ss.cache_misses == lbs && ss.cache_puts == lbs &&
 	      !ss.cache_put_errors, "first restore: every LB of %" PRIu64 " fetched and kept", lbs);
-	open_requests = ss.requests - lbs;
-	CHECK(open_requests >= 2 && open_requests <= 4, "open took %" PRIu64 " requests",
-	      open_requests);
+	/* The prefetcher's LBs come several to a GET (io_s3.c, take_run()). */
+	CHECK(ss.requests - open_requests < lbs, "first restore: %" PRIu64 " GETs for %" PRIu64
+	      " LBs: none coalesced", ss.requests - open_requests, lbs);
 
 	restore_counted(url, snap, base, "cache, second restore", &ss);
 	CHECK(ss.cache_hits == lbs && ss.cache_misses == 0 && ss.cache_puts == 0,
