@@ -247,6 +247,9 @@ static int open_files(struct halite_reader *r, const struct halite_reader_opts *
 
 	io_opts.backend = HALITE_IO_PSYNC;
 	ret = halite_io_open(&r->meta_io, r->path, O_RDONLY | O_CLOEXEC, 0, &io_opts);
+	if (ret && halite_io_is_s3_path(r->path) && halite_io_open_errmsg()[0])
+		/* The store's or the configuration's own sentence names the problem. */
+		return rfail_said(r, ret, "%s: cannot open: %s", r->path, halite_io_open_errmsg());
 	if (ret)
 		return rfail(r, ret, "%s: cannot open", r->path);
 	if (halite_io_fd(r->meta_io) < 0) {

@@ -101,9 +101,10 @@ void src_lb_failed(struct src *s, uint64_t lb, int err, unsigned reads)
 			   err == -HALITE_E_CHECKSUM || err == -HALITE_E_CORRUPT ?
 			   halite_reader_errmsg(s->rd) : halite_strerror(err);
 
-	const char *req = halite_io_errmsg(halite_reader_io(s->rd));
+	char req[256];
 
 	/* An object's failed request says what the store did, and for how long. */
+	halite_io_errmsg(halite_reader_io(s->rd), req, sizeof(req));
 	if (err <= -HALITE_S3_E_BASE && req[0])
 		snprintf(why, sizeof(why), "%s after %u read%s (%s)", what, reads,
 			 reads == 1 ? "" : "s", req);

@@ -136,8 +136,18 @@ int halite_io_size(const struct halite_io *io, uint64_t *size);
  */
 int halite_io_readahead(struct halite_io *io, uint64_t off, uint64_t len);
 
-/* The last failed request's sentence for an object ("GET s3://b/k: 412 ..."), or "". */
-const char *halite_io_errmsg(const struct halite_io *io);
+/*
+ * Why the calling thread's last halite_io_open() of an object failed, in
+ * one sentence ("s3://b/k: no region: set AWS_REGION, ...", "HEAD ...:
+ * 403 AccessDenied ..."), or "".
+ */
+const char *halite_io_open_errmsg(void);
+
+/*
+ * The last failed request's sentence for an object ("GET s3://b/k: 412
+ * ...") into @buf (@len bytes), or "" for a file or none. Any thread.
+ */
+void halite_io_errmsg(const struct halite_io *io, char *buf, size_t len);
 
 /* "s3://BUCKET/KEY" for an object; NULL for a file. */
 const char *halite_io_url(const struct halite_io *io);

@@ -218,7 +218,7 @@ static int obj_cache_open(struct s3_obj *o)
 	return ret;
 }
 
-static int obj_open(struct s3_obj **op, const char *url)
+static int obj_open(struct s3_obj **op, const char *url, char *err, size_t errlen)
 {
 	char why[256];
 	struct s3_obj *o;
@@ -269,6 +269,7 @@ static int obj_open(struct s3_obj **op, const char *url)
 	*op = o;
 	return 0;
 fail:
+	snprintf(err, errlen, "%s", o->errmsg);
 	obj_put(o);
 	return ret;
 }
@@ -638,16 +639,25 @@ static struct io_s3 *io_s3_new(struct s3_obj *obj)
 	return x;
 }
 
+/* Why this thread's last open of an object failed: the object is gone by then. */
+static _Thread_local char open_err[512];
+
+const char *halite_io_open_errmsg(void)
+{
+	return open_err;
+}
+
 int halite_io_s3_open(struct io_s3 **xp, const char *url, const struct halite_io *from)
 {
 	struct s3_obj *obj;
 	int ret;
 
+	open_err[0] = 0;
 	if (from) {
 		obj = from->s3->obj;
 		atomic_fetch_add(&obj->refs, 1);
 	} else {
-		ret = obj_open(&obj, url);
+		ret = obj_open(&obj, url, open_err, sizeof(open_err));
 		if (ret)
 			return ret;
 	}
@@ -675,9 +685,19 @@ int halite_io_size(const struct halite_io *io, uint64_t *size)
 	return 0;
 }
 
-const char *halite_io_errmsg(const struct halite_io *io)
+void halite_io_errmsg(const struct halite_io *io, char *buf, size_t len)
 {
-	return io->s3 ? io->s3->obj->errmsg : "";
+	struct s3_obj *o = io->s3 ? io->s3->obj : NULL;
+
+	if (!len)
+		return;
+	buf[0] = 0;
+	if (!o)
+		return;
+	/* Under the pool's lock: a failing request writes it there (obj_client_put()). */
+	pthread_mutex_lock(&o->lk);
+	snprintf(buf, len, "%s", o->errmsg);
+	pthread_mutex_unlock(&o->lk);
 }
 
 const char *halite_io_url(const struct halite_io *io)
