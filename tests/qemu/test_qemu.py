@@ -2340,9 +2340,9 @@ def case_bypass(work):
           after - before < size * 0.1,
           f"restore --bypass-cache: {after >> 10} KiB of {size >> 20} MiB in the page cache "
           f"after it ({before >> 10} KiB before)")
-    # Null by meaning here: no error, no --track-access, no --learn.
+    # Null by meaning here: no error, no --track-access, no --learn, a local file (no store).
     unknown = [k for k, v in rep.items() if v is None and k not in (
-        "error", "qemu_error", "vm_access_pct", "learn_trace", "learn_window_ms")]
+        "error", "qemu_error", "vm_access_pct", "learn_trace", "learn_window_ms", "store")]
     check("exit" not in rep and not unknown and rep["qemu"]["pid"] == dst.pid,
           f"restore: one object, ok, every value known ({unknown or 'none null'})")
     progress_lines(p, "restore")

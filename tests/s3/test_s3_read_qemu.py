@@ -64,6 +64,15 @@ def main():
             raise hg.GuestError(f"the verifier fails after the restore: {st}")
         if rest["lb_demand"] + rest["lb_prefetch"] == 0:
             raise hg.GuestError("the restore read no locality block")
+        # --json's store: every LB came from the store (no cache: null), and the
+        # prefetcher's came several to a GET.
+        store = rest["store"]
+        lbs = rest["lb_demand"] + rest["lb_prefetch"]
+        print(f"store: {store}")
+        if not store or store["cache"] is not None or not 0 < store["requests"] < lbs + 4:
+            raise hg.GuestError(f"--json's store for {lbs} LBs read: {store}")
+        if store["bytes"] < lbs * 4096:
+            raise hg.GuestError(f"--json's store: {store['bytes']} bytes for {lbs} LBs")
         print("PASS")
         return 0
     except (hg.GuestError, subprocess.SubprocessError, KeyError) as e:
