@@ -15,8 +15,8 @@
  * check, 2 usage.
  */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <errno.h>
+#include <ftw.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,28 +51,18 @@ static void fill(uint8_t *p, size_t len, uint64_t key)
 	}
 }
 
+static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+	(void)st;
+	(void)flag;
+	(void)ftw;
+	return remove(path) ? -1 : 0;
+}
+
+/* The bench's own cache directory, whatever is in it. */
 static void rm_cache(const char *dir)
 {
-	char p[4400];
-	struct dirent *de;
-	DIR *d;
-
-	snprintf(p, sizeof(p), "%s/lb", dir);
-	d = opendir(p);
-	if (d) {
-		while ((de = readdir(d))) {
-			if (de->d_name[0] == '.')
-				continue;
-			snprintf(p, sizeof(p), "%s/lb/%s", dir, de->d_name);
-			unlink(p);
-		}
-		closedir(d);
-	}
-	snprintf(p, sizeof(p), "%s/lb", dir);
-	rmdir(p);
-	snprintf(p, sizeof(p), "%s/state", dir);
-	unlink(p);
-	rmdir(dir);
+	nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 static const uint8_t uuid[16] = { 0x48, 0x4c, 0x54, [15] = 1 };
