@@ -52,11 +52,15 @@ static const char *const s3_errstr[HALITE_S3_E_MAX - HALITE_S3_E_BASE] = {
 
 const char *halite_s3_strerror(int err)
 {
+	const char *s;
+
 	if (err < 0)
 		err = -err;
 	if (err >= HALITE_S3_E_BASE && err < HALITE_S3_E_MAX)
 		return s3_errstr[err - HALITE_S3_E_BASE];
-	return halite_strerror(err);
+	/* Below the library: its other codes are halite_strerror()'s, which calls this one. */
+	s = err < HALITE_E_BASE ? strerrordesc_np(err) : NULL;
+	return s ? s : "unknown error";
 }
 
 int s3_fail(struct halite_s3 *s, int err, const char *fmt, ...)

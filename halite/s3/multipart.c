@@ -23,7 +23,7 @@ static int upload_query(struct s3_xfer *x, const char *extra, const char *upload
 		return -ENOMEM;
 	n = snprintf(x->query, sizeof(x->query), "%suploadId=%s", extra, id);
 	free(id);
-	return n < (int)sizeof(x->query) ? 0 : -HALITE_E_LIMIT;
+	return n < (int)sizeof(x->query) ? 0 : -ENAMETOOLONG;
 }
 
 int halite_s3_mpu_create(struct halite_s3 *s, const char *key, char **upload_id)

@@ -11,7 +11,7 @@
  * the store's answers into error codes and one-sentence messages.
  *
  * Calls return >= 0 on success, or -errno or a negative HALITE_S3_E_* /
- * HALITE_E_* code; halite_s3_strerror() describes all of them, and
+ * HALITE_E_* code; halite_strerror() describes all of them, and
  * halite_s3_errmsg() says what the last failed call of a handle was doing.
  * A handle is used by one thread at a time; its calls block until done.
  * docs/object-store.md says where the configuration comes from and what
@@ -26,7 +26,7 @@
 
 #include <halite/errors.h>
 
-/* Codes above the library's HALITE_E_* range: one strerror serves all. */
+/* Codes above the library's HALITE_E_* range: halite_strerror() describes them too. */
 enum halite_s3_error {
 	HALITE_S3_E_BASE = 4100,
 	HALITE_S3_E_URL = HALITE_S3_E_BASE, /* not an s3://BUCKET/KEY URL */
@@ -43,7 +43,7 @@ enum halite_s3_error {
 	HALITE_S3_E_MAX,
 };
 
-/* A static description of any code this library returns; never NULL. */
+/* A static description of any code this library returns (its own, -errno); never NULL. */
 const char *halite_s3_strerror(int err);
 
 /* ---- s3://BUCKET/KEY (url.c) ---- */

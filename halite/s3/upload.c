@@ -76,7 +76,7 @@ static int state_write(struct upload *u, const char *upload_id)
 		     "halite-s3-upload 1\nurl %s\nsize %" PRIu64 "\nmtime %s\npart_size %" PRIu64
 		     "\nupload_id %s\n", u->url, u->size, u->mtime, u->part_size, upload_id);
 	if (n >= (int)sizeof(buf))
-		return s3_fail(u->s, -HALITE_E_LIMIT, "%s: the upload id is too long",
+		return s3_fail(u->s, -ENAMETOOLONG, "%s: the upload id is too long",
 			       u->o->state_path);
 	fd = open(u->o->state_path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
 	if (fd < 0)

@@ -64,7 +64,7 @@ static struct halite_s3 *open_client(const char *secret)
 	ret = halite_s3_open(&s, &c, getenv("HALITE_TEST_BUCKET"));
 	halite_s3_config_clear(&c);
 	if (ret) {
-		fprintf(stderr, "FAIL: open: %s\n", halite_s3_strerror(ret));
+		fprintf(stderr, "FAIL: open: %s\n", halite_strerror(ret));
 		exit(1);
 	}
 	return s;

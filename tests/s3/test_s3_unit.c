@@ -309,7 +309,9 @@ static void test_retry_network(void **state)
 	assert_int_equal(st.retries, 2);
 	assert_string_equal(halite_s3_strerror(-HALITE_S3_E_CHANGED),
 			    "the object changed: its ETag is not the one expected");
-	assert_string_equal(halite_s3_strerror(HALITE_E_CORRUPT), halite_strerror(HALITE_E_CORRUPT));
+	assert_string_equal(halite_strerror(-HALITE_S3_E_CHANGED),
+			    halite_s3_strerror(-HALITE_S3_E_CHANGED));
+	assert_string_equal(halite_s3_strerror(-ENOENT), strerrordesc_np(ENOENT));
 	halite_s3_close(s);
 	halite_s3_close(NULL);
 

@@ -61,7 +61,7 @@ int s3cmd_open(struct s3cmd *c, const char *url, unsigned jobs)
 	ret = halite_s3_open(&c->s, &cfg, c->bucket);
 	halite_s3_config_clear(&cfg);
 	if (ret) {
-		errorf("%s: %s", url, halite_s3_strerror(ret));
+		errorf("%s: %s", url, halite_strerror(ret));
 		s3cmd_close(c);
 		return EXIT_FAIL;
 	}
@@ -77,7 +77,7 @@ int s3cmd_fail(struct s3cmd *c, int err)
 	if (msg[0])
 		errorf("%s", msg);
 	else
-		errorf("%s: %s", c->url, halite_s3_strerror(err));
+		errorf("%s: %s", c->url, halite_strerror(err));
 	return EXIT_FAIL;
 }
 
