@@ -47,6 +47,12 @@ add_test(NAME s3_read_inspect
 set_tests_properties(s3_read s3_read_inspect PROPERTIES LABELS s3 TIMEOUT 300
                      SKIP_RETURN_CODE 77
                      ENVIRONMENT "HALITE_OBJECT_STORE=${CMAKE_SOURCE_DIR}/scripts/object-store.sh;HALITE_S3_PROXY=${CMAKE_SOURCE_DIR}/bench/s3_proxy.py")
+# The reads against the second store too (its ETags, ranges and If-Match).
+add_test(NAME s3_read_seaweedfs
+  COMMAND bash ${S3_TEST_DIR}/run_with_store.sh ${CMAKE_SOURCE_DIR} $<TARGET_FILE:s3_read_test>)
+set_tests_properties(s3_read_seaweedfs PROPERTIES LABELS "s3;seaweedfs" TIMEOUT 300
+                     SKIP_RETURN_CODE 77
+                     ENVIRONMENT "HALITE_OBJECT_STORE=${CMAKE_SOURCE_DIR}/scripts/object-store-seaweedfs.sh;HALITE_STORE_REQUIRE=HALITE_REQUIRE_SEAWEEDFS;HALITE_S3_PROXY=${CMAKE_SOURCE_DIR}/bench/s3_proxy.py")
 
 # halite-qemu restore from s3:// of the QEMU test guest; skips without QEMU,
 # the guest image or root, as the qemu label does.
