@@ -849,12 +849,21 @@ static double overhead(const struct bench *b, const struct run *r)
 	return r->ok || r->run_s > 0 ? r->run_s - b->baseline_s : NAN;
 }
 
-/* The VM access % of an organisation, from its TRACK_ACCESS run. */
-static double vm_access(const struct bench *b, const struct mdef *d)
+/*
+ * The VM access % of an organisation, from its TRACK_ACCESS run, and the
+ * LBs that run read on demand (what the % is of): with none (the
+ * prefetcher had every LB in before the guest asked, as on a loaded
+ * machine it may), there is no % to give.
+ */
+static double vm_access(const struct bench *b, const struct mdef *d, uint64_t *lbs)
 {
 	for (size_t i = 0; i < b->ntracks; i++)
-		if (b->tracks[i].d == d && b->tracks[i].mr.vm_access_pct >= 0)
-			return b->tracks[i].mr.vm_access_pct;
+		if (b->tracks[i].d == d && b->tracks[i].ok) {
+			*lbs = b->tracks[i].mr.demand_reads;
+			return b->tracks[i].mr.vm_access_pct >= 0 ? b->tracks[i].mr.vm_access_pct :
+				NAN;
+		}
+	*lbs = UINT64_MAX;
 	return NAN;
 }
 
@@ -865,7 +874,9 @@ static const char *content_name(enum content c)
 
 static void print_run_json(const struct bench *b, const struct run *r, bool with_vm)
 {
-	double vm = with_vm ? (r->d->org ? vm_access(b, r->d) : NAN) : r->mr.vm_access_pct;
+	uint64_t vm_lbs = UINT64_MAX;
+	double vm = with_vm ? (r->d->org ? vm_access(b, r->d, &vm_lbs) : NAN) :
+		r->mr.vm_access_pct;
 
 	if (!with_vm && vm < 0)
 		vm = NAN;
@@ -879,6 +890,11 @@ static void print_run_json(const struct bench *b, const struct run *r, bool with
 	       ", \"vm_access_pct\": ", r->mr.storage_reads, r->mr.demand_reads,
 	       r->mr.bytes_read, r->mr.demand_faults);
 	bench_json_num(vm, 1);
+	printf(", \"vm_access_lbs\": ");
+	if (vm_lbs == UINT64_MAX)
+		printf("null");
+	else
+		printf("%" PRIu64, vm_lbs);
 	printf(", \"read_latency_us\": %u, \"cache\": \"%s\", \"run_s\": ", r->lat,
 	       r->cold ? "cold" : "warm");
 	bench_json_num(r->run_s, 4);
@@ -1079,7 +1095,8 @@ static void print_table(const struct bench *b)
 	       "MiB read", "faults", "VM acc", "check");
 	for (size_t i = 0; i < b->nruns; i++) {
 		const struct run *r = &b->runs[i];
-		double vm = r->d->org ? vm_access(b, r->d) : NAN;
+		uint64_t vm_lbs;
+		double vm = r->d->org ? vm_access(b, r->d, &vm_lbs) : NAN;
 
 		fmt_s(o, sizeof(o), overhead(b, r));
 		fmt_s(f, sizeof(f), r->first_s >= 0 ? r->first_s : NAN);

@@ -36,7 +36,8 @@ num(micro["baseline_s"], "baseline_s")
 conds = {}
 for r in micro["results"]:
     for k in ("name", "kind", "restore_overhead_s", "first_access_s", "storage_reads",
-              "bytes_read", "vm_access_pct", "read_latency_us", "cache", "demand_reads",
+              "bytes_read", "vm_access_pct", "vm_access_lbs", "read_latency_us", "cache",
+              "demand_reads",
               "demand_faults", "ok"):
         if k not in r:
             fail(f"micro result {r.get('name')}: no '{k}'")
@@ -62,10 +63,18 @@ for r in micro["results"]:
         if r["storage_reads"] != lbs or r["bytes_read"] != lbs * LB:
             fail(f"{what}: {r['storage_reads']} reads, {r['bytes_read']} bytes; file has "
                  f"{lbs} LBs")
-        num(r["vm_access_pct"], what + " vm_access_pct")
-        if not 0 <= r["vm_access_pct"] <= 100:
-            fail(f"{what}: vm_access_pct {r['vm_access_pct']}")
-    elif r["vm_access_pct"] is not None:
+        # Of the LBs its TRACK_ACCESS run read on demand: none (all prefetched
+        # first, as under load they may be), no percentage.
+        if not isinstance(r["vm_access_lbs"], int) or r["vm_access_lbs"] < 0:
+            fail(f"{what}: vm_access_lbs {r['vm_access_lbs']!r}")
+        elif r["vm_access_lbs"] == 0:
+            if r["vm_access_pct"] is not None:
+                fail(f"{what}: vm_access_pct {r['vm_access_pct']} of no demand-read LB")
+        else:
+            num(r["vm_access_pct"], what + " vm_access_pct")
+            if not 0 <= r["vm_access_pct"] <= 100:
+                fail(f"{what}: vm_access_pct {r['vm_access_pct']}")
+    elif r["vm_access_pct"] is not None or r["vm_access_lbs"] is not None:
         fail(f"{what}: a peer with vm_access_pct {r['vm_access_pct']}")
     if r["name"] == "eager" and (r["demand_reads"] or r["demand_faults"]):
         fail(f"{what}: eager with demand reads or faults")
