@@ -2,7 +2,9 @@
 /*
  * halite-cloned: templates. A template is a snapshot file opened with
  * halite_template_open() on its memory file MEM/ID.mem, with its hot set
- * at STATE/templates/ID.hot. What kind of guest a snapshot holds is read
+ * at STATE/templates/ID.hot. The snapshot is a file of a --snapshot-dir,
+ * or an object s3://BUCKET/KEY of an --s3-allow location, read through the
+ * host's LB cache (--cache-dir). What kind of guest a snapshot holds is read
  * from its metadata: `synth.args` (halite-synth save) is a synthetic guest
  * (clones: halite-synth clone), `qemu.*` (halite-qemu save) a QEMU guest
  * (clones: halite-qemu clone).
@@ -42,6 +44,19 @@ void tmpl_destroy(struct tmpl *tp)
 static void fd_path(const struct tmpl *tp, char *buf, size_t len)
 {
 	snprintf(buf, len, "/proc/self/fd/%d", tp->snap_fd);
+}
+
+/*
+ * What the reader and the engine open: an object's URL as checked (the
+ * object is pinned to its ETag by the reader, so it too stays the one
+ * checked), else the descriptor's path in @buf.
+ */
+static const char *snap_path(const struct tmpl *tp, char *buf, size_t len)
+{
+	if (tp->s3)
+		return tp->snapshot;
+	fd_path(tp, buf, len);
+	return buf;
 }
 
 /*
@@ -101,8 +116,7 @@ static unsigned classify(struct tmpl *tp, char uuid[33], char *err, size_t errle
 	char path[64];
 	int ret;
 
-	fd_path(tp, path, sizeof(path));
-	ret = halite_reader_open(&r, path, NULL);
+	ret = halite_reader_open(&r, snap_path(tp, path, sizeof(path)), NULL);
 	if (ret) {
 		snprintf(err, errlen, "snapshot %s: %s", snapshot, cl_errstr(ret));
 		return 400;
@@ -128,6 +142,13 @@ static unsigned classify(struct tmpl *tp, char uuid[33], char *err, size_t errle
 			devram = val;
 			devram_len = len;
 		}
+	}
+	if (!tp->synth_args && qemu && tp->s3) {
+		/* Its clones get the snapshot as a descriptor (fd 3): an object has none yet. */
+		snprintf(err, errlen, "snapshot %s is a QEMU guest's: QEMU templates are taken from "
+			 "a --snapshot-dir only (halite-inspect pull it there first)", snapshot);
+		halite_reader_free(r);
+		return 400;
 	}
 	if (!tp->synth_args && qemu) {
 		tp->kind = TMPL_QEMU;
@@ -224,7 +245,13 @@ unsigned tmpl_open(struct cloned *d, struct tmpl *tp, bool reload, char *err, si
 		snprintf(err, errlen, "out of memory");
 		goto out;
 	}
-	if (tp->snap_fd <= 0) {
+	tp->s3 = s3allow_is_url(tp->snapshot);
+	if (tp->s3) {
+		/* Checked at every open: a location the operator no longer allows is not read. */
+		status = s3allow_check(d, tp->snapshot, err, errlen);
+		if (status)
+			goto out;
+	} else if (tp->snap_fd <= 0) {
 		status = snapdir_open(d, tp->snapshot, &tp->snap_fd, err, errlen);
 		if (status)
 			goto out;
@@ -257,8 +284,7 @@ unsigned tmpl_open(struct cloned *d, struct tmpl *tp, bool reload, char *err, si
 			goto out;
 		}
 	}
-	fd_path(tp, path, sizeof(path));
-	ret = halite_template_open(&tp->t, path, mem, &o);
+	ret = halite_template_open(&tp->t, snap_path(tp, path, sizeof(path)), mem, &o);
 	if (ret) {
 		snprintf(err, errlen, "snapshot %s: %s", tp->snapshot, cl_errstr(ret));
 		/* the reader refused the file: the request's fault */
@@ -291,6 +317,38 @@ out:
 	return status;
 }
 
+bool tmpl_store_stats(const struct tmpl *tp, struct halite_store_stats *st)
+{
+	if (!tp->s3 || !tp->t)
+		return false;
+	halite_reader_store_stats(halite_template_reader(tp->t), st);
+	return true;
+}
+
+/* "store": what the template's reader asked of the object store and the host's LB cache. */
+static void store_json(cJSON *j, const struct tmpl *tp)
+{
+	struct halite_store_stats st;
+	cJSON *s;
+
+	if (!tmpl_store_stats(tp, &st)) {
+		cJSON_AddNullToObject(j, "store"); /* a local file, or not open */
+		return;
+	}
+	s = cJSON_AddObjectToObject(j, "store");
+	cJSON_AddNumberToObject(s, "requests", (double)st.requests);
+	cJSON_AddNumberToObject(s, "retries", (double)st.retries);
+	cJSON_AddNumberToObject(s, "bytes", (double)st.bytes);
+	cJSON_AddNumberToObject(s, "connects", (double)st.connects);
+	cJSON_AddBoolToObject(s, "cached", st.cached);
+	cJSON_AddNumberToObject(s, "cache_hits", (double)st.cache_hits);
+	cJSON_AddNumberToObject(s, "cache_misses", (double)st.cache_misses);
+	cJSON_AddNumberToObject(s, "cache_bytes_hit", (double)st.cache_bytes_hit);
+	cJSON_AddNumberToObject(s, "cache_puts", (double)st.cache_puts);
+	cJSON_AddNumberToObject(s, "cache_put_errors", (double)st.cache_put_errors);
+	cJSON_AddNumberToObject(s, "cache_evictions", (double)st.cache_evictions);
+}
+
 cJSON *tmpl_json(struct tmpl *tp, bool detail)
 {
 	cJSON *j = cJSON_CreateObject();
@@ -319,6 +377,7 @@ cJSON *tmpl_json(struct tmpl *tp, bool detail)
 	cJSON_AddNumberToObject(j, "cpu_max", tp->cpu_max);
 	if (!detail)
 		return j;
+	store_json(j, tp);
 	halite_template_stats(tp->t, &st);
 	cJSON *s = cJSON_AddObjectToObject(j, "stats");
 	cJSON_AddNumberToObject(s, "mb_total", (double)st.mb_total);
@@ -398,8 +457,10 @@ void tmpl_create(struct cloned *d, const cJSON *body, struct http_reply *r)
 					   "memory_max, cpu_max)", f->string);
 	if (!snap)
 		return reply_error(r, 400, "missing field 'snapshot' (an absolute path)");
-	if (!cJSON_IsString(snap) || snap->valuestring[0] != '/')
-		return reply_error(r, 400, "field 'snapshot' must be an absolute path (a string)");
+	if (!cJSON_IsString(snap) ||
+	    (snap->valuestring[0] != '/' && !s3allow_is_url(snap->valuestring)))
+		return reply_error(r, 400, "field 'snapshot' must be an absolute path or an "
+				   "s3://BUCKET/KEY URL (a string)");
 	if (hot && !cJSON_IsBool(hot))
 		return reply_error(r, 400, "field 'hotset' must be true or false");
 	/* its clones' limits unless their request says: applicable, or refused now */
@@ -416,7 +477,9 @@ void tmpl_create(struct cloned *d, const cJSON *body, struct http_reply *r)
 	tp->memory_max = memory_max;
 	tp->cpu_max = cpu_max;
 	/* Opened once, here: the checks below and the engine see this file only. */
-	status = snapdir_open(d, tp->snapshot, &tp->snap_fd, err, sizeof(err));
+	tp->s3 = s3allow_is_url(tp->snapshot);
+	status = tp->s3 ? s3allow_check(d, tp->snapshot, err, sizeof(err)) :
+		 snapdir_open(d, tp->snapshot, &tp->snap_fd, err, sizeof(err));
 	if (status) {
 		tmpl_destroy(tp);
 		return reply_error(r, status, "%s", err);

@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""halite-cloned with templates read from an object store (issue 26).
+
+  test_clone_s3.py CASE    CASE: template, refuse
+
+Run under tests/s3/run_with_store.sh: a real S3 store (radosgw) is started and
+its AWS_ENDPOINT_URL, keys, region and HALITE_TEST_BUCKET exported; without them
+the case skips (77).
+- template: a synthetic snapshot pushed (halite-inspect push) to
+  s3://BUCKET/cloned/t.hlt; a daemon with --s3-allow BUCKET/cloned/ takes it by
+  URL; 2 clones are exact; GET /templates/ID's "store" and the metrics agree,
+  and every locality block came from the store once (misses == puts == LBs,
+  requests == the open's + the misses); the host's LB cache is
+  STATE/lbcache, 0700, its files 0600. The template deleted and the daemon
+  restarted on the same state: the same URL again takes every LB from the cache
+  (hits == LBs, no miss, only the open's requests), and a clone is exact. A
+  local template's "store" is null.
+- refuse: without --s3-allow an s3:// snapshot is refused naming the option;
+  with one, another bucket, a key outside its prefix and a bad bucket name are
+  refused, each with its status and message; an unknown --cache-size and a
+  relative --cache-dir stop the daemon at start (exit 2).
+"""
+import os
+import stat
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_clone as tc  # noqa: E402
+from test_clone import CLONED, INSPECT, Fail, check, log, stop_daemon  # noqa: E402
+
+BUCKET = os.environ.get("HALITE_TEST_BUCKET")
+
+
+def push(e, snap, key):
+    url = "s3://%s/%s" % (BUCKET, key)
+    subprocess.run([INSPECT, "push", snap, url], check=True, stdout=subprocess.DEVNULL,
+                   timeout=120)
+    return url
+
+
+def refused(e, snapshot, want, words):
+    st, j = e.req("POST", "/templates", {"snapshot": snapshot, "hotset": False})
+    check(st == want, "POST %s: %s, wanted %d: %s" % (snapshot, st, want, j))
+    check(words in j.get("error", ""), "POST %s: error %r does not say %r" % (snapshot, j, words))
+    log("  %s -> %d %s" % (snapshot, st, j["error"]))
+
+
+def wait_complete(e, tid, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        t = e.ok("GET", "/templates/" + tid)
+        if t["stats"]["complete"]:
+            return t
+        check(not t["stats"]["error"], "template %s: %s" % (tid, t["stats"]["error"]))
+        time.sleep(0.1)
+    raise Fail("template %s not complete after %d s" % (tid, timeout))
+
+
+def store_metrics(e, tid):
+    st, text = e.req("GET", "/metrics")
+    check(st == 200, "GET /metrics: %s" % st)
+    m = tc.parse_metrics(text)
+    lab = (("template", tid),)
+    out = {}
+    for k in ("requests", "bytes", "cache_hits", "cache_misses", "cache_puts"):
+        name = "halite_template_store_%s_total" % k
+        check((name, lab) in m, "metrics lack %s{template=%s}" % (name, tid))
+        out[k] = m[(name, lab)]
+    return out
+
+
+def case_template(e):
+    e.start("--s3-allow", BUCKET + "/cloned/")
+    snap = e.snapshot()
+    want = e.extract(snap)
+    url = push(e, snap, "cloned/t.hlt")
+
+    # A local template: no store.
+    local = e.template(snap, hotset=False)
+    check(e.ok("GET", "/templates/" + local["id"])["store"] is None, "a local template's store is not null")
+    e.ok("DELETE", "/templates/" + local["id"])
+
+    t = e.template(url, hotset=False)
+    check(t["snapshot"] == url and t["kind"] == "synthetic", "template: %s" % t)
+    ids = e.clones(t["id"], 2, pattern="random")
+    for cid in ids:
+        e.wait_state(cid, ("done",))
+        e.check_exact(cid, want)
+    show = wait_complete(e, t["id"])
+    s, lbs = show["store"], show["stats"]["lb_total"]
+    log("  first: %d LBs, store %s" % (lbs, s))
+    check(s is not None and s["cached"], "the template's store: %s" % s)
+    check(lbs > 0 and s["cache_hits"] == 0 and s["cache_misses"] == lbs and s["cache_puts"] == lbs,
+          "every LB of %d from the store once and kept: %s" % (lbs, s))
+    open_requests = s["requests"] - s["cache_misses"]
+    check(2 <= open_requests <= 4, "the open took %d requests: %s" % (open_requests, s))
+    m = store_metrics(e, t["id"])
+    for k, v in m.items():
+        check(v == s[k], "metrics %s %s != GET's %s" % (k, v, s[k]))
+
+    cache = os.path.join(e.state, "lbcache")
+    st = os.stat(cache)
+    check(stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o700,
+          "%s: mode %o" % (cache, stat.S_IMODE(st.st_mode)))
+    for root, _, files in os.walk(cache):
+        for f in files:
+            mode = stat.S_IMODE(os.stat(os.path.join(root, f)).st_mode)
+            check(mode & 0o077 == 0, "%s: mode %o" % (os.path.join(root, f), mode))
+
+    # A restarted daemon, the template made again: every LB from the host's cache.
+    for cid in ids:
+        e.ok("DELETE", "/clones/" + cid)
+    e.ok("DELETE", "/templates/" + t["id"])
+    stop_daemon(e)
+    e.start()
+    t = e.template(url, hotset=False)
+    cid = e.clones(t["id"], 1, pattern="random")[0]
+    e.wait_state(cid, ("done",))
+    e.check_exact(cid, want)
+    show = wait_complete(e, t["id"])
+    s = show["store"]
+    log("  again: %d LBs, store %s" % (show["stats"]["lb_total"], s))
+    check(show["stats"]["lb_total"] == lbs, "LBs: %d, were %d" % (show["stats"]["lb_total"], lbs))
+    check(s["cache_hits"] == lbs and s["cache_misses"] == 0 and s["cache_puts"] == 0,
+          "after the restart, every LB from the cache: %s" % s)
+    check(s["requests"] == open_requests, "after the restart, %d requests to the store, want the "
+          "open's %d only" % (s["requests"], open_requests))
+    m = store_metrics(e, t["id"])
+    check(m["requests"] == open_requests and m["cache_hits"] == lbs and m["cache_misses"] == 0,
+          "metrics after the restart: %s" % m)
+
+
+def case_refuse(e):
+    e.start()
+    url = "s3://%s/cloned/t.hlt" % BUCKET
+    refused(e, url, 403, "--s3-allow BUCKET[/PREFIX]")
+    stop_daemon(e)
+    e.start("--s3-allow", BUCKET + "/cloned/", "--s3-allow", "another-bucket")
+    refused(e, "s3://not-allowed-bucket/cloned/t.hlt", 403,
+            "is not in an object-store location this daemon allows (its --s3-allow options)")
+    refused(e, "s3://%s/elsewhere/t.hlt" % BUCKET, 403, "its --s3-allow options")
+    refused(e, "s3://Bad_Bucket/cloned/t.hlt", 400, "bad bucket name")
+    refused(e, "s3://%s" % BUCKET, 400, "names no key")
+    refused(e, "file:///etc/passwd", 400, "an absolute path or an s3://BUCKET/KEY URL")
+    # An allowed key that is not there: the store's answer, named.
+    refused(e, "s3://%s/cloned/missing.hlt" % BUCKET, 400, "s3://%s/cloned/missing.hlt" % BUCKET)
+    stop_daemon(e)
+    for args, words in ((["--cache-size", "lots"], "--cache-size 'lots': want bytes"),
+                        (["--cache-size", "0"], "--cache-size '0'"),
+                        (["--cache-dir", "rel/dir"], "must be absolute paths"),
+                        (["--s3-allow", "A_B"], "--s3-allow A_B: want BUCKET or BUCKET/PREFIX")):
+        r = subprocess.run([CLONED, "--socket", os.path.join(e.tmp, "x.sock"), "--state-dir",
+                            e.state, "--mem-dir", e.mem] + args, capture_output=True, text=True,
+                           timeout=30)
+        check(r.returncode == 2 and words in r.stderr, "%s: exit %d, %r" % (args, r.returncode, r.stderr))
+        log("  %s -> %s" % (" ".join(args), r.stderr.strip()))
+
+
+CASES = {"template": case_template, "refuse": case_refuse}
+
+
+def main():
+    if not BUCKET or not os.environ.get("AWS_ENDPOINT_URL"):
+        print("skip: no object store (run under tests/s3/run_with_store.sh)")
+        return 77
+    return tc.run_cases(CASES, __doc__, prefix="s3-")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
