@@ -17,7 +17,8 @@ the case skips (77).
   local template's "store" is null.
 - refuse: without --s3-allow an s3:// snapshot is refused naming the option;
   with one, another bucket, a key outside its prefix and a bad bucket name are
-  refused, each with its status and message; an unknown --cache-size and a
+  refused, each with its status and message, and a store that does not
+  answer is 502; an unknown --cache-size and a
   relative --cache-dir stop the daemon at start (exit 2).
 """
 import os
@@ -146,6 +147,15 @@ def case_refuse(e):
     refused(e, "file:///etc/passwd", 400, "an absolute path or an s3://BUCKET/KEY URL")
     # An allowed key that is not there: the store's answer, named.
     refused(e, "s3://%s/cloned/missing.hlt" % BUCKET, 400, "s3://%s/cloned/missing.hlt" % BUCKET)
+    stop_daemon(e)
+    # A store that does not answer (nothing listens on port 9): 502, said so.
+    endpoint = os.environ["AWS_ENDPOINT_URL"]
+    os.environ["AWS_ENDPOINT_URL"] = "http://127.0.0.1:9"
+    try:
+        e.start()
+    finally:
+        os.environ["AWS_ENDPOINT_URL"] = endpoint
+    refused(e, url, 502, "no answer from the object store")
     stop_daemon(e)
     for args, words in ((["--cache-size", "lots"], "--cache-size 'lots': want bytes"),
                         (["--cache-size", "0"], "--cache-size '0'"),

@@ -23,6 +23,7 @@
 #include <halite/format.h>
 
 #include "cloned.h"
+#include "s3.h"
 
 void tmpl_destroy(struct tmpl *tp)
 {
@@ -87,6 +88,31 @@ struct tmpl *tmpl_find(struct cloned *d, const char *id)
 	return NULL;
 }
 
+/*
+ * The HTTP status of a snapshot that did not open with @err: a file the
+ * reader refused is the request's fault (400), and so is an object that is
+ * not there; a store that failed to answer is 502, and the daemon's own
+ * S3 configuration or credentials (none, or refused) are 500.
+ */
+static unsigned open_status(int err)
+{
+	switch (-err) {
+	case HALITE_S3_E_URL:
+	case HALITE_S3_E_NO_SUCH_KEY:
+	case HALITE_S3_E_NO_SUCH_BUCKET:
+	case HALITE_S3_E_CHANGED:
+		return 400;
+	case HALITE_S3_E_STORE:
+	case HALITE_S3_E_NETWORK:
+	case HALITE_S3_E_PROTOCOL:
+		return 502;
+	case HALITE_S3_E_CONFIG:
+	case HALITE_S3_E_DENIED:
+		return 500;
+	}
+	return err <= -HALITE_E_BASE && err > -HALITE_E_STATE ? 400 : 500;
+}
+
 /* Whether @name is listed in the NUL-separated @list (qemu.device-ram). */
 static bool in_list(const char *list, uint32_t len, const char *name)
 {
@@ -108,6 +134,7 @@ static bool in_list(const char *list, uint32_t len, const char *name)
 static unsigned classify(struct tmpl *tp, char uuid[33], char *err, size_t errlen)
 {
 	const char *snapshot = tp->snapshot, *devram = NULL;
+	HALITE_OPTS(halite_reader_opts, ro);
 	const struct halite_file_info *fi;
 	uint32_t devram_len = 0;
 	char why[600];
@@ -116,10 +143,18 @@ static unsigned classify(struct tmpl *tp, char uuid[33], char *err, size_t errle
 	char path[64];
 	int ret;
 
-	ret = halite_reader_open(&r, snap_path(tp, path, sizeof(path)), NULL);
+	ro.errbuf = why;
+	ro.errbuf_len = sizeof(why);
+	why[0] = 0;
+	ret = halite_reader_open(&r, snap_path(tp, path, sizeof(path)), &ro);
+	if (ret && tp->s3 && why[0]) {
+		/* the store's own words (they name the URL): what failed and where */
+		snprintf(err, errlen, "snapshot %s", why);
+		return open_status(ret);
+	}
 	if (ret) {
 		snprintf(err, errlen, "snapshot %s: %s", snapshot, cl_errstr(ret));
-		return 400;
+		return tp->s3 ? open_status(ret) : 400;
 	}
 	fi = halite_reader_info(r);
 	for (int i = 0; i < 16; i++)
@@ -287,8 +322,7 @@ unsigned tmpl_open(struct cloned *d, struct tmpl *tp, bool reload, char *err, si
 	ret = halite_template_open(&tp->t, snap_path(tp, path, sizeof(path)), mem, &o);
 	if (ret) {
 		snprintf(err, errlen, "snapshot %s: %s", tp->snapshot, cl_errstr(ret));
-		/* the reader refused the file: the request's fault */
-		status = ret <= -HALITE_E_BASE && ret > -HALITE_E_STATE ? 400 : 500;
+		status = open_status(ret);
 		goto out;
 	}
 	ret = halite_template_region(tp->t, tp->region, &tp->region_offset, &tp->region_length);
