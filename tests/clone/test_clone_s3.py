@@ -16,7 +16,8 @@ the case skips (77).
   (hits == LBs, no miss, only the open's requests), and a clone is exact. A
   local template's "store" is null.
 - refuse: without --s3-allow an s3:// snapshot is refused naming the option;
-  with one, another bucket, a key outside its prefix and a bad bucket name are
+  with one, another bucket, a key outside its prefix, a bad bucket name and a
+  QEMU guest's snapshot (its clones take the file as a descriptor) are
   refused, each with its status and message, and a store that does not
   answer is 502; an unknown --cache-size and a
   relative --cache-dir stop the daemon at start (exit 2).
@@ -32,6 +33,7 @@ import test_clone as tc  # noqa: E402
 from test_clone import CLONED, INSPECT, Fail, check, log, stop_daemon  # noqa: E402
 
 BUCKET = os.environ.get("HALITE_TEST_BUCKET")
+META_SET = os.environ.get("HALITE_CLONE_META_SET_BIN")
 
 
 def push(e, snap, key):
@@ -145,6 +147,20 @@ def case_refuse(e):
     refused(e, "s3://Bad_Bucket/cloned/t.hlt", 400, "bad bucket name")
     refused(e, "s3://%s" % BUCKET, 400, "names no key")
     refused(e, "file:///etc/passwd", 400, "an absolute path or an s3://BUCKET/KEY URL")
+    # A QEMU guest's snapshot (qemu.* metadata, no synth.args): its clones would take
+    # the file as a descriptor, which an object has not; refused, saying where from.
+    img, plain, qsnap = (os.path.join(e.tmp, n) for n in ("q.img", "q-plain.hlt", "q.hlt"))
+    with open(img, "wb") as f:
+        f.write(os.urandom(4 << 20))
+    subprocess.run([INSPECT, "import", "--no-sync", img, "--region", "ram", "-o", plain,
+                    "--codec", "none"], check=True, stdout=subprocess.DEVNULL, timeout=60)
+    with open(img, "wb") as f:
+        f.write(b"-M q35")
+    r = subprocess.run([META_SET, plain, qsnap, "qemu.cmdline", img], capture_output=True,
+                       text=True, timeout=60)
+    check(r.returncode == 0, "clone_meta_set: %s" % r)
+    refused(e, push(e, qsnap, "cloned/q.hlt"), 400,
+            "is a QEMU guest's: QEMU templates are taken from a --snapshot-dir only")
     # An allowed key that is not there: the store's answer, named.
     refused(e, "s3://%s/cloned/missing.hlt" % BUCKET, 400, "s3://%s/cloned/missing.hlt" % BUCKET)
     stop_daemon(e)
