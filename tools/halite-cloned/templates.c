@@ -333,10 +333,21 @@ unsigned tmpl_open(struct cloned *d, struct tmpl *tp, bool reload, char *err, si
 		status = 400;
 		goto out;
 	}
+	fi = halite_reader_info(halite_template_reader(tp->t));
+	for (int i = 0; i < 16; i++)
+		snprintf(uuid + 2 * i, 3, "%02x", fi->uuid[i]);
+	if (strcmp(uuid, tp->uuid)) {
+		/* An object is opened twice (classify, the engine): replaced between the two. */
+		snprintf(err, errlen, "snapshot %s was replaced while it was opened: uuid %s, then "
+			 "%s (try again)", tp->snapshot, tp->uuid, uuid);
+		halite_template_free(tp->t);
+		tp->t = NULL;
+		status = 409;
+		goto out;
+	}
 	free(tp->hot_path);
 	tp->hot_path = hot; /* shown: the trace `halite-inspect relayout --trace` takes */
 	hot = NULL;
-	fi = halite_reader_info(halite_template_reader(tp->t));
 	tp->memory_bytes = fi->memory_bytes;
 	tp->stored_bytes = fi->stored_bytes;
 	tp->cache_need = fi->mb_stored * fi->mb_size;
