@@ -10,16 +10,16 @@ the case skips (77).
   s3://BUCKET/cloned/t.hlt; a daemon with --s3-allow BUCKET/cloned/ takes it by
   URL; 2 clones are exact; GET /templates/ID's "store" and the metrics agree,
   and every locality block came from the store once (misses == puts == LBs,
-  requests == the open's + the misses); the host's LB cache is
+  no hit, at most one request per LB besides the open's); the host's LB cache is
   STATE/lbcache, 0700, its files 0600. The template deleted and the daemon
   restarted on the same state: the same URL again takes every LB from the cache
-  (hits == LBs, no miss, only the open's requests), and a clone is exact. A
+  (hits == LBs, no miss, no put, only the open's 2-4 requests), and a clone is exact. A
   local template's "store" is null.
 - refuse: without --s3-allow an s3:// snapshot is refused naming the option;
   with one, another bucket, a key outside its prefix, a bad bucket name and a
   QEMU guest's snapshot (its clones take the file as a descriptor) are
   refused, each with its status and message, and a store that does not
-  answer is 502; an unknown --cache-size and a
+  answer is 502 naming the request; an unknown --cache-size and a
   relative --cache-dir stop the daemon at start (exit 2).
 """
 import os
@@ -97,8 +97,8 @@ def case_template(e):
     check(s is not None and s["cached"], "the template's store: %s" % s)
     check(lbs > 0 and s["cache_hits"] == 0 and s["cache_misses"] == lbs and s["cache_puts"] == lbs,
           "every LB of %d from the store once and kept: %s" % (lbs, s))
-    open_requests = s["requests"] - s["cache_misses"]
-    check(2 <= open_requests <= 4, "the open took %d requests: %s" % (open_requests, s))
+    # GETs of LBs that follow each other in the file may be one request: at most one per LB.
+    check(s["requests"] <= 4 + lbs, "%d requests to the store for %d LBs: %s" % (s["requests"], lbs, s))
     m = store_metrics(e, t["id"])
     for k, v in m.items():
         check(v == s[k], "metrics %s %s != GET's %s" % (k, v, s[k]))
@@ -128,10 +128,11 @@ def case_template(e):
     check(show["stats"]["lb_total"] == lbs, "LBs: %d, were %d" % (show["stats"]["lb_total"], lbs))
     check(s["cache_hits"] == lbs and s["cache_misses"] == 0 and s["cache_puts"] == 0,
           "after the restart, every LB from the cache: %s" % s)
-    check(s["requests"] == open_requests, "after the restart, %d requests to the store, want the "
-          "open's %d only" % (s["requests"], open_requests))
+    # The open's HEAD and two or three GETs (header, tail, sections) only.
+    check(2 <= s["requests"] <= 4, "after the restart, %d requests to the store, want the "
+          "open's only" % s["requests"])
     m = store_metrics(e, t["id"])
-    check(m["requests"] == open_requests and m["cache_hits"] == lbs and m["cache_misses"] == 0,
+    check(m["requests"] == s["requests"] and m["cache_hits"] == lbs and m["cache_misses"] == 0,
           "metrics after the restart: %s" % m)
 
 
@@ -164,14 +165,14 @@ def case_refuse(e):
     # An allowed key that is not there: the store's answer, named.
     refused(e, "s3://%s/cloned/missing.hlt" % BUCKET, 400, "s3://%s/cloned/missing.hlt" % BUCKET)
     stop_daemon(e)
-    # A store that does not answer (nothing listens on port 9): 502, said so.
+    # A store that does not answer (nothing listens on port 9): 502, the endpoint named.
     endpoint = os.environ["AWS_ENDPOINT_URL"]
     os.environ["AWS_ENDPOINT_URL"] = "http://127.0.0.1:9"
     try:
         e.start()
     finally:
         os.environ["AWS_ENDPOINT_URL"] = endpoint
-    refused(e, url, 502, "no answer from the object store")
+    refused(e, url, 502, "HEAD http://127.0.0.1:9/")
     stop_daemon(e)
     for args, words in ((["--cache-size", "lots"], "--cache-size 'lots': want bytes"),
                         (["--cache-size", "0"], "--cache-size '0'"),
