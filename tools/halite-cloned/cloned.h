@@ -44,6 +44,13 @@ struct snapdir {
 	int fd;			 /* O_PATH|O_DIRECTORY, opened at start */
 };
 
+/* An --s3-allow: objects s3://BUCKET/KEY whose KEY starts with @prefix (s3allow.c). */
+struct s3allow {
+	struct s3allow *next;
+	char *bucket;
+	char *prefix;		 /* "" allows the whole bucket */
+};
+
 struct cloned_opts {
 	const char *socket_path;
 	const char *listen;	 /* "127.0.0.1:PORT" or NULL */
@@ -61,6 +68,8 @@ struct cloned_opts {
 	uint64_t prefetch_rate;
 	uint32_t hot_window_ms;
 	uint64_t cache_max;	 /* --cache-max: 0 = no limit */
+	char *lbcache_dir;	 /* --cache-dir: the host's LB cache (STATE/lbcache) */
+	const char *lbcache_size; /* --cache-size, as given (checked); NULL: 8G */
 	int log_level;
 	/* clone confinement (confine.c) */
 	uint64_t clone_memory_max; /* --clone-memory-max: bytes, 0 none */
@@ -85,9 +94,10 @@ struct tmpl {
 	struct tmpl *next;
 	char id[CLONED_ID_LEN + 1];
 	enum tmpl_kind kind;
-	char *snapshot;
+	char *snapshot;		 /* an absolute path, or s3://BUCKET/KEY (@s3) */
+	bool s3;		 /* read from the object store: no descriptor, no QEMU clones */
 	int snap_fd;		 /* the snapshot, opened once; clones get this descriptor
-				    (0: not open) */
+				    (0: not open, and always for @s3) */
 	char uuid[33];		 /* the snapshot's file uuid, 32 hex digits ("" unknown) */
 	char *synth_args;	 /* the snapshot's synth.args (synthetic) */
 	/*
@@ -161,6 +171,7 @@ struct cloned {
 	struct tmpl *templates;
 	struct clone *clones;
 	struct snapdir *snapdirs; /* --snapshot-dir, in the order given */
+	struct s3allow *s3allow; /* --s3-allow */
 	int lock_fd;		 /* STATE/daemon.lock, flock()ed for the daemon's life */
 	uint64_t retry_due_ns;	 /* the monitor's next retry of unavailable templates */
 	struct ready_hist ready;
@@ -201,6 +212,13 @@ void snapdir_free_all(struct cloned *d);
 /* 0 and *@fd, or an HTTP status (403 outside every directory, 400 refused) with @err */
 unsigned snapdir_open(struct cloned *d, const char *path, int *fd, char *err, size_t errlen);
 
+/* s3allow.c: s3:// snapshots from the operator's --s3-allow locations only */
+bool s3allow_is_url(const char *snapshot); /* s3://... */
+int s3allow_add(struct cloned *d, const char *spec, char *err, size_t errlen);
+void s3allow_free_all(struct cloned *d);
+/* 0, or an HTTP status (403 not allowed, 400 a bad URL) with @err */
+unsigned s3allow_check(const struct cloned *d, const char *url, char *err, size_t errlen);
+
 /* templates.c */
 struct http_reply;
 void tmpl_create(struct cloned *d, const cJSON *body, struct http_reply *r);
@@ -210,6 +228,9 @@ struct tmpl *tmpl_find(struct cloned *d, const char *id); /* lock held */
 /* An engine message naming the snapshot, not the descriptor's /proc path. */
 void tmpl_engine_msg(const struct tmpl *tp, const char *msg, char *out, size_t len);
 cJSON *tmpl_json(struct tmpl *tp, bool detail);		  /* lock held */
+/* An s3:// template's store counters: false for a local file or one not open. */
+struct halite_store_stats;
+bool tmpl_store_stats(const struct tmpl *tp, struct halite_store_stats *st);
 void tmpl_list(struct cloned *d, struct http_reply *r);
 void tmpl_show(struct cloned *d, const char *id, struct http_reply *r);
 void tmpl_delete(struct cloned *d, const char *id, struct http_reply *r);

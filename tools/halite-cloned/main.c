@@ -72,6 +72,15 @@ static void usage(FILE *f)
 		"  --snapshot-dir DIR   snapshots are taken from here only (repeatable; a\n"
 		"                       directory of root's or this daemon's uid, writable by\n"
 		"                       no one else); without one, POST /templates is refused\n"
+		"  --s3-allow BUCKET[/PREFIX]  snapshots s3://BUCKET/KEY may be taken from\n"
+		"                       this bucket, keys starting with PREFIX (repeatable;\n"
+		"                       none: every s3:// snapshot is refused); read with this\n"
+		"                       daemon's AWS_* environment and ~/.aws\n"
+		"  --cache-dir DIR      the host's cache of locality blocks read from the\n"
+		"                       object store, shared with every restore on the host\n"
+		"                       and kept across restarts (STATE-DIR/lbcache)\n"
+		"  --cache-size SIZE    its bound, bytes or K/M/G; least recently used\n"
+		"                       blocks are dropped beyond (8G)\n"
 		"  --synth-bin PATH     halite-synth (next to this program, the build tree's,\n"
 		"                       else from PATH)\n"
 		"  --qemu-bin PATH      halite-qemu, for QEMU templates (the same way)\n"
@@ -492,6 +501,21 @@ static int prepare_dirs(struct cloned *d)
 		cl_log(d, HALITE_LOG_ERROR, "%s", err);
 		return -1;
 	}
+	/*
+	 * The host's LB cache: the engine opens it where it opens an s3://
+	 * object, from the environment (io_s3.c), so it is set here, before
+	 * any thread. Clones inherit it, as every reader on the host may share it.
+	 */
+	if (cl_own_dir(d->o.lbcache_dir, "--cache-dir", err, sizeof(err))) {
+		cl_log(d, HALITE_LOG_ERROR, "%s", err);
+		return -1;
+	}
+	if (setenv("HALITE_CACHE_DIR", d->o.lbcache_dir, 1) ||
+	    (d->o.lbcache_size && setenv("HALITE_CACHE_SIZE", d->o.lbcache_size, 1)) ||
+	    (!d->o.lbcache_size && unsetenv("HALITE_CACHE_SIZE"))) {
+		cl_log(d, HALITE_LOG_ERROR, "--cache-dir: %s", strerror(errno));
+		return -1;
+	}
 	if (statfs(d->o.mem_dir, &fs)) {
 		cl_log(d, HALITE_LOG_ERROR, "--mem-dir %s: %s", d->o.mem_dir, strerror(errno));
 		return -1;
@@ -608,7 +632,7 @@ static int qemu_confinement(struct cloned *d, char *msg, size_t len)
 enum { O_SOCKET = 256, O_LISTEN, O_STATE, O_MEM, O_SYNTH, O_QEMU, O_READERS, O_LAT,
        O_RATE, O_HOT, O_LOG, O_CACHE, O_CLONE_MEM, O_CLONE_CPU,
        O_QEMU_SYSTEM, O_CLONE_USER, O_QEMU_DIR, O_SNAPDIR, O_TOKEN, O_SOCKGROUP, O_ROUTES,
-       O_TLS_CERT, O_TLS_KEY, O_TLS_CA };
+       O_TLS_CERT, O_TLS_KEY, O_TLS_CA, O_S3_ALLOW, O_LBCACHE_DIR, O_LBCACHE_SIZE };
 
 /* What each option with a range takes, as the help says it. */
 static const char *want_of(int c)
@@ -618,6 +642,7 @@ static const char *want_of(int c)
 	case O_LAT: return "microseconds, 0 .. 10000000";
 	case O_RATE: return "bytes per second";
 	case O_CACHE: return "bytes, or a number with K, M or G";
+	case O_LBCACHE_SIZE: return "bytes, or a number with K, M or G; above 0";
 	case O_CLONE_MEM: return "bytes, or a number with K, M or G; at least 1M";
 	case O_CLONE_CPU: return "CPUs, 0.01 .. 1024";
 	case O_HOT: return "milliseconds, 0 .. 3600000";
@@ -641,6 +666,8 @@ int main(int argc, char **argv)
 		{ "clone-user", 1, 0, O_CLONE_USER },
 		{ "qemu-dir", 1, 0, O_QEMU_DIR },
 		{ "snapshot-dir", 1, 0, O_SNAPDIR },
+		{ "s3-allow", 1, 0, O_S3_ALLOW },
+		{ "cache-dir", 1, 0, O_LBCACHE_DIR }, { "cache-size", 1, 0, O_LBCACHE_SIZE },
 		{ "token-file", 1, 0, O_TOKEN },   { "socket-group", 1, 0, O_SOCKGROUP },
 		{ "list-routes", 0, 0, O_ROUTES }, { "tls-cert", 1, 0, O_TLS_CERT },
 		{ "tls-key", 1, 0, O_TLS_KEY },	   { "tls-client-ca", 1, 0, O_TLS_CA },
@@ -656,8 +683,8 @@ int main(int argc, char **argv)
 		.lock = PTHREAD_MUTEX_INITIALIZER,
 		.lock_fd = -1,
 	};
-	const char *snapdirs[16];
-	unsigned nsnapdirs = 0;
+	const char *snapdirs[16], *s3allows[16], *lbcache_dir = NULL;
+	unsigned nsnapdirs = 0, ns3allows = 0;
 	struct api *api = NULL;
 	struct sockaddr_storage ss;
 	struct rlimit rl;
@@ -691,6 +718,20 @@ int main(int argc, char **argv)
 				goto usage_err;
 			}
 			snapdirs[nsnapdirs++] = optarg;
+			break;
+		case O_S3_ALLOW:
+			if (ns3allows == sizeof(s3allows) / sizeof(s3allows[0])) {
+				snprintf(msg, sizeof(msg), "--s3-allow: at most %zu of them",
+					 sizeof(s3allows) / sizeof(s3allows[0]));
+				goto usage_err;
+			}
+			s3allows[ns3allows++] = optarg;
+			break;
+		case O_LBCACHE_DIR: lbcache_dir = optarg; break;
+		case O_LBCACHE_SIZE:
+			if (halite_parse_size(optarg, &v) || !v)
+				goto bad;
+			d.o.lbcache_size = optarg;
 			break;
 		case O_SYNTH: d.o.synth_bin = strdup(optarg); break;
 		case O_QEMU: d.o.qemu_bin = strdup(optarg); break;
@@ -776,8 +817,19 @@ int main(int argc, char **argv)
 			 argv[optind]);
 		goto usage_err;
 	}
-	if (d.o.mem_dir[0] != '/' || d.o.state_dir[0] != '/') {
-		snprintf(msg, sizeof(msg), "--state-dir and --mem-dir must be absolute paths");
+	if (d.o.mem_dir[0] != '/' || d.o.state_dir[0] != '/' ||
+	    (lbcache_dir && lbcache_dir[0] != '/')) {
+		snprintf(msg, sizeof(msg), "--state-dir, --mem-dir and --cache-dir must be "
+			 "absolute paths");
+		goto usage_err;
+	}
+	for (unsigned i = 0; i < ns3allows; i++)
+		if (s3allow_add(&d, s3allows[i], msg, sizeof(msg)))
+			goto usage_err;
+	d.o.lbcache_dir = lbcache_dir ? strdup(lbcache_dir) :
+			  cl_path(d.o.state_dir, "lbcache", NULL);
+	if (!d.o.lbcache_dir) {
+		snprintf(msg, sizeof(msg), "out of memory");
 		goto usage_err;
 	}
 	if (strlen(d.o.socket_path) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
@@ -928,6 +980,8 @@ int main(int argc, char **argv)
 	shutdown_registry(&d);
 	confine_fini(&d);
 	snapdir_free_all(&d);
+	s3allow_free_all(&d);
+	free(d.o.lbcache_dir);
 	if (d.lock_fd >= 0)
 		close(d.lock_fd);
 	free(d.o.token);
@@ -944,6 +998,8 @@ int main(int argc, char **argv)
 start_err:
 	confine_fini(&d);
 	snapdir_free_all(&d);
+	s3allow_free_all(&d);
+	free(d.o.lbcache_dir);
 	if (d.lock_fd >= 0)
 		close(d.lock_fd);
 	free(d.o.synth_bin);
@@ -959,6 +1015,8 @@ bad:
 		 want_of(c));
 usage_err:
 	fprintf(stderr, PROG ": %s\n", msg);
+	s3allow_free_all(&d);
+	free(d.o.lbcache_dir);
 	free(d.o.synth_bin);
 	free(d.o.qemu_bin);
 	return 2;

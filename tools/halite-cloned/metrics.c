@@ -2,13 +2,16 @@
 /*
  * halite-cloned: GET /metrics, the Prometheus text format 0.0.4. Clones by
  * state, the time-to-ready histogram, per template what its engine read,
- * decoded and holds, and the clones' faults by kind (clones deleted stay
- * counted: counters never go down while the daemon runs).
+ * decoded and holds (and, from an object store, what it asked of the store
+ * and of the host's LB cache), and the clones' faults by kind (clones
+ * deleted stay counted: counters never go down while the daemon runs).
  */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <halite/format.h>
 
 #include "cloned.h"
 
@@ -18,6 +21,48 @@ static const double ready_le[] = CLONED_READY_LE;
 static void head(FILE *f, const char *name, const char *type, const char *help)
 {
 	fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/*
+ * Per template read from an object store: its reader's requests and bytes
+ * from the store, and the host's LB cache's answers (lock held). A local
+ * template has none of these samples.
+ */
+static void store_families(FILE *f, struct cloned *d)
+{
+	static const struct {
+		const char *name, *help;
+	} fam[] = {
+		{ "halite_template_store_requests_total",
+		  "Requests sent to the object store for the template's snapshot, retries included." },
+		{ "halite_template_store_bytes_total", "Bytes received from the object store." },
+		{ "halite_template_store_cache_hits_total",
+		  "Locality blocks the host's LB cache answered." },
+		{ "halite_template_store_cache_misses_total",
+		  "Locality blocks the host's LB cache did not have (then read from the store)." },
+		{ "halite_template_store_cache_puts_total",
+		  "Locality blocks from the store kept in the host's LB cache." },
+	};
+
+	for (size_t k = 0; k < sizeof(fam) / sizeof(fam[0]); k++) {
+		head(f, fam[k].name, "counter", fam[k].help);
+		for (struct tmpl *tp = d->templates; tp; tp = tp->next) {
+			struct halite_store_stats st;
+			uint64_t v;
+
+			if (!tmpl_store_stats(tp, &st))
+				continue;
+			switch (k) {
+			case 0: v = st.requests; break;
+			case 1: v = st.bytes; break;
+			case 2: v = st.cache_hits; break;
+			case 3: v = st.cache_misses; break;
+			default: v = st.cache_puts; break;
+			}
+			fprintf(f, "%s{template=\"%s\"} %llu\n", fam[k].name, tp->id,
+				(unsigned long long)v);
+		}
+	}
 }
 
 char *metrics_render(struct cloned *d)
@@ -110,6 +155,7 @@ char *metrics_render(struct cloned *d)
 			fprintf(f, "%s{template=\"%s\"} %llu\n", fam[k].name, tp->id, v);
 		}
 	}
+	store_families(f, d);
 	pthread_mutex_unlock(&d->lock);
 	if (fclose(f)) {
 		free(text);

@@ -2,7 +2,9 @@
 /*
  * halite-cloned: templates. A template is a snapshot file opened with
  * halite_template_open() on its memory file MEM/ID.mem, with its hot set
- * at STATE/templates/ID.hot. What kind of guest a snapshot holds is read
+ * at STATE/templates/ID.hot. The snapshot is a file of a --snapshot-dir,
+ * or an object s3://BUCKET/KEY of an --s3-allow location, read through the
+ * host's LB cache (--cache-dir). What kind of guest a snapshot holds is read
  * from its metadata: `synth.args` (halite-synth save) is a synthetic guest
  * (clones: halite-synth clone), `qemu.*` (halite-qemu save) a QEMU guest
  * (clones: halite-qemu clone).
@@ -21,6 +23,7 @@
 #include <halite/format.h>
 
 #include "cloned.h"
+#include "s3.h"
 
 void tmpl_destroy(struct tmpl *tp)
 {
@@ -42,6 +45,19 @@ void tmpl_destroy(struct tmpl *tp)
 static void fd_path(const struct tmpl *tp, char *buf, size_t len)
 {
 	snprintf(buf, len, "/proc/self/fd/%d", tp->snap_fd);
+}
+
+/*
+ * What the reader and the engine open: an object's URL as checked (the
+ * object is pinned to its ETag by the reader, so it too stays the one
+ * checked), else the descriptor's path in @buf.
+ */
+static const char *snap_path(const struct tmpl *tp, char *buf, size_t len)
+{
+	if (tp->s3)
+		return tp->snapshot;
+	fd_path(tp, buf, len);
+	return buf;
 }
 
 /*
@@ -72,6 +88,31 @@ struct tmpl *tmpl_find(struct cloned *d, const char *id)
 	return NULL;
 }
 
+/*
+ * The HTTP status of a snapshot that did not open with @err: a file the
+ * reader refused is the request's fault (400), and so is an object that is
+ * not there; a store that failed to answer is 502, and the daemon's own
+ * S3 configuration or credentials (none, or refused) are 500.
+ */
+static unsigned open_status(int err)
+{
+	switch (-err) {
+	case HALITE_S3_E_URL:
+	case HALITE_S3_E_NO_SUCH_KEY:
+	case HALITE_S3_E_NO_SUCH_BUCKET:
+	case HALITE_S3_E_CHANGED:
+		return 400;
+	case HALITE_S3_E_STORE:
+	case HALITE_S3_E_NETWORK:
+	case HALITE_S3_E_PROTOCOL:
+		return 502;
+	case HALITE_S3_E_CONFIG:
+	case HALITE_S3_E_DENIED:
+		return 500;
+	}
+	return err <= -HALITE_E_BASE && err > -HALITE_E_STATE ? 400 : 500;
+}
+
 /* Whether @name is listed in the NUL-separated @list (qemu.device-ram). */
 static bool in_list(const char *list, uint32_t len, const char *name)
 {
@@ -93,6 +134,7 @@ static bool in_list(const char *list, uint32_t len, const char *name)
 static unsigned classify(struct tmpl *tp, char uuid[33], char *err, size_t errlen)
 {
 	const char *snapshot = tp->snapshot, *devram = NULL;
+	HALITE_OPTS(halite_reader_opts, ro);
 	const struct halite_file_info *fi;
 	uint32_t devram_len = 0;
 	char why[600];
@@ -101,11 +143,18 @@ static unsigned classify(struct tmpl *tp, char uuid[33], char *err, size_t errle
 	char path[64];
 	int ret;
 
-	fd_path(tp, path, sizeof(path));
-	ret = halite_reader_open(&r, path, NULL);
+	ro.errbuf = why;
+	ro.errbuf_len = sizeof(why);
+	why[0] = 0;
+	ret = halite_reader_open(&r, snap_path(tp, path, sizeof(path)), &ro);
+	if (ret && tp->s3 && why[0]) {
+		/* the store's own words (they name the URL): what failed and where */
+		snprintf(err, errlen, "snapshot %s", why);
+		return open_status(ret);
+	}
 	if (ret) {
 		snprintf(err, errlen, "snapshot %s: %s", snapshot, cl_errstr(ret));
-		return 400;
+		return tp->s3 ? open_status(ret) : 400;
 	}
 	fi = halite_reader_info(r);
 	for (int i = 0; i < 16; i++)
@@ -128,6 +177,13 @@ static unsigned classify(struct tmpl *tp, char uuid[33], char *err, size_t errle
 			devram = val;
 			devram_len = len;
 		}
+	}
+	if (!tp->synth_args && qemu && tp->s3) {
+		/* Its clones get the snapshot as a descriptor (fd 3): an object has none yet. */
+		snprintf(err, errlen, "snapshot %s is a QEMU guest's: QEMU templates are taken from "
+			 "a --snapshot-dir only (halite-inspect pull it there first)", snapshot);
+		halite_reader_free(r);
+		return 400;
 	}
 	if (!tp->synth_args && qemu) {
 		tp->kind = TMPL_QEMU;
@@ -224,7 +280,13 @@ unsigned tmpl_open(struct cloned *d, struct tmpl *tp, bool reload, char *err, si
 		snprintf(err, errlen, "out of memory");
 		goto out;
 	}
-	if (tp->snap_fd <= 0) {
+	tp->s3 = s3allow_is_url(tp->snapshot);
+	if (tp->s3) {
+		/* Checked at every open: a location the operator no longer allows is not read. */
+		status = s3allow_check(d, tp->snapshot, err, errlen);
+		if (status)
+			goto out;
+	} else if (tp->snap_fd <= 0) {
 		status = snapdir_open(d, tp->snapshot, &tp->snap_fd, err, errlen);
 		if (status)
 			goto out;
@@ -257,12 +319,10 @@ unsigned tmpl_open(struct cloned *d, struct tmpl *tp, bool reload, char *err, si
 			goto out;
 		}
 	}
-	fd_path(tp, path, sizeof(path));
-	ret = halite_template_open(&tp->t, path, mem, &o);
+	ret = halite_template_open(&tp->t, snap_path(tp, path, sizeof(path)), mem, &o);
 	if (ret) {
 		snprintf(err, errlen, "snapshot %s: %s", tp->snapshot, cl_errstr(ret));
-		/* the reader refused the file: the request's fault */
-		status = ret <= -HALITE_E_BASE && ret > -HALITE_E_STATE ? 400 : 500;
+		status = open_status(ret);
 		goto out;
 	}
 	ret = halite_template_region(tp->t, tp->region, &tp->region_offset, &tp->region_length);
@@ -273,10 +333,21 @@ unsigned tmpl_open(struct cloned *d, struct tmpl *tp, bool reload, char *err, si
 		status = 400;
 		goto out;
 	}
+	fi = halite_reader_info(halite_template_reader(tp->t));
+	for (int i = 0; i < 16; i++)
+		snprintf(uuid + 2 * i, 3, "%02x", fi->uuid[i]);
+	if (strcmp(uuid, tp->uuid)) {
+		/* An object is opened twice (classify, the engine): replaced between the two. */
+		snprintf(err, errlen, "snapshot %s was replaced while it was opened: uuid %s, then "
+			 "%s (try again)", tp->snapshot, tp->uuid, uuid);
+		halite_template_free(tp->t);
+		tp->t = NULL;
+		status = 409;
+		goto out;
+	}
 	free(tp->hot_path);
 	tp->hot_path = hot; /* shown: the trace `halite-inspect relayout --trace` takes */
 	hot = NULL;
-	fi = halite_reader_info(halite_template_reader(tp->t));
 	tp->memory_bytes = fi->memory_bytes;
 	tp->stored_bytes = fi->stored_bytes;
 	tp->cache_need = fi->mb_stored * fi->mb_size;
@@ -289,6 +360,38 @@ out:
 	free(mem);
 	free(hot);
 	return status;
+}
+
+bool tmpl_store_stats(const struct tmpl *tp, struct halite_store_stats *st)
+{
+	if (!tp->s3 || !tp->t)
+		return false;
+	halite_reader_store_stats(halite_template_reader(tp->t), st);
+	return true;
+}
+
+/* "store": what the template's reader asked of the object store and the host's LB cache. */
+static void store_json(cJSON *j, const struct tmpl *tp)
+{
+	struct halite_store_stats st;
+	cJSON *s;
+
+	if (!tmpl_store_stats(tp, &st)) {
+		cJSON_AddNullToObject(j, "store"); /* a local file, or not open */
+		return;
+	}
+	s = cJSON_AddObjectToObject(j, "store");
+	cJSON_AddNumberToObject(s, "requests", (double)st.requests);
+	cJSON_AddNumberToObject(s, "retries", (double)st.retries);
+	cJSON_AddNumberToObject(s, "bytes", (double)st.bytes);
+	cJSON_AddNumberToObject(s, "connects", (double)st.connects);
+	cJSON_AddBoolToObject(s, "cached", st.cached);
+	cJSON_AddNumberToObject(s, "cache_hits", (double)st.cache_hits);
+	cJSON_AddNumberToObject(s, "cache_misses", (double)st.cache_misses);
+	cJSON_AddNumberToObject(s, "cache_bytes_hit", (double)st.cache_bytes_hit);
+	cJSON_AddNumberToObject(s, "cache_puts", (double)st.cache_puts);
+	cJSON_AddNumberToObject(s, "cache_put_errors", (double)st.cache_put_errors);
+	cJSON_AddNumberToObject(s, "cache_evictions", (double)st.cache_evictions);
 }
 
 cJSON *tmpl_json(struct tmpl *tp, bool detail)
@@ -319,6 +422,7 @@ cJSON *tmpl_json(struct tmpl *tp, bool detail)
 	cJSON_AddNumberToObject(j, "cpu_max", tp->cpu_max);
 	if (!detail)
 		return j;
+	store_json(j, tp);
 	halite_template_stats(tp->t, &st);
 	cJSON *s = cJSON_AddObjectToObject(j, "stats");
 	cJSON_AddNumberToObject(s, "mb_total", (double)st.mb_total);
@@ -398,8 +502,10 @@ void tmpl_create(struct cloned *d, const cJSON *body, struct http_reply *r)
 					   "memory_max, cpu_max)", f->string);
 	if (!snap)
 		return reply_error(r, 400, "missing field 'snapshot' (an absolute path)");
-	if (!cJSON_IsString(snap) || snap->valuestring[0] != '/')
-		return reply_error(r, 400, "field 'snapshot' must be an absolute path (a string)");
+	if (!cJSON_IsString(snap) ||
+	    (snap->valuestring[0] != '/' && !s3allow_is_url(snap->valuestring)))
+		return reply_error(r, 400, "field 'snapshot' must be an absolute path or an "
+				   "s3://BUCKET/KEY URL (a string)");
 	if (hot && !cJSON_IsBool(hot))
 		return reply_error(r, 400, "field 'hotset' must be true or false");
 	/* its clones' limits unless their request says: applicable, or refused now */
@@ -416,7 +522,9 @@ void tmpl_create(struct cloned *d, const cJSON *body, struct http_reply *r)
 	tp->memory_max = memory_max;
 	tp->cpu_max = cpu_max;
 	/* Opened once, here: the checks below and the engine see this file only. */
-	status = snapdir_open(d, tp->snapshot, &tp->snap_fd, err, sizeof(err));
+	tp->s3 = s3allow_is_url(tp->snapshot);
+	status = tp->s3 ? s3allow_check(d, tp->snapshot, err, sizeof(err)) :
+		 snapdir_open(d, tp->snapshot, &tp->snap_fd, err, sizeof(err));
 	if (status) {
 		tmpl_destroy(tp);
 		return reply_error(r, status, "%s", err);

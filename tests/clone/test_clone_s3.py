@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""halite-cloned with templates read from an object store (issue 26).
+
+  test_clone_s3.py CASE    CASE: template, refuse
+
+Run under tests/s3/run_with_store.sh: a real S3 store (radosgw) is started and
+its AWS_ENDPOINT_URL, keys, region and HALITE_TEST_BUCKET exported; without them
+the case skips (77).
+- template: a synthetic snapshot pushed (halite-inspect push) to
+  s3://BUCKET/cloned/t.hlt; a daemon with --s3-allow BUCKET/cloned/ takes it by
+  URL; 2 clones are exact; GET /templates/ID's "store" and the metrics agree,
+  and every locality block came from the store once (misses == puts == LBs,
+  no hit, at most one request per LB besides the open's); the host's LB cache is
+  STATE/lbcache, 0700, its files 0600. The template deleted and the daemon
+  restarted on the same state: the same URL again takes every LB from the cache
+  (hits == LBs, no miss, no put, only the open's 2-4 requests), and a clone is exact. A
+  local template's "store" is null.
+- refuse: without --s3-allow an s3:// snapshot is refused naming the option;
+  with one, another bucket, a key outside its prefix, a bad bucket name and a
+  QEMU guest's snapshot (its clones take the file as a descriptor) are
+  refused, each with its status and message, and a store that does not
+  answer is 502 naming the request; an unknown --cache-size and a
+  relative --cache-dir stop the daemon at start (exit 2).
+"""
+import os
+import stat
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_clone as tc  # noqa: E402
+from test_clone import CLONED, INSPECT, Fail, check, log, stop_daemon  # noqa: E402
+
+BUCKET = os.environ.get("HALITE_TEST_BUCKET")
+META_SET = os.environ.get("HALITE_CLONE_META_SET_BIN")
+
+
+def push(e, snap, key):
+    url = "s3://%s/%s" % (BUCKET, key)
+    subprocess.run([INSPECT, "push", snap, url], check=True, stdout=subprocess.DEVNULL,
+                   timeout=120)
+    return url
+
+
+def refused(e, snapshot, want, words):
+    st, j = e.req("POST", "/templates", {"snapshot": snapshot, "hotset": False})
+    check(st == want, "POST %s: %s, wanted %d: %s" % (snapshot, st, want, j))
+    check(words in j.get("error", ""), "POST %s: error %r does not say %r" % (snapshot, j, words))
+    log("  %s -> %d %s" % (snapshot, st, j["error"]))
+
+
+def wait_complete(e, tid, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        t = e.ok("GET", "/templates/" + tid)
+        if t["stats"]["complete"]:
+            return t
+        check(not t["stats"]["error"], "template %s: %s" % (tid, t["stats"]["error"]))
+        time.sleep(0.1)
+    raise Fail("template %s not complete after %d s" % (tid, timeout))
+
+
+def store_metrics(e, tid):
+    st, text = e.req("GET", "/metrics")
+    check(st == 200, "GET /metrics: %s" % st)
+    m = tc.parse_metrics(text)
+    lab = (("template", tid),)
+    out = {}
+    for k in ("requests", "bytes", "cache_hits", "cache_misses", "cache_puts"):
+        name = "halite_template_store_%s_total" % k
+        check((name, lab) in m, "metrics lack %s{template=%s}" % (name, tid))
+        out[k] = m[(name, lab)]
+    return out
+
+
+def case_template(e):
+    e.start("--s3-allow", BUCKET + "/cloned/")
+    snap = e.snapshot()
+    want = e.extract(snap)
+    url = push(e, snap, "cloned/t.hlt")
+
+    # A local template: no store.
+    local = e.template(snap, hotset=False)
+    check(e.ok("GET", "/templates/" + local["id"])["store"] is None, "a local template's store is not null")
+    e.ok("DELETE", "/templates/" + local["id"])
+
+    t = e.template(url, hotset=False)
+    check(t["snapshot"] == url and t["kind"] == "synthetic", "template: %s" % t)
+    ids = e.clones(t["id"], 2, pattern="random")
+    for cid in ids:
+        e.wait_state(cid, ("done",))
+        e.check_exact(cid, want)
+    show = wait_complete(e, t["id"])
+    s, lbs = show["store"], show["stats"]["lb_total"]
+    log("  first: %d LBs, store %s" % (lbs, s))
+    check(s is not None and s["cached"], "the template's store: %s" % s)
+    check(lbs > 0 and s["cache_hits"] == 0 and s["cache_misses"] == lbs and s["cache_puts"] == lbs,
+          "every LB of %d from the store once and kept: %s" % (lbs, s))
+    # GETs of LBs that follow each other in the file may be one request: at most one per LB.
+    check(s["requests"] <= 4 + lbs, "%d requests to the store for %d LBs: %s" % (s["requests"], lbs, s))
+    m = store_metrics(e, t["id"])
+    for k, v in m.items():
+        check(v == s[k], "metrics %s %s != GET's %s" % (k, v, s[k]))
+
+    cache = os.path.join(e.state, "lbcache")
+    st = os.stat(cache)
+    check(stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o700,
+          "%s: mode %o" % (cache, stat.S_IMODE(st.st_mode)))
+    for root, _, files in os.walk(cache):
+        for f in files:
+            mode = stat.S_IMODE(os.stat(os.path.join(root, f)).st_mode)
+            check(mode & 0o077 == 0, "%s: mode %o" % (os.path.join(root, f), mode))
+
+    # A restarted daemon, the template made again: every LB from the host's cache.
+    for cid in ids:
+        e.ok("DELETE", "/clones/" + cid)
+    e.ok("DELETE", "/templates/" + t["id"])
+    stop_daemon(e)
+    e.start()
+    t = e.template(url, hotset=False)
+    cid = e.clones(t["id"], 1, pattern="random")[0]
+    e.wait_state(cid, ("done",))
+    e.check_exact(cid, want)
+    show = wait_complete(e, t["id"])
+    s = show["store"]
+    log("  again: %d LBs, store %s" % (show["stats"]["lb_total"], s))
+    check(show["stats"]["lb_total"] == lbs, "LBs: %d, were %d" % (show["stats"]["lb_total"], lbs))
+    check(s["cache_hits"] == lbs and s["cache_misses"] == 0 and s["cache_puts"] == 0,
+          "after the restart, every LB from the cache: %s" % s)
+    # The open's HEAD and two or three GETs (header, tail, sections) only.
+    check(2 <= s["requests"] <= 4, "after the restart, %d requests to the store, want the "
+          "open's only" % s["requests"])
+    m = store_metrics(e, t["id"])
+    check(m["requests"] == s["requests"] and m["cache_hits"] == lbs and m["cache_misses"] == 0,
+          "metrics after the restart: %s" % m)
+
+
+def case_refuse(e):
+    e.start()
+    url = "s3://%s/cloned/t.hlt" % BUCKET
+    refused(e, url, 403, "--s3-allow BUCKET[/PREFIX]")
+    stop_daemon(e)
+    e.start("--s3-allow", BUCKET + "/cloned/", "--s3-allow", "another-bucket")
+    refused(e, "s3://not-allowed-bucket/cloned/t.hlt", 403,
+            "is not in an object-store location this daemon allows (its --s3-allow options)")
+    refused(e, "s3://%s/elsewhere/t.hlt" % BUCKET, 403, "its --s3-allow options")
+    refused(e, "s3://Bad_Bucket/cloned/t.hlt", 400, "bad bucket name")
+    refused(e, "s3://%s" % BUCKET, 400, "names no key")
+    refused(e, "file:///etc/passwd", 400, "an absolute path or an s3://BUCKET/KEY URL")
+    # A QEMU guest's snapshot (qemu.* metadata, no synth.args): its clones would take
+    # the file as a descriptor, which an object has not; refused, saying where from.
+    img, plain, qsnap = (os.path.join(e.tmp, n) for n in ("q.img", "q-plain.hlt", "q.hlt"))
+    with open(img, "wb") as f:
+        f.write(os.urandom(4 << 20))
+    subprocess.run([INSPECT, "import", "--no-sync", img, "--region", "ram", "-o", plain,
+                    "--codec", "none"], check=True, stdout=subprocess.DEVNULL, timeout=60)
+    with open(img, "wb") as f:
+        f.write(b"-M q35")
+    r = subprocess.run([META_SET, plain, qsnap, "qemu.cmdline", img], capture_output=True,
+                       text=True, timeout=60)
+    check(r.returncode == 0, "clone_meta_set: %s" % r)
+    refused(e, push(e, qsnap, "cloned/q.hlt"), 400,
+            "is a QEMU guest's: QEMU templates are taken from a --snapshot-dir only")
+    # An allowed key that is not there: the store's answer, named.
+    refused(e, "s3://%s/cloned/missing.hlt" % BUCKET, 400, "s3://%s/cloned/missing.hlt" % BUCKET)
+    stop_daemon(e)
+    # A store that does not answer (nothing listens on port 9): 502, the endpoint named.
+    endpoint = os.environ["AWS_ENDPOINT_URL"]
+    os.environ["AWS_ENDPOINT_URL"] = "http://127.0.0.1:9"
+    try:
+        e.start()
+    finally:
+        os.environ["AWS_ENDPOINT_URL"] = endpoint
+    refused(e, url, 502, "HEAD http://127.0.0.1:9/")
+    stop_daemon(e)
+    for args, words in ((["--cache-size", "lots"], "--cache-size 'lots': want bytes"),
+                        (["--cache-size", "0"], "--cache-size '0'"),
+                        (["--cache-dir", "rel/dir"], "must be absolute paths"),
+                        (["--s3-allow", "A_B"], "--s3-allow A_B: want BUCKET or BUCKET/PREFIX")):
+        r = subprocess.run([CLONED, "--socket", os.path.join(e.tmp, "x.sock"), "--state-dir",
+                            e.state, "--mem-dir", e.mem] + args, capture_output=True, text=True,
+                           timeout=30)
+        check(r.returncode == 2 and words in r.stderr, "%s: exit %d, %r" % (args, r.returncode, r.stderr))
+        log("  %s -> %s" % (" ".join(args), r.stderr.strip()))
+
+
+CASES = {"template": case_template, "refuse": case_refuse}
+
+
+def main():
+    if not BUCKET or not os.environ.get("AWS_ENDPOINT_URL"):
+        print("skip: no object store (run under tests/s3/run_with_store.sh)")
+        return 77
+    return tc.run_cases(CASES, __doc__, prefix="s3-")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
