@@ -91,6 +91,12 @@ def case_template(e):
     for cid in ids:
         e.wait_state(cid, ("done",))
         e.check_exact(cid, want)
+        # The store's credentials and the cache are the daemon's: not in a clone's environment.
+        pid = e.ok("GET", "/clones/" + cid)["pid"]
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            env = [v.split(b"=", 1)[0].decode() for v in f.read().split(b"\0") if v]
+        leaked = [k for k in env if k.startswith(("AWS_", "HALITE_S3_", "HALITE_CACHE_"))]
+        check(not leaked and "PATH" in env, "clone %s's environment: %s" % (cid, leaked or env))
     show = wait_complete(e, t["id"])
     s, lbs = show["store"], show["stats"]["lb_total"]
     log("  first: %d LBs, store %s" % (lbs, s))

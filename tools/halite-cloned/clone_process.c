@@ -47,6 +47,34 @@ void clone_refresh(struct clone *c)
 }
 
 /* Is the process still the clone we started? Reaps our own children. */
+
+/*
+ * The daemon's environment for a clone, without what is the daemon's only:
+ * the object store's credentials and settings (AWS_*, HALITE_S3_*) and the
+ * host's LB cache (HALITE_CACHE_*). A clone reads no snapshot: it gets its
+ * memory from the daemon. NULL on ENOMEM; the strings are environ's.
+ */
+static char **clone_environ(void)
+{
+	static const char *const drop[] = { "AWS_", "HALITE_S3_", "HALITE_CACHE_" };
+	size_t n = 0, k = 0;
+	char **env;
+
+	while (environ[n])
+		n++;
+	env = calloc(n + 1, sizeof(*env));
+	if (!env)
+		return NULL;
+	for (size_t i = 0; i < n; i++) {
+		bool keep = true;
+
+		for (size_t j = 0; j < sizeof(drop) / sizeof(drop[0]) && keep; j++)
+			keep = strncmp(environ[i], drop[j], strlen(drop[j])) != 0;
+		if (keep)
+			env[k++] = environ[i];
+	}
+	return env;
+}
 static bool clone_alive(struct cloned *d, struct clone *c)
 {
 	uint64_t st;
@@ -104,6 +132,7 @@ int clone_spawn(struct cloned *d, struct clone *c, const char *dir, const char *
 	int argc = 0, p[2] = { -1, -1 }, ret = -ENOMEM;
 	posix_spawn_file_actions_t fa;
 	posix_spawnattr_t at;
+	char **env;
 	sigset_t none;
 	uint64_t st;
 	pid_t pid;
@@ -200,7 +229,9 @@ spawn:
 	sigemptyset(&none);
 	posix_spawnattr_setsigmask(&at, &none);
 	posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK);
-	ret = -posix_spawn(&pid, bin, &fa, &at, argv, environ);
+	env = clone_environ();
+	ret = env ? -posix_spawn(&pid, bin, &fa, &at, argv, env) : -ENOMEM;
+	free(env);
 	posix_spawn_file_actions_destroy(&fa);
 	posix_spawnattr_destroy(&at);
 	close(p[1]);
