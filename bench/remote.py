@@ -36,11 +36,12 @@ import os
 import platform
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
+
+import s3_proxy  # bench/s3_proxy.py: its control() client
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STORE_VARS = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
@@ -128,11 +129,7 @@ class Proxy:
         self.endpoint, self.ctl = info["endpoint"], info["control"]
 
     def cmd(self, line):
-        with socket.socket(socket.AF_UNIX) as s:
-            s.settimeout(10)
-            s.connect(self.ctl)
-            s.sendall(line.encode() + b"\n")
-            ans = json.loads(s.makefile().readline())
+        ans = s3_proxy.control(self.ctl, line)
         if "error" in ans:
             raise Failed(f"proxy {line}: {ans['error']}")
         return ans

@@ -285,5 +285,15 @@ def main():
     return 0
 
 
+def control(path, line, timeout=10):
+    """One command to a running proxy's control socket: its answer, a dict
+    ({"error": ...} when it refused). For bench/remote.py and the tests."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(timeout)
+        s.connect(path)
+        s.sendall(line.encode() + b"\n")
+        return json.loads(s.makefile().readline())
+
+
 if __name__ == "__main__":
     sys.exit(main())

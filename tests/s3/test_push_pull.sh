@@ -12,17 +12,8 @@ set -uo pipefail
 
 HI=${1:?usage: test_push_pull.sh HALITE_INSPECT SOURCE_DIR}
 ROOT=${2:?}
-# Keys under a prefix of this run's own: a bucket used before holds nothing it reads.
-B=${HALITE_TEST_BUCKET:?run under run_with_store.sh}/run-$$-$RANDOM
-SEED=${HALITE_TEST_SEED:-$(od -An -N2 -tu2 /dev/urandom | tr -d ' ')}
-echo "seed $SEED (HALITE_TEST_SEED)"
-command -v python3 >/dev/null || { echo "SKIP: needs python3"; exit 77; }
-# The inspect tests' helpers: $T (removed at exit), fail, expect, js, eq, gen.
-. "$ROOT/tests/inspect/lib.sh" "$HI" python3 "$ROOT/tests/inspect"
-
-has() { # FILE TEXT
-	grep -qF -- "$2" "$1" || { cat "$1" >&2; fail "$1 lacks '$2'"; }
-}
+# B, SEED, the inspect tests' helpers and has(): tests/s3/lib.sh.
+. "$ROOT/tests/s3/lib.sh" "$HI" "$ROOT" run
 
 # A snapshot of 26 MiB of incompressible pages, stored uncompressed: 6 parts
 # of 5 MiB, the least a store takes (a last one short).

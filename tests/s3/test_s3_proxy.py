@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,8 @@ import time
 
 SRC = sys.argv[1]
 PROXY = os.path.join(SRC, "bench", "s3_proxy.py")
+sys.path.insert(0, os.path.dirname(PROXY))
+import s3_proxy  # noqa: E402  (its control() client; the proxy itself runs as PROXY)
 ENV = os.environ
 REGION = ENV.get("AWS_REGION", "us-east-1")
 RTT = 0.020
@@ -92,11 +93,7 @@ class Proxy:
         check(os.stat(self.ctl).st_mode & 0o777 == 0o600, "the control socket is not 0600")
 
     def cmd(self, line):
-        with socket.socket(socket.AF_UNIX) as s:
-            s.settimeout(10)
-            s.connect(self.ctl)
-            s.sendall(line.encode() + b"\n")
-            ans = json.loads(s.makefile().readline())
+        ans = s3_proxy.control(self.ctl, line)
         check("error" not in ans, f"proxy {line}: {ans}")
         return ans
 

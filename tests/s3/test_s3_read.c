@@ -80,12 +80,13 @@ static void sleep_ms(unsigned ms)
 /* A synthetic guest, saved by the save engine to @path: its memory at the snapshot instant. */
 static uint8_t *make_snapshot(const char *path, struct synth_opts *base, uint64_t *mem_bytes)
 {
-	struct synth_opts so = *base;
 	HALITE_OPTS(halite_save_opts, o);
+	struct synth_opts so = *base;
+	struct halite_root roots[NV];
+	struct halite_save_region reg;
 	struct synth_guest *g;
 	struct synth_info info;
 	struct halite_save *s;
-	struct halite_save_region reg;
 	pid_t tids[NV];
 	uint8_t *snap;
 	int ret;
@@ -102,11 +103,13 @@ static uint8_t *make_snapshot(const char *path, struct synth_opts *base, uint64_
 	reg = (struct halite_save_region){ SYNTH_REGION_NAME, 0, info.mem_bytes,
 					   (uintptr_t)info.host_addr, HALITE_MEM_SHARED, info.memfd,
 					   0 };
+	/* Each vCPU's thread (its faults' stream) and page-table root (the walk's start). */
 	for (unsigned v = 0; v < NV; v++) {
 		struct synth_vcpu_info vi;
 
 		CHECK(!synth_vcpu_info(g, v, &vi), "vcpu info");
 		tids[v] = vi.tid;
+		roots[v] = (struct halite_root){ v, vi.paging_levels, vi.cr3 };
 	}
 	o.flags = HALITE_SAVE_NO_SYNC;
 	o.vcpu_tids = tids;
@@ -114,14 +117,8 @@ static uint8_t *make_snapshot(const char *path, struct synth_opts *base, uint64_
 	o.workers = 2;
 	ret = halite_save_create(&s, path, &reg, 1, &o);
 	CHECK(!ret, "save_create: %s", halite_strerror(ret));
-	for (unsigned v = 0; v < NV; v++) {
-		struct synth_vcpu_info vi;
-		struct halite_root root;
-
-		CHECK(!synth_vcpu_info(g, v, &vi), "vcpu info");
-		root = (struct halite_root){ v, vi.paging_levels, vi.cr3 };
-		CHECK(!halite_save_add_root(s, &root), "add_root");
-	}
+	for (unsigned v = 0; v < NV; v++)
+		CHECK(!halite_save_add_root(s, &roots[v]), "add_root");
 	CHECK(!halite_save_arm(s), "arm");
 	CHECK(!synth_resume(g), "resume");
 	ret = halite_save_wait(s, WAIT_MS);

@@ -11,16 +11,8 @@ set -uo pipefail
 
 HI=${1:?usage: test_s3_read_inspect.sh HALITE_INSPECT SOURCE_DIR}
 ROOT=${2:?}
-B=${HALITE_TEST_BUCKET:?run under run_with_store.sh}/s3read-$$-$RANDOM
-SEED=${HALITE_TEST_SEED:-$(od -An -N2 -tu2 /dev/urandom | tr -d ' ')}
-echo "seed $SEED (HALITE_TEST_SEED)"
-command -v python3 >/dev/null || { echo "SKIP: needs python3"; exit 77; }
-# The inspect tests' helpers: $T (removed at exit), fail, expect, js, eq, gen.
-. "$ROOT/tests/inspect/lib.sh" "$HI" python3 "$ROOT/tests/inspect"
-
-has() { # FILE TEXT
-	grep -qF -- "$2" "$1" || { cat "$1" >&2; fail "$1 lacks '$2'"; }
-}
+# B, SEED, the inspect tests' helpers and has(): tests/s3/lib.sh.
+. "$ROOT/tests/s3/lib.sh" "$HI" "$ROOT" s3read
 
 # Two regions, compressed, a few hundred LBs: sections below the tail too.
 gen --out "$T/a" --pages 3000 --seed "$SEED" --layout r || fail "generator"

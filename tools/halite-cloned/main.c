@@ -651,6 +651,27 @@ static const char *want_of(int c)
 	}
 }
 
+/* What the daemon holds besides its registry: its confinement, lists, lock and options. */
+static void daemon_free(struct cloned *d)
+{
+	confine_fini(d);
+	snapdir_free_all(d);
+	s3allow_free_all(d);
+	free(d->o.lbcache_dir);
+	if (d->lock_fd >= 0)
+		close(d->lock_fd);
+	free(d->o.token);
+	free(d->o.tls_cert);
+	free(d->o.tls_ca);
+	if (d->o.tls_key)
+		explicit_bzero(d->o.tls_key, strlen(d->o.tls_key));
+	free(d->o.tls_key);
+	free(d->o.synth_bin);
+	free(d->o.qemu_bin);
+	free(d->o.qemu_system);
+	free(d->o.qemu_dirs);
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option lo[] = {
@@ -978,34 +999,10 @@ int main(int argc, char **argv)
 	if (!clean)
 		return 0;
 	shutdown_registry(&d);
-	confine_fini(&d);
-	snapdir_free_all(&d);
-	s3allow_free_all(&d);
-	free(d.o.lbcache_dir);
-	if (d.lock_fd >= 0)
-		close(d.lock_fd);
-	free(d.o.token);
-	free(d.o.tls_cert);
-	free(d.o.tls_ca);
-	if (d.o.tls_key)
-		explicit_bzero(d.o.tls_key, strlen(d.o.tls_key));
-	free(d.o.tls_key);
-	free(d.o.synth_bin);
-	free(d.o.qemu_bin);
-	free(d.o.qemu_system);
-	free(d.o.qemu_dirs);
+	daemon_free(&d);
 	return 0;
 start_err:
-	confine_fini(&d);
-	snapdir_free_all(&d);
-	s3allow_free_all(&d);
-	free(d.o.lbcache_dir);
-	if (d.lock_fd >= 0)
-		close(d.lock_fd);
-	free(d.o.synth_bin);
-	free(d.o.qemu_bin);
-	free(d.o.qemu_system);
-	free(d.o.qemu_dirs);
+	daemon_free(&d);
 	return 1;
 bad:
 	/* The table is not in the enum's order: its name by its value. */
