@@ -34,12 +34,11 @@
  * backoff and jitter (docs/object-store.md); what reaches a caller here
  * is final.
  *
- * A host-level cache of LBs goes in io_s3_get(): every byte read from an
- * object passes there (synchronous reads, kept ranges, the workers'
- * asynchronous reads), and the reads of LBs are LB-sized and LB-aligned
- * from the file's data offset. Keyed by the snapshot's uuid (the reader
- * knows it after open and would hand it to the object) and the offset, it
- * would answer before the store. There is none yet.
+ * The host's LB cache (lbcache.h, HALITE_CACHE_DIR): every read of an
+ * object's data asks it first and keeps a whole answer there (io_s3_get(),
+ * run_get()), keyed by the snapshot's uuid once the reader has named it
+ * (halite_io_cache_key()) and the offset. The reads at open come before
+ * the uuid is known and always go to the store.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -300,6 +299,19 @@ static int64_t io_s3_fetch(struct s3_obj *o, void *buf, size_t len, uint64_t off
 	return n;
 }
 
+/* Whether the cache may answer and keep reads now: one is named and keyed. */
+static bool cache_on(struct s3_obj *o)
+{
+	return o->cache && atomic_load(&o->keyed);
+}
+
+/* @len bytes at @off from the cache: true on a hit. */
+static bool cache_hit(struct s3_obj *o, void *buf, size_t len, uint64_t off)
+{
+	return cache_on(o) && off + len <= o->head.size &&
+	       halite_lbcache_get(o->cache, o->uuid, off, buf, len) == 1;
+}
+
 /* A whole answer into the cache. The read stands whatever the cache says. */
 static void cache_keep(struct s3_obj *o, uint64_t off, const void *buf, size_t len)
 {
@@ -319,16 +331,14 @@ static void cache_keep(struct s3_obj *o, uint64_t off, const void *buf, size_t l
  */
 static int64_t io_s3_get(struct s3_obj *o, void *buf, size_t len, uint64_t off)
 {
-	bool cached = o->cache && atomic_load(&o->keyed);
 	int64_t n;
 
 	if (off >= o->head.size)
 		return 0;
-	if (cached && off + len <= o->head.size &&
-	    halite_lbcache_get(o->cache, o->uuid, off, buf, len) == 1)
+	if (cache_hit(o, buf, len, off))
 		return (int64_t)len;
 	n = io_s3_fetch(o, buf, len, off);
-	if (cached && n == (int64_t)len)
+	if (cache_on(o) && n == (int64_t)len)
 		cache_keep(o, off, buf, len);
 	return n;
 }
@@ -434,7 +444,6 @@ static void take_run(struct io_s3 *x, struct io_req *first)
 static void run_get(struct s3_obj *o, struct io_req *run)
 {
 	struct io_req *r, *lo = NULL, *hi = NULL;
-	bool cached = o->cache && atomic_load(&o->keyed);
 	uint64_t span;
 	uint8_t *buf;
 	int64_t n;
@@ -446,8 +455,7 @@ static void run_get(struct s3_obj *o, struct io_req *run)
 	}
 	for (r = run; r; r = r->next) {
 		r->res = -1;
-		if (cached && r->off + r->len <= o->head.size &&
-		    halite_lbcache_get(o->cache, o->uuid, r->off, r->buf, r->len) == 1) {
+		if (cache_hit(o, r->buf, r->len, r->off)) {
 			r->res = (int64_t)r->len;
 			continue;
 		}
@@ -473,7 +481,7 @@ static void run_get(struct s3_obj *o, struct io_req *run)
 		} else {
 			r->res = (int64_t)HALITE_MIN((uint64_t)n - at, r->len);
 			memcpy(r->buf, buf + at, (size_t)r->res);
-			if (cached && (size_t)r->res == r->len)
+			if (cache_on(o) && (size_t)r->res == r->len)
 				cache_keep(o, r->off, r->buf, r->len);
 		}
 	}
