@@ -57,7 +57,8 @@ static uint32_t src_hold(void *ctx)
 
 	if (atomic_load(&r->learning))
 		return LEARN_NAP_US;
-	if (atomic_load(&r->lbs_cached) >= (uint64_t)PREFETCH_BACKLOG_PER_QD * r->o.queue_depth)
+	/* The source's depth: an object's is deeper (source.c). */
+	if (atomic_load(&r->lbs_cached) >= (uint64_t)PREFETCH_BACKLOG_PER_QD * r->src.o.queue_depth)
 		return BACKLOG_NAP_US;
 	return 0;
 }

@@ -22,6 +22,22 @@
 
 #define ULL(x) ((unsigned long long)(x))
 
+/*
+ * An object's reads (read_span()) cover this many bytes of LBs at most: at
+ * tens of milliseconds a round trip, 512 KiB is a small part of one at a
+ * store's usual bandwidth per connection, and the prefetcher's GETs stay
+ * the larger ones (S3_COALESCE_MAX).
+ */
+#define SRC_OBJECT_SPAN (512u << 10)
+#define SRC_SPAN_MAX 64u
+/*
+ * An object's prefetcher keeps this many bytes of LBs queued at least: the
+ * S3 backend's workers coalesce queued LBs that follow each other into
+ * GETs of up to 1 MiB, 8 in flight (io_s3.c), so a queue of 8 LBs of
+ * 64 KiB would make one GET at a time.
+ */
+#define SRC_OBJECT_QUEUED (8u << 20)
+
 int src_read_lb(struct halite_reader *rd, uint64_t lb, void *buf, _Atomic uint64_t *bytes_read)
 {
 	int ret = halite_reader_read_lb(rd, lb, buf);
@@ -219,6 +235,113 @@ static uint64_t ra_take(struct src *s)
 	return UINT64_MAX;
 }
 
+/* @lb (READING, ours) read alone, again on failure: landed as @how, or FAILED. */
+static void read_one(struct src *s, uint64_t lb, uint8_t *buf, int how, uint8_t *tmp)
+{
+	unsigned reads;
+	int ret = src_read_lb_retrying(s, lb, buf, &reads);
+
+	if (ret) {
+		halite_reader_free_lb(buf);
+		src_lb_failed(s, lb, ret, reads);
+		return;
+	}
+	src_land(s, lb, buf, how, tmp);
+}
+
+/*
+ * Under lk, for a read of @lb from an object: @lb, then the LBs that follow
+ * it in the file while nobody reads them (now READING, ours), at most
+ * s->span in all, into @lbs. How many.
+ */
+static unsigned span_claim(struct src *s, uint64_t lb, uint64_t *lbs)
+{
+	unsigned n = 1;
+
+	lbs[0] = lb;
+	while (n < s->span && lb + n < s->lb_total && atomic_load(&s->st[lb + n]) == LB_IDLE) {
+		atomic_store(&s->st[lb + n], LB_READING);
+		lbs[n] = lb + n;
+		n++;
+	}
+	return n;
+}
+
+/* LBs of a span read that did not come in: to the demand queue, read alone by any reader. */
+static void span_requeue(struct src *s, const uint64_t *lbs, unsigned n, uint8_t *tmp)
+{
+	unsigned queued = 0;
+
+	for (unsigned i = 0; i < n; i++) {
+		uint8_t *buf;
+		int ret;
+
+		pthread_mutex_lock(&s->lk);
+		ret = src_queue_push(s, lbs[i]);
+		pthread_mutex_unlock(&s->lk);
+		if (!ret) {
+			queued++;
+			continue;
+		}
+		/* No room to queue it: read it here. */
+		buf = halite_reader_alloc_lb(s->rd);
+		if (buf)
+			read_one(s, lbs[i], buf, SRC_PREFETCH, tmp);
+		else
+			src_error(s, -ENOMEM, "a read buffer");
+	}
+	src_wake(s, queued);
+}
+
+/*
+ * @lb (READING, ours) from an object, with the LBs after it that nobody
+ * reads yet, in one request (halite_io_read_run()): a store's round trip
+ * costs what tens of LBs' bytes do, and the LBs beside one in the file
+ * were saved at the same time, so the guest wants them next (the
+ * locality the file is laid out for). @lb lands as @how, first; the others
+ * as prefetched. Any that does not verify, and all after a failed request,
+ * are read alone (@lb here, the others queued), as any LB is.
+ */
+static void read_span(struct src *s, uint64_t lb, uint8_t *buf, int how, uint8_t *tmp)
+{
+	uint64_t lbs[SRC_SPAN_MAX];
+	uint8_t *bufs[SRC_SPAN_MAX];
+	struct halite_lb_info li;
+	unsigned n, got;
+	int ret;
+
+	pthread_mutex_lock(&s->lk);
+	n = span_claim(s, lb, lbs);
+	pthread_mutex_unlock(&s->lk);
+	bufs[0] = buf;
+	for (got = 1; got < n && (bufs[got] = halite_reader_alloc_lb(s->rd)); got++)
+		;
+	/* Those without a buffer are read alone. */
+	span_requeue(s, lbs + got, n - got, tmp);
+	n = got;
+	ret = halite_reader_lb_info(s->rd, lb, &li);
+	if (!ret)
+		ret = halite_io_read_run(halite_reader_io(s->rd), bufs, n, s->lb_size, li.offset);
+	if (ret) {
+		for (unsigned i = 1; i < n; i++)
+			halite_reader_free_lb(bufs[i]);
+		span_requeue(s, lbs + 1, n - 1, tmp);
+		read_one(s, lb, buf, how, tmp);
+		return;
+	}
+	atomic_fetch_add(&s->n_bytes, (uint64_t)n * s->lb_size);
+	for (unsigned i = 0; i < n; i++) {
+		if (!halite_reader_verify_lb(s->rd, lbs[i], bufs[i])) {
+			src_land(s, lbs[i], bufs[i], i ? SRC_PREFETCH : how, tmp);
+		} else if (!i) {
+			read_one(s, lb, buf, how, tmp);
+		} else {
+			halite_reader_free_lb(bufs[i]);
+			span_requeue(s, lbs + i, 1, tmp);
+		}
+	}
+}
+
 static void *reader_main(void *arg)
 {
 	struct src *s = arg;
@@ -229,8 +352,7 @@ static void *reader_main(void *arg)
 		uint64_t lb = UINT64_MAX;
 		bool ahead = false;
 		uint8_t *buf;
-		unsigned reads;
-		int ret;
+		int how;
 
 		pthread_mutex_lock(&s->lk);
 		/* Demand first: a consumer waits for it. */
@@ -264,15 +386,13 @@ static void *reader_main(void *arg)
 			src_error(s, -ENOMEM, msg);
 			continue;
 		}
-		ret = src_read_lb_retrying(s, lb, buf, &reads);
-		ra_done(s, ahead);
-		if (ret) {
-			halite_reader_free_lb(buf);
-			src_lb_failed(s, lb, ret, reads);
-			continue;
-		}
 		/* Read ahead, it is prefetched: nobody asked for it. */
-		src_land(s, lb, buf, ahead ? SRC_PREFETCH : SRC_DEMAND, tmp);
+		how = ahead ? SRC_PREFETCH : SRC_DEMAND;
+		if (s->span > 1)
+			read_span(s, lb, buf, how, tmp);
+		else
+			read_one(s, lb, buf, how, tmp);
+		ra_done(s, ahead);
 	}
 	halite_io_free(tmp);
 	return NULL;
@@ -359,6 +479,11 @@ int src_init(struct src *s, struct halite_reader *rd, const char *path, int fd,
 			   .lb_total = fi->lb_count, .log = log };
 	if (!s->o.ra_readers)
 		s->o.ra_readers = 1;
+	s->span = 1;
+	if (halite_io_url(halite_reader_io(rd))) {
+		s->span = HALITE_MAX(1u, HALITE_MIN(SRC_SPAN_MAX, SRC_OBJECT_SPAN / s->lb_size));
+		s->o.queue_depth = HALITE_MAX(s->o.queue_depth, SRC_OBJECT_QUEUED / s->lb_size);
+	}
 	pthread_mutex_init(&s->lk, NULL);
 	pthread_cond_init(&s->q_cond, NULL);
 	pthread_cond_init(&s->pf_cond, NULL);

@@ -100,6 +100,7 @@ struct src {
 	int fd;			   /* page-cache reads and drops; the caller's */
 	uint32_t lb_size, mb_size;
 	uint64_t lb_total;
+	unsigned span;		   /* LBs one reader's read may cover (an object's: read_span()) */
 	struct halite_logger *log;
 
 	_Atomic uint8_t *st;	   /* LB_* per LB */

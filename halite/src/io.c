@@ -317,6 +317,26 @@ int halite_io_read(struct halite_io *io, void *buf, size_t len, uint64_t off)
 	return r < 0 ? (int)r : 0;
 }
 
+int halite_io_read_run(struct halite_io *io, uint8_t *const *bufs, unsigned n, size_t len,
+		       uint64_t off)
+{
+	int ret = 0;
+
+	if (n && !io_range_ok((size_t)n * len, off))
+		return -EINVAL;
+	if (io->s3 && n > 1) {
+		uint64_t start = io->latency_ns ? halite_now_ns() : 0;
+
+		ret = halite_io_s3_read_run(io, bufs, n, len, off);
+		if (io->latency_ns)
+			io_sleep_until(start + io->latency_ns);
+		return ret;
+	}
+	for (unsigned i = 0; i < n && !ret; i++)
+		ret = halite_io_read(io, bufs[i], len, off + (uint64_t)i * len);
+	return ret;
+}
+
 /*
  * Fault injection "write failure": take @len bytes from the budget, or return
  * the injected error (the budget is left as it is) when it does not cover them.

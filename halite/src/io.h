@@ -96,6 +96,16 @@ int halite_io_is_direct(const struct halite_io *io);
  */
 int halite_io_read(struct halite_io *io, void *buf, size_t len, uint64_t off);
 
+/*
+ * Read @n pieces of @len bytes each, back to back in the file from @off,
+ * into @bufs[0..n-1]: for an object one request (one ranged GET; each piece
+ * answered by the host's LB cache, or kept in it, as a read of its own), a
+ * read each for a file. 0, or as halite_io_read() for the first piece that
+ * failed; the pieces before it are read.
+ */
+int halite_io_read_run(struct halite_io *io, uint8_t *const *bufs, unsigned n, size_t len,
+		       uint64_t off);
+
 /* Write exactly @len bytes at @off. Returns 0 or -errno (-ENOSPC, -EIO, ...). */
 int halite_io_write(struct halite_io *io, const void *buf, size_t len, uint64_t off);
 

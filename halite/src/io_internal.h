@@ -89,6 +89,8 @@ int halite_io_s3_open(struct io_s3 **x, const char *url, const struct halite_io 
 /* A synchronous read of an object: 0, -HALITE_E_TRUNCATED, or a negative code. */
 void halite_io_s3_free(struct io_s3 *x); /* its workers stopped; NULL is fine */
 int halite_io_s3_read(struct halite_io *io, void *buf, size_t len, uint64_t off);
+int halite_io_s3_read_run(struct halite_io *io, uint8_t *const *bufs, unsigned n, size_t len,
+			  uint64_t off);
 
 /*
  * Largest single kernel transfer by default: fits io_uring's 32-bit length

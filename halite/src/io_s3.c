@@ -488,6 +488,44 @@ static void run_get(struct s3_obj *o, struct io_req *run)
 	free(buf);
 }
 
+/*
+ * halite_io_read_run(): the pieces as a run of requests for run_get(), one
+ * GET for those neither a kept range nor the cache answers.
+ */
+int halite_io_s3_read_run(struct halite_io *io, uint8_t *const *bufs, unsigned n, size_t len,
+			  uint64_t off)
+{
+	struct io_s3 *x = io->s3;
+	struct io_req *reqs, *head = NULL, **link = &head;
+	int ret = 0;
+
+	reqs = calloc(n, sizeof(*reqs));
+	if (!reqs)
+		return -ENOMEM;
+	for (unsigned i = 0; i < n; i++) {
+		uint64_t at = off + (uint64_t)i * len;
+		const struct s3_kept *k = s3_kept_find(x, at, len);
+
+		reqs[i] = (struct io_req){ .buf = (char *)bufs[i], .len = len, .off = at,
+					   .res = (int64_t)len };
+		if (k) {
+			memcpy(bufs[i], k->buf + (at - k->off), len);
+			continue;
+		}
+		*link = &reqs[i];
+		link = &reqs[i].next;
+	}
+	if (head)
+		run_get(x->obj, head);
+	for (unsigned i = 0; i < n && !ret; i++)
+		if (reqs[i].res < 0)
+			ret = (int)reqs[i].res;
+		else if ((size_t)reqs[i].res < len)
+			ret = -HALITE_E_TRUNCATED;
+	free(reqs);
+	return ret;
+}
+
 static void *s3_worker(void *arg)
 {
 	struct halite_io *io = arg;

@@ -267,8 +267,9 @@ static struct synth_guest *target(const struct synth_opts *base, struct synth_in
 	return g;
 }
 
+/* @flags: HALITE_RESTORE_*. */
 static struct halite_restore *restore_open(const char *url, const struct synth_info *info,
-					   bool prefetch)
+					   unsigned flags)
 {
 	HALITE_OPTS(halite_restore_opts, o);
 	struct halite_restore_region reg = { SYNTH_REGION_NAME, (uintptr_t)info->host_addr,
@@ -276,8 +277,7 @@ static struct halite_restore *restore_open(const char *url, const struct synth_i
 	struct halite_restore *r;
 	int ret;
 
-	if (!prefetch)
-		o.flags |= HALITE_RESTORE_NO_PREFETCH;
+	o.flags |= flags;
 	ret = halite_restore_open(&r, url, &reg, 1, &o);
 	if (ret == -HALITE_E_UNSUPPORTED || ret == -EPERM) {
 		printf("SKIP: userfaultfd: %s\n", halite_strerror(ret));
@@ -292,7 +292,7 @@ static void test_restore_exact(const char *url, const uint8_t *snap, const struc
 {
 	struct synth_info info;
 	struct synth_guest *g = target(base, &info);
-	struct halite_restore *r = restore_open(url, &info, true);
+	struct halite_restore *r = restore_open(url, &info, 0);
 	struct halite_restore_stats st;
 	const uint8_t *mem = info.host_addr;
 	int ret;
@@ -312,13 +312,79 @@ static void test_restore_exact(const char *url, const uint8_t *snap, const struc
 	synth_free(g);
 }
 
+/*
+ * A fault's read from an object brings the LBs after its LB in the file
+ * with it, in the same GET (source.c, read_span()): with the prefetcher and
+ * stream readahead off, one fault costs one request after the open, and
+ * the LBs up to 512 KiB on come in with it, verified and installed.
+ */
+static void test_span(const char *url, const uint8_t *snap, const struct synth_opts *base)
+{
+	struct synth_info info;
+	struct synth_guest *g = target(base, &info);
+	struct halite_restore *r = restore_open(url, &info, HALITE_RESTORE_NO_PREFETCH |
+					       HALITE_RESTORE_NO_READAHEAD);
+	struct halite_reader *rd = halite_restore_reader(r);
+	const struct halite_file_info *fi = halite_reader_info(rd);
+	struct halite_store_stats before, after;
+	struct halite_restore_stats st;
+	struct halite_mb_loc loc = { 0 };
+	uint64_t mb, want, pages_per_mb = fi->mb_size / PAGE;
+	volatile const uint8_t *mem = info.host_addr;
+	uint8_t sink;
+
+	/* A stored memory block in an LB with 8 more after it. */
+	for (mb = 0; mb < fi->mb_count; mb++)
+		if (!halite_reader_mb_lookup(rd, mb, &loc) && loc.state == HALITE_MB_STORED &&
+		    loc.lb + 8 < fi->lb_count)
+			break;
+	CHECK(mb < fi->mb_count, "no stored block with 8 LBs after its own");
+	want = (512u << 10) / fi->lb_size;
+	if (want > fi->lb_count - loc.lb)
+		want = fi->lb_count - loc.lb;
+	CHECK(!halite_restore_start(r), "restore_start: %s", halite_restore_errmsg(r));
+	halite_reader_store_stats(rd, &before);
+	sink = mem[mb * pages_per_mb * PAGE];
+	(void)sink;
+	/* The others land after the faulting one: wait for them, then for none more. */
+	for (int i = 0; i < 500; i++) {
+		halite_restore_stats(r, &st);
+		if (st.lb_demand + st.lb_prefetch >= want)
+			break;
+		sleep_ms(10);
+	}
+	sleep_ms(200);
+	halite_restore_stats(r, &st);
+	halite_reader_store_stats(rd, &after);
+	printf("span: a fault in LB %" PRIu64 " read %" PRIu64 " + %" PRIu64 " LBs in %" PRIu64
+	       " request(s)\n", loc.lb, st.lb_demand, st.lb_prefetch,
+	       after.requests - before.requests);
+	CHECK(st.lb_demand == 1 && st.lb_prefetch == want - 1,
+	      "one fault read %" PRIu64 " + %" PRIu64 " LBs, not 1 + %" PRIu64, st.lb_demand,
+	      st.lb_prefetch, want - 1);
+	CHECK(after.requests - before.requests == 1, "one fault sent %" PRIu64 " requests",
+	      after.requests - before.requests);
+	/* Every block of those LBs is the snapshot's. */
+	for (uint64_t m = 0; m < fi->mb_count; m++) {
+		struct halite_mb_loc l;
+
+		if (halite_reader_mb_lookup(rd, m, &l) || l.state != HALITE_MB_STORED ||
+		    l.lb < loc.lb || l.lb >= loc.lb + want)
+			continue;
+		CHECK(!memcmp((const uint8_t *)mem + m * fi->mb_size, snap + m * fi->mb_size,
+			      fi->mb_size), "block %" PRIu64 " of LB %" PRIu64 " differs", m, l.lb);
+	}
+	halite_restore_free(r);
+	synth_free(g);
+}
+
 /* The object replaced after open: the prefetcher's first GET fails with 412, the restore with it. */
 static void test_replaced(struct halite_s3 *s, const char *key, const char *url, uint8_t *file,
 			  size_t len, const struct synth_opts *base)
 {
 	struct synth_info info;
 	struct synth_guest *g = target(base, &info);
-	struct halite_restore *r = restore_open(url, &info, true);
+	struct halite_restore *r = restore_open(url, &info, 0);
 	const char *msg, *want = halite_strerror(-HALITE_S3_E_CHANGED);
 	int ret;
 
@@ -388,7 +454,7 @@ static uint64_t restore_counted(const char *url, const uint8_t *snap, const stru
 {
 	struct synth_info info;
 	struct synth_guest *g = target(base, &info);
-	struct halite_restore *r = restore_open(url, &info, true);
+	struct halite_restore *r = restore_open(url, &info, 0);
 	struct halite_restore_stats st;
 	uint64_t lbs;
 
@@ -605,7 +671,7 @@ static void test_outage(const char *url, const uint8_t *snap, const struct synth
 
 	g = target(base, &info);
 	mem = info.host_addr;
-	r = restore_open(url, &info, false);
+	r = restore_open(url, &info, HALITE_RESTORE_NO_PREFETCH);
 	CHECK(!halite_restore_start(r), "restore_start: %s", halite_restore_errmsg(r));
 	CHECK(!memcmp(mem, snap, PAGE), "outage: page 0 before the outage");
 	proxy_cmd(&px, "outage 3 reset", ans, sizeof(ans));
@@ -631,7 +697,7 @@ static void test_outage(const char *url, const uint8_t *snap, const struct synth
 	/* Away for longer than the client waits: the restore fails, naming the network. */
 	setenv("HALITE_S3_RETRY_FOR", "1", 1);
 	g = target(base, &info);
-	r = restore_open(url, &info, true);
+	r = restore_open(url, &info, 0);
 	proxy_cmd(&px, "outage 8 reset", ans, sizeof(ans));
 	CHECK(!halite_restore_start(r), "restore_start: %s", halite_restore_errmsg(r));
 	ret = halite_restore_wait(r, WAIT_MS);
@@ -712,6 +778,7 @@ int main(void)
 		free(bf);
 	}
 	test_restore_exact(url, snap, &base);
+	test_span(url, snap, &base);
 	test_template(url, snap, mem_bytes);
 	test_cache(url, snap, &base);
 	test_outage(url, snap, &base);

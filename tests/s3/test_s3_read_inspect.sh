@@ -29,6 +29,14 @@ for cmd in "info" "info --json" "verify --json" "blocks" "blocks --json" "map" "
 	mv "$T/out" "$T/local.out"
 	# shellcheck disable=SC2086
 	expect 0 "$HI" $cmd "$U"
+	# The store's counters are the one difference by meaning (null locally).
+	case $cmd in verify\ --json)
+		eq "local store" "$(js "$T/local.out" 'd["store"]')" None
+		python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); d["store"] = None
+print(json.dumps(d, indent="\t"))' "$T/out" >"$T/out.j" && mv "$T/out.j" "$T/out"
+		python3 -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1])), indent="\t"))' \
+			"$T/local.out" >"$T/out.j" && mv "$T/out.j" "$T/local.out" ;;
+	esac
 	sed "s#$U#$T/snap.hlt#g" "$T/out" >"$T/s3.out"
 	cmp -s "$T/local.out" "$T/s3.out" ||
 		{ diff "$T/local.out" "$T/s3.out" | head -20 >&2; fail "$cmd differs on $U"; }
@@ -40,6 +48,26 @@ for reg in ram rom; do
 	[ "$(stat -c %a "$T/$reg.s3")" = 600 ] || fail "the extracted image is not 0600"
 done
 cmp "$T/ram.s3" <(head -c "$(stat -c %s "$T/ram.s3")" "$T/a") || fail "ram is not the image"
+
+# ---- the host's LB cache: the second reader gets every LB from it ----
+for run in 1 2; do
+	expect 0 "$HI" verify --json --cache-dir "$T/cache" --cache-size 64M "$U"
+	cp "$T/out" "$T/cache$run.json"
+done
+LBS=$(js "$T/cache1.json" 'd["lbs"]["count"]')
+[ "$LBS" -gt 100 ] || fail "only $LBS LBs"
+eq "first verify: LBs kept" "$(js "$T/cache1.json" 'd["store"]["cache_puts"]')" "$LBS"
+eq "first verify: LBs from the store" "$(js "$T/cache1.json" 'd["store"]["cache_misses"]')" "$LBS"
+eq "second verify: LBs from the cache" "$(js "$T/cache2.json" 'd["store"]["cache_hits"]')" "$LBS"
+eq "second verify: none from the store" "$(js "$T/cache2.json" 'd["store"]["cache_misses"]')" 0
+# ... so it sent the store only what opening does (HEAD and the index's GETs).
+eq "second verify: requests" "$(js "$T/cache2.json" 'd["store"]["requests"]')" \
+	"$(js "$T/cache1.json" 'd["store"]["requests"] - d["store"]["cache_puts"]')"
+expect 0 "$HI" extract --json --cache-dir "$T/cache" --region ram -o "$T/ram.cached" "$U"
+cmp "$T/ram.local" "$T/ram.cached" || fail "extract through the cache differs"
+eq "extract: every LB from the cache" "$(js "$T/out" 'd["store"]["cache_misses"]')" 0
+expect 2 "$HI" info --cache-size 0 "$U"
+has "$T/err" "--cache-size '0'"
 
 # ---- what fails, and says so ----
 expect 1 "$HI" info "s3://$B/none.hlt"

@@ -20,6 +20,7 @@ void help_blocks(FILE *f)
 		   "  --json        one JSON object on stdout\n"
 		   "  -h, --help    this text\n"
 		   "  --version     the program's and the file format's version\n");
+	help_store(f);
 }
 
 void help_map(FILE *f)
@@ -34,6 +35,7 @@ void help_map(FILE *f)
 		   "                     untouched, the API's word for never touched)\n"
 		   "  -h, --help         this text\n"
 		   "  --version          the program's and the file format's version\n");
+	help_store(f);
 }
 
 static int hex_digits(uint64_t v)
@@ -56,6 +58,7 @@ static int parse(int argc, char **argv, bool *json, const char **region,
 {
 	static const struct option lo[] = {
 		LONGOPTS_COMMON,
+		LONGOPTS_STORE,
 		{ "region", required_argument, NULL, 'r' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -71,6 +74,11 @@ static int parse(int argc, char **argv, bool *json, const char **region,
 			if (!region)
 				return bad_option('?', argv);
 			*region = optarg;
+			break;
+		case OPT_CACHE_DIR:
+		case OPT_CACHE_SIZE:
+			if (store_option(c))
+				return EXIT_USAGE;
 			break;
 		default:
 			/* -1: done, exit 0 (help, version); else the exit code. */

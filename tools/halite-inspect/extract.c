@@ -39,6 +39,7 @@ void help_extract(FILE *f)
 		   "                      guest memory)\n");
 	help_image_options(f, 20);
 	fputs("\nExit status: 0 ok, 1 FILE is bad or the extract failed, 2 usage.\n", f);
+	help_store(f);
 }
 
 struct extract {
@@ -166,13 +167,14 @@ static int create_temp(const char *out, char **tmp)
 }
 
 static const char *const extract_keys[] = {
-	"file", "region", "output", "bytes", "lbs_read", "mbs", NULL,
+	"file", "region", "output", "bytes", "lbs_read", "mbs", "store", NULL,
 };
 
 int cmd_extract(int argc, char **argv)
 {
 	static const struct option lo[] = {
 		LONGOPTS_COMMON,
+		LONGOPTS_STORE,
 		{ "region", required_argument, NULL, 'r' },
 		{ "output", required_argument, NULL, 'o' },
 		{ "progress", optional_argument, NULL, OPT_PROGRESS },
@@ -200,6 +202,11 @@ int cmd_extract(int argc, char **argv)
 			break;
 		case OPT_PROGRESS:
 			if (progress_parse(optarg, &progress))
+				return EXIT_USAGE;
+			break;
+		case OPT_CACHE_DIR:
+		case OPT_CACHE_SIZE:
+			if (store_option(c))
 				return EXIT_USAGE;
 			break;
 		default:
@@ -286,6 +293,7 @@ int cmd_extract(int argc, char **argv)
 		json_add_u64(o, "stored", x.stored);
 		json_add_u64(o, "zero", x.zero);
 		json_add_u64(o, "untouched", x.untouched);
+		json_add_store(root, x.r, x.path);
 		ret = json_emit(root, EXIT_OK);
 	} else {
 		notef("%s: region %s, %" PRIu64 " bytes (%" PRIu64 " stored, %" PRIu64

@@ -24,6 +24,7 @@ void help_info(FILE *f)
 		   "  --version     the program's and the file format's version\n\n"
 		   "Exit status: 0 ok, 1 FILE is not a valid snapshot or does not open,\n"
 		   "2 usage.\n");
+	help_store(f);
 }
 
 struct stream_stat {
@@ -599,6 +600,7 @@ int cmd_info(int argc, char **argv)
 {
 	static const struct option lo[] = {
 		LONGOPTS_COMMON,
+		LONGOPTS_STORE,
 		{ NULL, 0, NULL, 0 },
 	};
 	const struct halite_file_info *fi;
@@ -613,6 +615,11 @@ int cmd_info(int argc, char **argv)
 		switch (c) {
 		case OPT_JSON:
 			run_set_json();
+			break;
+		case OPT_CACHE_DIR:
+		case OPT_CACHE_SIZE:
+			if (store_option(c))
+				return EXIT_USAGE;
 			break;
 		default:
 			return common_option(c, argv, help_info);

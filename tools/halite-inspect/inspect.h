@@ -198,10 +198,25 @@ const char *mb_state_word(uint32_t state);
 #define OPT_JSON 0x100
 #define OPT_VERSION 0x101
 #define OPT_PROGRESS 0x102
+#define OPT_CACHE_DIR 0x103
+#define OPT_CACHE_SIZE 0x104
 #define LONGOPTS_COMMON                                                   \
 	{ "json", no_argument, NULL, OPT_JSON },                         \
 	{ "help", no_argument, NULL, OPT_HELP },                         \
 	{ "version", no_argument, NULL, OPT_VERSION }
+
+/*
+ * The commands that read a snapshot, which may be s3://BUCKET/KEY: the
+ * host's LB cache (lbcache.h), as halite-qemu restore takes it. store_option()
+ * hands them to the engine through its environment, where it opens the object:
+ * 0, or EXIT_USAGE with the problem said.
+ */
+int store_option(int c);
+#define LONGOPTS_STORE                                                    \
+	{ "cache-dir", required_argument, NULL, OPT_CACHE_DIR },          \
+	{ "cache-size", required_argument, NULL, OPT_CACHE_SIZE }
+/* Their help's last paragraph. */
+void help_store(FILE *f);
 
 /*
  * --progress[=text|json|none] of the long commands: a report on stderr about
@@ -240,6 +255,11 @@ void table_free(struct table *t);
 
 /* uint64 as a JSON integer, exact beyond 2^53 (cJSON numbers are doubles). */
 void json_add_u64(cJSON *obj, const char *key, uint64_t v);
+/*
+ * "store": what reading @r (opened from @path) asked of the object store and
+ * of the host's LB cache (halite_reader_store_stats()); null for a local file.
+ */
+void json_add_store(cJSON *obj, const struct halite_reader *r, const char *path);
 cJSON *json_u64(uint64_t v);
 void json_add_hex(cJSON *obj, const char *key, uint64_t v);
 /*

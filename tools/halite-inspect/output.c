@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "inspect.h"
+#include "io.h"
 
 struct table {
 	unsigned ncols;
@@ -250,4 +251,26 @@ int json_stream_end(struct json_stream *js, int exit)
 	cJSON_free(s);
 	ret = flush_stdout();
 	return exit ? exit : ret;
+}
+
+void json_add_store(cJSON *obj, const struct halite_reader *r, const char *path)
+{
+	struct halite_store_stats st;
+	cJSON *o;
+
+	if (!halite_io_is_s3_path(path)) {
+		cJSON_AddNullToObject(obj, "store");
+		return;
+	}
+	halite_reader_store_stats(r, &st);
+	o = cJSON_AddObjectToObject(obj, "store");
+	json_add_u64(o, "requests", st.requests);
+	json_add_u64(o, "retries", st.retries);
+	json_add_u64(o, "bytes", st.bytes);
+	json_add_u64(o, "connects", st.connects);
+	cJSON_AddBoolToObject(o, "cached", st.cached);
+	json_add_u64(o, "cache_hits", st.cache_hits);
+	json_add_u64(o, "cache_misses", st.cache_misses);
+	json_add_u64(o, "cache_bytes_hit", st.cache_bytes_hit);
+	json_add_u64(o, "cache_puts", st.cache_puts);
 }

@@ -105,6 +105,7 @@ void help_relayout(FILE *f)
 		"was not written, 2 usage: a bad option, a TRACE that cannot be used\n"
 		"(another file's, version 1, a failed restore), OUT an input, --hot-max\n"
 		"below one of FILE's LBs (nothing is written).\n");
+	help_store(f);
 }
 
 struct opts {
@@ -662,6 +663,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 {
 	static const struct option lo[] = {
 		LONGOPTS_COMMON,
+		LONGOPTS_STORE,
 		{ "trace", required_argument, NULL, O_TRACE },
 		{ "output", required_argument, NULL, 'o' },
 		{ "hot-max", required_argument, NULL, O_HOT_MAX },
@@ -701,6 +703,11 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			break;
 		case OPT_JSON:
 			run_set_json();
+			break;
+		case OPT_CACHE_DIR:
+		case OPT_CACHE_SIZE:
+			if (store_option(c))
+				return EXIT_USAGE;
 			break;
 		default:
 			/* -1: done, exit 0 (help, version); else the exit code. */

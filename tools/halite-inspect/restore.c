@@ -83,6 +83,7 @@ void help_restore(FILE *f)
 		"    ignores too).\n\n"
 		"Exit status: 0 ok, 1 FILE or TRACE is bad, does not open or they do not\n"
 		"match, 2 usage.\n");
+	help_store(f);
 }
 
 /* ---- streams ---- */
@@ -543,6 +544,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 {
 	static const struct option lo[] = {
 		LONGOPTS_COMMON,
+		LONGOPTS_STORE,
 		{ "blocks", no_argument, NULL, 'b' },
 		{ "stream", required_argument, NULL, 's' },
 		{ NULL, 0, NULL, 0 },
@@ -566,6 +568,11 @@ static int parse_args(int argc, char **argv, struct opts *o)
 						   optarg);
 			o->stream_name = optarg;
 			o->blocks = true;
+			break;
+		case OPT_CACHE_DIR:
+		case OPT_CACHE_SIZE:
+			if (store_option(c))
+				return EXIT_USAGE;
 			break;
 		default:
 			/* -1: done, exit 0 (help, version); else the exit code. */

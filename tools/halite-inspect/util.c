@@ -221,6 +221,31 @@ int common_option(int c, char **argv, void (*help)(FILE *))
 	return bad_option(c, argv);
 }
 
+void help_store(FILE *f)
+{
+	fputs("\nFILE may be s3://BUCKET/KEY (credentials and endpoint from AWS_*, as the\n"
+	      "AWS CLI takes them). The host's cache of the locality blocks read:\n"
+	      "  --cache-dir DIR    keep them in DIR, shared by every reader on the host,\n"
+	      "                     and read them from there next time (default:\n"
+	      "                     $HALITE_CACHE_DIR; none)\n"
+	      "  --cache-size SIZE  its bound, K, M, G suffixes (default: $HALITE_CACHE_SIZE,\n"
+	      "                     else 8G)\n", f);
+}
+
+int store_option(int c)
+{
+	uint64_t v;
+
+	/* The engine opens the cache where it opens the object (io_s3.c). */
+	if (c == OPT_CACHE_DIR && (!*optarg || setenv("HALITE_CACHE_DIR", optarg, 1)))
+		return usage_error("--cache-dir '%s': a directory", optarg);
+	if (c == OPT_CACHE_SIZE &&
+	    (halite_parse_size(optarg, &v) || !v || setenv("HALITE_CACHE_SIZE", optarg, 1)))
+		return usage_error("--cache-size '%s': a size in bytes (K, M, G suffixes), above 0",
+				   optarg);
+	return 0;
+}
+
 int digits(uint64_t v)
 {
 	int n = 1;
