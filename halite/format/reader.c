@@ -246,7 +246,15 @@ static int open_files(struct halite_reader *r, const struct halite_reader_opts *
 	int ret;
 
 	io_opts.backend = HALITE_IO_PSYNC;
-	ret = halite_io_open(&r->meta_io, r->path, O_RDONLY | O_CLOEXEC, 0, &io_opts);
+	/* The version another reader of the path read, and what it fetched at open. */
+	if (o->same_as && o->same_as->meta_io && !strcmp(o->same_as->path, r->path)) {
+		ret = halite_io_reopen(&r->meta_io, o->same_as->meta_io, r->path,
+				       O_RDONLY | O_CLOEXEC, &io_opts);
+		if (!ret)
+			ret = halite_io_share_kept(r->meta_io, o->same_as->meta_io);
+	} else {
+		ret = halite_io_open(&r->meta_io, r->path, O_RDONLY | O_CLOEXEC, 0, &io_opts);
+	}
 	if (ret && halite_io_is_s3_path(r->path) && halite_io_open_errmsg()[0])
 		/* The store's or the configuration's own sentence names the problem. */
 		return rfail_said(r, ret, "%s: cannot open: %s", r->path, halite_io_open_errmsg());

@@ -217,6 +217,8 @@ HALITE_EXPORT int halite_restore_open(struct halite_restore **rp, const char *pa
 	ro.read_latency_us = r->o.read_latency_us;
 	ro.errbuf = rerr;
 	ro.errbuf_len = sizeof(rerr);
+	ro.same_as = r->o.same_as;
+	r->o.same_as = NULL; /* the caller's, for this call only */
 	/* No log: LB read failures are reported (and retried) here, once each. */
 	ret = halite_reader_open(&r->rd, path, &ro);
 	if (ret) {

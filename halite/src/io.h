@@ -139,6 +139,13 @@ bool halite_io_is_s3_path(const char *path);
 int halite_io_size(const struct halite_io *io, uint64_t *size);
 
 /*
+ * For an object (@io a halite_io_reopen() of @from): keep copies of the
+ * ranges @from keeps (halite_io_readahead()), so that what they hold costs
+ * @io no request either. Files: nothing to do. 0 or -ENOMEM.
+ */
+int halite_io_share_kept(struct halite_io *io, const struct halite_io *from);
+
+/*
  * For an object: fetch [@off, @off + @len) in one GET and keep it, so that
  * later reads inside it cost no request (at most a few ranges are kept, for
  * the handle's life). Not to be called while other threads read through

@@ -403,6 +403,28 @@ int halite_io_readahead(struct halite_io *io, uint64_t off, uint64_t len)
 	return 0;
 }
 
+int halite_io_share_kept(struct halite_io *io, const struct halite_io *from)
+{
+	struct io_s3 *x = io->s3;
+	const struct io_s3 *f = from->s3;
+
+	if (!x || !f || x->obj != f->obj)
+		return 0;
+	for (unsigned i = 0; i < f->nkept && x->nkept < S3_KEPT_MAX; i++) {
+		const struct s3_kept *k = &f->kept[i];
+		uint8_t *buf;
+
+		if (s3_kept_find(x, k->off, k->len))
+			continue;
+		buf = malloc(k->len);
+		if (!buf)
+			return -ENOMEM;
+		memcpy(buf, k->buf, k->len);
+		x->kept[x->nkept++] = (struct s3_kept){ .off = k->off, .len = k->len, .buf = buf };
+	}
+	return 0;
+}
+
 /* ---- asynchronous reads ------------------------------------------------- */
 
 /*

@@ -219,6 +219,30 @@ static void test_open_requests(const char *local, const char *url)
 	halite_io_s3_stats(halite_reader_io(rd), &st);
 	CHECK(st.requests == want, "verifying the sections took %" PRIu64 " more requests",
 	      st.requests - want);
+	{
+		/* A second reader of the version this one read (same_as): no request at all. */
+		HALITE_OPTS(halite_reader_opts, ro);
+		struct halite_reader *again;
+
+		ro.same_as = rd;
+		ret = halite_reader_open(&again, url, &ro);
+		CHECK(!ret, "open %s same_as: %s", url, halite_strerror(ret));
+		CHECK(!memcmp(halite_reader_info(again)->uuid, halite_reader_info(lr)->uuid, 16),
+		      "same_as: uuid");
+		for (uint32_t i = 0; i < halite_reader_section_count(again); i++) {
+			uint64_t off, len;
+
+			CHECK(!halite_reader_section(again, i, &type, &off, &len), "section");
+			if (read_at_open(type, chunked))
+				CHECK(!halite_reader_verify_section(again, i), "same_as: section %u", i);
+		}
+		/* The object's counts, both readers' (one version, one pool of clients). */
+		halite_io_s3_stats(halite_reader_io(again), &st);
+		printf("open same_as: %" PRIu64 " requests more\n", st.requests - want);
+		CHECK(st.requests == want, "a reader same_as another sent %" PRIu64 " requests",
+		      st.requests - want);
+		halite_reader_free(again);
+	}
 	halite_reader_free(rd);
 	halite_reader_free(lr);
 }

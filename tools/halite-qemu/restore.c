@@ -139,7 +139,11 @@ static int check_file(struct restore_run *r)
 	if (ret)
 		return ret;
 	ret = file_run_state(r, rd);
-	halite_reader_free(rd);
+	/*
+	 * Kept for the engine (halite_restore_opts.same_as): it restores the
+	 * version checked here, and an object costs no second open.
+	 */
+	r->check_rd = rd;
 	r->file_known = !ret;
 	return ret;
 }
@@ -378,7 +382,10 @@ static int start_restore(struct restore_run *r, struct hq_vm *vm,
 	o.log = hq_log;
 	o.log_ctx = &r->p.out;
 	o.log_level = r->p.out.verbose ? HALITE_LOG_DEBUG : HALITE_LOG_WARN;
+	o.same_as = r->check_rd;
 	ret = halite_restore_open(&r->rs, r->p.path, reg, vm->nregions + r->b.f.ndevram, &o);
+	halite_reader_free(r->check_rd);
+	r->check_rd = NULL;
 	if (ret == -EINVAL)
 		return fail(r, ret, "the file's memory regions do not match this QEMU's "
 			    "(same -m and memory backend ids as at save?)", NULL);
@@ -745,6 +752,7 @@ int hq_cmd_restore(int argc, char **argv)
 		close(r->uffd);
 	if (r->lock_fd >= 0)
 		close(r->lock_fd);
+	halite_reader_free(r->check_rd);
 	hq_vm_release(&r->b.vm);
 	if (r->dir[0]) {
 		char p[96];

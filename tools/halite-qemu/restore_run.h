@@ -56,6 +56,8 @@ struct restore_run {
 	struct halite_restore *rs;
 	int uffd, remote_uffd;
 	int lock_fd; /* the file, LOCK_SH held from the check to the end */
+	/* The check's reader, until the engine has opened the same version through it. */
+	struct halite_reader *check_rd;
 	char dir[64];
 	bool file_paused;	/* its qemu.run-state: "paused" (none: running) */
 	bool paused;		/* the run state to leave the guest in */

@@ -306,6 +306,14 @@ struct halite_reader_opts {
 	halite_log_fn log;
 	void *log_ctx;
 	int log_level;
+	/*
+	 * An open reader of the same path, or NULL: this one reads the
+	 * version that one read. For an object of an S3 store it sends no
+	 * request to open (no HEAD: the same ETag; what that reader fetched
+	 * at open, head, tail and sections, is not fetched again); a file
+	 * is opened as usual. Only read during the call.
+	 */
+	const struct halite_reader *same_as;
 };
 
 struct halite_file_info {

@@ -246,6 +246,13 @@ struct halite_restore_opts {
 	 * order of reads depends on it: every LB is verified anyway).
 	 */
 	uint64_t hot_prefix_max;
+	/*
+	 * An open reader of @path (halite_reader_opts.same_as), or NULL: the
+	 * caller has looked into the file already, and the restore reads the
+	 * same version without opening it anew (an object: no request to
+	 * open it again). Only read during halite_restore_open().
+	 */
+	const struct halite_reader *same_as;
 };
 
 struct halite_restore_stats {
