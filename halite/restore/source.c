@@ -299,7 +299,8 @@ static void span_requeue(struct src *s, const uint64_t *lbs, unsigned n, uint8_t
  * costs what tens of LBs' bytes do, and the LBs beside one in the file
  * were saved at the same time, so the guest wants them next (the
  * locality the file is laid out for). @lb lands as @how, first; the others
- * as prefetched. Any that does not verify, and all after a failed request,
+ * as prefetched (so not while ops.ra_ok says no: a restore learning wants
+ * only what the guest asks for). Any that does not verify, and all after a failed request,
  * are read alone (@lb here, the others queued), as any LB is.
  */
 static void read_span(struct src *s, uint64_t lb, uint8_t *buf, int how, uint8_t *tmp)
@@ -310,6 +311,11 @@ static void read_span(struct src *s, uint64_t lb, uint8_t *buf, int how, uint8_t
 	unsigned n, got;
 	int ret;
 
+	/* Nothing comes in unasked while the consumer says so (a restore learning). */
+	if (s->ops->ra_ok && !s->ops->ra_ok(s->ctx)) {
+		read_one(s, lb, buf, how, tmp);
+		return;
+	}
 	pthread_mutex_lock(&s->lk);
 	n = span_claim(s, lb, lbs);
 	pthread_mutex_unlock(&s->lk);
