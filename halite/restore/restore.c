@@ -334,39 +334,36 @@ static int decode_copies(struct halite_restore *r, uint64_t lb, const uint8_t *b
 	return 0;
 }
 
-/*
- * The copies, at start, before any thread reads an LB: each LB holding a
- * stored block of one is read and verified here, its copies' blocks
- * decoded into place, and it lands as prefetched, so the pool installs its
- * other blocks as for any prefetched LB. Zero and never-touched blocks
- * need nothing: the caller's memory reads zeros (rs_check_unpopulated()).
- * 0, or the failure (the restore has failed).
- */
-static int fill_copies(struct halite_restore *r)
+static int cmp_u64(const void *a, const void *b)
 {
-	uint8_t *tmp;
-	int ret = 0;
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
 
-	if (!r->has_copy)
-		return 0;
-	tmp = halite_io_alloc(r->mb_size);
-	if (!tmp)
-		return rs_fail(r, -ENOMEM, "decode buffer");
-	for (uint32_t i = 0; i < r->nregions && !ret; i++) {
+	return x < y ? -1 : x > y;
+}
+
+/*
+ * The LBs holding a stored block of a copy, each claimed (READING, ours),
+ * into *@lbsp (malloc'd), in file order. How many, or the failure (the
+ * restore has failed).
+ */
+static int64_t copies_claim(struct halite_restore *r, uint64_t **lbsp)
+{
+	uint64_t *lbs = NULL, n = 0, cap = 0;
+
+	for (uint32_t i = 0; i < r->nregions; i++) {
 		const struct rregion *g = &r->regions[i];
 
 		for (uint64_t mb = g->first_mb; g->kind == HALITE_MEM_COPY &&
-						mb < g->first_mb + g->nmb && !ret; mb++) {
+						mb < g->first_mb + g->nmb; mb++) {
 			struct halite_mb_loc loc;
-			uint8_t *buf;
-			unsigned reads;
 			bool mine = false;
+			int ret = halite_reader_mb_lookup(r->rd, mb, &loc);
 
-			ret = halite_reader_mb_lookup(r->rd, mb, &loc);
 			if (ret) {
+				free(lbs);
 				ret = rs_fail(r, ret, "%s", halite_reader_errmsg(r->rd));
 				rs_set_failed(r, ret);
-				break;
+				return ret;
 			}
 			if (loc.state != HALITE_MB_STORED)
 				continue;
@@ -377,29 +374,107 @@ static int fill_copies(struct halite_restore *r)
 			}
 			pthread_mutex_unlock(&r->src.lk);
 			if (!mine)
-				continue; /* read here for an earlier block */
-			buf = halite_reader_alloc_lb(r->rd);
-			if (!buf) {
-				ret = rs_fail(r, -ENOMEM, "locality block %llu: read buffer", ULL(loc.lb));
-				rs_set_failed(r, ret);
+				continue; /* an earlier block's */
+			if (n == cap) {
+				uint64_t *nl = realloc(lbs, (cap = cap ? 2 * cap : 64) * sizeof(*lbs));
+
+				if (!nl) {
+					free(lbs);
+					ret = rs_fail(r, -ENOMEM, "the copies' LBs");
+					rs_set_failed(r, ret);
+					return ret;
+				}
+				lbs = nl;
+			}
+			lbs[n++] = loc.lb;
+		}
+	}
+	qsort(lbs, n, sizeof(*lbs), cmp_u64);
+	*lbsp = lbs;
+	return (int64_t)n;
+}
+
+/* A copy's LB @lb in @buf (read alone first unless @verified): decoded into place, landed. */
+static int copy_lb(struct halite_restore *r, uint64_t lb, uint8_t *buf, bool verified,
+		   uint8_t *tmp)
+{
+	unsigned reads;
+	int ret;
+
+	if (!verified) {
+		ret = src_read_lb_retrying(&r->src, lb, buf, &reads);
+		if (ret) {
+			halite_reader_free_lb(buf);
+			src_lb_failed(&r->src, lb, ret, reads);
+			return ret;
+		}
+	}
+	ret = decode_copies(r, lb, buf);
+	if (ret) {
+		halite_reader_free_lb(buf);
+		rs_set_failed(r, ret);
+		return ret;
+	}
+	src_land(&r->src, lb, buf, SRC_PREFETCH, tmp);
+	return 0;
+}
+
+/*
+ * The copies, at start, before any thread reads an LB: each LB holding a
+ * stored block of one is read and verified here, its copies' blocks
+ * decoded into place, and it lands as prefetched, so the pool installs its
+ * other blocks as for any prefetched LB. From an object, LBs that follow
+ * each other in the file come in one request (src_read_run(), up to the
+ * source's span): device RAM is saved in one go, so its LBs mostly do.
+ * Zero and never-touched blocks need nothing: the caller's memory reads
+ * zeros (rs_check_unpopulated()). 0, or the failure (the restore has
+ * failed).
+ */
+static int fill_copies(struct halite_restore *r)
+{
+	uint8_t *tmp, *bufs[SRC_SPAN_MAX];
+	uint64_t *lbs = NULL;
+	int64_t n;
+	int ret = 0;
+
+	if (!r->has_copy)
+		return 0;
+	n = copies_claim(r, &lbs);
+	if (n < 0)
+		return (int)n;
+	tmp = halite_io_alloc(r->mb_size);
+	if (!tmp)
+		ret = rs_fail(r, -ENOMEM, "decode buffer");
+	for (int64_t i = 0, run; i < n && !ret; i += run) {
+		uint64_t bad;
+
+		for (run = 1; run < r->src.span && i + run < n && lbs[i + run] == lbs[i] + run;)
+			run++;
+		for (int64_t k = 0; k < run; k++) {
+			bufs[k] = halite_reader_alloc_lb(r->rd);
+			if (!bufs[k]) {
+				while (k--)
+					halite_reader_free_lb(bufs[k]);
+				ret = rs_fail(r, -ENOMEM, "locality block %llu: read buffer",
+					      ULL(lbs[i]));
 				break;
 			}
-			ret = src_read_lb_retrying(&r->src, loc.lb, buf, &reads);
-			if (ret) {
-				halite_reader_free_lb(buf);
-				src_lb_failed(&r->src, loc.lb, ret, reads);
-				break;
-			}
-			ret = decode_copies(r, loc.lb, buf);
-			if (ret) {
-				halite_reader_free_lb(buf);
-				rs_set_failed(r, ret);
-				break;
-			}
-			src_land(&r->src, loc.lb, buf, SRC_PREFETCH, tmp);
+		}
+		if (ret) {
+			rs_set_failed(r, ret);
+			break;
+		}
+		/* A run of one is read alone, as a file's are. */
+		bad = run > 1 ? src_read_run(&r->src, lbs[i], (unsigned)run, bufs) : 1;
+		for (int64_t k = 0; k < run; k++) {
+			if (ret)
+				halite_reader_free_lb(bufs[k]);
+			else
+				ret = copy_lb(r, lbs[i + k], bufs[k], !(bad & (1ull << k)), tmp);
 		}
 	}
 	halite_io_free(tmp);
+	free(lbs);
 	return ret;
 }
 

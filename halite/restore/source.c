@@ -29,7 +29,6 @@
  * the larger ones (S3_COALESCE_MAX).
  */
 #define SRC_OBJECT_SPAN (512u << 10)
-#define SRC_SPAN_MAX 64u
 /*
  * An object's prefetcher keeps this many bytes of LBs queued at least: the
  * S3 backend's workers coalesce queued LBs that follow each other into
@@ -235,6 +234,24 @@ static uint64_t ra_take(struct src *s)
 	return UINT64_MAX;
 }
 
+uint64_t src_read_run(struct src *s, uint64_t lb, unsigned n, uint8_t *const *bufs)
+{
+	struct halite_lb_info li;
+	uint64_t bad = 0;
+	int ret;
+
+	ret = halite_reader_lb_info(s->rd, lb, &li);
+	if (!ret)
+		ret = halite_io_read_run(halite_reader_io(s->rd), bufs, n, s->lb_size, li.offset);
+	if (ret)
+		return n == 64 ? UINT64_MAX : (1ull << n) - 1;
+	atomic_fetch_add(&s->n_bytes, (uint64_t)n * s->lb_size);
+	for (unsigned i = 0; i < n; i++)
+		if (halite_reader_verify_lb(s->rd, lb + i, bufs[i]))
+			bad |= 1ull << i;
+	return bad;
+}
+
 /* @lb (READING, ours) read alone, again on failure: landed as @how, or FAILED. */
 static void read_one(struct src *s, uint64_t lb, uint8_t *buf, int how, uint8_t *tmp)
 {
@@ -305,11 +322,9 @@ static void span_requeue(struct src *s, const uint64_t *lbs, unsigned n, uint8_t
  */
 static void read_span(struct src *s, uint64_t lb, uint8_t *buf, int how, uint8_t *tmp)
 {
-	uint64_t lbs[SRC_SPAN_MAX];
+	uint64_t lbs[SRC_SPAN_MAX], bad;
 	uint8_t *bufs[SRC_SPAN_MAX];
-	struct halite_lb_info li;
 	unsigned n, got;
-	int ret;
 
 	/* Nothing comes in unasked while the consumer says so (a restore learning). */
 	if (s->ops->ra_ok && !s->ops->ra_ok(s->ctx)) {
@@ -325,27 +340,19 @@ static void read_span(struct src *s, uint64_t lb, uint8_t *buf, int how, uint8_t
 	/* Those without a buffer are read alone. */
 	span_requeue(s, lbs + got, n - got, tmp);
 	n = got;
-	ret = halite_reader_lb_info(s->rd, lb, &li);
-	if (!ret)
-		ret = halite_io_read_run(halite_reader_io(s->rd), bufs, n, s->lb_size, li.offset);
-	if (ret) {
-		for (unsigned i = 1; i < n; i++)
-			halite_reader_free_lb(bufs[i]);
-		span_requeue(s, lbs + 1, n - 1, tmp);
-		read_one(s, lb, buf, how, tmp);
-		return;
-	}
-	atomic_fetch_add(&s->n_bytes, (uint64_t)n * s->lb_size);
+	bad = src_read_run(s, lb, n, bufs);
 	for (unsigned i = 0; i < n; i++) {
-		if (!halite_reader_verify_lb(s->rd, lbs[i], bufs[i])) {
+		if (!(bad & (1ull << i)))
 			src_land(s, lbs[i], bufs[i], i ? SRC_PREFETCH : how, tmp);
-		} else if (!i) {
+		else if (!i)
 			read_one(s, lb, buf, how, tmp);
-		} else {
+		else
 			halite_reader_free_lb(bufs[i]);
-			span_requeue(s, lbs + i, 1, tmp);
-		}
 	}
+	/* Those that did not come in, read alone by any reader. */
+	for (unsigned i = 1; i < n; i++)
+		if (bad & (1ull << i))
+			span_requeue(s, lbs + i, 1, tmp);
 }
 
 static void *reader_main(void *arg)

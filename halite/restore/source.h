@@ -182,6 +182,15 @@ static inline bool src_inline_ok(const struct src *s)
  * False when not all of it is cached or it does not verify: queue it then.
  */
 bool src_read_cached(struct src *s, uint64_t lb, uint8_t *tmp);
+/* LBs an object's read covers at most (src_read_run(): a bit each). */
+#define SRC_SPAN_MAX 64u
+/*
+ * LBs @lb .. @lb + @n - 1 (READING, the caller's; @n at most SRC_SPAN_MAX)
+ * into @bufs in one request (halite_io_read_run()), each verified: a bit
+ * set for each that did not come in verified (all when the request
+ * failed), for the caller to read alone (src_read_lb_retrying()).
+ */
+uint64_t src_read_run(struct src *s, uint64_t lb, unsigned n, uint8_t *const *bufs);
 /* One LB into @buf, verified, read again on failure. 0 or the last failure. */
 int src_read_lb_retrying(struct src *s, uint64_t lb, uint8_t *buf, unsigned *reads);
 

@@ -291,13 +291,19 @@ static struct synth_guest *target(const struct synth_opts *base, struct synth_in
 	return g;
 }
 
-/* @flags: HALITE_RESTORE_*. */
+/* @flags: HALITE_RESTORE_*; the guest's memory a HALITE_MEM_COPY region with HALITE_RESTORE_COPY_T. */
+#define HALITE_RESTORE_COPY_T 0x80000000u
 static struct halite_restore *restore_open(const char *url, const struct synth_info *info,
 					   unsigned flags)
 {
 	HALITE_OPTS(halite_restore_opts, o);
 	struct halite_restore_region reg = { SYNTH_REGION_NAME, (uintptr_t)info->host_addr,
 					     info->mem_bytes, HALITE_MEM_ANON, -1, 0 };
+
+	if (flags & HALITE_RESTORE_COPY_T) {
+		reg.kind = HALITE_MEM_COPY;
+		flags &= ~HALITE_RESTORE_COPY_T;
+	}
 	struct halite_restore *r;
 	int ret;
 
@@ -398,6 +404,58 @@ static void test_span(const char *url, const uint8_t *snap, const struct synth_o
 		CHECK(!memcmp((const uint8_t *)mem + m * fi->mb_size, snap + m * fi->mb_size,
 			      fi->mb_size), "block %" PRIu64 " of LB %" PRIu64 " differs", m, l.lb);
 	}
+	halite_restore_free(r);
+	synth_free(g);
+}
+
+/*
+ * A copy (HALITE_MEM_COPY, as QEMU's device RAM is restored) is filled at
+ * start, its LBs that follow each other in the file read together
+ * (restore.c fill_copies(), src_read_run()): the memory is exact when
+ * start returns, in one request per run of up to 8 LBs.
+ */
+static void test_copy_runs(const char *url, const uint8_t *snap, const struct synth_opts *base)
+{
+	struct synth_info info;
+	struct synth_guest *g = target(base, &info);
+	struct halite_restore *r = restore_open(url, &info, HALITE_RESTORE_COPY_T |
+					       HALITE_RESTORE_NO_PREFETCH);
+	struct halite_reader *rd = halite_restore_reader(r);
+	const struct halite_file_info *fi = halite_reader_info(rd);
+	struct halite_store_stats before, after;
+	uint64_t prev = 0, runs = 0, len = 0, lbs = 0;
+	uint8_t *has = calloc(fi->lb_count, 1);
+
+	CHECK(has, "out of memory");
+	for (uint64_t m = 0; m < fi->mb_count; m++) {
+		struct halite_mb_loc l;
+
+		if (!halite_reader_mb_lookup(rd, m, &l) && l.state == HALITE_MB_STORED)
+			has[l.lb] = 1;
+	}
+	/* Runs of LBs with a stored block, cut every 8 (512 KiB of 64 KiB LBs). */
+	for (uint64_t lb = 0; lb < fi->lb_count; lb++) {
+		if (!has[lb])
+			continue;
+		lbs++;
+		if (!runs || lb != prev + 1 || len == (512u << 10) / fi->lb_size) {
+			runs++;
+			len = 0;
+		}
+		len++;
+		prev = lb;
+	}
+	halite_reader_store_stats(rd, &before);
+	CHECK(!halite_restore_start(r), "restore_start: %s", halite_restore_errmsg(r));
+	halite_reader_store_stats(rd, &after);
+	printf("copy: %" PRIu64 " LBs in %" PRIu64 " requests (%" PRIu64 " runs)\n", lbs,
+	       after.requests - before.requests, runs);
+	CHECK(!memcmp(info.host_addr, snap, info.mem_bytes), "the copy differs from the snapshot");
+	CHECK(after.requests - before.requests == runs, "the copy took %" PRIu64
+	      " requests, not %" PRIu64, after.requests - before.requests, runs);
+	CHECK(runs < lbs, "no run of LBs");
+	CHECK(!halite_restore_wait(r, WAIT_MS), "copy restore: %s", halite_restore_errmsg(r));
+	free(has);
 	halite_restore_free(r);
 	synth_free(g);
 }
@@ -803,6 +861,7 @@ int main(void)
 	}
 	test_restore_exact(url, snap, &base);
 	test_span(url, snap, &base);
+	test_copy_runs(url, snap, &base);
 	test_template(url, snap, mem_bytes);
 	test_cache(url, snap, &base);
 	test_outage(url, snap, &base);
