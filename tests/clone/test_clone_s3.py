@@ -241,8 +241,10 @@ def case_qemu(e):
     log("  saved the test guest (digest %s), %d MiB pushed" % (d0, size >> 20))
 
     e.start("--qemu-bin", tc.QEMU_BIN, "--s3-allow", BUCKET + "/cloned/")
+    t0 = time.time()
     t = e.template(url, hotset=False)
     check(t["kind"] == "qemu" and t["snapshot"] == url, "the template: %s" % t)
+    log("  the template from the store, its clones' snapshot made: %.2f s" % (time.time() - t0))
     ids = e.clones(t["id"], 2)
     guests = []
     for cid in ids:

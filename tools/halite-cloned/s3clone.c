@@ -102,13 +102,19 @@ static int copy_outside_lbs(const char *url, const struct halite_file_info *fi, 
 	}
 	ret = halite_s3_open(&s, &cfg, bucket);
 	halite_s3_config_clear(&cfg);
-	if (!ret)
-		ret = halite_s3_head(s, key, &o);
-	if (!ret && o.size != fi->file_size)
-		ret = -HALITE_S3_E_CHANGED;
 	if (ret) {
-		snprintf(err, errlen, "%s: %s", url, s && halite_s3_errmsg(s)[0] ?
-			 halite_s3_errmsg(s) : "the object changed since the template opened it");
+		snprintf(err, errlen, "%s: %s", url, halite_s3_strerror(ret));
+		goto out;
+	}
+	ret = halite_s3_head(s, key, &o);
+	if (ret) {
+		snprintf(err, errlen, "%s", halite_s3_errmsg(s));
+		goto out;
+	}
+	if (o.size != fi->file_size) {
+		ret = -HALITE_S3_E_CHANGED;
+		snprintf(err, errlen, "%s: the object was replaced: %llu bytes, the template's has "
+			 "%llu", url, (unsigned long long)o.size, (unsigned long long)fi->file_size);
 		goto out;
 	}
 	for (int i = 0; i < 2; i++) {
