@@ -9,7 +9,8 @@ Run under tests/s3/run_with_store.sh (a real radosgw on 127.0.0.1); needs root,
 Each "host" is a network namespace of its own (halite-hosts-PID-a, -b) joined
 to the root namespace by a veth pair on a /30 of its own, and runs its own
 halite-cloned (own --state-dir, --mem-dir and LB cache STATE/lbcache) inside
-it. The store listens on loopback only, so each host reaches it through a
+it, both listening on 127.0.0.1:8426 with tokens of their own (each answers
+its own token, 401 to the other's) besides their unix sockets. The store listens on loopback only, so each host reaches it through a
 bench/s3_proxy.py of its own that listens on the root side's veth address:
 the proxy counts that host's requests, and a host has no other way to the
 store (its 127.0.0.1 is its own, and it has no route to the other host's
@@ -46,6 +47,7 @@ import test_clone_s3 as ts  # noqa: E402
 
 BUCKET = os.environ.get("HALITE_TEST_BUCKET")
 NS_RE = re.compile(r"^halite-hosts-(\d+)-([ab])$")
+API_PORT = 8426  # each host's own 127.0.0.1
 
 
 def run(*args, **kw):
@@ -137,6 +139,17 @@ def connect_in(ns, host, port):
     return r.stdout.strip()
 
 
+def healthz_in(ns, port, token):
+    """GET /healthz from inside @ns to 127.0.0.1:port with @token: the status."""
+    code = ("import http.client, sys\n"
+            "c = http.client.HTTPConnection('127.0.0.1', int(sys.argv[1]), timeout=5)\n"
+            "c.request('GET', '/healthz', headers={'Authorization': 'Bearer ' + sys.argv[2]})\n"
+            "print(c.getresponse().status)\n")
+    r = run("nsenter", "--net=/run/netns/" + ns, sys.executable, "-c", code, str(port), token)
+    check(r.returncode == 0, "GET /healthz in %s: %s" % (ns, r.stderr))
+    return int(r.stdout)
+
+
 def start_proxy(addr, ctl):
     p = subprocess.Popen([sys.executable, os.path.join(SRC, "bench", "s3_proxy.py"),
                           "--upstream", os.environ["AWS_ENDPOINT_URL"], "--listen", addr,
@@ -200,9 +213,21 @@ def hosts_case(net, hosts, envs):
     prefix = "hosts-%d" % os.getpid()
     url = "s3://%s/%s/t.hlt" % (BUCKET, prefix)
     subprocess.run([INSPECT, "push", snap, url], check=True, stdout=subprocess.DEVNULL, timeout=120)
+    # Both listen on the same TCP address, each in its own namespace (and on its
+    # unix socket, a path, which the test uses).
     for h in hosts.values():
-        h["env"].start("--s3-allow", "%s/%s/" % (BUCKET, prefix))
+        h["token"] = os.urandom(32).hex()
+        tok = os.path.join(h["env"].tmp, "token")
+        with open(os.open(tok, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write(h["token"])
+        h["env"].start("--s3-allow", "%s/%s/" % (BUCKET, prefix), "--listen",
+                       "127.0.0.1:%d" % API_PORT, "--token-file", tok)
         check(proxy(h["ctl"], "zero")["ok"], "proxy zero")
+    for name, h in hosts.items():
+        other = hosts["b" if name == "a" else "a"]
+        got = healthz_in(h["ns"], API_PORT, h["token"]), healthz_in(h["ns"], API_PORT, other["token"])
+        check(got == (200, 401), "host %s's 127.0.0.1:%d with its token and the other's: %s" %
+              (name, API_PORT, got))
 
     shows = {}
     for name, h in hosts.items():
