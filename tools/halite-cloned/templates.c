@@ -7,7 +7,8 @@
  * host's LB cache (--cache-dir). What kind of guest a snapshot holds is read
  * from its metadata: `synth.args` (halite-synth save) is a synthetic guest
  * (clones: halite-synth clone), `qemu.*` (halite-qemu save) a QEMU guest
- * (clones: halite-qemu clone).
+ * (clones: halite-qemu clone, given the snapshot as descriptor 3: for an
+ * object, a memfd of what they read, s3clone.c).
  */
 #define _GNU_SOURCE
 #include <dirent.h>
