@@ -6,10 +6,13 @@ goes away: the benchmarks' stand-in for a store across a network (netem is
 not in this kernel).
 
   bench/s3_proxy.py --upstream http://127.0.0.1:PORT [--rtt-ms 20]
-                    [--port 0] [--control PATH]
+                    [--listen 127.0.0.1] [--port 0] [--control PATH]
 
 Prints one JSON line on stdout once it listens: {"port": N, "control": PATH,
-"endpoint": "http://127.0.0.1:N"}. Point AWS_ENDPOINT_URL at the endpoint.
+"endpoint": "http://ADDR:N"}. Point AWS_ENDPOINT_URL at the endpoint.
+--listen takes another local IPv4 address than loopback: a network
+namespace's veth peer reaches a loopback-only store through it
+(tests/s3/test_clone_hosts.py).
 SigV4 signs the Host header the client sends, and the proxy passes every byte
 through unchanged, so the store checks the signature against the proxy's
 address the client signed: nothing is rewritten.
@@ -230,7 +233,7 @@ async def serve(args):
         ctl = os.path.join(tmp, "control")
     old = os.umask(0o177)
     try:
-        srv = await asyncio.start_server(p.client, "127.0.0.1", args.port)
+        srv = await asyncio.start_server(p.client, args.listen, args.port)
         csrv = await asyncio.start_unix_server(p.control, ctl)
     finally:
         os.umask(old)
@@ -239,7 +242,7 @@ async def serve(args):
         loop.add_signal_handler(sig, p.done.set)
     lport = srv.sockets[0].getsockname()[1]
     print(json.dumps({"port": lport, "control": ctl,
-                      "endpoint": f"http://127.0.0.1:{lport}"}), flush=True)
+                      "endpoint": f"http://{args.listen}:{lport}"}), flush=True)
     try:
         await p.done.wait()
     finally:
@@ -264,6 +267,8 @@ def main():
     ap.add_argument("--upstream", default=os.environ.get("AWS_ENDPOINT_URL"),
                     help="the store's endpoint (default $AWS_ENDPOINT_URL)")
     ap.add_argument("--rtt-ms", type=float, default=0.0, help="added round trip (0)")
+    ap.add_argument("--listen", default="127.0.0.1", metavar="ADDR",
+                    help="the IPv4 address it listens on (127.0.0.1)")
     ap.add_argument("--port", type=int, default=0, help="listening port (0: any free one)")
     ap.add_argument("--control", metavar="PATH", help="the control socket's path")
     ap.add_argument("--no-connect-rtt", action="store_true",
@@ -277,8 +282,11 @@ def main():
         ap.error(f"--rtt-ms {args.rtt_ms}: not between 0 and 60000")
     try:
         upstream(args.upstream)
+        socket.inet_pton(socket.AF_INET, args.listen)
     except ValueError as e:
         ap.error(str(e))
+    except OSError:
+        ap.error(f"--listen {args.listen}: not an IPv4 address")
     if args.die_with_parent:
         die_with_parent()
     asyncio.run(serve(args))

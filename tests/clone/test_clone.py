@@ -88,6 +88,10 @@ class Env:
         self.state = os.path.join(self.tmp, "state")
         self.daemon = None
         self.daemon_args = []
+        # what runs the daemon (e.g. nsenter into a network namespace) and its
+        # environment: the test's own unless set
+        self.wrap = []
+        self.env = None
         self.pids = set()
         self.logs = []
         # snapshots are made in tmp: the daemon takes them from there only
@@ -99,9 +103,10 @@ class Env:
         logf = open(os.path.join(self.tmp, "daemon-%d.log" % len(self.logs)), "w")
         self.logs.append(logf.name)
         self.daemon = subprocess.Popen(
+            self.wrap +
             [CLONED, "--socket", self.sock, "--state-dir", self.state, "--mem-dir", self.mem,
              "--synth-bin", SYNTH] + sum([["--snapshot-dir", s] for s in self.snapdirs], []) +
-            self.daemon_args, stdout=logf, stderr=logf)
+            self.daemon_args, stdout=logf, stderr=logf, env=self.env)
         logf.close()
         deadline = time.time() + 20
         while time.time() < deadline:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """halite-cloned with templates read from an object store (issue 26).
 
-  test_clone_s3.py CASE    CASE: template, refuse
+  test_clone_s3.py CASE    CASE: template, refuse, qemu
 
 Run under tests/s3/run_with_store.sh: a real S3 store (radosgw) is started and
 its AWS_ENDPOINT_URL, keys, region and HALITE_TEST_BUCKET exported; without them
@@ -17,10 +17,19 @@ the case skips (77).
   local template's "store" is null.
 - refuse: without --s3-allow an s3:// snapshot is refused naming the option;
   with one, another bucket, a key outside its prefix, a bad bucket name and a
-  QEMU guest's snapshot (its clones take the file as a descriptor) are
-  refused, each with its status and message, and a store that does not
+  QEMU guest's snapshot that records disks (their images are not in the
+  store) are refused, each with its status and message (the same snapshot
+  without disks is taken), and a store that does not
   answer is 502 naming the request; an unknown --cache-size and a
   relative --cache-dir stop the daemon at start (exit 2).
+- qemu: the QEMU test guest (no disk) saved, pushed and its file removed; a
+  template by URL; 2 clones each find the snapshot's digest from inside the
+  guest. Each clone's descriptor 3 is the daemon's memfd: 0600, sealed
+  (not writable), the object's size but holding under a quarter of it (no
+  guest RAM), held by no QEMU; neither the clone nor its QEMU has AWS_*,
+  HALITE_S3_* or HALITE_CACHE_* in its environment. Every LB came from the
+  store once. A restarted daemon starts another exact clone. Skipped (77)
+  without QEMU or the guest image.
 """
 import os
 import stat
@@ -154,20 +163,27 @@ def case_refuse(e):
     refused(e, "s3://Bad_Bucket/cloned/t.hlt", 400, "bad bucket name")
     refused(e, "s3://%s" % BUCKET, 400, "names no key")
     refused(e, "file:///etc/passwd", 400, "an absolute path or an s3://BUCKET/KEY URL")
-    # A QEMU guest's snapshot (qemu.* metadata, no synth.args): its clones would take
-    # the file as a descriptor, which an object has not; refused, saying where from.
-    img, plain, qsnap = (os.path.join(e.tmp, n) for n in ("q.img", "q-plain.hlt", "q.hlt"))
+    # A QEMU guest's snapshot (qemu.* metadata, no synth.args) is taken; one that
+    # records disks is refused: its images do not travel with the object.
+    img, plain, qsnap, dsnap = (os.path.join(e.tmp, n) for n in
+                                ("q.img", "q-plain.hlt", "q.hlt", "qd.hlt"))
     with open(img, "wb") as f:
         f.write(os.urandom(4 << 20))
     subprocess.run([INSPECT, "import", "--no-sync", img, "--region", "ram", "-o", plain,
                     "--codec", "none"], check=True, stdout=subprocess.DEVNULL, timeout=60)
-    with open(img, "wb") as f:
-        f.write(b"-M q35")
-    r = subprocess.run([META_SET, plain, qsnap, "qemu.cmdline", img], capture_output=True,
-                       text=True, timeout=60)
-    check(r.returncode == 0, "clone_meta_set: %s" % r)
-    refused(e, push(e, qsnap, "cloned/q.hlt"), 400,
-            "is a QEMU guest's: QEMU templates are taken from a --snapshot-dir only")
+    for src, out, key, value in ((plain, qsnap, "qemu.cmdline", b"-M q35"),
+                                 (qsnap, dsnap, "qemu.disks", b'[{"device": "drive0"}]')):
+        with open(img, "wb") as f:
+            f.write(value)
+        r = subprocess.run([META_SET, src, out, key, img], capture_output=True, text=True,
+                           timeout=60)
+        check(r.returncode == 0, "clone_meta_set: %s" % r)
+    t = e.template(push(e, qsnap, "cloned/q.hlt"), hotset=False)
+    check(t["kind"] == "qemu", "a QEMU guest's object without disks: %s" % t)
+    e.ok("DELETE", "/templates/" + t["id"])
+    refused(e, push(e, dsnap, "cloned/qd.hlt"), 400,
+            "is a QEMU guest's with disks (qemu.disks): its disk images do not travel with "
+            "the object")
     # An allowed key that is not there: the store's answer, named.
     refused(e, "s3://%s/cloned/missing.hlt" % BUCKET, 400, "s3://%s/cloned/missing.hlt" % BUCKET)
     stop_daemon(e)
@@ -191,7 +207,113 @@ def case_refuse(e):
         log("  %s -> %s" % (" ".join(args), r.stderr.strip()))
 
 
-CASES = {"template": case_template, "refuse": case_refuse}
+def memfd_of(pid, name):
+    """The descriptors of @pid that are the memfd @name: [(fd, its stat)]."""
+    out = []
+    for fd in os.listdir("/proc/%d/fd" % pid):
+        try:
+            if os.readlink("/proc/%d/fd/%s" % (pid, fd)).startswith("/memfd:" + name):
+                out.append((int(fd), os.stat("/proc/%d/fd/%s" % (pid, fd))))
+        except OSError:
+            pass
+    return out
+
+
+def case_qemu(e):
+    if not tc.hg.qemu_available() or not tc.hg.image_ready() or not tc.QEMU_BIN:
+        raise tc.Skip("no qemu-system-x86_64, test guest (scripts/make-guest.sh) or halite-qemu")
+    src = tc.hg.Guest(e.tmp, "source")
+    src.boot()
+    e.pids.add(src.pid)
+    src.wait_ready()
+    src.rewrites(False)  # the digest stays put across the snapshot
+    d0, _, ok0 = src.digest()
+    check(ok0, "source guest digest %s as expected" % d0)
+    snap = os.path.join(e.tmp, "guest.hlt")
+    p = subprocess.run([tc.QEMU_BIN, "save", "--qmp", src.qmp_path, "--json", "-q", snap],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
+    check(p.returncode == 0, "halite-qemu save: exit %d: %s" % (p.returncode, p.stderr[-2000:]))
+    src.qmp().cmd("quit")
+    src.proc.wait(timeout=30)
+    size = os.path.getsize(snap)
+    url = push(e, snap, "cloned/guest.hlt")
+    os.unlink(snap)  # the clones can only have it from the store
+    log("  saved the test guest (digest %s), %d MiB pushed" % (d0, size >> 20))
+
+    e.start("--qemu-bin", tc.QEMU_BIN, "--s3-allow", BUCKET + "/cloned/")
+    t0 = time.time()
+    t = e.template(url, hotset=False)
+    check(t["kind"] == "qemu" and t["snapshot"] == url, "the template: %s" % t)
+    log("  the template from the store, its clones' snapshot made: %.2f s" % (time.time() - t0))
+    ids = e.clones(t["id"], 2)
+    guests = []
+    for cid in ids:
+        c = e.wait_state(cid, ("running", "done"), timeout=120)
+        e.pids.add(c["qemu_pid"])
+        # Descriptor 3 of the clone: the daemon's sealed memfd, the object's size, with
+        # the guest RAM's LBs left out; QEMU holds none of it; no credentials.
+        views = memfd_of(c["pid"], "halite-clone-snapshot")
+        check(len(views) == 1 and views[0][0] == 3, "clone %s's descriptors: %s" % (cid, views))
+        st = views[0][1]
+        check(st.st_size == size and stat.S_IMODE(st.st_mode) == 0o600,
+              "clone %s's snapshot: %d bytes, mode %o (the object has %d)" %
+              (cid, st.st_size, stat.S_IMODE(st.st_mode), size))
+        check(st.st_blocks * 512 < size // 4, "clone %s's snapshot holds %d of %d bytes: "
+              "more than the sections" % (cid, st.st_blocks * 512, size))
+        log("  clone %s: descriptor 3 holds %d KiB of the object's %d MiB" %
+            (cid, st.st_blocks // 2, size >> 20))
+        try:
+            with open("/proc/%d/fd/3" % c["pid"], "r+b") as f:
+                f.write(b"x")
+            raise Fail("clone %s's snapshot is writable" % cid)
+        except PermissionError:
+            pass
+        check(not memfd_of(c["qemu_pid"], "halite-clone-snapshot"),
+              "clone %s's QEMU holds the snapshot" % cid)
+        for pid in (c["pid"], c["qemu_pid"]):
+            with open("/proc/%d/environ" % pid, "rb") as f:
+                env = [v.split(b"=", 1)[0].decode() for v in f.read().split(b"\0") if v]
+            leaked = [k for k in env if k.startswith(("AWS_", "HALITE_S3_", "HALITE_CACHE_"))]
+            check(not leaked, "clone %s (pid %d)'s environment: %s" % (cid, pid, leaked))
+        g = tc.hg.Guest(e.tmp, cid)
+        g.adopt(c["qemu_pid"])
+        g.port = c["forwards"][0]["host_port"]
+        g.console = c["serial"]
+        g.qmp_path = c["qmp"]
+        guests.append(g)
+    for g in guests:
+        d, up, ok = g.digest()
+        check(ok and d == d0, "clone on port %d: the verifier's digest %s is the snapshot's %s"
+              % (g.port, d, d0))
+        check(g.status()["mismatches"] == "0", "clone on port %d: 0 mismatches" % g.port)
+        log("  clone on port %d: digest %s, uptime %.1f s" % (g.port, d, up))
+    show = wait_complete(e, t["id"], timeout=300)
+    s, lbs = show["store"], show["stats"]["lb_total"]
+    # The device RAM's LBs are read twice on the host (the clones' snapshot, the
+    # template's fill), from the store once: the second read is a cache hit.
+    check(s["cache_misses"] == lbs and s["cache_puts"] == lbs,
+          "every LB from the store once (the clones' device RAM too): %s" % s)
+    log("  the template: %d LBs from the store, %d read again from the host's cache" %
+        (lbs, s["cache_hits"]))
+    for cid in ids:
+        c = e.wait_state(cid, ("done",), timeout=120)
+        check(not c["error"], "clone %s done: %s" % (cid, c))
+    # A restarted daemon makes its clones' snapshot again and starts one more.
+    stop_daemon(e)
+    e.start()
+    cid = e.clones(t["id"], 1)[0]
+    c = e.wait_state(cid, ("running", "done"), timeout=120)
+    e.pids.add(c["qemu_pid"])
+    g = tc.hg.Guest(e.tmp, cid)
+    g.adopt(c["qemu_pid"])
+    g.port, g.console, g.qmp_path = c["forwards"][0]["host_port"], c["serial"], c["qmp"]
+    d, _, ok = g.digest()
+    check(ok and d == d0, "after a restart, a clone's digest %s is the snapshot's %s" % (d, d0))
+    for cid in ids + [cid]:
+        e.ok("DELETE", "/clones/%s" % cid)
+
+
+CASES = {"template": case_template, "refuse": case_refuse, "qemu": case_qemu}
 
 
 def main():

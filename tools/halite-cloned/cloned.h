@@ -95,9 +95,10 @@ struct tmpl {
 	char id[CLONED_ID_LEN + 1];
 	enum tmpl_kind kind;
 	char *snapshot;		 /* an absolute path, or s3://BUCKET/KEY (@s3) */
-	bool s3;		 /* read from the object store: no descriptor, no QEMU clones */
-	int snap_fd;		 /* the snapshot, opened once; clones get this descriptor
-				    (0: not open, and always for @s3) */
+	bool s3;		 /* read from the object store */
+	int snap_fd;		 /* the snapshot, opened once; QEMU clones get this descriptor
+				    (0: not open); for @s3, a QEMU template's clones' view of
+				    the object (s3clone.c), else 0 */
 	char uuid[33];		 /* the snapshot's file uuid, 32 hex digits ("" unknown) */
 	char *synth_args;	 /* the snapshot's synth.args (synthetic) */
 	/*
@@ -211,6 +212,13 @@ int snapdir_add(struct cloned *d, const char *path, char *err, size_t errlen);
 void snapdir_free_all(struct cloned *d);
 /* 0 and *@fd, or an HTTP status (403 outside every directory, 400 refused) with @err */
 unsigned snapdir_open(struct cloned *d, const char *path, int *fd, char *err, size_t errlen);
+
+/*
+ * s3clone.c: a QEMU template's object as its clones read it, a sealed memfd
+ * without the guest RAM's LBs, into *@out. 0, or a negative code with @err.
+ */
+int s3clone_make(const struct tmpl *tp, int *out, char *err, size_t errlen);
+bool cl_in_list(const char *list, uint32_t len, const char *name); /* templates.c */
 
 /* s3allow.c: s3:// snapshots from the operator's --s3-allow locations only */
 bool s3allow_is_url(const char *snapshot); /* s3://... */

@@ -7,7 +7,8 @@
  * host's LB cache (--cache-dir). What kind of guest a snapshot holds is read
  * from its metadata: `synth.args` (halite-synth save) is a synthetic guest
  * (clones: halite-synth clone), `qemu.*` (halite-qemu save) a QEMU guest
- * (clones: halite-qemu clone).
+ * (clones: halite-qemu clone, given the snapshot as descriptor 3: for an
+ * object, a memfd of what they read, s3clone.c).
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -114,12 +115,22 @@ static unsigned open_status(int err)
 }
 
 /* Whether @name is listed in the NUL-separated @list (qemu.device-ram). */
-static bool in_list(const char *list, uint32_t len, const char *name)
+bool cl_in_list(const char *list, uint32_t len, const char *name)
 {
 	for (const char *p = list; list && p < list + len; p += strlen(p) + 1)
 		if (!strcmp(p, name)) /* the list's last byte is a NUL: checked */
 			return true;
 	return false;
+}
+
+/* Whether qemu.disks (a JSON array, hq_disks_record) names a disk; unreadable: yes. */
+static bool records_disks(const void *val, uint32_t len)
+{
+	cJSON *a = cJSON_ParseWithLength(val, len);
+	bool none = cJSON_IsArray(a) && !cJSON_GetArraySize(a);
+
+	cJSON_Delete(a);
+	return !none;
 }
 
 /*
@@ -137,6 +148,7 @@ static unsigned classify(struct tmpl *tp, char uuid[33], char *err, size_t errle
 	HALITE_OPTS(halite_reader_opts, ro);
 	const struct halite_file_info *fi;
 	uint32_t devram_len = 0;
+	bool disks = false;
 	char why[600];
 	struct halite_reader *r;
 	bool qemu = false;
@@ -173,15 +185,19 @@ static unsigned classify(struct tmpl *tp, char uuid[33], char *err, size_t errle
 			tp->synth_args = strndup(val, len);
 		if (!strncmp(key, "qemu.", 5))
 			qemu = true;
+		if (!strcmp(key, "qemu.disks"))
+			disks = records_disks(val, len);
 		if (!strcmp(key, "qemu.device-ram") && len && !((const char *)val)[len - 1]) {
 			devram = val;
 			devram_len = len;
 		}
 	}
-	if (!tp->synth_args && qemu && tp->s3) {
-		/* Its clones get the snapshot as a descriptor (fd 3): an object has none yet. */
-		snprintf(err, errlen, "snapshot %s is a QEMU guest's: QEMU templates are taken from "
-			 "a --snapshot-dir only (halite-inspect pull it there first)", snapshot);
+	if (!tp->synth_args && qemu && tp->s3 && disks) {
+		/* Its clones need its frozen disk images, which the object does not carry. */
+		snprintf(err, errlen, "snapshot %s is a QEMU guest's with disks (qemu.disks): its "
+			 "disk images do not travel with the object, so its template is taken from a "
+			 "--snapshot-dir only (halite-inspect pull it there, beside its images)",
+			 snapshot);
 		halite_reader_free(r);
 		return 400;
 	}
@@ -191,7 +207,7 @@ static unsigned classify(struct tmpl *tp, char uuid[33], char *err, size_t errle
 		for (uint32_t i = 0; i < halite_reader_info(r)->region_count; i++) {
 			const struct halite_region_info *ri = halite_reader_region(r, i);
 
-			if (!in_list(devram, devram_len, ri->name)) {
+			if (!cl_in_list(devram, devram_len, ri->name)) {
 				snprintf(tp->region, sizeof(tp->region), "%s", ri->name);
 				break;
 			}
@@ -344,6 +360,19 @@ unsigned tmpl_open(struct cloned *d, struct tmpl *tp, bool reload, char *err, si
 		tp->t = NULL;
 		status = 409;
 		goto out;
+	}
+	if (tp->s3 && tp->kind == TMPL_QEMU) {
+		/* What its clones read as descriptor 3 (s3clone.c): made again at every open. */
+		if (tp->snap_fd > 0)
+			close(tp->snap_fd);
+		tp->snap_fd = 0;
+		ret = s3clone_make(tp, &tp->snap_fd, err, errlen);
+		if (ret) {
+			halite_template_free(tp->t);
+			tp->t = NULL;
+			status = open_status(ret);
+			goto out;
+		}
 	}
 	free(tp->hot_path);
 	tp->hot_path = hot; /* shown: the trace `halite-inspect relayout --trace` takes */

@@ -1,0 +1,250 @@
+// SPDX-License-Identifier: MIT
+/*
+ * halite-cloned: the snapshot a QEMU clone of an object template reads.
+ *
+ * `halite-qemu clone` takes its snapshot as descriptor 3 and reads from it
+ * the header, the index, the metadata (its command line), the device state,
+ * the vCPUs and the device RAM (video memory, which it writes into QEMU
+ * itself); its guest RAM comes from the template memory file, which the
+ * daemon's session serves. A clone gets neither the store's credentials
+ * (clone_environ() leaves them out) nor the object's URL. So the daemon
+ * makes it a file of its own: a memfd the object's size that holds the
+ * object's bytes outside the locality blocks (header, sections, directory,
+ * footer: two ranged GETs, If-Match the ETag of a HEAD) and the LBs that
+ * hold device RAM (read by the template's reader, so through the host's LB
+ * cache and checked against the LB table). The guest RAM's LBs are holes:
+ * they cost no memory, and a clone that read one would fail on its
+ * checksum, never take zeros for memory. The memfd is sealed once written:
+ * no clone can change what the others read.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <halite/errors.h>
+#include <halite/format.h>
+
+#include "cloned.h"
+#include "s3.h"
+
+#define SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL)
+
+/* Marks in @lbs (a bitmap of lb_count bits) the LBs that hold a block of a device-RAM region. */
+static int mark_devram_lbs(struct halite_reader *r, uint8_t *lbs, char *err, size_t errlen)
+{
+	const struct halite_file_info *fi = halite_reader_info(r);
+	const char *list = NULL;
+	uint32_t len = 0;
+
+	for (uint32_t i = 0; i < halite_reader_meta_count(r); i++) {
+		const char *key;
+		const void *val;
+		uint32_t n;
+
+		if (!halite_reader_meta(r, i, &key, &val, &n) && !strcmp(key, "qemu.device-ram") &&
+		    n && !((const char *)val)[n - 1]) {
+			list = val;
+			len = n;
+		}
+	}
+	for (uint32_t i = 0; i < fi->region_count; i++) {
+		const struct halite_region_info *ri = halite_reader_region(r, i);
+
+		if (!cl_in_list(list, len, ri->name))
+			continue;
+		for (uint64_t mb = ri->first_mb; mb < ri->first_mb + ri->mb_count; mb++) {
+			struct halite_mb_loc loc;
+			int ret = halite_reader_mb_lookup(r, mb, &loc);
+
+			if (ret) {
+				snprintf(err, errlen, "memory block %llu of device RAM %s: %s",
+					 (unsigned long long)mb, ri->name, halite_reader_errmsg(r));
+				return ret;
+			}
+			if (loc.state == HALITE_MB_STORED && loc.lb < fi->lb_count)
+				lbs[loc.lb / 8] |= (uint8_t)(1u << (loc.lb % 8));
+		}
+	}
+	return 0;
+}
+
+/*
+ * The object's bytes before its first LB and after its last, written at
+ * their offsets in @fd: its HEAD must find the size the reader found, and
+ * both GETs are conditional on that HEAD's ETag.
+ */
+static int copy_outside_lbs(const char *url, const struct halite_file_info *fi, int fd,
+			    char *err, size_t errlen)
+{
+	uint64_t lb_end = fi->data_offset + fi->lb_count * (uint64_t)fi->lb_size;
+	struct halite_s3_config cfg;
+	struct halite_s3_object o;
+	struct halite_s3_range rg[2] = {
+		{ .off = 0, .len = fi->data_offset },
+		{ .off = lb_end, .len = fi->file_size - lb_end },
+	};
+	struct halite_s3 *s = NULL;
+	char *bucket = NULL, *key = NULL, why[512];
+	int ret;
+
+	ret = halite_s3_parse_url(url, &bucket, &key, why, sizeof(why));
+	if (!ret)
+		ret = halite_s3_config_load(&cfg, why, sizeof(why));
+	if (ret) {
+		snprintf(err, errlen, "%s: %s", url, why);
+		goto out;
+	}
+	ret = halite_s3_open(&s, &cfg, bucket);
+	halite_s3_config_clear(&cfg);
+	if (ret) {
+		snprintf(err, errlen, "%s: %s", url, halite_s3_strerror(ret));
+		goto out;
+	}
+	ret = halite_s3_head(s, key, &o);
+	if (ret) {
+		snprintf(err, errlen, "%s", halite_s3_errmsg(s));
+		goto out;
+	}
+	if (o.size != fi->file_size) {
+		ret = -HALITE_S3_E_CHANGED;
+		snprintf(err, errlen, "%s: the object was replaced: %llu bytes, the template's has "
+			 "%llu", url, (unsigned long long)o.size, (unsigned long long)fi->file_size);
+		goto out;
+	}
+	for (int i = 0; i < 2; i++) {
+		/* Bounded by the object's size, which the reader checked against its own fields. */
+		rg[i].buf = malloc(rg[i].len ? rg[i].len : 1);
+		if (!rg[i].buf) {
+			ret = -ENOMEM;
+			snprintf(err, errlen, "out of memory");
+			goto out;
+		}
+	}
+	ret = halite_s3_get_ranges(s, key, rg, 2, o.etag);
+	if (ret) {
+		snprintf(err, errlen, "%s", halite_s3_errmsg(s));
+		goto out;
+	}
+	for (int i = 0; i < 2; i++) {
+		if (rg[i].got != rg[i].len) {
+			ret = -HALITE_S3_E_CHANGED;
+			snprintf(err, errlen, "%s: bytes %llu..%llu: the object is shorter than its "
+				 "HEAD said", url, (unsigned long long)rg[i].off,
+				 (unsigned long long)(rg[i].off + rg[i].len));
+			goto out;
+		}
+		if (pwrite(fd, rg[i].buf, rg[i].len, (off_t)rg[i].off) != (ssize_t)rg[i].len) {
+			ret = errno ? -errno : -EIO;
+			snprintf(err, errlen, "writing the clones' snapshot: %s", strerror(-ret));
+			goto out;
+		}
+	}
+out:
+	free(rg[0].buf);
+	free(rg[1].buf);
+	halite_s3_close(s);
+	free(bucket);
+	free(key);
+	return ret;
+}
+
+/* The device-RAM LBs marked in @lbs, read (cache, store) and checked by @r, into @fd. */
+static int copy_lbs(struct halite_reader *r, const uint8_t *lbs, int fd, char *err,
+		    size_t errlen)
+{
+	const struct halite_file_info *fi = halite_reader_info(r);
+	void *buf = halite_reader_alloc_lb(r);
+	int ret = 0;
+
+	if (!buf) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	for (uint64_t lb = 0; lb < fi->lb_count && !ret; lb++) {
+		off_t at = (off_t)(fi->data_offset + lb * fi->lb_size);
+
+		if (!(lbs[lb / 8] & (1u << (lb % 8))))
+			continue;
+		ret = halite_reader_read_lb(r, lb, buf);
+		if (ret) {
+			snprintf(err, errlen, "locality block %llu: %s", (unsigned long long)lb,
+				 halite_reader_errmsg(r));
+		} else if (pwrite(fd, buf, fi->lb_size, at) != (ssize_t)fi->lb_size) {
+			ret = errno ? -errno : -EIO;
+			snprintf(err, errlen, "writing the clones' snapshot: %s", strerror(-ret));
+		}
+	}
+	halite_reader_free_lb(buf);
+	return ret;
+}
+
+/* What a clone will open: @fd's file must open as a snapshot, and be @uuid's. */
+static int check_view(int fd, const char *uuid, char *err, size_t errlen)
+{
+	HALITE_OPTS(halite_reader_opts, ro);
+	struct halite_reader *r;
+	char path[32], got[33], why[512] = "";
+	int ret;
+
+	ro.errbuf = why;
+	ro.errbuf_len = sizeof(why);
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	ret = halite_reader_open(&r, path, &ro);
+	if (ret) {
+		snprintf(err, errlen, "the clones' snapshot does not open: %s",
+			 why[0] ? why : halite_strerror(ret));
+		return ret;
+	}
+	for (int i = 0; i < 16; i++)
+		snprintf(got + 2 * i, 3, "%02x", halite_reader_info(r)->uuid[i]);
+	halite_reader_free(r);
+	if (strcmp(got, uuid)) {
+		snprintf(err, errlen, "the object was replaced: uuid %s, the template's is %s", got,
+			 uuid);
+		return -HALITE_S3_E_CHANGED;
+	}
+	return 0;
+}
+
+int s3clone_make(const struct tmpl *tp, int *out, char *err, size_t errlen)
+{
+	struct halite_reader *r = halite_template_reader(tp->t);
+	const struct halite_file_info *fi = halite_reader_info(r);
+	uint8_t *lbs = calloc(fi->lb_count / 8 + 1, 1); /* lb_count is bounded by the file's size */
+	int fd = -1, ret;
+
+	if (!lbs) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	fd = memfd_create("halite-clone-snapshot", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0 || fchmod(fd, 0600) || ftruncate(fd, (off_t)fi->file_size)) {
+		ret = -errno;
+		snprintf(err, errlen, "the clones' snapshot (memfd): %s", strerror(errno));
+		goto out;
+	}
+	ret = mark_devram_lbs(r, lbs, err, errlen);
+	if (!ret)
+		ret = copy_outside_lbs(tp->snapshot, fi, fd, err, errlen);
+	if (!ret)
+		ret = copy_lbs(r, lbs, fd, err, errlen);
+	if (!ret && fcntl(fd, F_ADD_SEALS, SEALS)) {
+		ret = -errno;
+		snprintf(err, errlen, "sealing the clones' snapshot: %s", strerror(errno));
+	}
+	if (!ret)
+		ret = check_view(fd, tp->uuid, err, errlen);
+out:
+	free(lbs);
+	if (ret && fd >= 0)
+		close(fd);
+	if (!ret)
+		*out = fd;
+	return ret;
+}
