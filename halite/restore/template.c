@@ -681,6 +681,8 @@ int halite_template_open(struct halite_template **tp, const char *snapshot, cons
 	ro.read_latency_us = t->o.read_latency_us;
 	ro.errbuf = rerr;
 	ro.errbuf_len = sizeof(rerr);
+	ro.same_as = t->o.same_as;
+	t->o.same_as = NULL; /* the caller's, for this call only */
 	ret = halite_reader_open(&t->rd, snapshot, &ro);
 	if (ret) {
 		if (rerr[0])

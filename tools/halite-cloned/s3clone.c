@@ -10,9 +10,9 @@
  * (clone_environ() leaves them out) nor the object's URL. So the daemon
  * makes it a file of its own: a memfd the object's size that holds the
  * object's bytes outside the locality blocks (header, sections, directory,
- * footer: two ranged GETs, If-Match the ETag of a HEAD) and the LBs that
- * hold device RAM (read by the template's reader, so through the host's LB
- * cache and checked against the LB table). The guest RAM's LBs are holes:
+ * footer) and the LBs that hold device RAM, all read by the template's
+ * reader: the version the template reads, what it kept at open, the LBs
+ * through the host's LB cache and checked against the LB table. The guest RAM's LBs are holes:
  * they cost no memory, and a clone that read one would fail on its
  * checksum, never take zeros for memory. The memfd is sealed once written:
  * no clone can change what the others read.
@@ -31,6 +31,8 @@
 #include <halite/format.h>
 
 #include "cloned.h"
+#include "io.h"
+#include "reader_io.h"
 #include "s3.h"
 
 #define SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL)
@@ -76,81 +78,41 @@ static int mark_devram_lbs(struct halite_reader *r, uint8_t *lbs, char *err, siz
 
 /*
  * The object's bytes before its first LB and after its last, written at
- * their offsets in @fd: its HEAD must find the size the reader found, and
- * both GETs are conditional on that HEAD's ETag.
+ * their offsets in @fd: read through @r's own handle on the object, so of
+ * the version the template reads (its ETag), and mostly from what @r kept
+ * at open (head, tail, sections: no request).
  */
-static int copy_outside_lbs(const char *url, const struct halite_file_info *fi, int fd,
-			    char *err, size_t errlen)
+static int copy_outside_lbs(struct halite_reader *r, int fd, char *err, size_t errlen)
 {
+	const struct halite_file_info *fi = halite_reader_info(r);
 	uint64_t lb_end = fi->data_offset + fi->lb_count * (uint64_t)fi->lb_size;
-	struct halite_s3_config cfg;
-	struct halite_s3_object o;
-	struct halite_s3_range rg[2] = {
-		{ .off = 0, .len = fi->data_offset },
-		{ .off = lb_end, .len = fi->file_size - lb_end },
-	};
-	struct halite_s3 *s = NULL;
-	char *bucket = NULL, *key = NULL, why[512];
-	int ret;
+	/* Bounded by the object's size, which the reader checked against its own fields. */
+	const uint64_t off[2] = { 0, lb_end }, len[2] = { fi->data_offset, fi->file_size - lb_end };
+	int ret = 0;
 
-	ret = halite_s3_parse_url(url, &bucket, &key, why, sizeof(why));
-	if (!ret)
-		ret = halite_s3_config_load(&cfg, why, sizeof(why));
-	if (ret) {
-		snprintf(err, errlen, "%s: %s", url, why);
-		goto out;
-	}
-	ret = halite_s3_open(&s, &cfg, bucket);
-	halite_s3_config_clear(&cfg);
-	if (ret) {
-		snprintf(err, errlen, "%s: %s", url, halite_s3_strerror(ret));
-		goto out;
-	}
-	ret = halite_s3_head(s, key, &o);
-	if (ret) {
-		snprintf(err, errlen, "%s", halite_s3_errmsg(s));
-		goto out;
-	}
-	if (o.size != fi->file_size) {
-		ret = -HALITE_S3_E_CHANGED;
-		snprintf(err, errlen, "%s: the object was replaced: %llu bytes, the template's has "
-			 "%llu", url, (unsigned long long)o.size, (unsigned long long)fi->file_size);
-		goto out;
-	}
-	for (int i = 0; i < 2; i++) {
-		/* Bounded by the object's size, which the reader checked against its own fields. */
-		rg[i].buf = malloc(rg[i].len ? rg[i].len : 1);
-		if (!rg[i].buf) {
-			ret = -ENOMEM;
+	for (int i = 0; i < 2 && !ret; i++) {
+		uint8_t *buf = malloc(len[i] ? len[i] : 1);
+
+		if (!buf) {
 			snprintf(err, errlen, "out of memory");
-			goto out;
+			return -ENOMEM;
 		}
-	}
-	ret = halite_s3_get_ranges(s, key, rg, 2, o.etag);
-	if (ret) {
-		snprintf(err, errlen, "%s", halite_s3_errmsg(s));
-		goto out;
-	}
-	for (int i = 0; i < 2; i++) {
-		if (rg[i].got != rg[i].len) {
-			ret = -HALITE_S3_E_CHANGED;
-			snprintf(err, errlen, "%s: bytes %llu..%llu: the object is shorter than its "
-				 "HEAD said", url, (unsigned long long)rg[i].off,
-				 (unsigned long long)(rg[i].off + rg[i].len));
-			goto out;
-		}
-		if (pwrite(fd, rg[i].buf, rg[i].len, (off_t)rg[i].off) != (ssize_t)rg[i].len) {
+		ret = halite_io_read(halite_reader_io(r), buf, len[i], off[i]);
+		if (ret) {
+			char why[512] = "";
+
+			/* The store's own sentence, which names the request, for its failures. */
+			if (ret <= -HALITE_S3_E_BASE)
+				halite_io_errmsg(halite_reader_io(r), why, sizeof(why));
+			snprintf(err, errlen, "bytes %llu..%llu: %s", (unsigned long long)off[i],
+				 (unsigned long long)(off[i] + len[i]),
+				 why[0] ? why : halite_strerror(ret));
+		} else if (pwrite(fd, buf, len[i], (off_t)off[i]) != (ssize_t)len[i]) {
 			ret = errno ? -errno : -EIO;
 			snprintf(err, errlen, "writing the clones' snapshot: %s", strerror(-ret));
-			goto out;
 		}
+		free(buf);
 	}
-out:
-	free(rg[0].buf);
-	free(rg[1].buf);
-	halite_s3_close(s);
-	free(bucket);
-	free(key);
 	return ret;
 }
 
@@ -231,7 +193,7 @@ int s3clone_make(const struct tmpl *tp, int *out, char *err, size_t errlen)
 	}
 	ret = mark_devram_lbs(r, lbs, err, errlen);
 	if (!ret)
-		ret = copy_outside_lbs(tp->snapshot, fi, fd, err, errlen);
+		ret = copy_outside_lbs(r, fd, err, errlen);
 	if (!ret)
 		ret = copy_lbs(r, lbs, fd, err, errlen);
 	if (!ret && fcntl(fd, F_ADD_SEALS, SEALS)) {

@@ -142,7 +142,8 @@ static bool records_disks(const void *val, uint32_t len)
  * status with @err: 400 for a file that is not a snapshot or not one this
  * daemon knows.
  */
-static unsigned classify(struct tmpl *tp, char uuid[33], char *err, size_t errlen)
+static unsigned classify(struct tmpl *tp, char uuid[33], struct halite_reader **keep, char *err,
+			 size_t errlen)
 {
 	const char *snapshot = tp->snapshot, *devram = NULL;
 	HALITE_OPTS(halite_reader_opts, ro);
@@ -212,11 +213,12 @@ static unsigned classify(struct tmpl *tp, char uuid[33], char *err, size_t errle
 				break;
 			}
 		}
-		halite_reader_free(r);
 		if (!tp->region[0]) {
+			halite_reader_free(r);
 			snprintf(err, errlen, "snapshot %s has no guest RAM region", snapshot);
 			return 400;
 		}
+		*keep = r;
 		return 0;
 	}
 	if (!tp->synth_args) {
@@ -244,7 +246,7 @@ static unsigned classify(struct tmpl *tp, char uuid[33], char *err, size_t errle
 		halite_reader_free(r);
 		return 400;
 	}
-	halite_reader_free(r);
+	*keep = r;
 	return 0;
 }
 
@@ -288,6 +290,7 @@ unsigned tmpl_open(struct cloned *d, struct tmpl *tp, bool reload, char *err, si
 		.log_level = d->o.log_level,
 	};
 	const struct halite_file_info *fi;
+	struct halite_reader *checked = NULL; /* classify()'s, for the engine (same_as) */
 	char uuid[33], path[64];
 	unsigned status = 500;
 	int ret;
@@ -307,7 +310,7 @@ unsigned tmpl_open(struct cloned *d, struct tmpl *tp, bool reload, char *err, si
 		if (status)
 			goto out;
 	}
-	status = classify(tp, uuid, err, errlen);
+	status = classify(tp, uuid, &checked, err, errlen);
 	if (status)
 		goto out;
 	if (reload && tp->uuid[0] && strcmp(uuid, tp->uuid)) {
@@ -335,7 +338,11 @@ unsigned tmpl_open(struct cloned *d, struct tmpl *tp, bool reload, char *err, si
 			goto out;
 		}
 	}
+	/* The version classify() read, without opening an object again. */
+	o.same_as = checked;
 	ret = halite_template_open(&tp->t, snap_path(tp, path, sizeof(path)), mem, &o);
+	halite_reader_free(checked);
+	checked = NULL;
 	if (ret) {
 		snprintf(err, errlen, "snapshot %s: %s", tp->snapshot, cl_errstr(ret));
 		status = open_status(ret);
@@ -353,7 +360,7 @@ unsigned tmpl_open(struct cloned *d, struct tmpl *tp, bool reload, char *err, si
 	for (int i = 0; i < 16; i++)
 		snprintf(uuid + 2 * i, 3, "%02x", fi->uuid[i]);
 	if (strcmp(uuid, tp->uuid)) {
-		/* An object is opened twice (classify, the engine): replaced between the two. */
+		/* Not an object's (the engine reads classify()'s version): a file replaced since. */
 		snprintf(err, errlen, "snapshot %s was replaced while it was opened: uuid %s, then "
 			 "%s (try again)", tp->snapshot, tp->uuid, uuid);
 		halite_template_free(tp->t);
@@ -386,6 +393,7 @@ out:
 		close(tp->snap_fd);
 		tp->snap_fd = 0;
 	}
+	halite_reader_free(checked);
 	free(mem);
 	free(hot);
 	return status;

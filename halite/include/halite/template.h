@@ -95,6 +95,12 @@ struct halite_template_opts {
 	halite_log_fn log;
 	void *log_ctx;
 	int log_level;
+	/*
+	 * An open reader of @snapshot (halite_reader_opts.same_as), or NULL:
+	 * the template reads the version the caller looked into, and an
+	 * object costs no second open. Only read during halite_template_open().
+	 */
+	const struct halite_reader *same_as;
 };
 
 /*
