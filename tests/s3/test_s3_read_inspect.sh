@@ -48,6 +48,11 @@ for reg in ram rom; do
 	[ "$(stat -c %a "$T/$reg.s3")" = 600 ] || fail "the extracted image is not 0600"
 done
 cmp "$T/ram.s3" <(head -c "$(stat -c %s "$T/ram.s3")" "$T/a") || fail "ram is not the image"
+# An object's LBs come 16 to a request (extract.c read_lbs()): the last extract (rom)
+# read its LBs in a few requests beside the open's.
+R=$(js "$T/out" 'd["store"]["requests"]')
+N=$(js "$T/out" 'd["lbs_read"]')
+[ "$N" -gt 16 ] && [ "$((R * 4))" -lt "$N" ] || fail "extract: $N LBs in $R requests"
 
 # ---- the host's LB cache: the second reader gets every LB from it ----
 for run in 1 2; do

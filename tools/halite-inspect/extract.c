@@ -25,6 +25,8 @@
 #include <unistd.h>
 
 #include "inspect.h"
+#include "io.h"
+#include "reader_io.h"
 
 void help_extract(FILE *f)
 {
@@ -51,22 +53,99 @@ struct extract {
 	struct progress progress;
 };
 
+/*
+ * LBs an object's extract reads in one request: a store's round trip costs
+ * what a megabyte of transfer does (docs/object-store.md).
+ */
+#define EXTRACT_S3_RUN 16u
+
+#define NEEDED(need, lb) ((need)[(lb) / 8] & (1u << ((lb) % 8)))
+
+/* @lb's blocks of the region, from its verified bytes in @lb_buf, into the image. */
+static int copy_lb(struct extract *x, uint64_t lb, const void *lb_buf, void *mb_buf)
+{
+	const struct halite_file_info *fi = halite_reader_info(x->r);
+	uint64_t first = x->ri->first_mb, end = first + x->ri->mb_count;
+	const uint64_t *mbs;
+	char desc[160];
+	uint32_t n;
+	int ret;
+
+	ret = halite_reader_lb_members(x->r, lb, &mbs, &n);
+	if (ret < 0) {
+		snprintf(desc, sizeof(desc), "LB %" PRIu64, lb);
+		report_error(x->path, desc, ret, halite_reader_errmsg(x->r));
+		return exit_code_for(ret);
+	}
+	x->lbs_read++;
+	for (uint32_t i = 0; i < n; i++) {
+		uint64_t m = mbs[i];
+
+		/* LBs are shared between regions: take only this region's blocks. */
+		if (m < first || m >= end)
+			continue;
+		ret = halite_reader_decode_mb(x->r, m, lb_buf, mb_buf);
+		if (ret < 0) {
+			report_error(x->path, describe_mb(x->r, m, desc, sizeof(desc)), ret,
+				     halite_reader_errmsg(x->r));
+			return exit_code_for(ret);
+		}
+		ret = halite_pwrite_all(x->fd, mb_buf, halite_reader_mb_bytes(x->r, m),
+					(m - first) * fi->mb_size);
+		if (ret < 0) {
+			errorf("%s: writing: %s", x->out, strerror(-ret));
+			return EXIT_FAIL;
+		}
+		x->stored++;
+	}
+	return 0;
+}
+
+/*
+ * The needed LBs @lb .. @lb + @n - 1 into @bufs, each verified: an object's
+ * in one request (halite_io_read_run()), any that does not verify then
+ * read again alone, as a file's are (halite_reader_read_lb()). 0 or an
+ * exit code, said.
+ */
+static int read_lbs(struct extract *x, uint64_t lb, unsigned n, uint8_t **bufs)
+{
+	const struct halite_file_info *fi = halite_reader_info(x->r);
+	struct halite_lb_info li;
+	bool run = n > 1 && !halite_reader_lb_info(x->r, lb, &li) &&
+		   !halite_io_read_run(halite_reader_io(x->r), bufs, n, fi->lb_size, li.offset);
+	char desc[64];
+
+	for (unsigned k = 0; k < n; k++) {
+		int ret = 0;
+
+		if (!run || halite_reader_verify_lb(x->r, lb + k, bufs[k]))
+			ret = halite_reader_read_lb(x->r, lb + k, bufs[k]);
+		if (ret < 0) {
+			snprintf(desc, sizeof(desc), "LB %" PRIu64, lb + k);
+			report_error(x->path, desc, ret, halite_reader_errmsg(x->r));
+			return exit_code_for(ret);
+		}
+	}
+	return 0;
+}
+
 /* Returns 0 or an exit code, having said what went wrong. */
 static int copy_blocks(struct extract *x)
 {
 	const struct halite_file_info *fi = halite_reader_info(x->r);
 	uint64_t first = x->ri->first_mb, end = first + x->ri->mb_count;
-	uint8_t *need = NULL;
-	void *lb_buf = NULL, *mb_buf = NULL;
+	unsigned run_max = halite_io_is_s3_path(x->path) ? EXTRACT_S3_RUN : 1, got = 0;
+	uint8_t *need = NULL, *bufs[EXTRACT_S3_RUN];
+	void *mb_buf = NULL;
 	uint64_t nneed = 0;
-	char desc[160];
 	int ret = 0;
 
 	/* One bit per LB (not one entry per MB): small whatever the region's size. */
 	need = calloc(fi->lb_count / 8 + 1, 1);
-	lb_buf = halite_reader_alloc_lb(x->r);
 	mb_buf = malloc(fi->mb_size);
-	if (!need || !lb_buf || !mb_buf) {
+	for (got = 0; got < run_max && (bufs[got] = halite_reader_alloc_lb(x->r)); got++)
+		;
+	if (!need || !mb_buf || got < run_max) {
 		errorf("out of memory");
 		ret = EXIT_FAIL;
 		goto out;
@@ -81,7 +160,7 @@ static int copy_blocks(struct extract *x)
 			goto out;
 		}
 		if (loc.state == HALITE_MB_STORED) {
-			nneed += !(need[loc.lb / 8] & (1u << (loc.lb % 8)));
+			nneed += !NEEDED(need, loc.lb);
 			need[loc.lb / 8] |= (uint8_t)(1u << (loc.lb % 8));
 		} else if (loc.state == HALITE_MB_ZERO)
 			x->zero++;
@@ -90,52 +169,24 @@ static int copy_blocks(struct extract *x)
 	}
 
 	x->progress.total = (int64_t)(nneed * fi->lb_size);
-	for (uint64_t lb = 0; lb < fi->lb_count; lb++) {
-		const uint64_t *mbs;
-		uint32_t n;
-
-		if (!(need[lb / 8] & (1u << (lb % 8))))
+	for (uint64_t lb = 0, n; lb < fi->lb_count && !ret; lb += n) {
+		n = 1;
+		if (!NEEDED(need, lb))
 			continue;
+		while (n < run_max && lb + n < fi->lb_count && NEEDED(need, lb + n))
+			n++;
 		progress_update(&x->progress, (int64_t)(x->lbs_read * fi->lb_size), false);
-		ret = halite_reader_read_lb(x->r, lb, lb_buf);
-		if (ret == 0)
-			ret = halite_reader_lb_members(x->r, lb, &mbs, &n);
-		if (ret < 0) {
-			snprintf(desc, sizeof(desc), "LB %" PRIu64, lb);
-			report_error(x->path, desc, ret, halite_reader_errmsg(x->r));
-			ret = exit_code_for(ret);
-			goto out;
-		}
-		x->lbs_read++;
-		for (uint32_t i = 0; i < n; i++) {
-			uint64_t m = mbs[i];
-
-			/* LBs are shared between regions: take only this region's blocks. */
-			if (m < first || m >= end)
-				continue;
-			ret = halite_reader_decode_mb(x->r, m, lb_buf, mb_buf);
-			if (ret < 0) {
-				report_error(x->path, describe_mb(x->r, m, desc, sizeof(desc)), ret,
-					     halite_reader_errmsg(x->r));
-				ret = exit_code_for(ret);
-				goto out;
-			}
-			ret = halite_pwrite_all(x->fd, mb_buf, halite_reader_mb_bytes(x->r, m),
-					(m - first) * fi->mb_size);
-			if (ret < 0) {
-				errorf("%s: writing: %s", x->out, strerror(-ret));
-				ret = EXIT_FAIL;
-				goto out;
-			}
-			x->stored++;
-		}
+		ret = read_lbs(x, lb, (unsigned)n, bufs);
+		for (unsigned k = 0; k < n && !ret; k++)
+			ret = copy_lb(x, lb + k, bufs[k], mb_buf);
 	}
-	progress_update(&x->progress, (int64_t)(x->lbs_read * fi->lb_size), true);
-	ret = 0;
+	if (!ret)
+		progress_update(&x->progress, (int64_t)(x->lbs_read * fi->lb_size), true);
 out:
 	free(need);
 	free(mb_buf);
-	halite_reader_free_lb(lb_buf);
+	while (got--)
+		halite_reader_free_lb(bufs[got]);
 	return ret;
 }
 
