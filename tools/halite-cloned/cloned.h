@@ -218,7 +218,8 @@ unsigned snapdir_open(struct cloned *d, const char *path, int *fd, char *err, si
  * without the guest RAM's LBs, into *@out. 0, or a negative code with @err.
  */
 int s3clone_make(const struct tmpl *tp, int *out, char *err, size_t errlen);
-bool cl_in_list(const char *list, uint32_t len, const char *name); /* templates.c */
+/* Whether @name is listed in the NUL-separated @list (qemu.device-ram; util.c). */
+bool cl_in_list(const char *list, uint32_t len, const char *name);
 
 /* s3allow.c: s3:// snapshots from the operator's --s3-allow locations only */
 bool s3allow_is_url(const char *snapshot); /* s3://... */

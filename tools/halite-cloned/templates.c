@@ -114,15 +114,6 @@ static unsigned open_status(int err)
 	return err <= -HALITE_E_BASE && err > -HALITE_E_STATE ? 400 : 500;
 }
 
-/* Whether @name is listed in the NUL-separated @list (qemu.device-ram). */
-bool cl_in_list(const char *list, uint32_t len, const char *name)
-{
-	for (const char *p = list; list && p < list + len; p += strlen(p) + 1)
-		if (!strcmp(p, name)) /* the list's last byte is a NUL: checked */
-			return true;
-	return false;
-}
-
 /* Whether qemu.disks (a JSON array, hq_disks_record) names a disk; unreadable: yes. */
 static bool records_disks(const void *val, uint32_t len)
 {

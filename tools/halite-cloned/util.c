@@ -257,3 +257,12 @@ void reply_error(struct http_reply *r, unsigned status, const char *fmt, ...)
 	cJSON_AddStringToObject(j, "error", msg);
 	reply_json(r, status, j);
 }
+
+/* Whether @name is listed in the NUL-separated @list (qemu.device-ram). */
+bool cl_in_list(const char *list, uint32_t len, const char *name)
+{
+	for (const char *p = list; list && p < list + len; p += strlen(p) + 1)
+		if (!strcmp(p, name)) /* the list's last byte is a NUL: checked */
+			return true;
+	return false;
+}
