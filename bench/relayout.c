@@ -174,7 +174,7 @@ static int write_raw(struct ctx *c)
 	struct stat st;
 	int fd, ret = 0;
 
-	fd = open(o->raw_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	fd = open(o->raw_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	if (fd < 0 || !lb || !mbuf) {
 		ret = fd < 0 ? fail(c, -errno, "%s: %s", o->raw_path, strerror(errno))
 			     : fail(c, -ENOMEM, "out of memory");
@@ -266,13 +266,19 @@ static int write_ws(struct ctx *c)
 	uint32_t ps = c->fi->page_size;
 	uint8_t rec[WS_REC];
 	FILE *f;
-	int ret = 0;
+	int fd, ret = 0;
 
 	if (ps != WS_PAGE)
 		return fail(c, -EINVAL, "ws.bin needs %u-byte pages, the file has %u", WS_PAGE, ps);
-	f = fopen(o->ws_path, "we");
-	if (!f)
-		return fail(c, -errno, "%s: %s", o->ws_path, strerror(errno));
+	/* Guest memory: 0600, as every file holding it. */
+	fd = open(o->ws_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	f = fd < 0 ? NULL : fdopen(fd, "w");
+	if (!f) {
+		ret = fail(c, -errno, "%s: %s", o->ws_path, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return ret;
+	}
 	for (size_t i = 0; i < c->nvmbs && !ret; i++) {
 		uint64_t mb = c->vmbs[i].mb, gpa0 = c->mb_gpa[mb];
 		uint32_t len = halite_reader_mb_bytes(c->rd, mb);
