@@ -113,7 +113,7 @@ HALITE_KEYS = ["qmp_ready_ms", "engine_ready_ms", "devices_loaded_ms", "resumed_
                "ready_to_resume_ms", "done_s", "faults", "faults_vcpu", "faults_zero",
                "faults_cached", "fault_p50_us", "fault_p99_us", "lb_total", "lb_demand",
                "lb_prefetch", "bytes_read", "mb_total", "mb_fault", "mb_pool", "mb_prefetch",
-               "mb_zero", "vm_access_pct", "lb_hot"]
+               "mb_zero", "vm_access_pct", "lb_hot", "store"]
 DIGEST_RX = re.compile(r"seq \d+ pass \d+ digest ([0-9a-f]+) uptime ([0-9.]+) (expected|differs)$")
 
 

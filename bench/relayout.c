@@ -38,6 +38,7 @@ struct ctx {
 	struct halite_reader *rd;
 	const struct halite_file_info *fi;
 	struct relayout_out *out;
+	struct relayout_opts opts;
 	char *err;
 	size_t errlen;
 	uint64_t *mb_gpa;	/* per memory block */
@@ -174,7 +175,7 @@ static int write_raw(struct ctx *c)
 	struct stat st;
 	int fd, ret = 0;
 
-	fd = open(o->raw_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	fd = open(o->raw_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	if (fd < 0 || !lb || !mbuf) {
 		ret = fd < 0 ? fail(c, -errno, "%s: %s", o->raw_path, strerror(errno))
 			     : fail(c, -ENOMEM, "out of memory");
@@ -266,13 +267,19 @@ static int write_ws(struct ctx *c)
 	uint32_t ps = c->fi->page_size;
 	uint8_t rec[WS_REC];
 	FILE *f;
-	int ret = 0;
+	int fd, ret = 0;
 
 	if (ps != WS_PAGE)
 		return fail(c, -EINVAL, "ws.bin needs %u-byte pages, the file has %u", WS_PAGE, ps);
-	f = fopen(o->ws_path, "we");
-	if (!f)
-		return fail(c, -errno, "%s: %s", o->ws_path, strerror(errno));
+	/* Guest memory: 0600, as every file holding it. */
+	fd = open(o->ws_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	f = fd < 0 ? NULL : fdopen(fd, "w");
+	if (!f) {
+		ret = fail(c, -errno, "%s: %s", o->ws_path, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return ret;
+	}
 	for (size_t i = 0; i < c->nvmbs && !ret; i++) {
 		uint64_t mb = c->vmbs[i].mb, gpa0 = c->mb_gpa[mb];
 		uint32_t len = halite_reader_mb_bytes(c->rd, mb);
@@ -334,14 +341,50 @@ static int put_random(struct ctx *c, struct halite_writer *w, uint64_t seed)
 	return ret;
 }
 
+/* The writer compresses and records all-zero blocks as zero, as a save does. */
+static int put_compressed(struct ctx *c, struct halite_writer *w, uint32_t stream, uint64_t mb)
+{
+	int ret = halite_writer_put(w, stream, mb, c->img + c->mb_gpa[mb]);
+
+	if (ret)
+		return fail(c, ret, "memory block %llu: %s (%s)", (unsigned long long)mb,
+			    halite_strerror(ret), halite_writer_errmsg(w));
+	return 0;
+}
+
 static int put_physical(struct ctx *c, struct halite_writer *w)
 {
+	uint32_t stream = HALITE_STREAM(HALITE_STREAM_PHYSICAL, 0);
 	int ret = 0;
 
-	for (uint64_t mb = 0; mb < c->fi->mb_count && !ret; mb++)
-		if (c->mb_state[mb] != HALITE_MB_UNTOUCHED)
-			ret = put_raw(c, w, HALITE_STREAM(HALITE_STREAM_PHYSICAL, 0), mb);
+	for (uint64_t mb = 0; mb < c->fi->mb_count && !ret; mb++) {
+		if (c->mb_state[mb] == HALITE_MB_UNTOUCHED)
+			continue;
+		ret = c->opts.physical_compressed ? put_compressed(c, w, stream, mb)
+						  : put_raw(c, w, stream, mb);
+	}
 	return ret;
+}
+
+/* The source's metadata (a QEMU save's machine), but for this tool's own keys. */
+static int copy_meta(struct ctx *c, struct halite_writer *w)
+{
+	uint32_t n = halite_reader_meta_count(c->rd);
+
+	for (uint32_t i = 0; i < n; i++) {
+		const char *key;
+		const void *val;
+		uint32_t len;
+		int ret = halite_reader_meta(c->rd, i, &key, &val, &len);
+
+		if (!ret && !strncmp(key, "halite-bench.", 13))
+			continue;
+		if (!ret)
+			ret = halite_writer_set_meta(w, key, val, len);
+		if (ret)
+			return fail(c, ret, "metadata %u of the source: %s", i, halite_strerror(ret));
+	}
+	return 0;
 }
 
 static int put_locality(struct ctx *c, struct halite_writer *w)
@@ -388,6 +431,14 @@ static int write_org(struct ctx *c, int org, const char *src, uint64_t seed)
 	wo.mb_pages = fi->mb_pages;
 	wo.lb_size = fi->lb_size;
 	wo.codec = HALITE_CODEC_NONE;
+	if (org == ORG_PHYSICAL) {
+		if (c->opts.physical_lb_size)
+			wo.lb_size = c->opts.physical_lb_size;
+		if (c->opts.physical_compressed) {
+			wo.codec = fi->codec;
+			wo.level = fi->codec_level;
+		}
+	}
 	ret = halite_writer_create(&w, o->hlt_path[org], c->regions, c->nregions, &wo);
 	if (ret)
 		return fail(c, ret, "%s: %s", o->hlt_path[org], halite_strerror(ret));
@@ -406,7 +457,13 @@ static int write_org(struct ctx *c, int org, const char *src, uint64_t seed)
 		ret = halite_writer_add_root(w, &roots[i]);
 	if (!ret && !halite_reader_device_state(c->rd, &dev, &devlen))
 		ret = halite_writer_set_device_state(w, dev, devlen);
-	snprintf(meta, sizeof(meta), "%s, zero blocks stored", org_names[org]);
+	if (!ret)
+		ret = copy_meta(c, w);
+	if (org == ORG_PHYSICAL && c->opts.physical_compressed)
+		snprintf(meta, sizeof(meta), "%s, %u-byte LBs, %s", org_names[org], wo.lb_size,
+			 halite_codec_name(wo.codec));
+	else
+		snprintf(meta, sizeof(meta), "%s, zero blocks stored", org_names[org]);
 	if (!ret)
 		ret = halite_writer_set_meta(w, "halite-bench.relayout", meta, (uint32_t)strlen(meta));
 	if (!ret)
@@ -425,7 +482,9 @@ static int write_org(struct ctx *c, int org, const char *src, uint64_t seed)
 		goto out;
 	}
 	if (halite_reader_info(chk)->mb_untouched != fi->mb_untouched ||
-	    halite_reader_info(chk)->mb_stored != fi->mb_stored + fi->mb_zero) {
+	    halite_reader_info(chk)->mb_stored + halite_reader_info(chk)->mb_zero !=
+		    fi->mb_stored + fi->mb_zero ||
+	    (wo.codec == HALITE_CODEC_NONE && halite_reader_info(chk)->mb_zero)) {
 		ret = fail(c, -HALITE_E_INTERNAL, "%s: block counts differ from the source",
 			   o->hlt_path[org]);
 		goto out;
@@ -453,6 +512,12 @@ void relayout_out_free(struct relayout_out *out)
 
 int relayout(const char *src, const char *dir, uint64_t seed, struct relayout_out *out,
 	     char *err, size_t errlen)
+{
+	return relayout_ext(src, dir, seed, NULL, out, err, errlen);
+}
+
+int relayout_ext(const char *src, const char *dir, uint64_t seed, const struct relayout_opts *opts,
+		 struct relayout_out *out, char *err, size_t errlen)
 {
 	struct relayout_out o = { 0 };
 	struct ctx c = { .out = &o, .err = err, .errlen = errlen };
@@ -487,13 +552,16 @@ int relayout(const char *src, const char *dir, uint64_t seed, struct relayout_ou
 		ret = fail(&c, -ENOMEM, "out of memory");
 		goto out;
 	}
+	if (opts)
+		c.opts = *opts;
 	ret = index_source(&c);
 	if (!ret)
 		ret = write_raw(&c);
-	if (!ret)
+	if (!ret && !c.opts.physical_only)
 		ret = write_ws(&c);
 	for (int i = 0; !ret && i < ORG_HALITE; i++)
-		ret = write_org(&c, i, src, seed);
+		if (!c.opts.physical_only || i == ORG_PHYSICAL)
+			ret = write_org(&c, i, src, seed);
 	if (!ret) {
 		o.lb_count[ORG_HALITE] = c.fi->lb_count;
 		o.file_bytes[ORG_HALITE] = stat(src, &st) ? 0 : (uint64_t)st.st_size;

@@ -8,7 +8,10 @@
  * and writes, into a directory:
  *
  *   random.hlt    memory blocks in a random order (seeded), codec none;
- *   physical.hlt  memory blocks in guest-physical order, codec none;
+ *   physical.hlt  memory blocks in guest-physical order, codec none (or,
+ *                 with struct relayout_opts, in LBs of another size
+ *                 compressed as the source: the remote benchmark's
+ *                 physical-chunk peer);
  *   locality.hlt  the saved file's streams and order (vCPU streams,
  *                 guest-virtual walk, physical sweep, as the save wrote them),
  *                 codec none;
@@ -19,8 +22,9 @@
  *   ws.bin        the working-set file of bench/peers.h (WS_REC records).
  *
  * All .hlt files have the source's page size, memory-block pages, locality
- * block size, regions, page-table roots and device state, so one restore
- * target fits them all; only the placement of the blocks differs.
+ * block size, regions, page-table roots, device state and metadata (a QEMU
+ * save's machine), so one restore target fits them all; only the placement
+ * of the blocks differs.
  *
  * Zero blocks. The paper's three organisation runs have no memory-file
  * optimisations, "such as compression and the zero page optimization"; the
@@ -39,6 +43,7 @@
 #ifndef HALITE_BENCH_RELAYOUT_H
 #define HALITE_BENCH_RELAYOUT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -75,6 +80,23 @@ struct relayout_out {
  */
 int relayout(const char *src, const char *dir, uint64_t seed, struct relayout_out *out,
 	     char *err, size_t errlen);
+
+/*
+ * How physical.hlt is written, for a peer other than the paper's: the
+ * remote benchmark's physical-chunk peer (E2B's layout) is guest-physical
+ * 4 MiB locality blocks compressed as the source, where the paper's
+ * organisation is the source's LB size, uncompressed. Zero means the
+ * paper's choice in each field.
+ */
+struct relayout_opts {
+	uint32_t physical_lb_size;	/* 0: the source's; else 4 KiB .. HALITE_MAX_LB_SIZE */
+	bool physical_compressed;	/* the source's codec, all-zero blocks recorded as zero */
+	bool physical_only;		/* raw.img and physical.hlt only */
+};
+
+/* relayout() with @opts (NULL: relayout() itself). */
+int relayout_ext(const char *src, const char *dir, uint64_t seed, const struct relayout_opts *opts,
+		 struct relayout_out *out, char *err, size_t errlen);
 
 /* Free the paths in @out (not @out itself). */
 void relayout_out_free(struct relayout_out *out);
