@@ -43,6 +43,10 @@ static int own_dir(const char *path, char *err, size_t errlen)
 	if (!S_ISDIR(st.st_mode))
 		return seterr(err, errlen, -ENOTDIR, "%s: not a directory (the disks' cache)",
 			      path);
+	/* Another user could swap the images under us: as the LB cache, refused. */
+	if (st.st_uid != geteuid() || (st.st_mode & 022))
+		return seterr(err, errlen, -EPERM, "%s: the disks' cache must be a directory of "
+			      "this user that no one else may write", path);
 	return 0;
 }
 

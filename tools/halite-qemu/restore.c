@@ -233,7 +233,15 @@ static int prepare_disks(struct restore_run *r)
 	strftime(when, sizeof(when), "%Y%m%d-%H%M%S", localtime(&now));
 	snprintf(tag, sizeof(tag), "%.*s-restore-%s", (int)strcspn(base, "."), base, when);
 	ret = fetch_disks(r, &dir);
-	return ret ? ret : hq_bring_disks(&r->b, dir, tag);
+	if (!ret)
+		ret = hq_bring_disks(&r->b, dir, tag);
+	if (ret == -ENOENT && halite_io_is_s3_path(r->p.path) && !r->fetch.used) {
+		size_t n = strlen(r->err);
+
+		snprintf(r->err + n, sizeof(r->err) - n, " (the store holds no disks beside %s: "
+			 "pushed with --no-disks?)", r->p.path);
+	}
+	return ret;
 }
 
 static int spawn_qemu(struct restore_run *r)
