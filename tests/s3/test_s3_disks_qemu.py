@@ -200,6 +200,14 @@ def main():
                             pdisk], stdout=subprocess.PIPE, text=True)
         check(r.returncode == 0, "the pushed disk holds what the frozen image held")
 
+        # The snapshot alone (--no-disks), for a restore elsewhere to refuse below.
+        alone = url + ".alone"
+        p = subprocess.run([HI, "push", "--json", "--no-disks", path, alone],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           timeout=600)
+        check(p.returncode == 0 and json.loads(p.stdout)["disks"] == [],
+              f"push --no-disks sent the snapshot alone: {p.stderr.strip()}")
+
         # Only the store has the snapshot and its disk from now on.
         for f in (path, pulled, image, saved[0]["overlay"]):
             os.unlink(f)
@@ -254,6 +262,15 @@ def main():
               f"r3 used the cached disk: {extra1 - extra3} fewer requests than r1, exactly "
               f"the disk's HEAD and {gets} GETs; the store no longer has it: {disk}")
         agrees(dst, digest, at)
+        dst.kill()
+
+        # Without disks in the store, and the frozen image gone: refused, saying why.
+        g = hg.Guest(work, "alone").private_ram().with_disk("drive", image)
+        p = subprocess.run([HQ, "restore", "--detach", "-q", "--cache-dir", cache, alone, "--",
+                            "qemu-system-x86_64", *g.args], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, timeout=600)
+        check(p.returncode != 0 and "pushed with --no-disks?" in p.stderr and
+              "disk.qcow2" in p.stderr, f"a restore of {alone} is refused: {p.stderr.strip()}")
         for g in guests:
             g.check_console()
         print("PASS")
