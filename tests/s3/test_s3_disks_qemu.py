@@ -14,7 +14,10 @@ bench/s3_proxy.py, which counts every request:
   fetches it again, with the first's requests exactly;
 - the third, with the disk's object deleted from the store, uses the cached
   copy: exactly the disk's HEAD and GETs fewer requests than the first (no
-  disk request), and agrees again.
+  disk request), and agrees again; its -drive names a path that exists
+  nowhere, and the drive's id finds the disk;
+- one without --cache-dir fetches into a private cache, removed at its end;
+- a restore of the snapshot pushed with --no-disks is refused, saying why.
 
   test_s3_disks_qemu.py SOURCE_DIR HALITE_QEMU HALITE_INSPECT
 
@@ -69,11 +72,13 @@ class Proxy:
 
 def restore(work, name, image, url, cache, proxy):
     """A restore of @url through @proxy with --cache-dir @cache, the command line
-    naming the saving host's disk @image: (guest, report, requests through the proxy)."""
+    naming the disk @image (the saving host's path, or any): (guest, report,
+    requests through the proxy)."""
     dst = hg.Guest(work, name).private_ram().with_disk("drive", image)
-    env = dict(os.environ, AWS_ENDPOINT_URL=proxy.endpoint)
+    env = dict(os.environ, AWS_ENDPOINT_URL=proxy.endpoint, TMPDIR=work)
     proxy.cmd("zero")
-    p = subprocess.run([HQ, "restore", "--detach", "--json", "-q", "--cache-dir", cache,
+    p = subprocess.run([HQ, "restore", "--detach", "--json", "-q",
+                        *(["--cache-dir", cache] if cache else []),
                         "--disk-dir", work, url, "--", "qemu-system-x86_64", *dst.args],
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                        timeout=600, env=env)
@@ -249,9 +254,22 @@ def main():
         agrees(dst, digest, at)
         dst.kill()
 
+        # No cache named: a private one, gone once the restore is over (QEMU keeps the
+        # image it opened).
+        dst, rep, req = restore(work, "nocache", image, url, None, proxy)
+        guests.append(dst)
+        disk = rep["disks"][0]
+        check(disk["source"] == "store" and not glob.glob(os.path.join(work, "halite-disks-*")),
+              f"without --cache-dir the disk came from the store into a private cache, "
+              f"removed at the end: {disk['cached_image']}")
+        agrees(dst, digest, at)
+        dst.kill()
+
         # The disk's object gone from the store: a restore that asked for it would fail.
         delete(url + ".disks/0.qcow2")
-        dst, rep, req = restore(work, "r3", image, url, cache, proxy)
+        # Its command line names another path, nowhere: the drive's id finds the disk.
+        dst, rep, req = restore(work, "r3", os.path.join(work, "nowhere", "other.qcow2"), url,
+                                cache, proxy)
         guests.append(dst)
         disk = rep["disks"][0]
         extra3 = req - rep["store"]["requests"]
