@@ -9,12 +9,14 @@ overlay are deleted: only the store has them. Restores from the URL, through
 bench/s3_proxy.py, which counts every request:
 
 - the first fetches the disk into CACHE/disks/<uuid>/0.qcow2 (0600, dirs
-  0700): memory digest exact, disk and memory agree;
+  0700): memory digest exact, disk and memory agree; beyond the snapshot's
+  own requests (--json's store), exactly the manifest's HEAD and GET and the
+  disk's HEAD and GETs;
 - the second, its cached copy with one byte flipped, refuses the copy and
   fetches it again, with the first's requests exactly;
 - the third, with the disk's object deleted from the store, uses the cached
-  copy: exactly the disk's HEAD and GETs fewer requests than the first (no
-  disk request), and agrees again; its -drive names a path that exists
+  copy: beyond the snapshot's requests exactly the manifest's two, no disk
+  request, and agrees again; its -drive names a path that exists
   nowhere, and the drive's id finds the disk;
 - one without --cache-dir fetches into a private cache, removed at its end;
 - a restore of the snapshot pushed with --no-disks is refused, saying why.
@@ -233,6 +235,8 @@ def main():
               "the cached disk is 0600, its directories 0700")
         gets = (pushed[0]["bytes"] + PART - 1) // PART
         extra1 = req - rep["store"]["requests"]
+        check(extra1 == 2 + 1 + gets, f"r1: {extra1} requests beyond the snapshot's: the "
+              f"manifest's HEAD and GET, the disk's HEAD and {gets} GETs")
         print(f"time: r1 fetched and checked the disk in {disk['fetch_s']:.3f} s; resumed at "
               f"{rep['resumed_ms']:.0f} ms")
         agrees(dst, digest, at)
@@ -275,10 +279,9 @@ def main():
         extra3 = req - rep["store"]["requests"]
         print(f"time: r3 checked the cached disk in {disk['fetch_s']:.3f} s; resumed at "
               f"{rep['resumed_ms']:.0f} ms")
-        check(disk["source"] == "cache" and disk["bytes_fetched"] == 0 and
-              extra1 - extra3 == 1 + gets,
-              f"r3 used the cached disk: {extra1 - extra3} fewer requests than r1, exactly "
-              f"the disk's HEAD and {gets} GETs; the store no longer has it: {disk}")
+        check(disk["source"] == "cache" and disk["bytes_fetched"] == 0 and extra3 == 2,
+              f"r3 used the cached disk: {extra3} requests beyond the snapshot's, the "
+              f"manifest's HEAD and GET, no disk request; the store no longer has it: {disk}")
         agrees(dst, digest, at)
         dst.kill()
 
