@@ -70,9 +70,14 @@ static int cache_dir(struct hq_diskfetch *f, const uint8_t uuid[16], char *dir, 
 		snprintf(f->root, sizeof(f->root), "%s", real);
 	} else {
 		snprintf(f->root, sizeof(f->root), "%s/halite-disks-XXXXXX", td && *td ? td : "/tmp");
+		char real[PATH_MAX];
+
 		if (!mkdtemp(f->root))
 			return seterr(err, errlen, -errno, "%s: %s", f->root, strerror(errno));
 		f->temp = true;
+		/* As QEMU will name it (a $TMPDIR through a link): hq_disks_verify() compares. */
+		if (realpath(f->root, real) && strlen(real) < sizeof(f->root))
+			memcpy(f->root, real, strlen(real) + 1);
 	}
 	for (int i = 0; i < 16; i++)
 		sprintf(u + 2 * i, "%02x", uuid[i]);

@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -211,10 +212,24 @@ static int push_one(struct s3cmd *c, const cJSON *o, int i, const char *tmp, uin
 	return 0;
 }
 
+static int put_manifest(struct s3cmd *c, const struct halite_s3_disks *m)
+{
+	char *json = halite_s3_disks_json(m), *mkey = halite_s3_disk_key(c->key, -1);
+	int ret = json && mkey ? halite_s3_put(c->s, mkey, json, strlen(json)) : -ENOMEM;
+
+	free(json);
+	free(mkey);
+	if (ret == -ENOMEM) {
+		errorf("out of memory");
+		return EXIT_FAIL;
+	}
+	return ret ? s3cmd_fail(c, ret) : 0;
+}
+
 int push_disks(struct s3cmd *c, const char *path, uint64_t part_size, int progress, cJSON *out)
 {
 	struct halite_s3_disks *m = calloc(1, sizeof(*m));
-	char *rec = NULL, *json = NULL, dir[PATH_MAX], tmp[PATH_MAX + 32];
+	char *rec = NULL, dir[PATH_MAX], tmp[PATH_MAX + 32];
 	const char *td = getenv("TMPDIR");
 	cJSON *a = NULL, *o;
 	int ret, i = 0;
@@ -281,34 +296,73 @@ int push_disks(struct s3cmd *c, const char *path, uint64_t part_size, int progre
 	if (!m->n)
 		goto out;
 	/* The manifest after every disk it lists, the snapshot (the caller's) after it. */
-	json = halite_s3_disks_json(m);
-	if (!json) {
-		errorf("out of memory");
-		ret = EXIT_FAIL;
-		goto out;
-	}
-	{
-		char *mkey = halite_s3_disk_key(c->key, -1);
-		int r = mkey ? halite_s3_put(c->s, mkey, json, strlen(json)) : -ENOMEM;
-
-		free(mkey);
-		if (r)
-			ret = s3cmd_fail(c, r);
-	}
+	ret = put_manifest(c, m);
 out:
 	if (dir[0])
 		rmdir(dir);
 	cJSON_Delete(a);
-	free(json);
 	free(rec);
 	free(m);
+	return ret;
+}
+
+/*
+ * FILE.disks, made 0700 if missing; one that is not a directory of ours that
+ * only we may write is refused: the images are renamed into it.
+ */
+static int disks_dir(const char *dir)
+{
+	struct stat st;
+
+	if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
+		errorf("%s: %s", dir, strerror(errno));
+		return EXIT_FAIL;
+	}
+	if (lstat(dir, &st) < 0 || !S_ISDIR(st.st_mode)) {
+		errorf("%s: not a directory (pull keeps the snapshot's disks there)", dir);
+		return EXIT_FAIL;
+	}
+	if (st.st_uid != geteuid() || (st.st_mode & 022)) {
+		errorf("%s: another user's, or writable by others (pull keeps the snapshot's "
+		       "disks there)", dir);
+		return EXIT_FAIL;
+	}
+	return 0;
+}
+
+/* The manifest @m as @path (0600; a link there is not followed). */
+static int write_manifest(const char *path, const struct halite_s3_disks *m)
+{
+	char *json = halite_s3_disks_json(m);
+	int fd, ret = EXIT_FAIL;
+	size_t n;
+
+	if (!json) {
+		errorf("out of memory");
+		return EXIT_FAIL;
+	}
+	n = strlen(json);
+	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd >= 0) {
+		bool whole;
+
+		errno = 0;
+		whole = write(fd, json, n) == (ssize_t)n;
+
+		/* close() either way, once: its error counts only after a whole write. */
+		if (!close(fd) && whole)
+			ret = 0;
+	}
+	if (ret)
+		errorf("%s: %s", path, errno ? strerror(errno) : "short write");
+	free(json);
 	return ret;
 }
 
 int pull_disks(struct s3cmd *c, const char *file, int progress, cJSON *out)
 {
 	struct halite_s3_disks *m = calloc(1, sizeof(*m));
-	char *rec = NULL, *json = NULL, dir[PATH_MAX], dst[PATH_MAX + 32];
+	char *rec = NULL, dir[PATH_MAX], dst[PATH_MAX + 32];
 	int ret, r;
 
 	if (!m) {
@@ -326,20 +380,9 @@ int pull_disks(struct s3cmd *c, const char *file, int progress, cJSON *out)
 		goto out;
 	}
 	snprintf(dir, sizeof(dir), "%s.disks", file);
-	if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
-		errorf("%s: %s", dir, strerror(errno));
-		ret = EXIT_FAIL;
+	ret = disks_dir(dir);
+	if (ret)
 		goto out;
-	}
-	{
-		struct stat st;
-
-		if (lstat(dir, &st) < 0 || !S_ISDIR(st.st_mode)) {
-			errorf("%s: not a directory (pull keeps the snapshot's disks there)", dir);
-			ret = EXIT_FAIL;
-			goto out;
-		}
-	}
 	for (uint32_t i = 0; i < m->n; i++) {
 		const struct halite_s3_disk *e = &m->d[i];
 		struct progress prog;
@@ -366,19 +409,9 @@ int pull_disks(struct s3cmd *c, const char *file, int progress, cJSON *out)
 		}
 	}
 	/* The manifest too: FILE.disks/ says by itself what it holds. */
-	json = halite_s3_disks_json(m);
 	snprintf(dst, sizeof(dst), "%s/manifest.json", dir);
-	{
-		int fd = json ? open(dst, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600)
-			      : -1;
-
-		if (fd < 0 || write(fd, json, strlen(json)) != (ssize_t)strlen(json) || close(fd)) {
-			errorf("%s: %s", dst, json ? strerror(errno) : "out of memory");
-			ret = EXIT_FAIL;
-		}
-	}
+	ret = write_manifest(dst, m);
 out:
-	free(json);
 	free(rec);
 	free(m);
 	return ret;
