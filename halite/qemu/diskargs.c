@@ -141,6 +141,20 @@ static int which_disk(const struct hq_disks *ds, const char *cwd, const char *na
 	return best;
 }
 
+/*
+ * The frozen disk brought from a store (d->local) whose drive is @id: its
+ * image was the saving host's, which this command line need not name.
+ */
+static int drive_of_copy(const struct hq_disks *ds, const char *id, int *level)
+{
+	for (int i = 0; id && id[0] && i < ds->n; i++)
+		if (ds->d[i].frozen && ds->d[i].local[0] && !strcmp(ds->d[i].device, id)) {
+			*level = 0;
+			return i;
+		}
+	return -1;
+}
+
 static bool plain_image_opt(const char *name)
 {
 	static const char *const o[] = { "", "hda", "hdb", "hdc", "hdd", "pflash", "sd",
@@ -200,6 +214,8 @@ static bool find_named(const struct hq_disks *ds, const char *cwd, const struct 
 		}
 	}
 	n->disk = which_disk(ds, cwd, file, &n->level);
+	if (n->disk < 0 && n->kind == ARG_DRIVE)
+		n->disk = drive_of_copy(ds, hq_kvs_get(&n->kv, "id"), &n->level);
 	if (n->disk >= 0)
 		return true;
 	hq_kvs_free(&n->kv);

@@ -303,13 +303,16 @@ static int make_overlay(struct hq_disk *d, const char *dir, const char *tag, uid
 			gid_t gid, char *err, size_t errlen)
 {
 	char base[HQ_PATH_MAX], stem[256], size[32];
-	const char *slash = strrchr(d->image, '/'), *dot;
+	/* A copy brought from a store is a self-contained qcow2, wherever it is. */
+	const char *below = d->local[0] ? d->local : d->image;
+	const char *fmt = d->local[0] ? "qcow2" : d->format;
+	const char *slash = strrchr(d->image, '/'), *bslash = strrchr(below, '/'), *dot;
 	int fd = -1, ret;
 
 	if (dir)
 		snprintf(base, sizeof(base), "%s", dir);
 	else
-		snprintf(base, sizeof(base), "%.*s", (int)(slash - d->image), d->image);
+		snprintf(base, sizeof(base), "%.*s", (int)(bslash - below), below);
 	snprintf(stem, sizeof(stem), "%s", slash + 1);
 	dot = strrchr(stem, '.');
 	if (dot && dot != stem)
@@ -343,8 +346,9 @@ static int make_overlay(struct hq_disk *d, const char *dir, const char *tag, uid
 	}
 	close(fd);
 	snprintf(size, sizeof(size), "%" PRIu64, d->vsize);
-	ret = run((char *const[]){ "qemu-img", "create", "-q", "-f", "qcow2", "-u", "-b", d->image,
-				   "-F", d->format, d->overlay, size, NULL }, err, errlen);
+	ret = run((char *const[]){ "qemu-img", "create", "-q", "-f", "qcow2", "-u", "-b",
+				   (char *)below, "-F", (char *)fmt, d->overlay, size, NULL },
+		  err, errlen);
 	if (ret) {
 		char why[512];
 
@@ -731,7 +735,7 @@ int hq_disks_check_frozen(const struct hq_disks *ds, char *err, size_t errlen)
 		const struct hq_disk *d = &ds->d[i];
 		struct stat st;
 
-		if (!d->frozen)
+		if (!d->frozen || d->local[0])
 			continue;
 		if (stat(d->image, &st))
 			return seterr(err, errlen, -errno, "disk %s: its frozen image %s: %s",
@@ -789,9 +793,10 @@ int hq_disks_verify(struct hq_vm *vm, const struct hq_disks *ds, char *err, size
 			ret = seterr(err, errlen, -ENODEV, "disk %s of the snapshot is not in this "
 				     "QEMU: give the same disks as at save", d->name);
 		else if (n->ro || strcmp(n->image, d->overlay) || !n->nchain ||
-			 strcmp(n->chain[0], d->image))
+			 strcmp(n->chain[0], d->local[0] ? d->local : d->image))
 			ret = seterr(err, errlen, -EPROTO, "disk %s runs on %s, not on a new "
-				     "overlay of the frozen image %s", d->name, n->image, d->image);
+				     "overlay of the frozen image %s", d->name, n->image,
+				     d->local[0] ? d->local : d->image);
 	}
 	free(now);
 	return ret;

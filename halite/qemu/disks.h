@@ -45,6 +45,13 @@ struct hq_disk {
 	char overlay_node[64];
 	char target[32];	/* libvirt's name for it (vda), under libvirt */
 	bool overlay_made, frozen;
+	/*
+	 * The frozen image's copy on this host when it is not at @image: one
+	 * self-contained qcow2 brought from an object store (diskfetch.h),
+	 * checked there. Overlays are made on it; @image and @chain stay the
+	 * saving host's, for the command line's disk to be found by them.
+	 */
+	char local[HQ_PATH_MAX];
 	/* The frozen image as it was once frozen: a restore checks it is unchanged. */
 	uint64_t st_dev, st_ino, st_size;
 	int64_t mtime_ns;
@@ -101,11 +108,16 @@ char *hq_disks_record(const struct hq_disks *ds);
 
 /* The record back (hq_disks_record()). 0 or -errno with @err. */
 int hq_disks_parse(const char *json, struct hq_disks *ds, char *err, size_t errlen);
-/* Every frozen image is as it was frozen (size, modification time). -ESTALE if not. */
+/*
+ * Every frozen image is as it was frozen (size, modification time). -ESTALE
+ * if not. A disk with a local copy (d->local) is not looked at: its copy was
+ * checked when brought.
+ */
 int hq_disks_check_frozen(const struct hq_disks *ds, char *err, size_t errlen);
 /*
- * A fresh overlay of each frozen image (in @dir or beside the image, named
- * after @tag), for a restore to run on. On failure those made are removed.
+ * A fresh overlay of each frozen image, or of its local copy (in @dir or
+ * beside the image, named after @tag), for a restore to run on. On failure
+ * those made are removed.
  */
 int hq_disks_make_overlays(struct hq_disks *ds, const char *dir, const char *tag, char *err,
 			   size_t errlen);
@@ -119,8 +131,9 @@ struct hq_argv;
  * The restore's command line @a (binary first; relative paths from @cwd,
  * NULL: here) pointed at each frozen disk's overlay: the topmost image of
  * the disk it names (-drive, -blockdev, -hda, ...) becomes the overlay,
- * its format qcow2 (diskargs.c). -ENOENT with @err for a frozen disk it
- * does not name.
+ * its format qcow2 (diskargs.c). A disk with a local copy (d->local) is
+ * also found by its -drive id when no image it names is the saving host's.
+ * -ENOENT with @err for a frozen disk it does not name.
  */
 int hq_disks_rewrite(const struct hq_disks *ds, struct hq_argv *a, const char *cwd, char *err,
 		     size_t errlen);

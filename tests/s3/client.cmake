@@ -65,6 +65,18 @@ set_tests_properties(s3_read_qemu PROPERTIES LABELS "s3;qemu" TIMEOUT 600 SKIP_R
                      RUN_SERIAL TRUE
                      ENVIRONMENT "HALITE_OBJECT_STORE=${CMAKE_SOURCE_DIR}/scripts/object-store.sh")
 
+# A snapshot's frozen disk pushed beside it, pulled, and restored on a host
+# that has neither (the host's cache of disks, a second restore without a
+# disk GET, a damaged cached copy fetched again); requests counted through
+# bench/s3_proxy.py.
+add_test(NAME s3_disks_qemu
+  COMMAND bash ${S3_TEST_DIR}/run_with_store.sh ${CMAKE_SOURCE_DIR}
+          ${Python3_EXECUTABLE} ${S3_TEST_DIR}/test_s3_disks_qemu.py ${CMAKE_SOURCE_DIR}
+          $<TARGET_FILE:halite-qemu> $<TARGET_FILE:halite-inspect>)
+set_tests_properties(s3_disks_qemu PROPERTIES LABELS "s3;qemu" TIMEOUT 600 SKIP_RETURN_CODE 77
+                     RUN_SERIAL TRUE
+                     ENVIRONMENT "HALITE_OBJECT_STORE=${CMAKE_SOURCE_DIR}/scripts/object-store.sh")
+
 # bench/s3_proxy.py (the remote benchmark's latency and outage proxy) on real
 # GETs through it: the added RTT per request, counts, outages reset and stall.
 add_test(NAME s3_proxy

@@ -2,8 +2,9 @@
 /*
  * halite_s3 without a store: s3:// URLs, the configuration from the
  * environment and real shared files, the XML the store answers with, the
- * key encoding SigV4 signs, the backoff schedule, and retries against a
- * port nobody listens on (real libcurl, real connection refusals).
+ * key encoding SigV4 signs, the backoff schedule, retries against a port
+ * nobody listens on (real libcurl, real connection refusals), and the
+ * disks' manifest (s3_disks.h): written, read back, every bad field refused.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -21,6 +22,7 @@
 #include <cmocka.h>
 
 #include "s3_internal.h"
+#include "s3_disks.h"
 
 static void url_ok(const char *url, const char *bucket, const char *key)
 {
@@ -344,10 +346,100 @@ static void test_retry_network(void **state)
 	halite_s3_close(s);
 }
 
+#define SHA "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+#define UUID "00112233445566778899aabbccddeeff"
+
+/* A manifest of one disk with @field's text replaced by @value (NULL: as is). */
+static char *manifest_with(const char *field, const char *value)
+{
+	char *s = NULL;
+	const char *idx = "1", *size = "\"393216\"", *sha = "\"" SHA "\"", *uuid = "\"" UUID "\"";
+
+	if (field && !strcmp(field, "index"))
+		idx = value;
+	if (field && !strcmp(field, "size"))
+		size = value;
+	if (field && !strcmp(field, "sha256"))
+		sha = value;
+	if (field && !strcmp(field, "uuid"))
+		uuid = value;
+	assert_true(asprintf(&s, "{\"halite_disks\": 1, \"snapshot_uuid\": %s, \"disks\": "
+			     "[{\"index\": %s, \"name\": \"disk0\", \"format\": \"qcow2\", "
+			     "\"virtual_size\": \"67108864\", \"size\": %s, \"etag\": "
+			     "\"\\\"abc\\\"\", \"sha256\": %s}]}", uuid, idx, size, sha) > 0);
+	return s;
+}
+
+static void manifest_bad(const char *field, const char *value, const char *says)
+{
+	struct halite_s3_disks m;
+	char err[256] = "", *s = manifest_with(field, value);
+
+	assert_int_equal(halite_s3_disks_parse(s, strlen(s), &m, err, sizeof(err)), -EPROTO);
+	if (!strstr(err, says))
+		fail_msg("%s=%s: '%s' does not say '%s'", field, value, err, says);
+	free(s);
+}
+
+static void test_disks_manifest(void **state)
+{
+	struct halite_s3_disks m, back;
+	char err[256] = "", *s = manifest_with(NULL, NULL), *k;
+
+	assert_int_equal(halite_s3_disks_parse(s, strlen(s), &m, err, sizeof(err)), 0);
+	free(s);
+	assert_int_equal(m.n, 1);
+	assert_int_equal(m.d[0].index, 1);
+	assert_true(m.d[0].size == 393216 && m.d[0].vsize == 64 << 20);
+	assert_string_equal(m.d[0].etag, "\"abc\"");
+	assert_string_equal(m.d[0].sha256, SHA);
+	assert_int_equal(m.uuid[0], 0x00);
+	assert_int_equal(m.uuid[15], 0xff);
+	/* Written and read back: the same manifest. */
+	s = halite_s3_disks_json(&m);
+	assert_non_null(s);
+	assert_int_equal(halite_s3_disks_parse(s, strlen(s), &back, err, sizeof(err)), 0);
+	free(s);
+	assert_memory_equal(&m, &back, sizeof(m));
+
+	manifest_bad("index", "32", "index");
+	manifest_bad("index", "-1", "index");
+	manifest_bad("index", "1.5", "index");
+	manifest_bad("index", "\"1\"", "index");
+	manifest_bad("size", "393216", "sizes");
+	manifest_bad("size", "\"0\"", "sizes");
+	manifest_bad("size", "\"12x\"", "sizes");
+	manifest_bad("sha256", "\"" SHA "0\"", "sha256");
+	manifest_bad("sha256", "\"0123456789ABCDEF0123456789abcdef0123456789abcdef0123456789abcdef\"",
+		     "sha256");
+	manifest_bad("uuid", "\"../../etc\"", "snapshot_uuid");
+	s = strdup("[1, 2]");
+	assert_int_equal(halite_s3_disks_parse(s, strlen(s), &m, err, sizeof(err)), -EPROTO);
+	free(s);
+	/* One index twice. */
+	assert_true(asprintf(&s, "{\"halite_disks\": 1, \"snapshot_uuid\": \"" UUID "\", "
+			     "\"disks\": [%s, %s]}",
+			     "{\"index\": 0, \"name\": \"a\", \"format\": \"qcow2\", \"virtual_size\": "
+			     "\"1\", \"size\": \"1\", \"etag\": \"e\", \"sha256\": \"" SHA "\"}",
+			     "{\"index\": 0, \"name\": \"b\", \"format\": \"qcow2\", \"virtual_size\": "
+			     "\"1\", \"size\": \"1\", \"etag\": \"e\", \"sha256\": \"" SHA "\"}") > 0);
+	assert_int_equal(halite_s3_disks_parse(s, strlen(s), &m, err, sizeof(err)), -EPROTO);
+	assert_non_null(strstr(err, "twice"));
+	free(s);
+	/* Keys from the index alone. */
+	k = halite_s3_disk_key("vm/a.hlt", 3);
+	assert_string_equal(k, "vm/a.hlt.disks/3.qcow2");
+	free(k);
+	k = halite_s3_disk_key("vm/a.hlt", -1);
+	assert_string_equal(k, "vm/a.hlt.disks/manifest.json");
+	free(k);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_url),
+		cmocka_unit_test(test_disks_manifest),
 		cmocka_unit_test(test_escape),
 		cmocka_unit_test(test_xml),
 		cmocka_unit_test(test_backoff),

@@ -4,6 +4,8 @@
  * to a temporary file beside FILE, which replaces FILE only once complete
  * and (but with --any) once it opens as a Halite snapshot: a failed pull
  * leaves FILE as it was. A symbolic link at FILE is refused, never followed.
+ * The snapshot's disks, when pushed with it, follow into FILE.disks/
+ * (s3disks.c).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -22,15 +24,18 @@
 void help_pull(FILE *f)
 {
 	fprintf(f, "Usage: " PROG " pull [--json] [--part-size SIZE] [--jobs N] [--any]\n"
-		   "                      [--progress[=MODE]] s3://BUCKET/KEY FILE\n\n"
+		   "                      [--progress[=MODE]] [--no-disks] s3://BUCKET/KEY FILE\n\n"
 		   "Download a snapshot from an object store (docs/object-store.md says how\n"
 		   "it is configured) to FILE, in ranges fetched several at once, each\n"
 		   "checked to be of the object a first HEAD saw. FILE is replaced only\n"
 		   "when the download is complete and opens as a Halite snapshot; a\n"
-		   "symbolic link at FILE is refused.\n\n"
+		   "symbolic link at FILE is refused. The snapshot's frozen disks, when\n"
+		   "pushed with it, follow into FILE.disks/N.qcow2 with its manifest.json,\n"
+		   "each checked against the manifest (size, ETag, SHA-256).\n\n"
 		   "  --part-size SIZE  bytes a range (default 8M)\n"
 		   "  -j, --jobs N      ranges in flight at once (default 8)\n"
 		   "  --any             keep the object even when it is not a Halite snapshot\n"
+		   "  --no-disks        the snapshot alone, without its disks\n"
 		   "  --progress[=MODE] text, json or none on stderr (default: text on a\n"
 		   "                    terminal)\n"
 		   "  --json            one JSON object on stdout: bytes, parts, requests, seconds\n"
@@ -45,14 +50,16 @@ static void pull_progress(void *ctx, uint64_t bytes)
 }
 
 static const char *const pull_keys[] = {
-	"url", "file", "bytes", "parts", "etag", "requests", "retries", "seconds", NULL,
+	"url", "file", "bytes", "parts", "etag", "requests", "retries", "seconds", "disks", NULL,
 };
 
 int cmd_pull(int argc, char **argv)
 {
+	enum { OPT_NO_DISKS = S3CMD_OPT_NEXT };
 	static const struct option lo[] = {
 		LONGOPTS_COMMON,
 		S3CMD_LONGOPTS,
+		{ "no-disks", no_argument, NULL, OPT_NO_DISKS },
 		{ NULL, 0, NULL, 0 },
 	};
 	struct s3cmd_opts so = { .min_part = 64u << 10, .max_part = 1ull << 30,
@@ -64,11 +71,17 @@ int cmd_pull(int argc, char **argv)
 	const char *url, *out;
 	char *tmp = NULL;
 	uint64_t parts = 0;
+	bool disks = true;
+	cJSON *djson = NULL;
 	int ch, ret, fd = -1;
 
 	run_keys(pull_keys);
 	optind = 1;
 	while ((ch = getopt_long(argc, argv, ":hj:", lo, NULL)) != -1) {
+		if (ch == OPT_NO_DISKS) {
+			disks = false;
+			continue;
+		}
 		ret = s3cmd_option(ch, &so);
 		if (ret < 0)
 			return common_option(ch, argv, help_pull);
@@ -140,6 +153,12 @@ int cmd_pull(int argc, char **argv)
 	}
 	free(tmp);
 	tmp = NULL;
+	if (disks && !so.any) {
+		djson = run_json() ? cJSON_CreateArray() : NULL;
+		ret = pull_disks(&c, out, so.progress, djson);
+		if (ret)
+			goto out;
+	}
 	if (run_json()) {
 		cJSON *root = cJSON_CreateObject();
 
@@ -148,12 +167,18 @@ int cmd_pull(int argc, char **argv)
 		json_add_u64(root, "bytes", obj.size);
 		json_add_u64(root, "parts", parts);
 		cJSON_AddStringToObject(root, "etag", obj.etag);
+		if (djson)
+			cJSON_AddItemToObject(root, "disks", djson);
+		else
+			cJSON_AddArrayToObject(root, "disks");
+		djson = NULL;
 		s3cmd_json_stats(&c, root);
 		ret = json_emit(root, EXIT_OK);
 	} else {
 		notef("%s: %" PRIu64 " bytes from %s", out, obj.size, url);
 	}
 out:
+	cJSON_Delete(djson);
 	if (fd >= 0)
 		close(fd);
 	if (tmp) {

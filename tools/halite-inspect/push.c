@@ -5,6 +5,10 @@
  * store against its MD5. The upload id is kept in FILE.s3-upload (0600)
  * until the object is complete, so a push run again after an interruption
  * sends only the parts the store lacks.
+ *
+ * The snapshot's frozen disks go first, each flattened into one qcow2,
+ * then their manifest, and the snapshot last (s3disks.c): whoever finds
+ * the snapshot finds its disks.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -29,16 +33,20 @@
 void help_push(FILE *f)
 {
 	fprintf(f, "Usage: " PROG " push [--json] [--part-size SIZE] [--jobs N] [--any]\n"
-		   "                      [--progress[=MODE]] FILE s3://BUCKET/KEY\n\n"
+		   "                      [--progress[=MODE]] [--no-disks] FILE s3://BUCKET/KEY\n\n"
 		   "Upload the snapshot FILE to an object store (docs/object-store.md says\n"
 		   "how it is configured). Parts go several at once, each checked by the\n"
 		   "store against its MD5. An interrupted push, run again, sends only the\n"
 		   "parts the store lacks: the upload is recorded in FILE.s3-upload until\n"
 		   "the object is complete.\n\n"
+		   "The frozen disk images the snapshot records (halite-qemu save) go\n"
+		   "first, each flattened with its backing chain into one qcow2 at\n"
+		   "KEY.disks/N.qcow2, then KEY.disks/manifest.json, then the snapshot.\n\n"
 		   "  --part-size SIZE  bytes a part, 5M to 5G (default 8M)\n"
 		   "  -j, --jobs N      parts in flight at once (default 8)\n"
 		   "  --any             push FILE even when it is not a Halite snapshot\n"
 		   "  --no-resume       start a new upload, ignoring FILE.s3-upload\n"
+		   "  --no-disks        the snapshot alone, without its frozen disks\n"
 		   "  --progress[=MODE] text, json or none on stderr (default: text on a\n"
 		   "                    terminal for files of 64 MiB or more)\n"
 		   "  --json            one JSON object on stdout: bytes, parts, requests, seconds\n"
@@ -54,7 +62,7 @@ static void push_progress(void *ctx, uint64_t done, uint64_t total)
 
 static const char *const push_keys[] = {
 	"file", "url", "bytes", "parts", "parts_sent", "part_size", "resumed", "etag",
-	"requests", "retries", "seconds", NULL,
+	"requests", "retries", "seconds", "disks", NULL,
 };
 
 /* HALITE_S3_TEST_STOP_AFTER_PARTS: the tests' way to interrupt a push (0: never). */
@@ -68,11 +76,12 @@ static uint64_t test_stop_after(void)
 
 int cmd_push(int argc, char **argv)
 {
-	enum { OPT_NO_RESUME = S3CMD_OPT_NEXT };
+	enum { OPT_NO_RESUME = S3CMD_OPT_NEXT, OPT_NO_DISKS };
 	static const struct option lo[] = {
 		LONGOPTS_COMMON,
 		S3CMD_LONGOPTS,
 		{ "no-resume", no_argument, NULL, OPT_NO_RESUME },
+		{ "no-disks", no_argument, NULL, OPT_NO_DISKS },
 		{ NULL, 0, NULL, 0 },
 	};
 	struct s3cmd_opts so = { .min_part = MIN_PART_SIZE, .max_part = MAX_PART_SIZE,
@@ -84,7 +93,8 @@ int cmd_push(int argc, char **argv)
 	struct stat st;
 	const char *path, *url;
 	char *state = NULL;
-	bool resume = true;
+	bool resume = true, disks = true;
+	cJSON *djson = NULL;
 	int ch, ret, fd = -1;
 
 	run_keys(push_keys);
@@ -92,6 +102,10 @@ int cmd_push(int argc, char **argv)
 	while ((ch = getopt_long(argc, argv, ":hj:", lo, NULL)) != -1) {
 		if (ch == OPT_NO_RESUME) {
 			resume = false;
+			continue;
+		}
+		if (ch == OPT_NO_DISKS) {
+			disks = false;
 			continue;
 		}
 		ret = s3cmd_option(ch, &so);
@@ -144,6 +158,13 @@ int cmd_push(int argc, char **argv)
 	if (so.progress < 0)
 		so.progress = isatty(STDERR_FILENO) && (uint64_t)st.st_size >= PROGRESS_AUTO_BYTES ?
 				      HALITE_PROGRESS_TEXT : HALITE_PROGRESS_NONE;
+	/* Before the snapshot: --any pushes bytes that need not be a snapshot at all. */
+	if (disks && !so.any) {
+		djson = run_json() ? cJSON_CreateArray() : NULL;
+		ret = push_disks(&c, path, so.part_size, so.progress, djson);
+		if (ret)
+			goto out;
+	}
 	progress_begin(&prog, so.progress, "push", path, (int64_t)st.st_size);
 	uo.part_size = so.part_size;
 	uo.state_path = state;
@@ -167,6 +188,11 @@ int cmd_push(int argc, char **argv)
 		json_add_u64(root, "part_size", res.part_size);
 		cJSON_AddBoolToObject(root, "resumed", res.resumed);
 		cJSON_AddStringToObject(root, "etag", res.etag);
+		if (djson)
+			cJSON_AddItemToObject(root, "disks", djson);
+		else
+			cJSON_AddArrayToObject(root, "disks");
+		djson = NULL;
 		s3cmd_json_stats(&c, root);
 		ret = json_emit(root, EXIT_OK);
 	} else {
@@ -175,6 +201,7 @@ int cmd_push(int argc, char **argv)
 		      res.resumed ? ", the others kept from an interrupted push" : "");
 	}
 out:
+	cJSON_Delete(djson);
 	if (fd >= 0)
 		close(fd);
 	free(state);

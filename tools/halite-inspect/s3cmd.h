@@ -54,4 +54,14 @@ void s3cmd_json_stats(struct s3cmd *c, cJSON *root);
 int s3cmd_check_snapshot(const char *path, const char *name, const char *hint);
 void s3cmd_close(struct s3cmd *c);
 
+/*
+ * The frozen disks of the snapshot @path (its qemu.disks) flattened and
+ * uploaded beside c->key, then their manifest (s3disks.c); nothing for a
+ * snapshot without frozen disks. Each disk's line on stderr, or an object
+ * in @out (a JSON array) when given. 0 or an exit code, the problem said.
+ */
+int push_disks(struct s3cmd *c, const char *path, uint64_t part_size, int progress, cJSON *out);
+/* The disks listed beside c->key, of the pulled snapshot @file, into FILE.disks/. */
+int pull_disks(struct s3cmd *c, const char *file, int progress, cJSON *out);
+
 #endif

@@ -139,6 +139,7 @@ static int check_file(struct restore_run *r)
 	if (ret)
 		return ret;
 	ret = file_run_state(r, rd);
+	memcpy(r->uuid, halite_reader_info(rd)->uuid, sizeof(r->uuid));
 	/*
 	 * Kept for the engine (halite_restore_opts.same_as): it restores the
 	 * version checked here, and an object costs no second open.
@@ -169,12 +170,43 @@ static int prepare_cmdline(struct restore_run *r)
 }
 
 /*
+ * A snapshot read from a store: its frozen disks, when the store holds them
+ * beside it, brought into the host's cache (diskfetch.h), each guest then on
+ * its own overlay of the copy. Their overlays go to --disk-dir, else to the
+ * current directory: they are the guest's disk from now on, not the cache's.
+ */
+static int fetch_disks(struct restore_run *r, const char **dir)
+{
+	static char cwd[PATH_MAX];
+	int ret;
+
+	if (!halite_io_is_s3_path(r->p.path))
+		return 0;
+	ret = hq_diskfetch_bring(&r->fetch, r->p.path, r->uuid, r->b.disks, r->err,
+				 sizeof(r->err));
+	if (ret)
+		return ret;
+	for (int i = 0; i < r->b.disks->n; i++)
+		if (r->fetch.d[i].damaged)
+			hq_errorf("restore: warning: disk %s: the cached copy failed its check "
+				  "(size or SHA-256): fetched again", r->b.disks->d[i].name);
+	if (r->fetch.used && !*dir) {
+		if (!getcwd(cwd, sizeof(cwd)))
+			return fail(r, -errno, "the current directory (for the disks' overlays; "
+				    "--disk-dir DIR puts them elsewhere)", strerror(errno));
+		*dir = cwd;
+	}
+	return 0;
+}
+
+/*
  * The disks the file froze, each checked unchanged, given a new overlay,
  * and the command line pointed at it, before QEMU starts.
  */
 static int prepare_disks(struct restore_run *r)
 {
 	const char *base = strrchr(r->p.path, '/') ? strrchr(r->p.path, '/') + 1 : r->p.path;
+	const char *dir = r->p.disk_dir;
 	char tag[128], when[32];
 	time_t now = time(NULL);
 	int ret, frozen;
@@ -200,7 +232,16 @@ static int prepare_disks(struct restore_run *r)
 	}
 	strftime(when, sizeof(when), "%Y%m%d-%H%M%S", localtime(&now));
 	snprintf(tag, sizeof(tag), "%.*s-restore-%s", (int)strcspn(base, "."), base, when);
-	return hq_bring_disks(&r->b, r->p.disk_dir, tag);
+	ret = fetch_disks(r, &dir);
+	if (!ret)
+		ret = hq_bring_disks(&r->b, dir, tag);
+	if (ret == -ENOENT && halite_io_is_s3_path(r->p.path) && !r->fetch.used) {
+		size_t n = strlen(r->err);
+
+		snprintf(r->err + n, sizeof(r->err) - n, " (the store holds no disks beside %s: "
+			 "pushed with --no-disks?)", r->p.path);
+	}
+	return ret;
 }
 
 static int spawn_qemu(struct restore_run *r)
@@ -773,6 +814,8 @@ int hq_cmd_restore(int argc, char **argv)
 				kill(r->b.qemu, SIGTERM), hq_stop_signal = 0;
 		code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 	}
+	/* A private cache of the disks goes; a QEMU still running holds what it opened. */
+	hq_diskfetch_done(&r->fetch);
 	free(r);
 	return code;
 }

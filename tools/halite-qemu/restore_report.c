@@ -18,7 +18,32 @@ static double ms(uint64_t a, uint64_t b)
 	return a && b >= a ? (double)(b - a) / 1e6 : -1;
 }
 
-/* "disks": [{"qdev", "frozen_image", "overlay"}]: the overlays the guest runs on. */
+/*
+ * Where disk @i's frozen image came from: "local" (this host's, as the file
+ * records it), "store" (fetched now into the host's cache) or "cache" (a
+ * copy an earlier restore fetched); the bytes fetched and the seconds spent
+ * fetching and checking the copy.
+ */
+static void report_disk_origin(cJSON *j, const struct restore_run *r, int i)
+{
+	static const char *const from[] = { "local", "store", "cache" };
+	const struct hq_disk *d = &r->b.disks->d[i];
+
+	cJSON_AddStringToObject(j, "source", d->local[0] ? from[r->fetch.d[i].from] : "local");
+	if (d->local[0])
+		cJSON_AddStringToObject(j, "cached_image", d->local);
+	else
+		cJSON_AddNullToObject(j, "cached_image");
+	hq_json_u64(j, "bytes_fetched", true, d->local[0] ? r->fetch.d[i].bytes : 0);
+	hq_json_fixed(j, "fetch_s", d->local[0], r->fetch.d[i].seconds, 3);
+	cJSON_AddBoolToObject(j, "cache_damaged", d->local[0] && r->fetch.d[i].damaged);
+}
+
+/*
+ * "disks": [{"qdev", "frozen_image", "overlay", "source", "cached_image",
+ * "bytes_fetched", "fetch_s", "cache_damaged"}]: the overlays the guest runs
+ * on and where each frozen image came from.
+ */
 static void report_disks_json(cJSON *o, const struct restore_run *r)
 {
 	cJSON *a;
@@ -38,6 +63,7 @@ static void report_disks_json(cJSON *o, const struct restore_run *r)
 		cJSON_AddStringToObject(j, "qdev", d->qdev);
 		cJSON_AddStringToObject(j, "frozen_image", d->image);
 		cJSON_AddStringToObject(j, "overlay", d->overlay);
+		report_disk_origin(j, r, i);
 		cJSON_AddItemToArray(a, j);
 	}
 }
