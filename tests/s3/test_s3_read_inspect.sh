@@ -74,6 +74,30 @@ eq "extract: every LB from the cache" "$(js "$T/out" 'd["store"]["cache_misses"]
 expect 2 "$HI" info --cache-size 0 "$U"
 has "$T/err" "--cache-size '0'"
 
+# ---- push of a hostile disk record: nothing read for it, nothing uploaded ----
+# A frozen image another user owns (push would read it with this user's rights
+# and upload it), and a format that is not a disk image's (vvfat reads a tree).
+echo secret >"$T/theirs.img"
+chown 65534 "$T/theirs.img" 2>/dev/null || echo "not root: the other owner's case is skipped"
+rec() { # IMAGE FORMAT
+	printf '[{"image":"%s","format":"%s","frozen":true,"size":"%s","mtime_ns":"%s"}]' \
+		"$1" "$2" "$(stat -c %s "$1")" \
+		"$(python3 -c 'import os, sys; print(os.stat(sys.argv[1]).st_mtime_ns)' "$1")"
+}
+if [ "$(stat -c %u "$T/theirs.img")" != "$(id -u)" ]; then
+	expect 0 "$HI" import --no-sync --region "ram=$T/b" --meta "qemu.disks=$(rec "$T/theirs.img" raw)" \
+		-o "$T/theirs.hlt"
+	expect 1 "$HI" push "$T/theirs.hlt" "s3://$B/theirs.hlt"
+	has "$T/err" "belongs to uid 65534"
+	expect 1 "$HI" info "s3://$B/theirs.hlt"
+	has "$T/err" "no such key"
+fi
+echo mine >"$T/mine.img"
+expect 0 "$HI" import --no-sync --region "ram=$T/b" --meta "qemu.disks=$(rec "$T/mine.img" vvfat)" \
+	-o "$T/vvfat.hlt"
+expect 1 "$HI" push "$T/vvfat.hlt" "s3://$B/vvfat.hlt"
+has "$T/err" "format 'vvfat' is not a disk image format"
+
 # ---- what fails, and says so ----
 expect 1 "$HI" info "s3://$B/none.hlt"
 has "$T/err" "s3://$B/none.hlt"

@@ -116,6 +116,17 @@ static const char *jstr(const cJSON *o, const char *k)
 	return s ? s : "";
 }
 
+/* A format of a disk image file (not a protocol, nor vvfat's directory). */
+static bool disk_format_ok(const char *fmt)
+{
+	static const char *const ok[] = { "raw", "qcow2", "qed", "vmdk", "vdi", "vhdx", "vpc" };
+
+	for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++)
+		if (!strcmp(fmt, ok[i]))
+			return true;
+	return false;
+}
+
 /*
  * Frozen disk @i of the record (@o) as the snapshot froze it: its image is
  * a regular file of the recorded size and modification time, as a restore
@@ -138,6 +149,24 @@ static int check_image(const cJSON *o, int i, const char *path)
 		errorf("%s: disk %d: its frozen image %s: %s (--no-disks pushes the snapshot "
 		       "alone)", path, i, img, errno ? strerror(errno) : "not a regular file");
 		return EXIT_FAIL;
+	}
+	/*
+	 * The record names host files and a format, and push reads them with
+	 * qemu-img (which follows the image's own backing files) and uploads
+	 * what it read: only for the user whose files they are, so that no
+	 * one can make another user's push, root's above all, upload a file
+	 * they cannot read themselves. A format save never records (vvfat
+	 * reads a directory tree) is refused likewise.
+	 */
+	if (st.st_uid != geteuid()) {
+		errorf("%s: disk %d: its frozen image %s belongs to uid %u, not to this user: push "
+		       "it as its owner (or --no-disks)", path, i, img, (unsigned)st.st_uid);
+		return EXIT_FAIL;
+	}
+	if (!disk_format_ok(jstr(o, "format"))) {
+		errorf("%s: disk %d: format '%s' is not a disk image format qemu-img flattens here "
+		       "(raw, qcow2, qed, vmdk, vdi, vhdx, vpc)", path, i, jstr(o, "format"));
+		return EXIT_BAD;
 	}
 	if ((uint64_t)st.st_size != size ||
 	    (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec != mtime) {
