@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """halite-cloned with templates read from an object store (issue 26).
 
-  test_clone_s3.py CASE    CASE: template, refuse, qemu
+  test_clone_s3.py CASE    CASE: template, refuse, qemu, qemu_disks
 
 Run under tests/s3/run_with_store.sh: a real S3 store (radosgw) is started and
 its AWS_ENDPOINT_URL, keys, region and HALITE_TEST_BUCKET exported; without them
@@ -17,8 +17,8 @@ the case skips (77).
   local template's "store" is null.
 - refuse: without --s3-allow an s3:// snapshot is refused naming the option;
   with one, another bucket, a key outside its prefix, a bad bucket name and a
-  QEMU guest's snapshot that records disks (their images are not in the
-  store) are refused, each with its status and message (the same snapshot
+  QEMU guest's snapshot that records disks pushed without them (no manifest
+  in the store) are refused, each with its status and message (the same snapshot
   without disks is taken), and a store that does not
   answer is 502 naming the request; an unknown --cache-size and a
   relative --cache-dir stop the daemon at start (exit 2).
@@ -30,7 +30,23 @@ the case skips (77).
   HALITE_S3_* or HALITE_CACHE_* in its environment. Every LB came from the
   store once. A restarted daemon starts another exact clone. Skipped (77)
   without QEMU or the guest image.
+- qemu_disks: the QEMU test guest with a qcow2 disk saved (its disk frozen),
+  pushed with the disk, and the snapshot, its frozen image and the source's
+  overlay deleted: only the store has them (before that, halite-qemu clone
+  by hand refuses a --disk-copies directory others may write, and one without
+  the disk's copy, naming it). A template by URL brings the disk
+  into STATE/lbcache/disks/<uuid>/0.qcow2 (0600, directories 0700, the
+  pushed SHA-256); its JSON says it came from the store, the pushed bytes in
+  exactly the manifest's HEAD and GET and the disk's HEAD and GETs. 2 clones:
+  each finds the snapshot's digest and a disk that agrees with its memory
+  (disklog), each on its own overlay whose backing image is the cached copy,
+  which their writes leave unchanged. The disk's object then deleted from
+  the store and the daemon restarted: the template reopens on the cached
+  copy (from "cache", 0 bytes, the manifest's two requests only) and a third
+  clone agrees.
 """
+import hashlib
+import json
 import os
 import stat
 import subprocess
@@ -164,7 +180,7 @@ def case_refuse(e):
     refused(e, "s3://%s" % BUCKET, 400, "names no key")
     refused(e, "file:///etc/passwd", 400, "an absolute path or an s3://BUCKET/KEY URL")
     # A QEMU guest's snapshot (qemu.* metadata, no synth.args) is taken; one that
-    # records disks is refused: its images do not travel with the object.
+    # records disks is refused when the store holds none beside it.
     img, plain, qsnap, dsnap = (os.path.join(e.tmp, n) for n in
                                 ("q.img", "q-plain.hlt", "q.hlt", "qd.hlt"))
     with open(img, "wb") as f:
@@ -181,9 +197,10 @@ def case_refuse(e):
     t = e.template(push(e, qsnap, "cloned/q.hlt"), hotset=False)
     check(t["kind"] == "qemu", "a QEMU guest's object without disks: %s" % t)
     e.ok("DELETE", "/templates/" + t["id"])
-    refused(e, push(e, dsnap, "cloned/qd.hlt"), 400,
-            "is a QEMU guest's with disks (qemu.disks): its disk images do not travel with "
-            "the object")
+    qd = push(e, dsnap, "cloned/qd.hlt")
+    refused(e, qd, 400, "is a QEMU guest's with disks (qemu.disks): its disk images do not "
+            "travel with the object")
+    refused(e, qd, 400, "push it with its disks")
     # An allowed key that is not there: the store's answer, named.
     refused(e, "s3://%s/cloned/missing.hlt" % BUCKET, 400, "s3://%s/cloned/missing.hlt" % BUCKET)
     stop_daemon(e)
@@ -313,7 +330,176 @@ def case_qemu(e):
         e.ok("DELETE", "/clones/%s" % cid)
 
 
-CASES = {"template": case_template, "refuse": case_refuse, "qemu": case_qemu}
+PART = 8 << 20  # halite_s3_download_fd()'s default range
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for b in iter(lambda: f.read(1 << 20), b""):
+            h.update(b)
+    return h.hexdigest()
+
+
+def delete(url):
+    """DELETE of @url (s3://BUCKET/KEY) with curl, which signs it (SigV4)."""
+    env = os.environ
+    p = subprocess.run(["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time",
+                        "60", "-X", "DELETE", "-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD",
+                        "--aws-sigv4", "aws:amz:%s:s3" % env["AWS_REGION"],
+                        "--user", "%s:%s" % (env["AWS_ACCESS_KEY_ID"],
+                                             env["AWS_SECRET_ACCESS_KEY"]),
+                        "%s/%s" % (env["AWS_ENDPOINT_URL"], url[5:])],
+                       stdout=subprocess.PIPE, text=True, timeout=90)
+    check(p.returncode == 0 and p.stdout == "204", "DELETE %s: HTTP %s" % (url, p.stdout))
+
+
+def disk_clone(e, cid, d0, at):
+    """Clone @cid running: its guest (memory digest @d0, disk and memory agree,
+    counting on from @at) and its overlay."""
+    c = e.wait_state(cid, ("running", "done"), timeout=120)
+    e.pids.add(c["qemu_pid"])
+    g = tc.hg.Guest(e.tmp, cid)
+    g.adopt(c["qemu_pid"])
+    g.port, g.console, g.qmp_path = c["forwards"][0]["host_port"], c["serial"], c["qmp"]
+    d, up, ok = g.digest()
+    check(ok and d == d0, "clone %s: the verifier's digest %s is the snapshot's %s" % (cid, d, d0))
+    check(g.status()["mismatches"] == "0", "clone %s: 0 mismatches" % cid)
+    dk, mk, _, ok = g.disklog()
+    check(ok and mk >= at, "clone %s: its disk's count %d agrees with its memory's %d, counting "
+          "on from the snapshot's %d" % (cid, dk, mk, at))
+    check(len(c["disks"]) == 1, "clone %s runs on one overlay: %s" % (cid, c["disks"]))
+    log("  clone %s: digest %s, disk %d, uptime %.1f s, overlay %s" % (cid, d, dk, up,
+                                                                      c["disks"][0]))
+    return g, c["disks"][0]
+
+
+def case_qemu_disks(e):
+    if not tc.hg.qemu_available() or not tc.hg.image_ready() or not tc.QEMU_BIN:
+        raise tc.Skip("no qemu-system-x86_64, test guest (scripts/make-guest.sh) or halite-qemu")
+    image = os.path.join(e.tmp, "disk.qcow2")
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", image, "64M"], check=True,
+                   timeout=60)
+    src = tc.hg.Guest(e.tmp, "source").with_disk("drive", image)
+    src.boot()
+    e.pids.add(src.pid)
+    src.wait_ready()
+    d_disk, _, _, ok = src.disklog()
+    check(ok and d_disk > 0, "the source guest counts on its disk (%d)" % d_disk)
+    src.rewrites(False)  # the digest stays put across the snapshot
+    d0, _, ok0 = src.digest()
+    check(ok0, "source guest digest %s as expected" % d0)
+    snap = os.path.join(e.tmp, "guest.hlt")
+    p = subprocess.run([tc.QEMU_BIN, "save", "--qmp", src.qmp_path, "--json", "-q", snap],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
+    check(p.returncode == 0, "halite-qemu save: exit %d: %s" % (p.returncode, p.stderr[-2000:]))
+    saved = json.loads(p.stdout)["disks"]
+    check(len(saved) == 1 and saved[0]["frozen"], "the save froze %s: %s" % (image, saved))
+    src.qmp().cmd("quit")
+    src.proc.wait(timeout=30)
+    # What the frozen image held at the snapshot: disklog's count in its sector 0.
+    out = os.path.join(e.tmp, "sector0")
+    subprocess.run(["qemu-img", "dd", "-U", "-f", "qcow2", "-O", "raw", "bs=512", "count=1",
+                    "if=" + image, "of=" + out], check=True, timeout=60)
+    with open(out, "rb") as f:
+        at = int(f.read(512).split(b"\n")[0].split()[1])
+    url = "s3://%s/cloned/dguest.hlt" % BUCKET
+    p = subprocess.run([INSPECT, "push", "--json", snap, url], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, timeout=300,
+                       env=dict(os.environ, TMPDIR=e.tmp))
+    check(p.returncode == 0, "push %s: %s" % (url, p.stderr.strip()))
+    pushed = json.loads(p.stdout)["disks"]
+    check(len(pushed) == 1 and pushed[0]["index"] == 0 and pushed[0]["bytes"] > 0,
+          "push uploaded the disk: %s" % pushed)
+    # halite-qemu clone by hand: --disk-copies must be this user's directory, writable by
+    # no one else, and hold a copy of every frozen disk (refused before QEMU starts).
+    copies = os.path.join(e.tmp, "copies")
+    os.mkdir(copies)
+    for mode, words in ((0o777, "--disk-copies %s: must be this user's and writable by no one "
+                         "else" % copies),
+                        (0o700, "disk disk0: its copy %s/0.qcow2: No such file or directory" %
+                         copies)):
+        os.chmod(copies, mode)
+        p = subprocess.run([tc.QEMU_BIN, "clone", "--mem-file", "/dev/null", "--control",
+                            os.path.join(e.tmp, "byhand.sock"), "--allow-dir", "/",
+                            "--disk-copies", copies, snap], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, timeout=120)
+        check(p.returncode == 1 and words in p.stderr, "halite-qemu clone --disk-copies (mode "
+              "%o): exit %d %r (wanted: %s)" % (mode, p.returncode, p.stderr[-1000:], words))
+        log("  by hand, --disk-copies mode %o: %s" % (mode, p.stderr.strip()))
+
+    # Only the store has the snapshot and its disk from now on.
+    for f in (snap, image, saved[0]["overlay"]):
+        os.unlink(f)
+    log("  saved the test guest with its disk (digest %s, disk at %d), pushed %d disk bytes" %
+        (d0, at, pushed[0]["bytes"]))
+
+    e.start("--qemu-bin", tc.QEMU_BIN, "--s3-allow", BUCKET + "/cloned/")
+    t0 = time.time()
+    t = e.template(url, hotset=False)
+    log("  the template from the store with its disk: %.2f s" % (time.time() - t0))
+    show = e.ok("GET", "/templates/" + t["id"])
+    disks = show["disks"]
+    gets = (pushed[0]["bytes"] + PART - 1) // PART
+    check(disks is not None and len(disks["images"]) == 1 and
+          disks["images"][0]["index"] == 0 and disks["images"][0]["from"] == "store" and
+          disks["images"][0]["bytes"] == pushed[0]["bytes"] and
+          disks["requests"] == 2 + 1 + gets,
+          "the template's disk came from the store: the manifest's HEAD and GET, the disk's "
+          "HEAD and %d GETs: %s" % (gets, disks))
+    log("  its disk from the store: %d bytes in %.3f s" % (disks["images"][0]["bytes"],
+                                                           disks["images"][0]["seconds"]))
+    cache = os.path.join(e.state, "lbcache")
+    cached = os.path.join(cache, "disks", show["uuid"], "0.qcow2")
+    check(stat.S_IMODE(os.stat(cached).st_mode) == 0o600 and
+          all(stat.S_IMODE(os.stat(d).st_mode) == 0o700
+              for d in (os.path.dirname(cached), os.path.join(cache, "disks"))),
+          "the cached disk %s is 0600, its directories 0700" % cached)
+    digest = sha256(cached)
+    check(digest == pushed[0]["sha256"], "the cached disk is the pushed one (SHA-256)")
+
+    ids = e.clones(t["id"], 2)
+    guests, overlays = [], []
+    for cid in ids:
+        g, ov = disk_clone(e, cid, d0, at)
+        guests.append(g)
+        overlays.append(ov)
+        info = json.loads(subprocess.run(["qemu-img", "info", "-U", "--output=json", ov],
+                                         stdout=subprocess.PIPE, check=True,
+                                         timeout=60).stdout)
+        check(info.get("full-backing-filename", info.get("backing-filename")) == cached,
+              "clone %s's overlay %s lies on the cached copy: %s" %
+              (cid, ov, info.get("backing-filename")))
+    check(len(set(overlays)) == 2 and all(os.path.exists(o) for o in overlays),
+          "each clone runs on its own overlay: %s" % overlays)
+    for g in guests:
+        g.check_console()
+    check(sha256(cached) == digest, "the clones' writes left the cached copy unchanged")
+
+    # The disk's object gone from the store: a daemon that asked for it would fail.
+    delete(url + ".disks/0.qcow2")
+    for cid in ids:
+        e.ok("DELETE", "/clones/%s" % cid)
+    stop_daemon(e)
+    e.start()
+    show = e.ok("GET", "/templates/" + t["id"])
+    check(show["state"] == "ready", "after a restart the template reopened: %s" % show)
+    disks = show["disks"]
+    check(disks["images"][0]["from"] == "cache" and disks["images"][0]["bytes"] == 0 and
+          disks["requests"] == 2,
+          "after a restart, the cached disk: the manifest's HEAD and GET only, no disk "
+          "request: %s" % disks)
+    log("  after a restart, the cached disk checked in %.3f s" % disks["images"][0]["seconds"])
+    cid = e.clones(t["id"], 1)[0]
+    g, ov = disk_clone(e, cid, d0, at)
+    check(ov not in overlays, "the third clone has an overlay of its own: %s" % ov)
+    g.check_console()
+    check(sha256(cached) == digest, "the cached copy is still unchanged")
+    e.ok("DELETE", "/clones/%s" % cid)
+
+
+CASES = {"template": case_template, "refuse": case_refuse, "qemu": case_qemu,
+         "qemu_disks": case_qemu_disks}
 
 
 def main():

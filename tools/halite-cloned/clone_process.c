@@ -164,6 +164,11 @@ int clone_spawn(struct cloned *d, struct clone *c, const char *dir, const char *
 		argv[argc++] = (char *)ctl;
 		argv[argc++] = "--dir";
 		argv[argc++] = (char *)dir;
+		/* an object's frozen disks: the daemon's copies, DIR/N.qcow2 (s3disks.c) */
+		if (c->tp->disk_copies) {
+			argv[argc++] = "--disk-copies";
+			argv[argc++] = c->tp->disk_copies;
+		}
 		/* the template's own file, whatever lies at its path now: dup2'd to 3 below */
 		argv[argc++] = "/proc/self/fd/3";
 		argv[argc] = NULL;

@@ -90,6 +90,8 @@ struct confine {
 
 enum tmpl_kind { TMPL_SYNTHETIC, TMPL_QEMU };
 
+struct hq_diskfetch;
+
 struct tmpl {
 	struct tmpl *next;
 	char id[CLONED_ID_LEN + 1];
@@ -120,6 +122,13 @@ struct tmpl {
 	uint64_t hot_due_ns;	 /* save the hot set then: a session's hot window is over */
 	uint64_t memory_max;	 /* its clones' limits unless a request says (0: none) */
 	double cpu_max;
+	/*
+	 * An object's frozen disks, brought into the host's cache at open
+	 * (s3disks.c): CACHE/disks/UUID, its clones' --disk-copies, and what
+	 * the open fetched or found; NULL without.
+	 */
+	char *disk_copies;
+	struct hq_diskfetch *disks;
 };
 
 /* CL_ORPHANED: alive, its template unavailable, nobody serves it (a daemon restart). */
@@ -218,6 +227,16 @@ unsigned snapdir_open(struct cloned *d, const char *path, int *fd, char *err, si
  * without the guest RAM's LBs, into *@out. 0, or a negative code with @err.
  */
 int s3clone_make(const struct tmpl *tp, int *out, char *err, size_t errlen);
+/*
+ * s3disks.c: a QEMU template object's frozen disks into the host's cache,
+ * tp->disk_copies and tp->disks set when it records disks. 0, or a negative
+ * code with @err (-HALITE_E_UNSUPPORTED: the store holds no disks for it).
+ */
+struct halite_reader;
+int s3disks_bring(struct tmpl *tp, struct halite_reader *r, char *err, size_t errlen);
+void s3disks_free(struct tmpl *tp);
+/* "disks" of GET /templates/ID: null, or what the last open fetched or found. */
+void s3disks_json(cJSON *j, const struct tmpl *tp);
 /* Whether @name is listed in the NUL-separated @list (qemu.device-ram; util.c). */
 bool cl_in_list(const char *list, uint32_t len, const char *name);
 

@@ -8,7 +8,8 @@
  * from its metadata: `synth.args` (halite-synth save) is a synthetic guest
  * (clones: halite-synth clone), `qemu.*` (halite-qemu save) a QEMU guest
  * (clones: halite-qemu clone, given the snapshot as descriptor 3: for an
- * object, a memfd of what they read, s3clone.c).
+ * object, a memfd of what they read, s3clone.c, and its frozen disks from
+ * the store in the host's cache, s3disks.c).
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -36,6 +37,7 @@ void tmpl_destroy(struct tmpl *tp)
 	free(tp->snapshot);
 	free(tp->synth_args);
 	free(tp->hot_path);
+	s3disks_free(tp);
 	free(tp);
 }
 
@@ -114,14 +116,16 @@ static unsigned open_status(int err)
 	return err <= -HALITE_E_BASE && err > -HALITE_E_STATE ? 400 : 500;
 }
 
-/* Whether qemu.disks (a JSON array, hq_disks_record) names a disk; unreadable: yes. */
-static bool records_disks(const void *val, uint32_t len)
+/*
+ * The HTTP status of an object's disks that did not come (s3disks_bring()):
+ * none in the store, a record or manifest that does not fit the snapshot,
+ * are the request's fault; the rest is the store's or the host's.
+ */
+static unsigned disks_status(int err)
 {
-	cJSON *a = cJSON_ParseWithLength(val, len);
-	bool none = cJSON_IsArray(a) && !cJSON_GetArraySize(a);
-
-	cJSON_Delete(a);
-	return !none;
+	if (err == -HALITE_E_UNSUPPORTED || err == -EPROTO || err == -ENOENT || err == -E2BIG)
+		return 400;
+	return open_status(err);
 }
 
 /*
@@ -140,7 +144,6 @@ static unsigned classify(struct tmpl *tp, char uuid[33], struct halite_reader **
 	HALITE_OPTS(halite_reader_opts, ro);
 	const struct halite_file_info *fi;
 	uint32_t devram_len = 0;
-	bool disks = false;
 	char why[600];
 	struct halite_reader *r;
 	bool qemu = false;
@@ -177,21 +180,10 @@ static unsigned classify(struct tmpl *tp, char uuid[33], struct halite_reader **
 			tp->synth_args = strndup(val, len);
 		if (!strncmp(key, "qemu.", 5))
 			qemu = true;
-		if (!strcmp(key, "qemu.disks"))
-			disks = records_disks(val, len);
 		if (!strcmp(key, "qemu.device-ram") && len && !((const char *)val)[len - 1]) {
 			devram = val;
 			devram_len = len;
 		}
-	}
-	if (!tp->synth_args && qemu && tp->s3 && disks) {
-		/* Its clones need its frozen disk images, which the object does not carry. */
-		snprintf(err, errlen, "snapshot %s is a QEMU guest's with disks (qemu.disks): its "
-			 "disk images do not travel with the object, so its template is taken from a "
-			 "--snapshot-dir only (halite-inspect pull it there, beside its images)",
-			 snapshot);
-		halite_reader_free(r);
-		return 400;
 	}
 	if (!tp->synth_args && qemu) {
 		tp->kind = TMPL_QEMU;
@@ -329,6 +321,17 @@ unsigned tmpl_open(struct cloned *d, struct tmpl *tp, bool reload, char *err, si
 			goto out;
 		}
 	}
+	if (tp->s3 && tp->kind == TMPL_QEMU) {
+		/*
+		 * Its frozen disks into the host's cache (s3disks.c), checked at
+		 * every open; before the engine, which may touch the memory file.
+		 */
+		ret = s3disks_bring(tp, checked, err, errlen);
+		if (ret) {
+			status = disks_status(ret);
+			goto out;
+		}
+	}
 	/* The version classify() read, without opening an object again. */
 	o.same_as = checked;
 	ret = halite_template_open(&tp->t, snap_path(tp, path, sizeof(path)), mem, &o);
@@ -384,6 +387,8 @@ out:
 		close(tp->snap_fd);
 		tp->snap_fd = 0;
 	}
+	if (status)
+		s3disks_free(tp); /* its clones run on nothing a failed open brought */
 	halite_reader_free(checked);
 	free(mem);
 	free(hot);
@@ -451,6 +456,7 @@ cJSON *tmpl_json(struct tmpl *tp, bool detail)
 	if (!detail)
 		return j;
 	store_json(j, tp);
+	s3disks_json(j, tp);
 	halite_template_stats(tp->t, &st);
 	cJSON *s = cJSON_AddObjectToObject(j, "stats");
 	cJSON_AddNumberToObject(s, "mb_total", (double)st.mb_total);
@@ -818,6 +824,7 @@ void tmpl_retry_unavailable(struct cloned *d,
 			free(tp->synth_args);
 			free(tp->hot_path);
 			free(tp->snapshot);
+			s3disks_free(tp);
 			*tp = *n;
 			tp->next = keep.next;
 			tp->nclones = keep.nclones;

@@ -72,6 +72,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -104,6 +105,9 @@ void hq_help_clone(FILE *f)
 		"  --dir DIR        the clone's files (default: SOCK's directory)\n"
 		"  --qmp PATH       the QMP socket this process gives QEMU (default DIR/halite-qmp.sock)\n"
 		"  --disk-dir DIR   the disks' overlays (default: --dir)\n"
+		"  --disk-copies DIR  frozen disk N's image is DIR/N.qcow2 (a copy brought from an\n"
+		"                   object store), not the saving host's path FILE records; DIR\n"
+		"                   and its images must be this user's, writable by no one else\n"
 		"  --qemu-binary PATH  run QEMU PATH (absolute), whatever FILE records\n"
 		"  --run-as USER    QEMU runs as USER (a name or a uid; never root): -runas\n"
 		"  --allow-dir DIR  -kernel, -initrd, -bios, -dtb and -L must lie beneath DIR\n"
@@ -128,6 +132,7 @@ static int parse_args(int argc, char **argv, struct clone_params *p)
 		{ "dir", required_argument, NULL, 'd' },
 		{ "qmp", required_argument, NULL, 'Q' },
 		{ "disk-dir", required_argument, NULL, 'K' },
+		{ "disk-copies", required_argument, NULL, 'C' },
 		{ "qemu-binary", required_argument, NULL, 'B' },
 		{ "run-as", required_argument, NULL, 'U' },
 		{ "allow-dir", required_argument, NULL, 'A' },
@@ -148,6 +153,7 @@ static int parse_args(int argc, char **argv, struct clone_params *p)
 		case 'd': p->dir = optarg; break;
 		case 'Q': p->qmp = optarg; break;
 		case 'K': p->disk_dir = optarg; break;
+		case 'C': p->disk_copies = optarg; break;
 		case 'B': p->qemu_binary = optarg; break;
 		case 'U': p->run_as = optarg; break;
 		case 'A':
@@ -197,19 +203,95 @@ static int check_file(struct qclone *c)
 	return ret;
 }
 
+/* @st, of something in --disk-copies: this user's, and no one else may write it. */
+static int copy_owned(struct qclone *c, const struct stat *st, const char *what)
+{
+	if (st->st_uid != geteuid() || (st->st_mode & 022))
+		return clone_fail(c, -EPERM, what, "must be this user's and writable by no one "
+				  "else (another user could swap a guest's disk)");
+	return 0;
+}
+
+/*
+ * --disk-copies DIR: frozen disk N runs on an overlay of DIR/N.qcow2, a
+ * self-contained copy a service brought from an object store and checked
+ * (diskfetch.h); the images FILE records are the saving host's and are
+ * never looked at. Only indices name the copies: nothing FILE says picks a
+ * path here. DIR is named by its real path, as QEMU names an overlay's
+ * backing image (hq_disks_verify() compares the two).
+ */
+static int use_disk_copies(struct qclone *c)
+{
+	const char *arg = c->p.disk_copies;
+	char dir[PATH_MAX], fdp[32], what[PATH_MAX + 64];
+	struct stat st;
+	int dfd, ret = 0;
+
+	dfd = open(arg, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd < 0)
+		return clone_fail(c, -errno, "--disk-copies", strerror(errno));
+	snprintf(fdp, sizeof(fdp), "/proc/self/fd/%d", dfd);
+	snprintf(what, sizeof(what), "--disk-copies %s", arg);
+	if (fstat(dfd, &st) || !realpath(fdp, dir))
+		ret = clone_fail(c, -errno, what, strerror(errno));
+	if (!ret)
+		ret = copy_owned(c, &st, what);
+	for (int i = 0; !ret && i < c->b.disks->n; i++) {
+		struct hq_disk *d = &c->b.disks->d[i];
+		char name[16];
+		int fd;
+
+		if (!d->frozen)
+			continue;
+		snprintf(name, sizeof(name), "%d.qcow2", i);
+		snprintf(what, sizeof(what), "disk %s: its copy %s/%s", d->name, dir, name);
+		fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+		if (fd < 0) {
+			ret = clone_fail(c, -errno, what, strerror(errno));
+			break;
+		}
+		if (fstat(fd, &st))
+			ret = clone_fail(c, -errno, what, strerror(errno));
+		else if (!S_ISREG(st.st_mode))
+			ret = clone_fail(c, -EINVAL, what, "not a regular file");
+		else
+			ret = copy_owned(c, &st, what);
+		close(fd);
+		/* QEMU's option syntax: a comma would split the overlay's backing name. */
+		if (!ret && (strlen(dir) + 1 + strlen(name) >= sizeof(d->local) || strchr(dir, ',')))
+			ret = clone_fail(c, -EINVAL, what, "a path under 1024 bytes without commas "
+					 "please");
+		if (!ret)
+			snprintf(d->local, sizeof(d->local), "%s/%s", dir, name);
+	}
+	close(dfd);
+	return ret;
+}
+
 /* The frozen disks, each on a new overlay in --disk-dir (or the clone's dir). */
 static int prepare_disks(struct qclone *c)
 {
 	const char *base = strrchr(c->dir, '/') ? strrchr(c->dir, '/') + 1 : c->dir;
 	char tag[128];
 
-	if (!c->b.cfg.rec_disks || !c->b.disks)
+	if (!c->b.cfg.rec_disks || !c->b.disks) {
+		if (c->p.disk_copies)
+			return clone_fail(c, -EINVAL, "--disk-copies", "the snapshot records no disk");
 		return 0; /* parsed by check_policy() */
+	}
 	if (!hq_bring_frozen(&c->b)) {
+		if (c->p.disk_copies)
+			return clone_fail(c, -EINVAL, "--disk-copies", "the snapshot froze no disk");
 		if (hq_disks_writable(c->b.disks))
 			return clone_fail(c, -HALITE_E_UNSUPPORTED, "the snapshot was saved with "
 				    "--no-disks", "clones would share its writable disks");
 		return 0;
+	}
+	if (c->p.disk_copies) {
+		int ret = use_disk_copies(c);
+
+		if (ret)
+			return ret;
 	}
 	snprintf(tag, sizeof(tag), "clone-%.100s", base);
 	return hq_bring_disks(&c->b, c->p.disk_dir ? c->p.disk_dir : c->dir, tag);

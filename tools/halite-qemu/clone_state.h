@@ -27,6 +27,7 @@ struct clone_params {
 	const char *dir;      /* the clone's own files; default: the control socket's dir */
 	const char *qmp;      /* our QMP socket to QEMU; default DIR/halite-qmp.sock */
 	const char *disk_dir; /* overlays; default DIR */
+	const char *disk_copies; /* --disk-copies: DIR/N.qcow2, frozen disk N's local copy */
 	const char *qemu_binary; /* --qemu-binary: QEMU, whatever the file records */
 	const char *run_as;   /* --run-as: QEMU's user (-runas), never root */
 	const char *allow_dirs[MAX_ALLOW_DIRS]; /* --allow-dir: where -kernel & co. may be */
