@@ -223,7 +223,7 @@ static int copy_owned(struct qclone *c, const struct stat *st, const char *what)
 static int use_disk_copies(struct qclone *c)
 {
 	const char *arg = c->p.disk_copies;
-	char dir[PATH_MAX], fdp[32], what[PATH_MAX + 64];
+	char dir[PATH_MAX], fdp[32], what[PATH_MAX + 320];
 	struct stat st;
 	int dfd, ret = 0;
 
@@ -238,13 +238,15 @@ static int use_disk_copies(struct qclone *c)
 		ret = copy_owned(c, &st, what);
 	for (int i = 0; !ret && i < c->b.disks->n; i++) {
 		struct hq_disk *d = &c->b.disks->d[i];
-		char name[16];
+		char name[24];
 		int fd;
 
 		if (!d->frozen)
 			continue;
 		snprintf(name, sizeof(name), "%d.qcow2", i);
-		snprintf(what, sizeof(what), "disk %s: its copy %s/%s", d->name, dir, name);
+		/* Cut, it still names the disk: it is only said. */
+		if (snprintf(what, sizeof(what), "disk %s: its copy %s/%s", d->name, dir, name) < 0)
+			what[0] = '\0';
 		fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
 		if (fd < 0) {
 			ret = clone_fail(c, -errno, what, strerror(errno));
@@ -258,11 +260,10 @@ static int use_disk_copies(struct qclone *c)
 			ret = copy_owned(c, &st, what);
 		close(fd);
 		/* QEMU's option syntax: a comma would split the overlay's backing name. */
-		if (!ret && (strlen(dir) + 1 + strlen(name) >= sizeof(d->local) || strchr(dir, ',')))
+		if (!ret && (strchr(dir, ',') || snprintf(d->local, sizeof(d->local), "%s/%s", dir,
+							       name) >= (int)sizeof(d->local)))
 			ret = clone_fail(c, -EINVAL, what, "a path under 1024 bytes without commas "
 					 "please");
-		if (!ret)
-			snprintf(d->local, sizeof(d->local), "%s/%s", dir, name);
 	}
 	close(dfd);
 	return ret;
