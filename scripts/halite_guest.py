@@ -8,6 +8,7 @@ seen (the console's last lines), so a broken guest fails a test instead of
 hanging it.
 """
 import functools
+import hashlib
 import http.client
 import json
 import math
@@ -505,6 +506,15 @@ def bench_prerequisites(image, binaries, root_why="halite-qemu ptraces QEMU"):
         if not os.access(b, os.X_OK):
             return f"{b} not built (scripts/build.sh)"
     return None
+
+
+def sha256_file(path):
+    """A file's SHA-256, hex (a disk image as the store's manifest records it)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for b in iter(lambda: f.read(1 << 20), b""):
+            h.update(b)
+    return h.hexdigest()
 
 
 def make_workdir(prefix="halite-qemu-test."):

@@ -45,7 +45,6 @@ the case skips (77).
   copy (from "cache", 0 bytes, the manifest's two requests only) and a third
   clone agrees.
 """
-import hashlib
 import json
 import os
 import stat
@@ -236,22 +235,31 @@ def memfd_of(pid, name):
     return out
 
 
-def case_qemu(e):
-    if not tc.hg.qemu_available() or not tc.hg.image_ready() or not tc.QEMU_BIN:
-        raise tc.Skip("no qemu-system-x86_64, test guest (scripts/make-guest.sh) or halite-qemu")
-    src = tc.hg.Guest(e.tmp, "source")
+def save_guest(e, src, snap, disk=False):
+    """@src booted and saved to @snap (halite-qemu save), then quit: its verifier's
+    digest (rewrites off, so it stays put across the snapshot) and the save's JSON."""
     src.boot()
     e.pids.add(src.pid)
     src.wait_ready()
-    src.rewrites(False)  # the digest stays put across the snapshot
+    if disk:
+        d_disk, _, _, ok = src.disklog()
+        check(ok and d_disk > 0, "the source guest counts on its disk (%d)" % d_disk)
+    src.rewrites(False)
     d0, _, ok0 = src.digest()
     check(ok0, "source guest digest %s as expected" % d0)
-    snap = os.path.join(e.tmp, "guest.hlt")
     p = subprocess.run([tc.QEMU_BIN, "save", "--qmp", src.qmp_path, "--json", "-q", snap],
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
     check(p.returncode == 0, "halite-qemu save: exit %d: %s" % (p.returncode, p.stderr[-2000:]))
     src.qmp().cmd("quit")
     src.proc.wait(timeout=30)
+    return d0, json.loads(p.stdout)
+
+
+def case_qemu(e):
+    if not tc.hg.qemu_available() or not tc.hg.image_ready() or not tc.QEMU_BIN:
+        raise tc.Skip("no qemu-system-x86_64, test guest (scripts/make-guest.sh) or halite-qemu")
+    snap = os.path.join(e.tmp, "guest.hlt")
+    d0, _ = save_guest(e, tc.hg.Guest(e.tmp, "source"), snap)
     size = os.path.getsize(snap)
     url = push(e, snap, "cloned/guest.hlt")
     os.unlink(snap)  # the clones can only have it from the store
@@ -333,14 +341,6 @@ def case_qemu(e):
 PART = 8 << 20  # halite_s3_download_fd()'s default range
 
 
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for b in iter(lambda: f.read(1 << 20), b""):
-            h.update(b)
-    return h.hexdigest()
-
-
 def delete(url):
     """DELETE of @url (s3://BUCKET/KEY) with curl, which signs it (SigV4)."""
     env = os.environ
@@ -380,23 +380,11 @@ def case_qemu_disks(e):
     image = os.path.join(e.tmp, "disk.qcow2")
     subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", image, "64M"], check=True,
                    timeout=60)
-    src = tc.hg.Guest(e.tmp, "source").with_disk("drive", image)
-    src.boot()
-    e.pids.add(src.pid)
-    src.wait_ready()
-    d_disk, _, _, ok = src.disklog()
-    check(ok and d_disk > 0, "the source guest counts on its disk (%d)" % d_disk)
-    src.rewrites(False)  # the digest stays put across the snapshot
-    d0, _, ok0 = src.digest()
-    check(ok0, "source guest digest %s as expected" % d0)
     snap = os.path.join(e.tmp, "guest.hlt")
-    p = subprocess.run([tc.QEMU_BIN, "save", "--qmp", src.qmp_path, "--json", "-q", snap],
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
-    check(p.returncode == 0, "halite-qemu save: exit %d: %s" % (p.returncode, p.stderr[-2000:]))
-    saved = json.loads(p.stdout)["disks"]
+    d0, saved = save_guest(e, tc.hg.Guest(e.tmp, "source").with_disk("drive", image), snap,
+                           disk=True)
+    saved = saved["disks"]
     check(len(saved) == 1 and saved[0]["frozen"], "the save froze %s: %s" % (image, saved))
-    src.qmp().cmd("quit")
-    src.proc.wait(timeout=30)
     # What the frozen image held at the snapshot: disklog's count in its sector 0.
     out = os.path.join(e.tmp, "sector0")
     subprocess.run(["qemu-img", "dd", "-U", "-f", "qcow2", "-O", "raw", "bs=512", "count=1",
@@ -455,7 +443,7 @@ def case_qemu_disks(e):
           all(stat.S_IMODE(os.stat(d).st_mode) == 0o700
               for d in (os.path.dirname(cached), os.path.join(cache, "disks"))),
           "the cached disk %s is 0600, its directories 0700" % cached)
-    digest = sha256(cached)
+    digest = tc.hg.sha256_file(cached)
     check(digest == pushed[0]["sha256"], "the cached disk is the pushed one (SHA-256)")
 
     ids = e.clones(t["id"], 2)
@@ -474,7 +462,7 @@ def case_qemu_disks(e):
           "each clone runs on its own overlay: %s" % overlays)
     for g in guests:
         g.check_console()
-    check(sha256(cached) == digest, "the clones' writes left the cached copy unchanged")
+    check(tc.hg.sha256_file(cached) == digest, "the clones' writes left the cached copy unchanged")
 
     # The disk's object gone from the store: a daemon that asked for it would fail.
     delete(url + ".disks/0.qcow2")
@@ -494,7 +482,7 @@ def case_qemu_disks(e):
     g, ov = disk_clone(e, cid, d0, at)
     check(ov not in overlays, "the third clone has an overlay of its own: %s" % ov)
     g.check_console()
-    check(sha256(cached) == digest, "the cached copy is still unchanged")
+    check(tc.hg.sha256_file(cached) == digest, "the cached copy is still unchanged")
     e.ok("DELETE", "/clones/%s" % cid)
 
 

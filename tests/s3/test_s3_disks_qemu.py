@@ -31,7 +31,6 @@ then those of a disk of that size: docs/object-store.md quotes them.
 Exit 0 pass, 1 fail, 77 skip (no QEMU, no test guest, not root).
 """
 import glob
-import hashlib
 import json
 import os
 import shutil
@@ -114,14 +113,6 @@ def delete(url):
     check(p.returncode == 0 and p.stdout == "204", f"DELETE {url}: HTTP {p.stdout}")
 
 
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for b in iter(lambda: f.read(1 << 20), b""):
-            h.update(b)
-    return h.hexdigest()
-
-
 def main():
     os.environ["HALITE_QEMU_BIN"] = HQ
     why = hg.bench_prerequisites(None, [HQ, HI])
@@ -195,7 +186,7 @@ def main():
               "pull wrote FILE.disks/0.qcow2 0600 in a 0700 directory")
         with open(os.path.join(pulled + ".disks", "manifest.json")) as f:
             man = json.load(f)
-        check(man["disks"][0]["sha256"] == sha256(pdisk) == pushed[0]["sha256"] and
+        check(man["disks"][0]["sha256"] == hg.sha256_file(pdisk) == pushed[0]["sha256"] and
               int(man["disks"][0]["size"]) == os.path.getsize(pdisk),
               "the pulled disk is the manifest's (size, SHA-256)")
         info = json.loads(subprocess.run(["qemu-img", "info", "--output=json", pdisk],
@@ -252,7 +243,7 @@ def main():
         guests.append(dst)
         disk = rep["disks"][0]
         check(disk["source"] == "store" and disk["cache_damaged"] and
-              "failed its check" in rep["stderr"] and sha256(cached[0]) == pushed[0]["sha256"]
+              "failed its check" in rep["stderr"] and hg.sha256_file(cached[0]) == pushed[0]["sha256"]
               and req - rep["store"]["requests"] == extra1,
               f"r2 refused the damaged copy and fetched it again: {disk}")
         agrees(dst, digest, at)

@@ -58,7 +58,6 @@ static int parse(int argc, char **argv, bool *json, const char **region,
 {
 	static const struct option lo[] = {
 		LONGOPTS_COMMON,
-		LONGOPTS_STORE,
 		{ "region", required_argument, NULL, 'r' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -74,11 +73,6 @@ static int parse(int argc, char **argv, bool *json, const char **region,
 			if (!region)
 				return bad_option('?', argv);
 			*region = optarg;
-			break;
-		case OPT_CACHE_DIR:
-		case OPT_CACHE_SIZE:
-			if (store_option(c))
-				return EXIT_USAGE;
 			break;
 		default:
 			/* -1: done, exit 0 (help, version); else the exit code. */

@@ -225,7 +225,6 @@ int cmd_extract(int argc, char **argv)
 {
 	static const struct option lo[] = {
 		LONGOPTS_COMMON,
-		LONGOPTS_STORE,
 		{ "region", required_argument, NULL, 'r' },
 		{ "output", required_argument, NULL, 'o' },
 		{ "progress", optional_argument, NULL, OPT_PROGRESS },
@@ -253,11 +252,6 @@ int cmd_extract(int argc, char **argv)
 			break;
 		case OPT_PROGRESS:
 			if (progress_parse(optarg, &progress))
-				return EXIT_USAGE;
-			break;
-		case OPT_CACHE_DIR:
-		case OPT_CACHE_SIZE:
-			if (store_option(c))
 				return EXIT_USAGE;
 			break;
 		default:

@@ -600,7 +600,6 @@ int cmd_info(int argc, char **argv)
 {
 	static const struct option lo[] = {
 		LONGOPTS_COMMON,
-		LONGOPTS_STORE,
 		{ NULL, 0, NULL, 0 },
 	};
 	const struct halite_file_info *fi;
@@ -615,11 +614,6 @@ int cmd_info(int argc, char **argv)
 		switch (c) {
 		case OPT_JSON:
 			run_set_json();
-			break;
-		case OPT_CACHE_DIR:
-		case OPT_CACHE_SIZE:
-			if (store_option(c))
-				return EXIT_USAGE;
 			break;
 		default:
 			return common_option(c, argv, help_info);

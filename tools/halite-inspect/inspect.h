@@ -198,24 +198,18 @@ const char *mb_state_word(uint32_t state);
 #define OPT_JSON 0x100
 #define OPT_VERSION 0x101
 #define OPT_PROGRESS 0x102
-#define OPT_CACHE_DIR 0x103
-#define OPT_CACHE_SIZE 0x104
 #define LONGOPTS_COMMON                                                   \
 	{ "json", no_argument, NULL, OPT_JSON },                         \
 	{ "help", no_argument, NULL, OPT_HELP },                         \
 	{ "version", no_argument, NULL, OPT_VERSION }
 
 /*
- * The commands that read a snapshot, which may be s3://BUCKET/KEY: the
- * host's LB cache (lbcache.h), as halite-qemu restore takes it. store_option()
- * hands them to the engine through its environment, where it opens the object:
- * 0, or EXIT_USAGE with the problem said.
+ * The commands that read a snapshot, which may be s3://BUCKET/KEY, take
+ * the host's LB cache as halite-qemu restore does: --cache-dir DIR and
+ * --cache-size SIZE, anywhere before "--" (main.c takes them out before
+ * the command parses its own, and hands them to the engine through its
+ * environment, where it opens the object). Their help's last paragraph:
  */
-int store_option(int c);
-#define LONGOPTS_STORE                                                    \
-	{ "cache-dir", required_argument, NULL, OPT_CACHE_DIR },          \
-	{ "cache-size", required_argument, NULL, OPT_CACHE_SIZE }
-/* Their help's last paragraph. */
 void help_store(FILE *f);
 
 /*

@@ -4,7 +4,10 @@
  * memory images in and out of them. This file only dispatches; each
  * subcommand lives in its own file.
  */
+#include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
@@ -93,6 +96,69 @@ static bool wants_json(int argc, char **argv)
 	return false;
 }
 
+/* The commands that read a snapshot, and so take the host's LB cache (help_store()). */
+static bool reads_snapshot(const char *cmd)
+{
+	static const char *const names[] = { "info", "verify", "blocks", "map", "extract",
+					     "restore", "relayout" };
+
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+		if (!strcmp(cmd, names[i]))
+			return true;
+	return false;
+}
+
+/*
+ * --cache-dir DIR and --cache-size SIZE (or --opt=VALUE) before "--", taken
+ * out of @argv and set in the environment, where the engine opens the
+ * object and its cache (io_s3.c). 0, or EXIT_USAGE with the problem said.
+ */
+static int take_store_options(int *argc, char **argv)
+{
+	static const struct {
+		const char *opt, *env;
+	} opts[] = { { "--cache-dir", "HALITE_CACHE_DIR" }, { "--cache-size", "HALITE_CACHE_SIZE" } };
+	int out = 1;
+
+	for (int i = 1; i < *argc; i++) {
+		const char *val = NULL;
+		size_t k = 0;
+
+		if (!strcmp(argv[i], "--")) {
+			while (i < *argc)
+				argv[out++] = argv[i++];
+			break;
+		}
+		for (; k < sizeof(opts) / sizeof(opts[0]); k++) {
+			size_t n = strlen(opts[k].opt);
+
+			if (!strncmp(argv[i], opts[k].opt, n) && (!argv[i][n] || argv[i][n] == '='))
+				break;
+		}
+		if (k == sizeof(opts) / sizeof(opts[0])) {
+			argv[out++] = argv[i];
+			continue;
+		}
+		val = strchr(argv[i], '=') ? strchr(argv[i], '=') + 1 : i + 1 < *argc ? argv[++i] : NULL;
+		if (!val)
+			return usage_error("%s: expects a value", opts[k].opt);
+		if (k == 0 && !*val)
+			return usage_error("--cache-dir '%s': a directory", val);
+		if (k == 1) {
+			uint64_t v;
+
+			if (halite_parse_size(val, &v) || !v)
+				return usage_error("--cache-size '%s': a size in bytes (K, M, G "
+						   "suffixes), above 0", val);
+		}
+		if (setenv(opts[k].env, val, 1))
+			return usage_error("%s: %s", opts[k].opt, strerror(errno));
+	}
+	*argc = out;
+	argv[out] = NULL;
+	return 0;
+}
+
 static int dispatch(int argc, char **argv)
 {
 	const struct command *c;
@@ -119,7 +185,11 @@ static int dispatch(int argc, char **argv)
 	if (!c)
 		return usage_error("unknown command '%s'; '" PROG " help' lists them", argv[i]);
 	run_begin(c->name);
-	return c->run(argc - i, argv + i);
+	argc -= i;
+	argv += i;
+	if (reads_snapshot(c->name) && take_store_options(&argc, argv))
+		return EXIT_USAGE;
+	return c->run(argc, argv);
 }
 
 int main(int argc, char **argv)

@@ -663,7 +663,6 @@ static int parse_args(int argc, char **argv, struct opts *o)
 {
 	static const struct option lo[] = {
 		LONGOPTS_COMMON,
-		LONGOPTS_STORE,
 		{ "trace", required_argument, NULL, O_TRACE },
 		{ "output", required_argument, NULL, 'o' },
 		{ "hot-max", required_argument, NULL, O_HOT_MAX },
@@ -703,11 +702,6 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			break;
 		case OPT_JSON:
 			run_set_json();
-			break;
-		case OPT_CACHE_DIR:
-		case OPT_CACHE_SIZE:
-			if (store_option(c))
-				return EXIT_USAGE;
 			break;
 		default:
 			/* -1: done, exit 0 (help, version); else the exit code. */

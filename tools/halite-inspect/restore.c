@@ -544,7 +544,6 @@ static int parse_args(int argc, char **argv, struct opts *o)
 {
 	static const struct option lo[] = {
 		LONGOPTS_COMMON,
-		LONGOPTS_STORE,
 		{ "blocks", no_argument, NULL, 'b' },
 		{ "stream", required_argument, NULL, 's' },
 		{ NULL, 0, NULL, 0 },
@@ -568,11 +567,6 @@ static int parse_args(int argc, char **argv, struct opts *o)
 						   optarg);
 			o->stream_name = optarg;
 			o->blocks = true;
-			break;
-		case OPT_CACHE_DIR:
-		case OPT_CACHE_SIZE:
-			if (store_option(c))
-				return EXIT_USAGE;
 			break;
 		default:
 			/* -1: done, exit 0 (help, version); else the exit code. */

@@ -232,20 +232,6 @@ void help_store(FILE *f)
 	      "                     else 8G)\n", f);
 }
 
-int store_option(int c)
-{
-	uint64_t v;
-
-	/* The engine opens the cache where it opens the object (io_s3.c). */
-	if (c == OPT_CACHE_DIR && (!*optarg || setenv("HALITE_CACHE_DIR", optarg, 1)))
-		return usage_error("--cache-dir '%s': a directory", optarg);
-	if (c == OPT_CACHE_SIZE &&
-	    (halite_parse_size(optarg, &v) || !v || setenv("HALITE_CACHE_SIZE", optarg, 1)))
-		return usage_error("--cache-size '%s': a size in bytes (K, M, G suffixes), above 0",
-				   optarg);
-	return 0;
-}
-
 int digits(uint64_t v)
 {
 	int n = 1;

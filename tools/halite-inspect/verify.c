@@ -367,7 +367,6 @@ int cmd_verify(int argc, char **argv)
 {
 	static const struct option lo[] = {
 		LONGOPTS_COMMON,
-		LONGOPTS_STORE,
 		{ "jobs", required_argument, NULL, 'j' },
 		{ "progress", optional_argument, NULL, OPT_PROGRESS },
 		{ NULL, 0, NULL, 0 },
@@ -396,11 +395,6 @@ int cmd_verify(int argc, char **argv)
 			break;
 		case OPT_PROGRESS:
 			if (progress_parse(optarg, &progress))
-				return EXIT_USAGE;
-			break;
-		case OPT_CACHE_DIR:
-		case OPT_CACHE_SIZE:
-			if (store_option(c))
 				return EXIT_USAGE;
 			break;
 		default:
