@@ -80,6 +80,21 @@ int halite_s3_parse_url(const char *url, char **bucket, char **key, char *err, s
 		if ((unsigned char)*p < 0x20 || *p == 0x7f)
 			return url_error(err, errlen, "'%s': the key holds a control character",
 					 url);
+	/*
+	 * A "." or ".." segment: an HTTP client or a store may resolve it
+	 * ("a/../b" read as "b"), so the key read would not be the key checked
+	 * (a daemon's allowed prefix, a log line). S3 keeps such keys literally;
+	 * this client names none.
+	 */
+	for (const char *seg = slash + 1; seg; seg = strchr(seg, '/') ? strchr(seg, '/') + 1 : NULL) {
+		size_t n = strcspn(seg, "/");
+
+		if ((n == 1 && seg[0] == '.') || (n == 2 && seg[0] == '.' && seg[1] == '.')) {
+			snprintf(err, errlen, "'%s': the key has a '%.*s' segment, which the "
+				 "request's path would not keep", url, (int)n, seg);
+			return -HALITE_S3_E_URL;
+		}
+	}
 	bk = strndup(b, (size_t)(slash - b));
 	ky = strdup(slash + 1);
 	if (!bk || !ky) {

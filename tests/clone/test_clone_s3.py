@@ -171,7 +171,11 @@ def case_refuse(e):
     url = "s3://%s/cloned/t.hlt" % BUCKET
     refused(e, url, 403, "--s3-allow BUCKET[/PREFIX]")
     stop_daemon(e)
-    e.start("--s3-allow", BUCKET + "/cloned/", "--s3-allow", "another-bucket")
+    # "cloned" and "cloned/" alike: a folder, not a text prefix of keys.
+    e.start("--s3-allow", BUCKET + "/cloned", "--s3-allow", "another-bucket")
+    refused(e, "s3://%s/cloned-old/t.hlt" % BUCKET, 403, "its --s3-allow options")
+    # A dot segment could be resolved on the way ("cloned/../x" read as "x"): refused.
+    refused(e, "s3://%s/cloned/../elsewhere/t.hlt" % BUCKET, 400, "a '..' segment")
     refused(e, "s3://not-allowed-bucket/cloned/t.hlt", 403,
             "is not in an object-store location this daemon allows (its --s3-allow options)")
     refused(e, "s3://%s/elsewhere/t.hlt" % BUCKET, 403, "its --s3-allow options")

@@ -51,6 +51,7 @@ static void test_url(void **state)
 	url_ok("s3://bkt/key", "bkt", "key");
 	url_ok("s3://my.bucket-1/a/b/c.hlt", "my.bucket-1", "a/b/c.hlt");
 	url_ok("s3://abc/dir/", "abc", "dir/");
+	url_ok("s3://abc/a..b/.x/..y", "abc", "a..b/.x/..y"); /* dots inside a name are fine */
 	url_bad("http://bkt/key", "not an s3://BUCKET/KEY URL");
 	url_bad("s3://bkt", "names no key");
 	url_bad("s3://bkt/", "empty key");
@@ -62,6 +63,10 @@ static void test_url(void **state)
 	url_bad("s3://a..b/k", "adjacent dots");
 	url_bad("s3://192.168.1.1/k", "not an IP address");
 	url_bad("s3://bkt/a\nb", "control character");
+	url_bad("s3://bkt/snap/../other.hlt", "a '..' segment");
+	url_bad("s3://bkt/../other.hlt", "a '..' segment");
+	url_bad("s3://bkt/snap/./x.hlt", "a '.' segment");
+	url_bad("s3://bkt/snap/..", "a '..' segment");
 	{
 		char big[1200] = "s3://bkt/";
 

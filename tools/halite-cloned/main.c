@@ -73,7 +73,7 @@ static void usage(FILE *f)
 		"                       directory of root's or this daemon's uid, writable by\n"
 		"                       no one else); without one, POST /templates is refused\n"
 		"  --s3-allow BUCKET[/PREFIX]  snapshots s3://BUCKET/KEY may be taken from\n"
-		"                       this bucket, keys starting with PREFIX (repeatable;\n"
+		"                       this bucket, keys in the folder PREFIX (repeatable;\n"
 		"                       none: every s3:// snapshot is refused); read with this\n"
 		"                       daemon's AWS_* environment and ~/.aws\n"
 		"  --cache-dir DIR      the host's cache of locality blocks read from the\n"

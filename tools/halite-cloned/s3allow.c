@@ -45,7 +45,16 @@ int s3allow_add(struct cloned *d, const char *spec, char *err, size_t errlen)
 		return ret == -ENOMEM ? -ENOMEM : -EINVAL;
 	}
 	a = calloc(1, sizeof(*a));
-	if (!a || !(a->prefix = strdup(slash ? slash + 1 : ""))) {
+	/*
+	 * A prefix is a folder: "snap" allows snap/..., not snapshots-old/...
+	 * (a text prefix would). The whole bucket when none is given.
+	 */
+	if (a && slash && slash[1])
+		ret = asprintf(&a->prefix, "%s%s", slash + 1,
+			       slash[strlen(slash) - 1] == '/' ? "" : "/") < 0 ? -ENOMEM : 0;
+	else if (a)
+		a->prefix = strdup("");
+	if (!a || ret || !a->prefix) {
 		free(a);
 		free(bucket);
 		snprintf(err, errlen, "out of memory");
