@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The test command. On a fresh machine it installs what it needs, builds, and
 # runs every test:
-#   1. a normal (RelWithDebInfo) build: all CTest tests but the label qemu;
-#   2. an ASan+UBSan build: all CTest tests, the qemu ones too;
+#   1. a normal (RelWithDebInfo) build: all CTest tests but the labels qemu
+#      and seaweedfs (--s3's);
+#   2. an ASan+UBSan build: all CTest tests, the qemu ones too, but seaweedfs
+#      and bench (the benchmarks' JSON contracts, run in step 1);
 #   3. the libFuzzer targets (scripts/fuzz.sh): the reader for
 #      $HALITE_FUZZ_SECONDS (default 60) s, then the trace parser for half that.
 # First it builds the QEMU test guest (scripts/make-guest.sh, with QEMU and
@@ -77,9 +79,11 @@ all)
 	# The QEMU end-to-end cases run one at a time (RUN_SERIAL: each boots two
 	# or three TCG guests), about 5 minutes a build: they run once, under
 	# ASan+UBSan, where a memory error of halite-qemu or the engines shows.
-	ctest_extra=(-LE qemu)
+	# The SeaweedFS tests are --s3's (CI runs it after this), the benchmarks'
+	# contracts need no sanitizer: the command stays under 20 minutes.
+	ctest_extra=(-LE "qemu|seaweedfs")
 	run_suite release "$root/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo
-	ctest_extra=()
+	ctest_extra=(-LE "seaweedfs|bench")
 	run_suite asan+ubsan "$root/build-asan" -DCMAKE_BUILD_TYPE=Debug \
 		-DHALITE_SANITIZE=address,undefined
 	echo "=== fuzz: reader ${HALITE_FUZZ_SECONDS:-60} s, trace parser half that"
