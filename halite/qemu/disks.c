@@ -16,23 +16,20 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
-#include <spawn.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "disks.h"
 #include "proc.h"
 #include "vm.h"
 
 #define JOB_TIMEOUT_MS 60000
-
-extern char **environ;
 
 static int seterr(char *err, size_t len, int ret, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
@@ -175,60 +172,6 @@ static int qom_bool(struct hq_vm *vm, const char *path, const char *prop)
 	return r;
 }
 
-/*
- * Run @argv (a program in PATH) and wait; 0 if it exited 0, with its first
- * line of output in @err if not. With @out, its output goes there too.
- */
-static int run_out(char *const *argv, char *out, size_t outlen, char *err, size_t errlen)
-{
-	char tmp[] = "/tmp/halite-qemu-cmd.XXXXXX";
-	posix_spawn_file_actions_t fa;
-	int fd = mkstemp(tmp), st, ret;
-	pid_t pid;
-
-	if (fd < 0)
-		return seterr(err, errlen, -errno, "%s: %s", tmp, strerror(errno));
-	unlink(tmp);
-	posix_spawn_file_actions_init(&fa);
-	posix_spawn_file_actions_adddup2(&fa, fd, STDERR_FILENO);
-	posix_spawn_file_actions_adddup2(&fa, fd, STDOUT_FILENO);
-	ret = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
-	posix_spawn_file_actions_destroy(&fa);
-	if (ret) {
-		close(fd);
-		return seterr(err, errlen, -ret, "%s: %s%s", argv[0], strerror(ret),
-			      ret == ENOENT ? !strcmp(argv[0], "virsh") ?
-			      " (Debian: apt-get install libvirt-clients)" :
-			      " (Debian: apt-get install qemu-utils)" : "");
-	}
-	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
-		;
-	if (out) {
-		ssize_t n = pread(fd, out, outlen - 1, 0);
-
-		out[n > 0 ? n : 0] = '\0';
-	}
-	if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
-		close(fd);
-		return 0;
-	}
-	{
-		char msg[512] = "";
-		ssize_t n = pread(fd, msg, sizeof(msg) - 1, 0);
-
-		msg[n > 0 ? n : 0] = '\0';
-		msg[strcspn(msg, "\n")] = '\0';
-		close(fd);
-		return seterr(err, errlen, -EIO, "%s failed: %s", argv[0],
-			      msg[0] ? msg : "no message");
-	}
-}
-
-static int run(char *const *argv, char *err, size_t errlen)
-{
-	return run_out(argv, NULL, 0, err, errlen);
-}
-
 /* --- libvirt --- */
 
 /*
@@ -266,7 +209,7 @@ static int libvirt_domain(pid_t pid, struct hq_disks *ds, char *err, size_t errl
 	}
 	snprintf(ds->libvirt_uri, sizeof(ds->libvirt_uri), "%s", uri && *uri ? uri :
 		 "qemu:///system");
-	if (run_out((char *const[]){ "virsh", "-q", "-c", ds->libvirt_uri, "domblklist",
+	if (halite_run((char *const[]){ "virsh", "-q", "-c", ds->libvirt_uri, "domblklist",
 				     ds->libvirt, "--details", NULL }, out, sizeof(out), err,
 		    errlen)) {
 		char why[512];
@@ -346,9 +289,9 @@ static int make_overlay(struct hq_disk *d, const char *dir, const char *tag, uid
 	}
 	close(fd);
 	snprintf(size, sizeof(size), "%" PRIu64, d->vsize);
-	ret = run((char *const[]){ "qemu-img", "create", "-q", "-f", "qcow2", "-u", "-b",
+	ret = halite_run((char *const[]){ "qemu-img", "create", "-q", "-f", "qcow2", "-u", "-b",
 				   (char *)below, "-F", (char *)fmt, d->overlay, size, NULL },
-		  err, errlen);
+			 NULL, 0, err, errlen);
 	if (ret) {
 		char why[512];
 
@@ -450,7 +393,7 @@ static int libvirt_freeze(struct hq_vm *vm, struct hq_disks *ds, char *err, size
 		argv[n++] = spec[i];
 	}
 	argv[n] = NULL;
-	ret = run(argv, why, sizeof(why));
+	ret = halite_run(argv, NULL, 0, why, sizeof(why));
 	if (ret)
 		return seterr(err, errlen, ret, "freezing the disks through libvirt (virsh "
 			      "snapshot-create-as --disk-only --reuse-external): %s", why);
@@ -611,11 +554,10 @@ int hq_disks_thaw(struct hq_vm *vm, struct hq_disks *ds, char *err, size_t errle
 		if (!d->frozen)
 			continue;
 		if (ds->libvirt[0])
-			r = run((char *const[]){ "virsh", "-q", "-c", ds->libvirt_uri, "blockcommit",
+			r = halite_run((char *const[]){ "virsh", "-q", "-c", ds->libvirt_uri, "blockcommit",
 						 ds->libvirt, d->target, "--active", "--shallow",
 						 "--pivot", "--wait", "--timeout", "60", NULL },
-				jerr,
-				sizeof(jerr));
+				       NULL, 0, jerr, sizeof(jerr));
 		else
 			r = commit_back(vm, d, i, jerr, sizeof(jerr));
 		if (r) {

@@ -4,15 +4,19 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <spawn.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <halite/halite.h>
 
 #include "cli.h"
 #include "stats.h"
+
+extern char **environ;
 
 int halite_parse_size(const char *s, uint64_t *out)
 {
@@ -270,4 +274,59 @@ int halite_cli_json_fail(FILE *f, const char *error, int code)
 	fprintf(f, ", \"exit\": %d}\n", code);
 	fflush(f);
 	return code;
+}
+
+/* The Debian package a program the tools run comes from, for the message when it is missing. */
+static const char *package_of(const char *prog)
+{
+	if (!strcmp(prog, "virsh"))
+		return "libvirt-clients";
+	if (!strncmp(prog, "qemu-img", 8))
+		return "qemu-utils";
+	return NULL;
+}
+
+int halite_run(char *const *argv, char *out, size_t outlen, char *err, size_t errlen)
+{
+	char tmp[] = "/tmp/halite-cmd.XXXXXX", msg[512] = "";
+	posix_spawn_file_actions_t fa;
+	int fd = mkstemp(tmp), st, ret;
+	const char *pkg;
+	ssize_t n;
+	pid_t pid;
+
+	if (fd < 0) {
+		ret = -errno;
+		snprintf(err, errlen, "%s: %s", tmp, strerror(errno));
+		return ret;
+	}
+	unlink(tmp);
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_adddup2(&fa, fd, STDERR_FILENO);
+	posix_spawn_file_actions_adddup2(&fa, fd, STDOUT_FILENO);
+	ret = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
+	posix_spawn_file_actions_destroy(&fa);
+	if (ret) {
+		close(fd);
+		pkg = ret == ENOENT ? package_of(argv[0]) : NULL;
+		snprintf(err, errlen, "%s: %s%s%s%s", argv[0], strerror(ret),
+			 pkg ? " (Debian: apt-get install " : "", pkg ? pkg : "", pkg ? ")" : "");
+		return -ret;
+	}
+	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+		;
+	if (out) {
+		n = pread(fd, out, outlen - 1, 0);
+		out[n > 0 ? n : 0] = '\0';
+	}
+	if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
+		close(fd);
+		return 0;
+	}
+	n = pread(fd, msg, sizeof(msg) - 1, 0);
+	msg[n > 0 ? n : 0] = '\0';
+	msg[strcspn(msg, "\n")] = '\0';
+	close(fd);
+	snprintf(err, errlen, "%s failed: %s", argv[0], msg[0] ? msg : "no message");
+	return -EIO;
 }

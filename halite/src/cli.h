@@ -36,6 +36,14 @@ double halite_now_s(void);
 void halite_cli_verrorf(const char *prog, const char *fmt, va_list ap)
 	__attribute__((format(printf, 2, 0)));
 
+/*
+ * Run @argv (a program in PATH, argv[0]) and wait: 0 if it exited 0, else
+ * a negative code with "PROGRAM failed: " and its first line of output (or
+ * why it could not start, with the Debian package that has it) in @err.
+ * With @out, its output (stdout and stderr) is there too, NUL-terminated.
+ */
+int halite_run(char *const *argv, char *out, size_t outlen, char *err, size_t errlen);
+
 /* A duration for people, into @buf: "412 ns", "8.1 us", "3.46 ms", "1.27 s". */
 const char *halite_human_ns(uint64_t ns, char *buf, size_t len);
 

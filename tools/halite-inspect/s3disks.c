@@ -18,64 +18,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "inspect.h"
 #include "s3cmd.h"
 #include "s3_disks.h"
-
-/* @argv run with stdout to /dev/null; its last words on stderr into @why. 0 or -1. */
-static int run_tool(char *const *argv, char *why, size_t len)
-{
-	int p[2], st;
-	size_t n = 0;
-	pid_t pid;
-
-	why[0] = '\0';
-	if (pipe2(p, O_CLOEXEC) < 0)
-		return snprintf(why, len, "pipe: %s", strerror(errno)), -1;
-	pid = fork();
-	if (pid < 0) {
-		snprintf(why, len, "fork: %s", strerror(errno));
-		close(p[0]);
-		close(p[1]);
-		return -1;
-	}
-	if (!pid) {
-		int null = open("/dev/null", O_RDWR);
-
-		dup2(null, STDIN_FILENO);
-		dup2(null, STDOUT_FILENO);
-		dup2(p[1], STDERR_FILENO);
-		execvp(argv[0], argv);
-		fprintf(stderr, "%s: %s", argv[0], strerror(errno));
-		_exit(127);
-	}
-	close(p[1]);
-	for (;;) {
-		ssize_t r = read(p[0], why + n, len - 1 - n);
-
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0)
-			break;
-		n += (size_t)r;
-		if (n == len - 1)
-			break;
-	}
-	why[n] = '\0';
-	close(p[0]);
-	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
-		;
-	while (n && (why[n - 1] == '\n' || why[n - 1] == ' '))
-		why[--n] = '\0';
-	if (WIFEXITED(st) && !WEXITSTATUS(st))
-		return 0;
-	if (!why[0])
-		snprintf(why, len, "%s exited with %d", argv[0], WIFEXITED(st) ? WEXITSTATUS(st) : -1);
-	return -1;
-}
 
 /* The snapshot's uuid and its qemu.disks record (malloc'd, NULL: none). 0 or an exit code. */
 static int read_record(const char *path, uint8_t uuid[16], char **rec)
@@ -201,9 +149,9 @@ static int push_one(struct s3cmd *c, const cJSON *o, int i, const char *tmp, uin
 	}
 	close(fd);
 	/* -U: the source QEMU may still hold the image (read-only below its overlay). */
-	if (run_tool((char *const[]){ "qemu-img", "convert", "-U", "-q", "-f", (char *)fmt,
-				      "-O", "qcow2", (char *)img, (char *)tmp, NULL },
-		     why, sizeof(why))) {
+	if (halite_run((char *const[]){ "qemu-img", "convert", "-U", "-q", "-f", (char *)fmt,
+					"-O", "qcow2", (char *)img, (char *)tmp, NULL },
+		       NULL, 0, why, sizeof(why))) {
 		errorf("disk %d: flattening %s with qemu-img convert: %s", i, img, why);
 		return EXIT_FAIL;
 	}
