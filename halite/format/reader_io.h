@@ -3,6 +3,8 @@
 #ifndef HALITE_READER_IO_H
 #define HALITE_READER_IO_H
 
+#include <stdint.h>
+
 struct halite_io;
 struct halite_reader;
 
@@ -13,5 +15,15 @@ struct halite_reader;
  * reader.
  */
 struct halite_io *halite_reader_io(const struct halite_reader *r);
+
+/*
+ * LBs @lb .. @lb + @n - 1 (@n 1 to 64) into @bufs in one request
+ * (halite_io_read_run(): one GET for an object), each verified as
+ * halite_reader_read_lb() verifies one. 0, with a bit set in *@bad for each
+ * that did not verify; or the request's failure, every bit set. The caller
+ * reads those alone (halite_reader_read_lb(), its retries).
+ */
+int halite_reader_read_lb_run(struct halite_reader *r, uint64_t lb, unsigned n,
+			      uint8_t *const *bufs, uint64_t *bad);
 
 #endif

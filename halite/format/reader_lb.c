@@ -27,6 +27,7 @@
 #include "zalloc.h"
 
 #include "reader_int.h"
+#include "reader_io.h"
 
 HALITE_EXPORT int halite_reader_mb_lookup(const struct halite_reader *r, uint64_t mb, struct halite_mb_loc *loc)
 {
@@ -105,6 +106,27 @@ HALITE_EXPORT int halite_reader_verify_lb(struct halite_reader *r, uint64_t lb, 
 			     r->path, ULL(lb), ULL(r->info.data_offset + (lb << r->lb_shift)),
 			     halite_stream_name(r->lbs[lb].stream, sn, sizeof(sn)), r->lbs[lb].seq,
 			     ULL(got), ULL(r->lbs[lb].checksum));
+	return 0;
+}
+
+int halite_reader_read_lb_run(struct halite_reader *r, uint64_t lb, unsigned n,
+			      uint8_t *const *bufs, uint64_t *bad)
+{
+	uint64_t off;
+	int ret;
+
+	if (!n || n > 64 || lb >= r->info.lb_count || n > r->info.lb_count - lb)
+		return -ERANGE;
+	*bad = n == 64 ? UINT64_MAX : (1ull << n) - 1;
+	off = r->info.data_offset + (lb << r->lb_shift);
+	ret = halite_io_read_run(r->lb_io, bufs, n, r->info.lb_size, off);
+	if (ret)
+		return rfail(r, ret, "%s: reading locality blocks %llu to %llu at offset %llu",
+			     r->path, ULL(lb), ULL(lb + n - 1), ULL(off));
+	*bad = 0;
+	for (unsigned i = 0; i < n; i++)
+		if (halite_reader_verify_lb(r, lb + i, bufs[i]))
+			*bad |= 1ull << i;
 	return 0;
 }
 

@@ -236,19 +236,11 @@ static uint64_t ra_take(struct src *s)
 
 uint64_t src_read_run(struct src *s, uint64_t lb, unsigned n, uint8_t *const *bufs)
 {
-	struct halite_lb_info li;
-	uint64_t bad = 0;
-	int ret;
+	uint64_t bad;
 
-	ret = halite_reader_lb_info(s->rd, lb, &li);
-	if (!ret)
-		ret = halite_io_read_run(halite_reader_io(s->rd), bufs, n, s->lb_size, li.offset);
-	if (ret)
-		return n == 64 ? UINT64_MAX : (1ull << n) - 1;
-	atomic_fetch_add(&s->n_bytes, (uint64_t)n * s->lb_size);
-	for (unsigned i = 0; i < n; i++)
-		if (halite_reader_verify_lb(s->rd, lb + i, bufs[i]))
-			bad |= 1ull << i;
+	/* Bytes that came back count as read, verified or not (src_read_lb()). */
+	if (!halite_reader_read_lb_run(s->rd, lb, n, bufs, &bad))
+		atomic_fetch_add(&s->n_bytes, (uint64_t)n * s->lb_size);
 	return bad;
 }
 
@@ -342,17 +334,16 @@ static void read_span(struct src *s, uint64_t lb, uint8_t *buf, int how, uint8_t
 	n = got;
 	bad = src_read_run(s, lb, n, bufs);
 	for (unsigned i = 0; i < n; i++) {
-		if (!(bad & (1ull << i)))
+		if (!(bad & (1ull << i))) {
 			src_land(s, lbs[i], bufs[i], i ? SRC_PREFETCH : how, tmp);
-		else if (!i)
+		} else if (!i) {
 			read_one(s, lb, buf, how, tmp);
-		else
+		} else {
+			/* Did not come in: read alone by any reader. */
 			halite_reader_free_lb(bufs[i]);
-	}
-	/* Those that did not come in, read alone by any reader. */
-	for (unsigned i = 1; i < n; i++)
-		if (bad & (1ull << i))
 			span_requeue(s, lbs + i, 1, tmp);
+		}
+	}
 }
 
 static void *reader_main(void *arg)

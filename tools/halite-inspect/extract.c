@@ -103,22 +103,21 @@ static int copy_lb(struct extract *x, uint64_t lb, const void *lb_buf, void *mb_
 
 /*
  * The needed LBs @lb .. @lb + @n - 1 into @bufs, each verified: an object's
- * in one request (halite_io_read_run()), any that does not verify then
+ * in one request (halite_reader_read_lb_run()), any that does not verify then
  * read again alone, as a file's are (halite_reader_read_lb()). 0 or an
  * exit code, said.
  */
 static int read_lbs(struct extract *x, uint64_t lb, unsigned n, uint8_t **bufs)
 {
-	const struct halite_file_info *fi = halite_reader_info(x->r);
-	struct halite_lb_info li;
-	bool run = n > 1 && !halite_reader_lb_info(x->r, lb, &li) &&
-		   !halite_io_read_run(halite_reader_io(x->r), bufs, n, fi->lb_size, li.offset);
+	uint64_t bad = UINT64_MAX;
 	char desc[64];
 
+	if (n > 1)
+		halite_reader_read_lb_run(x->r, lb, n, bufs, &bad);
 	for (unsigned k = 0; k < n; k++) {
 		int ret = 0;
 
-		if (!run || halite_reader_verify_lb(x->r, lb + k, bufs[k]))
+		if (bad & (1ull << k))
 			ret = halite_reader_read_lb(x->r, lb + k, bufs[k]);
 		if (ret < 0) {
 			snprintf(desc, sizeof(desc), "LB %" PRIu64, lb + k);
