@@ -179,7 +179,6 @@ static int make_snapshot(struct bench *b)
 			 "--accesses", acc, "--compress", "50", "--zero", "10", "--untouched", "10",
 			 "--seed", "1", NULL };
 	struct halite_reader *rd;
-	const char *k;
 	const void *v;
 	uint32_t vlen;
 
@@ -191,12 +190,10 @@ static int make_snapshot(struct bench *b)
 	if (halite_reader_open(&rd, b->snap, NULL))
 		return fail("%s: cannot read what halite-synth save wrote", b->snap);
 	b->synth_args[0] = 0;
-	for (uint32_t i = 0; i < halite_reader_meta_count(rd); i++)
-		if (!halite_reader_meta(rd, i, &k, &v, &vlen) && !strcmp(k, "synth.args") &&
-		    vlen < sizeof(b->synth_args)) {
-			memcpy(b->synth_args, v, vlen);
-			b->synth_args[vlen] = 0;
-		}
+	if (!halite_reader_meta_find(rd, "synth.args", &v, &vlen) && vlen < sizeof(b->synth_args)) {
+		memcpy(b->synth_args, v, vlen);
+		b->synth_args[vlen] = 0;
+	}
 	halite_reader_free(rd);
 	return b->synth_args[0] ? 0 : fail("%s has no synth.args", b->snap);
 }

@@ -476,6 +476,19 @@ HALITE_EXPORT int halite_reader_meta(const struct halite_reader *r, uint32_t idx
 	return 0;
 }
 
+HALITE_EXPORT int halite_reader_meta_find(const struct halite_reader *r, const char *key,
+					  const void **value, uint32_t *len)
+{
+	/* The reader refused a file with a key twice: the first is the only one. */
+	for (uint32_t i = 0; i < r->meta.n; i++)
+		if (!strcmp(r->meta.v[i].key, key)) {
+			*value = r->meta.v[i].value;
+			*len = r->meta.v[i].len;
+			return 0;
+		}
+	return -HALITE_E_NOT_FOUND;
+}
+
 HALITE_EXPORT uint32_t halite_reader_stat_count(const struct halite_reader *r)
 {
 	return r->stats.n;

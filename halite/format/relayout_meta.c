@@ -24,35 +24,31 @@ static bool number(const char *s, uint64_t *v)
 
 int hlt_relayout_read(struct halite_reader *rd, struct hlt_relayout *m)
 {
-	const char *key;
 	const void *val;
 	uint32_t len;
 	char buf[256], *tok, *save = NULL;
 	bool hot = false, bad = false, traces = false, bad_traces = false;
 
 	*m = (struct hlt_relayout){ 0 };
-	for (uint32_t i = 0; i < halite_reader_meta_count(rd); i++) {
-		if (halite_reader_meta(rd, i, &key, &val, &len) || strcmp(key, HLT_RELAYOUT_META))
-			continue;
-		m->present = true;
-		if (len >= sizeof(buf) || memchr(val, 0, len))
-			return -EINVAL;
-		memcpy(buf, val, len);
-		buf[len] = 0;
-		for (tok = strtok_r(buf, " ", &save); tok; tok = strtok_r(NULL, " ", &save)) {
-			if (!strncmp(tok, "hot-lbs=", 8)) {
-				bad |= hot || !number(tok + 8, &m->hot_lbs) ||
-				       m->hot_lbs > halite_reader_info(rd)->lb_count;
-				hot = true;
-			} else if (!strncmp(tok, "traces=", 7)) {
-				bad_traces |= traces || !number(tok + 7, &m->traces);
-				traces = true;
-			}
-		}
-		if (bad || !hot)
-			return -EINVAL;
-		m->has_traces = traces && !bad_traces;
+	if (halite_reader_meta_find(rd, HLT_RELAYOUT_META, &val, &len))
 		return 0;
+	m->present = true;
+	if (len >= sizeof(buf) || memchr(val, 0, len))
+		return -EINVAL;
+	memcpy(buf, val, len);
+	buf[len] = 0;
+	for (tok = strtok_r(buf, " ", &save); tok; tok = strtok_r(NULL, " ", &save)) {
+		if (!strncmp(tok, "hot-lbs=", 8)) {
+			bad |= hot || !number(tok + 8, &m->hot_lbs) ||
+			       m->hot_lbs > halite_reader_info(rd)->lb_count;
+			hot = true;
+		} else if (!strncmp(tok, "traces=", 7)) {
+			bad_traces |= traces || !number(tok + 7, &m->traces);
+			traces = true;
+		}
 	}
+	if (bad || !hot)
+		return -EINVAL;
+	m->has_traces = traces && !bad_traces;
 	return 0;
 }

@@ -140,43 +140,34 @@ out:
 
 /* --- restore --- */
 
-static int meta(const struct halite_reader *rd, const char *key, const void **val, uint32_t *len)
-{
-	for (uint32_t i = 0; i < halite_reader_meta_count(rd); i++) {
-		const char *k;
-
-		if (!halite_reader_meta(rd, i, &k, val, len) && !strcmp(k, key))
-			return 0;
-	}
-	return -ENOENT;
-}
-
 int hq_config_read(struct hq_config *c, const struct halite_reader *rd, const char *path,
 		   char *err, size_t errlen)
 {
 	const void *v;
 	uint32_t len;
 
-	if (!meta(rd, "qemu.cmdline", &v, &len) && hq_argv_from_nul(&c->rec, v, len)) {
+	if (!halite_reader_meta_find(rd, "qemu.cmdline", &v, &len) &&
+	    hq_argv_from_nul(&c->rec, v, len)) {
 		snprintf(err, errlen, "%s: its qemu.cmdline is not a command line", path);
 		return -HALITE_E_CORRUPT;
 	}
-	if (!meta(rd, "qemu.cwd", &v, &len)) {
+	if (!halite_reader_meta_find(rd, "qemu.cwd", &v, &len)) {
 		c->rec_cwd = strndup(v, len);
 		if (!c->rec_cwd)
 			return -ENOMEM;
 	}
-	if (!meta(rd, "qemu.devices", &v, &len) && hq_argv_from_nul(&c->rec_devices, v, len)) {
+	if (!halite_reader_meta_find(rd, "qemu.devices", &v, &len) &&
+	    hq_argv_from_nul(&c->rec_devices, v, len)) {
 		snprintf(err, errlen, "%s: its qemu.devices is not a device list", path);
 		return -HALITE_E_CORRUPT;
 	}
-	if (!meta(rd, "qemu.disks", &v, &len)) {
+	if (!halite_reader_meta_find(rd, "qemu.disks", &v, &len)) {
 		c->rec_disks = strndup(v, len);
 		if (!c->rec_disks)
 			return -ENOMEM;
 	}
-	c->rec_disks_unfrozen = !meta(rd, "qemu.disks-frozen", &v, &len) && len == 2 &&
-				!memcmp(v, "no", 2);
+	c->rec_disks_unfrozen = !halite_reader_meta_find(rd, "qemu.disks-frozen", &v, &len) &&
+				len == 2 && !memcmp(v, "no", 2);
 	return 0;
 }
 

@@ -25,14 +25,11 @@ static int failf(char *err, size_t len, int ret, const char *what, const char *d
 static int read_device_ram(struct hq_snapfile *f, const struct halite_reader *rd,
 			   const char *path, char *err, size_t errlen)
 {
-	const char *k, *p;
+	const char *p;
 	const void *val = NULL;
-	uint32_t len = 0, i;
+	uint32_t len = 0;
 
-	for (i = 0; i < halite_reader_meta_count(rd); i++)
-		if (!halite_reader_meta(rd, i, &k, &val, &len) && !strcmp(k, "qemu.device-ram"))
-			break;
-	if (i == halite_reader_meta_count(rd))
+	if (halite_reader_meta_find(rd, "qemu.device-ram", &val, &len))
 		return 0;
 	if (!len || ((const char *)val)[len - 1]) {
 		snprintf(err, errlen, "%s: its qemu.device-ram is not a list of regions", path);

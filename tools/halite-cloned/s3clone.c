@@ -41,20 +41,15 @@
 static int mark_devram_lbs(struct halite_reader *r, uint8_t *lbs, char *err, size_t errlen)
 {
 	const struct halite_file_info *fi = halite_reader_info(r);
+	const void *val;
 	const char *list = NULL;
 	uint32_t len = 0;
 
-	for (uint32_t i = 0; i < halite_reader_meta_count(r); i++) {
-		const char *key;
-		const void *val;
-		uint32_t n;
-
-		if (!halite_reader_meta(r, i, &key, &val, &n) && !strcmp(key, "qemu.device-ram") &&
-		    n && !((const char *)val)[n - 1]) {
-			list = val;
-			len = n;
-		}
-	}
+	if (!halite_reader_meta_find(r, "qemu.device-ram", &val, &len) && len &&
+	    !((const char *)val)[len - 1])
+		list = val;
+	else
+		len = 0;
 	for (uint32_t i = 0; i < fi->region_count; i++) {
 		const struct halite_region_info *ri = halite_reader_region(r, i);
 

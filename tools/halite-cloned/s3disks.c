@@ -32,15 +32,10 @@
 /* The snapshot's qemu.disks, NUL-terminated and malloc'd; NULL without one. */
 static char *disks_record(struct halite_reader *r)
 {
-	for (uint32_t i = 0; i < halite_reader_meta_count(r); i++) {
-		const char *key;
-		const void *val;
-		uint32_t len;
+	const void *val;
+	uint32_t len;
 
-		if (!halite_reader_meta(r, i, &key, &val, &len) && !strcmp(key, "qemu.disks"))
-			return strndup(val, len);
-	}
-	return NULL;
+	return halite_reader_meta_find(r, "qemu.disks", &val, &len) ? NULL : strndup(val, len);
 }
 
 void s3disks_free(struct tmpl *tp)

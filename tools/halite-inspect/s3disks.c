@@ -30,6 +30,8 @@ static int read_record(const char *path, uint8_t uuid[16], char **rec)
 {
 	HALITE_OPTS(halite_reader_opts, ro);
 	struct halite_reader *r;
+	const void *v;
+	uint32_t len;
 	int ret;
 
 	*rec = NULL;
@@ -39,13 +41,7 @@ static int read_record(const char *path, uint8_t uuid[16], char **rec)
 		return EXIT_FAIL;
 	}
 	memcpy(uuid, halite_reader_info(r)->uuid, 16);
-	for (uint32_t i = 0; i < halite_reader_meta_count(r); i++) {
-		const char *k;
-		const void *v;
-		uint32_t len;
-
-		if (halite_reader_meta(r, i, &k, &v, &len) || strcmp(k, "qemu.disks"))
-			continue;
+	if (!halite_reader_meta_find(r, "qemu.disks", &v, &len)) {
 		*rec = strndup(v, len);
 		if (!*rec) {
 			halite_reader_free(r);

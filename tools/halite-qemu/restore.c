@@ -97,18 +97,12 @@ static int file_run_state(struct restore_run *r, const struct halite_reader *rd)
 {
 	static const char key[] = "qemu.run-state";
 	char v[32] = "running";
+	const void *val;
+	uint32_t len;
 
-	for (uint32_t i = 0; i < halite_reader_meta_count(rd); i++) {
-		const char *k;
-		const void *val;
-		uint32_t len;
-
-		if (!halite_reader_meta(rd, i, &k, &val, &len) && !strcmp(k, key)) {
-			snprintf(v, sizeof(v), "%.*s", (int)(len < sizeof(v) ? len : sizeof(v) - 1),
-				 (const char *)val);
-			break;
-		}
-	}
+	if (!halite_reader_meta_find(rd, key, &val, &len))
+		snprintf(v, sizeof(v), "%.*s", (int)(len < sizeof(v) ? len : sizeof(v) - 1),
+			 (const char *)val);
 	if (strcmp(v, "running") && strcmp(v, "paused") && r->p.run == RUN_AS_SAVED) {
 		snprintf(r->err, sizeof(r->err), "%s: %s '%s' is neither running nor paused: "
 			 "choose with --running or --paused", r->p.path, key, v);
@@ -139,7 +133,6 @@ static int check_file(struct restore_run *r)
 	if (ret)
 		return ret;
 	ret = file_run_state(r, rd);
-	memcpy(r->uuid, halite_reader_info(rd)->uuid, sizeof(r->uuid));
 	/*
 	 * Kept for the engine (halite_restore_opts.same_as): it restores the
 	 * version checked here, and an object costs no second open.
@@ -182,8 +175,9 @@ static int fetch_disks(struct restore_run *r, const char **dir)
 
 	if (!halite_io_is_s3_path(r->p.path))
 		return 0;
-	ret = hq_diskfetch_bring(&r->fetch, r->p.path, r->uuid, r->b.disks, r->err,
-				 sizeof(r->err));
+	/* check_file()'s reader, open until the engine's: the uuid keys the cache. */
+	ret = hq_diskfetch_bring(&r->fetch, r->p.path, halite_reader_info(r->check_rd)->uuid,
+				 r->b.disks, r->err, sizeof(r->err));
 	if (ret)
 		return ret;
 	for (int i = 0; i < r->b.disks->n; i++)

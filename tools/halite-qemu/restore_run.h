@@ -72,7 +72,6 @@ struct restore_run {
 	bool spawned;		/* QEMU was started (it may have exited since: qemu 0) */
 	off_t log_start;	/* --qemu-log's size before QEMU: what it says comes after */
 	bool devram_done;	/* the file's device RAM written into QEMU */
-	uint8_t uuid[16];	/* the file's */
 	/* s3://: the frozen disks the store holds beside the snapshot, in the host's cache */
 	struct hq_diskfetch fetch;
 	char err[1280];

@@ -456,6 +456,9 @@ int halite_reader_vcpus(const struct halite_reader *r, uint32_t *vcpu_count,
 uint32_t halite_reader_meta_count(const struct halite_reader *r);
 int halite_reader_meta(const struct halite_reader *r, uint32_t idx, const char **key,
 		       const void **value, uint32_t *len);
+/* The metadata entry @key (keys are unique in a file), or -HALITE_E_NOT_FOUND. */
+int halite_reader_meta_find(const struct halite_reader *r, const char *key, const void **value,
+			    uint32_t *len);
 uint32_t halite_reader_stat_count(const struct halite_reader *r);
 int halite_reader_stat(const struct halite_reader *r, uint32_t idx, const char **key,
 		       uint64_t *value);
