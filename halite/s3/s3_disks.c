@@ -17,7 +17,6 @@
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
-#include <openssl/evp.h>
 
 #include "cli.h"
 #include "s3_internal.h"
@@ -32,13 +31,6 @@ char *halite_s3_disk_key(const char *key, int index)
 			    asprintf(&k, "%s.disks/%d.qcow2", key, index);
 
 	return n < 0 ? NULL : k;
-}
-
-static void hex(const uint8_t *d, unsigned n, char *out)
-{
-	for (unsigned i = 0; i < n; i++)
-		sprintf(out + 2 * i, "%02x", d[i]);
-	out[2 * n] = '\0';
 }
 
 static void add_u64(cJSON *o, const char *k, uint64_t v)
@@ -56,7 +48,7 @@ char *halite_s3_disks_json(const struct halite_s3_disks *m)
 
 	if (!root)
 		return NULL;
-	hex(m->uuid, 16, u);
+	s3_hex(m->uuid, 16, u);
 	cJSON_AddNumberToObject(root, "halite_disks", MANIFEST_VERSION);
 	cJSON_AddStringToObject(root, "snapshot_uuid", u);
 	a = cJSON_AddArrayToObject(root, "disks");
@@ -239,43 +231,6 @@ int halite_s3_disks_get(struct halite_s3 *s, const char *key, const uint8_t uuid
 out:
 	free(buf);
 	free(mkey);
-	return ret;
-}
-
-int halite_s3_sha256_fd(int fd, char out[65], uint64_t *size)
-{
-	EVP_MD_CTX *c = EVP_MD_CTX_new();
-	unsigned char d[EVP_MAX_MD_SIZE];
-	size_t cap = 1u << 20;
-	unsigned char *buf = malloc(cap);
-	uint64_t off = 0;
-	unsigned n = 0;
-	int ret = 0;
-
-	if (!c || !buf || !EVP_DigestInit_ex(c, EVP_sha256(), NULL)) {
-		ret = -ENOMEM;
-		goto out;
-	}
-	for (;;) {
-		ssize_t r = pread(fd, buf, cap, (off_t)off);
-
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r < 0) {
-			ret = -errno;
-			goto out;
-		}
-		if (!r)
-			break;
-		EVP_DigestUpdate(c, buf, (size_t)r);
-		off += (uint64_t)r;
-	}
-	EVP_DigestFinal_ex(c, d, &n);
-	hex(d, n, out);
-	*size = off;
-out:
-	free(buf);
-	EVP_MD_CTX_free(c);
 	return ret;
 }
 

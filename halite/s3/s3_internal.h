@@ -102,5 +102,7 @@ int s3_xml_tag(const char *xml, size_t len, size_t *pos, const char *tag, char *
 /* MD5 of @len bytes as base64 (Content-MD5) and hex (an ETag), SHA-256 as hex. */
 void s3_md5(const void *buf, size_t len, char b64[32], char hex[40]);
 void s3_sha256_hex(const void *buf, size_t len, char hex[72]);
+/* @n bytes of @d as lowercase hex into @hex (2 * @n + 1 bytes). */
+void s3_hex(const unsigned char *d, unsigned n, char *hex);
 
 #endif
